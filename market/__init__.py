@@ -1,0 +1,44 @@
+"""epsilon-market's noise engine: lossless gradual and multiple release of private values.
+
+This package is pure numpy/scipy: it knows nothing of Kafka. The streaming service (`streams`)
+uses it through :class:`ReleaseState` and the mechanisms.
+"""
+
+from .errors import (
+    DimensionMismatchError,
+    InvalidLevelError,
+    InvalidValueError,
+    LevelAboveCapError,
+    MarketError,
+    ReceiptError,
+    ScheduleError,
+    SealedStateError,
+    StateFormatError,
+)
+from .ladder import ReleaseState
+from .levels import canonical_level
+from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, Poisson, mechanism
+from .rng import default_rng, keyed_rng, secure_rng
+
+__all__ = [
+    "Anchor",
+    "DimensionMismatchError",
+    "Gaussian",
+    "InvalidLevelError",
+    "InvalidValueError",
+    "Laplace",
+    "LevelAboveCapError",
+    "MarketError",
+    "Mechanism",
+    "Poisson",
+    "ReceiptError",
+    "ReleaseState",
+    "ScheduleError",
+    "SealedStateError",
+    "StateFormatError",
+    "canonical_level",
+    "default_rng",
+    "keyed_rng",
+    "mechanism",
+    "secure_rng",
+]

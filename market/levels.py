@@ -1,0 +1,104 @@
+"""Validation of privacy levels and released values.
+
+A *level* is a mechanism's privacy parameter, oriented so that **larger means less private and
+more accurate**: ε for Laplace, ρ (zCDP) for Gaussian, ω = Δ²/λ for Poisson. Levels are
+compared for equality (a level that was already released returns the stored release), so they
+are canonicalised to 15 significant digits: ``0.1 + 0.2`` and ``0.3`` name the same level, and a
+level survives a JSON round trip in any language unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
+
+__all__ = ["MAX_DIMENSION", "canonical_level", "as_float_vector", "as_count_vector"]
+
+MAX_DIMENSION = 10**7
+"""Largest vector the engine accepts; the service applies a smaller, configurable cap."""
+
+
+def canonical_level(level: Any, *, name: str = "level") -> float:
+    """Return ``level`` as a canonical positive finite float, or raise InvalidLevelError."""
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)):
+        raise InvalidLevelError(f"{name} must be a number, got {type(level).__name__} {level!r}")
+    value = float(level)
+    if not math.isfinite(value):
+        raise InvalidLevelError(f"{name} must be finite, got {value!r}")
+    if value <= 0.0:
+        raise InvalidLevelError(f"{name} must be > 0, got {value!r}")
+    return float(f"{value:.15g}")
+
+
+def _as_vector(value: Any, dimension: int | None, what: str) -> NDArray[Any]:
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged nested lists and the like
+        raise InvalidValueError(f"{what} is not a numeric vector: {exc}") from None
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
+    ):
+        raise InvalidValueError(f"{what} must be numeric, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise InvalidValueError(f"{what} must be real, got complex values")
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise InvalidValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise InvalidValueError(f"{what} must have at least one coordinate")
+    if arr.shape[0] > MAX_DIMENSION:
+        raise InvalidValueError(
+            f"{what} has {arr.shape[0]} coordinates; the engine accepts at most {MAX_DIMENSION}"
+        )
+    if dimension is not None and arr.shape[0] != dimension:
+        raise DimensionMismatchError(
+            f"{what} has {arr.shape[0]} coordinates but its stream has dimension {dimension}"
+        )
+    return arr
+
+
+def as_float_vector(
+    value: Any, *, dimension: int | None = None, what: str = "value"
+) -> NDArray[np.float64]:
+    """A finite float64 copy of ``value`` as a 1-D vector (scalars become length 1)."""
+    arr = _as_vector(value, dimension, what).astype(np.float64, copy=True)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise InvalidValueError(
+            f"{what} must be finite; coordinate {bad} is {arr[bad]!r} "
+            f"({int((~finite).sum())} non-finite coordinates in total)"
+        )
+    return arr
+
+
+def as_count_vector(
+    value: Any, *, dimension: int | None = None, what: str = "value"
+) -> NDArray[np.int64]:
+    """An int64 copy of ``value``; every coordinate must be a non-negative integer."""
+    arr = _as_vector(value, dimension, what)
+    if np.issubdtype(arr.dtype, np.floating):
+        farr = as_float_vector(arr, what=what)
+        frac = farr != np.round(farr)
+        if frac.any():
+            bad = int(np.flatnonzero(frac)[0])
+            raise InvalidValueError(
+                f"{what} must hold integer counts; coordinate {bad} is {farr[bad]!r}"
+            )
+        if (np.abs(farr) > 2.0**53).any():
+            raise InvalidValueError(f"{what} has counts beyond 2**53, which floats cannot hold")
+        arr = farr
+    out = arr.astype(np.int64)
+    neg = out < 0
+    if neg.any():
+        bad = int(np.flatnonzero(neg)[0])
+        raise InvalidValueError(
+            f"{what} must hold non-negative counts; coordinate {bad} is {int(out[bad])}"
+        )
+    return out

@@ -1,0 +1,294 @@
+"""Additive-noise mechanisms whose noise families satisfy a convolution preorder.
+
+Each mechanism is a small frozen object (name, sensitivity) that knows three things:
+
+* how its privacy *level* maps to a noise distribution (Laplace scale Δ/ε, Gaussian variance
+  Δ²/(2ρ), Poisson rate Δ²/ω);
+* how to sample a release **conditioned on its neighbours** in a release ladder
+  (:meth:`Mechanism.conditional`): the single operation from which fresh release, relaxation
+  (Koufogiannis Alg. 1), bridging (Andersson Alg. 1 / Lemma F.5 / Poisson binomial bridge) and
+  tightening (Koufogiannis eq. 25) all follow;
+* what a level means in privacy terms (:meth:`Mechanism.epsilon`) and in accuracy terms
+  (:meth:`Mechanism.variance`, :meth:`Mechanism.precision`).
+
+An :class:`Anchor` is a known point of the release process: a released vector and its level, or
+the exact value, which sits at level ``+inf`` (zero noise). A new level ``l`` is sampled from its
+closest anchors ``upper`` (more accurate, ``upper.level > l``) and ``lower`` (less accurate,
+``lower.level < l``, or ``None`` when ``l`` is below every release).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _kernels
+from .errors import InvalidLevelError, InvalidValueError
+from .levels import as_count_vector, as_float_vector, canonical_level
+from .rng import RngLike, default_rng
+
+__all__ = ["MECHANISMS", "Anchor", "Gaussian", "Laplace", "Mechanism", "Poisson", "mechanism"]
+
+Vector = NDArray[Any]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A known point of the release process: ``values`` released at ``level`` (inf = exact)."""
+
+    level: float
+    values: Vector = field(repr=False)
+
+
+class Mechanism(ABC):
+    """A family of i.i.d. additive noise distributions indexed by a privacy level."""
+
+    name: ClassVar[str]
+    level_unit: ClassVar[str]
+    code: ClassVar[int]  # stable id used by the state codec
+    dtype: ClassVar[type[np.generic]]
+    sensitivity: float
+
+    def _check_sensitivity(self) -> None:
+        s = self.sensitivity
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise InvalidValueError(f"sensitivity must be a finite number > 0, got {s!r}")
+
+    # -- values ------------------------------------------------------------------------------
+    @abstractmethod
+    def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        """Return ``value`` as a fresh vector of this mechanism's dtype, or raise."""
+
+    # -- accuracy ----------------------------------------------------------------------------
+    @abstractmethod
+    def variance(self, level: float) -> float:
+        """Noise variance per coordinate of a release at ``level``."""
+
+    def precision(self, level: float) -> float:
+        """1 / variance: what a buyer gains by moving up a level; prices are functions of it."""
+        return 1.0 / self.variance(level)
+
+    def level_for_precision(self, precision: float) -> float:
+        """Inverse of :meth:`precision` (every family here has variance ∝ level**-p)."""
+        raise NotImplementedError
+
+    # -- privacy -----------------------------------------------------------------------------
+    @abstractmethod
+    def epsilon(self, level: float, delta: float = 0.0) -> float:
+        """An ε such that a release at ``level`` is (ε, δ)-differentially private."""
+
+    # -- sampling ----------------------------------------------------------------------------
+    @abstractmethod
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        """Sample a release at ``level`` given its neighbours (``lower.level < level <
+        upper.level``); the result has exactly the law of a fresh release and keeps the joint law
+        of all releases that of the lossless process."""
+
+    def release(self, value: Any, level: float, *, rng: RngLike = None) -> Vector:
+        """A single, independent release of ``value`` at ``level`` (no ladder)."""
+        lvl = canonical_level(level)
+        exact = self.validate_value(value)
+        return self.conditional(lvl, Anchor(math.inf, exact), None, default_rng(rng))
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance record (constructor name and arguments), signed into receipts."""
+        return {"mechanism": self.name, "sensitivity": self.sensitivity}
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b with b possibly infinite (the exact value's level)."""
+    return 0.0 if math.isinf(b) else a / b
+
+
+@dataclass(frozen=True)
+class Laplace(Mechanism):
+    """ε-DP Laplace mechanism for ℓ1 sensitivity Δ: noise Lap(Δ/ε) on every coordinate.
+
+    Optimal among additive mechanisms for the identity query (Koufogiannis Thm. 8) and the one
+    whose release process is *lazy*: a relaxation ε1 → ε2 keeps the old sample with probability
+    (ε1/ε2)² on average, so consecutive releases often share coordinates bit for bit.
+    """
+
+    sensitivity: float = 1.0
+    name: ClassVar[str] = "laplace"
+    level_unit: ClassVar[str] = "epsilon"
+    code: ClassVar[int] = 1
+    dtype: ClassVar[type[np.generic]] = np.float64
+
+    def __post_init__(self) -> None:
+        self._check_sensitivity()
+
+    def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        return as_float_vector(value, dimension=dimension)
+
+    def scale(self, level: float) -> float:
+        return self.sensitivity / level
+
+    def variance(self, level: float) -> float:
+        return 2.0 * self.scale(level) ** 2
+
+    def level_for_precision(self, precision: float) -> float:
+        return self.sensitivity * math.sqrt(2.0 * precision)
+
+    def epsilon(self, level: float, delta: float = 0.0) -> float:
+        return level
+
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        out = np.empty(upper.values.shape[0], dtype=np.float64)
+        mu_a = _ratio(level, upper.level) ** 2  # atom of the piece upper -> level
+        if lower is None:
+            _kernels.laplace_extend_into(out, upper.values, self.scale(level), mu_a, rng)
+        else:
+            _kernels.laplace_bridge_into(
+                out,
+                upper.values,
+                lower.values,
+                level / self.sensitivity,
+                lower.level / self.sensitivity,
+                mu_a,
+                (lower.level / level) ** 2,
+                rng,
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class Gaussian(Mechanism):
+    """ρ-zCDP Gaussian mechanism for ℓ2 sensitivity Δ: noise N(0, Δ²/(2ρ)) per coordinate.
+
+    The release process is a Brownian motion in the variance (Koufogiannis Thm. 14), sampled in
+    any order with Andersson et al.'s Algorithm 1. (ε, δ) guarantees follow from
+    ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3).
+    """
+
+    sensitivity: float = 1.0
+    name: ClassVar[str] = "gaussian"
+    level_unit: ClassVar[str] = "rho"
+    code: ClassVar[int] = 2
+    dtype: ClassVar[type[np.generic]] = np.float64
+
+    def __post_init__(self) -> None:
+        self._check_sensitivity()
+
+    def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        return as_float_vector(value, dimension=dimension)
+
+    def variance(self, level: float) -> float:
+        return self.sensitivity**2 / (2.0 * level)
+
+    def level_for_precision(self, precision: float) -> float:
+        return self.sensitivity**2 * precision / 2.0
+
+    def epsilon(self, level: float, delta: float = 0.0) -> float:
+        if not 0.0 < delta < 1.0:
+            raise InvalidLevelError(f"a Gaussian release needs 0 < delta < 1, got {delta!r}")
+        return level + 2.0 * math.sqrt(level * math.log(1.0 / delta))
+
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        # Variances in units of Δ²/2: v(l) = 1/l, with v(inf) = 0 for the exact value.
+        v = 1.0 / level
+        v_u = _ratio(1.0, upper.level)
+        out = rng.standard_normal(upper.values.shape[0])
+        if lower is None:
+            out *= self.sensitivity * math.sqrt((v - v_u) / 2.0)
+            out += upper.values
+            return out
+        v_l = 1.0 / lower.level
+        weight = (v - v_u) / (v_l - v_u)  # Brownian bridge: E[Y | U, L] = U + w (L - U)
+        var = (v - v_u) * (v_l - v) / (v_l - v_u)
+        out *= self.sensitivity * math.sqrt(var / 2.0)
+        out += upper.values
+        diff = lower.values - upper.values
+        diff *= weight
+        out += diff
+        return out
+
+
+@dataclass(frozen=True)
+class Poisson(Mechanism):
+    """Poisson mechanism for non-negative integer counts: noise Poi(λ), λ = Δ²/ω.
+
+    The level ω is precision in sensitivity units (variance λ = Δ²/ω), the Poisson analogue of
+    the Gaussian's 2ρ. Releases are exact integers, so they are immune to the floating-point
+    attacks that affect Laplace and Gaussian samplers (Mironov 2012). Noise is non-negative:
+    subtract λ for an unbiased estimate. (ε, δ) from Andersson et al. Theorem E.2 with
+    Δ1 = Δ2 = Δ∞ = Δ, valid when λ > max(23 ln(10 d / δ), 2Δ); :meth:`epsilon` returns ``inf``
+    where the theorem gives no guarantee.
+    """
+
+    sensitivity: float = 1.0
+    name: ClassVar[str] = "poisson"
+    level_unit: ClassVar[str] = "omega"
+    code: ClassVar[int] = 3
+    dtype: ClassVar[type[np.generic]] = np.int64
+
+    def __post_init__(self) -> None:
+        self._check_sensitivity()
+
+    def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        return as_count_vector(value, dimension=dimension)
+
+    def rate(self, level: float) -> float:
+        return _ratio(self.sensitivity**2, level)
+
+    def variance(self, level: float) -> float:
+        return self.rate(level)
+
+    def level_for_precision(self, precision: float) -> float:
+        return self.sensitivity**2 * precision
+
+    def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
+        if not 0.0 < delta < 1.0:
+            raise InvalidLevelError(f"a Poisson release needs 0 < delta < 1, got {delta!r}")
+        lam, d = self.rate(level), self.sensitivity
+        if lam <= max(23.0 * math.log(10.0 * dimension / delta), 2.0 * d):
+            return math.inf
+        l125, l10 = math.log(1.25 / delta), math.log(10.0 / delta)
+        return (
+            d * math.sqrt(2.0 * l125) / math.sqrt(lam)
+            + (5.0 * math.sqrt(2.0) * d * math.sqrt(l10) + 5.0 / 3.0 * d) / (lam * (1 - delta / 10))
+            + (2.0 / 3.0 * d * l125 + 4.0 / 3.0 * d * math.log(20.0 * dimension / delta) * l10)
+            / lam
+        )
+
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        lam, lam_u = self.rate(level), self.rate(upper.level)
+        base = upper.values.astype(np.int64, copy=True)
+        if lower is None:
+            base += rng.poisson(lam - lam_u, size=base.shape[0])
+            return base
+        lam_l = self.rate(lower.level)
+        # Poi(λ_l - λ_u) split as Poi(λ - λ_u) + Poi(λ_l - λ): given the total N = L - U, the
+        # first part is Binomial(N, (λ - λ_u) / (λ_l - λ_u)) (Andersson Lemma E.4).
+        n = lower.values - upper.values
+        base += rng.binomial(n, (lam - lam_u) / (lam_l - lam_u))
+        return base
+
+
+MECHANISMS: dict[str, type[Laplace] | type[Gaussian] | type[Poisson]] = {
+    cls.name: cls for cls in (Laplace, Gaussian, Poisson)
+}
+
+
+def mechanism(name: str, sensitivity: float = 1.0) -> Mechanism:
+    """Build a mechanism by name (``"laplace"``, ``"gaussian"``, ``"poisson"``)."""
+    try:
+        cls = MECHANISMS[name]
+    except KeyError:
+        raise InvalidValueError(
+            f"unknown mechanism {name!r}; choose one of {sorted(MECHANISMS)}"
+        ) from None
+    return cls(sensitivity=sensitivity)

@@ -45,7 +45,7 @@ _TINY = float(np.finfo(np.float64).tiny)
 _R_FLOOR = 2.0**-64  # numpy uniforms are multiples of 2**-53, so this only replaces an exact 0
 
 
-def laplace_bridge_into(
+def laplace_bridge_into(  # noqa: PLR0917 - a flat signature keeps the hot loop cheap
     out: NDArray[np.float64],
     upper: NDArray[np.float64],
     lower: NDArray[np.float64],
@@ -84,7 +84,7 @@ def laplace_bridge_into(
         c_b += c2  # end of the W1 = k atom
         w3 = e * (c / ab)  # right piece x > t
         np.maximum(w3, _TINY, out=w3)
-        r = rng.random(t.shape[0])
+        r = rng.random(int(t.shape[0]))
         np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
         r *= c_b + w3
         g1 = (r < w1).astype(np.float64)
@@ -132,10 +132,11 @@ def laplace_extend_into(
     for start in range(0, n, BLOCK):
         sl = slice(start, min(start + BLOCK, n))
         u_blk = upper[sl]
-        r = rng.random(u_blk.shape[0])
+        r = rng.random(int(u_blk.shape[0]))
         np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
-        neg = (r < h).astype(np.float64)
+        neg_mask = r < h
         pos = r >= h + mu
+        neg = neg_mask.astype(np.float64)
         posf = pos.astype(np.float64)
         z = (r * (1.0 / h) - 1.0) * neg
         z += ((h + mu - r) * (1.0 / h)) * posf
@@ -144,4 +145,4 @@ def laplace_extend_into(
         z += u_blk
         o = out[sl]
         o[...] = z
-        np.copyto(o, u_blk, where=~((r < h) | pos))
+        np.copyto(o, u_blk, where=~(neg_mask | pos))

@@ -38,7 +38,6 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from .errors import (
@@ -248,10 +247,12 @@ class ReleaseState:
             or (self._exact is None) != (other._exact is None)
         ):
             return False
-        if self._exact is not None and other._exact is not None:
-            if self._exact.tobytes() != other._exact.tobytes():
-                return False
+        if (
+            self._exact is not None
+            and other._exact is not None
+            and self._exact.tobytes() != other._exact.tobytes()
+        ):
+            return False
         return all(
             self._releases[lv].tobytes() == other._releases[lv].tobytes() for lv in self._levels
         )
-

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
 
-__all__ = ["MAX_DIMENSION", "canonical_level", "as_float_vector", "as_count_vector"]
+__all__ = ["MAX_DIMENSION", "as_count_vector", "as_float_vector", "canonical_level"]
 
 MAX_DIMENSION = 10**7
 """Largest vector the engine accepts; the service applies a smaller, configurable cap."""

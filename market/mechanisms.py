@@ -143,7 +143,7 @@ class Laplace(Mechanism):
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
     ) -> Vector:
-        out = np.empty(upper.values.shape[0], dtype=np.float64)
+        out = np.empty(int(upper.values.shape[0]), dtype=np.float64)
         mu_a = _ratio(level, upper.level) ** 2  # atom of the piece upper -> level
         if lower is None:
             _kernels.laplace_extend_into(out, upper.values, self.scale(level), mu_a, rng)
@@ -199,7 +199,7 @@ class Gaussian(Mechanism):
         # Variances in units of Δ²/2: v(l) = 1/l, with v(inf) = 0 for the exact value.
         v = 1.0 / level
         v_u = _ratio(1.0, upper.level)
-        out = rng.standard_normal(upper.values.shape[0])
+        out = rng.standard_normal(int(upper.values.shape[0]))
         if lower is None:
             out *= self.sensitivity * math.sqrt((v - v_u) / 2.0)
             out += upper.values
@@ -268,7 +268,7 @@ class Poisson(Mechanism):
         lam, lam_u = self.rate(level), self.rate(upper.level)
         base = upper.values.astype(np.int64, copy=True)
         if lower is None:
-            base += rng.poisson(lam - lam_u, size=base.shape[0])
+            base += rng.poisson(lam - lam_u, size=int(base.shape[0]))
             return base
         lam_l = self.rate(lower.level)
         # Poi(λ_l - λ_u) split as Poi(λ - λ_u) + Poi(λ_l - λ): given the total N = L - U, the

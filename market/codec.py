@@ -1,0 +1,167 @@
+"""Compact, versioned binary form of a :class:`~market.ladder.ReleaseState`.
+
+Layout of format version 1 (all integers little-endian)::
+
+    magic      4s   b"EMRS"
+    version    u8   1
+    mechanism  u8   Mechanism.code (1 laplace, 2 gaussian, 3 poisson)
+    flags      u8   bit 0: exact value present, bit 1: cap present
+    reserved   u8   0
+    dimension  u32
+    sensitivity f64
+    cap        f64  (0.0 when absent)
+    m          u32  number of released levels
+    levels     m × f64, increasing
+    exact      dimension × item      (if flag bit 0)
+    releases   m blocks, most accurate first; each is
+                 kind u8 = 0 dense:  dimension × item
+                 kind u8 = 1 sparse: count u32, count × u32 indices, count × item values
+               where a sparse block lists the coordinates that differ from the block before it
+               (the exact value for the first block, when present)
+    crc32      u32  of everything before it
+
+``item`` is f64 for Laplace/Gaussian and i64 for Poisson. Sparse blocks are what make the lazy
+Laplace process cheap to store: a relaxation ε1 → ε2 keeps about (ε1/ε2)² of the coordinates, so
+a ladder of close levels costs little more than one vector. Values are stored bit for bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import MarketError, StateFormatError
+from .ladder import ReleaseState
+from .levels import MAX_DIMENSION, canonical_level
+from .mechanisms import MECHANISMS, Mechanism
+
+__all__ = ["FORMAT_VERSION", "decode_state", "encode_state"]
+
+FORMAT_VERSION = 1
+_MAGIC = b"EMRS"
+_HEADER = struct.Struct("<4sBBBBIddI")
+_BY_CODE = {cls.code: cls for cls in MECHANISMS.values()}
+_DENSE, _SPARSE = 0, 1
+
+
+def _item(mech: Mechanism) -> np.dtype[Any]:
+    return np.dtype("<i8") if mech.dtype is np.int64 else np.dtype("<f8")
+
+
+def encode_state(state: ReleaseState) -> bytes:
+    """Serialise ``state``; :func:`decode_state` gives back a bitwise-equal state."""
+    mech = state.mechanism
+    item = _item(mech)
+    exact = state.exact
+    flags = (1 if exact is not None else 0) | (2 if state.cap is not None else 0)
+    levels = state.levels
+    parts: list[bytes] = [
+        _HEADER.pack(
+            _MAGIC,
+            FORMAT_VERSION,
+            mech.code,
+            flags,
+            0,
+            state.dimension,
+            float(mech.sensitivity),
+            state.cap or 0.0,
+            len(levels),
+        ),
+        np.asarray(levels, dtype="<f8").tobytes(),
+    ]
+    if exact is not None:
+        parts.append(exact.astype(item, copy=False).tobytes())
+    reference: NDArray[Any] | None = exact
+    dense_cost = state.dimension * item.itemsize
+    for lvl in reversed(levels):
+        values = state.get(lvl)
+        assert values is not None
+        if reference is not None:
+            idx = np.flatnonzero(values.view(np.uint64) != reference.view(np.uint64))
+            if 4 + idx.shape[0] * (4 + item.itemsize) < dense_cost:
+                parts += [
+                    struct.pack("<BI", _SPARSE, idx.shape[0]),
+                    idx.astype("<u4").tobytes(),
+                    values[idx].astype(item, copy=False).tobytes(),
+                ]
+                reference = values
+                continue
+        parts += [struct.pack("<B", _DENSE), values.astype(item, copy=False).tobytes()]
+        reference = values
+    body = b"".join(parts)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > len(self.data):
+            raise StateFormatError("state is truncated")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def array(self, count: int, dtype: np.dtype[Any] | str) -> NDArray[Any]:
+        dt = np.dtype(dtype)
+        return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
+
+
+def decode_state(data: bytes) -> ReleaseState:
+    """Parse bytes written by :func:`encode_state`; raise StateFormatError if they are not."""
+    if len(data) < _HEADER.size + 4:
+        raise StateFormatError(f"state is {len(data)} bytes, too short to be a release state")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if data[:4] != _MAGIC:
+        raise StateFormatError("not a release state (bad magic bytes)")
+    if zlib.crc32(body) != crc:
+        raise StateFormatError("release state is corrupt (checksum mismatch)")
+    r = _Reader(body)
+    _magic, version, code, flags, _, dim, sens, cap, m = _HEADER.unpack(r.take(_HEADER.size))
+    if version != FORMAT_VERSION:
+        raise StateFormatError(
+            f"release state format version {version} is not supported "
+            f"(this library reads version {FORMAT_VERSION})"
+        )
+    if code not in _BY_CODE:
+        raise StateFormatError(f"unknown mechanism code {code}")
+    if not 0 < dim <= MAX_DIMENSION:
+        raise StateFormatError(f"implausible dimension {dim}")
+    try:
+        mech = _BY_CODE[code](sensitivity=sens)
+        cap_level = canonical_level(cap, name="cap") if flags & 2 else None
+        levels = [canonical_level(x) for x in r.array(m, "<f8").tolist()]
+    except MarketError as exc:
+        raise StateFormatError(f"release state holds invalid parameters: {exc}") from None
+    if any(a >= b for a, b in itertools.pairwise(levels)):
+        raise StateFormatError("release state levels are not strictly increasing")
+    item = _item(mech)
+    native = np.dtype(mech.dtype)
+    exact = r.array(dim, item).astype(native) if flags & 1 else None
+    releases: dict[float, NDArray[Any]] = {}
+    reference = exact
+    for lvl in reversed(levels):
+        (kind,) = struct.unpack("<B", r.take(1))
+        if kind == _DENSE:
+            values = r.array(dim, item).astype(native)
+        elif kind == _SPARSE and reference is not None:
+            (count,) = struct.unpack("<I", r.take(4))
+            idx = r.array(count, "<u4")
+            if count and int(idx.max()) >= dim:
+                raise StateFormatError("sparse block index out of range")
+            values = reference.copy()
+            values[idx] = r.array(count, item).astype(native)
+        else:
+            raise StateFormatError(f"unknown release block kind {kind}")
+        releases[lvl] = values
+        reference = values
+    if r.pos != len(body):
+        raise StateFormatError("trailing bytes after the release state")
+    return ReleaseState._restore(mech, dimension=dim, exact=exact, cap=cap_level, releases=releases)

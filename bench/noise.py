@@ -1,0 +1,161 @@
+"""Noise-engine benchmark: speed against numpy, accuracy against the baselines, memory.
+
+Run ``python -m bench.noise`` (add ``--quick`` for a smoke run). Every speed number is a ratio
+to a numpy baseline measured in the same process, interleaved with our own measurement, so the
+table is comparable across machines. Goals (issue #2): Laplace relax and tighten at most 2x
+numpy's ``Generator.laplace`` on 10^6 coordinates, the bridge at most 8x; same for Gaussian and
+Poisson against ``normal`` and ``poisson``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from market import Gaussian, Laplace, Mechanism, Poisson, ReleaseState, default_rng
+from market.baselines import CompositionRelease, DoublingRelease
+from market.codec import encode_state
+
+
+def _median_time(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _prepared(mech: Mechanism, n: int, levels: list[float], seed: int) -> ReleaseState:
+    value = np.zeros(n, dtype=np.int64) if isinstance(mech, Poisson) else np.zeros(n)
+    st = ReleaseState(mech, value)
+    rng = default_rng(seed)
+    for lv in levels:
+        st.release(lv, rng=rng)
+    return st
+
+
+def speed_table(n: int, repeat: int) -> list[tuple[str, str, float, float, float, str]]:
+    base = np.random.default_rng(0)
+    rng = default_rng(1)
+    cases: list[tuple[str, Mechanism, Callable[[], Any], float]] = [
+        ("laplace", Laplace(1.0), lambda: base.laplace(0.0, 1.0, n), 1.0),
+        ("gaussian", Gaussian(1.0), lambda: base.normal(0.0, 1.0, n), 1.0),
+        ("poisson", Poisson(1.0), lambda: base.poisson(20.0, n), 1 / 20),
+    ]
+    rows = []
+    for name, mech, baseline, lv in cases:
+        ops: dict[str, tuple[list[float], float, float]] = {
+            # operation: (levels already released, level to release, goal ratio)
+            "fresh": ([], lv, 2.0),
+            "relax": ([lv], 2 * lv, 2.0),
+            "tighten": ([lv], lv / 2, 2.0),
+            "bridge": ([lv, 4 * lv], 2 * lv, 8.0),
+        }
+        for op, (prior, target, goal) in ops.items():
+            ours, theirs = [], []
+            for i in range(repeat):  # interleave so both see the same machine state
+                st = _prepared(mech, n, prior, seed=i)
+                ours.append(_median_time(lambda st=st: st.release(target, rng=rng), 1))
+                theirs.append(_median_time(baseline, 1))
+            t_ours, t_base = statistics.median(ours), statistics.median(theirs)
+            ratio = t_ours / t_base
+            rows.append(
+                (name, op, t_base * 1e3, t_ours * 1e3, ratio, "ok" if ratio <= goal else "MISS")
+            )
+    return rows
+
+
+def accuracy_table(n: int, steps: int) -> list[tuple[str, int, float, float, float, float]]:
+    """MSE / ideal variance after k equal steps of size level_1 (ideal = one release at k·l1)."""
+    rows = []
+    for mech, l1 in ((Laplace(1.0), 0.2), (Gaussian(1.0), 0.05)):
+        zero = np.zeros(n)
+        ladder = ReleaseState(mech, zero)
+        comp = CompositionRelease(mech, zero, rng=2)
+        comb = CompositionRelease(mech, zero, combine=True, rng=3)
+        dbl = DoublingRelease(mech, zero, base=l1, rng=4)
+        rng = default_rng(5)
+        for k in range(1, steps + 1):
+            lv = k * l1
+            ideal = mech.variance(lv)
+            rows.append(
+                (
+                    mech.name,
+                    k,
+                    float(np.mean(np.asarray(ladder.release(lv, rng=rng), dtype=float) ** 2))
+                    / ideal,
+                    float(np.mean(comp.release(lv) ** 2)) / ideal,
+                    float(np.mean(comb.release(lv) ** 2)) / ideal,
+                    float(np.mean(dbl.release(lv) ** 2)) / ideal,
+                )
+            )
+    return rows
+
+
+def memory_table(count: int) -> list[tuple[str, int, int, float, float, float]]:
+    """Bytes per stored value after m releases: Python heap (tracemalloc), vectors, codec."""
+    rows = []
+    for dim in (1, 1000):
+        for m in (1, 5, 20):
+            levels = list(np.linspace(1.0, 1.5, m))
+            k = max(1, count // dim)
+            gc.collect()
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            states = [_prepared(Laplace(1.0), dim, levels, seed=i) for i in range(k)]
+            heap = (tracemalloc.get_traced_memory()[0] - before) / k
+            tracemalloc.stop()
+            vec = statistics.mean(s.nbytes for s in states)
+            enc = statistics.mean(len(encode_state(s)) for s in states)
+            rows.append(("laplace", dim, m, heap, vec, enc))
+    return rows
+
+
+def _print(headers: list[str], rows: list[tuple[Any, ...]], fmt: list[str]) -> None:
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "|".join("---" for _ in headers) + "|")
+    for row in rows:
+        print("| " + " | ".join(f.format(v) for f, v in zip(fmt, row, strict=True)) + " |")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    args = p.parse_args(argv)
+    n = 10_000 if args.quick else 1_000_000
+    repeat = 3 if args.quick else 7
+    print(f"## Speed on {n:,} coordinates (median of {repeat}; ratio = ours / numpy)\n")
+    _print(
+        ["mechanism", "operation", "numpy ms", "ours ms", "ratio", "goal"],
+        speed_table(n, repeat),  # type: ignore[arg-type]
+        ["{}", "{}", "{:.2f}", "{:.2f}", "{:.2f}x", "{}"],
+    )
+    steps = 5 if args.quick else 20
+    print(f"## Accuracy: MSE / ideal after k steps ({n // 10:,} samples)\n")
+    print("ideal = variance of one release at the final level; 1.00 means no loss.\n")
+    _print(
+        ["mechanism", "k", "lossless", "composition", "composition+IVW", "doubling"],
+        accuracy_table(n // 10, steps),  # type: ignore[arg-type]
+        ["{}", "{}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}"],
+    )
+    print("## Memory per stored value (Laplace, levels spaced 1.0..1.5)\n")
+    _print(
+        ["mechanism", "dimension", "releases", "heap bytes", "vector bytes", "encoded bytes"],
+        memory_table(500 if args.quick else 3_000),  # type: ignore[arg-type]
+        ["{}", "{}", "{}", "{:.0f}", "{:.0f}", "{:.0f}"],
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,216 @@
+"""Price schedules for privacy levels: arbitrage-free by construction, exact in minor units.
+
+A seller attaches a schedule ``P(level)`` (absolute price of *holding* a release at ``level``)
+and a cap. Buyers pay for steps: moving from level ``a`` to ``b`` costs exactly
+``P_minor(b) - P_minor(a)``, where ``P_minor`` is the absolute price already rounded to integer
+minor units (cents). Because the step price is a difference of rounded absolute prices, buying in
+k steps costs exactly what buying directly costs, to the cent.
+
+**Arbitrage-freeness.** Prices are functions of the release's *precision* x = 1/variance
+(ε²/(2Δ²) for Laplace, 2ρ/Δ² for Gaussian, ω/Δ² for Poisson). A schedule is valid when P is
+non-decreasing and subadditive in x: ``P(x + y) <= P(x) + P(y)``, so nobody can assemble a given
+accuracy more cheaply from several cheaper releases (independent releases add precisions). We
+enforce the standard sufficient condition that the *unit price* P(x)/x never increases with x
+(together with P(0) = 0 this implies subadditivity) and monotonicity, and we round absolute prices
+**up** to minor units: ``ceil`` keeps both properties (``ceil(a + b) <= ceil(a) + ceil(b)``),
+``round`` and ``floor`` do not. (With lossless release a coalition learns only its best member's
+release anyway; the condition protects sellers who also sell independent releases elsewhere.)
+
+Ready shapes:
+
+* :class:`LinearInPrecision` ``P = rate · x``: additive, the boundary case.
+* :class:`LinearInLevel` ``P = rate · level``: concave in x for Laplace (x ∝ ε²), linear for
+  Gaussian and Poisson.
+* :class:`PriceTable` explicit ``{level: price_minor}``: only listed levels can be bought; the
+  table is checked for the two properties and rejected with the offending pair otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidLevelError, ScheduleError
+from .levels import canonical_level
+from .mechanisms import Mechanism
+
+__all__ = [
+    "LinearInLevel",
+    "LinearInPrecision",
+    "PriceSchedule",
+    "PriceTable",
+    "schedule_from_spec",
+]
+
+MAX_PRICE_MINOR = 10**15  # beyond this, float arithmetic could no longer be exact to the cent
+
+
+class PriceSchedule(ABC):
+    """Absolute price, in integer minor units, of holding a release at a level."""
+
+    kind: str
+
+    @abstractmethod
+    def _raw(self, mechanism: Mechanism, level: float) -> float:
+        """Unrounded price (minor units) of ``level``."""
+
+    def check_level(self, level: float) -> None:
+        """Raise InvalidLevelError if ``level`` cannot be priced (only tables restrict)."""
+
+    def price(self, mechanism: Mechanism, level: float) -> int:
+        """``P_minor(level)``: 0 for level 0 (nothing held), otherwise ceil of the schedule."""
+        if level == 0:
+            return 0
+        lvl = canonical_level(level)
+        self.check_level(lvl)
+        raw = self._raw(mechanism, lvl)
+        if not math.isfinite(raw) or raw < 0 or raw > MAX_PRICE_MINOR:
+            raise ScheduleError(f"price {raw!r} at level {lvl:g} is out of range")
+        return math.ceil(raw - 1e-9 * max(1.0, raw))  # absorb float noise of exact integers
+
+    def step_price(self, mechanism: Mechanism, held: float, target: float) -> int:
+        """What a buyer holding ``held`` pays for ``target``: 0 if not an upgrade."""
+        if target <= held:
+            return 0
+        return self.price(mechanism, target) - self.price(mechanism, held)
+
+    @abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """JSON-able description (the inverse of :func:`schedule_from_spec`)."""
+
+    def validate(self, mechanism: Mechanism, levels: list[float], cap: float) -> None:
+        """Check monotonicity and non-increasing unit price on the ladder and the cap.
+
+        Closed-form shapes satisfy both algebraically; checking the points the market will
+        actually sell also rejects tables that violate them, naming the offending pair. The
+        check runs on unrounded prices: rounding up to minor units preserves both properties.
+        """
+        points = sorted({canonical_level(lv) for lv in (*levels, cap)})
+        prev_x = prev_p = 0.0
+        prev_lvl = 0.0
+        for lvl in points:
+            self.check_level(lvl)
+            x = mechanism.precision(lvl)
+            p = self._raw(mechanism, lvl)
+            if not math.isfinite(p) or p < 0 or p > MAX_PRICE_MINOR:
+                raise ScheduleError(f"price {p!r} at level {lvl:g} is negative or out of range")
+            if p < prev_p:
+                raise ScheduleError(
+                    f"price decreases from {prev_p:g} at level {prev_lvl:g} to {p:g} at "
+                    f"level {lvl:g}: prices must not decrease as accuracy increases"
+                )
+            if prev_x > 0 and p * prev_x > prev_p * x * (1 + 1e-12):
+                raise ScheduleError(
+                    f"unit price rises from {prev_p / prev_x:.6g} per unit of precision at level "
+                    f"{prev_lvl:g} to {p / x:.6g} at level {lvl:g}: the schedule is superadditive "
+                    "there, so several cheaper releases would undercut one accurate release"
+                )
+            prev_x, prev_p, prev_lvl = x, p, lvl
+
+
+def _rate(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScheduleError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ScheduleError(f"{name} must be finite and >= 0, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class LinearInPrecision(PriceSchedule):
+    """``P = rate_per_precision · precision(level)`` minor units."""
+
+    rate_per_precision: float
+    kind: str = field(default="linear_precision", init=False)
+
+    def __post_init__(self) -> None:
+        _rate(self.rate_per_precision, "rate_per_precision")
+
+    def _raw(self, mechanism: Mechanism, level: float) -> float:
+        return self.rate_per_precision * mechanism.precision(level)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rate_per_precision": self.rate_per_precision}
+
+
+@dataclass(frozen=True)
+class LinearInLevel(PriceSchedule):
+    """``P = rate_per_level · level`` minor units (e.g. cents per unit of ε)."""
+
+    rate_per_level: float
+    kind: str = field(default="linear_level", init=False)
+
+    def __post_init__(self) -> None:
+        _rate(self.rate_per_level, "rate_per_level")
+
+    def _raw(self, mechanism: Mechanism, level: float) -> float:
+        return self.rate_per_level * level
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rate_per_level": self.rate_per_level}
+
+
+@dataclass(frozen=True)
+class PriceTable(PriceSchedule):
+    """Explicit prices (minor units) for a finite set of levels; nothing else can be bought."""
+
+    prices: Mapping[float, int]
+    kind: str = field(default="table", init=False)
+
+    def __post_init__(self) -> None:
+        if not self.prices:
+            raise ScheduleError("a price table needs at least one level")
+        clean: dict[float, int] = {}
+        for lvl, price in self.prices.items():
+            try:
+                key = canonical_level(lvl)
+            except InvalidLevelError as exc:
+                raise ScheduleError(f"price table level: {exc.message}") from None
+            if isinstance(price, bool) or not isinstance(price, int) or price < 0:
+                raise ScheduleError(
+                    f"price table prices must be integers >= 0 (minor units), got {price!r} "
+                    f"at level {key:g}"
+                )
+            clean[key] = price
+        object.__setattr__(self, "prices", dict(sorted(clean.items())))
+
+    def check_level(self, level: float) -> None:
+        if level not in self.prices:
+            raise InvalidLevelError(
+                f"level {level:g} is not for sale; this stream sells levels "
+                f"{', '.join(f'{lv:g}' for lv in self.prices)}"
+            )
+
+    def _raw(self, mechanism: Mechanism, level: float) -> float:
+        return float(self.prices[level])
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "prices": {repr(k): v for k, v in self.prices.items()}}
+
+
+def schedule_from_spec(spec: Mapping[str, Any]) -> PriceSchedule:
+    """Build a schedule from its JSON form; raise ScheduleError with the reason if invalid."""
+    kind = spec.get("kind")
+    try:
+        if kind == "linear_precision":
+            return LinearInPrecision(spec["rate_per_precision"])
+        if kind == "linear_level":
+            return LinearInLevel(spec["rate_per_level"])
+        if kind == "table":
+            raw = spec["prices"]
+            if not isinstance(raw, Mapping):
+                raise ScheduleError("price table 'prices' must map levels to prices")
+            return PriceTable({float(k): v for k, v in raw.items()})
+    except KeyError as exc:
+        raise ScheduleError(f"price schedule {kind!r} is missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ScheduleError):
+            raise
+        raise ScheduleError(f"price schedule {kind!r} is malformed: {exc}") from None
+    raise ScheduleError(
+        f"unknown price schedule kind {kind!r}; use 'linear_precision', 'linear_level' or 'table'"
+    )

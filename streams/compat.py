@@ -1,0 +1,99 @@
+"""Workarounds for the embedded Tansu broker. Installed only when the worker runs against it.
+
+Two Tansu 0.6 behaviours break Faust; both are patched here and nowhere else, so production on
+Apache Kafka runs unmodified Faust/aiokafka code paths:
+
+1. **ListOffsets(latest) is wrong**: Tansu answers "base offset of the newest batch + 1" instead
+   of the high watermark (150 records in 3 batches → 101). Faust's changelog recovery reads up to
+   that answer and stops early, silently losing table updates. The high watermark carried by a
+   *fetch* response is right, so :func:`true_highwaters` seeks just below the reported offset,
+   fetches once and reads the watermark from the response. We patch Faust's
+   ``AIOKafkaConsumerThread._highwaters`` (used by recovery and lag accounting) to use it.
+2. **Generations start at 0**: aiokafka only sends LeaveGroup when ``generation > 0``, so the
+   first member of a group never leaves cleanly and its successor waits ~1.5 session timeouts.
+   We let ``_maybe_leave_group`` send LeaveGroup for generation 0 too.
+
+The fix for Faust's hard-coded 1.5 s fetch wait (Tansu never wakes a waiting fetch) is a tuning
+knob that applies to every broker and lives in :mod:`streams.app`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+__all__ = ["install_tansu_compat", "true_highwaters"]
+
+log = logging.getLogger(__name__)
+_installed = False
+
+
+async def true_highwaters(
+    bootstrap: Any, reported: Mapping[TopicPartition, int], *, timeout: float = 5.0
+) -> dict[TopicPartition, int]:
+    """High watermarks read from fetch responses, starting at the (wrong) reported offsets."""
+    tps = list(reported)
+    if not tps:
+        return {}
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+        max_partition_fetch_bytes=1,  # one batch is enough to learn the watermark
+    )
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, max(reported[tp] - 1, 0))
+        result: dict[TopicPartition, int] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(result) < len(tps) and loop.time() < deadline:
+            await consumer.getmany(*[tp for tp in tps if tp not in result], timeout_ms=100)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None and tp not in result:
+                    result[tp] = max(int(hw), reported[tp])
+        for tp in tps:
+            if tp not in result:  # no response in time: keep what the broker reported
+                log.warning("no fetch response for %s; using reported end offset", tp)
+                result[tp] = reported[tp]
+        return result
+    finally:
+        await consumer.stop()
+
+
+def install_tansu_compat() -> None:
+    """Patch Faust/aiokafka for Tansu (idempotent; process-wide)."""
+    global _installed  # noqa: PLW0603 - one process-wide switch, by design
+    if _installed:
+        return
+    from aiokafka.consumer.group_coordinator import GroupCoordinator  # noqa: PLC0415
+    from aiokafka.protocol.group import LeaveGroupRequest  # noqa: PLC0415
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread  # noqa: PLC0415
+
+    async def _highwaters(self: Any, partitions: Iterable[TopicPartition]) -> Mapping[Any, int]:
+        consumer = self._ensure_consumer()
+        tps = list(partitions)
+        reported = await consumer.end_offsets(tps)
+        fixed = await true_highwaters(consumer._client._bootstrap_servers, reported)
+        if fixed != reported:
+            log.debug("tansu compat: corrected high watermarks %s -> %s", reported, fixed)
+        return fixed
+
+    async def _maybe_leave_group(self: Any) -> None:
+        if self.generation >= 0 and self._group_instance_id is None and self.member_id:
+            try:
+                await self._send_req(LeaveGroupRequest(self.group_id, self.member_id))
+            except Exception as err:  # best effort, as in aiokafka
+                log.warning("LeaveGroup request failed: %s", err)
+        self.reset_generation()
+
+    AIOKafkaConsumerThread._highwaters = _highwaters
+    GroupCoordinator._maybe_leave_group = _maybe_leave_group
+    _installed = True

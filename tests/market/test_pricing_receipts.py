@@ -1,0 +1,173 @@
+"""Price schedules (property tests) and signed receipts (tamper tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from market import Gaussian, Laplace, Poisson, ReceiptError, ScheduleError
+from market.errors import InvalidLevelError
+from market.pricing import LinearInLevel, LinearInPrecision, PriceTable, schedule_from_spec
+from market.receipts import Receipt, key_id, release_digest, sign_receipt, verify_receipt
+
+MECHS = st.sampled_from([Laplace(1.0), Laplace(3.0), Gaussian(0.5), Poisson(2.0)])
+SCHEDULES = st.one_of(
+    st.builds(LinearInPrecision, st.floats(0, 1e4)),
+    st.builds(LinearInLevel, st.floats(0, 1e4)),
+)
+LEVELS = st.floats(0.01, 20.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mech=MECHS, sched=SCHEDULES, path=st.lists(LEVELS, min_size=1, max_size=10))
+def test_stepwise_cost_equals_direct_cost(mech, sched, path) -> None:  # type: ignore[no-untyped-def]
+    """Any path of upgrades costs exactly the direct price of its final level, to the cent."""
+    held, paid = 0.0, 0
+    for lv in path:
+        paid += sched.step_price(mech, held, lv)
+        held = max(held, lv)
+    assert paid == sched.price(mech, held)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mech=MECHS, sched=SCHEDULES, levels=st.lists(LEVELS, min_size=2, max_size=6))
+def test_accepted_schedules_are_subadditive(mech, sched, levels) -> None:  # type: ignore[no-untyped-def]
+    """Releases whose precisions add up to at least a target's never cost less than it."""
+    *parts, target = levels
+    assume(sum(mech.precision(p) for p in parts) >= mech.precision(target))
+    assert sum(sched.price(mech, p) for p in parts) >= sched.price(mech, target)
+
+
+def test_downgrade_is_free() -> None:
+    s = LinearInLevel(100.0)
+    assert s.step_price(Laplace(), 2.0, 1.0) == 0
+    assert s.step_price(Laplace(), 2.0, 2.0) == 0
+
+
+def test_prices_round_up_to_minor_units() -> None:
+    assert LinearInLevel(10.0).price(Laplace(), 0.05) == 1  # 0.5 cents -> 1 cent
+    assert LinearInLevel(10.0).price(Laplace(), 0.1) == 1  # exact float noise absorbed
+
+
+@pytest.mark.parametrize(
+    ("prices", "message"),
+    [
+        ({1.0: 100, 2.0: 50}, "decreases"),
+        ({1.0: 10, 2.0: 100}, "superadditive"),  # Laplace: 4x precision for 10x price
+        ({1.0: -1}, "integers >= 0"),
+        ({1.0: 1.5}, "integers >= 0"),
+        ({math.nan: 1}, "finite"),
+        ({}, "at least one"),
+    ],
+)
+def test_invalid_tables_rejected_with_reason(prices, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ScheduleError, match=message):
+        t = PriceTable(prices)
+        t.validate(Laplace(), list(t.prices), max(t.prices))
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=st.floats(0.1, 5), b=st.floats(0.1, 5), pa=st.integers(1, 10**6), k=st.floats(1.01, 50))
+def test_superadditive_tables_always_rejected(a, b, pa, k) -> None:  # type: ignore[no-untyped-def]
+    """If the unit price rises by a factor k > 1 between two levels, validation refuses."""
+    lo, hi = sorted((a, b))
+    assume(hi > lo * 1.001)
+    mech = Laplace()
+    pb = math.ceil(pa * k * mech.precision(hi) / mech.precision(lo))
+    table = PriceTable({lo: pa, hi: pb})
+    with pytest.raises(ScheduleError, match="superadditive"):
+        table.validate(mech, [lo, hi], hi)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"kind": "linear_level", "rate_per_level": -1},
+        {"kind": "linear_level", "rate_per_level": float("inf")},
+        {"kind": "linear_precision"},
+        {"kind": "nope"},
+        {"kind": "table", "prices": [1, 2]},
+    ],
+)
+def test_invalid_specs(spec) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ScheduleError):
+        schedule_from_spec(spec)
+
+
+def test_table_sells_only_its_levels() -> None:
+    t = PriceTable({1.0: 100, 2.0: 150})
+    t.validate(Laplace(), [1.0, 2.0], 2.0)
+    assert t.step_price(Laplace(), 1.0, 2.0) == 50
+    with pytest.raises(InvalidLevelError, match="not for sale"):
+        t.price(Laplace(), 1.5)
+    assert schedule_from_spec(t.spec()) == t
+
+
+# ------------------------------------------------------------------------------ receipts
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+RELEASES = [("v1", 2.0, np.array([1.5, -0.25])), ("v2", 2.0, np.array([3.0, 4.0]))]
+
+
+def _receipt() -> Receipt:
+    return Receipt(
+        purchase_id="p1",
+        buyer_id="alice",
+        stream_id="s",
+        seller_id="bob",
+        mechanism="laplace",
+        value_ids=("v1", "v2"),
+        level_before=1.0,
+        level_after=2.0,
+        price_minor=150,
+        currency="EUR",
+        release_digest=release_digest(RELEASES),
+        issued_at_ms=1_700_000_000_000,
+        market_key_id=key_id(KEY.public_key()),
+    )
+
+
+def test_valid_receipt_verifies() -> None:
+    r = _receipt()
+    assert verify_receipt(dataclasses.asdict(r), sign_receipt(r, KEY), RELEASES, KEY.public_key())
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Receipt)])
+def test_tampering_with_any_field_fails(field: str) -> None:
+    r = _receipt()
+    sig = sign_receipt(r, KEY)
+    data = dataclasses.asdict(r)
+    v = data[field]
+    data[field] = (
+        v + 1 if isinstance(v, (int, float)) else ("v1",) if isinstance(v, tuple) else v + "x"
+    )
+    with pytest.raises(ReceiptError):
+        verify_receipt(data, sig, RELEASES, KEY.public_key())
+
+
+@settings(max_examples=100, deadline=None)
+@given(i=st.integers(0, 1), j=st.integers(0, 1), bits=st.integers(0, 63))
+def test_tampering_with_any_released_number_fails(i: int, j: int, bits: int) -> None:
+    r = _receipt()
+    sig = sign_receipt(r, KEY)
+    tampered = [(vid, lv, v.copy()) for vid, lv, v in RELEASES]
+    tampered[i][2].view(np.uint64)[j] ^= np.uint64(1 << bits)
+    with pytest.raises(ReceiptError, match="differ"):
+        verify_receipt(dataclasses.asdict(r), sig, tampered, KEY.public_key())
+
+
+def test_wrong_key_and_bad_signature() -> None:
+    r = _receipt()
+    sig = sign_receipt(r, KEY)
+    other = Ed25519PrivateKey.generate()
+    with pytest.raises(ReceiptError, match="market key"):
+        verify_receipt(dataclasses.asdict(r), sig, RELEASES, other.public_key())
+    with pytest.raises(ReceiptError, match="signature"):
+        verify_receipt(dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key())
+    with pytest.raises(ReceiptError, match="exactly"):
+        verify_receipt(dataclasses.asdict(r), sig, RELEASES[:1], KEY.public_key())

@@ -57,7 +57,7 @@ class PriceSchedule(ABC):
     def _raw(self, mechanism: Mechanism, level: float) -> float:
         """Unrounded price (minor units) of ``level``."""
 
-    def check_level(self, level: float) -> None:
+    def check_level(self, level: float) -> None:  # noqa: B027 - optional hook, default: any
         """Raise InvalidLevelError if ``level`` cannot be priced (only tables restrict)."""
 
     def price(self, mechanism: Mechanism, level: float) -> int:

@@ -114,7 +114,7 @@ class EmbeddedBroker:
         out = subprocess.DEVNULL
         if self.log_path is not None:
             self._log = out = open(self.log_path, "ab")  # type: ignore[assignment]  # noqa: SIM115
-        self._proc = subprocess.Popen(  # noqa: S603 - fixed binary, no shell
+        self._proc = subprocess.Popen(  # fixed binary, no shell
             cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         deadline = time.monotonic() + timeout

@@ -94,6 +94,6 @@ def install_tansu_compat() -> None:
                 log.warning("LeaveGroup request failed: %s", err)
         self.reset_generation()
 
-    AIOKafkaConsumerThread._highwaters = _highwaters
+    AIOKafkaConsumerThread._highwaters = _highwaters  # type: ignore[method-assign]
     GroupCoordinator._maybe_leave_group = _maybe_leave_group
     _installed = True

@@ -1,0 +1,127 @@
+"""The market's secrets: the Ed25519 receipt-signing key and the noise-derivation secret.
+
+Both are generated on first start into the data directory (files created with mode 0600 inside a
+0700 directory) or loaded from the environment for deployments:
+
+* ``EMARKET_SIGNING_KEY``: the Ed25519 private key, base64 of the raw 32 bytes, or a path to a
+  PEM/raw file;
+* ``EMARKET_NOISE_SECRET``: base64 of at least 16 random bytes, or a path to a file holding them.
+
+Secrets are never logged: :class:`MarketKeys` has a redacting ``repr``. The noise secret is as
+sensitive as the exact values (with it and the stored state, noise can be recomputed); the
+signing key lets whoever holds it forge receipts.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
+
+from market.receipts import key_id
+
+__all__ = ["MarketKeys", "load_or_create_keys", "public_key_from_b64"]
+
+SIGNING_FILE = "signing_key.pem"
+NOISE_FILE = "noise_secret.bin"
+
+
+@dataclass(frozen=True)
+class MarketKeys:
+    signing_key: Ed25519PrivateKey = field(repr=False)
+    noise_secret: bytes = field(repr=False)
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self.signing_key.public_key()
+
+    @property
+    def key_id(self) -> str:
+        return key_id(self.public_key)
+
+    @property
+    def public_key_b64(self) -> str:
+        raw = self.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return base64.b64encode(raw).decode("ascii")
+
+    def __repr__(self) -> str:
+        return f"MarketKeys(key_id={self.key_id}, secrets=<redacted>)"
+
+
+def public_key_from_b64(text: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _read_material(value: str) -> bytes:
+    """An env value is either a path to a file or base64 text."""
+    path = Path(value)
+    if len(value) < 4096 and path.is_file():
+        return path.read_bytes()
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise ValueError("expected base64 or a path to an existing file") from None
+
+
+def _load_signing(data: bytes) -> Ed25519PrivateKey:
+    if data.lstrip().startswith(b"-----BEGIN"):
+        key = load_pem_private_key(data, password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError("the signing key must be an Ed25519 key")
+        return key
+    if len(data) != 32:
+        raise ValueError("a raw Ed25519 private key is 32 bytes")
+    return Ed25519PrivateKey.from_private_bytes(data)
+
+
+def load_or_create_keys(data_dir: Path | None, env: dict[str, str] | None = None) -> MarketKeys:
+    """Keys from the environment if set, else from ``data_dir`` (created on first start)."""
+    env = dict(os.environ) if env is None else env
+    signing: Ed25519PrivateKey | None = None
+    noise: bytes | None = None
+    if env.get("EMARKET_SIGNING_KEY"):
+        try:
+            signing = _load_signing(_read_material(env["EMARKET_SIGNING_KEY"]))
+        except ValueError as exc:
+            raise ValueError(f"EMARKET_SIGNING_KEY is not usable: {exc}") from None
+    if env.get("EMARKET_NOISE_SECRET"):
+        try:
+            noise = _read_material(env["EMARKET_NOISE_SECRET"])
+        except ValueError as exc:
+            raise ValueError(f"EMARKET_NOISE_SECRET is not usable: {exc}") from None
+    if signing is None or noise is None:
+        if data_dir is None:
+            raise ValueError("no data directory and no keys in the environment")
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sk_path, ns_path = data_dir / SIGNING_FILE, data_dir / NOISE_FILE
+        if signing is None:
+            if not sk_path.exists():
+                pem = Ed25519PrivateKey.generate().private_bytes(
+                    Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+                )
+                _write_secret(sk_path, pem)
+            signing = _load_signing(sk_path.read_bytes())
+        if noise is None:
+            if not ns_path.exists():
+                _write_secret(ns_path, secrets.token_bytes(32))
+            noise = ns_path.read_bytes()
+    if len(noise) < 16:
+        raise ValueError("the noise secret must be at least 16 bytes")
+    return MarketKeys(signing_key=signing, noise_secret=noise)

@@ -258,7 +258,7 @@ class MarketCore:
             buyer_id=ids.get("buyer_id"),
             stream_id=ids.get("stream_id"),
             payload=payload,
-            payload_encoding=encoding,  # type: ignore[arg-type]
+            payload_encoding=encoding,
             details=rej.details,
         )
         body = _dump(event)
@@ -309,14 +309,21 @@ class MarketCore:
                 return Outcome(
                     "registration",
                     "duplicate",
-                    [Output(self.topics.catalog, reg.stream_id.encode(), existing.catalog_payload.encode())],
+                    [
+                        Output(
+                            self.topics.catalog,
+                            reg.stream_id.encode(),
+                            existing.catalog_payload.encode(),
+                        )
+                    ],
                     stream_id=reg.stream_id,
                     mechanism=reg.mechanism,
                 )
             raise _Reject(
                 "stream_exists",
-                f"stream {reg.stream_id!r} is already registered by {existing.registration.seller_id!r} "
-                "with different parameters; register a new stream id instead",
+                f"stream {reg.stream_id!r} is already registered by "
+                f"{existing.registration.seller_id!r} with different parameters; register a new "
+                "stream id instead",
             )
         try:
             mech = mechanism(reg.mechanism, reg.sensitivity)
@@ -396,11 +403,12 @@ class MarketCore:
             ladder.release(lv, rng=self._rng(ev.stream_id, ev.value_id, lv))
         seq = st.next_seq
         now = self.clock()
-        st.window.append(ValueEntry(value_id=ev.value_id, seq=seq, digest=digest, received_at_ms=now))
+        st.window.append(
+            ValueEntry(value_id=ev.value_id, seq=seq, digest=digest, received_at_ms=now)
+        )
         st.next_seq += 1
         st.values_ingested += 1
-        if ladder.spent > st.spent:
-            st.spent = ladder.spent
+        st.spent = max(st.spent, ladder.spent)
         while len(st.window) > reg.retain_last:
             old = st.window.pop(0)
             self.stores.ladders.pop(_key(ev.stream_id, old.value_id), None)
@@ -531,7 +539,9 @@ class MarketCore:
                 )
             outputs = [Output(topic, req.purchase_id.encode(), record.payload.encode())]
             if record.status == "rejected":
-                outputs.append(Output(self.topics.rejections, req.stream_id.encode(), record.payload.encode()))
+                outputs.append(
+                    Output(self.topics.rejections, req.stream_id.encode(), record.payload.encode())
+                )
             return Outcome(
                 "purchase",
                 "duplicate",

@@ -75,7 +75,7 @@ Millis = Annotated[int, Field(ge=0)]
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
 
 
 # ------------------------------------------------------------------------ pricing specs
@@ -307,8 +307,8 @@ BuyerEvent = Annotated[
 ]
 
 PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
-BUYER_EVENT: TypeAdapter[PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection] = (
-    TypeAdapter(BuyerEvent)
+BUYER_EVENT: TypeAdapter[PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection] = TypeAdapter(
+    BuyerEvent
 )
 
 SCHEMAS: dict[str, TypeAdapter[Any]] = {

@@ -1,0 +1,59 @@
+"""Topic administration with aiokafka (works on Apache Kafka and on the embedded broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from .topics import Topics, TopicSpec
+
+__all__ = ["ensure_topics", "wait_for_broker"]
+
+log = logging.getLogger(__name__)
+
+
+async def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
+    """Return once the broker answers a metadata request, or raise TimeoutError."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except (KafkaConnectionError, OSError) as exc:
+            last = exc
+            await asyncio.sleep(0.2)
+        finally:
+            await admin.close()
+    raise TimeoutError(f"broker {bootstrap} did not answer within {timeout}s: {last}")
+
+
+async def ensure_topics(
+    bootstrap: str, specs: list[TopicSpec] | Topics, replication: int = 1
+) -> list[str]:
+    """Create missing topics; return the names created. Existing topics are left alone."""
+    if isinstance(specs, Topics):
+        specs = specs.specs()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):  # a concurrent creator won
+                await admin.create_topics(
+                    [
+                        NewTopic(s.name, s.partitions, replication, topic_configs=s.config)
+                        for s in missing
+                    ]
+                )
+        return [s.name for s in missing]
+    finally:
+        await admin.close()

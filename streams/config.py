@@ -1,0 +1,70 @@
+"""Worker settings: one frozen object, filled from CLI flags and ``EMARKET_*`` variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Settings"]
+
+
+def _env(name: str, default: Any, cast: Any = str) -> Any:
+    raw = os.environ.get(f"EMARKET_{name}")
+    return default if raw is None or raw == "" else cast(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs. Defaults suit the embedded broker; see docs/operations.md."""
+
+    broker: str = "kafka://127.0.0.1:9092"
+    #: True when the broker is the embedded Tansu: installs :mod:`streams.compat`.
+    tansu: bool = False
+    app_id: str = "epsilon-market"
+    prefix: str = "emarket"
+    partitions: int = 4
+    replication: int = 1
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    store: str = "memory://"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    #: Consumer group session timeout. Tansu holds a join for half of it, so keep it short there.
+    session_timeout: float = 10.0
+    heartbeat_interval: float = 1.0
+    #: Faust hard-codes 1500 ms; Tansu never wakes a waiting fetch, so we lower it there.
+    fetch_max_wait_ms: int = 1500
+    batch_max: int = 200
+    batch_within: float = 0.005
+    commit_interval: float = 1.0
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        s = cls(
+            broker=_env("BROKER", cls.broker),
+            app_id=_env("APP_ID", cls.app_id),
+            prefix=_env("PREFIX", cls.prefix),
+            partitions=_env("PARTITIONS", cls.partitions, int),
+            replication=_env("REPLICATION", cls.replication, int),
+            data_dir=Path(_env("DATA_DIR", "data")),
+            store=_env("STORE", cls.store),
+            web_host=_env("WEB_HOST", cls.web_host),
+            web_port=_env("WEB_PORT", cls.web_port, int),
+            session_timeout=_env("SESSION_TIMEOUT", cls.session_timeout, float),
+            heartbeat_interval=_env("HEARTBEAT_INTERVAL", cls.heartbeat_interval, float),
+            fetch_max_wait_ms=_env("FETCH_MAX_WAIT_MS", cls.fetch_max_wait_ms, int),
+            log_level=_env("LOG_LEVEL", cls.log_level),
+        )
+        return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+
+    def for_tansu(self) -> Settings:
+        """Short group timeouts and fetch waits that make the embedded broker responsive."""
+        return replace(
+            self, tansu=True, session_timeout=3.0, heartbeat_interval=0.3, fetch_max_wait_ms=20
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(u.split("://", 1)[-1] for u in self.broker.split(";"))

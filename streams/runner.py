@@ -1,0 +1,151 @@
+"""Running workers: in this process (``serve``/``worker``) or as child processes (demo, tests).
+
+Child workers run ``python -m streams worker`` in their own process group, so a test or the demo
+can kill one (even with SIGKILL, to simulate a crash) and always stops exactly the processes it
+started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .admin import ensure_topics, wait_for_broker
+from .config import Settings
+from .topics import Topics
+
+__all__ = ["ChildWorker", "run_worker", "settings_args"]
+
+
+def run_worker(settings: Settings) -> None:
+    """Start a Faust worker in this process and block until SIGINT/SIGTERM."""
+    import faust  # noqa: PLC0415
+
+    from .app import MarketWorker  # noqa: PLC0415
+
+    asyncio.run(_prepare(settings))
+    worker = MarketWorker(settings)
+    faust.Worker(
+        worker.app,
+        loglevel=settings.log_level,
+        quiet=True,
+        redirect_stdouts=False,
+    ).execute_from_commandline()
+
+
+async def _prepare(settings: Settings) -> None:
+    await wait_for_broker(settings.bootstrap)
+    await ensure_topics(
+        settings.bootstrap, Topics(settings.prefix, settings.partitions), settings.replication
+    )
+
+
+def settings_args(s: Settings) -> list[str]:
+    """CLI flags that reproduce ``s`` in a child ``python -m streams worker``."""
+    args = [
+        "--broker", s.broker, "--prefix", s.prefix, "worker",
+        "--app-id", s.app_id, "--partitions", str(s.partitions),
+        "--data-dir", str(s.data_dir), "--store", s.store,
+        "--web-host", s.web_host, "--web-port", str(s.web_port),
+        "--session-timeout", str(s.session_timeout),
+        "--heartbeat-interval", str(s.heartbeat_interval),
+        "--fetch-max-wait-ms", str(s.fetch_max_wait_ms),
+        "--log-level", s.log_level,
+    ]  # fmt: skip
+    if s.tansu:
+        args.append("--tansu")
+    return args
+
+
+@dataclass
+class ChildWorker:
+    """A worker in a child process, with its own web port for /health and /metrics."""
+
+    settings: Settings
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.web_host}:{self.settings.web_port}"
+
+    def start(self) -> ChildWorker:
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            out = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams", *settings_args(self.settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def get(self, path: str, timeout: float = 2.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            body = resp.read()
+        return json.loads(body) if path != "/metrics" else body.decode()
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(
+                    f"worker exited with status {self.proc and self.proc.returncode}"
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+                self.get("/health")
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker on {self.url} not healthy within {timeout}s")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Sum of samples of ``name`` (matching ``labels``) scraped from /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+        total = 0.0
+        for fam in text_string_to_metric_families(self.get("/metrics")):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
+                    total += s.value
+        return total
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """Graceful stop (SIGTERM to the worker's process group), SIGKILL after ``timeout``."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> int | None:
+        """Crash the worker: SIGKILL, no cleanup, no commit."""
+        return self._signal(signal.SIGKILL, 10.0)
+
+    def _signal(self, sig: int, timeout: float) -> int | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout)
+        return proc.returncode

@@ -76,6 +76,7 @@ class ChildWorker:
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    _log: Any = None
 
     @property
     def url(self) -> str:
@@ -84,7 +85,7 @@ class ChildWorker:
     def start(self) -> ChildWorker:
         out: Any = subprocess.DEVNULL
         if self.log_path is not None:
-            out = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+            out = self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _signal()
         env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams", *settings_args(self.settings)],
@@ -148,4 +149,7 @@ class ChildWorker:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         return proc.returncode

@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine (Python >= 3.11 is the only prerequisite):
+#   make demo   - embedded broker + worker + a seller and a buyer buying three privacy steps
+#   make test   - lint, type-check and the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test install serve bench report schemas clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m streams demo
+
+serve: $(VENV)/.installed
+	$(PY) -m streams serve
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check market streams tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed
+	$(PY) -m bench.noise
+	$(PY) -m bench.service
+
+schemas: $(VENV)/.installed
+	$(PY) -m streams schemas --out docs/schemas
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis data

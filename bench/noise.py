@@ -10,6 +10,7 @@ Poisson against ``normal`` and ``poisson``.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import time
@@ -64,7 +65,7 @@ def speed_table(n: int, repeat: int) -> list[tuple[str, str, float, float, float
             ours, theirs = [], []
             for i in range(repeat):  # interleave so both see the same machine state
                 st = _prepared(mech, n, prior, seed=i)
-                ours.append(_median_time(lambda st=st: st.release(target, rng=rng), 1))
+                ours.append(_median_time(functools.partial(st.release, target, rng=rng), 1))
                 theirs.append(_median_time(baseline, 1))
             t_ours, t_base = statistics.median(ours), statistics.median(theirs)
             ratio = t_ours / t_base
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## Speed on {n:,} coordinates (median of {repeat}; ratio = ours / numpy)\n")
     _print(
         ["mechanism", "operation", "numpy ms", "ours ms", "ratio", "goal"],
-        speed_table(n, repeat),  # type: ignore[arg-type]
+        speed_table(n, repeat),
         ["{}", "{}", "{:.2f}", "{:.2f}", "{:.2f}x", "{}"],
     )
     steps = 5 if args.quick else 20
@@ -145,13 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     print("ideal = variance of one release at the final level; 1.00 means no loss.\n")
     _print(
         ["mechanism", "k", "lossless", "composition", "composition+IVW", "doubling"],
-        accuracy_table(n // 10, steps),  # type: ignore[arg-type]
+        accuracy_table(n // 10, steps),
         ["{}", "{}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}"],
     )
     print("## Memory per stored value (Laplace, levels spaced 1.0..1.5)\n")
     _print(
         ["mechanism", "dimension", "releases", "heap bytes", "vector bytes", "encoded bytes"],
-        memory_table(500 if args.quick else 3_000),  # type: ignore[arg-type]
+        memory_table(500 if args.quick else 3_000),
         ["{}", "{}", "{}", "{:.0f}", "{:.0f}", "{:.0f}"],
     )
     return 0

@@ -39,9 +39,7 @@ def value(stream_id: str, value_id: str, values: list[float], **kw: Any) -> byte
     return json.dumps(body).encode()
 
 
-def purchase(
-    stream_id: str, buyer: str, pid: str, max_price: int = 10**6, **kw: Any
-) -> bytes:
+def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6, **kw: Any) -> bytes:
     body: dict[str, Any] = {
         "type": "purchase",
         "purchase_id": pid,
@@ -54,6 +52,11 @@ def purchase(
 
 
 def quote(stream_id: str, buyer: str, qid: str, **kw: Any) -> bytes:
-    body: dict[str, Any] = {"type": "quote", "quote_id": qid, "buyer_id": buyer, "stream_id": stream_id}
+    body: dict[str, Any] = {
+        "type": "quote",
+        "quote_id": qid,
+        "buyer_id": buyer,
+        "stream_id": stream_id,
+    }
     body.update(kw)
     return json.dumps(body).encode()

@@ -25,7 +25,11 @@ def core() -> MarketCore:
 
 
 def buyer_events(outcome) -> list:  # type: ignore[no-untyped-def]
-    return [BUYER_EVENT.validate_json(o.value) for o in outcome.outputs if o.topic.startswith("t.buyer.")]
+    return [
+        BUYER_EVENT.validate_json(o.value)
+        for o in outcome.outputs
+        if o.topic.startswith("t.buyer.")
+    ]
 
 
 def test_register_publishes_catalog_entry(core: MarketCore) -> None:
@@ -99,7 +103,9 @@ def test_price_too_high_quotes_the_price(core: MarketCore) -> None:
     assert rej.details["quoted_price_minor"] == 200
     assert "200" in rej.message
     # the rejection is stored: a resend gets the same answer
-    again = core.handle(T.purchases, purchase("temp", "alice", "p1", max_price=10, target_level=2.0))
+    again = core.handle(
+        T.purchases, purchase("temp", "alice", "p1", max_price=10, target_level=2.0)
+    )
     assert again.status == "duplicate" and again.outputs[0].value == out.outputs[0].value
 
 
@@ -125,8 +131,16 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
         (T.values, b"\xff\xfe", "invalid_event"),
         (T.values, value("nope", "v", [1.0, 2.0, 3.0]), "unknown_stream"),
         (T.values, value("temp", "v", [1.0, 2.0]), "wrong_dimension"),
-        (T.values, b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,NaN,2]}', "invalid_value"),
-        (T.values, b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,Infinity,2]}', "invalid_value"),
+        (
+            T.values,
+            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,NaN,2]}',
+            "invalid_value",
+        ),
+        (
+            T.values,
+            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,Infinity,2]}',
+            "invalid_value",
+        ),
         (T.values, value("temp", "v", ["a", 1, 2]), "invalid_event"),  # type: ignore[list-item]
         (T.values, value("temp", "bad id!", [1, 2, 3]), "invalid_event"),
         (T.purchases, purchase("temp", "alice", "p", target_level=5.0), "level_above_cap"),
@@ -135,18 +149,33 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
         (T.purchases, purchase("zzz", "alice", "p"), "unknown_stream"),
         (T.purchases, b'{"type":"refund"}', "invalid_event"),
         (T.registrations, registration("s2", ladder=[2.0, 1.0]), "invalid_event"),
-        (T.registrations, registration("s2", pricing={"kind": "table", "prices": {"1": 10, "2": 100}}, ladder=[1.0, 2.0], cap=2.0), "invalid_schedule"),
+        (
+            T.registrations,
+            registration(
+                "s2",
+                pricing={"kind": "table", "prices": {"1": 10, "2": 100}},
+                ladder=[1.0, 2.0],
+                cap=2.0,
+            ),
+            "invalid_schedule",
+        ),
         ("t.unknown", b"{}", "unknown_topic"),
     ],
 )
-def test_bad_input_becomes_a_rejection_with_reason(core: MarketCore, topic: str, payload: bytes, reason: str) -> None:
+def test_bad_input_becomes_a_rejection_with_reason(
+    core: MarketCore, topic: str, payload: bytes, reason: str
+) -> None:
     out = core.handle(topic, payload, partition=2, offset=7)
     assert (out.status, out.reason) == ("rejected", reason)
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert out.outputs[0].topic == T.rejections
     assert rej.reason == reason and rej.message
     assert (rej.source_partition, rej.source_offset) == (2, 7)
-    original = rej.payload.encode() if rej.payload_encoding == "utf-8" else __import__("base64").b64decode(rej.payload)
+    original = (
+        rej.payload.encode()
+        if rej.payload_encoding == "utf-8"
+        else __import__("base64").b64decode(rej.payload)
+    )
     assert original == payload
 
 
@@ -181,7 +210,12 @@ def test_no_higher_step_and_table_levels(core: MarketCore) -> None:
     assert out.reason == "no_higher_step"
     core.handle(
         T.registrations,
-        registration("tab", pricing={"kind": "table", "prices": {"1": 100, "2": 150}}, ladder=[1.0, 2.0], cap=2.0),
+        registration(
+            "tab",
+            pricing={"kind": "table", "prices": {"1": 100, "2": 150}},
+            ladder=[1.0, 2.0],
+            cap=2.0,
+        ),
     )
     out = core.handle(T.purchases, purchase("tab", "alice", "t1", target_level=1.5))
     assert out.reason == "level_not_for_sale"

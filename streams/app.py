@@ -33,6 +33,7 @@ from market.codec import decode_state, encode_state
 
 from .config import Settings
 from .core import MarketCore, Outcome, PurchaseRecord, Stores, StreamState
+from .faults import FaultInjector
 from .keys import MarketKeys, load_or_create_keys
 from .metrics import Metrics, build_metrics
 from .topics import Topics
@@ -123,9 +124,11 @@ class MarketWorker:
 
         def table(name: str, codec: str) -> Any:
             tbl: Any = self.app.Table(name, partitions=settings.partitions)
-            # Faust derives serializers from key/value *types*; ours are codecs by name. Both
-            # the store and the changelog topic are created lazily, after this assignment.
+            # Faust derives serializers from key/value *types*, ours are codecs by name. The
+            # store is created lazily (after this), but registering the table already built a
+            # JSON changelog topic, which recovery would decode with: rebuild it.
             tbl.key_serializer, tbl.value_serializer = "em_str", codec
+            tbl.changelog_topic = tbl._new_changelog_topic()
             return tbl
 
         self.stores = Stores(
@@ -138,6 +141,7 @@ class MarketWorker:
         self._known_topics: set[str] = set()
         self._started = time.time()
         self._probed = False
+        self._faults = FaultInjector.from_env()
         self._wire()
 
     # -- faust wiring ---------------------------------------------------------------------
@@ -195,7 +199,10 @@ class MarketWorker:
         m = self.metrics
         outputs = []
         purchase_times: list[float] = []
-        for ev in events:
+        self._faults.hit("before_state")
+        for i, ev in enumerate(events):
+            if i == len(events) // 2:
+                self._faults.hit("mid_batch")
             stream._set_current_event(ev)
             msg = ev.message
             outcome = self.core.handle(
@@ -208,14 +215,18 @@ class MarketWorker:
         m.batch_size.observe(len(events))
         # 1. state first: every changelog write of this batch acknowledged by the broker
         await self.app.producer.flush()
+        self._faults.hit("after_state")
         # 2. then the outputs
         for topic in {o.topic for o in outputs} - self._known_topics:
             await self._ensure_topic(topic)
-        futures = [
-            await self.app.producer.send(o.topic, o.key, o.value, None, None, None) for o in outputs
-        ]
+        futures = []
+        for i, o in enumerate(outputs):
+            if i == len(outputs) // 2:
+                self._faults.hit("mid_output")
+            futures.append(await self.app.producer.send(o.topic, o.key, o.value, None, None, None))
         if futures:
             await asyncio.gather(*futures)
+        self._faults.hit("after_output")
         now = time.time()
         for ts in purchase_times:
             m.purchase_latency.observe(max(0.0, now - ts))

@@ -53,9 +53,12 @@ class Market:
         self.workers: list[ChildWorker] = []
 
     def start_worker(self, **overrides: Any) -> ChildWorker:
+        return self.start_worker_env({}, **overrides)
+
+    def start_worker_env(self, env: dict[str, str], **overrides: Any) -> ChildWorker:
         n = len(self.workers)
         s = replace(self.settings, web_port=find_free_port(), **overrides)
-        w = ChildWorker(s, log_path=self.tmp / f"worker{n}.log").start()
+        w = ChildWorker(s, log_path=self.tmp / f"worker{n}.log", env=env).start()
         self.workers.append(w)
         w.wait_healthy(timeout=60)
         return w

@@ -62,9 +62,14 @@ def test_tansu_latest_offset_bug_and_fix(broker: Any) -> None:
     assert reported <= fixed  # 101 on Tansu 0.6; equal on a correct broker
 
 
-@pytest.mark.parametrize("how", ["graceful", "kill"])
-def test_table_state_survives_worker_restart(market: Market, how: str) -> None:
-    w1 = market.start_worker()
+@pytest.mark.parametrize(
+    ("how", "store"),
+    [("graceful", "memory://"), ("kill", "memory://"), ("kill", "rocksdb://")],
+)
+def test_table_state_survives_worker_restart(market: Market, how: str, store: str) -> None:
+    """A restarted worker rebuilds its tables from the changelog (memory store) or from its
+    local RocksDB plus the changelog tail; the Tansu compat module makes both complete."""
+    w1 = market.start_worker(store=store)
 
     async def first(c: MarketClient) -> Any:
         await c.register(reg("s"))
@@ -79,7 +84,7 @@ def test_table_state_survives_worker_restart(market: Market, how: str) -> None:
         w1.stop()
     else:
         w1.kill()
-    w2 = market.start_worker()
+    w2 = market.start_worker(store=store)
 
     async def second(c: MarketClient) -> tuple[Any, Any, Any]:
         again = await c.buy("alice", "s", max_price_minor=1000, purchase_id="p1")

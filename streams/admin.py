@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
@@ -16,13 +17,15 @@ __all__ = ["ensure_topics", "wait_for_broker"]
 log = logging.getLogger(__name__)
 
 
-async def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
+async def wait_for_broker(bootstrap: str, timeout: float = 30.0, **auth: Any) -> None:
     """Return once the broker answers a metadata request, or raise TimeoutError."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: Exception | None = None
     while loop.time() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=3000, **auth
+        )
         try:
             await admin.start()
             await admin.list_topics()
@@ -36,12 +39,12 @@ async def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
 
 
 async def ensure_topics(
-    bootstrap: str, specs: list[TopicSpec] | Topics, replication: int = 1
+    bootstrap: str, specs: list[TopicSpec] | Topics, replication: int = 1, **auth: Any
 ) -> list[str]:
     """Create missing topics; return the names created. Existing topics are left alone."""
     if isinstance(specs, Topics):
         specs = specs.specs()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **auth)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

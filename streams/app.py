@@ -112,6 +112,7 @@ class MarketWorker:
             broker_heartbeat_interval=settings.heartbeat_interval,
             broker_request_timeout=max(30.0, settings.session_timeout * 3),
             broker_commit_interval=settings.commit_interval,
+            broker_credentials=settings.faust_credentials(),
             consumer_auto_offset_reset="earliest",
             web_bind=settings.web_host,
             web_host=settings.web_host,

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from .admin import ensure_topics
+from .config import kafka_auth
 from .events import (
     BUYER_EVENT,
     CatalogEntry,
@@ -41,12 +44,24 @@ __all__ = ["MarketClient", "TopicReader"]
 BuyerEvent = PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
 
 
+def _env_auth() -> dict[str, Any]:
+    return kafka_auth(
+        os.environ.get("EMARKET_KAFKA_USER"),
+        os.environ.get("EMARKET_KAFKA_PASSWORD"),
+        os.environ.get("EMARKET_KAFKA_MECHANISM", "SCRAM-SHA-512"),
+        os.environ.get("EMARKET_KAFKA_SECURITY", "SASL_PLAINTEXT"),
+    )
+
+
 class TopicReader:
     """Reads every partition of one topic from the beginning, without a consumer group."""
 
-    def __init__(self, bootstrap: str, topic: str, *, fetch_max_wait_ms: int = 20) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, *, fetch_max_wait_ms: int = 20, **auth: Any
+    ) -> None:
         self.topic = topic
         self._consumer = AIOKafkaConsumer(
+            **auth,
             bootstrap_servers=bootstrap,
             enable_auto_commit=False,
             fetch_max_wait_ms=fetch_max_wait_ms,
@@ -80,10 +95,16 @@ class TopicReader:
 class MarketClient:
     """Producer plus on-demand topic readers against one broker."""
 
-    def __init__(self, bootstrap: str, topics: Topics | None = None) -> None:
+    def __init__(
+        self, bootstrap: str, topics: Topics | None = None, *, auth: dict[str, Any] | None = None
+    ) -> None:
+        """``auth``: aiokafka SASL keyword arguments (see :func:`streams.config.kafka_auth`);
+        defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set."""
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
+        self.auth = auth if auth is not None else _env_auth()
         self._producer = AIOKafkaProducer(
+            **self.auth,
             bootstrap_servers=bootstrap,
             linger_ms=2,
             max_request_size=16 * 1024 * 1024,
@@ -110,8 +131,8 @@ class MarketClient:
         self, registration: StreamRegistration, *, timeout: float = 30.0
     ) -> CatalogEntry | Rejection:
         """Register a stream and wait for the catalog entry (or the rejection)."""
-        catalog = TopicReader(self.bootstrap, self.topics.catalog)
-        rejections = TopicReader(self.bootstrap, self.topics.rejections)
+        catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
+        rejections = TopicReader(self.bootstrap, self.topics.rejections, **self.auth)
         await catalog.start()
         await rejections.start()
         try:
@@ -152,7 +173,7 @@ class MarketClient:
         return vid
 
     async def catalog(self, *, settle: float = 0.5) -> dict[str, CatalogEntry]:
-        reader = TopicReader(self.bootstrap, self.topics.catalog)
+        reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
         out: dict[str, CatalogEntry] = {}
         try:
@@ -168,8 +189,9 @@ class MarketClient:
 
     # -- buyers ------------------------------------------------------------------------------
     async def _buyer_reader(self, buyer_id: str) -> TopicReader:
-        await ensure_topics(self.bootstrap, [self.topics.buyer_spec(buyer_id)])
-        reader = TopicReader(self.bootstrap, self.topics.buyer(buyer_id))
+        with contextlib.suppress(Exception):  # buyers may lack the right to create topics
+            await ensure_topics(self.bootstrap, [self.topics.buyer_spec(buyer_id)], **self.auth)
+        reader = TopicReader(self.bootstrap, self.topics.buyer(buyer_id), **self.auth)
         await reader.start()
         return reader
 

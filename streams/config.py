@@ -7,7 +7,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "kafka_auth"]
+
+
+def kafka_auth(
+    user: str | None,
+    password: str | None,
+    mechanism: str = "SCRAM-SHA-512",
+    security: str = "SASL_PLAINTEXT",
+) -> dict[str, Any]:
+    """aiokafka keyword arguments for SASL (PLAIN or SCRAM), or {} without a user."""
+    if not user:
+        return {}
+    if not password:
+        raise ValueError("a Kafka user needs a password (EMARKET_KAFKA_PASSWORD)")
+    return {
+        "security_protocol": security,
+        "sasl_mechanism": mechanism,
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
 
 
 def _env(name: str, default: Any, cast: Any = str) -> Any:
@@ -39,6 +58,11 @@ class Settings:
     batch_within: float = 0.005
     commit_interval: float = 1.0
     log_level: str = "info"
+    #: SASL credentials for Apache Kafka (the embedded broker has no authentication).
+    kafka_user: str | None = field(default=None, repr=False)
+    kafka_password: str | None = field(default=None, repr=False)
+    kafka_mechanism: str = "SCRAM-SHA-512"
+    kafka_security: str = "SASL_PLAINTEXT"
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -56,6 +80,10 @@ class Settings:
             heartbeat_interval=_env("HEARTBEAT_INTERVAL", cls.heartbeat_interval, float),
             fetch_max_wait_ms=_env("FETCH_MAX_WAIT_MS", cls.fetch_max_wait_ms, int),
             log_level=_env("LOG_LEVEL", cls.log_level),
+            kafka_user=_env("KAFKA_USER", None),
+            kafka_password=_env("KAFKA_PASSWORD", None),
+            kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),
+            kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -63,6 +91,23 @@ class Settings:
         """Short group timeouts and fetch waits that make the embedded broker responsive."""
         return replace(
             self, tansu=True, session_timeout=3.0, heartbeat_interval=0.3, fetch_max_wait_ms=20
+        )
+
+    def aiokafka_auth(self) -> dict[str, Any]:
+        """Keyword arguments that authenticate an aiokafka client (empty without a user)."""
+        return kafka_auth(
+            self.kafka_user, self.kafka_password, self.kafka_mechanism, self.kafka_security
+        )
+
+    def faust_credentials(self) -> Any:
+        if not self.kafka_user:
+            return None
+        import faust  # noqa: PLC0415
+
+        return faust.SASLCredentials(
+            username=self.kafka_user,
+            password=self.kafka_password,
+            mechanism=self.kafka_mechanism,
         )
 
     @property

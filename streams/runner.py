@@ -45,9 +45,13 @@ def run_worker(settings: Settings) -> None:
 
 
 async def _prepare(settings: Settings) -> None:
-    await wait_for_broker(settings.bootstrap)
+    auth = settings.aiokafka_auth()
+    await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(
-        settings.bootstrap, Topics(settings.prefix, settings.partitions), settings.replication
+        settings.bootstrap,
+        Topics(settings.prefix, settings.partitions),
+        settings.replication,
+        **auth,
     )
 
 

@@ -1,0 +1,62 @@
+"""Settings, Kafka credentials and the market's secrets."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from streams.config import Settings, kafka_auth
+from streams.keys import MarketKeys, load_or_create_keys
+
+
+def test_kafka_auth() -> None:
+    assert kafka_auth(None, None) == {}
+    auth = kafka_auth("worker", "pw")
+    assert auth["security_protocol"] == "SASL_PLAINTEXT"
+    assert auth["sasl_mechanism"] == "SCRAM-SHA-512"
+    with pytest.raises(ValueError, match="password"):
+        kafka_auth("worker", None)
+
+
+def test_settings_from_env_and_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMARKET_KAFKA_USER", "market-worker")
+    monkeypatch.setenv("EMARKET_KAFKA_PASSWORD", "secret-pw")
+    monkeypatch.setenv("EMARKET_PARTITIONS", "8")
+    s = Settings.from_env(prefix="x")
+    assert s.partitions == 8 and s.prefix == "x"
+    creds = s.faust_credentials()
+    assert creds.username == "market-worker"
+    assert "secret-pw" not in repr(s)
+    tansu = s.for_tansu()
+    assert tansu.tansu and tansu.fetch_max_wait_ms == 20 and tansu.session_timeout <= 3
+
+
+def test_keys_are_created_private_and_stable(tmp_path: Path) -> None:
+    keys = load_or_create_keys(tmp_path / "d", env={})
+    for f in ("signing_key.pem", "noise_secret.bin"):
+        mode = stat.S_IMODE(os.stat(tmp_path / "d" / f).st_mode)
+        assert mode == 0o600, oct(mode)
+    assert stat.S_IMODE(os.stat(tmp_path / "d").st_mode) == 0o700
+    again = load_or_create_keys(tmp_path / "d", env={})
+    assert again.key_id == keys.key_id and again.noise_secret == keys.noise_secret
+    assert "redacted" in repr(keys) and keys.noise_secret.hex() not in repr(keys)
+
+
+def test_keys_from_environment(tmp_path: Path) -> None:
+    raw = bytes(range(32))
+    env = {
+        "EMARKET_SIGNING_KEY": base64.b64encode(raw).decode(),
+        "EMARKET_NOISE_SECRET": base64.b64encode(b"s" * 32).decode(),
+    }
+    keys = load_or_create_keys(None, env=env)
+    assert isinstance(keys, MarketKeys) and keys.noise_secret == b"s" * 32
+    with pytest.raises(ValueError, match="EMARKET_SIGNING_KEY"):
+        load_or_create_keys(None, env={**env, "EMARKET_SIGNING_KEY": "not base64!"})
+    with pytest.raises(ValueError, match="at least 16"):
+        load_or_create_keys(
+            None, env={**env, "EMARKET_NOISE_SECRET": base64.b64encode(b"x").decode()}
+        )

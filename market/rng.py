@@ -31,7 +31,14 @@ import struct
 import numpy as np
 from randomgen import AESCounter
 
-__all__ = ["RngLike", "default_rng", "identity_bytes", "keyed_rng", "secure_rng"]
+__all__ = [
+    "KeyedRngFactory",
+    "RngLike",
+    "default_rng",
+    "identity_bytes",
+    "keyed_rng",
+    "secure_rng",
+]
 
 RngLike = np.random.Generator | int | None
 """What public APIs accept as ``rng``: a Generator (used as is), an int seed (tests only) or
@@ -82,6 +89,27 @@ def keyed_rng(secret: bytes, *identity: str | bytes | int | float) -> np.random.
         raise ValueError("the noise secret must be at least 16 bytes")
     digest = hmac.new(secret, identity_bytes(*identity), hashlib.sha256).digest()
     return np.random.Generator(AESCounter(key=int.from_bytes(digest[:16], "little")))
+
+
+class KeyedRngFactory:
+    """:func:`keyed_rng` without the cost of building a generator per request.
+
+    Re-keys one AES-CTR bit generator in place (about 3x faster than constructing one), which
+    matters when every released value needs its own deterministic stream. The generator returned
+    by a call is the same object each time: use it before the next call. Not thread-safe.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the noise secret must be at least 16 bytes")
+        self._secret = secret
+        self._bits = AESCounter(key=0)
+        self._gen = np.random.Generator(self._bits)
+
+    def __call__(self, *identity: str | bytes | int | float) -> np.random.Generator:
+        digest = hmac.new(self._secret, identity_bytes(*identity), hashlib.sha256).digest()
+        self._bits.seed(key=int.from_bytes(digest[:16], "little"))
+        return self._gen
 
 
 def default_rng(rng: RngLike = None) -> np.random.Generator:

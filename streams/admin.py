@@ -23,9 +23,7 @@ async def wait_for_broker(bootstrap: str, timeout: float = 30.0, **auth: Any) ->
     deadline = loop.time() + timeout
     last: Exception | None = None
     while loop.time() < deadline:
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=3000, **auth
-        )
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **auth)
         try:
             await admin.start()
             await admin.list_topics()

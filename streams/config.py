@@ -80,6 +80,8 @@ class Settings:
             heartbeat_interval=_env("HEARTBEAT_INTERVAL", cls.heartbeat_interval, float),
             fetch_max_wait_ms=_env("FETCH_MAX_WAIT_MS", cls.fetch_max_wait_ms, int),
             log_level=_env("LOG_LEVEL", cls.log_level),
+            batch_max=_env("BATCH_MAX", cls.batch_max, int),
+            batch_within=_env("BATCH_WITHIN", cls.batch_within, float),
             kafka_user=_env("KAFKA_USER", None),
             kafka_password=_env("KAFKA_PASSWORD", None),
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),

@@ -19,17 +19,19 @@ was already released, nor charge twice:
    numbers; a duplicate re-emits stored releases only, a conflicting resend is rejected, and a
    resend after eviction from the window is recognised (ids are remembered) and never re-noised.
 4. **Noise is a function of the request.** New levels are sampled with
-   :func:`market.rng.keyed_rng` keyed by ``(stream, value, level)``, so even a release whose state
+   :func:`market.rng.keyed_rng` (via its faster twin ``KeyedRngFactory``) keyed by
+   ``(stream, value, level)``, so even a release whose state
    write was lost would be recomputed identically from the same stored neighbours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,27 +43,24 @@ from market.errors import InvalidLevelError
 from market.levels import canonical_level
 from market.pricing import PriceSchedule, schedule_from_spec
 from market.receipts import Receipt, release_digest, sign_receipt
-from market.rng import keyed_rng
+from market.rng import KeyedRngFactory
 
 from .events import (
     PURCHASES_EVENT,
     CatalogEntry,
     PriceLevel,
-    PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
     QuoteRequest,
-    ReceiptModel,
     Rejection,
-    ReleasedValue,
     StreamRegistration,
     ValueEvent,
-    ValueReleased,
 )
 from .keys import MarketKeys
 from .topics import Topics
 
 __all__ = [
+    "EvictedValue",
     "Holder",
     "MarketCore",
     "Outcome",
@@ -120,20 +119,33 @@ class PurchaseRecord(BaseModel):
     payload: str
 
 
+@dataclass(frozen=True)
+class EvictedValue:
+    """What remains of a value that left its stream's window: enough to recognise a resend."""
+
+    seq: int
+    digest: str
+
+
+Ladder = ReleaseState | EvictedValue
+
+
 class Stores:
-    """The four stores the core writes. Any MutableMapping works (dicts in tests, Faust tables in
-    the service); values are always re-assigned after a change so a table sends its changelog."""
+    """The three stores the core writes. Any MutableMapping works (dicts in tests, Faust tables in
+    the service); values are always re-assigned after a change so a table sends its changelog.
+
+    ``ladders`` maps ``stream/value`` to the value's :class:`ReleaseState` while it is in the
+    stream's window and to an :class:`EvictedValue` marker afterwards (one changelog message per
+    value at ingestion and one at eviction)."""
 
     def __init__(
         self,
         streams: MutableMapping[str, StreamState] | None = None,
-        ladders: MutableMapping[str, ReleaseState] | None = None,
-        seen: MutableMapping[str, str] | None = None,
+        ladders: MutableMapping[str, Ladder] | None = None,
         purchases: MutableMapping[str, PurchaseRecord] | None = None,
     ) -> None:
         self.streams: MutableMapping[str, StreamState] = {} if streams is None else streams
-        self.ladders: MutableMapping[str, ReleaseState] = {} if ladders is None else ladders
-        self.seen: MutableMapping[str, str] = {} if seen is None else seen
+        self.ladders: MutableMapping[str, Ladder] = {} if ladders is None else ladders
         self.purchases: MutableMapping[str, PurchaseRecord] = {} if purchases is None else purchases
 
 
@@ -196,6 +208,9 @@ class MarketCore:
         self.topics = topics
         self.clock = clock
         self._mech_cache: dict[str, tuple[Mechanism, PriceSchedule]] = {}
+        self._deliveries: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._keyed = KeyedRngFactory(keys.noise_secret)
+        self._batching = False
 
     # -- dispatch -------------------------------------------------------------------------
     def handle(
@@ -298,7 +313,7 @@ class MarketCore:
         return cached
 
     def _rng(self, stream_id: str, value_id: str, level: float) -> np.random.Generator:
-        return keyed_rng(self.keys.noise_secret, stream_id, value_id, level)
+        return self._keyed(stream_id, value_id, level)
 
     # -- registrations -------------------------------------------------------------------------
     def _register(self, raw: bytes) -> Outcome:
@@ -376,18 +391,21 @@ class MarketCore:
         except MarketError as exc:
             raise _Reject(exc.code, exc.message) from None
         digest = _digest_values(exact)
-        seen_key = _key(ev.stream_id, ev.value_id)
-        seen = self.stores.seen.get(seen_key)
-        if seen is not None:
-            seq_s, old_digest = seen.split(":", 1)
+        ladder_key = _key(ev.stream_id, ev.value_id)
+        known = self.stores.ladders.get(ladder_key)
+        if known is not None:
+            if isinstance(known, EvictedValue):
+                seq, old_digest = known.seq, known.digest
+            else:
+                entry = next(e for e in st.window if e.value_id == ev.value_id)
+                seq, old_digest = entry.seq, entry.digest
             if old_digest != digest:
                 raise _Reject(
                     "conflicting_value",
                     f"value id {ev.value_id!r} was already published on stream {ev.stream_id!r} "
                     "with different numbers; value ids must be unique, use a new id",
                 )
-            return self._redeliver_value(st, ev.value_id, int(seq_s))
-        ladder_key = seen_key
+            return self._redeliver_value(st, ev.value_id, seq, known)
         levels = sorted({h.level for h in st.holders.values()})
         if reg.sealed:
             ladder = ReleaseState.sealed(
@@ -411,52 +429,82 @@ class MarketCore:
         st.spent = max(st.spent, ladder.spent)
         while len(st.window) > reg.retain_last:
             old = st.window.pop(0)
-            self.stores.ladders.pop(_key(ev.stream_id, old.value_id), None)
+            self.stores.ladders[_key(ev.stream_id, old.value_id)] = EvictedValue(
+                old.seq, old.digest
+            )
         self.stores.ladders[ladder_key] = ladder
-        self.stores.seen[seen_key] = f"{seq}:{digest}"
         self.stores.streams[ev.stream_id] = st
-        outputs = self._subscription_outputs(st, ev.value_id, seq, ladder)
+        released = self._deliver(st, ev.value_id, seq, ladder)
         return Outcome(
             "value",
             "accepted",
-            outputs,
+            self._drain_unless_batching(),
             stream_id=ev.stream_id,
             mechanism=reg.mechanism,
-            releases=len(outputs),
+            releases=released,
             new_noise=new_noise,
         )
 
-    def _subscription_outputs(
-        self, st: StreamState, value_id: str, seq: int, ladder: ReleaseState
-    ) -> list[Output]:
-        outputs = []
+    def _deliver(self, st: StreamState, value_id: str, seq: int, ladder: ReleaseState) -> int:
+        """Queue the value's release at each holder's level for that holder's topic."""
         sid = st.registration.stream_id
-        for buyer, holder in sorted(st.holders.items()):
+        n = 0
+        for buyer, holder in st.holders.items():
             values = ladder.get(holder.level)
             if values is None:  # cannot happen: every held level is released on arrival
                 continue
-            event = ValueReleased.model_construct(
-                buyer_id=buyer,
-                stream_id=sid,
-                release=ReleasedValue.model_construct(
-                    value_id=value_id, seq=seq, level=holder.level, values=values.tolist()
-                ),
-            )
-            outputs.append(Output(self.topics.buyer(buyer), value_id.encode(), _dump(event)))
-        return outputs
+            release = {"value_id": value_id, "seq": seq, "level": holder.level,
+                       "values": values.tolist()}  # fmt: skip
+            self._deliveries.setdefault((buyer, sid), []).append(release)
+            n += 1
+        return n
 
-    def _redeliver_value(self, st: StreamState, value_id: str, seq: int) -> Outcome:
-        """A resent value: re-emit what is stored, never draw noise."""
-        ladder = self.stores.ladders.get(_key(st.registration.stream_id, value_id))
-        outputs = [] if ladder is None else self._subscription_outputs(st, value_id, seq, ladder)
+    def _redeliver_value(self, st: StreamState, value_id: str, seq: int, known: Ladder) -> Outcome:
+        """A resent value: re-emit what is stored (nothing once evicted), never draw noise."""
+        released = 0
+        if isinstance(known, ReleaseState):
+            released = self._deliver(st, value_id, seq, known)
         return Outcome(
             "value",
             "duplicate",
-            outputs,
+            self._drain_unless_batching(),
             stream_id=st.registration.stream_id,
             mechanism=st.registration.mechanism,
-            releases=len(outputs),
+            releases=released,
         )
+
+    # -- batching of subscription deliveries ------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[Output]]:
+        """Collect subscription deliveries of several events into one message per buyer.
+
+        Inside the block, value events return no outputs for subscribers; on exit the list
+        yielded to the caller receives one ``value_released`` event per (buyer, stream) holding
+        every release of the batch, in arrival order.
+        """
+        outputs: list[Output] = []
+        self._batching = True
+        try:
+            yield outputs
+        finally:
+            self._batching = False
+            outputs.extend(self.drain_deliveries())
+
+    def _drain_unless_batching(self) -> list[Output]:
+        return [] if self._batching else self.drain_deliveries()
+
+    def drain_deliveries(self) -> list[Output]:
+        outputs = []
+        for (buyer, sid), releases in self._deliveries.items():
+            body = json.dumps(
+                {"schema_version": 1, "type": "value_released", "buyer_id": buyer,
+                 "stream_id": sid, "releases": releases},
+                separators=(",", ":"), allow_nan=False,
+            )  # fmt: skip
+            key = releases[-1]["value_id"].encode()
+            outputs.append(Output(self.topics.buyer(buyer), key, body.encode()))
+        self._deliveries.clear()
+        return outputs
 
     # -- purchases and quotes ----------------------------------------------------------------------
     def _purchases(self, raw: bytes, src: tuple[str, int | None, int | None, bytes]) -> Outcome:
@@ -583,6 +631,7 @@ class MarketCore:
         for entry in st.window:
             lkey = _key(reg.stream_id, entry.value_id)
             ladder = self.stores.ladders[lkey]
+            assert isinstance(ladder, ReleaseState)  # window entries are never evicted
             if level_after not in ladder:
                 new_noise += 1
             values = ladder.release(
@@ -617,22 +666,25 @@ class MarketCore:
             market_key_id=self.keys.key_id,
         )
         signature = sign_receipt(receipt, self.keys.signing_key)
-        rec_fields = {**receipt.__dict__, "value_ids": list(receipt.value_ids)}
-        event = PurchaseFulfilled.model_construct(
-            purchase_id=req.purchase_id,
-            buyer_id=req.buyer_id,
-            stream_id=reg.stream_id,
-            level_before=held,
-            level_after=level_after,
-            price_minor=price,
-            currency=reg.currency,
-            releases=[
-                ReleasedValue.model_construct(value_id=v, seq=s, level=lv, values=vals.tolist())
-                for v, s, lv, vals in releases
+        # Built as plain dicts (the PurchaseFulfilled layout) rather than through pydantic: this
+        # is the hot path of a purchase, and the field order is fixed by the schema.
+        event = {
+            "schema_version": 1,
+            "type": "purchase_fulfilled",
+            "purchase_id": req.purchase_id,
+            "buyer_id": req.buyer_id,
+            "stream_id": reg.stream_id,
+            "level_before": held,
+            "level_after": level_after,
+            "price_minor": price,
+            "currency": reg.currency,
+            "releases": [
+                {"value_id": v, "seq": q, "level": lv, "values": vals.tolist()}
+                for v, q, lv, vals in releases
             ],
-            receipt=ReceiptModel.model_construct(**rec_fields, signature=signature),
-        )
-        payload = _dump(event)
+            "receipt": {**receipt.to_dict(), "signature": signature},
+        }
+        payload = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
         self.stores.purchases[_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
             fingerprint=fingerprint,
             status="fulfilled",
@@ -654,8 +706,9 @@ class MarketCore:
 
 
 def _fingerprint(req: PurchaseRequest) -> str:
-    fields = req.model_dump(exclude={"requested_at_ms"})
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    """What makes two purchases with one id the same request (the send time does not)."""
+    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency)
+    return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
 _ID_FIELDS = {

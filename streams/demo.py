@@ -149,9 +149,9 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
         )
         vid = await client.publish("thermometer", (20.0 + rng.normal(0, 0.1, dim)).tolist())
         async for ev in client.tail("buyer-1", idle_timeout=5.0):
-            if ev.type == "value_released" and ev.release.value_id == vid:
+            if ev.type == "value_released" and ev.releases[-1].value_id == vid:
                 _say(
                     f"subscription: new reading {vid} delivered at the held level "
-                    f"ε={ev.release.level:g}"
+                    f"ε={ev.releases[-1].level:g}"
                 )
                 break

@@ -266,12 +266,14 @@ class PurchaseFulfilled(_Event):
 
 
 class ValueReleased(_Event):
-    """A new value delivered at the level a buyer holds (subscription)."""
+    """New values delivered at the level the buyer holds (subscription), in arrival order.
+
+    The market groups the values that arrive together into one event per buyer and stream."""
 
     type: Literal["value_released"] = "value_released"
     buyer_id: Identifier
     stream_id: Identifier
-    release: ReleasedValue
+    releases: list[ReleasedValue] = Field(min_length=1)
 
 
 class QuoteAnswer(_Event):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from market.receipts import verify_receipt
-from streams.core import MarketCore, Stores
+from streams.core import EvictedValue, MarketCore, Stores
 from streams.events import BUYER_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
 from streams.topics import Topics
 
@@ -67,7 +67,7 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
     assert paid == 200  # exactly P(2.0): stepwise equals direct
     sub = core.handle(T.values, value("temp", "v3", [1.0, 2.0, 3.0]))
     (ev,) = buyer_events(sub)
-    assert ev.type == "value_released" and ev.release.level == 2.0
+    assert ev.type == "value_released" and ev.releases[0].level == 2.0
     assert core.stores.streams["temp"].spent == 2.0
 
 
@@ -198,7 +198,7 @@ def test_evicted_value_resend_is_recognised(core: MarketCore) -> None:
     for i in range(6):  # retain_last = 4
         core.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, float(i)]))
     assert [e.value_id for e in core.stores.streams["temp"].window] == ["v2", "v3", "v4", "v5"]
-    assert "temp/v0" not in core.stores.ladders
+    assert isinstance(core.stores.ladders["temp/v0"], EvictedValue)  # vectors dropped
     again = core.handle(T.values, value("temp", "v0", [1.0, 2.0, 0.0]))
     assert again.status == "duplicate" and again.new_noise == 0 and not again.outputs
 
@@ -230,6 +230,19 @@ def test_sealed_stream_releases_only_postprocessing(core: MarketCore) -> None:
     assert core.stores.streams["sealed"].spent == 4.0
     ok = core.handle(T.purchases, purchase("sealed", "alice", "p1", target_level=1.0))
     assert ok.status == "fulfilled"
+
+
+def test_batch_groups_subscription_deliveries_per_buyer(core: MarketCore) -> None:
+    core.handle(T.purchases, purchase("temp", "alice", "p1"))
+    core.handle(T.purchases, purchase("temp", "bob", "p1", target_level=1.0))
+    with core.batch() as deliveries:
+        for i in range(3):
+            out = core.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, float(i)]))
+            assert out.status == "accepted" and not out.outputs and out.releases == 2
+    events = {o.topic: BUYER_EVENT.validate_json(o.value) for o in deliveries}
+    assert set(events) == {"t.buyer.alice", "t.buyer.bob"}
+    assert [r.value_id for r in events["t.buyer.bob"].releases] == ["v0", "v1", "v2"]
+    assert {r.level for r in events["t.buyer.bob"].releases} == {1.0}
 
 
 def test_releases_survive_json_bit_for_bit(core: MarketCore) -> None:

@@ -160,7 +160,8 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
                 for r in e.releases:
                     releases[(r.value_id, r.level)].add(tuple(r.values))
             elif e.type == "value_released":
-                releases[(e.release.value_id, e.release.level)].add(tuple(e.release.values))
+                for r in e.releases:
+                    releases[(r.value_id, r.level)].add(tuple(r.values))
     assert len(outcomes) == len(buyers) * 3
     assert all(len(v) == 1 for v in outcomes.values()), "a purchase had two different outcomes"
     assert len(releases) == 10 * 3

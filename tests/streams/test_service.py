@@ -83,7 +83,7 @@ def test_register_publish_buy_three_steps_tail(market: Market) -> None:
     kinds = [e.type for e in events]
     assert kinds.count("purchase_fulfilled") == 3 and kinds.count("quote") == 1
     late = [e for e in events if e.type == "value_released"]
-    assert len(late) == 1 and late[0].release.level == 2.0
+    assert len(late) == 1 and late[0].releases[0].level == 2.0
     for e in events:  # every event on the buyer topic matches the published schema
         SCHEMAS["buyer"].validate_json(e.model_dump_json())
 

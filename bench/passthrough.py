@@ -1,0 +1,56 @@
+"""Baseline for bench/service.py: a plain Faust agent forwarding messages unchanged.
+
+It measures Faust's own per-event cost on the same broker with the same consumer tuning as the
+market worker (short fetch wait and session timeout on the embedded broker).
+
+    python -m bench.passthrough --broker kafka://127.0.0.1:PORT --source a --sink b --app-id x
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import faust
+
+from streams.app import _tune_fetch_wait
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--broker", required=True)
+    p.add_argument("--source", required=True)
+    p.add_argument("--sink", required=True)
+    p.add_argument("--app-id", required=True)
+    p.add_argument("--fetch-max-wait-ms", type=int, default=20)
+    p.add_argument("--web-port", type=int, default=0)
+    args = p.parse_args()
+    from streams.compat import install_tansu_compat
+
+    install_tansu_compat()
+    _tune_fetch_wait(args.fetch_max_wait_ms)
+    app = faust.App(
+        args.app_id,
+        broker=args.broker,
+        store="memory://",
+        broker_session_timeout=3.0,
+        broker_heartbeat_interval=0.3,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        topic_partitions=4,
+    )
+    source = app.topic(args.source, value_type=bytes, value_serializer="raw", key_type=bytes,
+                       key_serializer="raw")  # fmt: skip
+    sink = app.topic(args.sink, value_type=bytes, value_serializer="raw", key_type=bytes,
+                     key_serializer="raw")  # fmt: skip
+
+    @app.agent(source)
+    async def forward(stream: Any) -> None:
+        async for event in stream.events():
+            await sink.send(key=event.key, value=event.value)
+
+    faust.Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False).execute_from_commandline()
+
+
+if __name__ == "__main__":
+    main()

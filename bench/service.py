@@ -1,0 +1,287 @@
+"""Service benchmark: the market's ingest and purchase paths against two baselines, same broker.
+
+Run ``python -m bench.service`` (``--quick`` for a smoke run). It starts the embedded broker and
+measures, in one run:
+
+* **raw round trip** — aiokafka produce → consume of same-size messages (this broker's limit);
+* **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
+  framework's own per-event cost), :mod:`bench.passthrough`;
+* **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
+* **market purchase** — purchases in (each a new level on every retained value), release +
+  signed receipt out.
+
+Throughput is measured open-loop (send everything, wait for the last output); latency p50/p99
+closed-loop (one event in flight, idle system), from the client's send to the client's receipt,
+so it includes the client's own fetch wait. Goals (issue #3): market paths at least 0.7x the
+Faust pass-through, p99 under 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from streams.admin import ensure_topics
+from streams.broker import EmbeddedBroker, find_free_port
+from streams.client import MarketClient, TopicReader
+from streams.config import Settings
+from streams.events import LinearPrecisionSpec, StreamRegistration, ValueEvent
+from streams.runner import ChildWorker
+from streams.topics import Topics, TopicSpec
+
+DIM = 8
+READ_WAIT_MS = 5
+
+
+@dataclass
+class Row:
+    name: str
+    rate: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _value_payload(i: int) -> bytes:
+    return ValueEvent(
+        stream_id="bench", value_id=f"v{i:07d}", values=[20.0 + 0.001 * i] * DIM
+    ).model_dump_json().encode()
+
+
+def _count(raw: bytes) -> int:
+    """Events carried by one message: subscription deliveries group several values."""
+    if raw.startswith(b'{"schema_version":1,"type":"value_released"'):
+        return int(len(json.loads(raw)["releases"]))
+    return 1
+
+
+async def _drain(readers: list[TopicReader], expected: int, timeout: float) -> int:
+    got = 0
+    deadline = time.monotonic() + timeout
+    while got < expected and time.monotonic() < deadline:
+        for r in readers:
+            got += sum(_count(v) for _, v in await r.poll(0.05))
+    return got
+
+
+def _pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+async def _closed_loop(
+    send: Callable[[int], Awaitable[None]], readers: list[TopicReader], n: int, per_event: int
+) -> list[float]:
+    lat = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await send(i)
+        await _drain(readers, per_event, 30)
+        lat.append(time.perf_counter() - t0)
+    return lat
+
+
+async def _pipe(bootstrap: str, source: str, sink: str, n: int, lat_n: int) -> Row:
+    """Throughput and latency of messages sent to ``source`` appearing on ``sink``."""
+    reader = TopicReader(bootstrap, sink, fetch_max_wait_ms=READ_WAIT_MS)
+    await reader.start()
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=262144)
+    await prod.start()
+    try:
+        payloads = [_value_payload(i) for i in range(n)]
+        t0 = time.perf_counter()
+        futs = [await prod.send(source, p, key=b"bench") for p in payloads]
+        await asyncio.gather(*futs)
+        got = await _drain([reader], n, 300)
+        rate = got / (time.perf_counter() - t0)
+
+        async def send(i: int) -> None:
+            await prod.send_and_wait(source, _value_payload(n + i), key=b"bench")
+
+        lat = await _closed_loop(send, [reader], lat_n, 1)
+    finally:
+        await prod.stop()
+        await reader.stop()
+    return Row("", rate, _pct(lat, 0.5), _pct(lat, 0.99))
+
+
+async def raw_round_trip(bootstrap: str, n: int, lat_n: int) -> Row:
+    topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(bootstrap, [TopicSpec(topic, 4, {})])
+    row = await _pipe(bootstrap, topic, topic, n, lat_n)
+    return replace(row, name="raw aiokafka round trip")
+
+
+def faust_passthrough(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path) -> Row:
+    tag = uuid.uuid4().hex[:6]
+    src, dst = f"bench-src-{tag}", f"bench-dst-{tag}"
+    asyncio.run(ensure_topics(broker.bootstrap, [TopicSpec(src, 4, {}), TopicSpec(dst, 4, {})]))
+    log = open(workdir / "passthrough.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.passthrough", "--broker", broker.url, "--source", src,
+         "--sink", dst, "--app-id", f"bench-pt-{tag}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        asyncio.run(_wait_forwarding(broker.bootstrap, src, dst))
+        row = asyncio.run(_pipe(broker.bootstrap, src, dst, n, lat_n))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    return replace(row, name="Faust pass-through agent")
+
+
+async def _wait_forwarding(bootstrap: str, src: str, dst: str) -> None:
+    reader = TopicReader(bootstrap, dst, fetch_max_wait_ms=READ_WAIT_MS)
+    await reader.start()
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await prod.start()
+    try:
+        for _ in range(600):
+            await prod.send_and_wait(src, b"{}", key=b"warmup")
+            if await reader.poll(0.2):
+                return
+        raise TimeoutError("pass-through agent did not start")
+    finally:
+        await prod.stop()
+        await reader.stop()
+
+
+def market_paths(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path) -> list[Row]:
+    tag = uuid.uuid4().hex[:6]
+    settings = replace(
+        Settings(
+            broker=broker.url,
+            app_id=f"bench-m-{tag}",
+            prefix=f"bench{tag}",
+            data_dir=workdir / "data",
+            web_port=find_free_port(),
+            log_level="warn",
+        ).for_tansu(),
+        fetch_max_wait_ms=10,
+    )
+    worker = ChildWorker(settings, log_path=workdir / "market.log").start()
+    try:
+        worker.wait_healthy(90)
+        return asyncio.run(_market(settings, n, lat_n))
+    finally:
+        worker.stop()
+
+
+async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
+    topics = Topics(settings.prefix, settings.partitions)
+    boot = settings.bootstrap
+    reg = StreamRegistration(
+        stream_id="bench", seller_id="bench", mechanism="laplace", sensitivity=1.0,
+        dimension=DIM, ladder=[0.5, 1.0], cap=1e6, retain_last=4,
+        pricing=LinearPrecisionSpec(rate_per_precision=0.0),
+    )  # fmt: skip
+    async with MarketClient(boot, topics) as c:
+        await c.register(reg, timeout=60)
+        for i in range(4):
+            await c.publish("bench", [1.0] * DIM, value_id=f"w{i}")
+        subs = ["sub1", "sub2"]
+        for b in subs:
+            await c.buy(b, "bench", max_price_minor=0, timeout=60)
+        readers = []
+        for b in subs:
+            r = TopicReader(boot, topics.buyer(b), fetch_max_wait_ms=READ_WAIT_MS)
+            await r.start()
+            await _drain([r], 1, 5)  # skip the purchase outcome
+            readers.append(r)
+        prod = AIOKafkaProducer(bootstrap_servers=boot, linger_ms=5, max_batch_size=262144)
+        await prod.start()
+        try:
+            # ingest path: each value -> one release per subscriber
+            t0 = time.perf_counter()
+            futs = [await prod.send(topics.values, _value_payload(i), key=b"bench")
+                    for i in range(n)]  # fmt: skip
+            await asyncio.gather(*futs)
+            got = await _drain(readers, n * len(subs), 600)
+            ingest_rate = got / len(subs) / (time.perf_counter() - t0)
+
+            async def send_value(i: int) -> None:
+                await prod.send_and_wait(topics.values, _value_payload(n + i), key=b"bench")
+
+            ingest_lat = await _closed_loop(send_value, readers, lat_n, len(subs))
+
+            # purchase path: buyers step up by a new level each time (new noise on 4 values)
+            buyers = [f"buyer{i}" for i in range(8)]
+            breaders = []
+            for b in buyers:
+                await c.buy(b, "bench", max_price_minor=0, timeout=60)
+                r = TopicReader(boot, topics.buyer(b), fetch_max_wait_ms=READ_WAIT_MS)
+                await r.start()
+                await _drain([r], 1, 5)
+                breaders.append(r)
+
+            def purchase(b: str, k: int) -> bytes:
+                return json.dumps({
+                    "type": "purchase", "purchase_id": f"{b}-{k}", "buyer_id": b,
+                    "stream_id": "bench", "target_level": 1.0 + 0.001 * k, "max_price_minor": 0,
+                }).encode()  # fmt: skip
+
+            per = max(1, n // len(buyers))
+            t0 = time.perf_counter()
+            futs = [await prod.send(topics.purchases, purchase(b, k), key=b"bench")
+                    for k in range(per) for b in buyers]  # fmt: skip
+            await asyncio.gather(*futs)
+            got = await _drain(breaders, per * len(buyers), 600)
+            purchase_rate = got / (time.perf_counter() - t0)
+
+            async def send_purchase(i: int) -> None:
+                await prod.send_and_wait(topics.purchases, purchase("buyer0", per + i), key=b"bench")
+
+            purchase_lat = await _closed_loop(send_purchase, breaders[:1], lat_n, 1)
+        finally:
+            await prod.stop()
+            for r in readers + breaders:
+                await r.stop()
+    return [
+        Row("market ingest (value → 2 releases)", ingest_rate,
+            _pct(ingest_lat, 0.5), _pct(ingest_lat, 0.99)),
+        Row("market purchase (→ release + receipt)", purchase_rate,
+            _pct(purchase_lat, 0.5), _pct(purchase_lat, 0.99)),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    n, lat_n = (400, 40) if args.quick else (5000, 300)
+    workdir = Path(tempfile.mkdtemp(prefix="emarket-bench-"))
+    with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
+        raw = asyncio.run(raw_round_trip(broker.bootstrap, n, lat_n))
+        faust_row = faust_passthrough(broker, n, lat_n, workdir)
+        rows = [raw, faust_row, *market_paths(broker, n, lat_n, workdir)]
+    print(f"## Service on the embedded broker ({n:,} events per throughput run, "
+          f"{lat_n} closed-loop latency samples, {os.cpu_count()} cores)\n")  # fmt: skip
+    print("| path | events/s | p50 ms | p99 ms | vs Faust pass-through | vs raw round trip |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.name} | {r.rate:,.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
+              f"{r.rate / faust_row.rate:.2f}x | {r.rate / raw.rate:.3f}x |")  # fmt: skip
+    market = rows[2:]
+    ok_tp = all(r.rate >= 0.7 * faust_row.rate for r in market)
+    ok_lat = all(r.p99_ms < 50 for r in market)
+    print(f"\ngoals: market paths >= 0.7x pass-through: {'ok' if ok_tp else 'MISS'}; "
+          f"p99 < 50 ms: {'ok' if ok_lat else 'MISS'}  (logs: {workdir})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

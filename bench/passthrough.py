@@ -49,7 +49,9 @@ def main() -> None:
         async for event in stream.events():
             await sink.send(key=event.key, value=event.value)
 
-    faust.Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False).execute_from_commandline()
+    faust.Worker(
+        app, loglevel="warn", quiet=True, redirect_stdouts=False
+    ).execute_from_commandline()
 
 
 if __name__ == "__main__":

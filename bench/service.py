@@ -7,8 +7,9 @@ measures, in one run:
 * **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
   framework's own per-event cost), :mod:`bench.passthrough`;
 * **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
-* **market purchase** — purchases in (each a new level on every retained value), release +
-  signed receipt out.
+* **market purchase** — purchases in, each buying the next step of a 16-step ladder on one of
+  many streams (so every purchase draws new noise on its stream's 4 retained values), releases
+  and a signed receipt out.
 
 Throughput is measured open-loop (send everything, wait for the last output); latency p50/p99
 closed-loop (one event in flight, idle system), from the client's send to the client's receipt,
@@ -22,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,15 +55,17 @@ class Row:
 
 
 def _value_payload(i: int) -> bytes:
-    return ValueEvent(
-        stream_id="bench", value_id=f"v{i:07d}", values=[20.0 + 0.001 * i] * DIM
-    ).model_dump_json().encode()
+    return (
+        ValueEvent(stream_id="bench", value_id=f"v{i:07d}", values=[20.0 + 0.001 * i] * DIM)
+        .model_dump_json()
+        .encode()
+    )
 
 
 def _count(raw: bytes) -> int:
     """Events carried by one message: subscription deliveries group several values."""
     if raw.startswith(b'{"schema_version":1,"type":"value_released"'):
-        return int(len(json.loads(raw)["releases"]))
+        return len(json.loads(raw)["releases"])
     return 1
 
 
@@ -218,42 +220,66 @@ async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
 
             ingest_lat = await _closed_loop(send_value, readers, lat_n, len(subs))
 
-            # purchase path: buyers step up by a new level each time (new noise on 4 values)
-            buyers = [f"buyer{i}" for i in range(8)]
-            breaders = []
-            for b in buyers:
-                await c.buy(b, "bench", max_price_minor=0, timeout=60)
-                r = TopicReader(boot, topics.buyer(b), fetch_max_wait_ms=READ_WAIT_MS)
+            # purchase path: many streams with a 16-step ladder; each purchase buys the next
+            # step of one stream (new noise on its 4 retained values) for one of 64 buyers
+            steps = 16
+            n_streams = max(1, n // steps)
+            lat_streams = max(1, -(-lat_n // steps))
+            names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
+            ladder = [round(0.25 * (k + 1), 2) for k in range(steps)]
+            for name in names:
+                await c.send(
+                    topics.registrations,
+                    name,
+                    reg.model_copy(update={"stream_id": name, "ladder": ladder, "cap": ladder[-1]})
+                    .model_dump_json()
+                    .encode(),
+                )
+                for i in range(4):
+                    await c.send(topics.values, name, ValueEvent(
+                        stream_id=name, value_id=f"w{i}", values=[1.0] * DIM
+                    ).model_dump_json().encode())  # fmt: skip
+            buyers = [f"buyer{i}" for i in range(min(64, n_streams))]
+            await ensure_topics(boot, [topics.buyer_spec(b) for b in [*buyers, "lat"]])
+            # one consumer for all buyer topics: 64 polling clients would starve the worker
+            all_buyers = TopicReader(
+                boot, [topics.buyer(b) for b in buyers], fetch_max_wait_ms=READ_WAIT_MS
+            )
+            lat_reader = TopicReader(boot, topics.buyer("lat"), fetch_max_wait_ms=READ_WAIT_MS)
+            for r in (all_buyers, lat_reader):
                 await r.start()
-                await _drain([r], 1, 5)
-                breaders.append(r)
+                readers.append(r)
+            await asyncio.sleep(2.0)  # let the registrations and values land
 
-            def purchase(b: str, k: int) -> bytes:
+            def purchase(b: str, stream: str, k: int) -> bytes:
                 return json.dumps({
-                    "type": "purchase", "purchase_id": f"{b}-{k}", "buyer_id": b,
-                    "stream_id": "bench", "target_level": 1.0 + 0.001 * k, "max_price_minor": 0,
+                    "type": "purchase", "purchase_id": f"{stream}-{k}", "buyer_id": b,
+                    "stream_id": stream, "max_price_minor": 0,
                 }).encode()  # fmt: skip
 
-            per = max(1, n // len(buyers))
             t0 = time.perf_counter()
-            futs = [await prod.send(topics.purchases, purchase(b, k), key=b"bench")
-                    for k in range(per) for b in buyers]  # fmt: skip
+            futs = [await prod.send(topics.purchases, purchase(f"buyer{i % 64}", f"p{i}", k),
+                                    key=f"p{i}".encode())
+                    for k in range(steps) for i in range(n_streams)]  # fmt: skip
             await asyncio.gather(*futs)
-            got = await _drain(breaders, per * len(buyers), 600)
+            got = await _drain([all_buyers], len(futs), 600)
             purchase_rate = got / (time.perf_counter() - t0)
 
             async def send_purchase(i: int) -> None:
-                await prod.send_and_wait(topics.purchases, purchase("buyer0", per + i), key=b"bench")
+                stream = f"lat{i // steps}"
+                await prod.send_and_wait(
+                    topics.purchases, purchase("lat", stream, i % steps), key=stream.encode()
+                )
 
-            purchase_lat = await _closed_loop(send_purchase, breaders[:1], lat_n, 1)
+            purchase_lat = await _closed_loop(send_purchase, [lat_reader], lat_n, 1)
         finally:
             await prod.stop()
-            for r in readers + breaders:
+            for r in readers:
                 await r.stop()
     return [
         Row("market ingest (value → 2 releases)", ingest_rate,
             _pct(ingest_lat, 0.5), _pct(ingest_lat, 0.99)),
-        Row("market purchase (→ release + receipt)", purchase_rate,
+        Row("market purchase (next step → 4 releases + receipt)", purchase_rate,
             _pct(purchase_lat, 0.5), _pct(purchase_lat, 0.99)),
     ]  # fmt: skip
 

@@ -38,14 +38,44 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["BLOCK", "laplace_bridge_into", "laplace_extend_into"]
+__all__ = ["BLOCK", "Uniforms", "laplace_bridge_into", "laplace_extend_into"]
 
 BLOCK = 16384
+
+
+class Uniforms:
+    """Uniform [0, 1) draws consumed block by block by a kernel.
+
+    Either straight from one generator, or from several generators concatenated (one per value of
+    a batch): drawing ``rng.random(n)`` in blocks gives the same numbers as in one call, so a
+    value's release is bit-identical whether it is sampled alone or inside a batch.
+    """
+
+    __slots__ = ("_buf", "_pos", "_rng")
+
+    def __init__(
+        self, rng: np.random.Generator | None = None, buf: NDArray[np.float64] | None = None
+    ):
+        self._rng, self._buf, self._pos = rng, buf, 0
+
+    @classmethod
+    def concatenated(cls, parts: list[tuple[np.random.Generator, int]]) -> Uniforms:
+        return cls(buf=np.concatenate([rng.random(n) for rng, n in parts]))
+
+    def take(self, n: int) -> NDArray[np.float64]:
+        if self._buf is None:
+            assert self._rng is not None
+            return self._rng.random(n)
+        out = self._buf[self._pos : self._pos + n].copy()
+        self._pos += n
+        return out
+
+
 _TINY = float(np.finfo(np.float64).tiny)
 _R_FLOOR = 2.0**-64  # numpy uniforms are multiples of 2**-53, so this only replaces an exact 0
 
 
-def laplace_bridge_into(  # noqa: PLR0917 - a flat signature keeps the hot loop cheap
+def laplace_bridge_into(
     out: NDArray[np.float64],
     upper: NDArray[np.float64],
     lower: NDArray[np.float64],
@@ -53,7 +83,7 @@ def laplace_bridge_into(  # noqa: PLR0917 - a flat signature keeps the hot loop 
     beta: float,
     mu_a: float,
     mu_b: float,
-    rng: np.random.Generator,
+    uniforms: Uniforms,
 ) -> None:
     """Write ``U + W1`` (conditioned on ``W1 + W2 = lower - upper``) into ``out``.
 
@@ -84,7 +114,7 @@ def laplace_bridge_into(  # noqa: PLR0917 - a flat signature keeps the hot loop 
         c_b += c2  # end of the W1 = k atom
         w3 = e * (c / ab)  # right piece x > t
         np.maximum(w3, _TINY, out=w3)
-        r = rng.random(int(t.shape[0]))
+        r = uniforms.take(int(t.shape[0]))
         np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
         r *= c_b + w3
         g1 = (r < w1).astype(np.float64)
@@ -119,7 +149,7 @@ def laplace_extend_into(
     upper: NDArray[np.float64],
     scale: float,
     mu: float,
-    rng: np.random.Generator,
+    uniforms: Uniforms,
 ) -> None:
     """Write ``U + W`` with ``W ~ mu δ0 + (1 - mu) Lap(scale)`` into ``out``.
 
@@ -132,7 +162,7 @@ def laplace_extend_into(
     for start in range(0, n, BLOCK):
         sl = slice(start, min(start + BLOCK, n))
         u_blk = upper[sl]
-        r = rng.random(int(u_blk.shape[0]))
+        r = uniforms.take(int(u_blk.shape[0]))
         np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
         neg_mask = r < h
         pos = r >= h + mu

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -91,6 +92,21 @@ class Mechanism(ABC):
         upper.level``); the result has exactly the law of a fresh release and keeps the joint law
         of all releases that of the lossless process."""
 
+    def conditional_many(
+        self,
+        level: float,
+        anchors: Sequence[tuple[Anchor, Anchor | None]],
+        rng_for: Callable[[int], np.random.Generator],
+    ) -> list[Vector]:
+        """:meth:`conditional` for several independent values at one level.
+
+        ``rng_for(i)`` gives the generator of item ``i``; it is called once per item, in order,
+        and used before the next call (so a re-keyed generator may be returned each time). The
+        result equals calling :meth:`conditional` item by item with those generators, bit for
+        bit; families that can vectorise across items override this to do so.
+        """
+        return [self.conditional(level, up, lo, rng_for(i)) for i, (up, lo) in enumerate(anchors)]
+
     def release(self, value: Any, level: float, *, rng: RngLike = None) -> Vector:
         """A single, independent release of ``value`` at ``level`` (no ladder)."""
         lvl = canonical_level(level)
@@ -100,6 +116,30 @@ class Mechanism(ABC):
     def describe(self) -> dict[str, Any]:
         """Provenance record (constructor name and arguments), signed into receipts."""
         return {"mechanism": self.name, "sensitivity": self.sensitivity}
+
+
+def _grouped(
+    anchors: Sequence[tuple[Anchor, Anchor | None]],
+    sample: Callable[[float, float | None, Vector, Vector | None, list[int]], Vector],
+) -> list[Vector]:
+    """Run ``sample`` once per group of items sharing their neighbours' levels, on the items'
+    vectors concatenated, and split the result back (each item gets its own array)."""
+    groups: dict[tuple[float, float | None], list[int]] = {}
+    for i, (up, lo) in enumerate(anchors):
+        groups.setdefault((up.level, None if lo is None else lo.level), []).append(i)
+    results: list[Vector | None] = [None] * len(anchors)
+    for (up_level, lo_level), idx in groups.items():
+        upper = np.concatenate([anchors[i][0].values for i in idx])
+        lower = None
+        if lo_level is not None:
+            lower = np.concatenate([anchors[i][1].values for i in idx])  # type: ignore[union-attr]
+        out = sample(up_level, lo_level, upper, lower, idx)
+        start = 0
+        for i in idx:
+            n = int(anchors[i][0].values.shape[0])
+            results[i] = out[start : start + n].copy()
+            start += n
+    return [r for r in results if r is not None]
 
 
 def _ratio(a: float, b: float) -> float:
@@ -143,20 +183,52 @@ class Laplace(Mechanism):
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
     ) -> Vector:
-        out = np.empty(int(upper.values.shape[0]), dtype=np.float64)
-        mu_a = _ratio(level, upper.level) ** 2  # atom of the piece upper -> level
-        if lower is None:
-            _kernels.laplace_extend_into(out, upper.values, self.scale(level), mu_a, rng)
+        return self._sample(
+            level,
+            upper.level,
+            None if lower is None else lower.level,
+            upper.values,
+            None if lower is None else lower.values,
+            _kernels.Uniforms(rng),
+        )
+
+    def conditional_many(
+        self,
+        level: float,
+        anchors: Sequence[tuple[Anchor, Anchor | None]],
+        rng_for: Callable[[int], np.random.Generator],
+    ) -> list[Vector]:
+        def uniforms(idx: list[int]) -> _kernels.Uniforms:
+            return _kernels.Uniforms.concatenated(
+                [(rng_for(i), int(anchors[i][0].values.shape[0])) for i in idx]
+            )
+
+        return _grouped(anchors, lambda up, lo, u, lv, idx: self._sample(
+            level, up, lo, u, lv, uniforms(idx)))  # fmt: skip
+
+    def _sample(
+        self,
+        level: float,
+        upper_level: float,
+        lower_level: float | None,
+        upper: Vector,
+        lower: Vector | None,
+        uniforms: _kernels.Uniforms,
+    ) -> Vector:
+        out = np.empty(int(upper.shape[0]), dtype=np.float64)
+        mu_a = _ratio(level, upper_level) ** 2  # atom of the piece upper -> level
+        if lower is None or lower_level is None:
+            _kernels.laplace_extend_into(out, upper, self.scale(level), mu_a, uniforms)
         else:
             _kernels.laplace_bridge_into(
                 out,
-                upper.values,
-                lower.values,
+                upper,
+                lower,
                 level / self.sensitivity,
-                lower.level / self.sensitivity,
+                lower_level / self.sensitivity,
                 mu_a,
-                (lower.level / level) ** 2,
-                rng,
+                (lower_level / level) ** 2,
+                uniforms,
             )
         return out
 
@@ -196,20 +268,53 @@ class Gaussian(Mechanism):
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
     ) -> Vector:
+        normals = rng.standard_normal(int(upper.values.shape[0]))
+        return self._sample(
+            level,
+            upper.level,
+            None if lower is None else lower.level,
+            upper.values,
+            None if lower is None else lower.values,
+            normals,
+        )
+
+    def conditional_many(
+        self,
+        level: float,
+        anchors: Sequence[tuple[Anchor, Anchor | None]],
+        rng_for: Callable[[int], np.random.Generator],
+    ) -> list[Vector]:
+        def normals(idx: list[int]) -> NDArray[np.float64]:
+            return np.concatenate(
+                [rng_for(i).standard_normal(int(anchors[i][0].values.shape[0])) for i in idx]
+            )
+
+        return _grouped(anchors, lambda up, lo, u, lv, idx: self._sample(
+            level, up, lo, u, lv, normals(idx)))  # fmt: skip
+
+    def _sample(
+        self,
+        level: float,
+        upper_level: float,
+        lower_level: float | None,
+        upper: Vector,
+        lower: Vector | None,
+        out: NDArray[np.float64],
+    ) -> Vector:
+        """Scale the standard normals in ``out`` in place into the conditional release."""
         # Variances in units of Δ²/2: v(l) = 1/l, with v(inf) = 0 for the exact value.
         v = 1.0 / level
-        v_u = _ratio(1.0, upper.level)
-        out = rng.standard_normal(int(upper.values.shape[0]))
-        if lower is None:
+        v_u = _ratio(1.0, upper_level)
+        if lower is None or lower_level is None:
             out *= self.sensitivity * math.sqrt((v - v_u) / 2.0)
-            out += upper.values
+            out += upper
             return out
-        v_l = 1.0 / lower.level
+        v_l = 1.0 / lower_level
         weight = (v - v_u) / (v_l - v_u)  # Brownian bridge: E[Y | U, L] = U + w (L - U)
         var = (v - v_u) * (v_l - v) / (v_l - v_u)
         out *= self.sensitivity * math.sqrt(var / 2.0)
-        out += upper.values
-        diff = lower.values - upper.values
+        out += upper
+        diff = lower - upper
         diff *= weight
         out += diff
         return out

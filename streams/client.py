@@ -54,12 +54,17 @@ def _env_auth() -> dict[str, Any]:
 
 
 class TopicReader:
-    """Reads every partition of one topic from the beginning, without a consumer group."""
+    """Reads every partition of one or more topics from the beginning, without a group."""
 
     def __init__(
-        self, bootstrap: str, topic: str, *, fetch_max_wait_ms: int = 20, **auth: Any
+        self,
+        bootstrap: str,
+        topic: str | Sequence[str],
+        *,
+        fetch_max_wait_ms: int = 20,
+        **auth: Any,
     ) -> None:
-        self.topic = topic
+        self.topics = [topic] if isinstance(topic, str) else list(topic)
         self._consumer = AIOKafkaConsumer(
             **auth,
             bootstrap_servers=bootstrap,
@@ -71,16 +76,18 @@ class TopicReader:
 
     async def start(self) -> None:
         await self._consumer.start()
-        parts: set[int] | None = None
-        for _ in range(50):
-            await self._consumer.topics()
-            parts = self._consumer.partitions_for_topic(self.topic)
-            if parts:
-                break
-            await asyncio.sleep(0.1)
-        if not parts:
-            raise RuntimeError(f"topic {self.topic} has no partitions")
-        tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+        tps: list[TopicPartition] = []
+        for topic in self.topics:
+            parts: set[int] | None = None
+            for _ in range(50):
+                await self._consumer.topics()
+                parts = self._consumer.partitions_for_topic(topic)
+                if parts:
+                    break
+                await asyncio.sleep(0.1)
+            if not parts:
+                raise RuntimeError(f"topic {topic} has no partitions")
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_beginning(*tps)
 

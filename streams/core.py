@@ -626,19 +626,24 @@ class MarketCore:
                 quoted_price_minor=price,
             )
         level_after = max(held, lvl)
-        releases: list[tuple[str, int, float, Any]] = []
-        new_noise = 0
-        for entry in st.window:
-            lkey = _key(reg.stream_id, entry.value_id)
+        keys = [_key(reg.stream_id, e.value_id) for e in st.window]
+        ladders: list[ReleaseState] = []
+        for lkey in keys:
             ladder = self.stores.ladders[lkey]
             assert isinstance(ladder, ReleaseState)  # window entries are never evicted
-            if level_after not in ladder:
-                new_noise += 1
-            values = ladder.release(
-                level_after, rng=self._rng(reg.stream_id, entry.value_id, level_after)
-            )
+            ladders.append(ladder)
+        new_noise = sum(level_after not in ld for ld in ladders)
+        window = st.window
+        vectors = ReleaseState.release_across(
+            ladders,
+            level_after,
+            lambda i: self._rng(reg.stream_id, window[i].value_id, level_after),
+        )
+        for lkey, ladder in zip(keys, ladders, strict=True):
             self.stores.ladders[lkey] = ladder
-            releases.append((entry.value_id, entry.seq, level_after, values))
+        releases = [
+            (e.value_id, e.seq, level_after, v) for e, v in zip(window, vectors, strict=True)
+        ]
         holder = st.holders.get(req.buyer_id)
         if holder is None:
             holder = Holder(level=level_after)

@@ -191,7 +191,9 @@ def test_bridge_joint_law_matches_forward_chain(order: tuple[float, float, float
                 st.release(lv, rng=g)
             y3, y1 = np.asarray(st.get(3.0)), np.asarray(st.get(1.0))
             out = np.empty(N)
-            _kernels.laplace_bridge_into(out, y3, y1, 2.0, 1.0, (1 / 2) ** 2, (2 / 3) ** 2, g)
+            _kernels.laplace_bridge_into(
+                out, y3, y1, 2.0, 1.0, (1 / 2) ** 2, (2 / 3) ** 2, _kernels.Uniforms(g)
+            )
             return {1.0: y1, 2.0: out, 3.0: y3}
         for lv in order:
             st.release(lv, rng=g)

@@ -43,6 +43,7 @@ from .mechanisms import MECHANISMS, Mechanism
 __all__ = ["FORMAT_VERSION", "decode_state", "encode_state"]
 
 FORMAT_VERSION = 1
+SPARSE_MIN_DIMENSION = 64
 _MAGIC = b"EMRS"
 _HEADER = struct.Struct("<4sBBBBIddI")
 _BY_CODE = {cls.code: cls for cls in MECHANISMS.values()}
@@ -78,10 +79,13 @@ def encode_state(state: ReleaseState) -> bytes:
         parts.append(exact.astype(item, copy=False).tobytes())
     reference: NDArray[Any] | None = exact
     dense_cost = state.dimension * item.itemsize
+    # Looking for shared coordinates costs a few numpy calls per level; below this size the
+    # savings are a few bytes and the calls dominate (this runs on every state write).
+    try_sparse = state.dimension >= SPARSE_MIN_DIMENSION
     for lvl in reversed(levels):
         values = state.get(lvl)
         assert values is not None
-        if reference is not None:
+        if try_sparse and reference is not None:
             idx = np.flatnonzero(values.view(np.uint64) != reference.view(np.uint64))
             if 4 + idx.shape[0] * (4 + item.itemsize) < dense_cost:
                 parts += [

@@ -325,6 +325,14 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         )
         for b, h in s["holders"].items():
             buyers.setdefault(b, {})[sid] = h
+    sellers: dict[tuple[str, str], int] = {}
+    for s in streams.values():
+        key = (s["seller_id"], s["currency"])
+        sellers[key] = sellers.get(key, 0) + s["revenue_minor"]
+    print(f"\n{'seller':<20} {'revenue':>12}  streams")
+    for (seller, cur), revenue in sorted(sellers.items()):
+        owned = sorted(k for k, v in streams.items() if v["seller_id"] == seller)
+        print(f"{seller:<20} {revenue:>9} {cur}  {', '.join(owned)}")
     print(f"\n{'buyer':<20} {'stream':<20} {'level':>8} {'paid':>10} purchases")
     for b, held in sorted(buyers.items()):
         for sid, h in sorted(held.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,4 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert catalog["temp"]["registration"]["ladder"] == [0.5, 1.0, 2.0]
     ledger = cli(None, "ledger", "--worker", w.url).stdout
     assert "temp" in ledger and "alice" in ledger
+    assert re.search(r"^acme\s+50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue

@@ -54,8 +54,8 @@ class Settings:
     heartbeat_interval: float = 1.0
     #: Faust hard-codes 1500 ms; Tansu never wakes a waiting fetch, so we lower it there.
     fetch_max_wait_ms: int = 1500
+    #: Most events applied before state is flushed; fewer when no more events are waiting.
     batch_max: int = 200
-    batch_within: float = 0.005
     commit_interval: float = 1.0
     log_level: str = "info"
     #: SASL credentials for Apache Kafka (the embedded broker has no authentication).
@@ -81,7 +81,6 @@ class Settings:
             fetch_max_wait_ms=_env("FETCH_MAX_WAIT_MS", cls.fetch_max_wait_ms, int),
             log_level=_env("LOG_LEVEL", cls.log_level),
             batch_max=_env("BATCH_MAX", cls.batch_max, int),
-            batch_within=_env("BATCH_WITHIN", cls.batch_within, float),
             kafka_user=_env("KAFKA_USER", None),
             kafka_password=_env("KAFKA_PASSWORD", None),
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),

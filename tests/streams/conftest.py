@@ -39,16 +39,13 @@ class Market:
         tag = uuid.uuid4().hex[:8]
         self.broker = broker
         self.tmp = tmp
-        self.settings = replace(
-            Settings(
-                broker=broker.url,
-                app_id=f"t-{tag}",
-                prefix=f"t{tag}",
-                data_dir=tmp / "data",
-                log_level="info",
-            ).for_tansu(),
-            batch_within=0.005,
-        )
+        self.settings = Settings(
+            broker=broker.url,
+            app_id=f"t-{tag}",
+            prefix=f"t{tag}",
+            data_dir=tmp / "data",
+            log_level="info",
+        ).for_tansu()
         self.topics = Topics(self.settings.prefix, self.settings.partitions)
         self.workers: list[ChildWorker] = []
 
@@ -87,7 +84,16 @@ class Market:
             if got >= n:
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"{stream}: only {self.ledger().get(stream)} ingested")
+        metrics = "\n".join(
+            line
+            for w in self.workers
+            if w.alive()
+            for line in w.get("/metrics").splitlines()
+            if line.startswith(
+                ("emarket_values", "emarket_rejections", "emarket_batch_events_count")
+            )
+        )
+        raise TimeoutError(f"{stream}: ledger {self.ledger().get(stream)}\n{metrics}")
 
     def stop(self) -> None:
         for w in self.workers:

@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -76,6 +77,17 @@ def _decode_ladder(data: bytes) -> ReleaseState | EvictedValue:
     return decode_state(data)
 
 
+@dataclass(frozen=True)
+class Record:
+    """One message to produce; ``table`` is set for changelog records."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None = None
+    table: WriteBackTable | None = None
+
+
 class WriteBackTable(MutableMapping[str, Any]):
     """A Faust table seen through a per-batch write-back cache.
 
@@ -120,11 +132,12 @@ class WriteBackTable(MutableMapping[str, Any]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    async def flush(self, stream: Any, producer: Any) -> list[Any]:
+    def drain(self, stream: Any) -> list[Record]:
+        """Apply the batch's writes to the store; return the changelog records to send."""
         store = self.table.data
         key_partition = getattr(store, "_key_partition", None)
         topic = self.table.changelog_topic.get_topic_name()
-        futures = []
+        records = []
         for key, (event, value) in self._pending.items():
             stream._set_current_event(event)  # the RocksDB store picks its partition from it
             partition = event.message.partition
@@ -136,9 +149,9 @@ class WriteBackTable(MutableMapping[str, Any]):
                 payload = self._dumps(value)
             if key_partition is not None:
                 key_partition[key] = partition
-            futures.append(await producer.send(topic, key.encode(), payload, partition, None, None))
+            records.append(Record(topic, key.encode(), payload, partition, self))
         self._pending.clear()
-        return futures
+        return records
 
     def persisted(self, metadata: Any) -> None:
         """Record a changelog offset as persisted (RocksDB resumes recovery after it)."""
@@ -336,22 +349,16 @@ class MarketWorker:
         m.batch_size.observe(len(events))
         t_proc = time.perf_counter()
         # 1. state first: every changelog write of this batch acknowledged by the broker
-        sent = [(tbl, await tbl.flush(stream, self.app.producer)) for tbl in self._tables.values()]
-        for tbl, futures in sent:
-            for md in await asyncio.gather(*futures):
-                tbl.persisted(md)
+        state = [r for tbl in self._tables.values() for r in tbl.drain(stream)]
+        await self._produce(state)
         t_state = time.perf_counter()
         self._faults.hit("after_state")
         # 2. then the outputs
         for topic in {o.topic for o in outputs} - self._known_topics:
             await self._ensure_topic(topic)
-        futures = []
-        for i, o in enumerate(outputs):
-            if i == len(outputs) // 2:
-                self._faults.hit("mid_output")
-            futures.append(await self.app.producer.send(o.topic, o.key, o.value, None, None, None))
-        if futures:
-            await asyncio.gather(*futures)
+        await self._produce(
+            [Record(o.topic, o.key, o.value) for o in outputs], fail_point="mid_output"
+        )
         t_out = time.perf_counter()
         if PROFILE:
             log.warning("batch %d events: process %.1f ms, state %.1f ms, outputs %.1f ms %s",
@@ -363,7 +370,45 @@ class MarketWorker:
         for ts in purchase_times:
             m.purchase_latency.observe(max(0.0, now - ts))
         m.last_batch.set(now)
-        m.broker_up.set(1)
+
+    async def _produce(self, records: list[Record], fail_point: str | None = None) -> None:
+        """Send every record and wait for the broker's acknowledgements, retrying until they
+        are all acknowledged. During a broker outage this holds the batch (nothing new is
+        processed, nothing is lost) while the gauge, /health and the log report the outage.
+        Resending is safe: changelog records and outputs are idempotent."""
+        pending = records
+        delay = 0.2
+        while pending:
+            futures: list[Any] = []
+            failed: list[Record] = []
+            try:
+                for i, r in enumerate(pending):
+                    if fail_point and i == len(pending) // 2:
+                        self._faults.hit(fail_point)
+                    futures.append(
+                        await self.app.producer.send(
+                            r.topic, r.key, r.value, r.partition, None, None
+                        )
+                    )
+            except Exception as exc:  # the producer refused the send itself
+                log.error("cannot send to the broker (%r)", exc)
+                failed = pending[len(futures) :]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            for r, res in zip(pending, results, strict=False):
+                if isinstance(res, BaseException):
+                    failed.append(r)
+                elif r.table is not None:
+                    r.table.persisted(res)
+            if failed:
+                self._broker_state(False)
+                log.error(
+                    "%d messages not acknowledged by the broker; resending in %.1fs",
+                    len(failed),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            pending = failed
 
     def _count(self, o: Outcome) -> None:
         m = self.metrics
@@ -418,6 +463,11 @@ class MarketWorker:
             ok = bool(await asyncio.wait_for(client.fetch_all_metadata(), timeout))
         except Exception as exc:  # timeouts, connection errors, producer not started
             log.debug("broker probe failed: %r", exc)
+        self._broker_state(ok)
+        return ok
+
+    def _broker_state(self, ok: bool) -> None:
+        """Set the broker_up gauge (read by /health) and log each transition once."""
         was = self.metrics.broker_up._value.get()
         self.metrics.broker_up.set(1 if ok else 0)
         if ok != bool(was) and self._probed:
@@ -426,7 +476,6 @@ class MarketWorker:
             else:
                 log.error("broker %s unreachable: processing is paused", self.settings.broker)
         self._probed = True
-        return ok
 
     # -- reporting ----------------------------------------------------------------------------
     def refresh_gauges(self) -> None:

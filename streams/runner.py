@@ -104,6 +104,7 @@ class ChildWorker:
         return self.proc is not None and self.proc.poll() is None
 
     def get(self, path: str, timeout: float = 2.0) -> Any:
+        """GET a worker endpoint (JSON, or text for /metrics); raises HTTPError on 5xx."""
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
             body = resp.read()
         return json.loads(body) if path != "/metrics" else body.decode()

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -22,11 +23,12 @@ __all__ = ["main"]
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.replace(" ", "").split(",") if x]
+        out = [float(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
+        out = []
+    if not out or not all(math.isfinite(x) for x in out):
+        raise argparse.ArgumentTypeError(f"expected finite comma-separated numbers, got {text!r}")
+    return out
 
 
 def _bootstrap(broker: str) -> str:
@@ -177,18 +179,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 if not line:
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    print(
-                        f"line {n}: not JSON ({exc}); expected [numbers] or "
-                        '{"value_id": ..., "values": [...]}',
-                        file=sys.stderr,
-                    )
+                    rows.append(_parse_row(line))
+                except ValueError as exc:
+                    print(f"line {n}: {exc}", file=sys.stderr)
                     return 2
-                if isinstance(obj, list):
-                    rows.append((None, obj))
-                else:
-                    rows.append((obj.get("value_id"), obj["values"]))
 
     async def run() -> None:
         async with MarketClient(_bootstrap(args.broker), _topics(args)) as c:
@@ -205,6 +199,30 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
+
+
+_ROW_HELP = 'expected a JSON list of numbers or {"value_id": "...", "values": [numbers]}'
+
+
+def _parse_row(line: str) -> tuple[str | None, list[float]]:
+    """One line of a values file, checked before anything is sent."""
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({exc}); {_ROW_HELP}") from None
+    vid = None
+    if isinstance(obj, dict):
+        vid = obj.get("value_id")
+        if vid is not None and not isinstance(vid, str):
+            raise ValueError(f"value_id must be a string; {_ROW_HELP}")
+        obj = obj.get("values")
+    if not isinstance(obj, list) or not obj:
+        raise ValueError(_ROW_HELP)
+    if not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in obj
+    ):
+        raise ValueError(f"values must all be finite numbers; {_ROW_HELP}")
+    return vid, [float(x) for x in obj]
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -461,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in _NEEDS_BROKER and not args.broker:
         parser.error(f"'{args.command}' needs --broker (or EMARKET_BROKER)")
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:
@@ -468,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError as exc:
         print(f"timed out: {exc}", file=sys.stderr)
         return 3
+    except (KafkaError, OSError) as exc:
+        print(f"cannot reach the broker {args.broker}: {exc!r}", file=sys.stderr)
+        return 4
+    except ValidationError as exc:
+        print(f"invalid input: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

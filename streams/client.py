@@ -75,7 +75,11 @@ class TopicReader:
         )
 
     async def start(self) -> None:
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._consumer.stop()
+            raise
         tps: list[TopicPartition] = []
         for topic in self.topics:
             parts: set[int] | None = None
@@ -119,7 +123,11 @@ class MarketClient:
         )
 
     async def __aenter__(self) -> MarketClient:
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()  # release its connections and warnings
+            raise
         return self
 
     async def __aexit__(

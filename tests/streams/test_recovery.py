@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from streams.client import MarketClient
+from streams.client import MarketClient, TopicReader
 from streams.compat import true_highwaters
 from streams.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
 
@@ -170,3 +171,66 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
     assert all(led["holders"][b]["paid_minor"] == 100 for b in buyers)  # P(1.0), once
     assert led["revenue_minor"] == 100 * len(buyers)
     assert led["privacy_spent"] == 1.0
+
+
+def test_whole_topics_replayed_from_earliest(market: Market) -> None:
+    """Re-publishing every event of the values and purchases topics (a full replay) re-emits
+    the identical bytes, draws no noise and charges nobody again."""
+    w = market.start_worker()
+
+    async def first(c: MarketClient) -> None:
+        await c.register(reg("s"))
+        for i in range(5):
+            await c.publish("s", [1.0, 2.0, float(i)], value_id=f"v{i}")
+        market.wait_ingested("s", 5)
+        for b in ("alice", "bob"):
+            for k in range(3):
+                await c.buy(b, "s", max_price_minor=1000, purchase_id=f"{b}{k}")
+        await c.publish("s", [9.0, 9.0, 9.0], value_id="late")  # a subscription delivery
+
+    market.run(first)
+    market.wait_ingested("s", 6)
+    ledger_before = market.ledger()["s"]
+    draws_before = w.metric("emarket_noise_draws_total")
+
+    async def replay(c: MarketClient) -> dict[str, list[bytes]]:
+        for topic in (market.topics.values, market.topics.purchases):
+            reader = TopicReader(c.bootstrap, topic)
+            await reader.start()
+            msgs = []
+            while batch := await reader.poll(0.5):
+                msgs += batch
+            await reader.stop()
+            for key, payload in msgs:
+                await c._producer.send_and_wait(topic, payload, key=key)
+        await asyncio.sleep(3)
+        out = {}
+        for b in ("alice", "bob"):
+            reader = TopicReader(c.bootstrap, market.topics.buyer(b))
+            await reader.start()
+            msgs = []
+            while batch := await reader.poll(0.5):
+                msgs += [v for _, v in batch]
+            await reader.stop()
+            out[b] = msgs
+        return out
+
+    topics = market.run(replay)
+    assert market.ledger()["s"] == ledger_before
+    assert w.metric("emarket_noise_draws_total") == draws_before
+    assert w.metric("emarket_purchases_total", {"outcome": "duplicate"}) == 6
+    for msgs in topics.values():
+        by_id: dict[str, set[bytes]] = collections.defaultdict(set)
+        releases: dict[tuple[str, float], set[tuple[float, ...]]] = collections.defaultdict(set)
+        for raw in msgs:
+            ev = json.loads(raw)
+            if ev["type"] == "purchase_fulfilled":
+                by_id[ev["purchase_id"]].add(raw)
+                for r in ev["releases"]:
+                    releases[(r["value_id"], r["level"])].add(tuple(r["values"]))
+            elif ev["type"] == "value_released":
+                for r in ev["releases"]:
+                    releases[(r["value_id"], r["level"])].add(tuple(r["values"]))
+        assert len(by_id) == 3 and all(len(v) == 1 for v in by_id.values())
+        assert sum(1 for raw in msgs if b'"purchase_fulfilled"' in raw) == 6  # re-emitted
+        assert all(len(v) == 1 for v in releases.values())

@@ -17,10 +17,20 @@ from numpy.typing import NDArray
 
 from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
 
-__all__ = ["MAX_DIMENSION", "as_count_vector", "as_float_vector", "canonical_level"]
+__all__ = [
+    "MAX_DIMENSION",
+    "MAX_LEVEL",
+    "MIN_LEVEL",
+    "as_count_vector",
+    "as_float_vector",
+    "canonical_level",
+]
 
 MAX_DIMENSION = 10**7
 """Largest vector the engine accepts; the service applies a smaller, configurable cap."""
+
+MIN_LEVEL, MAX_LEVEL = 1e-9, 1e9
+"""Levels (and sensitivities) outside this range make scales or variances overflow doubles."""
 
 
 def canonical_level(level: Any, *, name: str = "level") -> float:
@@ -32,6 +42,10 @@ def canonical_level(level: Any, *, name: str = "level") -> float:
         raise InvalidLevelError(f"{name} must be finite, got {value!r}")
     if value <= 0.0:
         raise InvalidLevelError(f"{name} must be > 0, got {value!r}")
+    if not MIN_LEVEL <= value <= MAX_LEVEL:
+        raise InvalidLevelError(
+            f"{name} must be between {MIN_LEVEL:g} and {MAX_LEVEL:g}, got {value!r}"
+        )
     return float(f"{value:.15g}")
 
 

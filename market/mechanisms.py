@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from . import _kernels
 from .errors import InvalidLevelError, InvalidValueError
-from .levels import as_count_vector, as_float_vector, canonical_level
+from .levels import MAX_LEVEL, MIN_LEVEL, as_count_vector, as_float_vector, canonical_level
 from .rng import RngLike, default_rng
 
 __all__ = ["MECHANISMS", "Anchor", "Gaussian", "Laplace", "Mechanism", "Poisson", "mechanism"]
@@ -57,8 +57,14 @@ class Mechanism(ABC):
 
     def _check_sensitivity(self) -> None:
         s = self.sensitivity
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-            raise InvalidValueError(f"sensitivity must be a finite number > 0, got {s!r}")
+        if (
+            isinstance(s, bool)
+            or not isinstance(s, (int, float))
+            or not MIN_LEVEL <= s <= MAX_LEVEL
+        ):
+            raise InvalidValueError(
+                f"sensitivity must be a number between {MIN_LEVEL:g} and {MAX_LEVEL:g}, got {s!r}"
+            )
 
     # -- values ------------------------------------------------------------------------------
     @abstractmethod

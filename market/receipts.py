@@ -81,6 +81,9 @@ class Receipt:
     issued_at_ms: int
     market_key_id: str
     receipt_version: int = RECEIPT_VERSION
+    #: SHA-256 of the sealed envelope's ciphertext when the releases were encrypted for the
+    #: buyer (see :mod:`market.envelope`), else "".
+    ciphertext_digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields (``value_ids`` as a list); cheaper than dataclasses.asdict."""
@@ -120,9 +123,12 @@ def verify_receipt(
     signature: str,
     releases: Sequence[ReleaseTriple],
     public_key: Ed25519PublicKey,
+    *,
+    envelope: dict[str, Any] | None = None,
 ) -> Receipt:
     """Check the signature and that ``releases`` are exactly the numbers the receipt covers.
 
+    For encrypted deliveries pass the sealed ``envelope`` too: the receipt binds its ciphertext.
     Returns the parsed receipt; raises ReceiptError saying which check failed.
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
@@ -143,4 +149,13 @@ def verify_receipt(
         raise ReceiptError("a release is not at the receipt's level")
     if release_digest(releases) != rec.release_digest:
         raise ReceiptError("released numbers differ from the ones the receipt was issued for")
+    if rec.ciphertext_digest or envelope is not None:
+        from .envelope import EnvelopeError, ciphertext_digest  # noqa: PLC0415
+
+        try:
+            got = "" if envelope is None else ciphertext_digest(envelope)
+        except EnvelopeError:
+            got = "<malformed>"
+        if got != rec.ciphertext_digest:
+            raise ReceiptError("the sealed envelope is not the one the receipt was issued for")
     return rec

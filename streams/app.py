@@ -252,7 +252,9 @@ class MarketWorker:
             "purchases": WriteBackTable(table("purchases", "em_purchase"), dump_model),
         }
         self.stores = Stores(**self._tables)
-        self.core = MarketCore(self.stores, self.keys, self.topics)
+        self.core = MarketCore(
+            self.stores, self.keys, self.topics, require_encryption=settings.require_encryption
+        )
         self._known_topics: set[str] = set()
         self._started = time.time()
         self._probed = False

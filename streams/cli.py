@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import math
@@ -134,6 +135,8 @@ def _pricing(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_register(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from market.errors import MarketError  # noqa: PLC0415
+
     from .client import MarketClient  # noqa: PLC0415
     from .events import Rejection, StreamRegistration  # noqa: PLC0415
 
@@ -238,6 +241,32 @@ def cmd_quote(args: argparse.Namespace) -> int:
     return 1 if isinstance(result, Rejection) else 0
 
 
+def _buyer_key(path: str | None) -> Any:
+    """The buyer's X25519 key from ``path`` (base64 raw bytes), created (mode 0600) if missing."""
+    if not path:
+        return None
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  # noqa: PLC0415
+    from cryptography.hazmat.primitives.serialization import (  # noqa: PLC0415
+        Encoding,
+        NoEncryption,
+        PrivateFormat,
+    )
+
+    p = Path(path)
+    if not p.exists():
+        key = X25519PrivateKey.generate()
+        raw = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(base64.b64encode(raw).decode() + "\n")
+        print(f"created buyer key {p} (keep it private)", file=sys.stderr)
+        return key
+    try:
+        return X25519PrivateKey.from_private_bytes(base64.b64decode(p.read_text().strip()))
+    except ValueError:
+        raise SystemExit(f"{p} is not a buyer key (base64 of 32 bytes)") from None
+
+
 def cmd_buy(args: argparse.Namespace) -> int:
     from .client import MarketClient  # noqa: PLC0415
     from .events import Rejection  # noqa: PLC0415
@@ -252,6 +281,7 @@ def cmd_buy(args: argparse.Namespace) -> int:
                 currency=args.currency,
                 purchase_id=args.purchase_id,
                 timeout=args.timeout,
+                key=_buyer_key(args.key_file),
             )
 
     result = asyncio.run(run())
@@ -266,7 +296,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with MarketClient(_bootstrap(args.broker), _topics(args)) as c:
-            async for ev in c.tail(args.buyer, idle_timeout=None if args.follow else 2.0):
+            key = _buyer_key(args.key_file)
+            async for ev in c.tail(args.buyer, idle_timeout=None if args.follow else 2.0, key=key):
                 print(ev.model_dump_json(), flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -313,8 +344,11 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     ev = PurchaseFulfilled.model_validate_json(Path(args.event).read_text())
     key = public_key_from_b64(args.public_key)
     releases = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
+    envelope = None if ev.sealed is None else ev.sealed.model_dump()
     try:
-        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, releases, key)
+        verify_receipt(
+            ev.receipt.model_dump(), ev.receipt.signature, releases, key, envelope=envelope
+        )
     except ReceiptError as exc:
         print(f"INVALID: {exc.message}")
         return 1
@@ -449,11 +483,17 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
             sp.add_argument("--timeout", type=float, default=60.0)
             sp.add_argument("--output", default=None, help="also write the outcome to this file")
+            sp.add_argument(
+                "--key-file",
+                default=None,
+                help="buyer's X25519 key (created if missing): releases are sealed for it",
+            )
         sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("tail", help="buyer: print the events on a buyer's topic")
     sp.add_argument("--buyer", required=True)
     sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--key-file", default=None, help="open sealed releases with this key")
     sp.set_defaults(fn=cmd_tail)
     sp = sub.add_parser("catalog", help="list registered streams and prices")
     sp.set_defaults(fn=cmd_catalog)
@@ -482,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from market.errors import MarketError  # noqa: PLC0415
+
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:
@@ -495,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"invalid input: {exc}", file=sys.stderr)
         return 2
+    except MarketError as exc:
+        print(f"error ({exc.code}): {exc.message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -22,6 +23,9 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from market.envelope import open_envelope, public_key_b64
 
 from .admin import ensure_topics
 from .config import kafka_auth
@@ -33,6 +37,7 @@ from .events import (
     QuoteAnswer,
     QuoteRequest,
     Rejection,
+    ReleasedValue,
     StreamRegistration,
     ValueEvent,
     ValueReleased,
@@ -42,6 +47,16 @@ from .topics import Topics
 __all__ = ["MarketClient", "TopicReader"]
 
 BuyerEvent = PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+
+
+def open_event(ev: BuyerEvent, key: X25519PrivateKey) -> BuyerEvent:
+    """Fill in the releases of a sealed event (purchase outcome or subscription delivery)."""
+    if not isinstance(ev, PurchaseFulfilled | ValueReleased) or ev.sealed is None:
+        return ev
+    aad = ev.purchase_id if isinstance(ev, PurchaseFulfilled) else f"{ev.stream_id}/{ev.buyer_id}"
+    plain = open_envelope(key, ev.sealed.model_dump(), aad=aad.encode())
+    releases = [ReleasedValue.model_validate(r) for r in json.loads(plain)]
+    return ev.model_copy(update={"releases": releases})
 
 
 def _env_auth() -> dict[str, Any]:
@@ -249,7 +264,10 @@ class MarketClient:
         purchase_id: str | None = None,
         timeout: float = 60.0,
         resend_every: float = 15.0,
+        key: X25519PrivateKey | None = None,
     ) -> PurchaseFulfilled | Rejection:
+        """Buy and wait for the outcome. With ``key`` the releases are sealed for it and
+        returned opened (the event keeps the envelope, which the receipt binds)."""
         pid = purchase_id or uuid.uuid4().hex[:20]
         req = PurchaseRequest(
             purchase_id=pid,
@@ -259,6 +277,7 @@ class MarketClient:
             max_price_minor=max_price_minor,
             currency=currency,
             requested_at_ms=time.time_ns() // 1_000_000,
+            buyer_public_key=None if key is None else public_key_b64(key),
         )
         ev = await self._request(
             buyer_id,
@@ -268,6 +287,8 @@ class MarketClient:
             timeout=timeout,
             resend_every=resend_every,
         )
+        if key is not None:
+            ev = open_event(ev, key)
         assert isinstance(ev, PurchaseFulfilled | Rejection)
         return ev
 
@@ -295,9 +316,14 @@ class MarketClient:
         return ev
 
     async def tail(
-        self, buyer_id: str, *, idle_timeout: float | None = None
+        self,
+        buyer_id: str,
+        *,
+        idle_timeout: float | None = None,
+        key: X25519PrivateKey | None = None,
     ) -> AsyncIterator[BuyerEvent]:
-        """Every event on the buyer's topic from the beginning; stops after ``idle_timeout``."""
+        """Every event on the buyer's topic from the beginning (sealed releases opened with
+        ``key``); stops after ``idle_timeout`` seconds without events."""
         reader = await self._buyer_reader(buyer_id)
         try:
             idle_since = time.monotonic()
@@ -306,7 +332,8 @@ class MarketClient:
                 if batch:
                     idle_since = time.monotonic()
                 for _, raw in batch:
-                    yield BUYER_EVENT.validate_json(raw)
+                    ev = BUYER_EVENT.validate_json(raw)
+                    yield ev if key is None else open_event(ev, key)
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()

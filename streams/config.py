@@ -29,6 +29,10 @@ def kafka_auth(
     }
 
 
+def _truthy(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
 def _env(name: str, default: Any, cast: Any = str) -> Any:
     raw = os.environ.get(f"EMARKET_{name}")
     return default if raw is None or raw == "" else cast(raw)
@@ -63,6 +67,8 @@ class Settings:
     kafka_password: str | None = field(default=None, repr=False)
     kafka_mechanism: str = "SCRAM-SHA-512"
     kafka_security: str = "SASL_PLAINTEXT"
+    #: Reject purchases that do not name a key to seal releases for (production default).
+    require_encryption: bool = False
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -85,6 +91,7 @@ class Settings:
             kafka_password=_env("KAFKA_PASSWORD", None),
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),
             kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
+            require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, MutableMapping
@@ -39,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from market import MarketError, Mechanism, ReleaseState, mechanism
+from market.envelope import ciphertext_digest, seal
 from market.errors import InvalidLevelError
 from market.levels import canonical_level
 from market.pricing import PriceSchedule, schedule_from_spec
@@ -70,6 +72,7 @@ __all__ = [
     "ValueEntry",
 ]
 
+log = logging.getLogger("emarket.core")
 EPSILON_DELTA = 1e-6  # δ at which catalog entries state ε for Gaussian and Poisson streams
 
 
@@ -91,6 +94,7 @@ class Holder(BaseModel):
     level: float
     paid_minor: int = 0
     purchases: int = 0
+    public_key: str | None = None  # X25519 key releases to this holder are sealed for
 
 
 class StreamState(BaseModel):
@@ -202,7 +206,9 @@ class MarketCore:
         topics: Topics,
         *,
         clock: Callable[[], int] = now_ms,
+        require_encryption: bool = False,
     ) -> None:
+        self.require_encryption = require_encryption
         self.stores = stores
         self.keys = keys
         self.topics = topics
@@ -241,6 +247,8 @@ class MarketCore:
             return fn()
         except _Reject as rej:
             return self._rejected(kind, src, rej)
+        except MarketError as exc:  # e.g. parameters the engine refuses
+            return self._rejected(kind, src, _Reject(exc.code, exc.message))
         except ValidationError as exc:
             errors = [
                 {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
@@ -251,6 +259,17 @@ class MarketCore:
             if len(errors) > 1:
                 msg += f" (and {len(errors) - 1} more problems)"
             return self._rejected(kind, src, _Reject("invalid_event", msg, errors=errors))
+        except Exception as exc:  # a bug must not stop the market: reject, log, carry on
+            log.exception("internal error while processing a %s event", kind)
+            return self._rejected(
+                kind,
+                src,
+                _Reject(
+                    "internal_error",
+                    "the market could not process this event; the operators have been alerted "
+                    f"({type(exc).__name__})",
+                ),
+            )
 
     def _rejected(
         self, kind: Any, src: tuple[str, int | None, int | None, bytes], rej: _Reject
@@ -496,13 +515,19 @@ class MarketCore:
     def drain_deliveries(self) -> list[Output]:
         outputs = []
         for (buyer, sid), releases in self._deliveries.items():
-            body = json.dumps(
-                {"schema_version": 1, "type": "value_released", "buyer_id": buyer,
-                 "stream_id": sid, "releases": releases},
-                separators=(",", ":"), allow_nan=False,
-            )  # fmt: skip
+            event: dict[str, Any] = {"schema_version": 1, "type": "value_released",
+                                     "buyer_id": buyer, "stream_id": sid}  # fmt: skip
+            holder = self.stores.streams[sid].holders.get(buyer)
+            if holder is not None and holder.public_key:
+                event["releases"] = []
+                event["sealed"] = seal(
+                    holder.public_key, _json(releases), aad=f"{sid}/{buyer}".encode()
+                )
+            else:
+                event["releases"] = releases
+            body = _json(event)
             key = releases[-1]["value_id"].encode()
-            outputs.append(Output(self.topics.buyer(buyer), key, body.encode()))
+            outputs.append(Output(self.topics.buyer(buyer), key, body))
         self._deliveries.clear()
         return outputs
 
@@ -612,6 +637,12 @@ class MarketCore:
     def _fulfil(self, req: PurchaseRequest, fingerprint: str, topic: str) -> Outcome:
         st = self._stream(req.stream_id)
         reg = st.registration
+        if self.require_encryption and not req.buyer_public_key:
+            raise _Reject(
+                "encryption_required",
+                "this market only delivers sealed releases: send buyer_public_key (an X25519 "
+                "public key, base64) with the purchase; `epsilon-market buy --key-file` does it",
+            )
         if req.currency != reg.currency:
             raise _Reject(
                 "currency_mismatch",
@@ -647,6 +678,8 @@ class MarketCore:
         holder = st.holders.get(req.buyer_id)
         if holder is None:
             holder = Holder(level=level_after)
+        if req.buyer_public_key:
+            holder.public_key = req.buyer_public_key
         holder.level = level_after
         holder.paid_minor += price
         holder.purchases += 1
@@ -655,6 +688,13 @@ class MarketCore:
         if level_after > st.spent and st.window:
             st.spent = level_after
         self.stores.streams[reg.stream_id] = st
+        plain = [
+            {"value_id": v, "seq": q, "level": lv, "values": vals.tolist()}
+            for v, q, lv, vals in releases
+        ]
+        sealed = None
+        if holder.public_key:
+            sealed = seal(holder.public_key, _json(plain), aad=req.purchase_id.encode())
         receipt = Receipt(
             purchase_id=req.purchase_id,
             buyer_id=req.buyer_id,
@@ -669,6 +709,7 @@ class MarketCore:
             release_digest=release_digest((r[0], r[2], r[3]) for r in releases),
             issued_at_ms=self.clock(),
             market_key_id=self.keys.key_id,
+            ciphertext_digest="" if sealed is None else ciphertext_digest(sealed),
         )
         signature = sign_receipt(receipt, self.keys.signing_key)
         # Built as plain dicts (the PurchaseFulfilled layout) rather than through pydantic: this
@@ -683,13 +724,11 @@ class MarketCore:
             "level_after": level_after,
             "price_minor": price,
             "currency": reg.currency,
-            "releases": [
-                {"value_id": v, "seq": q, "level": lv, "values": vals.tolist()}
-                for v, q, lv, vals in releases
-            ],
+            "releases": plain if sealed is None else [],
+            "sealed": sealed,
             "receipt": {**receipt.to_dict(), "signature": signature},
         }
-        payload = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
+        payload = _json(event)
         self.stores.purchases[_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
             fingerprint=fingerprint,
             status="fulfilled",
@@ -710,9 +749,14 @@ class MarketCore:
         )
 
 
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _fingerprint(req: PurchaseRequest) -> str:
     """What makes two purchases with one id the same request (the send time does not)."""
-    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency)
+    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency,
+              req.buyer_public_key)  # fmt: skip
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 

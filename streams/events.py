@@ -68,6 +68,7 @@ Identifier = Annotated[
 topic names and keys, so nothing else is allowed."""
 
 Level = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$")]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[int, Field(ge=0)]
@@ -177,6 +178,11 @@ class PurchaseRequest(_Event):
     max_price_minor: MinorUnits = Field(description="most the buyer will pay, minor units")
     currency: Currency = "EUR"
     requested_at_ms: Millis | None = None
+    buyer_public_key: PublicKey | None = Field(
+        None,
+        description="X25519 public key (base64, 32 bytes): releases to this buyer on this stream "
+        "are then sealed for it (market.envelope); the latest key given is used",
+    )
 
 
 class QuoteRequest(_Event):
@@ -247,7 +253,18 @@ class ReceiptModel(BaseModel):
     release_digest: str
     issued_at_ms: int
     market_key_id: str
+    ciphertext_digest: str = ""
     signature: str
+
+
+class Envelope(BaseModel):
+    """Releases sealed for the buyer's X25519 key (see :mod:`market.envelope`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    alg: Literal["x25519-hkdf-sha256-chacha20poly1305"]
+    epk: str
+    nonce: str
+    ciphertext: str
 
 
 class PurchaseFulfilled(_Event):
@@ -261,7 +278,12 @@ class PurchaseFulfilled(_Event):
     level_after: float
     price_minor: int
     currency: str
-    releases: list[ReleasedValue]
+    releases: list[ReleasedValue] = Field(
+        default_factory=list, description="empty when the releases are sealed"
+    )
+    sealed: Envelope | None = Field(
+        None, description="the releases (a JSON list) sealed for the buyer's key"
+    )
     receipt: ReceiptModel
 
 
@@ -273,7 +295,10 @@ class ValueReleased(_Event):
     type: Literal["value_released"] = "value_released"
     buyer_id: Identifier
     stream_id: Identifier
-    releases: list[ReleasedValue] = Field(min_length=1)
+    releases: list[ReleasedValue] = Field(
+        default_factory=list, description="empty when the releases are sealed"
+    )
+    sealed: Envelope | None = None
 
 
 class QuoteAnswer(_Event):

@@ -63,9 +63,12 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     quote = json.loads(cli(market, "quote", "--buyer", "alice", "--stream", "temp").stdout)
     assert quote["price_minor"] == 50
     out = tmp_path / "outcome.json"
+    alice_key, eve_key = tmp_path / "alice.key", tmp_path / "eve.key"
     r = cli(market, "buy", "--buyer", "alice", "--stream", "temp", "--max-price", "50",
-            "--output", str(out))  # fmt: skip
-    assert json.loads(r.stdout)["level_after"] == 0.5
+            "--output", str(out), "--key-file", str(alice_key))  # fmt: skip
+    assert oct(alice_key.stat().st_mode & 0o777) == "0o600"
+    outcome = json.loads(r.stdout)
+    assert outcome["level_after"] == 0.5 and outcome["sealed"] and len(outcome["releases"]) == 5
     ok = cli(None, "verify-receipt", str(out), "--public-key", key)
     assert ok.stdout.startswith("valid:")
     tampered = json.loads(out.read_text())
@@ -76,8 +79,16 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert r.returncode == 1 and "INVALID" in r.stdout
     r = cli(market, "buy", "--buyer", "alice", "--stream", "temp", "--max-price", "1", check=False)
     assert r.returncode == 1 and "price_too_high" in r.stdout
-    tail = cli(market, "tail", "--buyer", "alice").stdout.splitlines()
-    assert [json.loads(x)["type"] for x in tail] == ["quote", "purchase_fulfilled", "rejection"]
+    tail = cli(market, "tail", "--buyer", "alice", "--key-file", str(alice_key)).stdout
+    events = [json.loads(x) for x in tail.splitlines()]
+    assert [e["type"] for e in events] == ["quote", "purchase_fulfilled", "rejection"]
+    assert events[1]["releases"] == outcome["releases"]
+    # isolation does not rest on the broker: another buyer reading alice's topic sees ciphertext
+    raw = json.loads(cli(market, "tail", "--buyer", "alice").stdout.splitlines()[1])
+    assert raw["releases"] == [] and raw["sealed"]["ciphertext"]
+    spy = cli(market, "tail", "--buyer", "alice", "--key-file", str(eve_key), check=False)
+    assert spy.returncode == 1 and "cannot be opened" in spy.stderr
+    assert "Traceback" not in spy.stderr
     catalog = json.loads(cli(market, "catalog").stdout)
     assert catalog["temp"]["registration"]["ladder"] == [0.5, 1.0, 2.0]
     ledger = cli(None, "ledger", "--worker", w.url).stdout

@@ -268,3 +268,48 @@ def test_lossless_joint_law_across_steps() -> None:
     y2 = np.concatenate([r.values for r in e2.releases])
     frac = float(np.mean(y1 == y2))
     assert abs(frac - 0.25) < 0.02, frac  # n = 10^4 coordinates, sd 0.0043
+
+
+def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
+    from market.envelope import generate_keypair
+    from market.errors import ReceiptError
+    from streams.client import open_event
+
+    key, pub = generate_keypair()
+    core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    out = core.handle(T.purchases, purchase("temp", "alice", "p1", buyer_public_key=pub))
+    ev = buyer_events(out)[0]
+    assert ev.releases == [] and ev.sealed is not None
+    assert b"values" not in out.outputs[0].value  # no plaintext numbers on the topic
+    opened = open_event(ev, key)
+    stored = core.stores.ladders["temp/v0"].get(0.5)
+    assert np.array_equal(np.array(opened.releases[0].values), stored)
+    rel = [(r.value_id, r.level, np.asarray(r.values)) for r in opened.releases]
+    env = ev.sealed.model_dump()
+    verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
+                   envelope=env)  # fmt: skip
+    other = dict(env, ciphertext=env["ciphertext"][:-4] + "AAA=")
+    with pytest.raises(ReceiptError, match="envelope"):
+        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
+                       envelope=other)  # fmt: skip
+    sub = buyer_events(core.handle(T.values, value("temp", "v1", [4.0, 5.0, 6.0])))[0]
+    assert sub.releases == [] and open_event(sub, key).releases[0].value_id == "v1"
+
+
+def test_market_can_require_encryption() -> None:
+    c = MarketCore(Stores(), TEST_KEYS, T, require_encryption=True)
+    c.handle(T.registrations, registration("temp"))
+    assert c.handle(T.purchases, purchase("temp", "a", "p")).reason == "encryption_required"
+
+
+def test_internal_errors_become_rejections(
+    core: MarketCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(core, "_fulfil", boom)
+    out = core.handle(T.purchases, purchase("temp", "alice", "p1"))
+    assert out.reason == "internal_error" and "RuntimeError" in out.outputs[0].value.decode()
+    monkeypatch.undo()
+    assert core.handle(T.purchases, purchase("temp", "alice", "p2")).status == "fulfilled"

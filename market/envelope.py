@@ -1,0 +1,113 @@
+"""Sealed envelopes: releases readable only by the buyer they were sold to.
+
+A buyer holds an X25519 key pair and sends the public half with its purchases. The market seals
+each release message for that key (ECIES-style): a fresh ephemeral X25519 key, HKDF-SHA256 over
+the shared secret (salt = ephemeral public key ‖ recipient public key, info = ``context``) giving a
+256-bit key, and ChaCha20-Poly1305 with a random 96-bit nonce and the ``aad`` bound in. Anyone
+else who reads the buyer's topic (a misconfigured ACL, a leaked backup) learns nothing; a
+tampered envelope fails to open. Receipts carry the SHA-256 of the ciphertext, so the receipt
+binds exactly what was delivered.
+
+Wire form (JSON): ``{"alg": "x25519-hkdf-sha256-chacha20poly1305", "epk": b64, "nonce": b64,
+"ciphertext": b64}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from .errors import MarketError
+
+__all__ = [
+    "ALGORITHM",
+    "EnvelopeError",
+    "ciphertext_digest",
+    "generate_keypair",
+    "open_envelope",
+    "public_key_b64",
+    "seal",
+]
+
+ALGORITHM = "x25519-hkdf-sha256-chacha20poly1305"
+CONTEXT = b"epsilon-market release v1"
+
+
+class EnvelopeError(MarketError, ValueError):
+    code = "bad_envelope"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        raise EnvelopeError(f"{what} is not valid base64") from None
+
+
+def generate_keypair() -> tuple[X25519PrivateKey, str]:
+    """A new buyer key pair: the private key and the public key as base64 (32 raw bytes)."""
+    key = X25519PrivateKey.generate()
+    return key, public_key_b64(key)
+
+
+def public_key_b64(key: X25519PrivateKey) -> str:
+    return _b64(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def parse_public_key(text: str) -> X25519PublicKey:
+    raw = _unb64(text, "public key")
+    if len(raw) != 32:
+        raise EnvelopeError(f"an X25519 public key is 32 bytes, got {len(raw)}")
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+def _key(shared: bytes, epk: bytes, rpk: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=epk + rpk, info=CONTEXT).derive(shared)
+
+
+def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, str]:
+    """Encrypt ``plaintext`` for the holder of the private key matching ``recipient_b64``."""
+    recipient = parse_public_key(recipient_b64)
+    eph = X25519PrivateKey.generate()
+    epk = eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    rpk = recipient.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    nonce = os.urandom(12)
+    ct = ChaCha20Poly1305(_key(eph.exchange(recipient), epk, rpk)).encrypt(nonce, plaintext, aad)
+    return {"alg": ALGORITHM, "epk": _b64(epk), "nonce": _b64(nonce), "ciphertext": _b64(ct)}
+
+
+def open_envelope(key: X25519PrivateKey, envelope: dict[str, Any], aad: bytes = b"") -> bytes:
+    """Decrypt an envelope made by :func:`seal`; raise EnvelopeError if it is not ours/intact."""
+    if envelope.get("alg") != ALGORITHM:
+        raise EnvelopeError(f"unsupported envelope algorithm {envelope.get('alg')!r}")
+    epk = _unb64(str(envelope.get("epk", "")), "epk")
+    nonce = _unb64(str(envelope.get("nonce", "")), "nonce")
+    ct = _unb64(str(envelope.get("ciphertext", "")), "ciphertext")
+    if len(epk) != 32 or len(nonce) != 12:
+        raise EnvelopeError("envelope has a malformed ephemeral key or nonce")
+    rpk = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    shared = key.exchange(X25519PublicKey.from_public_bytes(epk))
+    try:
+        return ChaCha20Poly1305(_key(shared, epk, rpk)).decrypt(nonce, ct, aad)
+    except InvalidTag:
+        raise EnvelopeError(
+            "envelope cannot be opened with this key (sealed for someone else, or tampered)"
+        ) from None
+
+
+def ciphertext_digest(envelope: dict[str, Any]) -> str:
+    """Hex SHA-256 of the envelope's ciphertext bytes (what a receipt binds)."""
+    return hashlib.sha256(_unb64(str(envelope.get("ciphertext", "")), "ciphertext")).hexdigest()

@@ -135,8 +135,6 @@ def _pricing(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_register(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from market.errors import MarketError  # noqa: PLC0415
-
     from .client import MarketClient  # noqa: PLC0415
     from .events import Rejection, StreamRegistration  # noqa: PLC0415
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from market.envelope import generate_keypair
+
 from .broker import EmbeddedBroker, find_free_port
 from .client import MarketClient
 from .config import Settings
@@ -115,14 +117,17 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
             await asyncio.sleep(0.1)
         _say(f"seller published {n_values} readings; the market has ingested them")
         print()
+        buyer_key, _ = generate_keypair()
+        _say("buyer-1 buys with an X25519 key: every release is sealed for it alone")
         print("  step   level ε   paid (EUR)   RMS error   expected √2/ε   shared with previous")
         previous: dict[str, list[float]] = {}
         total = 0
         last: PurchaseFulfilled | None = None
         for step in range(1, steps + 1):
             out = await client.buy(
-                "buyer-1", "thermometer", max_price_minor=10_000, timeout=60, resend_every=20
-            )
+                "buyer-1", "thermometer", max_price_minor=10_000, timeout=60, resend_every=20,
+                key=buyer_key,
+            )  # fmt: skip
             if isinstance(out, Rejection):
                 raise RuntimeError(f"purchase rejected: {out.message}")
             assert isinstance(out, PurchaseFulfilled)
@@ -148,7 +153,7 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
             f"ε={last.level_after:g}; receipt signed by market key {last.receipt.market_key_id}"
         )
         vid = await client.publish("thermometer", (20.0 + rng.normal(0, 0.1, dim)).tolist())
-        async for ev in client.tail("buyer-1", idle_timeout=5.0):
+        async for ev in client.tail("buyer-1", idle_timeout=5.0, key=buyer_key):
             if ev.type == "value_released" and ev.releases[-1].value_id == vid:
                 _say(
                     f"subscription: new reading {vid} delivered at the held level "

@@ -1,0 +1,240 @@
+"""Crash anywhere: the worker is killed at random fail points at least 100 times.
+
+Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
+values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while
+a supervisor restarts the worker every time it dies at a random fail point (before/after its state
+write, mid-batch, mid-output, after output). Afterwards a clean worker finishes the backlog, every
+purchase is resent by id until it has an outcome, and the test checks the market's promises:
+
+* every purchase ended in exactly one outcome (all copies byte-identical);
+* no (stream, value, level) was ever released with two different vectors;
+* nobody paid twice: each buyer paid exactly the sum of its distinct fulfilled purchases;
+* privacy spent never exceeded a cap, no release above a cap;
+* every value sent was ingested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import re
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from streams.client import MarketClient, TopicReader
+from streams.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.faults import POINTS
+
+from .conftest import Market
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+CRASHES = 100  # across both lanes
+LADDER = [0.25, 0.5, 1.0, 2.0]
+CAP = 2.0
+STREAMS = ["s0", "s1"]
+BUYERS = [f"b{i}" for i in range(4)]
+
+
+def reg(stream: str) -> StreamRegistration:
+    return StreamRegistration(
+        stream_id=stream, seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=3,
+        ladder=LADDER, cap=CAP, retain_last=6, pricing=LinearLevelSpec(rate_per_level=100.0),
+    )  # fmt: skip
+
+
+def purchase_payload(buyer: str, stream: str, pid: str, target: float | None) -> bytes:
+    body: dict[str, Any] = {"type": "purchase", "purchase_id": pid, "buyer_id": buyer,
+                            "stream_id": stream, "max_price_minor": 10_000}  # fmt: skip
+    if target is not None:
+        body["target_level"] = target
+    return json.dumps(body).encode()
+
+
+class Lane:
+    def __init__(self, market: Market, index: int) -> None:
+        self.market = market
+        self.name = f"L{index}"
+        self.index = index
+        # short sessions and commits: restarts are quick and progress is committed often
+        market.settings = replace(
+            market.settings, session_timeout=2.0, heartbeat_interval=0.2, commit_interval=0.3
+        )
+        self.crashes: collections.Counter[str] = collections.Counter()
+        self.purchases: dict[str, tuple[str, str, float | None]] = {}
+        self.values: set[tuple[str, str]] = set()
+        self.stop = threading.Event()
+        self.failures: list[str] = []
+
+    # -- the supervisor: restart the worker whenever a fail point kills it ----------------------
+    def supervise(self, target: int) -> None:
+        seed = 0
+        while sum(self.crashes.values()) < target and not self.stop.is_set():
+            seed += 1
+            faults = ",".join(f"{p}:0.04" for p in POINTS)
+            try:
+                w = self.market.start_worker_env(
+                    {"EMARKET_FAULTS": faults, "EMARKET_FAULT_SEED": str(self.index * 10**6 + seed)}
+                )
+            except RuntimeError:  # died before it answered /health
+                w = self.market.workers[-1]
+            assert w.proc is not None
+            try:
+                code = w.proc.wait(timeout=20)
+            except Exception:  # no crash in 20 s: stop it and start another incarnation
+                w.stop()
+                continue
+            w.stop()  # closes its log file
+            log = w.log_path.read_text(errors="replace") if w.log_path else ""
+            if code != 137:  # anything but a fail point is a real failure
+                self.failures.append(f"worker exited {code}: {log[-2000:]}")
+                self.stop.set()
+                return
+            points = re.findall(r"fault injection: crashing at (\w+)", log)
+            self.crashes[points[-1] if points else "unknown"] += 1
+
+    # -- the driver: a steady flow of values, purchases and resends -----------------------------
+    async def drive(self, c: MarketClient) -> None:
+        for s in STREAMS:
+            await c.send(self.market.topics.registrations, s, reg(s).model_dump_json().encode())
+        k = 0
+        while not self.stop.is_set():
+            k += 1
+            for s in STREAMS:
+                vid = f"v{k}"
+                self.values.add((s, vid))
+                body = json.dumps({"type": "value", "stream_id": s, "value_id": vid,
+                                   "values": [1.0, 2.0, float(k)]}).encode()  # fmt: skip
+                await c.send(self.market.topics.values, s, body)
+            buyer, stream = BUYERS[k % len(BUYERS)], STREAMS[k % len(STREAMS)]
+            target = [None, None, 0.5, 3.0, CAP, 1.0][k % 6]  # next step, explicit, above cap
+            pid = f"p{k}"
+            self.purchases[pid] = (buyer, stream, target)
+            await c.send(self.market.topics.purchases, stream,
+                         purchase_payload(buyer, stream, pid, target))  # fmt: skip
+            if k % 5 == 0:  # a duplicate of an earlier purchase
+                old = f"p{max(1, k - 7)}"
+                b, s2, t = self.purchases[old]
+                await c.send(self.market.topics.purchases, s2, purchase_payload(b, s2, old, t))
+            await asyncio.sleep(0.15)
+
+    # -- after the storm -------------------------------------------------------------------------
+    async def settle(self, c: MarketClient) -> dict[str, list[bytes]]:
+        """Resend (by id, like the client library does) every purchase still lacking an
+        outcome, then return every buyer topic."""
+        await asyncio.sleep(3)  # the clean worker drains the backlog
+        answered = {k for msgs in (await self.read(c)).values() for k in _outcome_ids(msgs)}
+        for pid, (buyer, stream, target) in sorted(self.purchases.items()):
+            if pid not in answered:
+                await c.buy(buyer, stream, target_level=target, max_price_minor=10_000,
+                            purchase_id=pid, resend_every=10, timeout=90)  # fmt: skip
+        return await self.read(c)
+
+    async def read(self, c: MarketClient) -> dict[str, list[bytes]]:
+        reader = TopicReader(c.bootstrap, [self.market.topics.buyer(b) for b in BUYERS])
+        await reader.start()
+        msgs: list[tuple[bytes | None, bytes]] = []
+        while batch := await reader.poll(1.0):
+            msgs += batch
+        await reader.stop()
+        out: dict[str, list[bytes]] = {b: [] for b in BUYERS}
+        for _, raw in msgs:
+            out.setdefault(json.loads(raw).get("buyer_id") or "?", []).append(raw)
+        return out
+
+
+def _outcome_ids(msgs: list[bytes]) -> set[str]:
+    ids = set()
+    for raw in msgs:
+        ev = json.loads(raw)
+        if ev["type"] == "purchase_fulfilled":
+            ids.add(ev["purchase_id"])
+        elif ev["type"] == "rejection" and ev.get("request_id"):
+            ids.add(ev["request_id"])
+    return ids
+
+
+def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
+    outcomes: dict[str, set[bytes]] = collections.defaultdict(set)
+    vectors: dict[tuple[str, str, float], set[tuple[float, ...]]] = collections.defaultdict(set)
+    paid: collections.Counter[tuple[str, str]] = collections.Counter()
+    for msgs in topics.values():
+        for raw in msgs:
+            ev = json.loads(raw)
+            if ev["type"] == "purchase_fulfilled":
+                outcomes[ev["purchase_id"]].add(raw)
+            elif ev["type"] == "rejection" and ev.get("request_id") in lane.purchases:
+                outcomes[ev["request_id"]].add(raw)
+            if ev["type"] in ("purchase_fulfilled", "value_released"):
+                for r in ev["releases"]:
+                    assert r["level"] <= CAP
+                    vectors[(ev["stream_id"], r["value_id"], r["level"])].add(tuple(r["values"]))
+    for pid, raws in outcomes.items():
+        assert len(raws) == 1, f"{pid} has {len(raws)} different outcomes"
+        raw = next(iter(raws))
+        if b'"purchase_fulfilled"' in raw:
+            ev = PurchaseFulfilled.model_validate_json(raw)
+            paid[(ev.buyer_id, ev.stream_id)] += ev.price_minor
+    assert set(outcomes) == set(lane.purchases), "a purchase has no outcome"
+    twice = {k: v for k, v in vectors.items() if len(v) > 1}
+    assert not twice, f"re-noised releases: {list(twice)[:3]}"
+    ledger = lane.market.ledger()
+    for s in STREAMS:
+        assert ledger[s]["privacy_spent"] <= CAP
+        assert ledger[s]["values_ingested"] == sum(1 for st, _ in lane.values if st == s)
+        for buyer, h in ledger[s]["holders"].items():
+            assert h["paid_minor"] == paid[(buyer, s)], (s, buyer, h, paid[(buyer, s)])
+    return {
+        "purchases": len(lane.purchases),
+        "fulfilled": sum(1 for v in outcomes.values() if b'"purchase_fulfilled"' in next(iter(v))),
+        "outcome_messages": sum(
+            1 for msgs in topics.values() for m in msgs if b'"purchase_id"' in m
+        ),
+        "value_level_pairs_checked": len(vectors),
+        "values": len(lane.values),
+    }
+
+
+def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
+    lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(2)]
+    for lane in lanes:
+        lane.market.tmp.mkdir(parents=True)
+    drivers = [
+        threading.Thread(target=lambda ln=lane: ln.market.run(ln.drive), daemon=True)
+        for lane in lanes
+    ]
+    for d in drivers:
+        d.start()
+    supervisors = [
+        threading.Thread(target=lane.supervise, args=(CRASHES // len(lanes),)) for lane in lanes
+    ]
+    t0 = time.monotonic()
+    for s in supervisors:
+        s.start()
+    for s in supervisors:
+        s.join(timeout=1500)
+    for lane in lanes:
+        lane.stop.set()
+    for d in drivers:
+        d.join(timeout=30)
+    elapsed = time.monotonic() - t0
+    try:
+        assert not [f for lane in lanes for f in lane.failures], lanes[0].failures[:1]
+        summary = {}
+        for lane in lanes:
+            lane.market.start_worker()  # a clean worker finishes the backlog
+            topics = lane.market.run(lane.settle)
+            summary[lane.name] = check_lane(lane, topics)
+        crashes = sum((lane.crashes for lane in lanes), collections.Counter())
+        print(f"\ncrash test: {sum(crashes.values())} crashes in {elapsed:.0f}s by fail point "
+              f"{dict(crashes)}; per lane {summary}")  # fmt: skip
+        assert sum(crashes.values()) >= CRASHES
+        assert len(crashes) >= 4, f"fail points not all exercised: {crashes}"
+    finally:
+        for lane in lanes:
+            lane.market.stop()

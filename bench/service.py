@@ -56,7 +56,12 @@ class Row:
 
 def _value_payload(i: int) -> bytes:
     return (
-        ValueEvent(stream_id="bench", value_id=f"v{i:07d}", values=[20.0 + 0.001 * i] * DIM)
+        ValueEvent(
+            stream_id="bench",
+            value_id=f"v{i:07d}",
+            values=[20.0 + 0.001 * i] * DIM,
+            published_at_ms=time.time_ns() // 10**6,
+        )
         .model_dump_json()
         .encode()
     )
@@ -237,7 +242,8 @@ async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
                 )
                 for i in range(4):
                     await c.send(topics.values, name, ValueEvent(
-                        stream_id=name, value_id=f"w{i}", values=[1.0] * DIM
+                        stream_id=name, value_id=f"w{i}", values=[1.0] * DIM,
+                        published_at_ms=time.time_ns() // 10**6,
                     ).model_dump_json().encode())  # fmt: skip
             buyers = [f"buyer{i}" for i in range(min(64, n_streams))]
             await ensure_topics(boot, [topics.buyer_spec(b) for b in [*buyers, "lat"]])
@@ -255,6 +261,7 @@ async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
                 return json.dumps({
                     "type": "purchase", "purchase_id": f"{stream}-{k}", "buyer_id": b,
                     "stream_id": stream, "max_price_minor": 0,
+                    "requested_at_ms": time.time_ns() // 10**6,
                 }).encode()  # fmt: skip
 
             t0 = time.perf_counter()

@@ -103,15 +103,20 @@ async def _load(
             due = int((time.monotonic() - t0) * rate) + 1
             while sent_v < min(due, n_values):
                 s = f"s{sent_v % N_STREAMS}"
-                body = json.dumps({"type": "value", "stream_id": s, "value_id": f"v{sent_v}",
-                                   "values": [20.0 + (sent_v % 7)] * DIM}).encode()  # fmt: skip
+                body = json.dumps({
+                    "type": "value", "stream_id": s, "value_id": f"v{sent_v}",
+                    "values": [20.0 + (sent_v % 7)] * DIM,
+                    "published_at_ms": time.time_ns() // 10**6,
+                }).encode()  # fmt: skip
                 await prod.send(topics.values, body, key=s.encode())
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
                     b, s2 = f"b{sent_p % N_BUYERS}", f"s{(sent_p // N_BUYERS) % N_STREAMS}"
-                    body = json.dumps({"type": "purchase", "purchase_id": f"p{sent_p}",
-                                       "buyer_id": b, "stream_id": s2,
-                                       "max_price_minor": 10_000}).encode()  # fmt: skip
+                    body = json.dumps({
+                        "type": "purchase", "purchase_id": f"p{sent_p}", "buyer_id": b,
+                        "stream_id": s2, "max_price_minor": 10_000,
+                        "requested_at_ms": time.time_ns() // 10**6,
+                    }).encode()  # fmt: skip
                     await prod.send(topics.purchases, body, key=s2.encode())
                     sent_p += 1
             now = time.monotonic() - t0
@@ -135,7 +140,9 @@ async def _load(
     return res
 
 
-def run_soak(n_values: int, n_purchases: int, rate: float, workdir: Path) -> SoakResult:
+def run_soak(
+    n_values: int, n_purchases: int, rate: float, workdir: Path, horizon: float = 30.0
+) -> SoakResult:
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = Settings(
             broker=broker.url,
@@ -145,7 +152,10 @@ def run_soak(n_values: int, n_purchases: int, rate: float, workdir: Path) -> Soa
             web_port=find_free_port(),
             log_level="warn",
         ).for_tansu()
-        w = ChildWorker(settings, log_path=workdir / "worker.log").start()
+        # a short dedup horizon, so that the soak can show memory levelling off: eviction
+        # markers of values older than the horizon are forgotten (resends of them are refused)
+        env = {"EMARKET_DEDUP_HORIZON": str(horizon)}
+        w = ChildWorker(settings, log_path=workdir / "worker.log", env=env).start()
         try:
             w.wait_healthy(90)
             res = asyncio.run(_load(settings, w, n_values, n_purchases, rate))
@@ -181,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--values", type=int, default=100_000)
     p.add_argument("--purchases", type=int, default=10_000)
     p.add_argument("--rate", type=float, default=500.0, help="values per second")
+    p.add_argument("--horizon", type=float, default=30.0, help="dedup horizon, seconds")
     args = p.parse_args(argv)
-    res = run_soak(args.values, args.purchases, args.rate, Path(tempfile.mkdtemp(prefix="soak-")))
+    res = run_soak(
+        args.values, args.purchases, args.rate, Path(tempfile.mkdtemp(prefix="soak-")), args.horizon
+    )
     print(render(res))
     last = res.samples[-1]
     ok = last.values_ingested >= res.values and res.rejections == 0 and res.errors_in_log == 0

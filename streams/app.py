@@ -66,14 +66,14 @@ _EVICTED = b"EVIC"
 
 def _encode_ladder(obj: ReleaseState | EvictedValue) -> bytes:
     if isinstance(obj, EvictedValue):
-        return _EVICTED + f"{obj.seq}:{obj.digest}".encode()
+        return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
     return encode_state(obj)
 
 
 def _decode_ladder(data: bytes) -> ReleaseState | EvictedValue:
     if data.startswith(_EVICTED):
-        seq, digest = data[len(_EVICTED) :].decode().split(":", 1)
-        return EvictedValue(int(seq), digest)
+        seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
+        return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
     return decode_state(data)
 
 
@@ -147,8 +147,11 @@ class WriteBackTable(MutableMapping[str, Any]):
             else:
                 store[key] = value
                 payload = self._dumps(value)
-            if key_partition is not None:
-                key_partition[key] = partition
+            if key_partition is not None:  # the memory store drops revoked partitions by it
+                if payload is None:
+                    key_partition.pop(key, None)
+                else:
+                    key_partition[key] = partition
             records.append(Record(topic, key.encode(), payload, partition, self))
         self._pending.clear()
         return records
@@ -253,7 +256,11 @@ class MarketWorker:
         }
         self.stores = Stores(**self._tables)
         self.core = MarketCore(
-            self.stores, self.keys, self.topics, require_encryption=settings.require_encryption
+            self.stores,
+            self.keys,
+            self.topics,
+            require_encryption=settings.require_encryption,
+            dedup_horizon_ms=int(settings.dedup_horizon * 1000),
         )
         self._known_topics: set[str] = set()
         self._started = time.time()

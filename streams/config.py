@@ -69,6 +69,9 @@ class Settings:
     kafka_security: str = "SASL_PLAINTEXT"
     #: Reject purchases that do not name a key to seal releases for (production default).
     require_encryption: bool = False
+    #: Seconds a value is remembered for deduplication after leaving its window; older values
+    #: are refused. Match the values topic's retention (7 days).
+    dedup_horizon: float = 7 * 86_400.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -92,6 +95,7 @@ class Settings:
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),
             kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
             require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
+            dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 

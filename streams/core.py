@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import json
 import logging
 import math
@@ -73,6 +74,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("emarket.core")
+DEFAULT_DEDUP_HORIZON_MS = 7 * 86_400_000  # the values topic's retention
+MAX_CLOCK_SKEW_MS = 3_600_000
 EPSILON_DELTA = 1e-6  # δ at which catalog entries state ε for Gaussian and Poisson streams
 
 
@@ -87,6 +90,7 @@ class ValueEntry(BaseModel):
     seq: int
     digest: str
     received_at_ms: int
+    published_at_ms: int = 0
 
 
 class Holder(BaseModel):
@@ -110,6 +114,11 @@ class StreamState(BaseModel):
     revenue_minor: int = 0
     spent: float = 0.0
     values_ingested: int = 0
+    #: newest publication time accepted on the stream; values older than this minus the dedup
+    #: horizon are refused, which is what allows forgetting their eviction markers
+    watermark_ms: int = 0
+    #: the same for purchases: outcomes older than it minus the horizon are forgotten
+    purchase_watermark_ms: int = 0
 
 
 class PurchaseRecord(BaseModel):
@@ -121,14 +130,17 @@ class PurchaseRecord(BaseModel):
     stream_id: str
     price_minor: int = 0
     payload: str
+    requested_at_ms: int = 0
 
 
 @dataclass(frozen=True)
 class EvictedValue:
-    """What remains of a value that left its stream's window: enough to recognise a resend."""
+    """What remains of a value that left its stream's window: enough to recognise a resend,
+    until the value is older than the dedup horizon (then any resend is refused as too old)."""
 
     seq: int
     digest: str
+    published_at_ms: int = 0
 
 
 Ladder = ReleaseState | EvictedValue
@@ -207,8 +219,12 @@ class MarketCore:
         *,
         clock: Callable[[], int] = now_ms,
         require_encryption: bool = False,
+        dedup_horizon_ms: int = DEFAULT_DEDUP_HORIZON_MS,
     ) -> None:
         self.require_encryption = require_encryption
+        self.dedup_horizon_ms = dedup_horizon_ms
+        self._expiry: dict[str, list[tuple[int, str]]] = {}
+        self._purchase_expiry: dict[str, list[tuple[int, str]]] = {}
         self.stores = stores
         self.keys = keys
         self.topics = topics
@@ -410,6 +426,21 @@ class MarketCore:
         except MarketError as exc:
             raise _Reject(exc.code, exc.message) from None
         digest = _digest_values(exact)
+        ts = ev.published_at_ms
+        if ts < st.watermark_ms - self.dedup_horizon_ms:
+            raise _Reject(
+                "value_too_old",
+                f"value {ev.value_id!r} was published at {ts} ms, more than the dedup horizon "
+                f"({self.dedup_horizon_ms} ms) before the newest value of stream "
+                f"{ev.stream_id!r} ({st.watermark_ms} ms); the market no longer accepts or "
+                "replays it",
+            )
+        if ts > self.clock() + MAX_CLOCK_SKEW_MS:
+            raise _Reject(
+                "value_from_the_future",
+                f"value {ev.value_id!r} claims publication at {ts} ms, more than "
+                f"{MAX_CLOCK_SKEW_MS} ms ahead of the market's clock; check the seller's clock",
+            )
         ladder_key = _key(ev.stream_id, ev.value_id)
         known = self.stores.ladders.get(ladder_key)
         if known is not None:
@@ -441,16 +472,29 @@ class MarketCore:
         seq = st.next_seq
         now = self.clock()
         st.window.append(
-            ValueEntry(value_id=ev.value_id, seq=seq, digest=digest, received_at_ms=now)
+            ValueEntry(
+                value_id=ev.value_id,
+                seq=seq,
+                digest=digest,
+                received_at_ms=now,
+                published_at_ms=ts,
+            )
         )
         st.next_seq += 1
         st.values_ingested += 1
         st.spent = max(st.spent, ladder.spent)
+        st.watermark_ms = max(st.watermark_ms, ts)
+        expiry = self._expiry_index(ev.stream_id)
         while len(st.window) > reg.retain_last:
             old = st.window.pop(0)
-            self.stores.ladders[_key(ev.stream_id, old.value_id)] = EvictedValue(
-                old.seq, old.digest
-            )
+            okey = _key(ev.stream_id, old.value_id)
+            self.stores.ladders[okey] = EvictedValue(old.seq, old.digest, old.published_at_ms)
+            heapq.heappush(expiry, (old.published_at_ms, okey))
+        # forget markers the horizon now protects (any resend of them is refused as too old)
+        low = st.watermark_ms - self.dedup_horizon_ms
+        while expiry and expiry[0][0] < low:
+            _, okey = heapq.heappop(expiry)
+            self.stores.ladders.pop(okey, None)
         self.stores.ladders[ladder_key] = ladder
         self.stores.streams[ev.stream_id] = st
         released = self._deliver(st, ev.value_id, seq, ladder)
@@ -463,6 +507,24 @@ class MarketCore:
             releases=released,
             new_noise=new_noise,
         )
+
+    def _expiry_index(self, stream_id: str) -> list[tuple[int, str]]:
+        """Heap of (published_at, key) of the stream's eviction markers.
+
+        Kept in memory only; after a restart or rebalance it is rebuilt once per stream from the
+        ladders table, so expiry never depends on state that could be lost.
+        """
+        heap = self._expiry.get(stream_id)
+        if heap is None:
+            prefix = f"{stream_id}/"
+            heap = [
+                (v.published_at_ms, k)
+                for k, v in self.stores.ladders.items()
+                if k.startswith(prefix) and isinstance(v, EvictedValue)
+            ]
+            heapq.heapify(heap)
+            self._expiry[stream_id] = heap
+        return heap
 
     def _deliver(self, st: StreamState, value_id: str, seq: int, ladder: ReleaseState) -> int:
         """Queue the value's release at each holder's level for that holder's topic."""
@@ -598,6 +660,21 @@ class MarketCore:
         rec_key = _key(req.buyer_id, req.purchase_id)
         fingerprint = _fingerprint(req)
         topic = self.topics.buyer(req.buyer_id)
+        ts = req.requested_at_ms
+        st = self.stores.streams.get(req.stream_id)
+        if st is not None and ts < st.purchase_watermark_ms - self.dedup_horizon_ms:
+            return self._rejected("purchase", src, _Reject(
+                "request_too_old",
+                f"purchase {req.purchase_id!r} was requested at {ts} ms, more than the dedup "
+                f"horizon ({self.dedup_horizon_ms} ms) before the newest purchase on stream "
+                f"{req.stream_id!r}; resend it with a new purchase id and a current time",
+            ))  # fmt: skip
+        if ts > self.clock() + MAX_CLOCK_SKEW_MS:
+            return self._rejected("purchase", src, _Reject(
+                "request_from_the_future",
+                f"purchase {req.purchase_id!r} claims a request time {ts} ms more than "
+                f"{MAX_CLOCK_SKEW_MS} ms ahead of the market's clock; check the buyer's clock",
+            ))  # fmt: skip
         record = self.stores.purchases.get(rec_key)
         if record is not None:
             if record.fingerprint != fingerprint:
@@ -631,8 +708,33 @@ class MarketCore:
                 status="rejected",
                 stream_id=req.stream_id,
                 payload=outcome.outputs[0].value.decode(),
+                requested_at_ms=ts,
             )
+        self._expire_purchases(req.stream_id, ts, rec_key)
         return outcome
+
+    def _expire_purchases(self, stream_id: str, ts: int, rec_key: str) -> None:
+        """Advance the stream's purchase watermark and forget outcomes beyond the horizon."""
+        st = self.stores.streams.get(stream_id)
+        if st is None:  # purchases of unknown streams are rare and kept
+            return
+        heap = self._purchase_expiry.get(stream_id)
+        if heap is None:  # rebuilt once per stream after a restart or rebalance
+            heap = [
+                (r.requested_at_ms, k)
+                for k, r in self.stores.purchases.items()
+                if r.stream_id == stream_id and k != rec_key
+            ]
+            heapq.heapify(heap)
+            self._purchase_expiry[stream_id] = heap
+        heapq.heappush(heap, (ts, rec_key))
+        if ts > st.purchase_watermark_ms:
+            st.purchase_watermark_ms = ts
+            self.stores.streams[stream_id] = st
+        low = st.purchase_watermark_ms - self.dedup_horizon_ms
+        while heap and heap[0][0] < low:
+            _, key = heapq.heappop(heap)
+            self.stores.purchases.pop(key, None)
 
     def _fulfil(self, req: PurchaseRequest, fingerprint: str, topic: str) -> Outcome:
         st = self._stream(req.stream_id)
@@ -735,6 +837,7 @@ class MarketCore:
             stream_id=reg.stream_id,
             price_minor=price,
             payload=payload.decode(),
+            requested_at_ms=req.requested_at_ms,
         )
         return Outcome(
             "purchase",

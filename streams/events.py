@@ -159,7 +159,11 @@ class ValueEvent(_Event):
     stream_id: Identifier
     value_id: Identifier = Field(description="unique per stream; a resend is deduplicated")
     values: list[float] = Field(min_length=1, max_length=MAX_DIMENSION)
-    published_at_ms: Millis | None = None
+    published_at_ms: Millis = Field(
+        description="when the seller published the value (Unix ms); values older than the "
+        "stream's newest minus the dedup horizon (7 days) are refused, so replays of old "
+        "values can never be re-noised"
+    )
 
 
 # ----------------------------------------------------------------------- buyer → market
@@ -177,7 +181,10 @@ class PurchaseRequest(_Event):
     )
     max_price_minor: MinorUnits = Field(description="most the buyer will pay, minor units")
     currency: Currency = "EUR"
-    requested_at_ms: Millis | None = None
+    requested_at_ms: Millis = Field(
+        description="when the buyer made the request (Unix ms; keep it when resending): "
+        "requests older than the stream's newest minus the dedup horizon are refused"
+    )
     buyer_public_key: PublicKey | None = Field(
         None,
         description="X25519 public key (base64, 32 bytes): releases to this buyer on this stream "

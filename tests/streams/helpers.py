@@ -34,7 +34,8 @@ def registration(stream_id: str = "temp", **kw: Any) -> bytes:
 
 
 def value(stream_id: str, value_id: str, values: list[float], **kw: Any) -> bytes:
-    body = {"type": "value", "stream_id": stream_id, "value_id": value_id, "values": values}
+    body = {"type": "value", "stream_id": stream_id, "value_id": value_id, "values": values,
+            "published_at_ms": 1_000}  # fmt: skip
     body.update(kw)
     return json.dumps(body).encode()
 
@@ -46,6 +47,7 @@ def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6, **kw:
         "buyer_id": buyer,
         "stream_id": stream_id,
         "max_price_minor": max_price,
+        "requested_at_ms": 1_000,
     }
     body.update(kw)
     return json.dumps(body).encode()

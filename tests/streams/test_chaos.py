@@ -50,7 +50,8 @@ def reg(stream: str) -> StreamRegistration:
 
 def purchase_payload(buyer: str, stream: str, pid: str, target: float | None) -> bytes:
     body: dict[str, Any] = {"type": "purchase", "purchase_id": pid, "buyer_id": buyer,
-                            "stream_id": stream, "max_price_minor": 10_000}  # fmt: skip
+                            "stream_id": stream, "max_price_minor": 10_000,
+                            "requested_at_ms": time.time_ns() // 10**6}  # fmt: skip
     if target is not None:
         body["target_level"] = target
     return json.dumps(body).encode()
@@ -108,8 +109,10 @@ class Lane:
             for s in STREAMS:
                 vid = f"v{k}"
                 self.values.add((s, vid))
-                body = json.dumps({"type": "value", "stream_id": s, "value_id": vid,
-                                   "values": [1.0, 2.0, float(k)]}).encode()  # fmt: skip
+                body = json.dumps({
+                    "type": "value", "stream_id": s, "value_id": vid,
+                    "values": [1.0, 2.0, float(k)], "published_at_ms": time.time_ns() // 10**6,
+                }).encode()  # fmt: skip
                 await c.send(self.market.topics.values, s, body)
             buyer, stream = BUYERS[k % len(BUYERS)], STREAMS[k % len(STREAMS)]
             target = [None, None, 0.5, 3.0, CAP, 1.0][k % 6]  # next step, explicit, above cap

@@ -133,12 +133,12 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
         (T.values, value("temp", "v", [1.0, 2.0]), "wrong_dimension"),
         (
             T.values,
-            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,NaN,2]}',
+            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,NaN,2],"published_at_ms":1}',
             "invalid_value",
         ),
         (
             T.values,
-            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,Infinity,2]}',
+            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,Infinity,2],"published_at_ms":1}',
             "invalid_value",
         ),
         (T.values, value("temp", "v", ["a", 1, 2]), "invalid_event"),  # type: ignore[list-item]
@@ -313,3 +313,38 @@ def test_internal_errors_become_rejections(
     assert out.reason == "internal_error" and "RuntimeError" in out.outputs[0].value.decode()
     monkeypatch.undo()
     assert core.handle(T.purchases, purchase("temp", "alice", "p2")).status == "fulfilled"
+
+
+def test_dedup_horizon_forgets_markers_and_refuses_old_values() -> None:
+    """Eviction markers older than the horizon are dropped, and exactly those values are
+    refused if they come back: memory stays bounded and nothing is ever re-noised."""
+    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    c.handle(T.registrations, registration("temp", retain_last=2))
+    for i in range(10):  # published 500 ms apart
+        c.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, 3.0], published_at_ms=500 * i))
+    keys = sorted(k for k in c.stores.ladders if k.startswith("temp/"))
+    # window v8, v9 + markers newer than 4500 - 1000 ms: v6 (3000 ms) is gone, v7 kept
+    assert keys == ["temp/v7", "temp/v8", "temp/v9"]
+    old = c.handle(T.values, value("temp", "v6", [1.0, 2.0, 3.0], published_at_ms=3000))
+    assert old.reason == "value_too_old" and old.new_noise == 0
+    dup = c.handle(T.values, value("temp", "v7", [1.0, 2.0, 3.0], published_at_ms=3500))
+    assert dup.status == "duplicate"
+    future = c.handle(T.values, value("temp", "vf", [1.0, 2.0, 3.0], published_at_ms=10**10))
+    assert future.reason == "value_from_the_future"
+
+
+def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
+    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    c.handle(T.registrations, registration("temp"))
+    c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    for i, lv in enumerate([0.5, 1.0, 2.0, 4.0]):  # requested 600 ms apart
+        c.handle(T.purchases, purchase("temp", "alice", f"p{i}", target_level=lv,
+                                       requested_at_ms=600 * i))  # fmt: skip
+    assert sorted(c.stores.purchases) == ["alice/p2", "alice/p3"]  # p0, p1 forgotten
+    old = c.handle(T.purchases, purchase("temp", "alice", "p0", target_level=0.5,
+                                         requested_at_ms=0))  # fmt: skip
+    assert old.reason == "request_too_old"
+    again = c.handle(T.purchases, purchase("temp", "alice", "p2", target_level=2.0,
+                                           requested_at_ms=1200))  # fmt: skip
+    assert again.status == "duplicate"
+    assert c.stores.streams["temp"].holders["alice"].paid_minor == 400  # ledger kept

@@ -32,7 +32,8 @@ REASONS = {
     "invalid_event", "invalid_value", "wrong_dimension", "unknown_stream", "stream_exists",
     "invalid_schedule", "invalid_level", "level_above_cap", "level_not_for_sale",
     "no_higher_step", "price_too_high", "currency_mismatch", "idempotency_key_reused",
-    "conflicting_value", "unknown_topic", "encryption_required",
+    "conflicting_value", "unknown_topic", "encryption_required", "value_too_old",
+    "value_from_the_future", "request_too_old", "request_from_the_future",
 }  # fmt: skip
 TOPICS = [T.registrations, T.values, T.purchases]
 

@@ -66,7 +66,7 @@ def test_paused_broker_is_reported_and_nothing_acknowledged_is_lost(
             for b in range(5):  # acknowledged by the broker before the outage
                 payload = (
                     f'{{"type":"purchase","purchase_id":"p{b}","buyer_id":"b{b}",'
-                    f'"stream_id":"s","max_price_minor":100}}'
+                    f'"stream_id":"s","max_price_minor":100,"requested_at_ms":1}}'
                 )
                 await c.send(market.topics.purchases, "s", payload.encode())
 

@@ -129,7 +129,8 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
     def purchase(b: str, step: int) -> bytes:
         return (
             f'{{"type":"purchase","purchase_id":"{b}-{step}","buyer_id":"{b}",'
-            f'"stream_id":"s","target_level":{levels[step]},"max_price_minor":1000}}'
+            f'"stream_id":"s","target_level":{levels[step]},"max_price_minor":1000,'
+            f'"requested_at_ms":1}}'
         ).encode()
 
     async def fire(c: MarketClient) -> None:

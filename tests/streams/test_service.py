@@ -126,10 +126,11 @@ def test_bad_events_on_every_topic_are_rejected_and_worker_survives(market: Mark
         (t.registrations, json.dumps({"type": "register_stream", "stream_id": "x"}).encode()),
         (t.values, b"\x00\xff"),
         (t.values, json.dumps({"type": "value", "stream_id": "nope", "value_id": "a",
-                               "values": [1.0]}).encode()),
+                               "values": [1.0], "published_at_ms": 1}).encode()),
         (t.purchases, b"[]"),
         (t.purchases, json.dumps({"type": "purchase", "purchase_id": "p", "buyer_id": "eve",
-                                  "stream_id": "nope", "max_price_minor": 1}).encode()),
+                                  "stream_id": "nope", "max_price_minor": 1,
+                                  "requested_at_ms": 1}).encode()),
     ]  # fmt: skip
 
     async def go(c: MarketClient) -> list[Rejection]:

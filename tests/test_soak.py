@@ -1,0 +1,31 @@
+"""A bounded soak in CI: steady load for ~45 s; memory levels off, lag stays bounded, no errors.
+
+The full-size run (100,000 values, 10,000 purchases) is `python -m bench.soak`; its numbers are
+in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.soak import render, run_soak
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+
+def test_bounded_soak(tmp_path: Path) -> None:
+    rate, horizon = 500.0, 10.0
+    res = run_soak(20_000, 2_000, rate, tmp_path, horizon=horizon)
+    print("\n" + render(res))
+    last = res.samples[-1]
+    assert last.values_ingested == 20_000 and last.purchases_done == 2_000
+    assert res.rejections == 0 and res.errors_in_log == 0
+    assert max(s.lag for s in res.samples) < 5_000, "consumer lag grew without bound"
+    # state plateaus: markers and outcomes older than the horizon are forgotten
+    assert max(s.ladders for s in res.samples) < 1.5 * rate * horizon + 400
+    mid = next(s for s in res.samples if s.t >= 20)
+    first = max(s.purchases_table for s in res.samples if s.t <= mid.t)
+    assert max(s.purchases_table for s in res.samples) <= first + 100  # outcomes level off
+    assert last.rss_mb - mid.rss_mb < 15, f"memory keeps growing: {mid.rss_mb} -> {last.rss_mb}"

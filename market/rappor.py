@@ -1,0 +1,127 @@
+"""RAPPOR with relaxable parameters (Koufogiannis et al. §4.2, eqs. 38–42).
+
+RAPPOR (Erlingsson et al. 2014) hashes a client's string into a Bloom filter ``y`` of ``k`` bits,
+memoises a *permanent* randomized response ``z`` (each bit replaced by a fair coin with
+probability α) and sends *instantaneous* randomized responses ``w`` of ``z``
+(``P(w=1|z=1) = β``, ``P(w=1|z=0) = γ``). Its parameters are fixed forever. Written with Laplace
+noise and a threshold, each randomization is a post-processing of a Laplace mechanism, so the
+parameters can be relaxed later with the lossless Laplace process instead of re-randomising:
+
+* permanent: ``z = [y + V_f > 1/2]``, ``V_f ~ Lap(b_f)``, ``b_f = 1 / (−2 ln α)`` (eq. 41);
+* instantaneous: ``w = [z + V_g > θ]``, ``θ = ln(2γ) / ln(4γ(1−β))``,
+  ``V_g ~ Lap(b_g)``, ``b_g = 1 / (−ln(4γ(1−β)))``.
+
+Eq. (42) prints the instantaneous scale as ``1/(−ln(4β(1−γ)))``, which is negative for the usual
+``β > ½ > γ``; solving ``P(V > θ) = γ`` and ``P(V > θ − 1) = β`` gives ``4γ(1−β)`` (tested). The
+Laplace level of each randomization is ``ε_f = −2 ln α`` and ``ε_g = −ln(4γ(1−β))``: relaxing the
+client to smaller α (resp. γ closer to 0, β closer to 1) is a Laplace relaxation of its stored
+noise, which keeps the earlier reports' information and adds only the difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import optimize
+
+from .errors import InvalidValueError
+from .ladder import ReleaseState
+from .mechanisms import Laplace
+from .rng import RngLike, default_rng
+
+__all__ = ["RapporClient", "RapporParams", "bloom_bits", "decode"]
+
+
+@dataclass(frozen=True)
+class RapporParams:
+    """Bloom filter size, hash count and the randomization probabilities (f = α)."""
+
+    k: int = 32
+    hashes: int = 2
+    alpha: float = 0.5
+    beta: float = 0.75
+    gamma: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (0 < self.alpha < 1 and 0.5 <= self.beta < 1 and 0 < self.gamma <= 0.5):
+            raise InvalidValueError("need 0 < alpha < 1, 1/2 <= beta < 1, 0 < gamma <= 1/2")
+        if self.k < 1 or not 1 <= self.hashes <= self.k:
+            raise InvalidValueError("need k >= 1 and 1 <= hashes <= k")
+
+    @property
+    def permanent_epsilon(self) -> float:
+        """Laplace level of the permanent randomization, ε_f = −2 ln α (eq. 41)."""
+        return -2.0 * math.log(self.alpha)
+
+    @property
+    def instantaneous_epsilon(self) -> float:
+        """Laplace level of the instantaneous randomization, ε_g = −ln(4γ(1−β)) (corrected)."""
+        return -math.log(4.0 * self.gamma * (1.0 - self.beta))
+
+    @property
+    def threshold(self) -> float:
+        """θ = ln(2γ) / ln(4γ(1−β)) (eq. 42)."""
+        return math.log(2.0 * self.gamma) / math.log(4.0 * self.gamma * (1.0 - self.beta))
+
+
+def bloom_bits(value: str, params: RapporParams, cohort: int = 0) -> NDArray[np.int64]:
+    """Indices of the Bloom filter bits set by ``value`` (SHA-256 based hash family)."""
+    out = set()
+    for h in range(params.hashes):
+        digest = hashlib.sha256(f"{cohort}:{h}:{value}".encode()).digest()
+        out.add(int.from_bytes(digest[:8], "big") % params.k)
+    return np.asarray(sorted(out), dtype=np.int64)
+
+
+class RapporClient:
+    """One client: a Bloom filter, its permanent noise process and its reports."""
+
+    def __init__(
+        self, value: str, params: RapporParams, *, cohort: int = 0, rng: RngLike = None
+    ) -> None:
+        self.params = params
+        self._rng = default_rng(rng)
+        self.bloom = np.zeros(params.k)
+        self.bloom[bloom_bits(value, params, cohort)] = 1.0
+        # permanent noise V_f: one lossless Laplace process per bit, exact value 0
+        self._permanent = ReleaseState(Laplace(1.0), np.zeros(params.k))
+
+    def permanent(self, params: RapporParams | None = None) -> NDArray[np.int64]:
+        """The memoised permanent response z at ``params`` (relaxed losslessly if α decreased)."""
+        p = params or self.params
+        noise = self._permanent.release(p.permanent_epsilon, rng=self._rng)
+        return (self.bloom + noise > 0.5).astype(np.int64)
+
+    def report(self, params: RapporParams | None = None) -> NDArray[np.int64]:
+        """An instantaneous report w of the permanent response (fresh noise per report)."""
+        p = params or self.params
+        z = self.permanent(p)
+        v = self._rng.laplace(0.0, 1.0 / p.instantaneous_epsilon, p.k)
+        return (z + v > p.threshold).astype(np.int64)
+
+
+def decode(
+    reports: NDArray[np.int64],
+    candidates: Sequence[str],
+    params: RapporParams,
+    cohort: int = 0,
+) -> NDArray[np.float64]:
+    """Estimated frequency of each candidate string from a matrix of reports (one per row).
+
+    Per bit, invert both randomizations: ``t = (mean(w) − γ)/(β − γ)`` estimates ``P(z = 1)``, and
+    ``(t − α/2)/(1 − α)`` the fraction of Bloom filters with the bit set. Then fit non-negative
+    candidate frequencies to those bit fractions (least squares), as RAPPOR's decoder does.
+    """
+    w = np.asarray(reports, dtype=np.float64).mean(axis=0)
+    t = (w - params.gamma) / (params.beta - params.gamma)
+    bits = (t - params.alpha / 2) / (1 - params.alpha)
+    design = np.zeros((params.k, len(candidates)))
+    for j, c in enumerate(candidates):
+        design[bloom_bits(c, params, cohort), j] = 1.0
+    freq, _ = optimize.nnls(design, bits)
+    return np.asarray(freq, dtype=np.float64)

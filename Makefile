@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install serve bench report schemas clean
+.PHONY: demo test install serve bench report soak schemas clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m bench.noise
 	$(PY) -m bench.service
+
+report: $(VENV)/.installed
+	$(PY) -m bench.report
+
+soak: $(VENV)/.installed
+	$(PY) -m bench.soak
 
 schemas: $(VENV)/.installed
 	$(PY) -m streams schemas --out docs/schemas

@@ -34,3 +34,18 @@ def test_service_benchmark_runs() -> None:
     for row in ("raw aiokafka round trip", "Faust pass-through agent", "market ingest",
                 "market purchase"):  # fmt: skip
         assert f"| {row}" in out
+
+
+@pytest.mark.slow
+def test_report_regenerates(tmp_path: object) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.report", "--quick", "--no-service", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout  # fmt: skip
+    assert "8 figures" in out
+    from pathlib import Path
+
+    report = (Path(str(tmp_path)) / "report.md").read_text()
+    for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
+                    "RAPPOR", "social network", "Speed of the samplers"):  # fmt: skip
+        assert section in report

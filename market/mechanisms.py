@@ -153,8 +153,65 @@ def _ratio(a: float, b: float) -> float:
     return 0.0 if math.isinf(b) else a / b
 
 
+class _Vectorised(Mechanism):
+    """A family whose conditional sample is one vectorised transform of per-coordinate draws:
+    several values at one level can then share a single kernel call (:meth:`conditional_many`),
+    each drawing from its own generator exactly what it would draw alone."""
+
+    @abstractmethod
+    def _draws(self, rng: np.random.Generator, n: int) -> Any:
+        """The randomness a single conditional sample of n coordinates consumes."""
+
+    @abstractmethod
+    def _draw(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        """The same draws, materialised, for concatenation with other values'."""
+
+    @abstractmethod
+    def _join(self, parts: list[NDArray[np.float64]]) -> Any:
+        """Concatenated draws of several values, in the form :meth:`_sample` takes."""
+
+    @abstractmethod
+    def _sample(
+        self,
+        level: float,
+        upper_level: float,
+        lower_level: float | None,
+        upper: Vector,
+        lower: Vector | None,
+        draws: Any,
+    ) -> Vector:
+        """Transform the draws into the release at ``level`` given the neighbours' vectors."""
+
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        return self._sample(
+            level,
+            upper.level,
+            None if lower is None else lower.level,
+            upper.values,
+            None if lower is None else lower.values,
+            self._draws(rng, int(upper.values.shape[0])),
+        )
+
+    def conditional_many(
+        self,
+        level: float,
+        anchors: Sequence[tuple[Anchor, Anchor | None]],
+        rng_for: Callable[[int], np.random.Generator],
+    ) -> list[Vector]:
+        def sample(
+            up: float, lo: float | None, upper: Vector, lower: Vector | None, idx: list[int]
+        ) -> Vector:
+            # rng_for(i) may re-key one generator: draw from it before asking for the next
+            parts = [self._draw(rng_for(i), int(anchors[i][0].values.shape[0])) for i in idx]
+            return self._sample(level, up, lo, upper, lower, self._join(parts))
+
+        return _grouped(anchors, sample)
+
+
 @dataclass(frozen=True)
-class Laplace(Mechanism):
+class Laplace(_Vectorised):
     """ε-DP Laplace mechanism for ℓ1 sensitivity Δ: noise Lap(Δ/ε) on every coordinate.
 
     Optimal among additive mechanisms for the identity query (Koufogiannis Thm. 8) and the one
@@ -186,31 +243,14 @@ class Laplace(Mechanism):
     def epsilon(self, level: float, delta: float = 0.0) -> float:
         return level
 
-    def conditional(
-        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
-    ) -> Vector:
-        return self._sample(
-            level,
-            upper.level,
-            None if lower is None else lower.level,
-            upper.values,
-            None if lower is None else lower.values,
-            _kernels.Uniforms(rng),
-        )
+    def _draws(self, rng: np.random.Generator, n: int) -> _kernels.Uniforms:
+        return _kernels.Uniforms(rng)  # drawn block by block inside the kernel
 
-    def conditional_many(
-        self,
-        level: float,
-        anchors: Sequence[tuple[Anchor, Anchor | None]],
-        rng_for: Callable[[int], np.random.Generator],
-    ) -> list[Vector]:
-        def uniforms(idx: list[int]) -> _kernels.Uniforms:
-            return _kernels.Uniforms.concatenated(
-                [(rng_for(i), int(anchors[i][0].values.shape[0])) for i in idx]
-            )
+    def _draw(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        return rng.random(n)
 
-        return _grouped(anchors, lambda up, lo, u, lv, idx: self._sample(
-            level, up, lo, u, lv, uniforms(idx)))  # fmt: skip
+    def _join(self, parts: list[NDArray[np.float64]]) -> _kernels.Uniforms:
+        return _kernels.Uniforms(buf=np.concatenate(parts))
 
     def _sample(
         self,
@@ -219,8 +259,9 @@ class Laplace(Mechanism):
         lower_level: float | None,
         upper: Vector,
         lower: Vector | None,
-        uniforms: _kernels.Uniforms,
+        draws: _kernels.Uniforms,
     ) -> Vector:
+        uniforms = draws
         out = np.empty(int(upper.shape[0]), dtype=np.float64)
         mu_a = _ratio(level, upper_level) ** 2  # atom of the piece upper -> level
         if lower is None or lower_level is None:
@@ -240,7 +281,7 @@ class Laplace(Mechanism):
 
 
 @dataclass(frozen=True)
-class Gaussian(Mechanism):
+class Gaussian(_Vectorised):
     """ρ-zCDP Gaussian mechanism for ℓ2 sensitivity Δ: noise N(0, Δ²/(2ρ)) per coordinate.
 
     The release process is a Brownian motion in the variance (Koufogiannis Thm. 14), sampled in
@@ -271,32 +312,14 @@ class Gaussian(Mechanism):
             raise InvalidLevelError(f"a Gaussian release needs 0 < delta < 1, got {delta!r}")
         return level + 2.0 * math.sqrt(level * math.log(1.0 / delta))
 
-    def conditional(
-        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
-    ) -> Vector:
-        normals = rng.standard_normal(int(upper.values.shape[0]))
-        return self._sample(
-            level,
-            upper.level,
-            None if lower is None else lower.level,
-            upper.values,
-            None if lower is None else lower.values,
-            normals,
-        )
+    def _draws(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        return rng.standard_normal(n)
 
-    def conditional_many(
-        self,
-        level: float,
-        anchors: Sequence[tuple[Anchor, Anchor | None]],
-        rng_for: Callable[[int], np.random.Generator],
-    ) -> list[Vector]:
-        def normals(idx: list[int]) -> NDArray[np.float64]:
-            return np.concatenate(
-                [rng_for(i).standard_normal(int(anchors[i][0].values.shape[0])) for i in idx]
-            )
+    def _draw(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        return rng.standard_normal(n)
 
-        return _grouped(anchors, lambda up, lo, u, lv, idx: self._sample(
-            level, up, lo, u, lv, normals(idx)))  # fmt: skip
+    def _join(self, parts: list[NDArray[np.float64]]) -> NDArray[np.float64]:
+        return np.concatenate(parts)
 
     def _sample(
         self,
@@ -305,9 +328,10 @@ class Gaussian(Mechanism):
         lower_level: float | None,
         upper: Vector,
         lower: Vector | None,
-        out: NDArray[np.float64],
+        draws: NDArray[np.float64],
     ) -> Vector:
-        """Scale the standard normals in ``out`` in place into the conditional release."""
+        """Scale the standard normals in ``draws`` in place into the conditional release."""
+        out = draws
         # Variances in units of Δ²/2: v(l) = 1/l, with v(inf) = 0 for the exact value.
         v = 1.0 / level
         v_u = _ratio(1.0, upper_level)

@@ -21,6 +21,7 @@ from market import (
     default_rng,
     keyed_rng,
 )
+from market.rng import KeyedRngFactory
 
 from .stats import assert_proportion, laplace_cdf
 
@@ -176,7 +177,10 @@ def test_release_across_equals_one_by_one_bit_for_bit(mech: object) -> None:
         return states
 
     a, b = build(), build()
-    together = ReleaseState.release_across(a, 2.0, lambda i: keyed_rng(secret, "v", i, 2.0))
+    # the service passes a factory that re-keys one generator per call: each value must draw
+    # from its own key before the next is requested
+    factory = KeyedRngFactory(secret)
+    together = ReleaseState.release_across(a, 2.0, lambda i: factory("v", i, 2.0))
     alone = [st.release(2.0, rng=keyed_rng(secret, "v", i, 2.0)) for i, st in enumerate(b)]
     for x, y, sa, sb in zip(together, alone, a, b, strict=True):
         assert x.tobytes() == y.tobytes()

@@ -329,6 +329,13 @@ class MarketWorker:
         async def probe() -> None:
             await worker.probe_broker()
 
+        def rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            # the tables now hold what other workers wrote while they owned these partitions
+            worker.core.invalidate_indexes()
+            log.info("rebalance complete; expiry indexes will be rebuilt from the tables")
+
+        app.on_rebalance_complete.connect(rebalanced)
+
         self._agent = market
 
     # -- the batch ----------------------------------------------------------------------------

@@ -225,6 +225,7 @@ class MarketCore:
         self.dedup_horizon_ms = dedup_horizon_ms
         self._expiry: dict[str, list[tuple[int, str]]] = {}
         self._purchase_expiry: dict[str, list[tuple[int, str]]] = {}
+        self._indexed = False
         self.stores = stores
         self.keys = keys
         self.topics = topics
@@ -508,23 +509,43 @@ class MarketCore:
             new_noise=new_noise,
         )
 
+    def invalidate_indexes(self) -> None:
+        """Forget the in-memory expiry heaps; the next event rebuilds them from the tables.
+
+        Called after a restart (implicitly: a new core starts empty) and after every rebalance,
+        when the tables may hold entries another worker wrote while it owned the partitions.
+        """
+        self._expiry.clear()
+        self._purchase_expiry.clear()
+        self._indexed = False
+
+    def _build_indexes(self) -> None:
+        """One pass over both tables builds the heaps of every stream at once.
+
+        Streams not seen in the pass get empty heaps, so a restart costs one scan of the state,
+        not one scan per stream.
+        """
+        expiry: dict[str, list[tuple[int, str]]] = {}
+        for k, v in self.stores.ladders.items():
+            if isinstance(v, EvictedValue):
+                expiry.setdefault(k.rsplit("/", 1)[0], []).append((v.published_at_ms, k))
+        purchases: dict[str, list[tuple[int, str]]] = {}
+        for k, r in self.stores.purchases.items():
+            purchases.setdefault(r.stream_id, []).append((r.requested_at_ms, k))
+        for heap in (*expiry.values(), *purchases.values()):
+            heapq.heapify(heap)
+        self._expiry, self._purchase_expiry = expiry, purchases
+        self._indexed = True
+
     def _expiry_index(self, stream_id: str) -> list[tuple[int, str]]:
         """Heap of (published_at, key) of the stream's eviction markers.
 
-        Kept in memory only; after a restart or rebalance it is rebuilt once per stream from the
-        ladders table, so expiry never depends on state that could be lost.
+        Kept in memory only and rebuilt from the ladders table after a restart or rebalance, so
+        expiry never depends on state that could be lost.
         """
-        heap = self._expiry.get(stream_id)
-        if heap is None:
-            prefix = f"{stream_id}/"
-            heap = [
-                (v.published_at_ms, k)
-                for k, v in self.stores.ladders.items()
-                if k.startswith(prefix) and isinstance(v, EvictedValue)
-            ]
-            heapq.heapify(heap)
-            self._expiry[stream_id] = heap
-        return heap
+        if not self._indexed:
+            self._build_indexes()
+        return self._expiry.setdefault(stream_id, [])
 
     def _deliver(self, st: StreamState, value_id: str, seq: int, ladder: ReleaseState) -> int:
         """Queue the value's release at each holder's level for that holder's topic."""
@@ -718,16 +739,10 @@ class MarketCore:
         st = self.stores.streams.get(stream_id)
         if st is None:  # purchases of unknown streams are rare and kept
             return
-        heap = self._purchase_expiry.get(stream_id)
-        if heap is None:  # rebuilt once per stream after a restart or rebalance
-            heap = [
-                (r.requested_at_ms, k)
-                for k, r in self.stores.purchases.items()
-                if r.stream_id == stream_id and k != rec_key
-            ]
-            heapq.heapify(heap)
-            self._purchase_expiry[stream_id] = heap
-        heapq.heappush(heap, (ts, rec_key))
+        if not self._indexed:
+            self._build_indexes()
+        heap = self._purchase_expiry.setdefault(stream_id, [])
+        heapq.heappush(heap, (ts, rec_key))  # a second entry, if the scan saw it, is harmless
         if ts > st.purchase_watermark_ms:
             st.purchase_watermark_ms = ts
             self.stores.streams[stream_id] = st

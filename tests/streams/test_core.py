@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -348,3 +349,40 @@ def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
                                            requested_at_ms=1200))  # fmt: skip
     assert again.status == "duplicate"
     assert c.stores.streams["temp"].holders["alice"].paid_minor == 400  # ledger kept
+
+
+def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
+    """A restarted core (new instance, same tables) and a rebalanced one (invalidated, while
+    another worker wrote to the tables) rebuild the expiry heaps of every stream in one pass,
+    and go on forgetting what the tables hold beyond the horizon."""
+
+    class CountingLadders(dict[str, Any]):
+        scans = 0
+
+        def items(self) -> Any:
+            CountingLadders.scans += 1
+            return super().items()
+
+    stores = Stores()
+    stores.ladders = CountingLadders()
+    first = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    streams = [f"s{j}" for j in range(5)]
+    for sid in streams:
+        first.handle(T.registrations, registration(sid, retain_last=1))
+        for i in range(4):  # leaves markers for v1 and v2 (v0 is already beyond the horizon)
+            first.handle(T.values, value(sid, f"v{i}", [1.0, 2.0, 3.0], published_at_ms=500 * i))
+        first.handle(T.purchases, purchase(sid, "alice", f"{sid}-p0", requested_at_ms=0))
+    second = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    first.invalidate_indexes()  # what the app does on every rebalance
+    for core, late in ((second, 4000), (first, 6000)):  # `second` writes what `first` never saw
+        CountingLadders.scans = 0
+        for sid in streams:
+            core.handle(T.values, value(sid, f"w{late}", [1.0, 2.0, 3.0], published_at_ms=late))
+            core.handle(T.purchases, purchase(sid, "alice", f"{sid}-q{late}",
+                                              requested_at_ms=late))  # fmt: skip
+        assert CountingLadders.scans == 1
+        for sid in streams:  # everything published or requested before late - 1000 ms is gone
+            assert sorted(k for k in stores.ladders if k.startswith(f"{sid}/")) == [
+                f"{sid}/w{late}"
+            ]
+        assert sorted(stores.purchases) == sorted(f"alice/{sid}-q{late}" for sid in streams)

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install serve bench report soak schemas clean
+.PHONY: demo test test-fast install serve bench report soak schemas clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check market streams tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest
+
+# market and core unit tests, no broker (< 60 s): the loop to run while editing
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not broker" tests/market tests/applications tests/streams tests/test_layering.py tests/test_deploy.py market
 
 bench: $(VENV)/.installed
 	$(PY) -m bench.noise

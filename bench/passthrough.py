@@ -13,7 +13,7 @@ from typing import Any
 
 import faust
 
-from streams.app import _tune_fetch_wait
+from streams.worker.compat import tune_fetch_wait
 
 
 def main() -> None:
@@ -25,10 +25,10 @@ def main() -> None:
     p.add_argument("--fetch-max-wait-ms", type=int, default=20)
     p.add_argument("--web-port", type=int, default=0)
     args = p.parse_args()
-    from streams.compat import install_tansu_compat
+    from streams.worker.compat import install_tansu_compat
 
     install_tansu_compat()
-    _tune_fetch_wait(args.fetch_max_wait_ms)
+    tune_fetch_wait(args.fetch_max_wait_ms)
     app = faust.App(
         args.app_id,
         broker=args.broker,

@@ -7,7 +7,7 @@ measures, in one run:
 * **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
   framework's own per-event cost), :mod:`bench.passthrough`;
 * **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
-* **market purchase** — purchases in, each buying the next step of a 16-step ladder on one of
+* **market purchase** — purchases in, each buying the next step of a 16-step schedule on one of
   many streams (so every purchase draws new noise on its stream's 4 retained values), releases
   and a signed receipt out.
 
@@ -34,13 +34,13 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from streams.admin import ensure_topics
-from streams.broker import EmbeddedBroker, find_free_port
-from streams.client import MarketClient, TopicReader
-from streams.config import Settings
-from streams.events import LinearPrecisionSpec, StreamRegistration, ValueEvent
-from streams.runner import ChildWorker
-from streams.topics import Topics, TopicSpec
+from streams.broker.admin import ensure_topics
+from streams.broker.embedded import EmbeddedBroker, find_free_port
+from streams.clients.client import MarketClient, TopicReader
+from streams.wire.events import LinearPrecisionSpec, StreamRegistration, ValueEvent
+from streams.wire.topics import Topics, TopicSpec
+from streams.worker.config import Settings
+from streams.worker.runner import ChildWorker
 
 DIM = 8
 READ_WAIT_MS = 5
@@ -188,107 +188,121 @@ def market_paths(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path) -> l
         worker.stop()
 
 
-async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
-    topics = Topics(settings.prefix, settings.partitions)
-    boot = settings.bootstrap
-    reg = StreamRegistration(
-        stream_id="bench", seller_id="bench", mechanism="laplace", sensitivity=1.0,
-        dimension=DIM, ladder=[0.5, 1.0], cap=1e6, retain_last=4,
+@dataclass
+class _Bench:
+    """One market under load: its topics, a client, a raw producer, the readers to stop."""
+
+    topics: Topics
+    boot: str
+    client: MarketClient
+    prod: AIOKafkaProducer
+    readers: list[TopicReader]
+    n: int
+    lat_n: int
+
+    async def reader(self, topics: str | list[str]) -> TopicReader:
+        r = TopicReader(self.boot, topics, fetch_max_wait_ms=READ_WAIT_MS)
+        await r.start()
+        self.readers.append(r)
+        return r
+
+
+def _registration(stream: str, steps: list[float], cap: float) -> StreamRegistration:
+    return StreamRegistration(
+        stream_id=stream, seller_id="bench", mechanism="laplace", sensitivity=1.0,
+        dimension=DIM, steps=steps, cap=cap, retain_last=4,
         pricing=LinearPrecisionSpec(rate_per_precision=0.0),
     )  # fmt: skip
-    async with MarketClient(boot, topics) as c:
-        await c.register(reg, timeout=60)
-        for i in range(4):
-            await c.publish("bench", [1.0] * DIM, value_id=f"w{i}")
-        subs = ["sub1", "sub2"]
-        for b in subs:
-            await c.buy(b, "bench", max_price_minor=0, timeout=60)
-        readers = []
-        for b in subs:
-            r = TopicReader(boot, topics.buyer(b), fetch_max_wait_ms=READ_WAIT_MS)
-            await r.start()
-            await _drain([r], 1, 5)  # skip the purchase outcome
-            readers.append(r)
-        prod = AIOKafkaProducer(bootstrap_servers=boot, linger_ms=5, max_batch_size=262144)
+
+
+async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
+    topics = Topics(settings.prefix, settings.partitions)
+    async with MarketClient(settings.bootstrap, topics) as c:
+        prod = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=262144
+        )
         await prod.start()
+        b = _Bench(topics, settings.bootstrap, c, prod, [], n, lat_n)
         try:
-            # ingest path: each value -> one release per subscriber
-            t0 = time.perf_counter()
-            futs = [await prod.send(topics.values, _value_payload(i), key=b"bench")
-                    for i in range(n)]  # fmt: skip
-            await asyncio.gather(*futs)
-            got = await _drain(readers, n * len(subs), 600)
-            ingest_rate = got / len(subs) / (time.perf_counter() - t0)
-
-            async def send_value(i: int) -> None:
-                await prod.send_and_wait(topics.values, _value_payload(n + i), key=b"bench")
-
-            ingest_lat = await _closed_loop(send_value, readers, lat_n, len(subs))
-
-            # purchase path: many streams with a 16-step ladder; each purchase buys the next
-            # step of one stream (new noise on its 4 retained values) for one of 64 buyers
-            steps = 16
-            n_streams = max(1, n // steps)
-            lat_streams = max(1, -(-lat_n // steps))
-            names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
-            ladder = [round(0.25 * (k + 1), 2) for k in range(steps)]
-            for name in names:
-                await c.send(
-                    topics.registrations,
-                    name,
-                    reg.model_copy(update={"stream_id": name, "ladder": ladder, "cap": ladder[-1]})
-                    .model_dump_json()
-                    .encode(),
-                )
-                for i in range(4):
-                    await c.send(topics.values, name, ValueEvent(
-                        stream_id=name, value_id=f"w{i}", values=[1.0] * DIM,
-                        published_at_ms=time.time_ns() // 10**6,
-                    ).model_dump_json().encode())  # fmt: skip
-            buyers = [f"buyer{i}" for i in range(min(64, n_streams))]
-            await ensure_topics(boot, [topics.buyer_spec(b) for b in [*buyers, "lat"]])
-            # one consumer for all buyer topics: 64 polling clients would starve the worker
-            all_buyers = TopicReader(
-                boot, [topics.buyer(b) for b in buyers], fetch_max_wait_ms=READ_WAIT_MS
-            )
-            lat_reader = TopicReader(boot, topics.buyer("lat"), fetch_max_wait_ms=READ_WAIT_MS)
-            for r in (all_buyers, lat_reader):
-                await r.start()
-                readers.append(r)
-            await asyncio.sleep(2.0)  # let the registrations and values land
-
-            def purchase(b: str, stream: str, k: int) -> bytes:
-                return json.dumps({
-                    "type": "purchase", "purchase_id": f"{stream}-{k}", "buyer_id": b,
-                    "stream_id": stream, "max_price_minor": 0,
-                    "requested_at_ms": time.time_ns() // 10**6,
-                }).encode()  # fmt: skip
-
-            t0 = time.perf_counter()
-            futs = [await prod.send(topics.purchases, purchase(f"buyer{i % 64}", f"p{i}", k),
-                                    key=f"p{i}".encode())
-                    for k in range(steps) for i in range(n_streams)]  # fmt: skip
-            await asyncio.gather(*futs)
-            got = await _drain([all_buyers], len(futs), 600)
-            purchase_rate = got / (time.perf_counter() - t0)
-
-            async def send_purchase(i: int) -> None:
-                stream = f"lat{i // steps}"
-                await prod.send_and_wait(
-                    topics.purchases, purchase("lat", stream, i % steps), key=stream.encode()
-                )
-
-            purchase_lat = await _closed_loop(send_purchase, [lat_reader], lat_n, 1)
+            return [await _ingest(b), await _purchases(b)]
         finally:
             await prod.stop()
-            for r in readers:
+            for r in b.readers:
                 await r.stop()
-    return [
-        Row("market ingest (value → 2 releases)", ingest_rate,
-            _pct(ingest_lat, 0.5), _pct(ingest_lat, 0.99)),
-        Row("market purchase (next step → 4 releases + receipt)", purchase_rate,
-            _pct(purchase_lat, 0.5), _pct(purchase_lat, 0.99)),
-    ]  # fmt: skip
+
+
+async def _ingest(b: _Bench) -> Row:
+    """Values in, one release per subscriber out (2 subscribers)."""
+    await b.client.register(_registration("bench", [0.5, 1.0], 1e6), timeout=60)
+    for i in range(4):
+        await b.client.publish("bench", [1.0] * DIM, value_id=f"w{i}")
+    subs = ["sub1", "sub2"]
+    readers = []
+    for sub in subs:
+        await b.client.buy(sub, "bench", max_price_minor=0, timeout=60)
+        r = await b.reader(b.topics.buyer(sub))
+        await _drain([r], 1, 5)  # skip the purchase outcome
+        readers.append(r)
+    t0 = time.perf_counter()
+    futs = [await b.prod.send(b.topics.values, _value_payload(i), key=b"bench")
+            for i in range(b.n)]  # fmt: skip
+    await asyncio.gather(*futs)
+    got = await _drain(readers, b.n * len(subs), 600)
+    rate = got / len(subs) / (time.perf_counter() - t0)
+
+    async def send_value(i: int) -> None:
+        await b.prod.send_and_wait(b.topics.values, _value_payload(b.n + i), key=b"bench")
+
+    lat = await _closed_loop(send_value, readers, b.lat_n, len(subs))
+    return Row("market ingest (value → 2 releases)", rate, _pct(lat, 0.5), _pct(lat, 0.99))
+
+
+async def _purchases(b: _Bench) -> Row:
+    """Many streams with a 16-step schedule; each purchase buys the next step of one stream
+    (new noise on its 4 retained values) for one of 64 buyers."""
+    steps = 16
+    n_streams = max(1, b.n // steps)
+    lat_streams = max(1, -(-b.lat_n // steps))
+    names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
+    levels = [round(0.25 * (k + 1), 2) for k in range(steps)]
+    for name in names:
+        reg = _registration(name, levels, levels[-1])
+        await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
+        for i in range(4):
+            await b.client.send(b.topics.values, name, ValueEvent(
+                stream_id=name, value_id=f"w{i}", values=[1.0] * DIM,
+                published_at_ms=time.time_ns() // 10**6,
+            ).model_dump_json().encode())  # fmt: skip
+    buyers = [f"buyer{i}" for i in range(min(64, n_streams))]
+    await ensure_topics(b.boot, [b.topics.buyer_spec(x) for x in [*buyers, "lat"]])
+    # one consumer for all buyer topics: 64 polling clients would starve the worker
+    all_buyers = await b.reader([b.topics.buyer(x) for x in buyers])
+    lat_reader = await b.reader(b.topics.buyer("lat"))
+    await asyncio.sleep(2.0)  # let the registrations and values land
+
+    def purchase(buyer: str, stream: str, k: int) -> bytes:
+        return json.dumps({
+            "type": "purchase", "purchase_id": f"{stream}-{k}", "buyer_id": buyer,
+            "stream_id": stream, "max_price_minor": 0, "requested_at_ms": time.time_ns() // 10**6,
+        }).encode()  # fmt: skip
+
+    t0 = time.perf_counter()
+    futs = [await b.prod.send(b.topics.purchases, purchase(f"buyer{i % 64}", f"p{i}", k),
+                              key=f"p{i}".encode())
+            for k in range(steps) for i in range(n_streams)]  # fmt: skip
+    await asyncio.gather(*futs)
+    got = await _drain([all_buyers], len(futs), 600)
+    rate = got / (time.perf_counter() - t0)
+
+    async def send_purchase(i: int) -> None:
+        stream = f"lat{i // steps}"
+        await b.prod.send_and_wait(
+            b.topics.purchases, purchase("lat", stream, i % steps), key=stream.encode()
+        )
+
+    lat = await _closed_loop(send_purchase, [lat_reader], b.lat_n, 1)
+    return Row("market purchase (next step → 4 releases + receipt)", rate, _pct(lat, 0.5),
+               _pct(lat, 0.99))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

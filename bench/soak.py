@@ -22,12 +22,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from streams.broker import EmbeddedBroker, find_free_port
-from streams.client import MarketClient
-from streams.config import Settings
-from streams.events import LinearLevelSpec, StreamRegistration
-from streams.runner import ChildWorker
-from streams.topics import Topics
+from streams.broker.embedded import EmbeddedBroker, find_free_port
+from streams.clients.client import MarketClient
+from streams.wire.events import LinearLevelSpec, StreamRegistration
+from streams.wire.topics import Topics
+from streams.worker.config import Settings
+from streams.worker.runner import ChildWorker
 
 N_STREAMS, N_BUYERS, DIM = 20, 50, 8
 LADDER = [round(0.1 * k, 1) for k in range(1, 11)]
@@ -42,7 +42,7 @@ class Sample:
     purchases_done: float
     lag: float
     rss_mb: float
-    ladders: float
+    releases: float
     purchases_table: float
 
 
@@ -73,7 +73,7 @@ def _sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
         purchases_done=w.metric("emarket_purchases_total"),
         lag=w.metric("emarket_consumer_lag"),
         rss_mb=_rss_mb(w.proc.pid),
-        ladders=w.metric("emarket_state_entries", {"table": "ladders"}),
+        releases=w.metric("emarket_state_entries", {"table": "releases"}),
         purchases_table=w.metric("emarket_state_entries", {"table": "purchases"}),
     )
 
@@ -87,7 +87,7 @@ async def _load(
         for i in range(N_STREAMS):
             reg = StreamRegistration(
                 stream_id=f"s{i}", seller_id="soak", mechanism="laplace", sensitivity=1.0,
-                dimension=DIM, ladder=LADDER, cap=LADDER[-1], retain_last=16,
+                dimension=DIM, steps=LADDER, cap=LADDER[-1], retain_last=16,
                 pricing=LinearLevelSpec(rate_per_level=100.0),
             )  # fmt: skip
             await c.register(reg, timeout=60)
@@ -172,14 +172,14 @@ def render(res: SoakResult) -> str:
     out = [
         f"## Soak: {res.values:,} values and {res.purchases:,} purchases in "
         f"{res.duration:.0f} s (one worker, embedded broker)\n",
-        "| t (s) | values sent | ingested | purchases sent | done | lag | RSS MB | ladders "
+        "| t (s) | values sent | ingested | purchases sent | done | lag | RSS MB | release states "
         "| purchase records |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in res.samples:
         out.append(
             f"| {s.t:.0f} | {s.values_sent:,} | {s.values_ingested:,.0f} | {s.purchases_sent:,} "
-            f"| {s.purchases_done:,.0f} | {s.lag:,.0f} | {s.rss_mb:.0f} | {s.ladders:,.0f} "
+            f"| {s.purchases_done:,.0f} | {s.lag:,.0f} | {s.rss_mb:.0f} | {s.releases:,.0f} "
             f"| {s.purchases_table:,.0f} |"
         )
     out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: {res.errors_in_log}")

@@ -15,9 +15,9 @@ from .errors import (
     SealedStateError,
     StateFormatError,
 )
-from .ladder import ReleaseState
 from .levels import canonical_level
 from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, Poisson, mechanism
+from .release_state import ReleaseState
 from .rng import default_rng, keyed_rng, secure_rng
 
 __all__ = [

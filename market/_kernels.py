@@ -35,6 +35,8 @@ and both pieces have atoms, the atom-atom event has positive probability and dom
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -93,55 +95,80 @@ def laplace_bridge_into(
     those that take ``W1 = 0`` get ``upper``'s, so releases that share a sample are identical.
     """
     d = alpha - beta
-    ab = alpha + beta
     c = (1.0 - mu_a) * (1.0 - mu_b) * alpha * beta / 4.0
-    w1 = c / ab  # left exponential piece (x < 0), constant after rescaling
-    c_a = w1 + mu_a * (1.0 - mu_b) * beta / 2.0  # end of the W1 = 0 atom
-    w_b = (1.0 - mu_a) * mu_b * alpha / 2.0
-    both_atoms = mu_a > 0.0 and mu_b > 0.0
+    w1 = c / (alpha + beta)  # left exponential piece (x < 0), constant after rescaling
+    k = _BridgeConstants(
+        d=d,
+        ab=alpha + beta,
+        c=c,
+        w1=w1,
+        c_a=w1 + mu_a * (1.0 - mu_b) * beta / 2.0,  # end of the W1 = 0 atom
+        w_b=(1.0 - mu_a) * mu_b * alpha / 2.0,
+        both_atoms=mu_a > 0.0 and mu_b > 0.0,
+    )
     n = out.shape[0]
     for start in range(0, n, BLOCK):
         sl = slice(start, min(start + BLOCK, n))
-        u_blk, l_blk = upper[sl], lower[sl]
-        k = l_blk - u_blk
-        t = np.abs(k)
-        em = t * (-d)
-        np.expm1(em, out=em)  # exp(-d t) - 1, in (-1, 0]
-        e = em + 1.0
-        c2 = em * (-c / d)
-        c2 += c_a  # end of the middle piece 0 <= x <= t
-        c_b = e * w_b
-        c_b += c2  # end of the W1 = k atom
-        w3 = e * (c / ab)  # right piece x > t
-        np.maximum(w3, _TINY, out=w3)
-        r = uniforms.take(int(t.shape[0]))
-        np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
-        r *= c_b + w3
-        g1 = (r < w1).astype(np.float64)
-        g_a = (r < c_a).astype(np.float64)
-        g2 = (r < c2).astype(np.float64)
-        g_b = r < c_b
-        f2 = g2 - g_a  # indicator of the middle piece
-        f3 = 1.0 - g_b  # indicator of the right piece
-        # Inverse CDF of each piece, as x = offset + m * log1p(z): one transcendental per
-        # coordinate whichever piece is chosen; atoms get z = 0, so log1p(z) = 0.
-        z = (r * (1.0 / w1) - 1.0) * g1
-        z += ((r - c_a) * (-d / c)) * f2
-        z += ((c_b - r) / w3) * f3
-        np.log1p(z, out=z)
-        z *= g1 * (1.0 / ab) - f2 * (1.0 / d) - f3 * (1.0 / ab)
-        z += t * (1.0 - g2)
-        if both_atoms:
-            z *= t != 0.0
-        z *= np.copysign(1.0, k)
-        z += u_blk
-        o = out[sl]
-        o[...] = z
-        take_lower = g_b & (r >= c2)
-        if both_atoms:
-            take_lower &= t != 0.0
-        np.copyto(o, l_blk, where=take_lower)
-        np.copyto(o, u_blk, where=(r >= w1) & (r < c_a))
+        _bridge_block(out[sl], upper[sl], lower[sl], k, uniforms)
+
+
+class _BridgeConstants(NamedTuple):
+    d: float
+    ab: float
+    c: float
+    w1: float
+    c_a: float
+    w_b: float
+    both_atoms: bool
+
+
+def _bridge_block(
+    o: NDArray[np.float64],
+    u_blk: NDArray[np.float64],
+    l_blk: NDArray[np.float64],
+    k: _BridgeConstants,
+    uniforms: Uniforms,
+) -> None:
+    """One block of :func:`laplace_bridge_into` (the same operations for every coordinate)."""
+    d, ab, c, w1, c_a = k.d, k.ab, k.c, k.w1, k.c_a
+    diff = l_blk - u_blk
+    t = np.abs(diff)
+    em = t * (-d)
+    np.expm1(em, out=em)  # exp(-d t) - 1, in (-1, 0]
+    e = em + 1.0
+    c2 = em * (-c / d)
+    c2 += c_a  # end of the middle piece 0 <= x <= t
+    c_b = e * k.w_b
+    c_b += c2  # end of the W1 = k atom
+    w3 = e * (c / ab)  # right piece x > t
+    np.maximum(w3, _TINY, out=w3)
+    r = uniforms.take(int(t.shape[0]))
+    np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
+    r *= c_b + w3
+    g1 = (r < w1).astype(np.float64)
+    g_a = (r < c_a).astype(np.float64)
+    g2 = (r < c2).astype(np.float64)
+    g_b = r < c_b
+    f2 = g2 - g_a  # indicator of the middle piece
+    f3 = 1.0 - g_b  # indicator of the right piece
+    # Inverse CDF of each piece, as x = offset + m * log1p(z): one transcendental per
+    # coordinate whichever piece is chosen; atoms get z = 0, so log1p(z) = 0.
+    z = (r * (1.0 / w1) - 1.0) * g1
+    z += ((r - c_a) * (-d / c)) * f2
+    z += ((c_b - r) / w3) * f3
+    np.log1p(z, out=z)
+    z *= g1 * (1.0 / ab) - f2 * (1.0 / d) - f3 * (1.0 / ab)
+    z += t * (1.0 - g2)
+    if k.both_atoms:
+        z *= t != 0.0
+    z *= np.copysign(1.0, diff)
+    z += u_blk
+    o[...] = z
+    take_lower = g_b & (r >= c2)
+    if k.both_atoms:
+        take_lower &= t != 0.0
+    np.copyto(o, l_blk, where=take_lower)
+    np.copyto(o, u_blk, where=(r >= w1) & (r < c_a))
 
 
 def laplace_extend_into(

@@ -1,6 +1,6 @@
 """Baselines that lossless release is measured against.
 
-Both answer the same question as :meth:`market.ladder.ReleaseState.release` for a *gradual*
+Both answer the same question as :meth:`market.release_state.ReleaseState.release` for a *gradual*
 schedule (levels requested in increasing order): "the buyer has now paid for total privacy loss
 ``level``; what is the best estimate they hold?". Both spend the privacy budget through
 sequential composition of independent releases, which is what a market without lossless release
@@ -32,7 +32,22 @@ __all__ = ["CompositionRelease", "DoublingRelease"]
 
 
 class CompositionRelease:
-    """Sequential composition: every step is an independent release at the increment."""
+    """Sequential composition: every step is an independent release at the increment.
+
+    The baseline lossless release is measured against (Andersson et al. Fig. 2).
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The noise family.
+    value : array_like
+        The exact value.
+    combine : bool, default False
+        Serve the inverse-variance-weighted average of all increments instead of the newest
+        (lossless for zCDP Gaussians, lossy for Laplace).
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    """
 
     def __init__(
         self, mechanism: Mechanism, value: Any, *, combine: bool = False, rng: RngLike = None
@@ -50,6 +65,7 @@ class CompositionRelease:
         return self._spent
 
     def release(self, level: float) -> NDArray[np.float64]:
+        """Move up to total loss ``level``: the newest (or combined) independent release."""
         lvl = canonical_level(level)
         if lvl <= self._spent:
             raise InvalidLevelError(
@@ -66,7 +82,21 @@ class CompositionRelease:
 
 
 class DoublingRelease:
-    """ε-doubling: independent releases at base·2^j, the best affordable one is served."""
+    """ε-doubling (Ligett et al. 2017): independent releases at base·2^j.
+
+    A total loss ``l`` affords the largest ``base·2^j`` with ``(2^{j+1} − 1)·base ≤ l``.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The noise family.
+    value : array_like
+        The exact value.
+    base : float
+        The first level.
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    """
 
     def __init__(
         self, mechanism: Mechanism, value: Any, *, base: float, rng: RngLike = None
@@ -91,6 +121,7 @@ class DoublingRelease:
         return float(sum(self._base * 2**j for j in self._releases))
 
     def release(self, level: float) -> NDArray[np.float64]:
+        """The best doubling release affordable with total loss ``level``."""
         j = self._affordable_index(canonical_level(level))
         if j < 0:
             raise InvalidLevelError(

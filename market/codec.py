@@ -1,4 +1,4 @@
-"""Compact, versioned binary form of a :class:`~market.ladder.ReleaseState`.
+"""Compact, versioned binary form of a :class:`~market.release_state.ReleaseState`.
 
 Layout of format version 1 (all integers little-endian)::
 
@@ -22,7 +22,7 @@ Layout of format version 1 (all integers little-endian)::
 
 ``item`` is f64 for Laplace/Gaussian and i64 for Poisson. Sparse blocks are what make the lazy
 Laplace process cheap to store: a relaxation ε1 → ε2 keeps about (ε1/ε2)² of the coordinates, so
-a ladder of close levels costs little more than one vector. Values are stored bit for bit.
+a chain of close levels costs little more than one vector. Values are stored bit for bit.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import MarketError, StateFormatError
-from .ladder import ReleaseState
 from .levels import MAX_DIMENSION, canonical_level
 from .mechanisms import MECHANISMS, Mechanism
+from .release_state import ReleaseState
 
 __all__ = ["FORMAT_VERSION", "decode_state", "encode_state"]
 
@@ -55,7 +55,19 @@ def _item(mech: Mechanism) -> np.dtype[Any]:
 
 
 def encode_state(state: ReleaseState) -> bytes:
-    """Serialise ``state``; :func:`decode_state` gives back a bitwise-equal state."""
+    """Serialise a release state in the compact format of this module.
+
+    Parameters
+    ----------
+    state : ReleaseState
+        Any state, open or sealed.
+
+    Returns
+    -------
+    bytes
+        Format version 1 (see the module docstring); :func:`decode_state` gives back a state
+        equal bit for bit (:meth:`ReleaseState.equals`).
+    """
     mech = state.mechanism
     item = _item(mech)
     exact = state.exact
@@ -118,8 +130,8 @@ class _Reader:
         return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
 
 
-def decode_state(data: bytes) -> ReleaseState:
-    """Parse bytes written by :func:`encode_state`; raise StateFormatError if they are not."""
+def _body(data: bytes) -> bytes:
+    """The checked body of an encoded state (magic and checksum verified)."""
     if len(data) < _HEADER.size + 4:
         raise StateFormatError(f"state is {len(data)} bytes, too short to be a release state")
     body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
@@ -127,7 +139,11 @@ def decode_state(data: bytes) -> ReleaseState:
         raise StateFormatError("not a release state (bad magic bytes)")
     if zlib.crc32(body) != crc:
         raise StateFormatError("release state is corrupt (checksum mismatch)")
-    r = _Reader(body)
+    return body
+
+
+def _header(r: _Reader) -> tuple[Mechanism, int, int, float | None, list[float]]:
+    """(mechanism, flags, dimension, cap, levels) from the header and level table."""
     _magic, version, code, flags, _, dim, sens, cap, m = _HEADER.unpack(r.take(_HEADER.size))
     if version != FORMAT_VERSION:
         raise StateFormatError(
@@ -146,26 +162,55 @@ def decode_state(data: bytes) -> ReleaseState:
         raise StateFormatError(f"release state holds invalid parameters: {exc}") from None
     if any(a >= b for a, b in itertools.pairwise(levels)):
         raise StateFormatError("release state levels are not strictly increasing")
+    return mech, flags, dim, cap_level, levels
+
+
+def _block(
+    r: _Reader, dim: int, item: np.dtype[Any], native: np.dtype[Any], reference: NDArray[Any] | None
+) -> NDArray[Any]:
+    """One release block: dense, or sparse against the block before it."""
+    (kind,) = struct.unpack("<B", r.take(1))
+    if kind == _DENSE:
+        return r.array(dim, item).astype(native)
+    if kind == _SPARSE and reference is not None:
+        (count,) = struct.unpack("<I", r.take(4))
+        idx = r.array(count, "<u4")
+        if count and int(idx.max()) >= dim:
+            raise StateFormatError("sparse block index out of range")
+        values = reference.copy()
+        values[idx] = r.array(count, item).astype(native)
+        return values
+    raise StateFormatError(f"unknown release block kind {kind}")
+
+
+def decode_state(data: bytes) -> ReleaseState:
+    """Parse bytes written by :func:`encode_state`.
+
+    Parameters
+    ----------
+    data : bytes
+        An encoded state.
+
+    Returns
+    -------
+    ReleaseState
+
+    Raises
+    ------
+    StateFormatError
+        Truncated, corrupt (checksum), of another format version, or holding invalid
+        parameters; the message says which.
+    """
+    body = _body(data)
+    r = _Reader(body)
+    mech, flags, dim, cap_level, levels = _header(r)
     item = _item(mech)
     native = np.dtype(mech.dtype)
     exact = r.array(dim, item).astype(native) if flags & 1 else None
     releases: dict[float, NDArray[Any]] = {}
     reference = exact
     for lvl in reversed(levels):
-        (kind,) = struct.unpack("<B", r.take(1))
-        if kind == _DENSE:
-            values = r.array(dim, item).astype(native)
-        elif kind == _SPARSE and reference is not None:
-            (count,) = struct.unpack("<I", r.take(4))
-            idx = r.array(count, "<u4")
-            if count and int(idx.max()) >= dim:
-                raise StateFormatError("sparse block index out of range")
-            values = reference.copy()
-            values[idx] = r.array(count, item).astype(native)
-        else:
-            raise StateFormatError(f"unknown release block kind {kind}")
-        releases[lvl] = values
-        reference = values
+        reference = releases[lvl] = _block(r, dim, item, native, reference)
     if r.pos != len(body):
         raise StateFormatError("trailing bytes after the release state")
     return ReleaseState._restore(mech, dimension=dim, exact=exact, cap=cap_level, releases=releases)

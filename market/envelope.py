@@ -43,6 +43,8 @@ CONTEXT = b"epsilon-market release v1"
 
 
 class EnvelopeError(MarketError, ValueError):
+    """An envelope that cannot be opened, or a key that is not an X25519 key."""
+
     code = "bad_envelope"
 
 
@@ -58,16 +60,25 @@ def _unb64(text: str, what: str) -> bytes:
 
 
 def generate_keypair() -> tuple[X25519PrivateKey, str]:
-    """A new buyer key pair: the private key and the public key as base64 (32 raw bytes)."""
+    """A new buyer key pair.
+
+    Returns
+    -------
+    (X25519PrivateKey, str)
+        The private key, and the public key as base64 of its 32 raw bytes (what a purchase
+        names as ``buyer_public_key``).
+    """
     key = X25519PrivateKey.generate()
     return key, public_key_b64(key)
 
 
 def public_key_b64(key: X25519PrivateKey) -> str:
+    """Base64 of the 32 raw bytes of ``key``'s public half."""
     return _b64(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
 
 
 def parse_public_key(text: str) -> X25519PublicKey:
+    """An X25519 public key from base64; raise :class:`EnvelopeError` if it is not one."""
     raw = _unb64(text, "public key")
     if len(raw) != 32:
         raise EnvelopeError(f"an X25519 public key is 32 bytes, got {len(raw)}")
@@ -79,7 +90,22 @@ def _key(shared: bytes, epk: bytes, rpk: bytes) -> bytes:
 
 
 def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, str]:
-    """Encrypt ``plaintext`` for the holder of the private key matching ``recipient_b64``."""
+    """Encrypt ``plaintext`` for the holder of the private key matching ``recipient_b64``.
+
+    Parameters
+    ----------
+    recipient_b64 : str
+        The recipient's X25519 public key, base64.
+    plaintext : bytes
+        What to seal.
+    aad : bytes, optional
+        Associated data bound into the tag: opening with other ``aad`` fails.
+
+    Returns
+    -------
+    dict
+        The envelope's wire form (``alg``, ``epk``, ``nonce``, ``ciphertext``, base64).
+    """
     recipient = parse_public_key(recipient_b64)
     eph = X25519PrivateKey.generate()
     epk = eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -90,7 +116,27 @@ def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, st
 
 
 def open_envelope(key: X25519PrivateKey, envelope: dict[str, Any], aad: bytes = b"") -> bytes:
-    """Decrypt an envelope made by :func:`seal`; raise EnvelopeError if it is not ours/intact."""
+    """Decrypt an envelope made by :func:`seal`.
+
+    Parameters
+    ----------
+    key : X25519PrivateKey
+        The recipient's private key.
+    envelope : dict
+        The envelope's wire form.
+    aad : bytes, optional
+        The associated data it was sealed under.
+
+    Returns
+    -------
+    bytes
+        The plaintext.
+
+    Raises
+    ------
+    EnvelopeError
+        Malformed, sealed for another key, or tampered with.
+    """
     if envelope.get("alg") != ALGORITHM:
         raise EnvelopeError(f"unsupported envelope algorithm {envelope.get('alg')!r}")
     epk = _unb64(str(envelope.get("epk", "")), "epk")
@@ -109,5 +155,5 @@ def open_envelope(key: X25519PrivateKey, envelope: dict[str, Any], aad: bytes = 
 
 
 def ciphertext_digest(envelope: dict[str, Any]) -> str:
-    """Hex SHA-256 of the envelope's ciphertext bytes (what a receipt binds)."""
+    """Hex SHA-256 of the envelope's ciphertext bytes: what a receipt binds."""
     return hashlib.sha256(_unb64(str(envelope.get("ciphertext", "")), "ciphertext")).hexdigest()

@@ -3,10 +3,10 @@
 
 The factorization mechanism releases ``L (R x + Z)`` with Gaussian ``Z``. Only ``R x`` is private
 and its noise follows the lossless Gaussian process, so every release level of ``A x`` is a
-post-processing (by ``L``) of one :class:`~market.ladder.ReleaseState` over ``R x``: any order of
-levels, stored levels returned bit for bit, the coalition of all releases no more informative than
-the most accurate one. With ``L`` left-invertible the release is lossless; otherwise weakly
-lossless (Lemma 5.1).
+post-processing (by ``L``) of one :class:`~market.release_state.ReleaseState` over ``R x``: any
+order of levels, stored levels returned bit for bit, the coalition of all releases no more
+informative than the most accurate one. With ``L`` left-invertible the release is lossless;
+otherwise weakly lossless (Lemma 5.1).
 
 :func:`prefix_sum_tree` builds the classic binary-tree factorization of the prefix-sum workload
 (range queries over a histogram): ``R`` releases the ``2n − 1`` dyadic interval sums, ``L`` adds
@@ -23,8 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import InvalidValueError
-from .ladder import ReleaseState
 from .mechanisms import Gaussian
+from .release_state import ReleaseState
 from .rng import RngLike
 
 __all__ = ["FactorizationRelease", "l2_sensitivity", "prefix_sum_identity", "prefix_sum_tree"]
@@ -36,7 +36,25 @@ def l2_sensitivity(R: NDArray[np.float64]) -> float:
 
 
 class FactorizationRelease:
-    """Releases of ``A x = L R x`` at any zCDP levels ρ, in any order, losslessly."""
+    """Releases of ``A x = L R x`` at any zCDP levels ρ, in any order, losslessly.
+
+    Parameters
+    ----------
+    L, R : array_like
+        The factorization of the workload ``A = L R`` (``L`` is m × k, ``R`` is k × n).
+    x : array_like
+        The private data, length n.
+    sensitivity : float, optional
+        ℓ2 sensitivity of ``R x``; by default :func:`l2_sensitivity` of ``R`` (one coordinate
+        of ``x`` changes by one).
+    cap : float, optional
+        The largest ρ that may be released.
+
+    Raises
+    ------
+    InvalidValueError
+        Shapes that do not compose.
+    """
 
     def __init__(
         self,
@@ -60,6 +78,7 @@ class FactorizationRelease:
 
     @property
     def levels(self) -> tuple[float, ...]:
+        """The ρ released so far, increasing."""
         return self._state.levels
 
     def release(self, rho: float, *, rng: RngLike = None) -> NDArray[np.float64]:
@@ -72,13 +91,31 @@ class FactorizationRelease:
 
 
 def prefix_sum_identity(n: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Baseline factorization of prefix sums: L = I, R = A (noise every prefix sum directly)."""
+    """Baseline factorization of prefix sums: L = I, R = A (noise every prefix sum directly).
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        ``L`` and ``R`` for the n × n lower-triangular all-ones matrix ``A``.
+    """
     A = np.tril(np.ones((n, n)))
     return np.eye(n), A
 
 
 def prefix_sum_tree(n: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Binary-tree factorization of the n × n prefix-sum matrix (n a power of two)."""
+    """Binary-tree factorization of the n × n prefix-sum matrix.
+
+    Parameters
+    ----------
+    n : int
+        The number of prefix sums, a power of two.
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        ``L`` (n × (2n − 1)) sums the dyadic intervals of each prefix; ``R`` ((2n − 1) × n)
+        computes them. Each column of ``R`` has log₂n + 1 ones.
+    """
     if n < 1 or n & (n - 1):
         raise InvalidValueError(f"n must be a power of two, got {n}")
     levels = int(math.log2(n)) + 1

@@ -55,7 +55,17 @@ def _check_round(rho: float, tau: float, prev: float) -> float:
 
 
 class DenseHistogramRelease:
-    """Algorithm 3: gradual release with noise on every one of the ``d`` coordinates."""
+    """Algorithm 3: gradual release with noise on every one of the ``d`` coordinates.
+
+    Parameters
+    ----------
+    counts : array_like
+        The full histogram, length d.
+    sensitivity : float, default 1.0
+        ℓ2 sensitivity of the counts.
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    """
 
     def __init__(self, counts: Any, *, sensitivity: float = 1.0, rng: RngLike = None) -> None:
         self.counts = np.asarray(counts, dtype=np.float64)
@@ -76,7 +86,22 @@ class DenseHistogramRelease:
 
 
 class SparseHistogramRelease:
-    """Algorithm 6, exact: per-round cost independent of the domain size ``d``."""
+    """Algorithm 6, exact: per-round cost independent of the domain size ``d``.
+
+    Parameters
+    ----------
+    indices, counts : array_like
+        The non-zero counts of a sparse histogram (k of them).
+    dimension : int
+        The domain size d (up to 2⁶² here; 2⁴⁰ costs no more than 2¹⁰).
+    sensitivity : float, default 1.0
+        ℓ2 sensitivity of the counts.
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    grid : int
+        Points of the grid on which the survival density of never-released zero counts is
+        propagated.
+    """
 
     def __init__(
         self,
@@ -119,6 +144,14 @@ class SparseHistogramRelease:
         return int(self._idx.size)
 
     def release(self, rho: float, tau: float) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """One round at zCDP level ``rho`` (increasing) and threshold ``tau``.
+
+        Returns
+        -------
+        (ndarray of int64, ndarray of float64)
+            The indices above the threshold and their noisy counts, with the law of the dense
+            algorithm's release.
+        """
         lvl = _check_round(rho, tau, self._rho)
         var = self.sensitivity**2 * (lvl - self._rho) / 2.0
         sd = math.sqrt(var)

@@ -34,7 +34,31 @@ MIN_LEVEL, MAX_LEVEL = 1e-9, 1e9
 
 
 def canonical_level(level: Any, *, name: str = "level") -> float:
-    """Return ``level`` as a canonical positive finite float, or raise InvalidLevelError."""
+    """A privacy level as the canonical float every comparison and key uses.
+
+    Parameters
+    ----------
+    level : float
+        A positive, finite number in [1e-9, 1e9] (not a bool).
+    name : str, default "level"
+        What the number is, for the error message.
+
+    Returns
+    -------
+    float
+        ``level`` rounded to 15 significant digits: ``0.1 + 0.2`` and ``0.3`` are one level, and
+        it survives a JSON round trip in any language unchanged.
+
+    Raises
+    ------
+    InvalidLevelError
+        Not a number, not finite, not positive, or out of range.
+
+    Examples
+    --------
+    >>> canonical_level(0.1 + 0.2) == canonical_level(0.3)
+    True
+    """
     if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)):
         raise InvalidLevelError(f"{name} must be a number, got {type(level).__name__} {level!r}")
     value = float(level)
@@ -80,7 +104,29 @@ def _as_vector(value: Any, dimension: int | None, what: str) -> NDArray[Any]:
 def as_float_vector(
     value: Any, *, dimension: int | None = None, what: str = "value"
 ) -> NDArray[np.float64]:
-    """A finite float64 copy of ``value`` as a 1-D vector (scalars become length 1)."""
+    """A finite float64 copy of ``value`` as a 1-D vector.
+
+    Parameters
+    ----------
+    value : array_like
+        A number or a 1-D sequence of real numbers (scalars become length 1).
+    dimension : int, optional
+        Required length.
+    what : str, default "value"
+        What is checked, for messages.
+
+    Returns
+    -------
+    ndarray of float64
+
+    Raises
+    ------
+    InvalidValueError
+        Not numeric, complex, not 1-D, empty, too long, or not finite (the first bad
+        coordinate is named).
+    DimensionMismatchError
+        Wrong length.
+    """
     arr = _as_vector(value, dimension, what).astype(np.float64, copy=True)
     finite = np.isfinite(arr)
     if not finite.all():
@@ -95,7 +141,26 @@ def as_float_vector(
 def as_count_vector(
     value: Any, *, dimension: int | None = None, what: str = "value"
 ) -> NDArray[np.int64]:
-    """An int64 copy of ``value``; every coordinate must be a non-negative integer."""
+    """An int64 copy of ``value``, whose coordinates must be non-negative integer counts.
+
+    Parameters
+    ----------
+    value : array_like
+        Integers, or floats with integral values up to 2**53.
+    dimension : int, optional
+        Required length.
+    what : str, default "value"
+        What is checked, for messages.
+
+    Returns
+    -------
+    ndarray of int64
+
+    Raises
+    ------
+    InvalidValueError, DimensionMismatchError
+        As :func:`as_float_vector`, and for fractional or negative counts.
+    """
     arr = _as_vector(value, dimension, what)
     if np.issubdtype(arr.dtype, np.floating):
         farr = as_float_vector(arr, what=what)

@@ -4,7 +4,7 @@ Each mechanism is a small frozen object (name, sensitivity) that knows three thi
 
 * how its privacy *level* maps to a noise distribution (Laplace scale Δ/ε, Gaussian variance
   Δ²/(2ρ), Poisson rate Δ²/ω);
-* how to sample a release **conditioned on its neighbours** in a release ladder
+* how to sample a release **conditioned on its neighbours** in a release state
   (:meth:`Mechanism.conditional`): the single operation from which fresh release, relaxation
   (Koufogiannis Alg. 1), bridging (Andersson Alg. 1 / Lemma F.5 / Poisson binomial bridge) and
   tightening (Koufogiannis eq. 25) all follow;
@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from . import _kernels
 from .errors import InvalidLevelError, InvalidValueError
 from .levels import MAX_LEVEL, MIN_LEVEL, as_count_vector, as_float_vector, canonical_level
-from .rng import RngLike, default_rng
+from .rng import Identity, KeyedRngFactory, RngLike, default_rng
 
 __all__ = ["MECHANISMS", "Anchor", "Gaussian", "Laplace", "Mechanism", "Poisson", "mechanism"]
 
@@ -40,14 +40,37 @@ Vector = NDArray[Any]
 
 @dataclass(frozen=True)
 class Anchor:
-    """A known point of the release process: ``values`` released at ``level`` (inf = exact)."""
+    """A known point of the release process.
+
+    Attributes
+    ----------
+    level : float
+        The level ``values`` was released at; ``inf`` for the exact value (no noise).
+    values : ndarray
+        The released (or exact) vector.
+    """
 
     level: float
     values: Vector = field(repr=False)
 
 
 class Mechanism(ABC):
-    """A family of i.i.d. additive noise distributions indexed by a privacy level."""
+    """A family of i.i.d. additive noise distributions indexed by a privacy level.
+
+    Subclasses are small frozen dataclasses holding only the sensitivity, so two mechanisms with
+    the same parameters compare and hash equal (the service caches them per stream).
+
+    Attributes
+    ----------
+    name : str
+        Stable name on the wire (``"laplace"``, ``"gaussian"``, ``"poisson"``).
+    level_unit : str
+        What a level of this family measures: ``"epsilon"`` (pure DP), ``"rho"`` (zCDP) or
+        ``"omega"`` (Poisson precision, Δ²/λ). Levels of different units are never comparable,
+        so every figure shown to a person carries this unit.
+    sensitivity : float
+        ℓ1 (Laplace, Poisson) or ℓ2 (Gaussian) sensitivity Δ of the released query.
+    """
 
     name: ClassVar[str]
     level_unit: ClassVar[str]
@@ -69,59 +92,141 @@ class Mechanism(ABC):
     # -- values ------------------------------------------------------------------------------
     @abstractmethod
     def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
-        """Return ``value`` as a fresh vector of this mechanism's dtype, or raise."""
+        """Check and copy an exact value.
+
+        Parameters
+        ----------
+        value : array_like
+            The exact value: a number or a 1-D sequence of numbers.
+        dimension : int, optional
+            Required length; checked when given.
+
+        Returns
+        -------
+        ndarray
+            A fresh 1-D vector of this mechanism's dtype (float64, or int64 for Poisson).
+
+        Raises
+        ------
+        InvalidValueError
+            Not numeric, not finite, not a non-negative integer count (Poisson), too long.
+        DimensionMismatchError
+            The length differs from ``dimension``.
+        """
 
     # -- accuracy ----------------------------------------------------------------------------
     @abstractmethod
     def variance(self, level: float) -> float:
-        """Noise variance per coordinate of a release at ``level``."""
+        """Noise variance per coordinate of a release at ``level``.
+
+        Parameters
+        ----------
+        level : float
+            A canonical level (see :func:`market.levels.canonical_level`).
+
+        Returns
+        -------
+        float
+            The variance, in the squared units of the value.
+        """
 
     def precision(self, level: float) -> float:
-        """1 / variance: what a buyer gains by moving up a level; prices are functions of it."""
-        return 1.0 / self.variance(level)
+        """Precision 1 / variance of a release at ``level``.
 
-    def level_for_precision(self, precision: float) -> float:
-        """Inverse of :meth:`precision` (every family here has variance ∝ level**-p)."""
-        raise NotImplementedError
+        Independent releases add precisions, which is why prices are functions of it
+        (:mod:`market.pricing`): a schedule subadditive in precision leaves no arbitrage.
+        """
+        return 1.0 / self.variance(level)
 
     # -- privacy -----------------------------------------------------------------------------
     @abstractmethod
-    def epsilon(self, level: float, delta: float = 0.0) -> float:
-        """An ε such that a release at ``level`` is (ε, δ)-differentially private."""
+    def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
+        """An ε such that one release at ``level`` is (ε, δ)-differentially private.
+
+        Parameters
+        ----------
+        level : float
+            The release's level, in this family's unit (:attr:`level_unit`).
+        delta : float, default 0.0
+            The δ of the guarantee; Gaussian and Poisson need ``0 < delta < 1``.
+        dimension : int, default 1
+            Coordinates of the released vector. Laplace and Gaussian guarantees hold for any
+            dimension (the sensitivity is a norm of the whole vector); the Poisson guarantee
+            (Andersson et al. Thm E.2) weakens with it, so every caller must pass it.
+
+        Returns
+        -------
+        float
+            ε, or ``inf`` when the family gives no guarantee at this level.
+        """
 
     # -- sampling ----------------------------------------------------------------------------
     @abstractmethod
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
     ) -> Vector:
-        """Sample a release at ``level`` given its neighbours (``lower.level < level <
-        upper.level``); the result has exactly the law of a fresh release and keeps the joint law
-        of all releases that of the lossless process."""
+        """Sample a release at ``level`` given its closest known neighbours.
+
+        This one operation gives a fresh release (``upper`` the exact value, no ``lower``), a
+        relaxation (``upper`` exact, ``lower`` the most accurate release), a bridge (two
+        releases around ``level``) and a tightening (no ``lower``).
+
+        Parameters
+        ----------
+        level : float
+            The new level, with ``lower.level < level < upper.level``.
+        upper : Anchor
+            The closest more accurate point: a release, or the exact value at level ``inf``.
+        lower : Anchor or None
+            The closest less accurate release, if any.
+        rng : numpy.random.Generator
+            The randomness; consumed only here.
+
+        Returns
+        -------
+        ndarray
+            A release with exactly the law of a fresh release at ``level``, such that all
+            releases of the value keep the joint law of one lossless process.
+        """
 
     def conditional_many(
         self,
         level: float,
         anchors: Sequence[tuple[Anchor, Anchor | None]],
-        rng_for: Callable[[int], np.random.Generator],
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
     ) -> list[Vector]:
         """:meth:`conditional` for several independent values at one level.
 
-        ``rng_for(i)`` gives the generator of item ``i``; it is called once per item, in order,
-        and used before the next call (so a re-keyed generator may be returned each time). The
-        result equals calling :meth:`conditional` item by item with those generators, bit for
-        bit; families that can vectorise across items override this to do so.
+        Item ``i`` draws from ``rngs(*identities[i])``, exactly what it would draw alone, so the
+        result equals calling :meth:`conditional` item by item, bit for bit. Families that can
+        vectorise across items override this to share one kernel call.
         """
-        return [self.conditional(level, up, lo, rng_for(i)) for i, (up, lo) in enumerate(anchors)]
+        return [
+            self.conditional(level, up, lo, rngs(*ident))
+            for (up, lo), ident in zip(anchors, identities, strict=True)
+        ]
 
     def release(self, value: Any, level: float, *, rng: RngLike = None) -> Vector:
-        """A single, independent release of ``value`` at ``level`` (no ladder)."""
+        """One independent release of ``value`` at ``level``, outside any release state.
+
+        Parameters
+        ----------
+        value : array_like
+            The exact value.
+        level : float
+            The privacy level, in :attr:`level_unit`.
+        rng : Generator, int or None
+            See :func:`market.rng.default_rng`; ``None`` draws fresh secure randomness.
+
+        Returns
+        -------
+        ndarray
+            The noisy release.
+        """
         lvl = canonical_level(level)
         exact = self.validate_value(value)
         return self.conditional(lvl, Anchor(math.inf, exact), None, default_rng(rng))
-
-    def describe(self) -> dict[str, Any]:
-        """Provenance record (constructor name and arguments), signed into receipts."""
-        return {"mechanism": self.name, "sensitivity": self.sensitivity}
 
 
 def _grouped(
@@ -198,13 +303,16 @@ class _Vectorised(Mechanism):
         self,
         level: float,
         anchors: Sequence[tuple[Anchor, Anchor | None]],
-        rng_for: Callable[[int], np.random.Generator],
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
     ) -> list[Vector]:
         def sample(
             up: float, lo: float | None, upper: Vector, lower: Vector | None, idx: list[int]
         ) -> Vector:
-            # rng_for(i) may re-key one generator: draw from it before asking for the next
-            parts = [self._draw(rng_for(i), int(anchors[i][0].values.shape[0])) for i in idx]
+            # rngs re-keys one generator per call: each item draws before the next is keyed
+            parts = [
+                self._draw(rngs(*identities[i]), int(anchors[i][0].values.shape[0])) for i in idx
+            ]
             return self._sample(level, up, lo, upper, lower, self._join(parts))
 
         return _grouped(anchors, sample)
@@ -217,6 +325,17 @@ class Laplace(_Vectorised):
     Optimal among additive mechanisms for the identity query (Koufogiannis Thm. 8) and the one
     whose release process is *lazy*: a relaxation ε1 → ε2 keeps the old sample with probability
     (ε1/ε2)² on average, so consecutive releases often share coordinates bit for bit.
+
+    Parameters
+    ----------
+    sensitivity : float, default 1.0
+        ℓ1 sensitivity Δ of the released vector; the noise scale at level ε is Δ/ε.
+
+    Examples
+    --------
+    >>> from market import Laplace
+    >>> Laplace(sensitivity=2.0).variance(1.0)   # 2 (Δ/ε)²
+    8.0
     """
 
     sensitivity: float = 1.0
@@ -232,15 +351,14 @@ class Laplace(_Vectorised):
         return as_float_vector(value, dimension=dimension)
 
     def scale(self, level: float) -> float:
+        """Laplace scale b = Δ/ε of a release at ``level``."""
         return self.sensitivity / level
 
     def variance(self, level: float) -> float:
         return 2.0 * self.scale(level) ** 2
 
-    def level_for_precision(self, precision: float) -> float:
-        return self.sensitivity * math.sqrt(2.0 * precision)
 
-    def epsilon(self, level: float, delta: float = 0.0) -> float:
+    def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         return level
 
     def _draws(self, rng: np.random.Generator, n: int) -> _kernels.Uniforms:
@@ -287,6 +405,11 @@ class Gaussian(_Vectorised):
     The release process is a Brownian motion in the variance (Koufogiannis Thm. 14), sampled in
     any order with Andersson et al.'s Algorithm 1. (ε, δ) guarantees follow from
     ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3).
+
+    Parameters
+    ----------
+    sensitivity : float, default 1.0
+        ℓ2 sensitivity Δ; the noise variance at level ρ is Δ²/(2ρ).
     """
 
     sensitivity: float = 1.0
@@ -304,10 +427,8 @@ class Gaussian(_Vectorised):
     def variance(self, level: float) -> float:
         return self.sensitivity**2 / (2.0 * level)
 
-    def level_for_precision(self, precision: float) -> float:
-        return self.sensitivity**2 * precision / 2.0
 
-    def epsilon(self, level: float, delta: float = 0.0) -> float:
+    def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:
             raise InvalidLevelError(f"a Gaussian release needs 0 < delta < 1, got {delta!r}")
         return level + 2.0 * math.sqrt(level * math.log(1.0 / delta))
@@ -360,6 +481,11 @@ class Poisson(Mechanism):
     subtract λ for an unbiased estimate. (ε, δ) from Andersson et al. Theorem E.2 with
     Δ1 = Δ2 = Δ∞ = Δ, valid when λ > max(23 ln(10 d / δ), 2Δ); :meth:`epsilon` returns ``inf``
     where the theorem gives no guarantee.
+
+    Parameters
+    ----------
+    sensitivity : float, default 1.0
+        Sensitivity Δ of the counts; the noise rate at level ω is λ = Δ²/ω.
     """
 
     sensitivity: float = 1.0
@@ -375,13 +501,12 @@ class Poisson(Mechanism):
         return as_count_vector(value, dimension=dimension)
 
     def rate(self, level: float) -> float:
+        """Poisson rate λ = Δ²/ω of the noise at ``level`` (0 for the exact value)."""
         return _ratio(self.sensitivity**2, level)
 
     def variance(self, level: float) -> float:
         return self.rate(level)
 
-    def level_for_precision(self, precision: float) -> float:
-        return self.sensitivity**2 * precision
 
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:
@@ -419,7 +544,24 @@ MECHANISMS: dict[str, type[Laplace] | type[Gaussian] | type[Poisson]] = {
 
 
 def mechanism(name: str, sensitivity: float = 1.0) -> Mechanism:
-    """Build a mechanism by name (``"laplace"``, ``"gaussian"``, ``"poisson"``)."""
+    """Build a mechanism by its wire name.
+
+    Parameters
+    ----------
+    name : {"laplace", "gaussian", "poisson"}
+        The family.
+    sensitivity : float, default 1.0
+        Its sensitivity Δ.
+
+    Returns
+    -------
+    Mechanism
+
+    Raises
+    ------
+    InvalidValueError
+        Unknown name, or a sensitivity outside [1e-9, 1e9].
+    """
     try:
         cls = MECHANISMS[name]
     except KeyError:

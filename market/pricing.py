@@ -33,15 +33,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidLevelError, ScheduleError
+from .errors import (
+    InvalidLevelError,
+    LevelAboveCapError,
+    LevelNotForSaleError,
+    MarketError,
+    NoHigherStepError,
+    ScheduleError,
+)
 from .levels import canonical_level
 from .mechanisms import Mechanism
 
 __all__ = [
     "LinearInLevel",
     "LinearInPrecision",
+    "PricePoint",
     "PriceSchedule",
     "PriceTable",
+    "StepPlan",
+    "plan_step",
+    "price_list",
     "schedule_from_spec",
 ]
 
@@ -49,7 +60,17 @@ MAX_PRICE_MINOR = 10**15  # beyond this, float arithmetic could no longer be exa
 
 
 class PriceSchedule(ABC):
-    """Absolute price, in integer minor units, of holding a release at a level."""
+    """Absolute price, in integer minor units, of holding a release at a level.
+
+    Subclasses give the unrounded price (:meth:`_raw`); this class rounds it up to minor units
+    (:meth:`price`), prices steps as differences (:meth:`step_price`) and checks that a schedule
+    leaves no arbitrage (:meth:`validate`).
+
+    Attributes
+    ----------
+    kind : str
+        The schedule's name in its JSON form (:meth:`spec`).
+    """
 
     kind: str
 
@@ -61,7 +82,27 @@ class PriceSchedule(ABC):
         """Raise InvalidLevelError if ``level`` cannot be priced (only tables restrict)."""
 
     def price(self, mechanism: Mechanism, level: float) -> int:
-        """``P_minor(level)``: 0 for level 0 (nothing held), otherwise ceil of the schedule."""
+        """``P_minor(level)``, the absolute price of holding ``level``.
+
+        Parameters
+        ----------
+        mechanism : Mechanism
+            The stream's noise family (prices may depend on the precision of a level).
+        level : float
+            A level, or 0 for holding nothing.
+
+        Returns
+        -------
+        int
+            0 for level 0, otherwise the schedule's price rounded up to minor units.
+
+        Raises
+        ------
+        LevelNotForSaleError
+            A price table that does not list ``level``.
+        ScheduleError
+            A price that is negative, not finite or above 10**15 minor units.
+        """
         if level == 0:
             return 0
         lvl = canonical_level(level)
@@ -72,7 +113,14 @@ class PriceSchedule(ABC):
         return math.ceil(raw - 1e-9 * max(1.0, raw))  # absorb float noise of exact integers
 
     def step_price(self, mechanism: Mechanism, held: float, target: float) -> int:
-        """What a buyer holding ``held`` pays for ``target``: 0 if not an upgrade."""
+        """What a buyer holding ``held`` pays for ``target``.
+
+        Returns
+        -------
+        int
+            ``P_minor(target) − P_minor(held)``, or 0 if ``target`` is not an upgrade. Because
+            both terms are rounded absolute prices, k steps cost exactly the direct price.
+        """
         if target <= held:
             return 0
         return self.price(mechanism, target) - self.price(mechanism, held)
@@ -82,7 +130,7 @@ class PriceSchedule(ABC):
         """JSON-able description (the inverse of :func:`schedule_from_spec`)."""
 
     def validate(self, mechanism: Mechanism, levels: list[float], cap: float) -> None:
-        """Check monotonicity and non-increasing unit price on the ladder and the cap.
+        """Check monotonicity and non-increasing unit price on the steps and the cap.
 
         Closed-form shapes satisfy both algebraically; checking the points the market will
         actually sell also rejects tables that violate them, naming the offending pair. The
@@ -122,7 +170,13 @@ def _rate(value: Any, name: str) -> float:
 
 @dataclass(frozen=True)
 class LinearInPrecision(PriceSchedule):
-    """``P = rate_per_precision · precision(level)`` minor units."""
+    """``P = rate_per_precision · precision(level)`` minor units: additive, no discount.
+
+    Parameters
+    ----------
+    rate_per_precision : float
+        Minor units per unit of precision (1 / variance); ≥ 0.
+    """
 
     rate_per_precision: float
     kind: str = field(default="linear_precision", init=False)
@@ -139,7 +193,14 @@ class LinearInPrecision(PriceSchedule):
 
 @dataclass(frozen=True)
 class LinearInLevel(PriceSchedule):
-    """``P = rate_per_level · level`` minor units (e.g. cents per unit of ε)."""
+    """``P = rate_per_level · level`` minor units (e.g. cents per unit of ε).
+
+    Parameters
+    ----------
+    rate_per_level : float
+        Minor units per unit of level; ≥ 0. Concave in precision for Laplace (x ∝ ε²), linear
+        for Gaussian and Poisson: subadditive either way.
+    """
 
     rate_per_level: float
     kind: str = field(default="linear_level", init=False)
@@ -156,7 +217,14 @@ class LinearInLevel(PriceSchedule):
 
 @dataclass(frozen=True)
 class PriceTable(PriceSchedule):
-    """Explicit prices (minor units) for a finite set of levels; nothing else can be bought."""
+    """Explicit prices for a finite set of levels; nothing else can be bought.
+
+    Parameters
+    ----------
+    prices : mapping of float to int
+        Level → absolute price in minor units (integers ≥ 0). :meth:`validate` refuses tables
+        that would sell a more accurate level for less, or leave arbitrage.
+    """
 
     prices: Mapping[float, int]
     kind: str = field(default="table", init=False)
@@ -180,7 +248,7 @@ class PriceTable(PriceSchedule):
 
     def check_level(self, level: float) -> None:
         if level not in self.prices:
-            raise InvalidLevelError(
+            raise LevelNotForSaleError(
                 f"level {level:g} is not for sale; this stream sells levels "
                 f"{', '.join(f'{lv:g}' for lv in self.prices)}"
             )
@@ -193,7 +261,24 @@ class PriceTable(PriceSchedule):
 
 
 def schedule_from_spec(spec: Mapping[str, Any]) -> PriceSchedule:
-    """Build a schedule from its JSON form; raise ScheduleError with the reason if invalid."""
+    """Build a schedule from its JSON form (the inverse of :meth:`PriceSchedule.spec`).
+
+    Parameters
+    ----------
+    spec : mapping
+        ``{"kind": "linear_precision", "rate_per_precision": r}``,
+        ``{"kind": "linear_level", "rate_per_level": r}`` or
+        ``{"kind": "table", "prices": {"<level>": price_minor, ...}}``.
+
+    Returns
+    -------
+    PriceSchedule
+
+    Raises
+    ------
+    ScheduleError
+        Unknown kind, missing or malformed fields; the message says which.
+    """
     kind = spec.get("kind")
     try:
         if kind == "linear_precision":
@@ -214,3 +299,149 @@ def schedule_from_spec(spec: Mapping[str, Any]) -> PriceSchedule:
     raise ScheduleError(
         f"unknown price schedule kind {kind!r}; use 'linear_precision', 'linear_level' or 'table'"
     )
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a purchase would do, before anything is released or charged.
+
+    Attributes
+    ----------
+    held : float
+        Level the buyer holds (0.0 for nothing).
+    target : float
+        Level asked for (the next step when the buyer named none).
+    after : float
+        Level held afterwards: ``max(held, target)`` (asking for less is free and returns the
+        held release, because the market never releases a less accurate copy twice).
+    price_minor : int
+        ``P(after) − P(held)`` in minor units: 0 unless it is an upgrade.
+    """
+
+    held: float
+    target: float
+    after: float
+    price_minor: int
+
+
+def plan_step(
+    schedule: PriceSchedule,
+    mechanism: Mechanism,
+    steps: list[float],
+    cap: float,
+    held: float,
+    target: float | None = None,
+    *,
+    stream: str = "",
+) -> StepPlan:
+    """Plan a purchase: which level it buys and what it costs.
+
+    Parameters
+    ----------
+    schedule, mechanism : PriceSchedule, Mechanism
+        The stream's prices and noise family.
+    steps : list of float
+        The seller's steps, increasing; ``target=None`` buys the first one above ``held``.
+    cap : float
+        The most accurate level the seller will ever release.
+    held : float
+        The level the buyer holds (0.0 for nothing).
+    target : float, optional
+        An explicit level.
+    stream : str, optional
+        The stream's id, for messages.
+
+    Returns
+    -------
+    StepPlan
+
+    Raises
+    ------
+    NoHigherStepError
+        No target and the buyer holds the top step.
+    LevelAboveCapError
+        The target exceeds the cap.
+    LevelNotForSaleError
+        The schedule does not sell the target (price tables sell only their levels).
+    """
+    if target is None:
+        above = [lv for lv in steps if lv > held]
+        if not above:
+            raise NoHigherStepError(
+                f"you already hold level {held:g}, the top step of this stream; name an explicit "
+                f"target_level up to the cap {cap:g}"
+            )
+        lvl = canonical_level(above[0])
+    else:
+        lvl = canonical_level(target)
+    if lvl > cap:
+        where = f" for stream {stream!r}" if stream else ""
+        raise LevelAboveCapError(
+            f"level {lvl:g} exceeds the cap {cap:g} the seller set{where}; the most accurate "
+            f"level for sale is {cap:g}"
+        )
+    if lvl > held:
+        schedule.check_level(lvl)
+    return StepPlan(held, lvl, max(held, lvl), schedule.step_price(mechanism, held, lvl))
+
+
+@dataclass(frozen=True)
+class PricePoint:
+    """One line of a catalog: a level, its absolute price and the ε it is worth.
+
+    Attributes
+    ----------
+    level : float
+        In the mechanism's unit.
+    price_minor : int
+        Absolute price of holding the level, minor units.
+    epsilon : float or None
+        ε of one release at that level (at the δ asked for); ``None`` where the mechanism
+        gives no (ε, δ) guarantee.
+    """
+
+    level: float
+    price_minor: int
+    epsilon: float | None
+
+
+def price_list(
+    schedule: PriceSchedule,
+    mechanism: Mechanism,
+    steps: list[float],
+    cap: float,
+    *,
+    dimension: int,
+    delta: float,
+) -> list[PricePoint]:
+    """Absolute prices of the steps and the cap, with the ε of each at ``delta``.
+
+    Parameters
+    ----------
+    schedule, mechanism : PriceSchedule, Mechanism
+        The stream's prices and noise family.
+    steps : list of float
+        The seller's steps.
+    cap : float
+        The most accurate level for sale.
+    dimension : int
+        Coordinates of each value: the Poisson guarantee weakens with it, and a catalog must
+        state the guarantee of the vectors it really sells.
+    delta : float
+        δ of the stated (ε, δ) for Gaussian and Poisson.
+
+    Returns
+    -------
+    list of PricePoint
+        One per distinct level of ``steps`` and ``cap``, increasing.
+    """
+    out = []
+    for lv in sorted({*steps, cap}):
+        try:
+            eps: float | None = mechanism.epsilon(lv, delta, dimension)
+        except MarketError:
+            eps = None
+        if eps is not None and not math.isfinite(eps):
+            eps = None
+        out.append(PricePoint(lv, schedule.price(mechanism, lv), eps))
+    return out

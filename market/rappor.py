@@ -30,8 +30,8 @@ from numpy.typing import NDArray
 from scipy import optimize
 
 from .errors import InvalidValueError
-from .ladder import ReleaseState
 from .mechanisms import Laplace
+from .release_state import ReleaseState
 from .rng import RngLike, default_rng
 
 __all__ = ["RapporClient", "RapporParams", "bloom_bits", "decode"]
@@ -39,7 +39,25 @@ __all__ = ["RapporClient", "RapporParams", "bloom_bits", "decode"]
 
 @dataclass(frozen=True)
 class RapporParams:
-    """Bloom filter size, hash count and the randomization probabilities (f = α)."""
+    """RAPPOR's parameters.
+
+    Parameters
+    ----------
+    k : int, default 32
+        Bloom filter bits.
+    hashes : int, default 2
+        Hash functions per value.
+    alpha : float, default 0.5
+        Probability that a permanent bit is replaced by a fair coin (RAPPOR's f).
+    beta, gamma : float, default 0.75, 0.5
+        ``P(w = 1 | z = 1)`` and ``P(w = 1 | z = 0)`` of the instantaneous report
+        (RAPPOR's q and p).
+
+    Raises
+    ------
+    InvalidValueError
+        Out of range, or β = γ = ½ (reports independent of the data).
+    """
 
     k: int = 32
     hashes: int = 2
@@ -52,6 +70,12 @@ class RapporParams:
             raise InvalidValueError("need 0 < alpha < 1, 1/2 <= beta < 1, 0 < gamma <= 1/2")
         if self.k < 1 or not 1 <= self.hashes <= self.k:
             raise InvalidValueError("need k >= 1 and 1 <= hashes <= k")
+        if 4.0 * self.gamma * (1.0 - self.beta) >= 1.0:
+            raise InvalidValueError(
+                "beta = gamma = 1/2 makes every instantaneous report a fair coin, independent of "
+                "the data (its Laplace level is 0 and its threshold undefined); choose beta > 1/2 "
+                "or gamma < 1/2"
+            )
 
     @property
     def permanent_epsilon(self) -> float:
@@ -70,7 +94,22 @@ class RapporParams:
 
 
 def bloom_bits(value: str, params: RapporParams, cohort: int = 0) -> NDArray[np.int64]:
-    """Indices of the Bloom filter bits set by ``value`` (SHA-256 based hash family)."""
+    """The Bloom filter bits ``value`` sets.
+
+    Parameters
+    ----------
+    value : str
+        The string.
+    params : RapporParams
+        Filter size and hash count.
+    cohort : int, default 0
+        Selects the hash family.
+
+    Returns
+    -------
+    ndarray of int64
+        Sorted distinct indices (SHA-256 based hash family).
+    """
     out = set()
     for h in range(params.hashes):
         digest = hashlib.sha256(f"{cohort}:{h}:{value}".encode()).digest()
@@ -79,7 +118,19 @@ def bloom_bits(value: str, params: RapporParams, cohort: int = 0) -> NDArray[np.
 
 
 class RapporClient:
-    """One client: a Bloom filter, its permanent noise process and its reports."""
+    """One client: a Bloom filter, its permanent noise process and its reports.
+
+    Parameters
+    ----------
+    value : str
+        The client's private string.
+    params : RapporParams
+        The initial parameters; later calls may pass relaxed ones.
+    cohort : int, default 0
+        The client's cohort (selects the hash family).
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    """
 
     def __init__(
         self, value: str, params: RapporParams, *, cohort: int = 0, rng: RngLike = None
@@ -113,6 +164,24 @@ def decode(
 ) -> NDArray[np.float64]:
     """Estimated frequency of each candidate string from a matrix of reports (one per row).
 
+    Parameters
+    ----------
+    reports : ndarray
+        One report per row, ``k`` bits each.
+    candidates : sequence of str
+        The strings whose frequencies are estimated.
+    params : RapporParams
+        The parameters the reports were made with.
+    cohort : int, default 0
+        The cohort of every report.
+
+    Returns
+    -------
+    ndarray
+        One non-negative frequency per candidate.
+
+    Notes
+    -----
     Per bit, invert both randomizations: ``t = (mean(w) − γ)/(β − γ)`` estimates ``P(z = 1)``, and
     ``(t − α/2)/(1 − α)`` the fraction of Bloom filters with the bit set. Then fit non-negative
     candidate frequencies to those bit fractions (least squares), as RAPPOR's decoder does.

@@ -21,7 +21,7 @@ import base64
 import hashlib
 import json
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -36,8 +36,10 @@ __all__ = [
     "RECEIPT_VERSION",
     "Receipt",
     "key_id",
+    "parse_public_key",
     "release_digest",
     "sign_receipt",
+    "verify_outcome",
     "verify_receipt",
 ]
 
@@ -47,7 +49,18 @@ ReleaseTriple = tuple[str, float, Any]  # (value_id, level, vector)
 
 
 def release_digest(releases: Iterable[ReleaseTriple]) -> str:
-    """Hex SHA-256 of the released numbers in the documented binary layout."""
+    """The digest a receipt signs: SHA-256 of the released numbers.
+
+    Parameters
+    ----------
+    releases : iterable of (value_id, level, vector)
+        In receipt order.
+
+    Returns
+    -------
+    str
+        Hex SHA-256 over the binary layout in the module docstring.
+    """
     h = hashlib.sha256()
     for value_id, level, values in releases:
         vid = value_id.encode("utf-8")
@@ -58,14 +71,47 @@ def release_digest(releases: Iterable[ReleaseTriple]) -> str:
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
-    """Short stable identifier of a market key: first 16 hex digits of SHA-256(raw key)."""
+    """Short stable identifier of a market key.
+
+    Returns
+    -------
+    str
+        The first 16 hex digits of SHA-256 of the raw 32-byte public key.
+    """
     raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class Receipt:
-    """The signed fields of a receipt (``signature`` is carried beside them)."""
+    """The signed fields of a receipt (``signature`` travels beside them).
+
+    Attributes
+    ----------
+    purchase_id, buyer_id, stream_id, seller_id : str
+        Who bought what from whom.
+    mechanism : str
+        The stream's noise family; it fixes the unit of the levels.
+    value_ids : tuple of str
+        The values released, in order.
+    level_before, level_after : float
+        Level held before and after the purchase.
+    price_minor : int
+        Price paid, in minor units of ``currency``.
+    currency : str
+        ISO 4217 code.
+    release_digest : str
+        :func:`release_digest` of the released numbers.
+    issued_at_ms : int
+        When the market issued the receipt (Unix ms).
+    market_key_id : str
+        :func:`key_id` of the signing key.
+    receipt_version : int
+        Format version (1).
+    ciphertext_digest : str
+        SHA-256 of the sealed envelope's ciphertext when the releases were encrypted for the
+        buyer (:mod:`market.envelope`), else "".
+    """
 
     purchase_id: str
     buyer_id: str
@@ -81,8 +127,6 @@ class Receipt:
     issued_at_ms: int
     market_key_id: str
     receipt_version: int = RECEIPT_VERSION
-    #: SHA-256 of the sealed envelope's ciphertext when the releases were encrypted for the
-    #: buyer (see :mod:`market.envelope`), else "".
     ciphertext_digest: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +145,9 @@ class Receipt:
         ).encode("utf-8")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Receipt:
+    def from_dict(cls, data: Mapping[str, Any]) -> Receipt:
+        if not isinstance(data, Mapping):
+            raise ReceiptError(f"a receipt is a JSON object, got {type(data).__name__}")
         fields = {k: v for k, v in data.items() if k != "signature"}
         try:
             fields["value_ids"] = tuple(fields["value_ids"])
@@ -114,22 +160,54 @@ _FIELDS = tuple(f.name for f in fields(Receipt))
 
 
 def sign_receipt(receipt: Receipt, private_key: Ed25519PrivateKey) -> str:
-    """Base64 Ed25519 signature over the receipt's canonical bytes (deterministic)."""
+    """Sign a receipt with the market's key.
+
+    Parameters
+    ----------
+    receipt : Receipt
+        The fields to sign.
+    private_key : Ed25519PrivateKey
+        The market's receipt key.
+
+    Returns
+    -------
+    str
+        Base64 Ed25519 signature over :meth:`Receipt.canonical_bytes` (deterministic).
+    """
     return base64.b64encode(private_key.sign(receipt.canonical_bytes())).decode("ascii")
 
 
 def verify_receipt(
-    receipt: dict[str, Any] | Receipt,
+    receipt: Mapping[str, Any] | Receipt,
     signature: str,
     releases: Sequence[ReleaseTriple],
     public_key: Ed25519PublicKey,
     *,
     envelope: dict[str, Any] | None = None,
 ) -> Receipt:
-    """Check the signature and that ``releases`` are exactly the numbers the receipt covers.
+    """Check a receipt's signature and that ``releases`` are exactly the numbers it covers.
 
-    For encrypted deliveries pass the sealed ``envelope`` too: the receipt binds its ciphertext.
-    Returns the parsed receipt; raises ReceiptError saying which check failed.
+    Parameters
+    ----------
+    receipt : Receipt or mapping
+        The receipt's fields.
+    signature : str
+        Its base64 signature.
+    releases : sequence of (value_id, level, vector)
+        What the buyer received, in order.
+    public_key : Ed25519PublicKey
+        The market's key (from the catalog).
+    envelope : dict, optional
+        The sealed envelope, for encrypted deliveries: the receipt binds its ciphertext.
+
+    Returns
+    -------
+    Receipt
+
+    Raises
+    ------
+    ReceiptError
+        Saying which check failed.
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
     if rec.receipt_version != RECEIPT_VERSION:
@@ -158,4 +236,102 @@ def verify_receipt(
             got = "<malformed>"
         if got != rec.ciphertext_digest:
             raise ReceiptError("the sealed envelope is not the one the receipt was issued for")
+    return rec
+
+
+def parse_public_key(text: Any) -> Ed25519PublicKey:
+    """A market's Ed25519 public key from base64 of its 32 raw bytes (as in the catalog).
+
+    Raises
+    ------
+    ReceiptError
+        ``text`` is not base64 of exactly 32 bytes.
+    """
+    if not isinstance(text, str) or not text or text == "null":
+        raise ReceiptError(
+            f"no market public key given ({text!r}); copy market_public_key from the catalog "
+            "entry of the stream (`epsilon-market catalog`)"
+        )
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise ReceiptError(f"the market public key {text!r} is not valid base64") from None
+    if len(raw) != 32:
+        raise ReceiptError(
+            f"the market public key decodes to {len(raw)} bytes; an Ed25519 key is 32 bytes"
+        )
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+#: Fields of a ``purchase_fulfilled`` event that repeat signed receipt fields.
+OUTER_FIELDS = (
+    "purchase_id", "buyer_id", "stream_id", "level_before", "level_after", "price_minor",
+    "currency",
+)  # fmt: skip
+
+
+def _releases_of(outcome: Mapping[str, Any]) -> list[ReleaseTriple]:
+    raw = outcome.get("releases")
+    if not isinstance(raw, list):
+        raise ReceiptError("the outcome's 'releases' is not a list")
+    out: list[ReleaseTriple] = []
+    for r in raw:
+        if not isinstance(r, Mapping) or not {"value_id", "level", "values"} <= set(r):
+            raise ReceiptError("a release lacks value_id, level or values")
+        try:
+            values = np.asarray(r["values"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ReceiptError(f"release {r['value_id']!r} holds non-numeric values") from None
+        out.append((str(r["value_id"]), r["level"], values))
+    return out
+
+
+def verify_outcome(outcome: Any, public_key: Ed25519PublicKey) -> Receipt:
+    """Verify a whole ``purchase_fulfilled`` event (as JSON data) against the market's key.
+
+    Checks the receipt's signature and the released numbers (and envelope) it binds, **and** that
+    every field of the event that repeats a receipt field agrees with the signed one: only
+    signed data can then be shown as verified. Needs no service dependencies.
+
+    Returns
+    -------
+    Receipt
+        The signed receipt; show its fields, not the event's.
+
+    Raises
+    ------
+    ReceiptError
+        Saying what is wrong: not a purchase outcome, sealed releases not opened, signature,
+        numbers, envelope, or outer fields that disagree with the signed ones.
+    """
+    if not isinstance(outcome, Mapping):
+        raise ReceiptError("not a purchase outcome: expected a JSON object")
+    kind = outcome.get("type")
+    if kind != "purchase_fulfilled":
+        why = f" (reason {outcome.get('reason')!r})" if kind == "rejection" else ""
+        raise ReceiptError(
+            f"this is a {kind!r} event{why}, not a purchase_fulfilled outcome; only fulfilled "
+            "purchases carry a receipt"
+        )
+    receipt = outcome.get("receipt")
+    if not isinstance(receipt, Mapping) or not isinstance(receipt.get("signature"), str):
+        raise ReceiptError("the outcome carries no signed receipt")
+    releases = _releases_of(outcome)
+    if outcome.get("sealed") and not releases and receipt.get("value_ids"):
+        raise ReceiptError(
+            "the releases are sealed for the buyer: open them with the buyer's key first "
+            "(`epsilon-market buy --output FILE --key-file KEY` writes them opened)"
+        )
+    try:
+        rec = verify_receipt(
+            receipt, receipt["signature"], releases, public_key, envelope=outcome.get("sealed")
+        )
+    except (TypeError, ValueError) as exc:
+        raise ReceiptError(f"the outcome is malformed: {exc}") from None
+    differ = [f for f in OUTER_FIELDS if outcome.get(f) != getattr(rec, f)]
+    if differ:
+        raise ReceiptError(
+            "the event's " + ", ".join(differ) + " disagree with the signed receipt "
+            "(edited outside the signature?)"
+        )
     return rec

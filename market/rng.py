@@ -32,6 +32,7 @@ import numpy as np
 from randomgen import AESCounter
 
 __all__ = [
+    "Identity",
     "KeyedRngFactory",
     "RngLike",
     "default_rng",
@@ -40,18 +41,29 @@ __all__ = [
     "secure_rng",
 ]
 
+IdentityPart = str | bytes | int | float
+Identity = tuple[IdentityPart, ...]
+"""The identity of a request whose noise must be a function of it (see :func:`keyed_rng`)."""
+
 RngLike = np.random.Generator | int | None
 """What public APIs accept as ``rng``: a Generator (used as is), an int seed (tests only) or
 ``None`` (a fresh cryptographically keyed generator)."""
 
 
 def secure_rng() -> np.random.Generator:
-    """A generator keyed with 128 fresh bits from ``os.urandom`` (AES-128-CTR stream)."""
+    """A fresh, unpredictable generator for privacy noise.
+
+    Returns
+    -------
+    numpy.random.Generator
+        Over AES-128 in counter mode keyed with 128 bits from ``os.urandom``: every numpy
+        sampler at full speed, and a stream nobody can predict from earlier outputs.
+    """
     key = int.from_bytes(os.urandom(16), "little")
     return np.random.Generator(AESCounter(key=key))
 
 
-def identity_bytes(*parts: str | bytes | int | float) -> bytes:
+def identity_bytes(*parts: IdentityPart) -> bytes:
     """Canonical, unambiguous encoding of a request identity.
 
     Each part is type-tagged and length-prefixed so that ``("ab", "c")`` and ``("a", "bc")``
@@ -78,12 +90,29 @@ def identity_bytes(*parts: str | bytes | int | float) -> bytes:
     return bytes(out)
 
 
-def keyed_rng(secret: bytes, *identity: str | bytes | int | float) -> np.random.Generator:
+def keyed_rng(secret: bytes, *identity: IdentityPart) -> np.random.Generator:
     """A generator whose stream is a deterministic function of ``secret`` and ``identity``.
 
-    The AES key is ``HMAC-SHA256(secret, identity)`` truncated to 128 bits; HMAC is a PRF, so
-    different identities give independent-looking streams and the secret cannot be recovered
-    from noise.
+    Parameters
+    ----------
+    secret : bytes
+        At least 16 secret bytes; as sensitive as the exact values (with it, noise can be
+        recomputed).
+    *identity : str, bytes, int or float
+        The request's identity, encoded by :func:`identity_bytes`.
+
+    Returns
+    -------
+    numpy.random.Generator
+        AES-128-CTR keyed with ``HMAC-SHA256(secret, identity)`` truncated to 128 bits. HMAC is
+        a PRF, so different identities give independent-looking streams and the secret cannot
+        be recovered from the noise.
+
+    Examples
+    --------
+    >>> a = keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
+    >>> a == keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
+    True
     """
     if len(secret) < 16:
         raise ValueError("the noise secret must be at least 16 bytes")
@@ -94,9 +123,18 @@ def keyed_rng(secret: bytes, *identity: str | bytes | int | float) -> np.random.
 class KeyedRngFactory:
     """:func:`keyed_rng` without the cost of building a generator per request.
 
+    Parameters
+    ----------
+    secret : bytes
+        At least 16 secret bytes.
+
+    Notes
+    -----
     Re-keys one AES-CTR bit generator in place (about 3x faster than constructing one), which
     matters when every released value needs its own deterministic stream. The generator returned
-    by a call is the same object each time: use it before the next call. Not thread-safe.
+    by a call is the same object each time: draw from it before the next call. That is why only
+    :mod:`market` calls it, item by item (:meth:`ReleaseState.release_across`); callers hand
+    over identities, never a callback. Not thread-safe.
     """
 
     def __init__(self, secret: bytes) -> None:
@@ -106,7 +144,7 @@ class KeyedRngFactory:
         self._bits = AESCounter(key=0)
         self._gen = np.random.Generator(self._bits)
 
-    def __call__(self, *identity: str | bytes | int | float) -> np.random.Generator:
+    def __call__(self, *identity: IdentityPart) -> np.random.Generator:
         digest = hmac.new(self._secret, identity_bytes(*identity), hashlib.sha256).digest()
         self._bits.seed(key=int.from_bytes(digest[:16], "little"))
         return self._gen
@@ -115,9 +153,21 @@ class KeyedRngFactory:
 def default_rng(rng: RngLike = None) -> np.random.Generator:
     """Normalise an ``rng`` argument, in the spirit of :func:`numpy.random.default_rng`.
 
-    ``None`` gives :func:`secure_rng`; an ``int`` gives a reproducible AES-CTR stream seeded
-    through :class:`numpy.random.SeedSequence` (for tests and benchmarks); a
-    :class:`numpy.random.Generator` is returned untouched.
+    Parameters
+    ----------
+    rng : Generator, int or None
+        ``None`` gives :func:`secure_rng`; an ``int`` gives a reproducible AES-CTR stream seeded
+        through :class:`numpy.random.SeedSequence` (tests and benchmarks only); a
+        :class:`numpy.random.Generator` is returned untouched.
+
+    Returns
+    -------
+    numpy.random.Generator
+
+    Raises
+    ------
+    TypeError
+        Anything else (a bool is not a seed).
     """
     if rng is None:
         return secure_rng()

@@ -15,15 +15,25 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .ladder import ReleaseState
 from .mechanisms import Laplace
+from .release_state import ReleaseState
 from .rng import RngLike, default_rng
 
 __all__ = ["CollusionResult", "bfs_distances", "collusion_experiment", "random_graph"]
 
 
 def random_graph(n: int, mean_degree: float, *, rng: RngLike = None) -> list[list[int]]:
-    """An Erdős–Rényi graph as adjacency lists (plus a path, so it is connected)."""
+    """An Erdős–Rényi graph as adjacency lists (plus a path, so it is connected).
+
+    Parameters
+    ----------
+    n : int
+        Nodes.
+    mean_degree : float
+        Expected degree of the random part.
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+    """
     g = default_rng(rng)
     adj: list[set[int]] = [set() for _ in range(n)]
     for i in range(n - 1):
@@ -39,6 +49,20 @@ def random_graph(n: int, mean_degree: float, *, rng: RngLike = None) -> list[lis
 
 
 def bfs_distances(adj: list[list[int]], source: int) -> NDArray[np.int64]:
+    """Hop distance of every node from ``source``.
+
+    Parameters
+    ----------
+    adj : list of list of int
+        Adjacency lists.
+    source : int
+        The start node.
+
+    Returns
+    -------
+    ndarray of int64
+        Distances, −1 where unreachable.
+    """
     dist = np.full(len(adj), -1, dtype=np.int64)
     dist[source] = 0
     queue = deque([source])
@@ -53,6 +77,19 @@ def bfs_distances(adj: list[list[int]], source: int) -> NDArray[np.int64]:
 
 @dataclass(frozen=True)
 class CollusionResult:
+    """Per group size: MSE and privacy loss of colluding groups, lossless vs independent.
+
+    Attributes
+    ----------
+    group_sizes : list of int
+        The sizes tried.
+    lossless_mse, independent_mse, best_member_mse : list of float
+        MSE of the group's averaged estimate with lossless and with independent releases, and
+        of its single most accurate release.
+    lossless_epsilon, independent_epsilon : list of float
+        Privacy loss of the group: the largest ε_j (lossless) and the sum (independent).
+    """
+
     group_sizes: list[int]
     lossless_mse: list[float]  # MSE of the group's averaged estimate, lossless releases
     independent_mse: list[float]  # the same with independent releases
@@ -67,6 +104,23 @@ def collusion_experiment(
 ) -> CollusionResult:  # fmt: skip
     """Groups made of the ``s`` most distant members (smallest ε) average their releases.
 
+    Parameters
+    ----------
+    epsilons : ndarray
+        Each member's level ε_j.
+    group_sizes : list of int
+        The group sizes s to try.
+    trials : int, default 20000
+        Independent runs.
+    rng : Generator, int or None
+        See :func:`market.rng.default_rng`.
+
+    Returns
+    -------
+    CollusionResult
+
+    Notes
+    -----
     Vectorised over ``trials``: one ReleaseState over a vector of ``trials`` copies of the value 0
     gives ``trials`` independent runs of the lossless process at once.
     """

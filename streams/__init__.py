@@ -1,8 +1,14 @@
 """epsilon-market's streaming service: Faust workers selling privacy levels over Kafka.
 
-Layout: :mod:`streams.events` (wire format), :mod:`streams.topics` (topic layout),
-:mod:`streams.core` (business logic, no Kafka), :mod:`streams.app` (Faust worker),
-:mod:`streams.client` (seller/buyer client), :mod:`streams.cli` (command line),
-:mod:`streams.broker` and :mod:`streams.compat` (embedded Tansu broker and its workarounds).
-The noise itself comes from :mod:`market` through :class:`market.ReleaseState` only.
+The folders follow the architecture, and the event path reads from the file names:
+
+* :mod:`streams.wire` — what travels on the topics: events, topic names, sealing;
+* :mod:`streams.core` — the market's logic over events, no Kafka (router → registrations,
+  values → delivery, purchases; rejections, horizon, state);
+* :mod:`streams.worker` — the Faust app that feeds events to the core and makes its effects
+  durable, then visible (batch, tables, producer, web, metrics, compat, runner);
+* :mod:`streams.clients` — the seller/buyer client library, the command line, the demo;
+* :mod:`streams.broker` — the embedded Tansu broker, topic administration, credentials.
+
+The noise itself comes from :mod:`market`; control flows down from here into it.
 """

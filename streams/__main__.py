@@ -1,3 +1,3 @@
-from .cli import main
+from .clients.cli import main
 
 raise SystemExit(main())

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from streams.metrics import build_metrics
+from streams.worker.metrics import build_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -28,8 +28,8 @@ WORKERS = {k: v for k, v in SERVICES.items() if k.startswith("worker")}
 
 def exported_metric_names() -> set[str]:
     m = build_metrics()
-    m.privacy_spent.labels("s").set(1)
-    m.privacy_cap.labels("s").set(1)
+    m.privacy_spent.labels("s", "laplace", "epsilon").set(1)
+    m.privacy_cap.labels("s", "laplace", "epsilon").set(1)
     m.revenue.labels("s", "EUR").inc()
     m.state_entries.labels("t").set(1)
     m.consumer_lag.labels("t").set(1)
@@ -115,7 +115,7 @@ def test_grafana_provisioning_matches_mounts() -> None:
 
 def test_worker_environment_is_understood() -> None:
     """Every EMARKET_* variable the deployment sets is read by the code (no silent typos)."""
-    code = "".join(p.read_text() for p in (ROOT / "streams").glob("*.py"))
+    code = "".join(p.read_text() for p in (ROOT / "streams").rglob("*.py"))
     known = set(re.findall(r"EMARKET_[A-Z_]+", code))
     known |= {f"EMARKET_{n}" for n in re.findall(r'_env\("([A-Z_]+)"', code)}
     for w in WORKERS.values():

@@ -24,7 +24,7 @@ def test_bounded_soak(tmp_path: Path) -> None:
     assert res.rejections == 0 and res.errors_in_log == 0
     assert max(s.lag for s in res.samples) < 5_000, "consumer lag grew without bound"
     # state plateaus: markers and outcomes older than the horizon are forgotten
-    assert max(s.ladders for s in res.samples) < 1.5 * rate * horizon + 400
+    assert max(s.releases for s in res.samples) < 1.5 * rate * horizon + 400
     mid = next(s for s in res.samples if s.t >= 20)
     first = max(s.purchases_table for s in res.samples if s.t <= mid.t)
     assert max(s.purchases_table for s in res.samples) <= first + 100  # outcomes level off

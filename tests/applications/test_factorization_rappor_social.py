@@ -128,3 +128,10 @@ def test_graph_levels_and_collusion() -> None:
             assert indep < 0.25 * best, (s, indep, best)
     assert res.lossless_epsilon[-1] == max(eps[np.argsort(eps)[:80]])
     assert res.independent_epsilon[-1] > 5 * res.lossless_epsilon[-1]
+
+
+def test_rappor_without_information_is_refused_clearly() -> None:
+    """β = γ = ½ makes the instantaneous report a fair coin (ε_g = 0): a clear error, not a
+    ZeroDivisionError from the threshold."""
+    with pytest.raises(InvalidValueError, match="independent of the data"):
+        RapporParams(beta=0.5, gamma=0.5)

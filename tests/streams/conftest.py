@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from streams.broker import EmbeddedBroker, find_free_port
-from streams.client import MarketClient
-from streams.config import Settings
-from streams.runner import ChildWorker
-from streams.topics import Topics
+from streams.broker.embedded import EmbeddedBroker, find_free_port
+from streams.clients.client import MarketClient
+from streams.wire.topics import Topics
+from streams.worker.config import Settings
+from streams.worker.runner import ChildWorker
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from streams.keys import MarketKeys
+from streams.core.keys import MarketKeys
 
 TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
@@ -23,7 +23,7 @@ def registration(stream_id: str = "temp", **kw: Any) -> bytes:
         "mechanism": "laplace",
         "sensitivity": 1.0,
         "dimension": 3,
-        "ladder": [0.5, 1.0, 2.0],
+        "steps": [0.5, 1.0, 2.0],
         "cap": 4.0,
         "retain_last": 4,
         "pricing": {"kind": "linear_level", "rate_per_level": 100},

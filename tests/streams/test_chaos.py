@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from streams.client import MarketClient, TopicReader
-from streams.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
-from streams.faults import POINTS
+from streams.clients.client import MarketClient, TopicReader
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.worker.faults import POINTS
 
 from .conftest import Market
 
@@ -44,7 +44,7 @@ BUYERS = [f"b{i}" for i in range(4)]
 def reg(stream: str) -> StreamRegistration:
     return StreamRegistration(
         stream_id=stream, seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=3,
-        ladder=LADDER, cap=CAP, retain_last=6, pricing=LinearLevelSpec(rate_per_level=100.0),
+        steps=LADDER, cap=CAP, retain_last=6, pricing=LinearLevelSpec(rate_per_level=100.0),
     )  # fmt: skip
 
 

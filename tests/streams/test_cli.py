@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.events import SCHEMAS
+from streams.wire.events import SCHEMAS
 
 from .conftest import Market
 
@@ -38,7 +38,7 @@ def test_exported_schemas_are_up_to_date(tmp_path: Path) -> None:
 
 def test_cli_rejects_bad_input_with_a_clear_message() -> None:
     r = cli(None, "--broker", "kafka://127.0.0.1:1", "register", "--stream", "bad id",
-            "--seller", "s", "--ladder", "1,2", check=False)  # fmt: skip
+            "--seller", "s", "--steps", "1,2", check=False)  # fmt: skip
     assert r.returncode == 2 and "invalid registration" in r.stderr and "stream_id" in r.stderr
     r = cli(None, "--broker", "kafka://127.0.0.1:1", "publish", "--stream", "s",
             "--values", "1,x", check=False)  # fmt: skip
@@ -52,7 +52,7 @@ def test_cli_rejects_bad_input_with_a_clear_message() -> None:
 def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     w = market.start_worker()
     r = cli(market, "register", "--stream", "temp", "--seller", "acme", "--dimension", "2",
-            "--ladder", "0.5,1,2", "--cap", "4", "--price-per-level", "100")  # fmt: skip
+            "--steps", "0.5,1,2", "--cap", "4", "--price-per-level", "100")  # fmt: skip
     entry = json.loads(r.stdout)
     key = entry["market_public_key"]
     lines = tmp_path / "values.jsonl"
@@ -90,7 +90,7 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert spy.returncode == 1 and "cannot be opened" in spy.stderr
     assert "Traceback" not in spy.stderr
     catalog = json.loads(cli(market, "catalog").stdout)
-    assert catalog["temp"]["registration"]["ladder"] == [0.5, 1.0, 2.0]
+    assert catalog["temp"]["registration"]["steps"] == [0.5, 1.0, 2.0]
     ledger = cli(None, "ledger", "--worker", w.url).stdout
     assert "temp" in ledger and "alice" in ledger
     assert re.search(r"^acme\s+50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue

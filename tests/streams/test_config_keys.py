@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from streams.config import Settings, kafka_auth
-from streams.keys import MarketKeys, load_or_create_keys
+from streams.broker.auth import kafka_auth
+from streams.core.keys import MarketKeys
+from streams.worker.config import Settings
+from streams.worker.secrets import load_or_create_keys
 
 
 def test_kafka_auth() -> None:

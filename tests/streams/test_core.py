@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from market.receipts import verify_receipt
-from streams.core import EvictedValue, MarketCore, Stores
-from streams.events import BUYER_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
-from streams.topics import Topics
+from streams.core import EvictedValue, MarketCore, Stores, purchases
+from streams.wire.events import BUYER_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
+from streams.wire.topics import Topics
 
 from .helpers import TEST_KEYS, purchase, quote, registration, value
 
@@ -149,13 +149,13 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
         (T.purchases, purchase("temp", "alice", "p", currency="USD"), "currency_mismatch"),
         (T.purchases, purchase("zzz", "alice", "p"), "unknown_stream"),
         (T.purchases, b'{"type":"refund"}', "invalid_event"),
-        (T.registrations, registration("s2", ladder=[2.0, 1.0]), "invalid_event"),
+        (T.registrations, registration("s2", steps=[2.0, 1.0]), "invalid_event"),
         (
             T.registrations,
             registration(
                 "s2",
                 pricing={"kind": "table", "prices": {"1": 10, "2": 100}},
-                ladder=[1.0, 2.0],
+                steps=[1.0, 2.0],
                 cap=2.0,
             ),
             "invalid_schedule",
@@ -199,7 +199,7 @@ def test_evicted_value_resend_is_recognised(core: MarketCore) -> None:
     for i in range(6):  # retain_last = 4
         core.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, float(i)]))
     assert [e.value_id for e in core.stores.streams["temp"].window] == ["v2", "v3", "v4", "v5"]
-    assert isinstance(core.stores.ladders["temp/v0"], EvictedValue)  # vectors dropped
+    assert isinstance(core.stores.releases["temp/v0"], EvictedValue)  # vectors dropped
     again = core.handle(T.values, value("temp", "v0", [1.0, 2.0, 0.0]))
     assert again.status == "duplicate" and again.new_noise == 0 and not again.outputs
 
@@ -214,7 +214,7 @@ def test_no_higher_step_and_table_levels(core: MarketCore) -> None:
         registration(
             "tab",
             pricing={"kind": "table", "prices": {"1": 100, "2": 150}},
-            ladder=[1.0, 2.0],
+            steps=[1.0, 2.0],
             cap=2.0,
         ),
     )
@@ -225,7 +225,7 @@ def test_no_higher_step_and_table_levels(core: MarketCore) -> None:
 def test_sealed_stream_releases_only_postprocessing(core: MarketCore) -> None:
     core.handle(T.registrations, registration("sealed", sealed=True))
     out = core.handle(T.values, value("sealed", "v0", [1.0, 2.0, 3.0]))
-    ladder = core.stores.ladders["sealed/v0"]
+    ladder = core.stores.releases["sealed/v0"]
     assert ladder.is_sealed and ladder.levels == (4.0,)
     assert out.new_noise == 1
     assert core.stores.streams["sealed"].spent == 4.0
@@ -250,7 +250,7 @@ def test_releases_survive_json_bit_for_bit(core: MarketCore) -> None:
     core.handle(T.values, value("temp", "v0", [0.1, 1e-300, 12345.6789]))
     out = core.handle(T.purchases, purchase("temp", "alice", "p1"))
     ev = buyer_events(out)[0]
-    stored = core.stores.ladders["temp/v0"].get(0.5)
+    stored = core.stores.releases["temp/v0"].get(0.5)
     assert np.array_equal(np.array(ev.releases[0].values), stored)
     assert json.loads(out.outputs[0].value)["releases"][0]["values"] == stored.tolist()
 
@@ -260,7 +260,7 @@ def test_lossless_joint_law_across_steps() -> None:
     """Over many values, a buyer's successive releases share the stored sample with frequency
     (ε1/ε2)², as the lossless process requires (fresh noise would share it with probability 0)."""
     c = MarketCore(Stores(), TEST_KEYS, T)
-    c.handle(T.registrations, registration("s", dimension=200, retain_last=50, ladder=[1.0, 2.0]))
+    c.handle(T.registrations, registration("s", dimension=200, retain_last=50, steps=[1.0, 2.0]))
     for i in range(50):
         c.handle(T.values, value("s", f"v{i}", [0.0] * 200))
     e1 = buyer_events(c.handle(T.purchases, purchase("s", "alice", "a")))[0]
@@ -274,7 +274,7 @@ def test_lossless_joint_law_across_steps() -> None:
 def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
     from market.envelope import generate_keypair
     from market.errors import ReceiptError
-    from streams.client import open_event
+    from streams.wire.sealing import open_event
 
     key, pub = generate_keypair()
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
@@ -283,7 +283,7 @@ def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
     assert ev.releases == [] and ev.sealed is not None
     assert b"values" not in out.outputs[0].value  # no plaintext numbers on the topic
     opened = open_event(ev, key)
-    stored = core.stores.ladders["temp/v0"].get(0.5)
+    stored = core.stores.releases["temp/v0"].get(0.5)
     assert np.array_equal(np.array(opened.releases[0].values), stored)
     rel = [(r.value_id, r.level, np.asarray(r.values)) for r in opened.releases]
     env = ev.sealed.model_dump()
@@ -309,7 +309,7 @@ def test_internal_errors_become_rejections(
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(core, "_fulfil", boom)
+    monkeypatch.setattr(purchases, "fulfil", boom)
     out = core.handle(T.purchases, purchase("temp", "alice", "p1"))
     assert out.reason == "internal_error" and "RuntimeError" in out.outputs[0].value.decode()
     monkeypatch.undo()
@@ -323,7 +323,7 @@ def test_dedup_horizon_forgets_markers_and_refuses_old_values() -> None:
     c.handle(T.registrations, registration("temp", retain_last=2))
     for i in range(10):  # published 500 ms apart
         c.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, 3.0], published_at_ms=500 * i))
-    keys = sorted(k for k in c.stores.ladders if k.startswith("temp/"))
+    keys = sorted(k for k in c.stores.releases if k.startswith("temp/"))
     # window v8, v9 + markers newer than 4500 - 1000 ms: v6 (3000 ms) is gone, v7 kept
     assert keys == ["temp/v7", "temp/v8", "temp/v9"]
     old = c.handle(T.values, value("temp", "v6", [1.0, 2.0, 3.0], published_at_ms=3000))
@@ -364,7 +364,7 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
             return super().items()
 
     stores = Stores()
-    stores.ladders = CountingLadders()
+    stores.releases = CountingLadders()
     first = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
     streams = [f"s{j}" for j in range(5)]
     for sid in streams:
@@ -382,7 +382,22 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
                                               requested_at_ms=late))  # fmt: skip
         assert CountingLadders.scans == 1
         for sid in streams:  # everything published or requested before late - 1000 ms is gone
-            assert sorted(k for k in stores.ladders if k.startswith(f"{sid}/")) == [
+            assert sorted(k for k in stores.releases if k.startswith(f"{sid}/")) == [
                 f"{sid}/w{late}"
             ]
         assert sorted(stores.purchases) == sorted(f"alice/{sid}-q{late}" for sid in streams)
+
+
+def test_catalog_states_poisson_epsilon_for_the_stream_dimension(core: MarketCore) -> None:
+    """At λ = 380 one count has a guarantee (ε ≈ 1.33 at δ = 1e-6) but four counts do not
+    (Andersson Thm E.2 needs λ > 23 ln(10 d/δ)); the catalog must not show the d = 1 figure."""
+    omega = 1 / 380
+    eps = {}
+    for dim in (1, 4):
+        out = core.handle(T.registrations, registration(
+            f"counts{dim}", mechanism="poisson", dimension=dim, steps=[omega], cap=omega))
+        entry = CatalogEntry.model_validate_json(out.outputs[0].value)
+        assert entry.level_unit == "omega"
+        eps[dim] = entry.prices[0].epsilon
+    assert eps[1] is not None and abs(eps[1] - 1.326) < 1e-3
+    assert eps[4] is None

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams import cli
+from streams.clients import cli
 from streams.core import MarketCore, Stores
-from streams.events import BUYER_EVENT, MAX_DIMENSION, Rejection
-from streams.topics import Topics
+from streams.wire.events import BUYER_EVENT, MAX_DIMENSION, Rejection
+from streams.wire.topics import Topics
 
 from .helpers import TEST_KEYS, purchase, registration, value
 
@@ -51,7 +51,7 @@ def snapshot(core: MarketCore) -> tuple[Any, ...]:
     st = core.stores
     return (
         {k: v.model_dump_json() for k, v in st.streams.items()},
-        {k: getattr(v, "levels", v) for k, v in st.ladders.items()},
+        {k: getattr(v, "levels", v) for k, v in st.releases.items()},
         {k: v.model_dump_json() for k, v in st.purchases.items()},
     )
 
@@ -167,12 +167,12 @@ NUMBERISH = st.one_of(ARG, st.floats().map(repr), st.integers().map(str))
 
 
 @settings(max_examples=150, deadline=None)
-@given(stream=ARG, seller=ARG, ladder=NUMBERISH, cap=NUMBERISH, dim=NUMBERISH, mech=ARG)
-def test_cli_register_inputs(stream: str, seller: str, ladder: str, cap: str, dim: str,
+@given(stream=ARG, seller=ARG, steps=NUMBERISH, cap=NUMBERISH, dim=NUMBERISH, mech=ARG)
+def test_cli_register_inputs(stream: str, seller: str, steps: str, cap: str, dim: str,
                              mech: str) -> None:  # fmt: skip
     code, err = run_cli([
         "--broker", "kafka://127.0.0.1:1", "register", "--stream", stream, "--seller", seller,
-        "--ladder", ladder, "--cap", cap, "--dimension", dim, "--mechanism", mech,
+        "--steps", steps, "--cap", cap, "--dimension", dim, "--mechanism", mech,
         "--timeout", "1",
     ])  # fmt: skip
     assert code in (2, 3, 4), (code, err)  # usage / invalid / unreachable broker, never a crash
@@ -207,6 +207,6 @@ def test_market_vectors_stay_finite_under_fuzzed_levels() -> None:
     core = fresh_core()
     for lv in (1e-300, 1e-12, 3.999999999, 4.0):
         core.handle(T.purchases, purchase("s", "carol", f"c{lv}", target_level=lv))
-    for ladder in core.stores.ladders.values():
+    for ladder in core.stores.releases.values():
         for _, vec in ladder:  # type: ignore[union-attr]
             assert np.isfinite(vec).all()

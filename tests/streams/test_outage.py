@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from streams.broker import EmbeddedBroker
-from streams.client import MarketClient
-from streams.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.broker.embedded import EmbeddedBroker
+from streams.clients.client import MarketClient
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
 
 from .conftest import Market
 
@@ -47,7 +47,7 @@ def wait_for(pred: Any, timeout: float, what: str) -> None:
 def reg() -> StreamRegistration:
     return StreamRegistration(
         stream_id="s", seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=2,
-        ladder=[0.5, 1.0, 2.0], cap=2.0, retain_last=50,
+        steps=[0.5, 1.0, 2.0], cap=2.0, retain_last=50,
         pricing=LinearLevelSpec(rate_per_level=10.0),
     )  # fmt: skip
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from streams.client import MarketClient, TopicReader
-from streams.compat import true_highwaters
-from streams.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.clients.client import MarketClient, TopicReader
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.worker.compat import true_highwaters
 
 from .conftest import Market
 
@@ -26,7 +26,7 @@ def reg(stream: str, **kw: Any) -> StreamRegistration:
         "mechanism": "laplace",
         "sensitivity": 1.0,
         "dimension": 3,
-        "ladder": [0.25, 0.5, 1.0, 2.0],
+        "steps": [0.25, 0.5, 1.0, 2.0],
         "cap": 4.0,
         "retain_last": 6,
         "pricing": LinearLevelSpec(rate_per_level=100.0),

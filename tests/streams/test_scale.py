@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from streams.client import MarketClient
-from streams.events import LinearLevelSpec, PurchaseFulfilled, Rejection, StreamRegistration
+from streams.clients.client import MarketClient
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, Rejection, StreamRegistration
 
 from .conftest import Market
 
@@ -26,7 +26,7 @@ def reg(stream: str) -> StreamRegistration:
         mechanism="gaussian",
         sensitivity=1.0,
         dimension=2,
-        ladder=[0.5, 1.0, CAP],
+        steps=[0.5, 1.0, CAP],
         cap=CAP,
         retain_last=5,
         pricing=LinearLevelSpec(rate_per_level=10.0),

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from market.receipts import verify_receipt
-from streams.client import MarketClient, TopicReader
-from streams.events import (
+from streams.clients.client import MarketClient, TopicReader
+from streams.core.keys import public_key_from_b64
+from streams.wire.events import (
     SCHEMAS,
     LinearLevelSpec,
     PurchaseFulfilled,
@@ -18,7 +19,6 @@ from streams.events import (
     Rejection,
     StreamRegistration,
 )
-from streams.keys import public_key_from_b64
 
 from .conftest import Market
 
@@ -32,7 +32,7 @@ def reg(stream: str = "temp", **kw: Any) -> StreamRegistration:
         "mechanism": "laplace",
         "sensitivity": 1.0,
         "dimension": 4,
-        "ladder": [0.5, 1.0, 2.0],
+        "steps": [0.5, 1.0, 2.0],
         "cap": 4.0,
         "retain_last": 8,
         "pricing": LinearLevelSpec(rate_per_level=100.0),
@@ -102,7 +102,7 @@ def test_lossless_joint_law_over_the_wire(market: Market) -> None:
     n_values, dim = 40, 100
 
     async def go(c: MarketClient) -> tuple[Any, Any]:
-        await c.register(reg("big", dimension=dim, retain_last=n_values, ladder=[1.0, 2.0]))
+        await c.register(reg("big", dimension=dim, retain_last=n_values, steps=[1.0, 2.0]))
         for i in range(n_values):
             await c.publish("big", [0.0] * dim, value_id=f"v{i}")
         market.wait_ingested("big", n_values)

@@ -34,12 +34,10 @@ buyer was given, and there is deliberately no way to redraw a level.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from .errors import (
@@ -50,7 +48,7 @@ from .errors import (
 )
 from .levels import canonical_level
 from .mechanisms import Anchor, Mechanism
-from .rng import RngLike, default_rng
+from .rng import Identity, KeyedRngFactory, RngLike, default_rng
 
 __all__ = ["ReleaseState"]
 
@@ -63,7 +61,33 @@ def _frozen(arr: Vector) -> Vector:
 
 
 class ReleaseState:
-    """All releases of one value under one mechanism (a "ladder" of privacy levels)."""
+    """All releases of one value under one mechanism, at any levels, in any order.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The noise family (:class:`~market.Laplace`, :class:`~market.Gaussian`,
+        :class:`~market.Poisson`).
+    value : array_like
+        The exact value, validated and copied (see :meth:`Mechanism.validate_value`).
+    cap : float, optional
+        The largest level that may ever be released (in the mechanism's unit).
+
+    See Also
+    --------
+    ReleaseState.sealed : a state that keeps only the release at the cap.
+
+    Examples
+    --------
+    >>> from market import Laplace, ReleaseState
+    >>> state = ReleaseState(Laplace(), [20.1, 19.8], cap=4.0)
+    >>> y1 = state.release(0.5, rng=1)
+    >>> y2 = state.release(2.0, rng=2)   # relaxation: only ε = 2 is spent, not 2.5
+    >>> state.spent
+    2.0
+    >>> state.release(0.5) is y1         # a released level is never drawn again
+    True
+    """
 
     __slots__ = ("_cap", "_dimension", "_exact", "_levels", "_mechanism", "_releases")
 
@@ -74,10 +98,7 @@ class ReleaseState:
         *,
         cap: float | None = None,
     ) -> None:
-        """Open state keeping the exact ``value`` (validated and copied).
-
-        ``cap`` (optional) is the largest level that may ever be released.
-        """
+        """Open state keeping the exact ``value`` (see the class docstring)."""
         exact = mechanism.validate_value(value)
         self._mechanism = mechanism
         self._dimension = int(exact.shape[0])
@@ -91,7 +112,27 @@ class ReleaseState:
     def sealed(
         cls, mechanism: Mechanism, value: Any, *, cap: float, rng: RngLike = None
     ) -> ReleaseState:
-        """Release ``value`` once at ``cap`` and erase it: the state is only cap-level private."""
+        """Release ``value`` once at ``cap`` and erase it (Andersson et al. Lemma A.2).
+
+        Everything released later is post-processing of that cap-level release, so even a leaked
+        state is only cap-level private.
+
+        Parameters
+        ----------
+        mechanism : Mechanism
+            The noise family.
+        value : array_like
+            The exact value; it is not kept.
+        cap : float
+            The only level released from the exact value, and the most accurate ever.
+        rng : Generator, int or None
+            Randomness of the cap-level release (see :func:`market.rng.default_rng`).
+
+        Returns
+        -------
+        ReleaseState
+            A sealed state holding one release, at ``cap``.
+        """
         state = cls(mechanism, value, cap=cap)
         assert state._cap is not None
         state.release(state._cap, rng=rng)
@@ -121,14 +162,17 @@ class ReleaseState:
     # -- inspection ----------------------------------------------------------------------------
     @property
     def mechanism(self) -> Mechanism:
+        """The noise family."""
         return self._mechanism
 
     @property
     def dimension(self) -> int:
+        """Number of coordinates of the value."""
         return self._dimension
 
     @property
     def cap(self) -> float | None:
+        """The largest level that may ever be released, if one was set."""
         return self._cap
 
     @property
@@ -183,10 +227,23 @@ class ReleaseState:
 
     # -- the one operation ---------------------------------------------------------------------
     def check(self, level: Any) -> float:
-        """Validate ``level`` for this state without releasing; return it canonicalised.
+        """Validate ``level`` for this state without releasing anything.
 
-        Raises the same errors :meth:`release` would, so callers can reject a request before
-        doing any work (e.g. for every value of a stream before charging a buyer).
+        Parameters
+        ----------
+        level : float
+            The level a caller wants to release.
+
+        Returns
+        -------
+        float
+            ``level`` canonicalised (:func:`market.levels.canonical_level`).
+
+        Raises
+        ------
+        InvalidLevelError, LevelAboveCapError, SealedStateError
+            Exactly what :meth:`release` would raise, so a caller can refuse a request before
+            doing any work (e.g. for every value of a stream before charging a buyer).
         """
         lvl = canonical_level(level)
         if lvl in self._releases:
@@ -203,10 +260,27 @@ class ReleaseState:
         return lvl
 
     def release(self, level: Any, *, rng: RngLike = None) -> Vector:
-        """The release at ``level``: stored if it exists, otherwise sampled losslessly.
+        """The release at ``level``: the stored one if it exists, else sampled losslessly.
 
-        ``rng`` is only consumed when a new level is sampled. Pass a generator from
-        :func:`market.rng.keyed_rng` to make the sample a deterministic function of the request.
+        Parameters
+        ----------
+        level : float
+            The level, in the mechanism's unit.
+        rng : Generator, int or None
+            Consumed only when a new level is sampled. A generator from
+            :func:`market.rng.keyed_rng` makes the sample a function of the request.
+
+        Returns
+        -------
+        ndarray
+            The release, read-only. A new level is sampled conditionally on its two closest
+            released neighbours (relaxation above the top, bridge in between, tightening below),
+            so all releases of the value keep the joint law of one lossless process.
+
+        Raises
+        ------
+        InvalidLevelError, LevelAboveCapError, SealedStateError
+            See :meth:`check`.
         """
         lvl = self.check(level)
         stored = self._releases.get(lvl)
@@ -221,18 +295,39 @@ class ReleaseState:
     def release_across(
         states: Sequence[ReleaseState],
         level: Any,
-        rng_for: Callable[[int], np.random.Generator],
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
     ) -> list[Vector]:
         """The release at ``level`` of each of several values, sampled together.
 
-        Equivalent to ``[s.release(level, rng=rng_for(i)) for i, s in enumerate(states)]``, bit
-        for bit, but values whose neighbours sit at the same levels share one vectorised kernel
-        call: a purchase releases one level on every value of a stream's window, and for short
-        vectors the per-call overhead dominates the arithmetic. ``rng_for(i)`` is only called for
-        values that need a new sample, once each, in order. Every level is checked (cap, sealing)
+        Parameters
+        ----------
+        states : sequence of ReleaseState
+            The values' release states (any mix of mechanisms and released levels).
+        level : float
+            The level to release on every value.
+        identities : sequence of tuple
+            One request identity per state: a new sample of ``states[i]`` draws from
+            ``rngs(*identities[i])``, so it is a deterministic function of that identity.
+        rngs : KeyedRngFactory
+            The keyed randomness (it holds the secret; callers hand over only identities).
+
+        Returns
+        -------
+        list of ndarray
+            The read-only releases, in the order of ``states``; equal bit for bit to
+            ``[s.release(level, rng=keyed_rng(secret, *identities[i])) ...]``.
+
+        Notes
+        -----
+        Values whose neighbours sit at the same levels share one vectorised kernel call: a
+        purchase releases one level on every value of a stream's window, and for short vectors
+        the per-call overhead dominates the arithmetic. Every state is checked (cap, sealing)
         before anything is sampled, so an error leaves all states unchanged.
         """
         lvl = canonical_level(level)
+        if len(identities) != len(states):
+            raise ValueError(f"{len(states)} states but {len(identities)} identities")
         for st in states:
             st.check(lvl)
         results: list[Vector | None] = [st._releases.get(lvl) for st in states]
@@ -243,7 +338,7 @@ class ReleaseState:
         for mech, idx in by_mech.items():
             anchors = [states[i]._anchors(lvl) for i in idx]
             sampled = mech.conditional_many(
-                lvl, [a[1:] for a in anchors], functools.partial(_nth, rng_for, idx)
+                lvl, [a[1:] for a in anchors], [identities[i] for i in idx], rngs
             )
             for i, (pos, _, _), values in zip(idx, anchors, sampled, strict=True):
                 states[i]._insert(pos, lvl, values)
@@ -267,12 +362,8 @@ class ReleaseState:
         self._levels.insert(pos, lvl)
         self._releases[lvl] = _frozen(values)
 
-    def release_many(self, levels: Any, *, rng: RngLike = None) -> dict[float, Vector]:
-        """Release several levels, in the given order, with one generator."""
-        gen = default_rng(rng)
-        return {canonical_level(lv): self.release(lv, rng=gen) for lv in levels}
-
     def check_dimension(self, dimension: int) -> None:
+        """Raise :class:`DimensionMismatchError` unless the value has ``dimension`` coordinates."""
         if dimension != self._dimension:
             raise DimensionMismatchError(
                 f"state has dimension {self._dimension}, expected {dimension}"
@@ -298,8 +389,3 @@ class ReleaseState:
             self._releases[lv].tobytes() == other._releases[lv].tobytes() for lv in self._levels
         )
 
-
-def _nth(
-    rng_for: Callable[[int], np.random.Generator], idx: list[int], j: int
-) -> np.random.Generator:
-    return rng_for(idx[j])

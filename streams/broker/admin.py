@@ -10,7 +10,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
-from .topics import Topics, TopicSpec
+from ..wire.topics import Topics, TopicSpec
 
 __all__ = ["ensure_topics", "wait_for_broker"]
 

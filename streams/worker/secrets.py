@@ -1,4 +1,4 @@
-"""The market's secrets: the Ed25519 receipt-signing key and the noise-derivation secret.
+"""Loading the market's secrets: the Ed25519 receipt-signing key and the noise secret.
 
 Both are generated on first start into the data directory (files created with mode 0600 inside a
 0700 directory) or loaded from the environment for deployments:
@@ -17,50 +17,22 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
     NoEncryption,
     PrivateFormat,
-    PublicFormat,
     load_pem_private_key,
 )
 
-from market.receipts import key_id
+from ..core.keys import MarketKeys
 
-__all__ = ["MarketKeys", "load_or_create_keys", "public_key_from_b64"]
+__all__ = ["load_or_create_keys"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
-
-
-@dataclass(frozen=True)
-class MarketKeys:
-    signing_key: Ed25519PrivateKey = field(repr=False)
-    noise_secret: bytes = field(repr=False)
-
-    @property
-    def public_key(self) -> Ed25519PublicKey:
-        return self.signing_key.public_key()
-
-    @property
-    def key_id(self) -> str:
-        return key_id(self.public_key)
-
-    @property
-    def public_key_b64(self) -> str:
-        raw = self.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-        return base64.b64encode(raw).decode("ascii")
-
-    def __repr__(self) -> str:
-        return f"MarketKeys(key_id={self.key_id}, secrets=<redacted>)"
-
-
-def public_key_from_b64(text: str) -> Ed25519PublicKey:
-    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
 
 
 def _write_secret(path: Path, data: bytes) -> None:

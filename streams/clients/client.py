@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -25,11 +23,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from market.envelope import open_envelope, public_key_b64
+from market.envelope import public_key_b64
 
-from .admin import ensure_topics
-from .config import kafka_auth
-from .events import (
+from ..broker.admin import ensure_topics
+from ..broker.auth import env_auth
+from ..wire.events import (
     BUYER_EVENT,
     CatalogEntry,
     PurchaseFulfilled,
@@ -37,35 +35,16 @@ from .events import (
     QuoteAnswer,
     QuoteRequest,
     Rejection,
-    ReleasedValue,
     StreamRegistration,
     ValueEvent,
     ValueReleased,
 )
-from .topics import Topics
+from ..wire.sealing import open_event
+from ..wire.topics import Topics
 
 __all__ = ["MarketClient", "TopicReader"]
 
 BuyerEvent = PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
-
-
-def open_event(ev: BuyerEvent, key: X25519PrivateKey) -> BuyerEvent:
-    """Fill in the releases of a sealed event (purchase outcome or subscription delivery)."""
-    if not isinstance(ev, PurchaseFulfilled | ValueReleased) or ev.sealed is None:
-        return ev
-    aad = ev.purchase_id if isinstance(ev, PurchaseFulfilled) else f"{ev.stream_id}/{ev.buyer_id}"
-    plain = open_envelope(key, ev.sealed.model_dump(), aad=aad.encode())
-    releases = [ReleasedValue.model_validate(r) for r in json.loads(plain)]
-    return ev.model_copy(update={"releases": releases})
-
-
-def _env_auth() -> dict[str, Any]:
-    return kafka_auth(
-        os.environ.get("EMARKET_KAFKA_USER"),
-        os.environ.get("EMARKET_KAFKA_PASSWORD"),
-        os.environ.get("EMARKET_KAFKA_MECHANISM", "SCRAM-SHA-512"),
-        os.environ.get("EMARKET_KAFKA_SECURITY", "SASL_PLAINTEXT"),
-    )
 
 
 class TopicReader:
@@ -128,7 +107,7 @@ class MarketClient:
         defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set."""
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
-        self.auth = auth if auth is not None else _env_auth()
+        self.auth = auth if auth is not None else env_auth()
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,

@@ -37,7 +37,7 @@ def _bootstrap(broker: str) -> str:
 
 
 def _topics(args: argparse.Namespace) -> Any:
-    from .topics import Topics  # noqa: PLC0415
+    from ..wire.topics import Topics  # noqa: PLC0415
 
     return Topics(args.prefix, getattr(args, "partitions", 4) or 4)
 
@@ -51,9 +51,9 @@ def _print(obj: Any) -> None:
 
 # ----------------------------------------------------------------------------- commands
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .broker import EmbeddedBroker  # noqa: PLC0415
-    from .config import Settings  # noqa: PLC0415
-    from .runner import run_worker  # noqa: PLC0415
+    from ..broker.embedded import EmbeddedBroker  # noqa: PLC0415
+    from ..worker.config import Settings  # noqa: PLC0415
+    from ..worker.runner import run_worker  # noqa: PLC0415
 
     settings = _worker_settings(args)
     broker = None
@@ -74,14 +74,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .runner import run_worker  # noqa: PLC0415
+    from ..worker.runner import run_worker  # noqa: PLC0415
 
     run_worker(_worker_settings(args))
     return 0
 
 
 def _worker_settings(args: argparse.Namespace) -> Any:
-    from .config import Settings  # noqa: PLC0415
+    from ..worker.config import Settings  # noqa: PLC0415
 
     s = Settings.from_env(
         broker=args.broker,
@@ -113,7 +113,7 @@ def _worker_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_init_topics(args: argparse.Namespace) -> int:
-    from .admin import ensure_topics  # noqa: PLC0415
+    from ..broker.admin import ensure_topics  # noqa: PLC0415
 
     created = asyncio.run(ensure_topics(_bootstrap(args.broker), _topics(args)))
     print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
@@ -135,8 +135,8 @@ def _pricing(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_register(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from ..wire.events import Rejection, StreamRegistration  # noqa: PLC0415
     from .client import MarketClient  # noqa: PLC0415
-    from .events import Rejection, StreamRegistration  # noqa: PLC0415
 
     try:
         reg = StreamRegistration(
@@ -145,8 +145,8 @@ def cmd_register(args: argparse.Namespace) -> int:
             mechanism=args.mechanism,
             sensitivity=args.sensitivity,
             dimension=args.dimension,
-            ladder=args.ladder,
-            cap=args.cap if args.cap is not None else max(args.ladder),
+            steps=args.steps,
+            cap=args.cap if args.cap is not None else max(args.steps),
             retain_last=args.retain,
             sealed=args.sealed,
             pricing=_pricing(args),
@@ -227,8 +227,8 @@ def _parse_row(line: str) -> tuple[str | None, list[float]]:
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
+    from ..wire.events import Rejection  # noqa: PLC0415
     from .client import MarketClient  # noqa: PLC0415
-    from .events import Rejection  # noqa: PLC0415
 
     async def run() -> Any:
         async with MarketClient(_bootstrap(args.broker), _topics(args)) as c:
@@ -266,8 +266,8 @@ def _buyer_key(path: str | None) -> Any:
 
 
 def cmd_buy(args: argparse.Namespace) -> int:
+    from ..wire.events import Rejection  # noqa: PLC0415
     from .client import MarketClient  # noqa: PLC0415
-    from .events import Rejection  # noqa: PLC0415
 
     async def run() -> Any:
         async with MarketClient(_bootstrap(args.broker), _topics(args)) as c:
@@ -316,7 +316,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from .events import SCHEMAS  # noqa: PLC0415
+    from ..wire.events import SCHEMAS  # noqa: PLC0415
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -331,29 +331,32 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_receipt(args: argparse.Namespace) -> int:
-    import numpy as np  # noqa: PLC0415
-
+    """Verify a saved purchase outcome; needs only the base package (no service extra)."""
     from market.errors import ReceiptError  # noqa: PLC0415
-    from market.receipts import verify_receipt  # noqa: PLC0415
+    from market.receipts import parse_public_key, verify_outcome  # noqa: PLC0415
 
-    from .events import PurchaseFulfilled  # noqa: PLC0415
-    from .keys import public_key_from_b64  # noqa: PLC0415
-
-    ev = PurchaseFulfilled.model_validate_json(Path(args.event).read_text())
-    key = public_key_from_b64(args.public_key)
-    releases = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
-    envelope = None if ev.sealed is None else ev.sealed.model_dump()
     try:
-        verify_receipt(
-            ev.receipt.model_dump(), ev.receipt.signature, releases, key, envelope=envelope
-        )
+        key = parse_public_key(args.public_key)
+    except ReceiptError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    try:
+        data = json.loads(Path(args.event).read_text())
+    except OSError as exc:
+        print(f"error: cannot read {args.event}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except (ValueError, RecursionError):
+        print(f"error: {args.event} is not JSON (expected `buy --output` file)", file=sys.stderr)
+        return 2
+    try:
+        rec = verify_outcome(data, key)
     except ReceiptError as exc:
         print(f"INVALID: {exc.message}")
         return 1
     print(
-        f"valid: purchase {ev.purchase_id} by {ev.buyer_id} on {ev.stream_id}, level "
-        f"{ev.level_before:g} -> {ev.level_after:g}, {ev.price_minor} {ev.currency} minor units, "
-        f"{len(releases)} values"
+        f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
+        f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
+        f"{rec.price_minor} {rec.currency} minor units, {len(rec.value_ids)} values"
     )
     return 0
 
@@ -410,29 +413,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prefix", default=os.environ.get("EMARKET_PREFIX", "emarket"))
     sub = p.add_subparsers(dest="command", required=True)
+    _worker_commands(sub)
+    _seller_commands(sub)
+    _buyer_commands(sub)
+    _tool_commands(sub)
+    return p
 
-    def worker_opts(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--app-id", default=None)
-        sp.add_argument("--partitions", type=int, default=None)
-        sp.add_argument("--data-dir", default=None)
-        sp.add_argument("--store", default=None, help="memory:// or rocksdb:// (if installed)")
-        sp.add_argument("--web-host", default=None)
-        sp.add_argument("--web-port", type=int, default=None)
-        sp.add_argument("--session-timeout", type=float, default=None)
-        sp.add_argument("--heartbeat-interval", type=float, default=None)
-        sp.add_argument("--fetch-max-wait-ms", type=int, default=None)
-        sp.add_argument(
-            "--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"]
-        )
-        sp.add_argument(
-            "--tansu", action="store_true", help="apply the embedded-broker workarounds"
-        )
 
+def _worker_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--app-id", default=None)
+    sp.add_argument("--partitions", type=int, default=None)
+    sp.add_argument("--data-dir", default=None)
+    sp.add_argument("--store", default=None, help="memory:// or rocksdb:// (if installed)")
+    sp.add_argument("--web-host", default=None)
+    sp.add_argument("--web-port", type=int, default=None)
+    sp.add_argument("--session-timeout", type=float, default=None)
+    sp.add_argument("--heartbeat-interval", type=float, default=None)
+    sp.add_argument("--fetch-max-wait-ms", type=int, default=None)
+    sp.add_argument(
+        "--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"]
+    )
+    sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+
+
+def _worker_commands(sub: Any) -> None:
     sp = sub.add_parser("serve", help="run a worker (and the embedded broker if no --broker)")
-    worker_opts(sp)
+    _worker_options(sp)
     sp.set_defaults(fn=cmd_serve)
     sp = sub.add_parser("worker", help="run a worker against --broker")
-    worker_opts(sp)
+    _worker_options(sp)
     sp.set_defaults(fn=cmd_worker)
     sp = sub.add_parser("demo", help="live demo: a seller streams, a buyer buys three steps")
     sp.add_argument("--steps", type=int, default=3)
@@ -442,14 +451,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--partitions", type=int, default=4)
     sp.set_defaults(fn=cmd_init_topics)
 
+
+def _seller_commands(sub: Any) -> None:
     sp = sub.add_parser("register", help="seller: register a stream")
     sp.add_argument("--stream", required=True)
     sp.add_argument("--seller", required=True)
     sp.add_argument("--mechanism", choices=["laplace", "gaussian", "poisson"], default="laplace")
     sp.add_argument("--sensitivity", type=float, default=1.0)
     sp.add_argument("--dimension", type=int, default=1)
-    sp.add_argument("--ladder", type=_floats, required=True, help="e.g. 0.25,0.5,1,2")
-    sp.add_argument("--cap", type=float, default=None, help="default: top of the ladder")
+    sp.add_argument(
+        "--steps", "--ladder", type=_floats, required=True,
+        help="levels sold as steps, e.g. 0.25,0.5,1,2",
+    )  # fmt: skip
+    sp.add_argument("--cap", type=float, default=None, help="default: the top step")
     sp.add_argument("--retain", type=int, default=16)
     sp.add_argument("--sealed", action="store_true")
     sp.add_argument("--price-per-level", type=float, default=100.0)
@@ -459,7 +473,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--description", default="")
     sp.add_argument("--timeout", type=float, default=30.0)
     sp.set_defaults(fn=cmd_register)
-
     sp = sub.add_parser("publish", help="seller: publish values (one, or JSON lines)")
     sp.add_argument("--stream", required=True)
     sp.add_argument("--value-id", default=None)
@@ -467,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
     sp.set_defaults(fn=cmd_publish)
 
+
+def _buyer_commands(sub: Any) -> None:
     for name, fn, helptext in (
         ("quote", cmd_quote, "buyer: price of the next step (or --target) without buying"),
         ("buy", cmd_buy, "buyer: buy the next step (or --target) and wait for the release"),
@@ -487,12 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="buyer's X25519 key (created if missing): releases are sealed for it",
             )
         sp.set_defaults(fn=fn)
-
     sp = sub.add_parser("tail", help="buyer: print the events on a buyer's topic")
     sp.add_argument("--buyer", required=True)
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--key-file", default=None, help="open sealed releases with this key")
     sp.set_defaults(fn=cmd_tail)
+
+
+def _tool_commands(sub: Any) -> None:
     sp = sub.add_parser("catalog", help="list registered streams and prices")
     sp.set_defaults(fn=cmd_catalog)
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
@@ -506,10 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--worker", action="append", required=True, help="worker URL (repeatable)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_ledger)
-    return p
 
 
 _NEEDS_BROKER = {"init-topics", "register", "publish", "quote", "buy", "tail", "catalog", "worker"}
+
+
+_SERVICE_MODULES = {"aiokafka", "faust", "mode", "pydantic", "prometheus_client"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,27 +536,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in _NEEDS_BROKER and not args.broker:
         parser.error(f"'{args.command}' needs --broker (or EMARKET_BROKER)")
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        return 130
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVICE_MODULES:
+            raise
+        print(
+            f"'{args.command}' needs the service extra ({exc.name} is not installed): "
+            "pip install 'epsilon-market[service]'",
+            file=sys.stderr,
+        )
+        return 5
+    except Exception as exc:
+        return _report(args, exc)
+
+
+def _report(args: argparse.Namespace, exc: Exception) -> int:
+    """Print a known error as one line and return its exit code; re-raise anything else."""
     from aiokafka.errors import KafkaError  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
 
     from market.errors import MarketError  # noqa: PLC0415
 
-    try:
-        return int(args.fn(args))
-    except KeyboardInterrupt:
-        return 130
-    except TimeoutError as exc:
+    if isinstance(exc, TimeoutError):
         print(f"timed out: {exc}", file=sys.stderr)
         return 3
-    except (KafkaError, OSError) as exc:
+    if isinstance(exc, KafkaError | OSError):
         print(f"cannot reach the broker {args.broker}: {exc!r}", file=sys.stderr)
         return 4
-    except ValidationError as exc:
+    if isinstance(exc, ValidationError):
         print(f"invalid input: {exc}", file=sys.stderr)
         return 2
-    except MarketError as exc:
+    if isinstance(exc, MarketError):
         print(f"error ({exc.code}): {exc.message}", file=sys.stderr)
         return 1
+    raise exc
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 MAX_DIMENSION = 100_000
 MAX_CELLS = 1_000_000  # dimension × retained values: bounds the size of one purchase outcome
-MAX_LADDER = 64
+MAX_STEPS = 64
 
 Identifier = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", strict=True)
@@ -68,6 +68,9 @@ Identifier = Annotated[
 topic names and keys, so nothing else is allowed."""
 
 Level = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+LevelUnit = Literal["epsilon", "rho", "omega"]
+"""What a level measures: ε (Laplace, pure DP), ρ (Gaussian, zCDP) or ω = Δ²/λ (Poisson)."""
+UNIT_OF: dict[str, LevelUnit] = {"laplace": "epsilon", "gaussian": "rho", "poisson": "omega"}
 PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$")]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
@@ -101,7 +104,7 @@ class TableSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["table"] = "table"
-    prices: dict[str, MinorUnits] = Field(min_length=1, max_length=MAX_LADDER)
+    prices: dict[str, MinorUnits] = Field(min_length=1, max_length=MAX_STEPS)
 
 
 PricingSpec = Annotated[
@@ -119,9 +122,9 @@ class StreamRegistration(_Event):
     mechanism: Literal["laplace", "gaussian", "poisson"]
     sensitivity: Level = Field(description="ℓ1 (Laplace, Poisson) or ℓ2 (Gaussian) sensitivity")
     dimension: Annotated[int, Field(ge=1, le=MAX_DIMENSION)]
-    ladder: list[Level] = Field(
+    steps: list[Level] = Field(
         min_length=1,
-        max_length=MAX_LADDER,
+        max_length=MAX_STEPS,
         description="levels offered as steps, increasing; a purchase without an explicit "
         "target buys the next one above what the buyer holds",
     )
@@ -140,10 +143,10 @@ class StreamRegistration(_Event):
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamRegistration:
-        if any(b <= a for a, b in zip(self.ladder, self.ladder[1:], strict=False)):
-            raise ValueError("ladder levels must be strictly increasing")
-        if self.cap < self.ladder[-1]:
-            raise ValueError(f"cap {self.cap:g} is below the top of the ladder {self.ladder[-1]:g}")
+        if any(b <= a for a, b in zip(self.steps, self.steps[1:], strict=False)):
+            raise ValueError("steps must be strictly increasing")
+        if self.cap < self.steps[-1]:
+            raise ValueError(f"cap {self.cap:g} is below the top step {self.steps[-1]:g}")
         if self.dimension * self.retain_last > MAX_CELLS:
             raise ValueError(
                 f"dimension × retain_last = {self.dimension * self.retain_last} exceeds "
@@ -177,7 +180,7 @@ class PurchaseRequest(_Event):
     buyer_id: Identifier
     stream_id: Identifier
     target_level: Level | None = Field(
-        None, description="explicit level; default: the next step on the seller's ladder"
+        None, description="explicit level; default: the seller's next step above the level held"
     )
     max_price_minor: MinorUnits = Field(description="most the buyer will pay, minor units")
     currency: Currency = "EUR"
@@ -208,10 +211,12 @@ PurchasesEvent = Annotated[PurchaseRequest | QuoteRequest, Field(discriminator="
 # ------------------------------------------------------------------- market → everyone
 class PriceLevel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    level: float
+    level: float = Field(description="in the stream's level_unit")
     price_minor: int
     epsilon: float | None = Field(
-        None, description="ε of a release at this level (Gaussian/Poisson at δ = 1e-6)"
+        None,
+        description="ε of a release at this level (Gaussian/Poisson at δ = 1e-6, for the "
+        "stream's dimension); null where the mechanism gives no guarantee",
     )
 
 
@@ -220,6 +225,7 @@ class CatalogEntry(_Event):
 
     type: Literal["catalog_entry"] = "catalog_entry"
     registration: StreamRegistration
+    level_unit: LevelUnit
     accepted_at_ms: Millis
     market_key_id: str
     market_public_key: str = Field(description="Ed25519 public key, base64 of the raw 32 bytes")
@@ -281,6 +287,7 @@ class PurchaseFulfilled(_Event):
     purchase_id: Identifier
     buyer_id: Identifier
     stream_id: Identifier
+    level_unit: LevelUnit
     level_before: float
     level_after: float
     price_minor: int
@@ -302,6 +309,7 @@ class ValueReleased(_Event):
     type: Literal["value_released"] = "value_released"
     buyer_id: Identifier
     stream_id: Identifier
+    level_unit: LevelUnit
     releases: list[ReleasedValue] = Field(
         default_factory=list, description="empty when the releases are sealed"
     )
@@ -309,10 +317,13 @@ class ValueReleased(_Event):
 
 
 class QuoteAnswer(_Event):
+    """The price of a purchase, without buying (``<p>.buyer.<buyer_id>``)."""
+
     type: Literal["quote"] = "quote"
     quote_id: Identifier
     buyer_id: Identifier
     stream_id: Identifier
+    level_unit: LevelUnit
     level_before: float
     level_after: float
     price_minor: int

@@ -3,7 +3,7 @@
 All input topics are keyed by ``stream_id`` and have the same partition count, so Faust assigns
 a stream's registrations, values and purchases — and the table entries written while processing
 them — to the same worker. Per-stream processing is therefore sequential, which is what makes the
-cap check and the release ladder race-free without locks, and adding workers scales out by
+cap check and the release states race-free without locks, and adding workers scales out by
 stream.
 
 =====================  ===========  ===========  ==============================================
@@ -27,9 +27,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TopicSpec", "Topics"]
+__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "TopicSpec", "Topics"]
 
 DAY_MS = 86_400_000
+DEDUP_HORIZON_MS = 7 * DAY_MS
+"""How long the market recognises a resent value or purchase (the dedup horizon).
+
+It equals the retention of the registrations and values topics: anything older can no longer be
+replayed from the broker, so its dedup markers may be forgotten. Workers take it as their
+default (``EMARKET_DEDUP_HORIZON``); the events' timestamps are measured against it."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +85,10 @@ class Topics:
             return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
 
         p = self.partitions
+        horizon = DEDUP_HORIZON_MS // DAY_MS
         return [
-            TopicSpec(self.registrations, p, delete(7)),
-            TopicSpec(self.values, p, delete(7)),
+            TopicSpec(self.registrations, p, delete(horizon)),
+            TopicSpec(self.values, p, delete(horizon)),
             TopicSpec(self.purchases, p, delete(30)),
             TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.rejections, 1, delete(30)),

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .admin import ensure_topics, wait_for_broker
+from ..broker.admin import ensure_topics, wait_for_broker
+from ..wire.topics import Topics
 from .config import Settings
-from .topics import Topics
 
 __all__ = ["ChildWorker", "run_worker", "settings_args"]
 

@@ -7,26 +7,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings", "kafka_auth"]
+from ..broker.auth import kafka_auth
+from ..wire.topics import DEDUP_HORIZON_MS
 
-
-def kafka_auth(
-    user: str | None,
-    password: str | None,
-    mechanism: str = "SCRAM-SHA-512",
-    security: str = "SASL_PLAINTEXT",
-) -> dict[str, Any]:
-    """aiokafka keyword arguments for SASL (PLAIN or SCRAM), or {} without a user."""
-    if not user:
-        return {}
-    if not password:
-        raise ValueError("a Kafka user needs a password (EMARKET_KAFKA_PASSWORD)")
-    return {
-        "security_protocol": security,
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": user,
-        "sasl_plain_password": password,
-    }
+__all__ = ["Settings"]
 
 
 def _truthy(text: str) -> bool:
@@ -69,9 +53,11 @@ class Settings:
     kafka_security: str = "SASL_PLAINTEXT"
     #: Reject purchases that do not name a key to seal releases for (production default).
     require_encryption: bool = False
-    #: Seconds a value is remembered for deduplication after leaving its window; older values
-    #: are refused. Match the values topic's retention (7 days).
-    dedup_horizon: float = 7 * 86_400.0
+    #: Seconds a value or purchase is remembered for deduplication; older ones are refused.
+    #: Match the values topic's retention (see :data:`streams.wire.topics.DEDUP_HORIZON_MS`).
+    dedup_horizon: float = DEDUP_HORIZON_MS / 1000
+    #: Log the time each batch spends processing, persisting state and sending outputs.
+    profile_batches: bool = False
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -96,6 +82,7 @@ class Settings:
             kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
             require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
+            profile_batches=_env("PROFILE_BATCHES", False, _truthy),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 

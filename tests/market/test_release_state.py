@@ -177,10 +177,11 @@ def test_release_across_equals_one_by_one_bit_for_bit(mech: object) -> None:
         return states
 
     a, b = build(), build()
-    # the service passes a factory that re-keys one generator per call: each value must draw
-    # from its own key before the next is requested
+    # the factory re-keys one generator per call: each value must draw from its own key before
+    # the next is requested
     factory = KeyedRngFactory(secret)
-    together = ReleaseState.release_across(a, 2.0, lambda i: factory("v", i, 2.0))
+    identities = [("v", i, 2.0) for i in range(len(a))]
+    together = ReleaseState.release_across(a, 2.0, identities, factory)
     alone = [st.release(2.0, rng=keyed_rng(secret, "v", i, 2.0)) for i, st in enumerate(b)]
     for x, y, sa, sb in zip(together, alone, a, b, strict=True):
         assert x.tobytes() == y.tobytes()
@@ -190,5 +191,5 @@ def test_release_across_equals_one_by_one_bit_for_bit(mech: object) -> None:
 def test_release_across_checks_every_value_first() -> None:
     states = [ReleaseState(Laplace(), [1.0], cap=c) for c in (4.0, 1.0)]
     with pytest.raises(LevelAboveCapError):
-        ReleaseState.release_across(states, 2.0, default_rng)
+        ReleaseState.release_across(states, 2.0, [("a",), ("b",)], KeyedRngFactory(b"s" * 32))
     assert all(len(s) == 0 for s in states)

@@ -1,4 +1,11 @@
-"""Workarounds for the embedded Tansu broker. Installed only when the worker runs against it.
+"""Every change this project makes to Faust, aiokafka or process-wide library state, in one place.
+
+* :func:`tune_fetch_wait` — Faust hard-codes ``fetch_max_wait_ms=1500``; we make it a setting
+  (any broker).
+* :func:`quiet_libraries` — aiokafka and Faust log every produce at DEBUG; formatting those
+  records costs ~10% of a busy worker even when nothing is printed.
+* :func:`install_tansu_compat` — workarounds for the embedded Tansu broker, installed only when
+  the worker runs against it:
 
 Two Tansu 0.6 behaviours break Faust; both are patched here and nowhere else, so production on
 Apache Kafka runs unmodified Faust/aiokafka code paths:
@@ -13,8 +20,7 @@ Apache Kafka runs unmodified Faust/aiokafka code paths:
    first member of a group never leaves cleanly and its successor waits ~1.5 session timeouts.
    We let ``_maybe_leave_group`` send LeaveGroup for generation 0 too.
 
-The fix for Faust's hard-coded 1.5 s fetch wait (Tansu never wakes a waiting fetch) is a tuning
-knob that applies to every broker and lives in :mod:`streams.app`.
+Tansu also never wakes a waiting fetch, which is why the fetch wait is short there.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-__all__ = ["install_tansu_compat", "true_highwaters"]
+__all__ = ["install_tansu_compat", "quiet_libraries", "true_highwaters", "tune_fetch_wait"]
 
 log = logging.getLogger(__name__)
 _installed = False
@@ -97,3 +103,29 @@ def install_tansu_compat() -> None:
     AIOKafkaConsumerThread._highwaters = _highwaters  # type: ignore[method-assign]
     GroupCoordinator._maybe_leave_group = _maybe_leave_group
     _installed = True
+
+
+def quiet_libraries(level: str) -> None:
+    """Keep aiokafka, Faust and mode at INFO or above unless the worker logs at DEBUG."""
+    if level.lower() != "debug":
+        for name in ("aiokafka", "faust", "mode"):
+            logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger(name).level))
+
+
+def tune_fetch_wait(fetch_max_wait_ms: int) -> None:
+    """Faust passes ``fetch_max_wait_ms=1500`` to aiokafka unconditionally; override it."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread  # noqa: PLC0415
+
+    original = AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(original, "_emarket_wait", None) == fetch_max_wait_ms:
+        return
+    base = getattr(original, "_emarket_original", original)
+
+    def _create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = base(self, transport)
+        consumer._fetch_max_wait_ms = fetch_max_wait_ms
+        return consumer
+
+    _create_worker_consumer._emarket_wait = fetch_max_wait_ms  # type: ignore[attr-defined]
+    _create_worker_consumer._emarket_original = base  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer  # type: ignore[method-assign]

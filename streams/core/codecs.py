@@ -1,0 +1,46 @@
+"""Bytes of every stored record: the one place that says how state is written to a changelog.
+
+Stream and purchase records are their models' JSON; a value's release state uses the compact
+binary codec of :mod:`market.codec`, and an eviction marker a short tagged text. The worker
+registers these functions as Faust codecs (:mod:`streams.worker.tables`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from market.codec import decode_state, encode_state
+
+from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
+
+__all__ = ["CODECS", "decode_value", "encode_value"]
+
+_EVICTED = b"EVIC"
+
+
+def encode_value(obj: ValueState) -> bytes:
+    """A value's release state (binary codec) or its eviction marker (``EVIC`` + text)."""
+    if isinstance(obj, EvictedValue):
+        return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
+    return encode_state(obj)
+
+
+def decode_value(data: bytes) -> ValueState:
+    """Inverse of :func:`encode_value`."""
+    if data.startswith(_EVICTED):
+        seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
+        return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
+    return decode_state(data)
+
+
+def _model_json(model: Any) -> bytes:
+    return bytes(model.model_dump_json().encode())
+
+
+CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+    "streams": (_model_json, StreamState.model_validate_json),
+    "releases": (encode_value, decode_value),
+    "purchases": (_model_json, PurchaseRecord.model_validate_json),
+}
+"""Store name → (encode, decode) of its records."""

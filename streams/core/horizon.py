@@ -1,0 +1,130 @@
+"""The dedup horizon: one rule, for values and purchases alike, that keeps memory bounded.
+
+The market recognises a resent value (same stream and value id) or purchase (same buyer and
+purchase id) by a stored record. Keeping every record forever would grow without bound, so each
+stream carries two *watermarks*, the newest publication time of a value and the newest request
+time of a purchase, and:
+
+* an event older than its watermark minus the horizon is **refused** (``value_too_old``,
+  ``request_too_old``): no record can be needed to recognise it;
+* records older than the watermark minus the horizon are therefore **forgotten**;
+* an event more than :data:`MAX_CLOCK_SKEW_MS` ahead of the market's clock is refused
+  (``*_from_the_future``), or it could push the watermark forward and make the market forget
+  records that honest resends still need.
+
+Which records are due is found with an in-memory heap per stream and kind, rebuilt from the
+stores by one scan after a restart or a rebalance (:meth:`DedupHorizon.invalidate`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .outputs import Reject
+from .state import EvictedValue, Stores
+
+__all__ = ["MAX_CLOCK_SKEW_MS", "DedupHorizon", "HorizonKind"]
+
+MAX_CLOCK_SKEW_MS = 3_600_000
+HorizonKind = Literal["value", "purchase"]
+
+
+@dataclass(frozen=True)
+class _Words:
+    """How refusals of one kind of event read."""
+
+    noun: str
+    stamped: str
+    newest: str
+    too_old: str
+    future: str
+    too_old_advice: str
+    whose_clock: str
+
+
+_WORDS: dict[HorizonKind, _Words] = {
+    "value": _Words(
+        "value", "was published at", "the newest value of stream", "value_too_old",
+        "value_from_the_future", "the market no longer accepts or replays it", "seller's",
+    ),
+    "purchase": _Words(
+        "purchase", "was requested at", "the newest purchase on stream", "request_too_old",
+        "request_from_the_future", "resend it with a new purchase id and a current time",
+        "buyer's",
+    ),
+}  # fmt: skip
+
+
+class DedupHorizon:
+    """Admits events by their timestamps and forgets records the horizon no longer needs."""
+
+    def __init__(self, horizon_ms: int, clock: Callable[[], int], stores: Stores) -> None:
+        self.horizon_ms = horizon_ms
+        self.clock = clock
+        self._stores = stores
+        self._heaps: dict[HorizonKind, dict[str, list[tuple[int, str]]]] = {}
+
+    def admit(
+        self, kind: HorizonKind, ts: int, watermark: int | None, ident: str, stream_id: str
+    ) -> None:
+        """Raise :class:`Reject` if an event stamped ``ts`` must be refused.
+
+        ``watermark`` is the stream's newest timestamp of this kind (``None`` for a stream the
+        market does not know, whose events are only checked against the clock).
+        """
+        w = _WORDS[kind]
+        if watermark is not None and ts < watermark - self.horizon_ms:
+            raise Reject(
+                w.too_old,
+                f"{w.noun} {ident!r} {w.stamped} {ts} ms, more than the dedup horizon "
+                f"({self.horizon_ms} ms) before {w.newest} {stream_id!r} ({watermark} ms); "
+                f"{w.too_old_advice}",
+            )
+        if ts > self.clock() + MAX_CLOCK_SKEW_MS:
+            raise Reject(
+                w.future,
+                f"{w.noun} {ident!r} claims a time of {ts} ms, more than {MAX_CLOCK_SKEW_MS} ms "
+                f"ahead of the market's clock; check the {w.whose_clock} clock",
+            )
+
+    def remember(self, kind: HorizonKind, stream_id: str, ts: int, key: str) -> None:
+        """Note that the record ``key`` of ``stream_id`` expires with timestamp ``ts``."""
+        heapq.heappush(self._heap(kind, stream_id), (ts, key))
+
+    def forget(
+        self, kind: HorizonKind, stream_id: str, watermark: int, store: MutableMapping[str, Any]
+    ) -> None:
+        """Drop from ``store`` the records of ``stream_id`` the horizon no longer protects."""
+        heap = self._heap(kind, stream_id)
+        low = watermark - self.horizon_ms
+        while heap and heap[0][0] < low:
+            _, key = heapq.heappop(heap)
+            store.pop(key, None)
+
+    def invalidate(self) -> None:
+        """Forget the heaps; the next use rebuilds them from the stores in one scan.
+
+        Needed after every rebalance: the stores may then hold records another worker wrote.
+        """
+        self._heaps.clear()
+
+    def _heap(self, kind: HorizonKind, stream_id: str) -> list[tuple[int, str]]:
+        if not self._heaps:
+            self._index()
+        return self._heaps[kind].setdefault(stream_id, [])
+
+    def _index(self) -> None:
+        """One pass over both stores builds the heaps of every stream at once."""
+        values: dict[str, list[tuple[int, str]]] = {}
+        for k, v in self._stores.releases.items():
+            if isinstance(v, EvictedValue):
+                values.setdefault(k.rsplit("/", 1)[0], []).append((v.published_at_ms, k))
+        purchases: dict[str, list[tuple[int, str]]] = {}
+        for k, r in self._stores.purchases.items():
+            purchases.setdefault(r.stream_id, []).append((r.requested_at_ms, k))
+        for heap in (*values.values(), *purchases.values()):
+            heapq.heapify(heap)
+        self._heaps = {"value": values, "purchase": purchases}

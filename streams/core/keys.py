@@ -1,0 +1,46 @@
+"""The market's own secrets, as the core sees them: a receipt-signing key and a noise secret.
+
+Loading them from files or the environment is the worker's job
+(:mod:`streams.worker.secrets`); the core only signs with one and derives noise from the other.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from market.receipts import key_id
+
+__all__ = ["MarketKeys", "public_key_from_b64"]
+
+
+@dataclass(frozen=True)
+class MarketKeys:
+    """The Ed25519 receipt key and the noise secret; ``repr`` never shows either."""
+
+    signing_key: Ed25519PrivateKey = field(repr=False)
+    noise_secret: bytes = field(repr=False)
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        return self.signing_key.public_key()
+
+    @property
+    def key_id(self) -> str:
+        return key_id(self.public_key)
+
+    @property
+    def public_key_b64(self) -> str:
+        raw = self.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return base64.b64encode(raw).decode("ascii")
+
+    def __repr__(self) -> str:
+        return f"MarketKeys(key_id={self.key_id}, secrets=<redacted>)"
+
+
+def public_key_from_b64(text: str) -> Ed25519PublicKey:
+    """An Ed25519 public key from base64 of its 32 raw bytes."""
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))

@@ -1,0 +1,272 @@
+"""A buyer's purchase → plan, release, charge, receipt; and quotes, which only plan.
+
+A purchase is keyed by ``(buyer_id, purchase_id)``: its outcome, fulfilment or refusal, is stored
+with the exact bytes sent, and a resend re-emits those bytes without charging again (a resend
+with other parameters is refused, ``idempotency_key_reused``). A fulfilment releases the level
+bought on every value in the stream's window, charges ``P(new) − P(held)``, and carries an
+Ed25519-signed receipt that binds the released numbers (and their envelope, when sealed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from market import MarketError, ReleaseState
+from market.envelope import ciphertext_digest
+from market.pricing import StepPlan, plan_step
+from market.receipts import Receipt, release_digest, sign_receipt
+
+from ..wire.events import (
+    UNIT_OF,
+    Envelope,
+    PurchaseFulfilled,
+    PurchaseRequest,
+    QuoteAnswer,
+    QuoteRequest,
+    ReceiptModel,
+    ReleasedValue,
+)
+from ..wire.sealing import purchase_aad, seal_releases
+from .context import Context
+from .outputs import Outcome, Output, Reject, dump
+from .rejections import Source, rejection
+from .state import Holder, PurchaseRecord, StreamState, record_key
+
+__all__ = ["fingerprint", "fulfil", "purchase", "quote"]
+
+
+def fingerprint(req: PurchaseRequest) -> str:
+    """What makes two purchases with one id the same request (the send time does not)."""
+    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency,
+              req.buyer_public_key)  # fmt: skip
+    return hashlib.sha256(repr(fields).encode()).hexdigest()
+
+
+def quote(ctx: Context, req: QuoteRequest) -> Outcome:
+    """Answer what a purchase would cost, without buying."""
+    st = ctx.stream(req.stream_id)
+    plan = _plan(ctx, st, req.buyer_id, req.target_level)
+    answer = QuoteAnswer(
+        quote_id=req.quote_id,
+        buyer_id=req.buyer_id,
+        stream_id=req.stream_id,
+        level_unit=UNIT_OF[st.registration.mechanism],
+        level_before=plan.held,
+        level_after=plan.after,
+        price_minor=plan.price_minor,
+        currency=st.registration.currency,
+    )
+    topic = ctx.topics.buyer(req.buyer_id)
+    return Outcome(
+        "quote",
+        "answered",
+        [Output(topic, req.quote_id.encode(), dump(answer))],
+        stream_id=req.stream_id,
+        price_minor=plan.price_minor,
+        buyer_topic=topic,
+    )
+
+
+def purchase(ctx: Context, req: PurchaseRequest, src: Source) -> Outcome:
+    """Apply one ``purchase`` event: replay a stored outcome, or fulfil or refuse and store it."""
+    rec_key = record_key(req.buyer_id, req.purchase_id)
+    fp = fingerprint(req)
+    topic = ctx.topics.buyer(req.buyer_id)
+    st = ctx.stores.streams.get(req.stream_id)
+    watermark = None if st is None else st.purchase_watermark_ms
+    ctx.horizon.admit(
+        "purchase", req.requested_at_ms, watermark, req.purchase_id, req.stream_id
+    )
+    record = ctx.stores.purchases.get(rec_key)
+    if record is not None:
+        return _replay(ctx, req, record, fp, topic)
+    try:
+        outcome = fulfil(ctx, req, fp, topic)
+    except (Reject, MarketError) as exc:
+        rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
+        outcome = rejection(ctx, "purchase", src, rej)
+        ctx.stores.purchases[rec_key] = PurchaseRecord(
+            fingerprint=fp,
+            status="rejected",
+            stream_id=req.stream_id,
+            payload=outcome.outputs[0].value.decode(),
+            requested_at_ms=req.requested_at_ms,
+        )
+    _advance_watermark(ctx, req, rec_key)
+    return outcome
+
+
+def _replay(
+    ctx: Context, req: PurchaseRequest, record: PurchaseRecord, fp: str, topic: str
+) -> Outcome:
+    """A resent purchase: the stored bytes again, or a refusal if the id meant something else."""
+    if record.fingerprint != fp:
+        raise Reject(
+            "idempotency_key_reused",
+            f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} for a "
+            "different request; use a new purchase id",
+        )
+    payload = record.payload.encode()
+    outputs = [Output(topic, req.purchase_id.encode(), payload)]
+    if record.status == "rejected":
+        outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
+    return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id, buyer_topic=topic)
+
+
+def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None:
+    """Move the stream's purchase watermark and forget outcomes beyond the horizon."""
+    st = ctx.stores.streams.get(req.stream_id)
+    if st is None:  # purchases of unknown streams are rare and kept
+        return
+    ts = req.requested_at_ms
+    ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
+    if ts > st.purchase_watermark_ms:
+        st.purchase_watermark_ms = ts
+        ctx.stores.streams[req.stream_id] = st
+    ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)
+
+
+def _plan(ctx: Context, st: StreamState, buyer_id: str, target: float | None) -> StepPlan:
+    reg = st.registration
+    mech, sched = ctx.pricing(reg)
+    holder = st.holders.get(buyer_id)
+    held = holder.level if holder else 0.0
+    return plan_step(sched, mech, list(reg.steps), reg.cap, held, target, stream=reg.stream_id)
+
+
+def _check_terms(ctx: Context, req: PurchaseRequest, st: StreamState) -> None:
+    reg = st.registration
+    if ctx.require_encryption and not req.buyer_public_key:
+        raise Reject(
+            "encryption_required",
+            "this market only delivers sealed releases: send buyer_public_key (an X25519 "
+            "public key, base64) with the purchase; `epsilon-market buy --key-file` does it",
+        )
+    if req.currency != reg.currency:
+        raise Reject(
+            "currency_mismatch",
+            f"stream {reg.stream_id!r} is priced in {reg.currency}, not {req.currency}",
+        )
+
+
+def fulfil(ctx: Context, req: PurchaseRequest, fp: str, topic: str) -> Outcome:
+    """Release the level bought on the stream's window, charge, sign; or raise a refusal."""
+    st = ctx.stream(req.stream_id)
+    reg = st.registration
+    _check_terms(ctx, req, st)
+    plan = _plan(ctx, st, req.buyer_id, req.target_level)
+    if plan.price_minor > req.max_price_minor:
+        raise Reject(
+            "price_too_high",
+            f"moving from level {plan.held:g} to {plan.target:g} costs {plan.price_minor} "
+            f"{reg.currency} minor units; you offered at most {req.max_price_minor}",
+            quoted_price_minor=plan.price_minor,
+        )
+    releases, new_noise = _release_window(ctx, st, plan.after)
+    holder = _charge(st, req, plan)
+    ctx.stores.streams[reg.stream_id] = st
+    payload = dump(_fulfilled(ctx, req, st, plan, releases, holder))
+    ctx.stores.purchases[record_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
+        fingerprint=fp,
+        status="fulfilled",
+        stream_id=reg.stream_id,
+        price_minor=plan.price_minor,
+        payload=payload.decode(),
+        requested_at_ms=req.requested_at_ms,
+    )
+    return Outcome(
+        "purchase",
+        "fulfilled",
+        [Output(topic, req.purchase_id.encode(), payload)],
+        stream_id=reg.stream_id,
+        mechanism=reg.mechanism,
+        releases=len(releases),
+        new_noise=new_noise,
+        price_minor=plan.price_minor,
+        buyer_topic=topic,
+        figures=ctx.figures(st),
+    )
+
+
+def _release_window(
+    ctx: Context, st: StreamState, level: float
+) -> tuple[list[ReleasedValue], int]:
+    """Every value in the window released at ``level`` (new samples keyed by the request)."""
+    sid = st.registration.stream_id
+    keys = [record_key(sid, e.value_id) for e in st.window]
+    states: list[ReleaseState] = []
+    for k in keys:
+        state = ctx.stores.releases[k]
+        assert isinstance(state, ReleaseState)  # window entries are never evicted
+        states.append(state)
+    new_noise = sum(level not in s for s in states)
+    identities = [(sid, e.value_id, level) for e in st.window]
+    vectors = ReleaseState.release_across(states, level, identities, ctx.rngs)
+    for k, state in zip(keys, states, strict=True):
+        ctx.stores.releases[k] = state
+    if st.window:
+        st.spent = max(st.spent, level)
+    releases = [
+        ReleasedValue.model_construct(value_id=e.value_id, seq=e.seq, level=level,
+                                      values=v.tolist())
+        for e, v in zip(st.window, vectors, strict=True)
+    ]  # fmt: skip
+    return releases, new_noise
+
+
+def _charge(st: StreamState, req: PurchaseRequest, plan: StepPlan) -> Holder:
+    """The buyer now holds ``plan.after`` and has paid for it."""
+    holder = st.holders.get(req.buyer_id) or Holder(level=plan.after)
+    if req.buyer_public_key:
+        holder.public_key = req.buyer_public_key
+    holder.level = plan.after
+    holder.paid_minor += plan.price_minor
+    holder.purchases += 1
+    st.holders[req.buyer_id] = holder
+    st.revenue_minor += plan.price_minor
+    return holder
+
+
+def _fulfilled(
+    ctx: Context,
+    req: PurchaseRequest,
+    st: StreamState,
+    plan: StepPlan,
+    releases: list[ReleasedValue],
+    holder: Holder,
+) -> PurchaseFulfilled:
+    """The outcome event: releases (sealed for the holder's key, if any) and a signed receipt."""
+    reg = st.registration
+    sealed: Envelope | None = None
+    if holder.public_key:
+        sealed = seal_releases(holder.public_key, releases, purchase_aad(req.purchase_id))
+    receipt = Receipt(
+        purchase_id=req.purchase_id,
+        buyer_id=req.buyer_id,
+        stream_id=reg.stream_id,
+        seller_id=reg.seller_id,
+        mechanism=reg.mechanism,
+        value_ids=tuple(r.value_id for r in releases),
+        level_before=plan.held,
+        level_after=plan.after,
+        price_minor=plan.price_minor,
+        currency=reg.currency,
+        release_digest=release_digest((r.value_id, r.level, r.values) for r in releases),
+        issued_at_ms=ctx.clock(),
+        market_key_id=ctx.keys.key_id,
+        ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
+    )
+    signature = sign_receipt(receipt, ctx.keys.signing_key)
+    return PurchaseFulfilled.model_construct(
+        purchase_id=req.purchase_id,
+        buyer_id=req.buyer_id,
+        stream_id=reg.stream_id,
+        level_unit=UNIT_OF[reg.mechanism],
+        level_before=plan.held,
+        level_after=plan.after,
+        price_minor=plan.price_minor,
+        currency=reg.currency,
+        releases=[] if sealed else releases,
+        sealed=sealed,
+        receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
+    )

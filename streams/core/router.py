@@ -1,0 +1,149 @@
+"""Routing one event to its handler, and turning whatever goes wrong into a rejection.
+
+:class:`MarketCore` is the market's business logic without Kafka: raw bytes from an input topic
+in, an :class:`~streams.core.outputs.Outcome` (state changes made, messages to send) out. It never
+raises for bad input: a refusal (:class:`~streams.core.outputs.Reject`), an engine error
+(:class:`market.MarketError`), an invalid payload (pydantic's ``ValidationError``) and even a bug
+each become a ``Rejection`` of that one event, and the next event is processed as usual.
+
+The event path, one module per step::
+
+    router  ──► registrations  (register_stream → stream state, catalog entry)
+            ──► values         (value → release state, window, eviction) ──► delivery
+            ──► purchases      (quote | purchase → plan, release, charge, receipt)
+            ──► rejections     (anything refused)
+
+Replay safety: see ``docs/architecture.md``. Releases are state, state is durable before the
+worker sends outputs, outcomes are idempotent, and new noise is keyed by the request identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from market import MarketError
+
+from ..wire.events import PURCHASES_EVENT, QuoteRequest
+from ..wire.topics import DEDUP_HORIZON_MS, Topics
+from . import purchases, registrations, values
+from .context import Context
+from .delivery import Deliveries
+from .horizon import DedupHorizon
+from .keys import MarketKeys
+from .outputs import Kind, Outcome, Output, Reject
+from .rejections import Source, rejection
+from .state import Stores
+
+__all__ = ["MarketCore", "now_ms"]
+
+log = logging.getLogger("emarket.core")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MarketCore:
+    """Applies events to the market state. Not thread-safe; one instance per worker."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        keys: MarketKeys,
+        topics: Topics,
+        *,
+        clock: Callable[[], int] = now_ms,
+        require_encryption: bool = False,
+        dedup_horizon_ms: int = DEDUP_HORIZON_MS,
+    ) -> None:
+        self.ctx = Context(
+            stores=stores,
+            keys=keys,
+            topics=topics,
+            clock=clock,
+            horizon=DedupHorizon(dedup_horizon_ms, clock, stores),
+            deliveries=Deliveries(topics),
+            require_encryption=require_encryption,
+        )
+
+    @property
+    def stores(self) -> Stores:
+        return self.ctx.stores
+
+    def handle(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> Outcome:
+        """Process one raw input event; never raises for bad input (it becomes a rejection)."""
+        raw = value or b""
+        src: Source = (topic, partition, offset, raw)
+        t = self.ctx.topics
+        if topic == t.registrations:
+            return self._guard("registration", src, lambda: registrations.register(self.ctx, raw))
+        if topic == t.values:
+            return self._guard("value", src, lambda: values.ingest_value(self.ctx, raw))
+        if topic == t.purchases:
+            return self._guard("purchase", src, lambda: self._purchases(src))
+        unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
+        return rejection(self.ctx, "unknown", src, unknown)
+
+    def _purchases(self, src: Source) -> Outcome:
+        req = PURCHASES_EVENT.validate_json(src[3])
+        if isinstance(req, QuoteRequest):
+            return self._guard("quote", src, lambda: purchases.quote(self.ctx, req))
+        return purchases.purchase(self.ctx, req, src)
+
+    def _guard(self, kind: Kind, src: Source, fn: Callable[[], Outcome]) -> Outcome:
+        try:
+            return fn()
+        except Reject as rej:
+            return rejection(self.ctx, kind, src, rej)
+        except MarketError as exc:  # e.g. parameters the engine refuses
+            return rejection(self.ctx, kind, src, Reject(exc.code, exc.message))
+        except ValidationError as exc:
+            return rejection(self.ctx, kind, src, _invalid(kind, exc))
+        except Exception as exc:  # a bug must not stop the market: reject, log, carry on
+            log.exception("internal error while processing a %s event", kind)
+            return rejection(self.ctx, kind, src, Reject(
+                "internal_error",
+                "the market could not process this event; the operators have been alerted "
+                f"({type(exc).__name__})",
+            ))  # fmt: skip
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[Output]]:
+        """Collect the subscription deliveries of several events into one message per buyer.
+
+        Inside the block, value events return no outputs for subscribers; on exit the list
+        yielded to the caller receives one ``value_released`` event per (buyer, stream) holding
+        every release of the batch, in arrival order.
+        """
+        with self.ctx.deliveries.batch(self.ctx.stores.streams) as outputs:
+            yield outputs
+
+    def invalidate_indexes(self) -> None:
+        """Forget in-memory indexes built from the stores (call after every rebalance)."""
+        self.ctx.horizon.invalidate()
+
+
+def _invalid(kind: Kind, exc: ValidationError) -> Reject:
+    """A readable rejection for a payload that is not a valid event of its topic."""
+    errors: list[dict[str, Any]] = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
+        for e in exc.errors(include_url=False, include_input=False)[:10]
+    ]
+    first = errors[0] if errors else {"loc": "", "msg": str(exc)}
+    msg = f"not a valid {kind} event: {first['loc'] or 'payload'}: {first['msg']}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more problems)"
+    return Reject("invalid_event", msg, errors=errors)

@@ -1,0 +1,124 @@
+"""The market's state: one record per stream, per value and per purchase, and their stores.
+
+=============  =========================  ===================================================
+store          key                        value
+=============  =========================  ===================================================
+``streams``    ``stream_id``              :class:`StreamState`: registration, window, holders,
+                                          revenue, privacy spent, watermarks
+``releases``   ``stream_id/value_id``     the value's :class:`~market.release_state.ReleaseState`
+                                          while it is in its stream's window, then an
+                                          :class:`EvictedValue` marker until the dedup horizon
+``purchases``  ``buyer_id/purchase_id``   :class:`PurchaseRecord`: the stored outcome
+=============  =========================  ===================================================
+
+Any ``MutableMapping`` works as a store: dicts in tests, write-back Faust tables in the worker.
+Handlers always re-assign a record after changing it, so a table sends its changelog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from market import ReleaseState
+
+from ..wire.events import StreamRegistration
+
+__all__ = [
+    "EvictedValue",
+    "Holder",
+    "PurchaseRecord",
+    "Stores",
+    "StreamState",
+    "ValueEntry",
+    "ValueState",
+    "record_key",
+]
+
+
+def record_key(*parts: str) -> str:
+    """Key of a record that belongs to a stream or a buyer: ``owner/id``."""
+    return "/".join(parts)
+
+
+class ValueEntry(BaseModel):
+    """A value in its stream's window (newest last)."""
+
+    model_config = ConfigDict(extra="forbid")
+    value_id: str
+    seq: int
+    digest: str
+    received_at_ms: int
+    published_at_ms: int = 0
+
+
+class Holder(BaseModel):
+    """What one buyer holds on one stream."""
+
+    model_config = ConfigDict(extra="forbid")
+    level: float
+    paid_minor: int = 0
+    purchases: int = 0
+    public_key: str | None = None  # X25519 key releases to this holder are sealed for
+
+
+class StreamState(BaseModel):
+    """Everything the market keeps about one stream besides the per-value release states."""
+
+    model_config = ConfigDict(extra="forbid")
+    registration: StreamRegistration
+    accepted_at_ms: int
+    catalog_payload: str
+    window: list[ValueEntry] = []
+    next_seq: int = 0
+    holders: dict[str, Holder] = {}
+    revenue_minor: int = 0
+    spent: float = 0.0
+    values_ingested: int = 0
+    #: newest publication time accepted on the stream; values older than this minus the dedup
+    #: horizon are refused, which is what allows forgetting their eviction markers
+    watermark_ms: int = 0
+    #: the same for purchases: outcomes older than it minus the horizon are forgotten
+    purchase_watermark_ms: int = 0
+
+
+class PurchaseRecord(BaseModel):
+    """The stored outcome of one purchase: replayed verbatim for duplicates."""
+
+    model_config = ConfigDict(extra="forbid")
+    fingerprint: str
+    status: Literal["fulfilled", "rejected"]
+    stream_id: str
+    price_minor: int = 0
+    payload: str
+    requested_at_ms: int = 0
+
+
+@dataclass(frozen=True)
+class EvictedValue:
+    """What remains of a value that left its stream's window: enough to recognise a resend,
+    until the value is older than the dedup horizon (then any resend is refused as too old)."""
+
+    seq: int
+    digest: str
+    published_at_ms: int = 0
+
+
+ValueState = ReleaseState | EvictedValue
+
+
+class Stores:
+    """The three stores the core reads and writes (see the module docstring)."""
+
+    def __init__(
+        self,
+        streams: MutableMapping[str, StreamState] | None = None,
+        releases: MutableMapping[str, ValueState] | None = None,
+        purchases: MutableMapping[str, PurchaseRecord] | None = None,
+    ) -> None:
+        self.streams: MutableMapping[str, StreamState] = {} if streams is None else streams
+        self.releases: MutableMapping[str, ValueState] = {} if releases is None else releases
+        self.purchases: MutableMapping[str, PurchaseRecord] = {} if purchases is None else purchases

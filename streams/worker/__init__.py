@@ -1,0 +1,8 @@
+"""The worker: a Faust app that feeds the input topics to the core and makes its effects durable.
+
+``app`` (the Faust app and its agent) · ``batch`` (one batch: apply, persist, send) ·
+``tables`` (stores as write-back Faust tables) · ``producer`` (acknowledged sends, topics, health
+probes) · ``web`` (/metrics, /health, /ledger) · ``metrics`` · ``compat`` (every Faust/aiokafka
+patch) · ``faults`` (fail points for crash tests) · ``runner`` (in-process or child workers) ·
+``config`` (settings) · ``secrets`` (loading the market's keys).
+"""

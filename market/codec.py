@@ -35,12 +35,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .chain import ChainState
 from .errors import MarketError, StateFormatError
 from .levels import MAX_DIMENSION, canonical_level
 from .mechanisms import MECHANISMS, Mechanism
 from .release_state import ReleaseState
 
-__all__ = ["FORMAT_VERSION", "decode_state", "encode_state"]
+__all__ = [
+    "CHAIN_FORMAT_VERSION",
+    "FORMAT_VERSION",
+    "decode_chain_state",
+    "decode_state",
+    "encode_chain_state",
+    "encode_state",
+]
 
 FORMAT_VERSION = 1
 SPARSE_MIN_DIMENSION = 64
@@ -214,3 +222,105 @@ def decode_state(data: bytes) -> ReleaseState:
     if r.pos != len(body):
         raise StateFormatError("trailing bytes after the release state")
     return ReleaseState._restore(mech, dimension=dim, exact=exact, cap=cap_level, releases=releases)
+
+
+# -- chain states ---------------------------------------------------------------------------
+CHAIN_FORMAT_VERSION = 1
+_CHAIN_MAGIC = b"EMCS"
+_CHAIN_HEADER = struct.Struct("<4sBBBBI")
+
+
+def encode_chain_state(state: ChainState) -> bytes:
+    """Serialise a :class:`~market.chain.ChainState` (a value's cached chain).
+
+    Layout of chain format version 1 (little-endian)::
+
+        magic "EMCS" · version u8 · flags u8 (bit 0: exact present, bit 1: int64 items) ·
+        reserved u8 · count u8 · dimension u32 · count × u8 cached steps (increasing) ·
+        exact (dimension × item, if present) · one block per cached step, in step order,
+        dense or sparse against the block before it · crc32 u32
+
+    ``item`` is f64, or i64 for Poisson counts. Consecutive Laplace steps share about
+    (l_{k−1}/l_k)² of their coordinates, which the sparse blocks store once.
+    """
+    exact = state.exact
+    steps = sorted(state.steps)
+    first = exact if exact is not None else state.steps[steps[0]]
+    counts = first.dtype == np.int64
+    item = np.dtype("<i8") if counts else np.dtype("<f8")
+    dim = int(first.shape[0])
+    flags = (1 if exact is not None else 0) | (2 if counts else 0)
+    parts: list[bytes] = [
+        _CHAIN_HEADER.pack(_CHAIN_MAGIC, CHAIN_FORMAT_VERSION, flags, 0, len(steps), dim),
+        bytes(steps),
+    ]
+    if exact is not None:
+        parts.append(exact.astype(item, copy=False).tobytes())
+    reference: NDArray[Any] | None = None
+    for k in steps:
+        values = state.steps[k]
+        parts += _block_bytes(values, reference, item, dim)
+        reference = values
+    body = b"".join(parts)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _block_bytes(
+    values: NDArray[Any], reference: NDArray[Any] | None, item: np.dtype[Any], dim: int
+) -> list[bytes]:
+    if reference is not None and dim >= SPARSE_MIN_DIMENSION:
+        idx = np.flatnonzero(values.view(np.uint64) != reference.view(np.uint64))
+        if 4 + idx.shape[0] * (4 + item.itemsize) < dim * item.itemsize:
+            return [
+                struct.pack("<BI", _SPARSE, idx.shape[0]),
+                idx.astype("<u4").tobytes(),
+                values[idx].astype(item, copy=False).tobytes(),
+            ]
+    return [struct.pack("<B", _DENSE), values.astype(item, copy=False).tobytes()]
+
+
+def decode_chain_state(data: bytes) -> ChainState:
+    """Parse bytes written by :func:`encode_chain_state`.
+
+    Returns
+    -------
+    ChainState
+
+    Raises
+    ------
+    StateFormatError
+        Truncated, corrupt, of another version, or implausible.
+    """
+    if len(data) < _CHAIN_HEADER.size + 4 or data[:4] != _CHAIN_MAGIC:
+        raise StateFormatError("not a chain state (bad magic bytes or too short)")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if zlib.crc32(body) != crc:
+        raise StateFormatError("chain state is corrupt (checksum mismatch)")
+    r = _Reader(body)
+    _m, version, flags, _r, count, dim = _CHAIN_HEADER.unpack(r.take(_CHAIN_HEADER.size))
+    if version != CHAIN_FORMAT_VERSION:
+        raise StateFormatError(
+            f"chain state format version {version} is not supported "
+            f"(this library reads version {CHAIN_FORMAT_VERSION})"
+        )
+    if not 0 < dim <= MAX_DIMENSION:
+        raise StateFormatError(f"implausible dimension {dim}")
+    steps = list(r.take(count))
+    if any(a >= b for a, b in itertools.pairwise(steps)):
+        raise StateFormatError("chain state steps are not strictly increasing")
+    native = np.dtype(np.int64) if flags & 2 else np.dtype(np.float64)
+    item = np.dtype("<i8") if flags & 2 else np.dtype("<f8")
+    exact = r.array(dim, item).astype(native) if flags & 1 else None
+    cached: dict[int, NDArray[Any]] = {}
+    reference: NDArray[Any] | None = None
+    for k in steps:
+        reference = _block(r, dim, item, native, reference)
+        reference.setflags(write=False)
+        cached[k] = reference
+    if r.pos != len(body):
+        raise StateFormatError("trailing bytes after the chain state")
+    if exact is not None:
+        exact.setflags(write=False)
+    elif not cached:
+        raise StateFormatError("a chain state needs its exact value or a cached step")
+    return ChainState(exact, cached)

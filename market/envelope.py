@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 from typing import Any
 
@@ -89,7 +90,9 @@ def _key(shared: bytes, epk: bytes, rpk: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=epk + rpk, info=CONTEXT).derive(shared)
 
 
-def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, str]:
+def seal(
+    recipient_b64: str, plaintext: bytes, aad: bytes = b"", *, seed: bytes | None = None
+) -> dict[str, str]:
     """Encrypt ``plaintext`` for the holder of the private key matching ``recipient_b64``.
 
     Parameters
@@ -100,6 +103,12 @@ def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, st
         What to seal.
     aad : bytes, optional
         Associated data bound into the tag: opening with other ``aad`` fails.
+    seed : bytes, optional
+        At least 32 secret bytes that determine the ephemeral key and the nonce, making the
+        envelope a function of its inputs (a replayed message is sealed into the same bytes).
+        It must be unique per plaintext: derive it from a secret and a hash of everything
+        sealed (:func:`streams.wire.sealing.seal_releases` does). Without it, both are fresh
+        random.
 
     Returns
     -------
@@ -107,10 +116,15 @@ def seal(recipient_b64: str, plaintext: bytes, aad: bytes = b"") -> dict[str, st
         The envelope's wire form (``alg``, ``epk``, ``nonce``, ``ciphertext``, base64).
     """
     recipient = parse_public_key(recipient_b64)
-    eph = X25519PrivateKey.generate()
+    if seed is None:
+        eph, nonce = X25519PrivateKey.generate(), os.urandom(12)
+    else:
+        if len(seed) < 32:
+            raise EnvelopeError("a sealing seed must be at least 32 bytes")
+        eph = X25519PrivateKey.from_private_bytes(hmac.digest(seed, b"ephemeral key", "sha256"))
+        nonce = hmac.digest(seed, b"nonce", "sha256")[:12]
     epk = eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     rpk = recipient.public_bytes(Encoding.Raw, PublicFormat.Raw)
-    nonce = os.urandom(12)
     ct = ChaCha20Poly1305(_key(eph.exchange(recipient), epk, rpk)).encrypt(nonce, plaintext, aad)
     return {"alg": ALGORITHM, "epk": _b64(epk), "nonce": _b64(nonce), "ciphertext": _b64(ct)}
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ __all__ = [
     "plan_step",
     "price_list",
     "schedule_from_spec",
+    "sellable_levels",
 ]
 
 MAX_PRICE_MINOR = 10**15  # beyond this, float arithmetic could no longer be exact to the cent
@@ -256,6 +257,18 @@ class PriceTable(PriceSchedule):
     def _raw(self, mechanism: Mechanism, level: float) -> float:
         return float(self.prices[level])
 
+    def validate(self, mechanism: Mechanism, levels: list[float], cap: float) -> None:
+        """As :meth:`PriceSchedule.validate`, and every priced level must be for sale."""
+        sellable = set(sellable_levels(levels, cap))
+        extra = [lv for lv in self.prices if lv not in sellable]
+        if extra:
+            raise ScheduleError(
+                "the price table prices level(s) "
+                + ", ".join(f"{x:g}" for x in extra)
+                + " that are neither a step nor the cap; only steps and the cap are sold"
+            )
+        super().validate(mechanism, levels, cap)
+
     def spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "prices": {repr(k): v for k, v in self.prices.items()}}
 
@@ -374,15 +387,52 @@ def plan_step(
         lvl = canonical_level(above[0])
     else:
         lvl = canonical_level(target)
+    if lvl > held:
+        _check_for_sale(schedule, mechanism, steps, cap, lvl, stream)
+    return StepPlan(held, lvl, max(held, lvl), schedule.step_price(mechanism, held, lvl))
+
+
+def _check_for_sale(
+    schedule: PriceSchedule,
+    mechanism: Mechanism,
+    steps: list[float],
+    cap: float,
+    lvl: float,
+    stream: str,
+) -> None:
     if lvl > cap:
         where = f" for stream {stream!r}" if stream else ""
         raise LevelAboveCapError(
             f"level {lvl:g} exceeds the cap {cap:g} the seller set{where}; the most accurate "
             f"level for sale is {cap:g}"
         )
-    if lvl > held:
-        schedule.check_level(lvl)
-    return StepPlan(held, lvl, max(held, lvl), schedule.step_price(mechanism, held, lvl))
+    sellable = sellable_levels(steps, cap)
+    if lvl not in sellable:
+        raise LevelNotForSaleError(
+            f"level {lvl:g} is not sold; the levels for sale ({mechanism.level_unit}) are "
+            + ", ".join(f"{x:g}" for x in sellable)
+        )
+    schedule.check_level(lvl)
+
+
+def sellable_levels(steps: Sequence[float], cap: float) -> list[float]:
+    """The levels a stream sells: its steps and its cap.
+
+    Parameters
+    ----------
+    steps : sequence of float
+        The seller's steps.
+    cap : float
+        The most accurate level for sale.
+
+    Returns
+    -------
+    list of float
+        Canonical, increasing, without repeats. They are the links of the stream's release
+        chain (:class:`market.chain.ReleaseChain`): a level between two of them is not for
+        sale, so that every release is one step of one chain.
+    """
+    return sorted({canonical_level(x) for x in (*steps, cap)})
 
 
 @dataclass(frozen=True)
@@ -436,7 +486,7 @@ def price_list(
         One per distinct level of ``steps`` and ``cap``, increasing.
     """
     out = []
-    for lv in sorted({*steps, cap}):
+    for lv in sellable_levels(steps, cap):
         try:
             eps: float | None = mechanism.epsilon(lv, delta, dimension)
         except MarketError:

@@ -43,7 +43,7 @@ __all__ = [
     "verify_receipt",
 ]
 
-RECEIPT_VERSION = 1
+RECEIPT_VERSION = 2
 
 ReleaseTriple = tuple[str, float, Any]  # (value_id, level, vector)
 
@@ -102,8 +102,10 @@ class Receipt:
         ISO 4217 code.
     release_digest : str
         :func:`release_digest` of the released numbers.
-    issued_at_ms : int
-        When the market issued the receipt (Unix ms).
+    requested_at_ms : int
+        When the buyer made the request (Unix ms, from the purchase). Version 2 carries the
+        request's time rather than the market's clock, so a purchase processed twice (a replay,
+        a second worker) gets a byte-identical receipt.
     market_key_id : str
         :func:`key_id` of the signing key.
     receipt_version : int
@@ -124,7 +126,7 @@ class Receipt:
     price_minor: int
     currency: str
     release_digest: str
-    issued_at_ms: int
+    requested_at_ms: int
     market_key_id: str
     receipt_version: int = RECEIPT_VERSION
     ciphertext_digest: str = ""

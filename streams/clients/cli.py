@@ -53,7 +53,6 @@ def _print(obj: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..broker.embedded import EmbeddedBroker  # noqa: PLC0415
     from ..worker.config import Settings  # noqa: PLC0415
-    from ..worker.runner import run_worker  # noqa: PLC0415
 
     settings = _worker_settings(args)
     broker = None
@@ -66,17 +65,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"worker '{settings.app_id}': metrics http://{settings.web_host}:{settings.web_port}/metrics"
     )
     try:
-        run_worker(settings)
+        return _run(settings)
     finally:
         if broker is not None:
             broker.stop()
-    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    return _run(_worker_settings(args))
+
+
+def _run(settings: Any) -> int:
+    from ..worker.identity import MarketIdentityError  # noqa: PLC0415
     from ..worker.runner import run_worker  # noqa: PLC0415
 
-    run_worker(_worker_settings(args))
+    try:
+        run_worker(settings)
+    except MarketIdentityError as exc:
+        print(f"error: the worker did not start: {exc}", file=sys.stderr)
+        return 6
     return 0
 
 
@@ -169,9 +176,9 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from .client import MarketClient  # noqa: PLC0415
 
-    rows: list[tuple[str | None, list[float]]] = []
+    rows: list[Row] = []
     if args.values is not None:
-        rows.append((args.value_id, args.values))
+        rows.append((args.value_id, args.values, args.published_at))
     else:
         src = sys.stdin if args.file in (None, "-") else open(args.file)  # noqa: SIM115
         with src:
@@ -188,10 +195,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with MarketClient(_bootstrap(args.broker), _topics(args)) as c:
             t0 = time.monotonic()
-            for i, (vid, vals) in enumerate(rows, 1):
-                out = await c.publish(args.stream, vals, value_id=vid)
+            for i, (vid, vals, stamp) in enumerate(rows, 1):
+                out = await c.publish(args.stream, vals, value_id=vid, published_at_ms=stamp)
                 if len(rows) == 1:
-                    print(out)
+                    print(f"{out} published_at_ms={c.published_at(args.stream, out)}")
                 elif i % 100 == 0 or i == len(rows):
                     rate = i / max(1e-9, time.monotonic() - t0)
                     print(f"\rpublished {i}/{len(rows)} values ({rate:.0f}/s)", end="", flush=True)
@@ -202,20 +209,26 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-_ROW_HELP = 'expected a JSON list of numbers or {"value_id": "...", "values": [numbers]}'
+_ROW_HELP = (
+    'expected a JSON list of numbers or {"value_id": "...", "values": [numbers], '
+    '"published_at_ms": ms}'
+)
+Row = tuple[str | None, list[float], int | None]
 
 
-def _parse_row(line: str) -> tuple[str | None, list[float]]:
+def _parse_row(line: str) -> Row:
     """One line of a values file, checked before anything is sent."""
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"not JSON ({exc}); {_ROW_HELP}") from None
-    vid = None
+    vid = stamp = None
     if isinstance(obj, dict):
-        vid = obj.get("value_id")
+        vid, stamp = obj.get("value_id"), obj.get("published_at_ms")
         if vid is not None and not isinstance(vid, str):
             raise ValueError(f"value_id must be a string; {_ROW_HELP}")
+        if stamp is not None and (not isinstance(stamp, int) or isinstance(stamp, bool)):
+            raise ValueError(f"published_at_ms must be an integer (Unix ms); {_ROW_HELP}")
         obj = obj.get("values")
     if not isinstance(obj, list) or not obj:
         raise ValueError(_ROW_HELP)
@@ -223,7 +236,7 @@ def _parse_row(line: str) -> tuple[str | None, list[float]]:
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in obj
     ):
         raise ValueError(f"values must all be finite numbers; {_ROW_HELP}")
-    return vid, [float(x) for x in obj]
+    return vid, [float(x) for x in obj], stamp
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -476,6 +489,10 @@ def _seller_commands(sub: Any) -> None:
     sp = sub.add_parser("publish", help="seller: publish values (one, or JSON lines)")
     sp.add_argument("--stream", required=True)
     sp.add_argument("--value-id", default=None)
+    sp.add_argument(
+        "--published-at", type=int, default=None,
+        help="publication time (Unix ms); give the original one when resending a value id",
+    )  # fmt: skip
     sp.add_argument("--values", type=_floats, default=None, help="e.g. 20.5,21.0")
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
     sp.set_defaults(fn=cmd_publish)

@@ -108,6 +108,8 @@ class MarketClient:
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
         self.auth = auth if auth is not None else env_auth()
+        self._published: dict[tuple[str, str], int] = {}
+        self._requested: dict[tuple[str, str], int] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -169,17 +171,34 @@ class MarketClient:
             await rejections.stop()
 
     async def publish(
-        self, stream_id: str, values: Sequence[float], *, value_id: str | None = None
+        self,
+        stream_id: str,
+        values: Sequence[float],
+        *,
+        value_id: str | None = None,
+        published_at_ms: int | None = None,
     ) -> str:
+        """Publish a value; return its id.
+
+        A resend keeps its identity: the same id is sent with its original publication time —
+        ``published_at_ms`` if given, else the time this client first published that id — so
+        the market recognises it (and a resend it has forgotten is refused as too old, not
+        taken for a new value).
+        """
         vid = value_id or uuid.uuid4().hex[:16]
+        stamp = published_at_ms or self._published.get((stream_id, vid))
+        if stamp is None:
+            stamp = time.time_ns() // 1_000_000
+        self._published[(stream_id, vid)] = stamp
         ev = ValueEvent(
-            stream_id=stream_id,
-            value_id=vid,
-            values=list(values),
-            published_at_ms=time.time_ns() // 1_000_000,
+            stream_id=stream_id, value_id=vid, values=list(values), published_at_ms=stamp
         )
         await self.send(self.topics.values, stream_id, ev.model_dump_json().encode())
         return vid
+
+    def published_at(self, stream_id: str, value_id: str) -> int | None:
+        """When this client first published ``value_id`` (what a resend must carry)."""
+        return self._published.get((stream_id, value_id))
 
     async def catalog(self, *, settle: float = 0.5) -> dict[str, CatalogEntry]:
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
@@ -244,10 +263,18 @@ class MarketClient:
         timeout: float = 60.0,
         resend_every: float = 15.0,
         key: X25519PrivateKey | None = None,
+        requested_at_ms: int | None = None,
     ) -> PurchaseFulfilled | Rejection:
-        """Buy and wait for the outcome. With ``key`` the releases are sealed for it and
-        returned opened (the event keeps the envelope, which the receipt binds)."""
+        """Buy and wait for the outcome, resending the same request until it arrives.
+
+        With ``key`` the releases are sealed for it and returned opened (the event keeps the
+        envelope, which the receipt binds). A purchase id keeps its identity: its request time
+        is ``requested_at_ms`` if given, else the time this client first sent that id.
+        """
         pid = purchase_id or uuid.uuid4().hex[:20]
+        stamp = requested_at_ms or self._requested.setdefault(
+            (buyer_id, pid), time.time_ns() // 1_000_000
+        )
         req = PurchaseRequest(
             purchase_id=pid,
             buyer_id=buyer_id,
@@ -255,7 +282,7 @@ class MarketClient:
             target_level=target_level,
             max_price_minor=max_price_minor,
             currency=currency,
-            requested_at_ms=time.time_ns() // 1_000_000,
+            requested_at_ms=stamp,
             buyer_public_key=None if key is None else public_key_b64(key),
         )
         ev = await self._request(

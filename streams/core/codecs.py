@@ -1,6 +1,6 @@
 """Bytes of every stored record: the one place that says how state is written to a changelog.
 
-Stream and purchase records are their models' JSON; a value's release state uses the compact
+Stream and purchase records are their models' JSON; a value's chain state uses the compact
 binary codec of :mod:`market.codec`, and an eviction marker a short tagged text. The worker
 registers these functions as Faust codecs (:mod:`streams.worker.tables`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from market.codec import decode_state, encode_state
+from market.codec import decode_chain_state, encode_chain_state
 
 from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
 
@@ -20,10 +20,10 @@ _EVICTED = b"EVIC"
 
 
 def encode_value(obj: ValueState) -> bytes:
-    """A value's release state (binary codec) or its eviction marker (``EVIC`` + text)."""
+    """A value's chain state (binary codec) or its eviction marker (``EVIC`` + text)."""
     if isinstance(obj, EvictedValue):
         return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
-    return encode_state(obj)
+    return encode_chain_state(obj)
 
 
 def decode_value(data: bytes) -> ValueState:
@@ -31,7 +31,7 @@ def decode_value(data: bytes) -> ValueState:
     if data.startswith(_EVICTED):
         seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
         return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
-    return decode_state(data)
+    return decode_chain_state(data)
 
 
 def _model_json(model: Any) -> bytes:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
-from market import ReleaseState
+from numpy.typing import NDArray
 
 from ..wire.events import UNIT_OF, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
@@ -25,25 +26,24 @@ __all__ = ["Deliveries"]
 class Deliveries:
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, seal_secret: bytes) -> None:
         self._topics = topics
+        self._seal_secret = seal_secret
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
         self._batching = False
 
-    def queue(self, st: StreamState, value_id: str, seq: int, state: ReleaseState) -> int:
-        """Queue ``value_id``'s release at each holder's level; return how many."""
+    def queue(
+        self, st: StreamState, value_id: str, seq: int, by_level: Mapping[float, NDArray[Any]]
+    ) -> int:
+        """Queue ``value_id``'s release at each holder's level (``by_level``); return how many."""
         sid = st.registration.stream_id
-        n = 0
+        listed = {lvl: v.tolist() for lvl, v in by_level.items()}
         for buyer, holder in st.holders.items():
-            values = state.get(holder.level)
-            if values is None:  # cannot happen: every held level is released on arrival
-                continue
             release = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=holder.level, values=values.tolist()
+                value_id=value_id, seq=seq, level=holder.level, values=listed[holder.level]
             )
             self._pending.setdefault((buyer, sid), []).append(release)
-            n += 1
-        return n
+        return len(st.holders)
 
     @contextlib.contextmanager
     def batch(self, streams: Mapping[str, StreamState]) -> Iterator[list[Output]]:
@@ -67,7 +67,9 @@ class Deliveries:
             holder = st.holders.get(buyer)
             sealed = None
             if holder is not None and holder.public_key:
-                sealed = seal_releases(holder.public_key, releases, delivery_aad(sid, buyer))
+                sealed = seal_releases(
+                    holder.public_key, releases, delivery_aad(sid, buyer), self._seal_secret
+                )
             event = ValueReleased.model_construct(
                 buyer_id=buyer,
                 stream_id=sid,

@@ -7,6 +7,7 @@ Loading them from files or the environment is the worker's job
 from __future__ import annotations
 
 import base64
+import hmac
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -31,6 +32,16 @@ class MarketKeys:
     @property
     def key_id(self) -> str:
         return key_id(self.public_key)
+
+    @property
+    def noise_fingerprint(self) -> str:
+        """A public name for the noise secret (HMAC of a fixed label; reveals nothing of it).
+
+        The market stores it with its state: a worker started with another secret would
+        compute different noise for levels already released, so it refuses to serve them.
+        """
+        tag = hmac.new(self.noise_secret, b"emarket noise-secret fingerprint v1", "sha256")
+        return tag.hexdigest()[:32]
 
     @property
     def public_key_b64(self) -> str:

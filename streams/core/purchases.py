@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from market import MarketError, ReleaseState
+from market import ChainState, MarketError
 from market.envelope import ciphertext_digest
 from market.pricing import StepPlan, plan_step
 from market.receipts import Receipt, release_digest, sign_receipt
@@ -31,6 +31,7 @@ from .context import Context
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
+from .values import value_identity
 
 __all__ = ["fingerprint", "fulfil", "purchase", "quote"]
 
@@ -128,10 +129,13 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
 
 def _plan(ctx: Context, st: StreamState, buyer_id: str, target: float | None) -> StepPlan:
     reg = st.registration
-    mech, sched = ctx.pricing(reg)
+    terms = ctx.terms(reg)
     holder = st.holders.get(buyer_id)
     held = holder.level if holder else 0.0
-    return plan_step(sched, mech, list(reg.steps), reg.cap, held, target, stream=reg.stream_id)
+    return plan_step(
+        terms.schedule, terms.mechanism, list(reg.steps), reg.cap, held, target,
+        stream=reg.stream_id,
+    )  # fmt: skip
 
 
 def _check_terms(ctx: Context, req: PurchaseRequest, st: StreamState) -> None:
@@ -191,19 +195,22 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, topic: str) -> Outcome:
 def _release_window(
     ctx: Context, st: StreamState, level: float
 ) -> tuple[list[ReleasedValue], int]:
-    """Every value in the window released at ``level`` (new samples keyed by the request)."""
+    """Every value in the window released at ``level``: one step of each value's chain."""
     sid = st.registration.stream_id
+    chain = ctx.terms(st.registration).chain
+    step = chain.step_of(level)
     keys = [record_key(sid, e.value_id) for e in st.window]
-    states: list[ReleaseState] = []
+    states: list[ChainState] = []
     for k in keys:
         state = ctx.stores.releases[k]
-        assert isinstance(state, ReleaseState)  # window entries are never evicted
+        assert isinstance(state, ChainState)  # window entries are never evicted
         states.append(state)
-    new_noise = sum(level not in s for s in states)
-    identities = [(sid, e.value_id, level) for e in st.window]
-    vectors = ReleaseState.release_across(states, level, identities, ctx.rngs)
-    for k, state in zip(keys, states, strict=True):
-        ctx.stores.releases[k] = state
+    new_noise = sum(chain.new_steps(s, step) for s in states)
+    identities = [value_identity(sid, e.value_id, e.digest) for e in st.window]
+    vectors = chain.release(states, step, identities, ctx.rngs)
+    if new_noise:
+        for k, state in zip(keys, states, strict=True):
+            ctx.stores.releases[k] = state
     if st.window:
         st.spent = max(st.spent, level)
     releases = [
@@ -239,7 +246,9 @@ def _fulfilled(
     reg = st.registration
     sealed: Envelope | None = None
     if holder.public_key:
-        sealed = seal_releases(holder.public_key, releases, purchase_aad(req.purchase_id))
+        sealed = seal_releases(
+            holder.public_key, releases, purchase_aad(req.purchase_id), ctx.keys.noise_secret
+        )
     receipt = Receipt(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,
@@ -252,7 +261,7 @@ def _fulfilled(
         price_minor=plan.price_minor,
         currency=reg.currency,
         release_digest=release_digest((r.value_id, r.level, r.values) for r in releases),
-        issued_at_ms=ctx.clock(),
+        requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,
         ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
     )

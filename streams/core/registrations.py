@@ -40,11 +40,12 @@ def register(ctx: Context, raw: bytes) -> Outcome:
             stream_id=reg.stream_id,
             mechanism=reg.mechanism,
         )
-    mech, sched = ctx.pricing(reg)
-    sched.validate(mech, list(reg.steps), reg.cap)
+    terms = ctx.terms(reg)
+    terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
     prices = price_list(
-        sched, mech, list(reg.steps), reg.cap, dimension=reg.dimension, delta=EPSILON_DELTA
-    )
+        terms.schedule, terms.mechanism, list(reg.steps), reg.cap, dimension=reg.dimension,
+        delta=EPSILON_DELTA,
+    )  # fmt: skip
     now = ctx.clock()
     entry_model = CatalogEntry(
         registration=reg,
@@ -57,7 +58,10 @@ def register(ctx: Context, raw: bytes) -> Outcome:
     )  # fmt: skip
     payload = dump(entry_model)
     ctx.stores.streams[reg.stream_id] = StreamState(
-        registration=reg, accepted_at_ms=now, catalog_payload=payload.decode()
+        registration=reg,
+        secret_fingerprint=ctx.keys.noise_fingerprint,
+        accepted_at_ms=now,
+        catalog_payload=payload.decode(),
     )
     return Outcome(
         "registration",

@@ -68,7 +68,7 @@ class MarketCore:
             topics=topics,
             clock=clock,
             horizon=DedupHorizon(dedup_horizon_ms, clock, stores),
-            deliveries=Deliveries(topics),
+            deliveries=Deliveries(topics, keys.noise_secret),
             require_encryption=require_encryption,
         )
 

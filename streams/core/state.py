@@ -5,9 +5,10 @@ store          key                        value
 =============  =========================  ===================================================
 ``streams``    ``stream_id``              :class:`StreamState`: registration, window, holders,
                                           revenue, privacy spent, watermarks
-``releases``   ``stream_id/value_id``     the value's :class:`~market.release_state.ReleaseState`
-                                          while it is in its stream's window, then an
-                                          :class:`EvictedValue` marker until the dedup horizon
+``releases``   ``stream_id/value_id``     the value's :class:`~market.chain.ChainState` (exact
+                                          numbers and cached steps) while it is in its stream's
+                                          window, then an :class:`EvictedValue` marker until the
+                                          dedup horizon
 ``purchases``  ``buyer_id/purchase_id``   :class:`PurchaseRecord`: the stored outcome
 =============  =========================  ===================================================
 
@@ -23,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from market import ReleaseState
+from market import ChainState
 
 from ..wire.events import StreamRegistration
 
@@ -70,6 +71,9 @@ class StreamState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     registration: StreamRegistration
+    #: fingerprint of the noise secret the stream's releases are keyed with; a worker with
+    #: another secret refuses to serve the stream rather than re-noise it
+    secret_fingerprint: str
     accepted_at_ms: int
     catalog_payload: str
     window: list[ValueEntry] = []
@@ -107,7 +111,7 @@ class EvictedValue:
     published_at_ms: int = 0
 
 
-ValueState = ReleaseState | EvictedValue
+ValueState = ChainState | EvictedValue
 
 
 class Stores:

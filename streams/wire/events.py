@@ -41,6 +41,7 @@ __all__ = [
     "BuyerEvent",
     "CatalogEntry",
     "Identifier",
+    "MarketIdentity",
     "PriceLevel",
     "PricingSpec",
     "PurchaseFulfilled",
@@ -264,7 +265,7 @@ class ReceiptModel(BaseModel):
     price_minor: int
     currency: str
     release_digest: str
-    issued_at_ms: int
+    requested_at_ms: int
     market_key_id: str
     ciphertext_digest: str = ""
     signature: str
@@ -347,6 +348,24 @@ class Rejection(_Event):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+class MarketIdentity(_Event):
+    """Which noise secret a market's state is made with (``<p>.market``, first record wins).
+
+    A worker whose secret has another fingerprint, or whose platform computes other noise for
+    the same key (a numpy or randomgen upgrade that changed a sampler), refuses to start: it
+    would re-noise levels already released.
+    """
+
+    type: Literal["market_identity"] = "market_identity"
+    noise_secret_fingerprint: str = Field(description="HMAC of a fixed label under the secret")
+    noise_derivation: str = Field(description="version of the keyed chain derivation")
+    noise_check: str = Field(
+        description="SHA-256 of releases computed for a fixed test key on this platform"
+    )
+    market_key_id: str
+    created_at_ms: Millis
+
+
 BuyerEvent = Annotated[
     PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection, Field(discriminator="type")
 ]
@@ -363,5 +382,6 @@ SCHEMAS: dict[str, TypeAdapter[Any]] = {
     "purchases": PURCHASES_EVENT,
     "buyer": BUYER_EVENT,
     "rejections": TypeAdapter(Rejection),
+    "market": TypeAdapter(MarketIdentity),
 }
 """Topic family → adapter; ``SCHEMAS[name].json_schema()`` is the published schema."""

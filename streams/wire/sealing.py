@@ -18,6 +18,8 @@ The worker seals with :func:`seal_releases`, clients open with :func:`open_event
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from typing import TypeVar, cast
@@ -65,10 +67,22 @@ def releases_json(releases: Sequence[ReleasedValue]) -> bytes:
 
 
 def seal_releases(
-    public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes
+    public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes, secret: bytes
 ) -> Envelope:
-    """Seal ``releases`` for the holder of ``public_key_b64`` under ``aad`` (see :func:`aad_of`)."""
-    return Envelope.model_validate(seal(public_key_b64, releases_json(releases), aad=aad))
+    """Seal ``releases`` for the holder of ``public_key_b64`` under ``aad`` (see :func:`aad_of`).
+
+    The ephemeral key and nonce are derived from ``secret`` (the market's noise secret) and a
+    hash of the recipient, the AAD and the plaintext: the same message is sealed into the same
+    bytes every time it is produced (replays stay byte-identical), and two different messages
+    never share a key.
+    """
+    plaintext = releases_json(releases)
+    material = b"".join(
+        len(p).to_bytes(4, "big") + p
+        for p in (public_key_b64.encode(), aad, hashlib.sha256(plaintext).digest())
+    )
+    seed = hmac.digest(secret, b"emarket seal v1" + material, "sha256")
+    return Envelope.model_validate(seal(public_key_b64, plaintext, aad=aad, seed=seed))
 
 
 def open_event(event: E, key: X25519PrivateKey) -> E:

@@ -17,6 +17,8 @@ topic                  key          partitions   retention / cleanup
 <p>.buyer.<buyer_id>   purchase_id  1            delete, 365 days (a buyer's own releases,
                        / value_id                receipts, quotes and rejections)
 <p>.rejections         stream_id    1            delete, 30 days (dead letters)
+<p>.market             —            1            delete, forever (the market's identity: which
+                                                 noise secret its state was made with)
 <app>-<table>-changelog key         P            compact (Faust tables: state)
 =====================  ===========  ===========  ==============================================
 
@@ -72,6 +74,11 @@ class Topics:
     def rejections(self) -> str:
         return f"{self.prefix}.rejections"
 
+    @property
+    def identity(self) -> str:
+        """Who made this market's state: the first record names the noise secret (kept forever)."""
+        return f"{self.prefix}.market"
+
     def buyer(self, buyer_id: str) -> str:
         return f"{self.prefix}.buyer.{buyer_id}"
 
@@ -92,6 +99,7 @@ class Topics:
             TopicSpec(self.purchases, p, delete(30)),
             TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.rejections, 1, delete(30)),
+            TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         ]
 
     def buyer_spec(self, buyer_id: str) -> TopicSpec:

@@ -73,6 +73,7 @@ class MarketWorker:
 
     def _app(self) -> faust.App:
         s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # keys may come from the env
         return faust.App(
             s.app_id,
             broker=s.broker,

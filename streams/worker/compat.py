@@ -39,9 +39,14 @@ _installed = False
 
 
 async def true_highwaters(
-    bootstrap: Any, reported: Mapping[TopicPartition, int], *, timeout: float = 5.0
+    bootstrap: Any, reported: Mapping[TopicPartition, int], *, timeout: float = 60.0
 ) -> dict[TopicPartition, int]:
-    """High watermarks read from fetch responses, starting at the (wrong) reported offsets."""
+    """High watermarks read from fetch responses, starting at the (wrong) reported offsets.
+
+    Never falls back to the reported offsets: recovering a table up to a too-low watermark
+    silently loses its newest records (purchases fulfilled again, holdings forgotten). If no
+    fetch answers within ``timeout`` the worker stops with an error instead.
+    """
     tps = list(reported)
     if not tps:
         return {}
@@ -65,10 +70,13 @@ async def true_highwaters(
                 hw = consumer.highwater(tp)
                 if hw is not None and tp not in result:
                     result[tp] = max(int(hw), reported[tp])
-        for tp in tps:
-            if tp not in result:  # no response in time: keep what the broker reported
-                log.warning("no fetch response for %s; using reported end offset", tp)
-                result[tp] = reported[tp]
+        missing = [tp for tp in tps if tp not in result]
+        if missing:
+            raise RuntimeError(
+                f"no fetch response for {missing} within {timeout}s: cannot learn the true high "
+                "watermarks, and recovering tables up to Tansu's reported offsets would lose "
+                "their newest records"
+            )
         return result
     finally:
         await consumer.stop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..broker.admin import ensure_topics, wait_for_broker
+from ..core.keys import MarketKeys
 from ..wire.topics import Topics
 from .config import Settings
 
@@ -33,9 +34,11 @@ def run_worker(settings: Settings) -> None:
     import faust  # noqa: PLC0415
 
     from .app import MarketWorker  # noqa: PLC0415
+    from .secrets import load_or_create_keys  # noqa: PLC0415
 
-    asyncio.run(_prepare(settings))
-    worker = MarketWorker(settings)
+    keys = load_or_create_keys(settings.data_dir)
+    asyncio.run(_prepare(settings, keys))
+    worker = MarketWorker(settings, keys)
     faust.Worker(
         worker.app,
         loglevel=settings.log_level,
@@ -44,15 +47,15 @@ def run_worker(settings: Settings) -> None:
     ).execute_from_commandline()
 
 
-async def _prepare(settings: Settings) -> None:
+async def _prepare(settings: Settings, keys: MarketKeys) -> None:
+    """Wait for the broker, create the market's topics, and check the market's identity."""
+    from .identity import check_identity  # noqa: PLC0415
+
     auth = settings.aiokafka_auth()
+    topics = Topics(settings.prefix, settings.partitions)
     await wait_for_broker(settings.bootstrap, **auth)
-    await ensure_topics(
-        settings.bootstrap,
-        Topics(settings.prefix, settings.partitions),
-        settings.replication,
-        **auth,
-    )
+    await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
+    await check_identity(settings.bootstrap, topics, keys, **auth)
 
 
 def settings_args(s: Settings) -> list[str]:

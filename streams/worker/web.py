@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from market import ReleaseState
+from market import ChainState
 
 from ..core import MarketKeys, Stores
 from ..wire.events import UNIT_OF
@@ -30,7 +30,7 @@ def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topi
     for name in ("streams", "releases", "purchases"):
         metrics.state_entries.labels(name).set(len(getattr(stores, name)))
     metrics.state_bytes.set(
-        sum(v.nbytes for v in stores.releases.values() if isinstance(v, ReleaseState))
+        sum(v.nbytes for v in stores.releases.values() if isinstance(v, ChainState))
     )
     try:
         lag: dict[str, int] = {}

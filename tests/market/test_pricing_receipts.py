@@ -127,7 +127,7 @@ def _receipt() -> Receipt:
         price_minor=150,
         currency="EUR",
         release_digest=release_digest(RELEASES),
-        issued_at_ms=1_700_000_000_000,
+        requested_at_ms=1_700_000_000_000,
         market_key_id=key_id(KEY.public_key()),
     )
 

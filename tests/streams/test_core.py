@@ -225,8 +225,8 @@ def test_no_higher_step_and_table_levels(core: MarketCore) -> None:
 def test_sealed_stream_releases_only_postprocessing(core: MarketCore) -> None:
     core.handle(T.registrations, registration("sealed", sealed=True))
     out = core.handle(T.values, value("sealed", "v0", [1.0, 2.0, 3.0]))
-    ladder = core.stores.releases["sealed/v0"]
-    assert ladder.is_sealed and ladder.levels == (4.0,)
+    state = core.stores.releases["sealed/v0"]
+    assert state.exact is None and set(state.steps) == {3}  # only the cap, step 3 of 0.5..4
     assert out.new_noise == 1
     assert core.stores.streams["sealed"].spent == 4.0
     ok = core.handle(T.purchases, purchase("sealed", "alice", "p1", target_level=1.0))
@@ -250,7 +250,7 @@ def test_releases_survive_json_bit_for_bit(core: MarketCore) -> None:
     core.handle(T.values, value("temp", "v0", [0.1, 1e-300, 12345.6789]))
     out = core.handle(T.purchases, purchase("temp", "alice", "p1"))
     ev = buyer_events(out)[0]
-    stored = core.stores.releases["temp/v0"].get(0.5)
+    stored = core.stores.releases["temp/v0"].steps[0]  # level 0.5
     assert np.array_equal(np.array(ev.releases[0].values), stored)
     assert json.loads(out.outputs[0].value)["releases"][0]["values"] == stored.tolist()
 
@@ -283,7 +283,7 @@ def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
     assert ev.releases == [] and ev.sealed is not None
     assert b"values" not in out.outputs[0].value  # no plaintext numbers on the topic
     opened = open_event(ev, key)
-    stored = core.stores.releases["temp/v0"].get(0.5)
+    stored = core.stores.releases["temp/v0"].steps[0]  # level 0.5
     assert np.array_equal(np.array(opened.releases[0].values), stored)
     rel = [(r.value_id, r.level, np.asarray(r.values)) for r in opened.releases]
     env = ev.sealed.model_dump()

@@ -51,7 +51,7 @@ def snapshot(core: MarketCore) -> tuple[Any, ...]:
     st = core.stores
     return (
         {k: v.model_dump_json() for k, v in st.streams.items()},
-        {k: getattr(v, "levels", v) for k, v in st.releases.items()},
+        {k: sorted(getattr(v, "steps", {})) or v for k, v in st.releases.items()},
         {k: v.model_dump_json() for k, v in st.purchases.items()},
     )
 
@@ -207,6 +207,6 @@ def test_market_vectors_stay_finite_under_fuzzed_levels() -> None:
     core = fresh_core()
     for lv in (1e-300, 1e-12, 3.999999999, 4.0):
         core.handle(T.purchases, purchase("s", "carol", f"c{lv}", target_level=lv))
-    for ladder in core.stores.releases.values():
-        for _, vec in ladder:  # type: ignore[union-attr]
+    for state in core.stores.releases.values():
+        for vec in state.steps.values():  # type: ignore[union-attr]
             assert np.isfinite(vec).all()

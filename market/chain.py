@@ -1,0 +1,335 @@
+"""The canonical release chain: noise as a pure function of the request.
+
+A market sells each stream at a fixed, increasing set of levels ``l_0 < l_1 < … < l_{K−1}``
+(the seller's steps and the cap, fixed at registration). :class:`ReleaseChain` defines the
+release of a value at step ``k`` as one path of the lossless process, computed step by step:
+
+* **open chain** (the exact value is kept): ``y_0`` is a fresh release at ``l_0`` and each
+  ``y_k`` is one Markov relaxation of ``y_{k−1}`` towards the exact value (Koufogiannis et al.
+  Alg. 1 for Laplace, the Brownian and binomial analogues for Gaussian and Poisson);
+* **sealed chain** (Andersson et al. Lemma A.2): ``y_{K−1}`` is a fresh release at the top and
+  each ``y_k`` a tightening of ``y_{k+1}``; the exact value is erased once ``y_{K−1}`` exists.
+
+Step ``k`` draws its randomness from ``rngs(domain, chain fingerprint, *identity, k)``, where the
+identity names the value (the service uses stream, value id and a digest of the exact numbers).
+So the release at a step is a **deterministic function** of the secret behind ``rngs``, the
+chain, the value's identity and numbers, and the step: the same bytes whatever was released
+before, in whatever order, by whichever process, and whether or not anything was stored.
+:class:`ChainState` — the exact value and the steps computed so far — is therefore only a
+cache: dropping it costs computation, never privacy. (Different numbers under one identity
+must not share noise, or their difference would be revealed exactly: keep a digest of the
+numbers in the identity.)
+
+The joint law of ``(y_0, …, y_{K−1})`` is that of the lossless process (each step is the exact
+conditional law), so any set of releases is a post-processing of the most accurate one: a
+coalition of buyers learns only its best member's step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import InvalidValueError, LevelNotForSaleError, SealedStateError
+from .levels import canonical_level
+from .mechanisms import Anchor, Mechanism
+from .rng import Identity, KeyedRngFactory
+
+__all__ = ["DOMAIN", "ChainState", "ReleaseChain", "noise_check"]
+
+DOMAIN = b"emarket-chain-v1"
+"""Domain separation of the chain's keyed randomness (changing it changes every release)."""
+
+Vector = NDArray[Any]
+
+
+def _frozen(arr: Vector) -> Vector:
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True)
+class ReleaseChain:
+    """The levels a stream sells, as one lossless chain.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The noise family.
+    levels : sequence of float
+        The sellable levels, strictly increasing after canonicalisation (at least one).
+    sealed : bool, default False
+        Chain downward from the top level and keep no exact value (see the module docstring).
+
+    Raises
+    ------
+    InvalidValueError
+        No levels, or levels not strictly increasing.
+
+    Examples
+    --------
+    >>> from market import Laplace
+    >>> from market.rng import KeyedRngFactory
+    >>> chain = ReleaseChain(Laplace(), [0.5, 1.0, 2.0])
+    >>> rngs = KeyedRngFactory(b"s" * 32)
+    >>> a = chain.open([20.1, 19.8])
+    >>> y2 = chain.release([a], 2, [("v1",)], rngs)[0]          # computes steps 0, 1, 2
+    >>> b = chain.open([20.1, 19.8])                              # nothing cached
+    >>> bool((chain.release([b], 2, [("v1",)], rngs)[0] == y2).all())
+    True
+    """
+
+    mechanism: Mechanism
+    levels: tuple[float, ...]
+    sealed: bool = False
+    fingerprint: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lv = tuple(canonical_level(x) for x in self.levels)
+        if not lv or any(b <= a for a, b in itertools.pairwise(lv)):
+            raise InvalidValueError(f"chain levels must be strictly increasing, got {lv}")
+        object.__setattr__(self, "levels", lv)
+        mech = self.mechanism
+        desc = struct.pack(f"<BBd{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity, *lv)
+        object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])
+
+    def __len__(self) -> int:
+        return len(self.levels)
+
+    def step_of(self, level: float) -> int:
+        """The step at which ``level`` is sold.
+
+        Raises
+        ------
+        LevelNotForSaleError
+            ``level`` is not one of the chain's levels (the message lists them).
+        """
+        lvl = canonical_level(level)
+        k = bisect.bisect_left(self.levels, lvl)
+        if k == len(self.levels) or self.levels[k] != lvl:
+            sells = ", ".join(f"{x:g}" for x in self.levels)
+            unit = self.mechanism.level_unit
+            raise LevelNotForSaleError(
+                f"level {lvl:g} is not sold here; the levels for sale ({unit}) are {sells}"
+            )
+        return k
+
+    # -- states ---------------------------------------------------------------------------
+    def open(self, value: Any) -> ChainState:
+        """The state of a new value on an open chain: its exact numbers, nothing computed."""
+        if self.sealed:
+            raise SealedStateError("a sealed chain keeps no exact value: use ReleaseChain.seal")
+        return ChainState(_frozen(self.mechanism.validate_value(value)), {})
+
+    def seal(self, value: Any, identity: Identity, rngs: KeyedRngFactory) -> ChainState:
+        """The state of a new value on a sealed chain: its top release only (exact erased)."""
+        if not self.sealed:
+            raise SealedStateError("ReleaseChain.seal needs a chain declared sealed")
+        exact = _frozen(self.mechanism.validate_value(value))
+        top = len(self.levels) - 1
+        y = self.mechanism.conditional(
+            self.levels[top], Anchor(math.inf, exact), None, self._rng(rngs, identity, top)
+        )
+        return ChainState(None, {top: _frozen(y)})
+
+    # -- releasing ------------------------------------------------------------------------
+    def release(
+        self,
+        states: Sequence[ChainState],
+        k: int,
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
+    ) -> list[Vector]:
+        """Step ``k`` of each value, computing (and caching) the steps it depends on.
+
+        Parameters
+        ----------
+        states : sequence of ChainState
+            The values' states; missing steps are added to them.
+        k : int
+            The step, ``0 <= k < len(self)``.
+        identities : sequence of tuple
+            One identity per value: its randomness is keyed by it (see the module docstring).
+        rngs : KeyedRngFactory
+            Keyed randomness holding the secret.
+
+        Returns
+        -------
+        list of ndarray
+            Read-only releases in the order of ``states``. Values that need the same step share
+            one vectorised kernel call; each draws exactly what it would draw alone.
+        """
+        if not 0 <= k < len(self.levels):
+            raise IndexError(f"step {k} outside a chain of {len(self.levels)} levels")
+        if len(identities) != len(states):
+            raise ValueError(f"{len(states)} states but {len(identities)} identities")
+        if not states:
+            return []
+        if self.sealed:
+            self._tighten_to(states, k, identities, rngs)
+        else:
+            self._relax_to(states, k, identities, rngs)
+        return [st.steps[k] for st in states]
+
+    def new_steps(self, state: ChainState, k: int) -> int:
+        """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
+        if k in state.steps:
+            return 0
+        known = [j for j in state.steps if (j > k if self.sealed else j < k)]
+        if self.sealed:
+            return min(known) - k
+        return k - (max(known) if known else -1)
+
+    def _relax_to(
+        self,
+        states: Sequence[ChainState],
+        k: int,
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
+    ) -> None:
+        tops = [_top_below(st, k) for st in states]
+        for s in range(min(tops) + 1, k + 1):
+            todo = [i for i, t in enumerate(tops) if t < s]
+            if not todo:
+                continue
+            anchors: list[tuple[Anchor, Anchor | None]] = []
+            for i in todo:
+                exact = states[i].exact
+                if exact is None:
+                    raise SealedStateError("an open chain state lost its exact value")
+                prev = states[i].steps.get(s - 1) if s > 0 else None
+                lower = None if prev is None else Anchor(self.levels[s - 1], prev)
+                anchors.append((Anchor(math.inf, exact), lower))
+            self._sample(states, todo, s, anchors, identities, rngs)
+
+    def _tighten_to(
+        self,
+        states: Sequence[ChainState],
+        k: int,
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
+    ) -> None:
+        bottoms = [_bottom_above(st, k) for st in states]
+        for s in range(max(bottoms) - 1, k - 1, -1):
+            todo = [i for i, b in enumerate(bottoms) if b > s]
+            if not todo:
+                continue
+            anchors: list[tuple[Anchor, Anchor | None]] = [
+                (Anchor(self.levels[s + 1], states[i].steps[s + 1]), None) for i in todo
+            ]
+            self._sample(states, todo, s, anchors, identities, rngs)
+
+    def _sample(
+        self,
+        states: Sequence[ChainState],
+        todo: list[int],
+        s: int,
+        anchors: list[tuple[Anchor, Anchor | None]],
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
+    ) -> None:
+        keyed = [(DOMAIN, self.fingerprint, *identities[i], s) for i in todo]
+        out = self.mechanism.conditional_many(self.levels[s], anchors, keyed, rngs)
+        for i, y in zip(todo, out, strict=True):
+            states[i].steps[s] = _frozen(y)
+
+    def _rng(self, rngs: KeyedRngFactory, identity: Identity, s: int) -> np.random.Generator:
+        return rngs(DOMAIN, self.fingerprint, *identity, s)
+
+
+def _top_below(st: ChainState, k: int) -> int:
+    """The highest cached step at or below ``k`` (−1 for none): where relaxation restarts."""
+    below = [j for j in st.steps if j <= k]
+    return max(below) if below else -1
+
+
+def _bottom_above(st: ChainState, k: int) -> int:
+    """The lowest cached step at or above ``k``: where tightening restarts."""
+    above = [j for j in st.steps if j >= k]
+    if not above:
+        raise SealedStateError("a sealed chain state lost its top release")
+    return min(above)
+
+
+@dataclass(eq=False)
+class ChainState:
+    """What is known of one value's chain: a cache that may be dropped at any time.
+
+    Attributes
+    ----------
+    exact : ndarray or None
+        The exact value (read-only); ``None`` on a sealed chain.
+    steps : dict of int to ndarray
+        The steps computed so far (read-only vectors). On a sealed chain the top step is the
+        value's only root and must be kept (or recomputed from a resend of the exact value).
+    """
+
+    exact: Vector | None
+    steps: dict[int, Vector]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the vectors of this state."""
+        return sum(v.nbytes for v in self.steps.values()) + (
+            0 if self.exact is None else self.exact.nbytes
+        )
+
+    def drop_cache(self) -> None:
+        """Forget every step that can be recomputed (all of them on an open chain)."""
+        if self.exact is not None:
+            self.steps.clear()
+        elif self.steps:
+            top = max(self.steps)
+            self.steps = {top: self.steps[top]}
+
+    def equals(self, other: ChainState) -> bool:
+        """Bitwise equality of the exact value and every cached step."""
+        if (self.exact is None) != (other.exact is None) or set(self.steps) != set(other.steps):
+            return False
+        if (
+            self.exact is not None
+            and other.exact is not None
+            and self.exact.tobytes() != other.exact.tobytes()
+        ):
+            return False
+        return all(self.steps[k].tobytes() == other.steps[k].tobytes() for k in self.steps)
+
+
+_CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"
+
+
+def noise_check() -> str:
+    """A known-answer digest of the chain's noise on this platform.
+
+    Releases every step of open and sealed chains of all three mechanisms for a fixed, public
+    test key and hashes them. The result changes exactly when this platform derives different
+    noise from the same key (e.g. a numpy release that changed its normal or Poisson sampler):
+    a market compares it with the digest its state was made with and refuses to run on a
+    platform that would re-noise released levels.
+    """
+    from .mechanisms import Gaussian, Laplace, Poisson  # noqa: PLC0415
+
+    rngs = KeyedRngFactory(_CHECK_SECRET)
+    h = hashlib.sha256(DOMAIN)
+    cases: list[tuple[Mechanism, tuple[float, ...], Vector]] = [
+        (Laplace(1.0), (0.5, 1.0, 2.0), np.linspace(-3.0, 3.0, 64)),
+        (Gaussian(1.0), (0.5, 1.0, 2.0), np.linspace(-3.0, 3.0, 64)),
+        (Poisson(1.0), (0.01, 0.1, 1.0), np.arange(64, dtype=np.int64)),
+    ]
+    for mech, levels, x in cases:
+        for sealed in (False, True):
+            chain = ReleaseChain(mech, levels, sealed=sealed)
+            ident = ("check",)
+            st = chain.seal(x, ident, rngs) if sealed else chain.open(x)
+            for k in range(len(levels)):
+                h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
+    return h.hexdigest()

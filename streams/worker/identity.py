@@ -1,0 +1,111 @@
+"""The market's identity: a worker refuses to start with a noise secret its state was not made with.
+
+Every release is a pure function of the noise secret (:mod:`market.chain`). A worker started with
+another secret — or on a platform whose samplers turned the same key into other numbers — would
+compute *different* noise for levels already released, which is exactly the re-noising the
+market promises never to do. So the first worker of a market writes a
+:class:`~streams.wire.events.MarketIdentity` (the secret's fingerprint and a known-answer digest
+of the noise) to ``<p>.market``, and every worker reads the topic's **first** record before it
+starts: if it does not match, the worker stops with an error saying what differs. Two workers
+starting at once on an empty market both write; the earlier record wins and the other refuses.
+
+Stream records carry the same fingerprint (``StreamState.secret_fingerprint``), a second line of
+defence the core checks on every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from market.chain import DOMAIN, noise_check
+
+from ..core import MarketKeys
+from ..wire.events import MarketIdentity
+from ..wire.topics import Topics
+
+__all__ = ["MarketIdentityError", "check_identity", "identity_of"]
+
+
+class MarketIdentityError(RuntimeError):
+    """This worker's noise secret or platform does not match the market's state."""
+
+
+def identity_of(keys: MarketKeys) -> MarketIdentity:
+    """What this worker would write as the market's identity."""
+    return MarketIdentity(
+        noise_secret_fingerprint=keys.noise_fingerprint,
+        noise_derivation=DOMAIN.decode(),
+        noise_check=noise_check(),
+        market_key_id=keys.key_id,
+        created_at_ms=time.time_ns() // 1_000_000,
+    )
+
+
+async def check_identity(
+    bootstrap: str, topics: Topics, keys: MarketKeys, *, timeout: float = 30.0, **auth: Any
+) -> MarketIdentity:
+    """Claim the market for this worker's secret, or check it matches; raise if it does not."""
+    ours = identity_of(keys)
+    tp = TopicPartition(topics.identity, 0)
+    first = await _first_record(bootstrap, tp, timeout, auth)
+    if first is None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **auth)
+        await producer.start()
+        try:
+            await producer.send_and_wait(tp.topic, ours.model_dump_json().encode(), partition=0)
+        finally:
+            await producer.stop()
+        first = await _first_record(bootstrap, tp, timeout, auth)
+        if first is None:
+            raise MarketIdentityError(f"wrote the market identity to {tp.topic} but cannot read it")
+    theirs = MarketIdentity.model_validate_json(first)
+    _compare(ours, theirs, tp.topic)
+    return theirs
+
+
+def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
+    if theirs.noise_secret_fingerprint != ours.noise_secret_fingerprint:
+        raise MarketIdentityError(
+            f"this worker's noise secret (fingerprint {ours.noise_secret_fingerprint}) is not the "
+            f"one this market's state was made with ({theirs.noise_secret_fingerprint}, recorded "
+            f"in {topic}); starting would re-noise levels already released. Start it with the "
+            "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
+            "new market"
+        )
+    if (theirs.noise_derivation, theirs.noise_check) != (ours.noise_derivation, ours.noise_check):
+        raise MarketIdentityError(
+            f"this platform derives other noise from the same key than the one that made this "
+            f"market's state (derivation {ours.noise_derivation} vs {theirs.noise_derivation}, "
+            f"check {ours.noise_check[:16]} vs {theirs.noise_check[:16]}): a numpy or randomgen "
+            "upgrade changed a sampler. Run the versions the market was made with (see "
+            "pyproject.toml) or start a new market with a new --prefix"
+        )
+
+
+async def _first_record(
+    bootstrap: str, tp: TopicPartition, timeout: float, auth: dict[str, Any]
+) -> bytes | None:
+    """The first record of ``tp``, or None once a fetch has shown the partition is empty."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50, **auth
+    )
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            for rec in batch.get(tp, []):
+                if rec.value is not None:
+                    return bytes(rec.value)
+            if consumer.highwater(tp) == 0:  # from a fetch response, right on every broker
+                return None
+            await asyncio.sleep(0)
+        raise MarketIdentityError(f"could not read {tp.topic} within {timeout}s")
+    finally:
+        await consumer.stop()

@@ -387,7 +387,7 @@ def plan_step(
         lvl = canonical_level(above[0])
     else:
         lvl = canonical_level(target)
-    if lvl > held:
+    if lvl > held or target is not None:  # an explicit level must be for sale, held or not
         _check_for_sale(schedule, mechanism, steps, cap, lvl, stream)
     return StepPlan(held, lvl, max(held, lvl), schedule.step_price(mechanism, held, lvl))
 

@@ -136,6 +136,9 @@ class Lane:
             if pid not in answered:
                 await c.buy(buyer, stream, target_level=target, max_price_minor=10_000,
                             purchase_id=pid, resend_every=10, timeout=90)  # fmt: skip
+        for s in STREAMS:  # the backlog of values is drained too (however busy the machine)
+            sent = sum(1 for st, _ in self.values if st == s)
+            await asyncio.to_thread(self.market.wait_ingested, s, sent, 180.0)
         return await self.read(c)
 
     async def read(self, c: MarketClient) -> dict[str, list[bytes]]:

@@ -33,6 +33,7 @@ test-fast: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m bench.noise
 	$(PY) -m bench.service
+	$(PY) -m bench.flood
 
 report: $(VENV)/.installed
 	$(PY) -m bench.report

@@ -36,8 +36,14 @@ from aiokafka import AIOKafkaProducer
 
 from streams.broker.admin import ensure_topics
 from streams.broker.embedded import EmbeddedBroker, find_free_port
-from streams.clients.client import MarketClient, TopicReader
-from streams.wire.events import LinearPrecisionSpec, StreamRegistration, ValueEvent
+from streams.clients.client import MarketClient, TopicReader, now_ms
+from streams.clients.keys import Party
+from streams.wire.events import (
+    LinearPrecisionSpec,
+    PurchaseRequest,
+    StreamRegistration,
+    ValueBatch,
+)
 from streams.wire.topics import Topics, TopicSpec
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -54,17 +60,17 @@ class Row:
     p99_ms: float
 
 
-def _value_payload(i: int) -> bytes:
-    return (
-        ValueEvent(
-            stream_id="bench",
-            value_id=f"v{i:07d}",
-            values=[20.0 + 0.001 * i] * DIM,
-            published_at_ms=time.time_ns() // 10**6,
-        )
-        .model_dump_json()
-        .encode()
-    )
+SELLER = Party.generate("bench", sealing=False)
+
+
+def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
+    """A signed batch of one value (signed before any clock starts)."""
+    batch = SELLER.sign(
+        ValueBatch, market, stream_id=stream, seller_id=SELLER.account_id,
+        items=[{"value_id": f"v{i:07d}", "values": [20.0 + 0.001 * i] * DIM,
+                "published_at_ms": now_ms()}],
+    )  # fmt: skip
+    return batch.model_dump_json().encode()
 
 
 def _count(raw: bytes) -> int:
@@ -207,9 +213,9 @@ class _Bench:
         return r
 
 
-def _registration(stream: str, steps: list[float], cap: float) -> StreamRegistration:
-    return StreamRegistration(
-        stream_id=stream, seller_id="bench", mechanism="laplace", sensitivity=1.0,
+def _registration(stream: str, steps: list[float], cap: float) -> dict[str, object]:
+    return dict(
+        stream_id=stream, mechanism="laplace", sensitivity=1.0,
         dimension=DIM, steps=steps, cap=cap, retain_last=4,
         pricing=LinearPrecisionSpec(rate_per_precision=0.0),
     )  # fmt: skip
@@ -217,7 +223,8 @@ def _registration(stream: str, steps: list[float], cap: float) -> StreamRegistra
 
 async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
     topics = Topics(settings.prefix, settings.partitions)
-    async with MarketClient(settings.bootstrap, topics) as c:
+    async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
+        await c.open_account(SELLER, timeout=60)
         prod = AIOKafkaProducer(
             bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=262144
         )
@@ -236,22 +243,24 @@ async def _ingest(b: _Bench) -> Row:
     await b.client.register(_registration("bench", [0.5, 1.0], 1e6), timeout=60)
     for i in range(4):
         await b.client.publish("bench", [1.0] * DIM, value_id=f"w{i}")
-    subs = ["sub1", "sub2"]
+    subs = [Party.generate(name, sealing=False) for name in ("sub1", "sub2")]
     readers = []
     for sub in subs:
-        await b.client.buy(sub, "bench", max_price_minor=0, timeout=60)
-        r = await b.reader(b.topics.buyer(sub))
-        await _drain([r], 1, 5)  # skip the purchase outcome
+        await b.client.open_account(sub, timeout=60)
+        await b.client.buy("bench", max_price_minor=0, timeout=60, party=sub)
+        r = await b.reader(b.topics.inbox(sub.account_id))
+        await _drain([r], 2, 5)  # skip the account and the purchase outcome
         readers.append(r)
+    market = b.topics.prefix
+    payloads = [_value_payload(i, market) for i in range(b.n + b.lat_n)]  # signed beforehand
     t0 = time.perf_counter()
-    futs = [await b.prod.send(b.topics.values, _value_payload(i), key=b"bench")
-            for i in range(b.n)]  # fmt: skip
+    futs = [await b.prod.send(b.topics.values, payloads[i], key=b"bench") for i in range(b.n)]
     await asyncio.gather(*futs)
     got = await _drain(readers, b.n * len(subs), 600)
     rate = got / len(subs) / (time.perf_counter() - t0)
 
     async def send_value(i: int) -> None:
-        await b.prod.send_and_wait(b.topics.values, _value_payload(b.n + i), key=b"bench")
+        await b.prod.send_and_wait(b.topics.values, payloads[b.n + i], key=b"bench")
 
     lat = await _closed_loop(send_value, readers, b.lat_n, len(subs))
     return Row("market ingest (value → 2 releases)", rate, _pct(lat, 0.5), _pct(lat, 0.99))
@@ -265,44 +274,47 @@ async def _purchases(b: _Bench) -> Row:
     lat_streams = max(1, -(-b.lat_n // steps))
     names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
     levels = [round(0.25 * (k + 1), 2) for k in range(steps)]
+    market = b.topics.prefix
     for name in names:
-        reg = _registration(name, levels, levels[-1])
+        reg = SELLER.sign(StreamRegistration, market, seller_id=SELLER.account_id,
+                          **_registration(name, levels, levels[-1]))  # fmt: skip
         await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
         for i in range(4):
-            await b.client.send(b.topics.values, name, ValueEvent(
-                stream_id=name, value_id=f"w{i}", values=[1.0] * DIM,
-                published_at_ms=time.time_ns() // 10**6,
-            ).model_dump_json().encode())  # fmt: skip
-    buyers = [f"buyer{i}" for i in range(min(64, n_streams))]
-    await ensure_topics(b.boot, [b.topics.buyer_spec(x) for x in [*buyers, "lat"]])
-    # one consumer for all buyer topics: 64 polling clients would starve the worker
-    all_buyers = await b.reader([b.topics.buyer(x) for x in buyers])
-    lat_reader = await b.reader(b.topics.buyer("lat"))
+            await b.client.send(b.topics.values, name, _value_payload(i, market, name))
+    buyers = [Party.generate(f"buyer{i}", sealing=False) for i in range(min(64, n_streams))]
+    lat = Party.generate("lat", sealing=False)
+    for who in (*buyers, lat):
+        await b.client.open_account(who, timeout=60)
+    # one consumer for all buyer inboxes: 64 polling clients would starve the worker
+    all_buyers = await b.reader([b.topics.inbox(x.account_id) for x in buyers])
+    lat_reader = await b.reader(b.topics.inbox("lat"))
+    await _drain([all_buyers], len(buyers), 5)  # the accounts' confirmations
+    await _drain([lat_reader], 1, 5)
     await asyncio.sleep(2.0)  # let the registrations and values land
 
-    def purchase(buyer: str, stream: str, k: int) -> bytes:
-        return json.dumps({
-            "type": "purchase", "purchase_id": f"{stream}-{k}", "buyer_id": buyer,
-            "stream_id": stream, "max_price_minor": 0, "requested_at_ms": time.time_ns() // 10**6,
-        }).encode()  # fmt: skip
+    def purchase(buyer: Party, stream: str, k: int) -> bytes:
+        req = buyer.sign(PurchaseRequest, market, purchase_id=f"{stream}-{k}",
+                         buyer_id=buyer.account_id, stream_id=stream, max_price_minor=0,
+                         requested_at_ms=now_ms())  # fmt: skip
+        return req.model_dump_json().encode()
 
+    payloads = [(purchase(buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
+                for k in range(steps) for i in range(n_streams)]  # fmt: skip
     t0 = time.perf_counter()
-    futs = [await b.prod.send(b.topics.purchases, purchase(f"buyer{i % 64}", f"p{i}", k),
-                              key=f"p{i}".encode())
-            for k in range(steps) for i in range(n_streams)]  # fmt: skip
+    futs = [await b.prod.send(b.topics.purchases, p, key=key) for p, key in payloads]
     await asyncio.gather(*futs)
     got = await _drain([all_buyers], len(futs), 600)
     rate = got / (time.perf_counter() - t0)
 
+    lat_payloads = [purchase(lat, f"lat{i // steps}", i % steps) for i in range(b.lat_n)]
+
     async def send_purchase(i: int) -> None:
         stream = f"lat{i // steps}"
-        await b.prod.send_and_wait(
-            b.topics.purchases, purchase("lat", stream, i % steps), key=stream.encode()
-        )
+        await b.prod.send_and_wait(b.topics.purchases, lat_payloads[i], key=stream.encode())
 
-    lat = await _closed_loop(send_purchase, [lat_reader], b.lat_n, 1)
-    return Row("market purchase (next step → 4 releases + receipt)", rate, _pct(lat, 0.5),
-               _pct(lat, 0.99))  # fmt: skip
+    lat_ms = await _closed_loop(send_purchase, [lat_reader], b.lat_n, 1)
+    return Row("market purchase (next step → 4 releases + receipt)", rate, _pct(lat_ms, 0.5),
+               _pct(lat_ms, 0.99))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

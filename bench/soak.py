@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 import uuid
@@ -23,8 +22,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from streams.broker.embedded import EmbeddedBroker, find_free_port
-from streams.clients.client import MarketClient
-from streams.wire.events import LinearLevelSpec, StreamRegistration
+from streams.clients.client import MarketClient, now_ms
+from streams.clients.keys import Party
+from streams.wire.events import LinearLevelSpec, PurchaseRequest, ValueBatch
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -83,14 +83,18 @@ async def _load(
 ) -> SoakResult:
     topics = Topics(settings.prefix, settings.partitions)
     res = SoakResult(values=n_values, purchases=n_purchases)
-    async with MarketClient(settings.bootstrap, topics) as c:
+    seller = Party.generate("soak", sealing=False)
+    buyers = [Party.generate(f"b{i}", sealing=False) for i in range(N_BUYERS)]
+    async with MarketClient(settings.bootstrap, topics, party=seller) as c:
+        for who in (seller, *buyers):
+            await c.open_account(who, timeout=60)
         for i in range(N_STREAMS):
-            reg = StreamRegistration(
-                stream_id=f"s{i}", seller_id="soak", mechanism="laplace", sensitivity=1.0,
-                dimension=DIM, steps=LADDER, cap=LADDER[-1], retain_last=16,
-                pricing=LinearLevelSpec(rate_per_level=100.0),
+            await c.register(
+                dict(stream_id=f"s{i}", mechanism="laplace", sensitivity=1.0, dimension=DIM,
+                     steps=LADDER, cap=LADDER[-1], retain_last=16,
+                     pricing=LinearLevelSpec(rate_per_level=100.0)),
+                timeout=60,
             )  # fmt: skip
-            await c.register(reg, timeout=60)
     prod = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=10)
     await prod.start()
     t0 = time.monotonic()
@@ -103,21 +107,19 @@ async def _load(
             due = int((time.monotonic() - t0) * rate) + 1
             while sent_v < min(due, n_values):
                 s = f"s{sent_v % N_STREAMS}"
-                body = json.dumps({
-                    "type": "value", "stream_id": s, "value_id": f"v{sent_v}",
-                    "values": [20.0 + (sent_v % 7)] * DIM,
-                    "published_at_ms": time.time_ns() // 10**6,
-                }).encode()  # fmt: skip
-                await prod.send(topics.values, body, key=s.encode())
+                batch = seller.sign(ValueBatch, topics.prefix, stream_id=s, seller_id="soak",
+                                    items=[{"value_id": f"v{sent_v}",
+                                            "values": [20.0 + (sent_v % 7)] * DIM,
+                                            "published_at_ms": now_ms()}])  # fmt: skip
+                await prod.send(topics.values, batch.model_dump_json().encode(), key=s.encode())
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
-                    b, s2 = f"b{sent_p % N_BUYERS}", f"s{(sent_p // N_BUYERS) % N_STREAMS}"
-                    body = json.dumps({
-                        "type": "purchase", "purchase_id": f"p{sent_p}", "buyer_id": b,
-                        "stream_id": s2, "max_price_minor": 10_000,
-                        "requested_at_ms": time.time_ns() // 10**6,
-                    }).encode()  # fmt: skip
-                    await prod.send(topics.purchases, body, key=s2.encode())
+                    buyer, s2 = buyers[sent_p % N_BUYERS], f"s{(sent_p // N_BUYERS) % N_STREAMS}"
+                    req = buyer.sign(PurchaseRequest, topics.prefix, purchase_id=f"p{sent_p}",
+                                     buyer_id=buyer.account_id, stream_id=s2,
+                                     max_price_minor=10_000, requested_at_ms=now_ms())  # fmt: skip
+                    await prod.send(topics.purchases, req.model_dump_json().encode(),
+                                    key=s2.encode())  # fmt: skip
                     sent_p += 1
             now = time.monotonic() - t0
             if now >= next_sample:

@@ -283,6 +283,17 @@ class ChainState:
             0 if self.exact is None else self.exact.nbytes
         )
 
+    def trim(self, max_bytes: int) -> None:
+        """Drop cached steps until the vectors take at most ``max_bytes`` (roots are kept).
+
+        Keeps the most accurate cached step longest: it is where the next relaxation starts.
+        """
+        droppable = sorted(self.steps)
+        if self.exact is None and droppable:
+            droppable = droppable[:-1]  # a sealed chain's top step is its root
+        while self.nbytes > max_bytes and droppable:
+            del self.steps[droppable.pop(0)]
+
     def drop_cache(self) -> None:
         """Forget every step that can be recomputed (all of them on an open chain)."""
         if self.exact is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "open_envelope",
     "public_key_b64",
     "seal",
+    "validate_public_key",
 ]
 
 ALGORITHM = "x25519-hkdf-sha256-chacha20poly1305"
@@ -84,6 +85,27 @@ def parse_public_key(text: str) -> X25519PublicKey:
     if len(raw) != 32:
         raise EnvelopeError(f"an X25519 public key is 32 bytes, got {len(raw)}")
     return X25519PublicKey.from_public_bytes(raw)
+
+
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+
+
+def validate_public_key(text: str) -> X25519PublicKey:
+    """:func:`parse_public_key`, and refuse a key nothing can be sealed for.
+
+    A low-order point (all zeros, and a handful of others) makes every shared secret zero:
+    ``cryptography`` refuses the exchange, so such a key would make every seal for it fail
+    (and sealing with it would not be secret anyway). Check keys when they are accepted, not
+    when something is first sealed for them.
+    """
+    key = parse_public_key(text)
+    try:
+        _PROBE.exchange(key)
+    except ValueError as exc:
+        raise EnvelopeError(
+            "this X25519 public key is a low-order point: nothing can be sealed for it"
+        ) from exc
+    return key
 
 
 def _key(shared: bytes, epk: bytes, rpk: bytes) -> bytes:

@@ -244,6 +244,11 @@ class PriceTable(PriceSchedule):
                     f"price table prices must be integers >= 0 (minor units), got {price!r} "
                     f"at level {key:g}"
                 )
+            if key in clean:  # e.g. 1 and 1.0000000000000002: which price would be meant?
+                raise ScheduleError(
+                    f"the price table prices level {key:g} twice (as {lvl!r} and another "
+                    "spelling); give each level once"
+                )
             clean[key] = price
         object.__setattr__(self, "prices", dict(sorted(clean.items())))
 
@@ -259,13 +264,20 @@ class PriceTable(PriceSchedule):
 
     def validate(self, mechanism: Mechanism, levels: list[float], cap: float) -> None:
         """As :meth:`PriceSchedule.validate`, and every priced level must be for sale."""
-        sellable = set(sellable_levels(levels, cap))
-        extra = [lv for lv in self.prices if lv not in sellable]
+        sellable = sellable_levels(levels, cap)
+        extra = [lv for lv in self.prices if lv not in set(sellable)]
         if extra:
             raise ScheduleError(
                 "the price table prices level(s) "
                 + ", ".join(f"{x:g}" for x in extra)
                 + " that are neither a step nor the cap; only steps and the cap are sold"
+            )
+        missing = [lv for lv in sellable if lv not in self.prices]
+        if missing:
+            raise ScheduleError(
+                "the price table has no price for level(s) "
+                + ", ".join(f"{x:g}" for x in missing)
+                + "; a table must price every step and the cap"
             )
         super().validate(mechanism, levels, cap)
 
@@ -377,8 +389,10 @@ def plan_step(
     LevelNotForSaleError
         The schedule does not sell the target (price tables sell only their levels).
     """
+    cap = canonical_level(cap, name="cap")
     if target is None:
-        above = [lv for lv in steps if lv > held]
+        top = canonical_level(max(steps))
+        above = [lv for lv in sellable_levels(steps, cap) if held < lv <= top]
         if not above:
             raise NoHigherStepError(
                 f"you already hold level {held:g}, the top step of this stream; name an explicit "

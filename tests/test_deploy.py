@@ -37,6 +37,8 @@ def exported_metric_names() -> set[str]:
     m.rejections.labels("r").inc()
     m.noise_draws.labels("laplace").inc()
     m.registrations.labels("accepted").inc()
+    m.dead_letters.labels("too_large").inc()
+    m.accounts.labels("opened").inc()
     text = generate_latest(m.registry).decode()
     return {
         line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"
@@ -129,8 +131,24 @@ def test_security_setup_script_is_valid_and_least_privilege() -> None:
     script = ROOT / "deploy/kafka/setup-security.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
-    # a buyer may read only its own topic: no prefixed read grant on buyer topics for buyers
-    buyer_block = text.split('for pair in "${PAIRS[@]}"', 1)[1]
-    assert '--topic "$PREFIX.buyer.$buyer"' in buyer_block
-    assert "prefixed" not in buyer_block
-    assert "--operation Read" in buyer_block and "rejections" not in buyer_block
+    # a party may read only its own inbox: no prefixed grant on inboxes for parties
+    party_block = text.split("party() {", 1)[1].split("\n}\n", 1)[0]
+    assert '--topic "$PREFIX.inbox.$name"' in party_block
+    assert "prefixed" not in party_block
+    assert "--operation Read" in party_block
+    assert "rejections" not in party_block and "deadletters" not in party_block
+    # the admin connection authenticates; nothing runs as an anonymous principal
+    assert "--command-config" in text and "ANONYMOUS" not in text
+
+
+def test_no_listener_is_unauthenticated() -> None:
+    env = SERVICES["kafka"]["environment"]
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(protocols.values()) == {"SASL_PLAINTEXT"}, protocols
+    listeners = {entry.split("://")[0] for entry in env["KAFKA_LISTENERS"].split(",")}
+    assert listeners == set(protocols)
+    assert env["KAFKA_SUPER_USERS"] == "User:admin"
+    assert "ANONYMOUS" not in yaml.safe_dump(COMPOSE)
+    for name in protocols:
+        key = f"KAFKA_LISTENER_NAME_{name}_SASL_ENABLED_MECHANISMS"
+        assert key in env, f"listener {name} has no SASL mechanism"

@@ -20,7 +20,7 @@ import pytest
 from streams.core import MarketCore, Stores
 from streams.wire.topics import Topics
 
-from .streams.helpers import TEST_KEYS, purchase, registration, value
+from .streams.helpers import TEST_KEYS, open_accounts, purchase, registration, value
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER_STACK = ("faust", "aiokafka", "mode")
@@ -56,6 +56,7 @@ def _without_service_extra(args: list[str]) -> subprocess.CompletedProcess[str]:
 def test_verify_receipt_needs_only_the_base_package(tmp_path: Path) -> None:
     t = Topics("t")
     core = MarketCore(Stores(), TEST_KEYS, t, clock=lambda: 1_000)
+    open_accounts(core, "seller1", "alice")
     core.handle(t.registrations, registration("temp"))
     core.handle(t.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     out = core.handle(t.purchases, purchase("temp", "alice", "p1"))

@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # One-shot setup for Apache Kafka: SCRAM users, least-privilege ACLs and the market's topics.
-# Run by the kafka-init service of docker-compose.yml against the broker's internal listener.
+# Run by the kafka-init service of docker-compose.yml against the broker's INTERNAL listener,
+# authenticated as the `admin` super user (SASL/PLAIN; no anonymous access anywhere).
 #
-# Principals:
+# Principals (Kafka ACLs are the second layer: every event is also signed by its account's key,
+# and the market checks the signature whoever wrote it):
 #   market-worker  reads the input topics, owns its consumer group and Faust's internal topics,
-#                  writes the catalog, the dead-letter topic and every buyer topic
-#   seller         writes registrations and values, reads the catalog
-#   <buyer>        one principal per buyer: writes purchases, reads the catalog and ONLY its own
-#                  topic <prefix>.buyer.<buyer>
+#                  writes the catalog, rejections, dead letters, its identity record and every
+#                  inbox (it creates them when accounts are opened)
+#   operator       reads the rejections and dead letters (`epsilon-market rejections`)
+#   <seller>       one principal per seller: writes accounts, registrations and values, reads the
+#                  catalog and ONLY its own inbox <prefix>.inbox.<seller>
+#   <buyer>        one principal per buyer: writes accounts and purchases, reads the catalog and
+#                  ONLY its own inbox <prefix>.inbox.<buyer>
+# The SASL user name of a party is its account id.
 set -euo pipefail
-: "${BOOTSTRAP:?}" "${PREFIX:?}" "${PARTITIONS:?}" "${APP_ID:?}" "${WORKER_PASSWORD:?}" "${SELLER_PASSWORD:?}"
+: "${BOOTSTRAP:?}" "${PREFIX:?}" "${PARTITIONS:?}" "${APP_ID:?}" "${ADMIN_PASSWORD:?}"
+: "${WORKER_PASSWORD:?}" "${OPERATOR_PASSWORD:?}"
 BIN=/opt/kafka/bin
-B=(--bootstrap-server "$BOOTSTRAP")
+CONF=$(mktemp)
+trap 'rm -f "$CONF"' EXIT
+cat > "$CONF" <<PROPS
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=PLAIN
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$ADMIN_PASSWORD";
+PROPS
+B=(--bootstrap-server "$BOOTSTRAP" --command-config "$CONF")
 
 scram() {  # user password
   "$BIN/kafka-configs.sh" "${B[@]}" --alter --entity-type users --entity-name "$1" \
@@ -21,43 +35,59 @@ acl() { "$BIN/kafka-acls.sh" "${B[@]}" --add --force "$@"; }
 topic() {  # name partitions config...
   local name=$1 parts=$2; shift 2
   "$BIN/kafka-topics.sh" "${B[@]}" --create --if-not-exists --topic "$name" \
-    --partitions "$parts" --replication-factor 1 "$@"
+    --partitions "$parts" --replication-factor "${REPLICATION:-1}" "$@"
 }
 
 DAY=86400000
+topic "$PREFIX.accounts" "$PARTITIONS" --config retention.ms=$((30 * DAY))
 topic "$PREFIX.registrations" "$PARTITIONS" --config retention.ms=$((7 * DAY))
 topic "$PREFIX.values" "$PARTITIONS" --config retention.ms=$((7 * DAY))
 topic "$PREFIX.purchases" "$PARTITIONS" --config retention.ms=$((30 * DAY))
 topic "$PREFIX.catalog" 1 --config cleanup.policy=compact
 topic "$PREFIX.rejections" 1 --config retention.ms=$((30 * DAY))
+topic "$PREFIX.deadletters" 1 --config retention.ms=$((30 * DAY))
+topic "$PREFIX.market" 1 --config retention.ms=-1
 
 scram market-worker "$WORKER_PASSWORD"
 W=(--allow-principal User:market-worker)
-acl "${W[@]}" --operation Read --operation Describe --topic "$PREFIX.registrations"
-acl "${W[@]}" --operation Read --operation Describe --topic "$PREFIX.values"
-acl "${W[@]}" --operation Read --operation Describe --topic "$PREFIX.purchases"
-acl "${W[@]}" --operation Write --operation Describe --topic "$PREFIX.catalog"
-acl "${W[@]}" --operation Write --operation Describe --topic "$PREFIX.rejections"
-acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$PREFIX.buyer."
+for t in accounts registrations values purchases; do
+  acl "${W[@]}" --operation Read --operation Describe --topic "$PREFIX.$t"
+done
+for t in catalog rejections deadletters; do
+  acl "${W[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"
+done
+acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.market"
+acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$PREFIX.inbox."
 acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$APP_ID-"
 acl "${W[@]}" --operation All --resource-pattern-type prefixed --group "$APP_ID"
 acl "${W[@]}" --operation Describe --operation IdempotentWrite --cluster
 
-scram seller "$SELLER_PASSWORD"
-S=(--allow-principal User:seller)
-acl "${S[@]}" --operation Write --operation Describe --topic "$PREFIX.registrations"
-acl "${S[@]}" --operation Write --operation Describe --topic "$PREFIX.values"
-acl "${S[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
+scram operator "$OPERATOR_PASSWORD"
+O=(--allow-principal User:operator)
+acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.rejections"
+acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.deadletters"
+acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
 
-IFS=',' read -ra PAIRS <<< "${BUYERS:-}"
-for pair in "${PAIRS[@]}"; do
+party() {  # name password topic-it-writes...
+  local name=$1 password=$2; shift 2
+  scram "$name" "$password"
+  topic "$PREFIX.inbox.$name" 1 --config retention.ms=$((365 * DAY))
+  local P=(--allow-principal "User:$name")
+  for t in accounts "$@"; do
+    acl "${P[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"
+  done
+  acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
+  acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.inbox.$name"
+}
+
+IFS=',' read -ra SELLER_PAIRS <<< "${SELLERS:-}"
+for pair in "${SELLER_PAIRS[@]}"; do
   [ -n "$pair" ] || continue
-  buyer=${pair%%:*}; password=${pair#*:}
-  scram "$buyer" "$password"
-  topic "$PREFIX.buyer.$buyer" 1 --config retention.ms=$((365 * DAY))
-  U=(--allow-principal "User:$buyer")
-  acl "${U[@]}" --operation Write --operation Describe --topic "$PREFIX.purchases"
-  acl "${U[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
-  acl "${U[@]}" --operation Read --operation Describe --topic "$PREFIX.buyer.$buyer"
+  party "${pair%%:*}" "${pair#*:}" registrations values
+done
+IFS=',' read -ra BUYER_PAIRS <<< "${BUYERS:-}"
+for pair in "${BUYER_PAIRS[@]}"; do
+  [ -n "$pair" ] || continue
+  party "${pair%%:*}" "${pair#*:}" purchases
 done
 echo "kafka security and topics ready"

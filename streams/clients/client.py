@@ -1,34 +1,35 @@
 """A small asyncio client for sellers and buyers (used by the CLI, the demo and the tests).
 
-It speaks only the public wire format (:mod:`streams.events`) over aiokafka, so it doubles as a
-reference for clients in other languages. Reads never use consumer groups: a buyer's topic is read
-from the beginning and answers are matched by request id, which also works on the embedded broker
-whose "latest offset" answer is unreliable.
+It speaks only the public wire format (:mod:`streams.wire`) over aiokafka, so it doubles as a
+reference for clients in other languages. A client acts as one :class:`~.keys.Party`: every
+event it sends is signed with the party's key, and the market answers in the party's inbox
+topic, which the client reads from the beginning (no consumer group) matching answers by
+request id — that also works on the embedded broker, whose "latest offset" answer is unreliable.
 
-Purchases are **retried by resending the same purchase id** when no outcome arrives in time: the
-market treats the id as an idempotency key, so a resend can never charge twice or draw new noise,
-and it repairs the rare case of a worker skipping an event during a consumer-group rebalance.
+Requests are **retried by resending the same event** (same id, same timestamps, same
+signature) when no answer arrives in time: the market treats the id as an idempotency key, so a
+resend can never charge twice or draw new noise, and it repairs the rare case of a worker
+skipping an event during a consumer-group rebalance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-from market.envelope import public_key_b64
 
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
 from ..wire.events import (
-    BUYER_EVENT,
+    INBOX_EVENT,
+    AccountState,
     CatalogEntry,
     PurchaseFulfilled,
     PurchaseRequest,
@@ -36,15 +37,24 @@ from ..wire.events import (
     QuoteRequest,
     Rejection,
     StreamRegistration,
-    ValueEvent,
+    ValueBatch,
+    ValueOutcome,
     ValueReleased,
+    ValuesAccepted,
 )
 from ..wire.sealing import open_event
 from ..wire.topics import Topics
+from .keys import Party
 
-__all__ = ["MarketClient", "TopicReader"]
+__all__ = ["InboxEvent", "MarketClient", "TopicReader", "now_ms"]
 
-BuyerEvent = PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+InboxEvent = (
+    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class TopicReader:
@@ -68,7 +78,7 @@ class TopicReader:
             fetch_max_bytes=64 * 1024 * 1024,
         )
 
-    async def start(self) -> None:
+    async def start(self, wait: float = 5.0) -> None:
         try:
             await self._consumer.start()
         except BaseException:
@@ -77,14 +87,16 @@ class TopicReader:
         tps: list[TopicPartition] = []
         for topic in self.topics:
             parts: set[int] | None = None
-            for _ in range(50):
-                await self._consumer.topics()
-                parts = self._consumer.partitions_for_topic(topic)
+            for _ in range(max(1, int(wait / 0.1))):
+                # consumer.partitions_for_topic reads cached metadata: ask the broker afresh
+                cluster = await self._consumer._client.fetch_all_metadata()
+                parts = cluster.partitions_for_topic(topic)
                 if parts:
                     break
                 await asyncio.sleep(0.1)
             if not parts:
-                raise RuntimeError(f"topic {topic} has no partitions")
+                await self._consumer.stop()
+                raise LookupError(f"topic {topic} does not exist")
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         await self._consumer.seek_to_beginning(*tps)
@@ -98,15 +110,21 @@ class TopicReader:
 
 
 class MarketClient:
-    """Producer plus on-demand topic readers against one broker."""
+    """Producer plus on-demand topic readers against one broker, acting as one party."""
 
     def __init__(
-        self, bootstrap: str, topics: Topics | None = None, *, auth: dict[str, Any] | None = None
+        self,
+        bootstrap: str,
+        topics: Topics | None = None,
+        *,
+        party: Party | None = None,
+        auth: dict[str, Any] | None = None,
     ) -> None:
-        """``auth``: aiokafka SASL keyword arguments (see :func:`streams.config.kafka_auth`);
+        """``auth``: aiokafka SASL keyword arguments (see :func:`streams.broker.auth.kafka_auth`);
         defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set."""
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
+        self.party = party
         self.auth = auth if auth is not None else env_auth()
         self._published: dict[tuple[str, str], int] = {}
         self._requested: dict[tuple[str, str], int] = {}
@@ -134,41 +152,145 @@ class MarketClient:
     ) -> None:
         await self._producer.stop()
 
+    @property
+    def market(self) -> str:
+        """What signatures name as the market: the topic prefix."""
+        return self.topics.prefix
+
+    def _me(self, party: Party | None) -> Party:
+        me = party or self.party
+        if me is None:
+            raise ValueError("this request is signed: give the client a Party (keys)")
+        return me
+
     async def send(self, topic: str, key: str, payload: bytes) -> None:
         await self._producer.send_and_wait(topic, payload, key=key.encode())
 
-    # -- sellers ---------------------------------------------------------------------------
+    # -- accounts -------------------------------------------------------------------------------
+    async def open_account(
+        self, party: Party | None = None, *, timeout: float = 30.0
+    ) -> AccountState | Rejection:
+        """Open the party's account (pin its keys) and wait until the market confirms it."""
+        me = self._me(party)
+        event = me.open_account(self.market)
+        payload = event.model_dump_json().encode()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await self.send(self.topics.accounts, me.account_id, payload)
+            reader = TopicReader(self.bootstrap, self.topics.inbox(me.account_id), **self.auth)
+            try:  # the inbox is created with the account: wait for it, resend now and then
+                await reader.start(wait=min(15.0, max(0.1, deadline - time.monotonic())))
+            except LookupError:
+                continue
+            try:
+                got = await self._await(reader, me, lambda ev: isinstance(ev, AccountState),
+                                        deadline)  # fmt: skip
+                assert isinstance(got, AccountState | Rejection)
+                return got
+            finally:
+                await reader.stop()
+        raise TimeoutError(f"account {me.account_id} not confirmed within {timeout}s")
+
+    # -- sellers ----------------------------------------------------------------------------------
     async def register(
-        self, registration: StreamRegistration, *, timeout: float = 30.0
+        self, fields: dict[str, Any], *, party: Party | None = None, timeout: float = 30.0
     ) -> CatalogEntry | Rejection:
-        """Register a stream and wait for the catalog entry (or the rejection)."""
+        """Register a stream (``fields`` of a registration, signed here) and wait for the catalog
+        entry or the rejection."""
+        me = self._me(party)
+        reg = me.sign(StreamRegistration, self.market, **{"seller_id": me.account_id, **fields})
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
-        rejections = TopicReader(self.bootstrap, self.topics.rejections, **self.auth)
+        inbox = TopicReader(self.bootstrap, self.topics.inbox(me.account_id), **self.auth)
         await catalog.start()
-        await rejections.start()
+        await inbox.start()
         try:
-            await self.send(
-                self.topics.registrations,
-                registration.stream_id,
-                registration.model_dump_json().encode(),
-            )
+            payload = reg.model_dump_json().encode()
+            digest = hashlib.sha256(payload).hexdigest()
+            await self.send(self.topics.registrations, reg.stream_id, payload)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 for _, raw in await catalog.poll(0.2):
                     entry = CatalogEntry.model_validate_json(raw)
-                    if entry.registration == registration:
+                    if entry.registration == reg:
                         return entry
-                for _, raw in await rejections.poll(0.05):
-                    rej = Rejection.model_validate_json(raw)
-                    if (
-                        rej.stream_id == registration.stream_id
-                        and rej.source_topic == self.topics.registrations
-                    ):
-                        return rej
-            raise TimeoutError(f"no catalog entry for {registration.stream_id} in {timeout}s")
+                for _, raw in await inbox.poll(0.05):
+                    ev = INBOX_EVENT.validate_json(raw)
+                    if isinstance(ev, Rejection) and ev.payload_sha256 == digest:
+                        return ev
+            raise TimeoutError(f"no catalog entry for {reg.stream_id} in {timeout}s")
         finally:
             await catalog.stop()
-            await rejections.stop()
+            await inbox.stop()
+
+    def value_batch(
+        self, stream_id: str, items: Sequence[tuple[str | None, Sequence[float], int | None]],
+        *, party: Party | None = None,
+    ) -> ValueBatch:  # fmt: skip
+        """A signed batch of (value id, numbers, publication time) — ids and times remembered so
+        a resend of the same id carries its original time."""
+        me = self._me(party)
+        rows = []
+        for given, values, stamp in items:
+            vid = given or uuid.uuid4().hex[:16]
+            first = stamp or self._published.get((stream_id, vid)) or now_ms()
+            self._published[(stream_id, vid)] = first
+            rows.append({"value_id": vid, "values": list(values), "published_at_ms": first})
+        return me.sign(ValueBatch, self.market, stream_id=stream_id, seller_id=me.account_id,
+                       items=rows)  # fmt: skip
+
+    async def publish_batch(
+        self, batch: ValueBatch, *, wait: bool = True, timeout: float = 60.0,
+        party: Party | None = None,
+    ) -> ValuesAccepted | Rejection | None:  # fmt: skip
+        """Send a batch; with ``wait``, return the market's answer (one line per value).
+
+        A stream takes at most so many values per batch (more holders, fewer values): if the
+        market answers ``batch_too_large``, the batch is split as it says, re-signed and sent
+        again, and the answers are merged into one.
+        """
+        payload = batch.model_dump_json().encode()
+        if not wait:
+            await self.send(self.topics.values, batch.stream_id, payload)
+            return None
+        got = await self._publish_once(batch, payload, timeout)
+        if isinstance(got, Rejection) and got.reason == "batch_too_large":
+            size = int(got.details.get("max_values", 1))
+            if 0 < size < len(batch.items):
+                return await self._publish_split(batch, size, timeout, party)
+        return got
+
+    async def _publish_once(
+        self, batch: ValueBatch, payload: bytes, timeout: float
+    ) -> ValuesAccepted | Rejection:
+        ids = {i.value_id for i in batch.items}
+        digest = hashlib.sha256(payload).hexdigest()
+
+        def answers(ev: InboxEvent) -> bool:
+            if isinstance(ev, ValuesAccepted):
+                return ev.stream_id == batch.stream_id and {o.value_id for o in ev.outcomes} == ids
+            # a rejection names the refused bytes: an older one for the stream is not ours
+            return isinstance(ev, Rejection) and ev.payload_sha256 == digest
+
+        got = await self._request(self.topics.values, batch.stream_id, payload, answers,
+                                  inbox=batch.seller_id, timeout=timeout)  # fmt: skip
+        assert isinstance(got, ValuesAccepted | Rejection)
+        return got
+
+    async def _publish_split(
+        self, batch: ValueBatch, size: int, timeout: float, party: Party | None
+    ) -> ValuesAccepted | Rejection:
+        me = self._me(party)
+        lines: list[ValueOutcome] = []
+        for start in range(0, len(batch.items), size):
+            rows = [i.model_dump() for i in batch.items[start : start + size]]
+            part = me.sign(ValueBatch, self.market, stream_id=batch.stream_id,
+                           seller_id=batch.seller_id, items=rows)  # fmt: skip
+            got = await self.publish_batch(part, timeout=timeout, party=party)
+            assert got is not None  # waited for
+            if isinstance(got, Rejection):
+                return got
+            lines += got.outcomes
+        return ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
 
     async def publish(
         self,
@@ -177,23 +299,19 @@ class MarketClient:
         *,
         value_id: str | None = None,
         published_at_ms: int | None = None,
+        wait: bool = True,
+        timeout: float = 60.0,
     ) -> str:
-        """Publish a value; return its id.
-
-        A resend keeps its identity: the same id is sent with its original publication time —
-        ``published_at_ms`` if given, else the time this client first published that id — so
-        the market recognises it (and a resend it has forgotten is refused as too old, not
-        taken for a new value).
-        """
-        vid = value_id or uuid.uuid4().hex[:16]
-        stamp = published_at_ms or self._published.get((stream_id, vid))
-        if stamp is None:
-            stamp = time.time_ns() // 1_000_000
-        self._published[(stream_id, vid)] = stamp
-        ev = ValueEvent(
-            stream_id=stream_id, value_id=vid, values=list(values), published_at_ms=stamp
-        )
-        await self.send(self.topics.values, stream_id, ev.model_dump_json().encode())
+        """Publish one value; return its id. A resend keeps its identity (the id's first
+        publication time). With ``wait``, raise :class:`ValueError` if the market refused it."""
+        batch = self.value_batch(stream_id, [(value_id, values, published_at_ms)])
+        answer = await self.publish_batch(batch, wait=wait, timeout=timeout)
+        vid = batch.items[0].value_id
+        if isinstance(answer, Rejection):
+            raise ValueError(f"value {vid} refused: {answer.reason}: {answer.message}")
+        if isinstance(answer, ValuesAccepted) and answer.outcomes[0].status == "rejected":
+            line = answer.outcomes[0]
+            raise ValueError(f"value {vid} refused: {line.reason}: {line.message}")
         return vid
 
     def published_at(self, stream_id: str, value_id: str) -> int | None:
@@ -215,45 +333,9 @@ class MarketClient:
         finally:
             await reader.stop()
 
-    # -- buyers ------------------------------------------------------------------------------
-    async def _buyer_reader(self, buyer_id: str) -> TopicReader:
-        with contextlib.suppress(Exception):  # buyers may lack the right to create topics
-            await ensure_topics(self.bootstrap, [self.topics.buyer_spec(buyer_id)], **self.auth)
-        reader = TopicReader(self.bootstrap, self.topics.buyer(buyer_id), **self.auth)
-        await reader.start()
-        return reader
-
-    async def _request(
-        self,
-        buyer_id: str,
-        stream_id: str,
-        request_id: str,
-        payload: bytes,
-        *,
-        timeout: float,
-        resend_every: float,
-    ) -> BuyerEvent:
-        reader = await self._buyer_reader(buyer_id)
-        try:
-            deadline = time.monotonic() + timeout
-            next_send = 0.0
-            while time.monotonic() < deadline:
-                if time.monotonic() >= next_send:
-                    await self.send(self.topics.purchases, stream_id, payload)
-                    next_send = time.monotonic() + resend_every
-                for key, raw in await reader.poll(0.2):
-                    if key != request_id.encode():
-                        continue
-                    ev = BUYER_EVENT.validate_json(raw)
-                    if isinstance(ev, Rejection | PurchaseFulfilled | QuoteAnswer):
-                        return ev
-            raise TimeoutError(f"no answer to {request_id} within {timeout}s")
-        finally:
-            await reader.stop()
-
+    # -- buyers -----------------------------------------------------------------------------------
     async def buy(
         self,
-        buyer_id: str,
         stream_id: str,
         *,
         target_level: float | None = None,
@@ -262,75 +344,60 @@ class MarketClient:
         purchase_id: str | None = None,
         timeout: float = 60.0,
         resend_every: float = 15.0,
-        key: X25519PrivateKey | None = None,
         requested_at_ms: int | None = None,
+        party: Party | None = None,
     ) -> PurchaseFulfilled | Rejection:
         """Buy and wait for the outcome, resending the same request until it arrives.
 
-        With ``key`` the releases are sealed for it and returned opened (the event keeps the
+        Sealed releases are returned opened with the party's sealing key (the event keeps the
         envelope, which the receipt binds). A purchase id keeps its identity: its request time
         is ``requested_at_ms`` if given, else the time this client first sent that id.
         """
+        me = self._me(party)
         pid = purchase_id or uuid.uuid4().hex[:20]
-        stamp = requested_at_ms or self._requested.setdefault(
-            (buyer_id, pid), time.time_ns() // 1_000_000
-        )
-        req = PurchaseRequest(
-            purchase_id=pid,
-            buyer_id=buyer_id,
-            stream_id=stream_id,
-            target_level=target_level,
-            max_price_minor=max_price_minor,
-            currency=currency,
-            requested_at_ms=stamp,
-            buyer_public_key=None if key is None else public_key_b64(key),
-        )
-        ev = await self._request(
-            buyer_id,
-            stream_id,
-            pid,
-            req.model_dump_json().encode(),
-            timeout=timeout,
+        stamp = requested_at_ms or self._requested.setdefault((me.account_id, pid), now_ms())
+        req = me.sign(
+            PurchaseRequest, self.market, purchase_id=pid, buyer_id=me.account_id,
+            stream_id=stream_id, target_level=target_level, max_price_minor=max_price_minor,
+            currency=currency, requested_at_ms=stamp,
+        )  # fmt: skip
+        got = await self._request(
+            self.topics.purchases, stream_id, req.model_dump_json().encode(),
+            lambda ev: _answers(ev, pid), inbox=me.account_id, opener=me, timeout=timeout,
             resend_every=resend_every,
-        )
-        if key is not None:
-            ev = open_event(ev, key)
-        assert isinstance(ev, PurchaseFulfilled | Rejection)
-        return ev
+        )  # fmt: skip
+        assert isinstance(got, PurchaseFulfilled | Rejection)
+        return got
 
     async def quote(
         self,
-        buyer_id: str,
         stream_id: str,
         *,
         target_level: float | None = None,
         timeout: float = 30.0,
+        party: Party | None = None,
     ) -> QuoteAnswer | Rejection:
+        me = self._me(party)
         qid = uuid.uuid4().hex[:20]
-        req = QuoteRequest(
-            quote_id=qid, buyer_id=buyer_id, stream_id=stream_id, target_level=target_level
-        )
-        ev = await self._request(
-            buyer_id,
-            stream_id,
-            qid,
-            req.model_dump_json().encode(),
-            timeout=timeout,
+        req = me.sign(
+            QuoteRequest, self.market, quote_id=qid, buyer_id=me.account_id,
+            stream_id=stream_id, target_level=target_level, requested_at_ms=now_ms(),
+        )  # fmt: skip
+        got = await self._request(
+            self.topics.purchases, stream_id, req.model_dump_json().encode(),
+            lambda ev: _answers(ev, qid), inbox=me.account_id, timeout=timeout,
             resend_every=timeout,
-        )
-        assert isinstance(ev, QuoteAnswer | Rejection)
-        return ev
+        )  # fmt: skip
+        assert isinstance(got, QuoteAnswer | Rejection)
+        return got
 
     async def tail(
-        self,
-        buyer_id: str,
-        *,
-        idle_timeout: float | None = None,
-        key: X25519PrivateKey | None = None,
-    ) -> AsyncIterator[BuyerEvent]:
-        """Every event on the buyer's topic from the beginning (sealed releases opened with
-        ``key``); stops after ``idle_timeout`` seconds without events."""
-        reader = await self._buyer_reader(buyer_id)
+        self, *, idle_timeout: float | None = None, party: Party | None = None
+    ) -> AsyncIterator[InboxEvent]:
+        """Every event in the party's inbox from the beginning (sealed releases opened with its
+        sealing key); stops after ``idle_timeout`` seconds without events."""
+        me = self._me(party)
+        reader = await self._inbox(me.account_id)
         try:
             idle_since = time.monotonic()
             while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
@@ -338,8 +405,68 @@ class MarketClient:
                 if batch:
                     idle_since = time.monotonic()
                 for _, raw in batch:
-                    ev = BUYER_EVENT.validate_json(raw)
-                    yield ev if key is None else open_event(ev, key)
+                    yield self._open(INBOX_EVENT.validate_json(raw), me)
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    async def _inbox(self, account_id: str) -> TopicReader:
+        with contextlib.suppress(Exception):  # parties may lack the right to create topics
+            await ensure_topics(self.bootstrap, [self.topics.inbox_spec(account_id)], **self.auth)
+        reader = TopicReader(self.bootstrap, self.topics.inbox(account_id), **self.auth)
+        await reader.start()
+        return reader
+
+    @staticmethod
+    def _open(ev: InboxEvent, me: Party) -> InboxEvent:
+        if me.sealing_key is None:
+            return ev
+        return open_event(ev, me.sealing_key)
+
+    async def _request(
+        self,
+        topic: str,
+        key: str,
+        payload: bytes,
+        answers: Callable[[InboxEvent], bool],
+        *,
+        inbox: str,
+        opener: Party | None = None,
+        timeout: float,
+        resend_every: float = 15.0,
+    ) -> InboxEvent:
+        """Send ``payload`` (again every ``resend_every`` s) until ``inbox`` holds an answer."""
+        reader = await self._inbox(inbox)
+        try:
+            deadline = time.monotonic() + timeout
+            next_send = 0.0
+            while time.monotonic() < deadline:
+                if time.monotonic() >= next_send:
+                    await self.send(topic, key, payload)
+                    next_send = time.monotonic() + resend_every
+                for _, raw in await reader.poll(0.2):
+                    ev = INBOX_EVENT.validate_json(raw)
+                    if answers(ev):
+                        return ev if opener is None else self._open(ev, opener)
+            raise TimeoutError(f"no answer on {self.topics.inbox(inbox)} within {timeout}s")
+        finally:
+            await reader.stop()
+
+    async def _await(
+        self, reader: TopicReader, me: Party, match: Callable[[InboxEvent], bool], deadline: float
+    ) -> InboxEvent:
+        while time.monotonic() < deadline:
+            for _, raw in await reader.poll(0.2):
+                ev = INBOX_EVENT.validate_json(raw)
+                if match(ev):
+                    return ev
+        raise TimeoutError(f"no answer on {self.topics.inbox(me.account_id)}")
+
+
+def _answers(ev: InboxEvent, request_id: str) -> bool:
+    if isinstance(ev, PurchaseFulfilled):
+        return ev.purchase_id == request_id
+    if isinstance(ev, QuoteAnswer):
+        return ev.quote_id == request_id
+    return isinstance(ev, Rejection) and ev.request_id == request_id

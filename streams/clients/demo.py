@@ -16,16 +16,15 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-from market.envelope import generate_keypair
 
 from ..broker.embedded import EmbeddedBroker, find_free_port
-from ..wire.events import LinearLevelSpec, PurchaseFulfilled, Rejection, StreamRegistration
+from ..wire.events import PurchaseFulfilled, Rejection, ValueReleased
+from ..wire.money import format_money
 from ..wire.topics import Topics
 from ..worker.config import Settings
 from ..worker.runner import ChildWorker
 from .client import MarketClient
+from .keys import Party
 
 __all__ = ["run_demo"]
 
@@ -85,15 +84,21 @@ DIM = 4
 async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWorker) -> None:
     topics = Topics(settings.prefix, settings.partitions)
     rng = np.random.default_rng()  # the demo's made-up readings, not privacy noise
-    async with MarketClient(settings.bootstrap, topics) as client:
+    seller = Party.generate("acme-sensors", sealing=False)
+    buyer = Party.generate("buyer-1")
+    async with MarketClient(settings.bootstrap, topics, party=seller) as client:
+        for who in (seller, buyer):
+            opened = await client.open_account(who)
+            if isinstance(opened, Rejection):
+                raise RuntimeError(f"account {who.account_id} not opened: {opened.message}")
+        _say("accounts opened: acme-sensors (seller) and buyer-1, each with its own Ed25519 "
+             "key; buyer-1 also pinned an X25519 key: every release to it is sealed")
         truth = await _seller(client, worker, n_values, rng)
         print()
-        buyer_key, _ = generate_keypair()
-        _say("buyer-1 buys with an X25519 key: every release is sealed for it alone")
-        await _buy_steps(client, steps, truth, buyer_key)
+        await _buy_steps(client, buyer, steps, truth)
         vid = await client.publish("thermometer", (20.0 + rng.normal(0, 0.1, DIM)).tolist())
-        async for ev in client.tail("buyer-1", idle_timeout=5.0, key=buyer_key):
-            if ev.type == "value_released" and ev.releases[-1].value_id == vid:
+        async for ev in client.tail(idle_timeout=5.0, party=buyer):
+            if isinstance(ev, ValueReleased) and ev.releases and ev.releases[-1].value_id == vid:
                 _say(
                     f"subscription: new reading {vid} delivered at the held level "
                     f"ε={ev.releases[-1].level:g}"
@@ -105,44 +110,32 @@ async def _seller(
     client: MarketClient, worker: ChildWorker, n_values: int, rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     """Register the thermometer stream, publish readings, wait until they are ingested."""
-    reg = StreamRegistration(
-        stream_id="thermometer",
-        seller_id="acme-sensors",
-        mechanism="laplace",
-        sensitivity=1.0,
-        dimension=DIM,
-        steps=STEPS,
-        cap=STEPS[-1],
-        retain_last=n_values,
-        pricing=LinearLevelSpec(rate_per_level=100.0),
-        currency="EUR",
-        description="four room thermometers, degrees Celsius, sensitivity 1",
-    )
-    entry = await client.register(reg, timeout=60)
+    entry = await client.register(
+        {"stream_id": "thermometer", "mechanism": "laplace", "sensitivity": 1.0,
+         "dimension": DIM, "steps": STEPS, "cap": STEPS[-1], "retain_last": n_values,
+         "pricing": {"kind": "linear_level", "rate_per_level": 100.0}, "currency": "EUR",
+         "description": "four room thermometers, degrees Celsius, sensitivity 1"},
+        timeout=60,
+    )  # fmt: skip
     if isinstance(entry, Rejection):
         raise RuntimeError(f"registration rejected: {entry.message}")
-    prices = ", ".join(f"ε={p.level:g}: {p.price_minor / 100:.2f} EUR" for p in entry.prices)
+    prices = ", ".join(f"ε={p.level:g}: {format_money(p.price_minor, 'EUR')}"
+                       for p in entry.prices)  # fmt: skip
     _say(f"seller registered 'thermometer' (Laplace, {DIM} sensors); prices {prices}")
     truth: dict[str, np.ndarray] = {}
+    rows = []
     for i in range(n_values):
         values = 20.0 + 2.0 * np.sin(i / 3.0 + np.arange(DIM)) + rng.normal(0, 0.1, DIM)
-        vid = await client.publish("thermometer", values.tolist(), value_id=f"t{i:04d}")
-        truth[vid] = values
-    # Values and purchases travel on different topics, so the worker may see a purchase before
-    # values published just earlier (those would then arrive by subscription). For a clear
-    # demo, wait until the worker has ingested every reading.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ingested = worker.get("/ledger")["streams"].get("thermometer", {})
-        if ingested.get("values_ingested", 0) >= n_values:
-            break
-        await asyncio.sleep(0.1)
-    _say(f"seller published {n_values} readings; the market has ingested them")
+        rows.append((f"t{i:04d}", values.tolist(), None))
+        truth[f"t{i:04d}"] = values
+    answer = await client.publish_batch(client.value_batch("thermometer", rows), timeout=60)
+    accepted = sum(o.status == "accepted" for o in getattr(answer, "outcomes", []))
+    _say(f"seller published {n_values} readings in one signed batch; {accepted} accepted")
     return truth
 
 
 async def _buy_steps(
-    client: MarketClient, steps: int, truth: dict[str, np.ndarray], key: X25519PrivateKey
+    client: MarketClient, buyer: Party, steps: int, truth: dict[str, np.ndarray]
 ) -> None:
     """Buy ``steps`` steps and show how the error of what is held shrinks."""
     print("  step   level ε   paid (EUR)   RMS error   expected √2/ε   shared with previous")
@@ -151,7 +144,7 @@ async def _buy_steps(
     last: PurchaseFulfilled | None = None
     for step in range(1, steps + 1):
         out = await client.buy(
-            "buyer-1", "thermometer", max_price_minor=10_000, timeout=60, resend_every=20, key=key
+            "thermometer", max_price_minor=10_000, timeout=60, resend_every=20, party=buyer
         )
         if isinstance(out, Rejection):
             raise RuntimeError(f"purchase rejected: {out.message}")
@@ -173,6 +166,6 @@ async def _buy_steps(
     print()
     assert last is not None
     _say(
-        f"buyer paid {total / 100:.2f} EUR in {steps} steps, exactly the direct price of "
+        f"buyer paid {format_money(total, 'EUR')} in {steps} steps, exactly the direct price of "
         f"ε={last.level_after:g}; receipt signed by market key {last.receipt.market_key_id}"
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from market.codec import decode_chain_state, encode_chain_state
 
+from ..wire.events import AccountState
 from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
 
 __all__ = ["CODECS", "decode_value", "encode_value"]
@@ -42,5 +43,6 @@ CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
     "streams": (_model_json, StreamState.model_validate_json),
     "releases": (encode_value, decode_value),
     "purchases": (_model_json, PurchaseRecord.model_validate_json),
+    "accounts": (_model_json, AccountState.model_validate_json),
 }
 """Store name → (encode, decode) of its records."""

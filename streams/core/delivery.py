@@ -1,14 +1,16 @@
-"""Subscription deliveries: every new value, at the level each holder holds, to its topic.
+"""Subscription deliveries: every new value, at the level each holder holds, to its inbox.
 
-A value event queues one release per holder of its stream; :meth:`Deliveries.drain` turns the
-queue into one ``value_released`` event per (buyer, stream), sealed for the holder's key when it
-named one. Inside :meth:`Deliveries.batch` nothing is drained per event, so the releases of a
-whole batch reach each buyer as one message.
+A value queues one release per holder of its stream; :meth:`Deliveries.drain` turns the queue
+into ``value_released`` events per (buyer, stream), sealed for the buyer account's current
+sealing key when it has one, and split so that no message exceeds the broker's size limit.
+Inside :meth:`Deliveries.batch` nothing is drained per event, so the releases of a whole batch
+reach each buyer in as few messages as the limit allows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -17,20 +19,38 @@ from numpy.typing import NDArray
 from ..wire.events import UNIT_OF, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
+from .directory import Directory
 from .outputs import Output, dump
 from .state import StreamState
 
-__all__ = ["Deliveries"]
+__all__ = ["BYTES_PER_NUMBER", "Deliveries", "release_bytes"]
+
+log = logging.getLogger("emarket.core")
+
+BYTES_PER_NUMBER = 26
+"""Most bytes one released number takes in JSON (``-1.2345678901234567e-308,``)."""
+
+
+def release_bytes(dimension: int, sealed: bool) -> int:
+    """An upper bound on the bytes one released vector adds to a message."""
+    raw = dimension * BYTES_PER_NUMBER + 160
+    return raw * 4 // 3 + 8 if sealed else raw
 
 
 class Deliveries:
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
-    def __init__(self, topics: Topics, seal_secret: bytes) -> None:
+    def __init__(
+        self, topics: Topics, seal_secret: bytes, directory: Directory, max_message_bytes: int
+    ) -> None:
         self._topics = topics
         self._seal_secret = seal_secret
+        self._directory = directory
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
         self._batching = False
+        self.max_message_bytes = max_message_bytes
+        #: an upper bound on the bytes of everything queued (the worker cuts batches by it)
+        self.pending_bytes = 0
 
     def queue(
         self, st: StreamState, value_id: str, seq: int, by_level: Mapping[float, NDArray[Any]]
@@ -38,6 +58,7 @@ class Deliveries:
         """Queue ``value_id``'s release at each holder's level (``by_level``); return how many."""
         sid = st.registration.stream_id
         listed = {lvl: v.tolist() for lvl, v in by_level.items()}
+        self.pending_bytes += len(st.holders) * release_bytes(st.registration.dimension, True)
         for buyer, holder in st.holders.items():
             release = ReleasedValue.model_construct(
                 value_id=value_id, seq=seq, level=holder.level, values=listed[holder.level]
@@ -60,24 +81,46 @@ class Deliveries:
         return [] if self._batching else self.drain(streams)
 
     def drain(self, streams: Mapping[str, StreamState]) -> list[Output]:
-        """One ``value_released`` event per (buyer, stream) with everything queued."""
-        outputs = []
-        for (buyer, sid), releases in self._pending.items():
-            st = streams[sid]
-            holder = st.holders.get(buyer)
-            sealed = None
-            if holder is not None and holder.public_key:
-                sealed = seal_releases(
-                    holder.public_key, releases, delivery_aad(sid, buyer), self._seal_secret
-                )
-            event = ValueReleased.model_construct(
-                buyer_id=buyer,
-                stream_id=sid,
-                level_unit=UNIT_OF[st.registration.mechanism],
-                releases=[] if sealed else releases,
-                sealed=sealed,
-            )
-            key = releases[-1].value_id.encode()
-            outputs.append(Output(self._topics.buyer(buyer), key, dump(event)))
-        self._pending.clear()
+        """``value_released`` events for everything queued, each under the size limit.
+
+        One holder's delivery failing (it cannot: sealing keys are validated when accepted,
+        but if it did) costs only that holder's messages of this batch, logged; the queue is
+        always emptied, so nothing of it leaks into the next batch.
+        """
+        outputs: list[Output] = []
+        try:
+            for (buyer, sid), releases in self._pending.items():
+                try:
+                    outputs += self._messages(buyer, streams[sid], releases)
+                except Exception:
+                    log.exception("could not deliver %d releases of %s to %s",
+                                  len(releases), sid, buyer)  # fmt: skip
+        finally:
+            self._pending.clear()
+            self.pending_bytes = 0
         return outputs
+
+    def _messages(self, buyer: str, st: StreamState, releases: list[ReleasedValue]) -> list[Output]:
+        reg = st.registration
+        account = self._directory.get(buyer)
+        key = None if account is None else account.sealing_key
+        room = max(
+            1, (self.max_message_bytes - 2048) // release_bytes(reg.dimension, key is not None)
+        )
+        unit = UNIT_OF[reg.mechanism]
+        return [
+            self._event(buyer, reg.stream_id, unit, releases[start : start + room], key)
+            for start in range(0, len(releases), room)
+        ]
+
+    def _event(
+        self, buyer: str, sid: str, unit: Any, chunk: list[ReleasedValue], key: str | None
+    ) -> Output:
+        sealed = None
+        if key is not None:
+            sealed = seal_releases(key, chunk, delivery_aad(sid, buyer), self._seal_secret)
+        event = ValueReleased.model_construct(
+            buyer_id=buyer, stream_id=sid, level_unit=unit,
+            releases=[] if sealed else chunk, sealed=sealed,
+        )  # fmt: skip
+        return Output(self._topics.inbox(buyer), chunk[-1].value_id.encode(), dump(event))

@@ -26,9 +26,12 @@ from typing import Any, Literal
 from .outputs import Reject
 from .state import EvictedValue, Stores
 
-__all__ = ["MAX_CLOCK_SKEW_MS", "DedupHorizon", "HorizonKind"]
+__all__ = ["MAX_CLOCK_SKEW_MS", "UNKNOWN_STREAM", "DedupHorizon", "HorizonKind"]
 
 MAX_CLOCK_SKEW_MS = 3_600_000
+UNKNOWN_STREAM = ""
+"""Where records of events on streams the market does not know are indexed: they have no
+stream watermark, so they expire by the market's clock (``forget(..., clock())``)."""
 HorizonKind = Literal["value", "purchase"]
 
 
@@ -123,8 +126,10 @@ class DedupHorizon:
             if isinstance(v, EvictedValue):
                 values.setdefault(k.rsplit("/", 1)[0], []).append((v.published_at_ms, k))
         purchases: dict[str, list[tuple[int, str]]] = {}
+        streams = self._stores.streams
         for k, r in self._stores.purchases.items():
-            purchases.setdefault(r.stream_id, []).append((r.requested_at_ms, k))
+            sid = r.stream_id if r.stream_id in streams else UNKNOWN_STREAM
+            purchases.setdefault(sid, []).append((r.requested_at_ms, k))
         for heap in (*values.values(), *purchases.values()):
             heapq.heapify(heap)
         self._heaps = {"value": values, "purchase": purchases}

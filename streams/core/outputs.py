@@ -12,10 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-__all__ = ["Kind", "Outcome", "Output", "Reject", "Status", "StreamFigures", "dump"]
+from ..wire.topics import TopicSpec
 
-Kind = Literal["registration", "value", "purchase", "quote", "unknown"]
-Status = Literal["accepted", "fulfilled", "rejected", "duplicate", "answered"]
+__all__ = ["Defer", "Kind", "Outcome", "Output", "Reject", "Status", "StreamFigures", "dump"]
+
+Kind = Literal["account", "registration", "value", "purchase", "quote", "unknown"]
+Status = Literal["accepted", "fulfilled", "rejected", "duplicate", "answered", "deferred"]
 
 
 @dataclass(frozen=True)
@@ -52,20 +54,46 @@ class Outcome:
     releases: int = 0
     new_noise: int = 0
     price_minor: int = 0
-    buyer_topic: str | None = None
     figures: StreamFigures | None = None
+    #: inbox topics to create before the outputs are sent (only when an account is opened)
+    create_topics: list[TopicSpec] = field(default_factory=list)
+    #: per value of a batch: (status, reason)
+    items: list[tuple[str, str | None]] = field(default_factory=list)
+    #: the account a deferred event waits for (status "deferred": nothing was changed)
+    waiting_for: str | None = None
 
 
 class Reject(Exception):
     """Raised by a handler to refuse an event; the router turns it into a rejection.
 
     ``reason`` is the machine-readable code, ``message`` says what to do, ``details`` carries
-    structured extras (e.g. the quoted price).
+    structured extras (e.g. the quoted price). ``sender`` is the account whose signature the
+    event proved (the rejection is shown to it); ``claimed`` whoever the payload claimed to be;
+    ``stream`` the stream of a parsed event (large payloads are not re-read for their ids).
     """
 
-    def __init__(self, reason: str, message: str, **details: Any) -> None:
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        *,
+        sender: str | None = None,
+        claimed: str | None = None,
+        stream: str | None = None,
+        **details: Any,
+    ) -> None:
         super().__init__(message)
         self.reason, self.message, self.details = reason, message, details
+        self.sender, self.claimed, self.stream = sender, claimed, stream
+
+
+class Defer(Exception):
+    """An event names an account this worker has not seen yet: retry once the directory of
+    accounts has caught up (the worker does), then refuse it if it is still unknown."""
+
+    def __init__(self, account_id: str) -> None:
+        super().__init__(account_id)
+        self.account_id = account_id
 
 
 def dump(model: BaseModel) -> bytes:

@@ -18,6 +18,7 @@ from market.receipts import Receipt, release_digest, sign_receipt
 
 from ..wire.events import (
     UNIT_OF,
+    AccountState,
     Envelope,
     PurchaseFulfilled,
     PurchaseRequest,
@@ -27,24 +28,31 @@ from ..wire.events import (
     ReleasedValue,
 )
 from ..wire.sealing import purchase_aad, seal_releases
+from .auth import acting_for, authenticate
 from .context import Context
+from .horizon import UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
-from .values import value_identity
+from .values import store_state, value_identity
 
 __all__ = ["fingerprint", "fulfil", "purchase", "quote"]
 
 
 def fingerprint(req: PurchaseRequest) -> str:
     """What makes two purchases with one id the same request (the send time does not)."""
-    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency,
-              req.buyer_public_key)  # fmt: skip
+    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency)
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
-def quote(ctx: Context, req: QuoteRequest) -> Outcome:
+def quote(ctx: Context, req: QuoteRequest, *, final: bool = True) -> Outcome:
     """Answer what a purchase would cost, without buying."""
+    authenticate(ctx, req, req.buyer_id, final=final)
+    with acting_for(req.buyer_id, req.stream_id):
+        return _quote(ctx, req)
+
+
+def _quote(ctx: Context, req: QuoteRequest) -> Outcome:
     st = ctx.stream(req.stream_id)
     plan = _plan(ctx, st, req.buyer_id, req.target_level)
     answer = QuoteAnswer(
@@ -57,22 +65,27 @@ def quote(ctx: Context, req: QuoteRequest) -> Outcome:
         price_minor=plan.price_minor,
         currency=st.registration.currency,
     )
-    topic = ctx.topics.buyer(req.buyer_id)
+    topic = ctx.topics.inbox(req.buyer_id)
     return Outcome(
         "quote",
         "answered",
         [Output(topic, req.quote_id.encode(), dump(answer))],
         stream_id=req.stream_id,
         price_minor=plan.price_minor,
-        buyer_topic=topic,
     )
 
 
-def purchase(ctx: Context, req: PurchaseRequest, src: Source) -> Outcome:
-    """Apply one ``purchase`` event: replay a stored outcome, or fulfil or refuse and store it."""
+def purchase(ctx: Context, req: PurchaseRequest, src: Source, *, final: bool = True) -> Outcome:
+    """Apply one signed ``purchase``: replay a stored outcome, or fulfil or refuse and store it."""
+    account = authenticate(ctx, req, req.buyer_id, final=final)
+    with acting_for(req.buyer_id, req.stream_id):
+        return _purchase(ctx, req, src, account)
+
+
+def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountState) -> Outcome:
     rec_key = record_key(req.buyer_id, req.purchase_id)
     fp = fingerprint(req)
-    topic = ctx.topics.buyer(req.buyer_id)
+    topic = ctx.topics.inbox(req.buyer_id)
     st = ctx.stores.streams.get(req.stream_id)
     watermark = None if st is None else st.purchase_watermark_ms
     ctx.horizon.admit(
@@ -82,9 +95,10 @@ def purchase(ctx: Context, req: PurchaseRequest, src: Source) -> Outcome:
     if record is not None:
         return _replay(ctx, req, record, fp, topic)
     try:
-        outcome = fulfil(ctx, req, fp, topic)
+        outcome = fulfil(ctx, req, fp, account)
     except (Reject, MarketError) as exc:
         rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
+        rej.sender = req.buyer_id
         outcome = rejection(ctx, "purchase", src, rej)
         ctx.stores.purchases[rec_key] = PurchaseRecord(
             fingerprint=fp,
@@ -111,15 +125,17 @@ def _replay(
     outputs = [Output(topic, req.purchase_id.encode(), payload)]
     if record.status == "rejected":
         outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
-    return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id, buyer_topic=topic)
+    return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
 
 
 def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None:
     """Move the stream's purchase watermark and forget outcomes beyond the horizon."""
     st = ctx.stores.streams.get(req.stream_id)
-    if st is None:  # purchases of unknown streams are rare and kept
-        return
     ts = req.requested_at_ms
+    if st is None:  # no stream watermark: refusals of unknown streams expire by the clock
+        ctx.horizon.remember("purchase", UNKNOWN_STREAM, ts, rec_key)
+        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock(), ctx.stores.purchases)
+        return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
     if ts > st.purchase_watermark_ms:
         st.purchase_watermark_ms = ts
@@ -138,13 +154,15 @@ def _plan(ctx: Context, st: StreamState, buyer_id: str, target: float | None) ->
     )  # fmt: skip
 
 
-def _check_terms(ctx: Context, req: PurchaseRequest, st: StreamState) -> None:
+def _check_terms(
+    ctx: Context, req: PurchaseRequest, st: StreamState, account: AccountState
+) -> None:
     reg = st.registration
-    if ctx.require_encryption and not req.buyer_public_key:
+    if ctx.require_encryption and not account.sealing_key:
         raise Reject(
             "encryption_required",
-            "this market only delivers sealed releases: send buyer_public_key (an X25519 "
-            "public key, base64) with the purchase; `epsilon-market buy --key-file` does it",
+            "this market only delivers sealed releases and your account has no sealing key: "
+            "rotate your keys with one (`epsilon-market account rotate --key-file`)",
         )
     if req.currency != reg.currency:
         raise Reject(
@@ -153,11 +171,11 @@ def _check_terms(ctx: Context, req: PurchaseRequest, st: StreamState) -> None:
         )
 
 
-def fulfil(ctx: Context, req: PurchaseRequest, fp: str, topic: str) -> Outcome:
+def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -> Outcome:
     """Release the level bought on the stream's window, charge, sign; or raise a refusal."""
     st = ctx.stream(req.stream_id)
     reg = st.registration
-    _check_terms(ctx, req, st)
+    _check_terms(ctx, req, st, account)
     plan = _plan(ctx, st, req.buyer_id, req.target_level)
     if plan.price_minor > req.max_price_minor:
         raise Reject(
@@ -166,10 +184,19 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, topic: str) -> Outcome:
             f"{reg.currency} minor units; you offered at most {req.max_price_minor}",
             quoted_price_minor=plan.price_minor,
         )
+    limit = ctx.limits.holder_limit(reg.dimension)
+    if req.buyer_id not in st.holders and len(st.holders) >= limit:
+        raise Reject(
+            "stream_full",
+            f"stream {reg.stream_id!r} has its maximum of {limit} buyers (every new value is "
+            "delivered to each of them); ask the operators (EMARKET_MAX_HOLDERS)",
+        )
     releases, new_noise = _release_window(ctx, st, plan.after)
-    holder = _charge(st, req, plan)
+    # the outcome (sealed, signed) is built before anything is charged: if building it failed,
+    # the buyer would otherwise hold and pay for a level with no stored outcome
+    payload = dump(_fulfilled(ctx, req, st, plan, releases, account.sealing_key))
+    _charge(st, req, plan)
     ctx.stores.streams[reg.stream_id] = st
-    payload = dump(_fulfilled(ctx, req, st, plan, releases, holder))
     ctx.stores.purchases[record_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
         fingerprint=fp,
         status="fulfilled",
@@ -181,13 +208,12 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, topic: str) -> Outcome:
     return Outcome(
         "purchase",
         "fulfilled",
-        [Output(topic, req.purchase_id.encode(), payload)],
+        [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)],
         stream_id=reg.stream_id,
         mechanism=reg.mechanism,
         releases=len(releases),
         new_noise=new_noise,
         price_minor=plan.price_minor,
-        buyer_topic=topic,
         figures=ctx.figures(st),
     )
 
@@ -210,7 +236,7 @@ def _release_window(
     vectors = chain.release(states, step, identities, ctx.rngs)
     if new_noise:
         for k, state in zip(keys, states, strict=True):
-            ctx.stores.releases[k] = state
+            store_state(ctx, k, state)
     if st.window:
         st.spent = max(st.spent, level)
     releases = [
@@ -224,8 +250,6 @@ def _release_window(
 def _charge(st: StreamState, req: PurchaseRequest, plan: StepPlan) -> Holder:
     """The buyer now holds ``plan.after`` and has paid for it."""
     holder = st.holders.get(req.buyer_id) or Holder(level=plan.after)
-    if req.buyer_public_key:
-        holder.public_key = req.buyer_public_key
     holder.level = plan.after
     holder.paid_minor += plan.price_minor
     holder.purchases += 1
@@ -240,14 +264,14 @@ def _fulfilled(
     st: StreamState,
     plan: StepPlan,
     releases: list[ReleasedValue],
-    holder: Holder,
+    sealing_key: str | None,
 ) -> PurchaseFulfilled:
-    """The outcome event: releases (sealed for the holder's key, if any) and a signed receipt."""
+    """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt."""
     reg = st.registration
     sealed: Envelope | None = None
-    if holder.public_key:
+    if sealing_key:
         sealed = seal_releases(
-            holder.public_key, releases, purchase_aad(req.purchase_id), ctx.keys.noise_secret
+            sealing_key, releases, purchase_aad(req.purchase_id), ctx.keys.noise_secret
         )
     receipt = Receipt(
         purchase_id=req.purchase_id,

@@ -1,8 +1,10 @@
 """A seller's registration → the stream's state and its catalog entry.
 
-A registration is accepted once: resending the identical registration re-emits the catalog
-entry; the same stream id with other parameters is refused (``stream_exists``). The mechanism
-and price schedule are validated before anything is stored.
+A registration is signed by the seller's account, which then alone can publish into the stream.
+It is accepted once: resending the identical registration re-emits the catalog entry; the same
+stream id with other parameters is refused (``stream_exists``). The mechanism, the price
+schedule (no step may cost less than nothing) and the size of the largest purchase outcome (it
+must fit in one message) are checked before anything is stored.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 from market.pricing import price_list
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
+from .auth import acting_for, authenticate
 from .context import Context
+from .delivery import release_bytes
 from .outputs import Outcome, Output, Reject, dump
-from .state import StreamState
+from .state import StreamState, stream_record_bound
 
 __all__ = ["EPSILON_DELTA", "register"]
 
@@ -20,28 +24,21 @@ EPSILON_DELTA = 1e-6
 """δ at which catalog entries state ε for Gaussian and Poisson streams."""
 
 
-def register(ctx: Context, raw: bytes) -> Outcome:
+def register(ctx: Context, raw: bytes, *, final: bool = True) -> Outcome:
     """Apply one ``register_stream`` event."""
     reg = StreamRegistration.model_validate_json(raw)
+    authenticate(ctx, reg, reg.seller_id, final=final)
+    with acting_for(reg.seller_id, reg.stream_id):
+        return _register(ctx, reg)
+
+
+def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
     existing = ctx.stores.streams.get(reg.stream_id)
     if existing is not None:
-        if existing.registration != reg:
-            raise Reject(
-                "stream_exists",
-                f"stream {reg.stream_id!r} is already registered by "
-                f"{existing.registration.seller_id!r} with different parameters; register a new "
-                "stream id instead",
-            )
-        entry = existing.catalog_payload.encode()
-        return Outcome(
-            "registration",
-            "duplicate",
-            [Output(ctx.topics.catalog, reg.stream_id.encode(), entry)],
-            stream_id=reg.stream_id,
-            mechanism=reg.mechanism,
-        )
+        return _again(ctx, reg, existing)
     terms = ctx.terms(reg)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
+    _check_purchase_cost(ctx, reg, len(terms.chain.levels))
     prices = price_list(
         terms.schedule, terms.mechanism, list(reg.steps), reg.cap, dimension=reg.dimension,
         delta=EPSILON_DELTA,
@@ -57,6 +54,15 @@ def register(ctx: Context, raw: bytes) -> Outcome:
                 for p in prices],
     )  # fmt: skip
     payload = dump(entry_model)
+    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, len(payload))
+    if record > ctx.limits.max_message_bytes:
+        raise Reject(
+            "stream_too_large",
+            f"this stream's record (window of {reg.retain_last}, up to "
+            f"{ctx.limits.max_holders} holders, a {len(payload)}-byte catalog entry) may take "
+            f"{record} bytes, but a message may have at most {ctx.limits.max_message_bytes}; "
+            "lower retain_last or shorten the description and price table",
+        )
     ctx.stores.streams[reg.stream_id] = StreamState(
         registration=reg,
         secret_fingerprint=ctx.keys.noise_fingerprint,
@@ -70,3 +76,43 @@ def register(ctx: Context, raw: bytes) -> Outcome:
         stream_id=reg.stream_id,
         mechanism=reg.mechanism,
     )
+
+
+def _again(ctx: Context, reg: StreamRegistration, existing: StreamState) -> Outcome:
+    """A registration of a stream id already taken: a resend re-emits its catalog entry."""
+    if existing.registration != reg:
+        raise Reject(
+            "stream_exists",
+            f"stream {reg.stream_id!r} is already registered by "
+            f"{existing.registration.seller_id!r} with different parameters; register a new "
+            "stream id instead",
+        )
+    entry = existing.catalog_payload.encode()
+    return Outcome(
+        "registration",
+        "duplicate",
+        [Output(ctx.topics.catalog, reg.stream_id.encode(), entry)],
+        stream_id=reg.stream_id,
+        mechanism=reg.mechanism,
+    )
+
+
+def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> None:
+    """A purchase returns the whole window, drawn up the whole chain: both must stay bounded."""
+    worst = reg.retain_last * release_bytes(reg.dimension, sealed=True) + 8192
+    if worst > ctx.limits.max_message_bytes:
+        raise Reject(
+            "stream_too_large",
+            f"a purchase of this stream returns {reg.retain_last} values of {reg.dimension} "
+            f"numbers, up to {worst} bytes, but a message may have at most "
+            f"{ctx.limits.max_message_bytes}; lower retain_last or the dimension",
+        )
+    work = ctx.limits.work(reg.retain_last, levels, reg.dimension)
+    if work > ctx.limits.max_event_work:
+        raise Reject(
+            "stream_too_large",
+            f"a purchase at the top of this stream walks {reg.retain_last} values of "
+            f"{reg.dimension} numbers up {levels} levels ({work} work units), more than one "
+            f"event may cost ({ctx.limits.max_event_work}); lower retain_last, the dimension "
+            "or the number of steps",
+        )

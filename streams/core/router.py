@@ -8,10 +8,12 @@ each become a ``Rejection`` of that one event, and the next event is processed a
 
 The event path, one module per step::
 
-    router  ──► registrations  (register_stream → stream state, catalog entry)
-            ──► values         (value → release state, window, eviction) ──► delivery
+    router  ──► accounts       (open_account | rotate_keys → account, inbox topic)
+            ──► auth           (every other event: the named account's key signed it)
+            ──► registrations  (register_stream → stream state, catalog entry)
+            ──► values         (value batch → chain states, window, eviction) ──► delivery
             ──► purchases      (quote | purchase → plan, release, charge, receipt)
-            ──► rejections     (anything refused)
+            ──► rejections     (anything refused, to the operators and the proven sender)
 
 Replay safety: see ``docs/architecture.md``. Releases are state, state is durable before the
 worker sends outputs, outcomes are idempotent, and new noise is keyed by the request identity.
@@ -31,12 +33,13 @@ from market import MarketError
 
 from ..wire.events import PURCHASES_EVENT, QuoteRequest
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
-from . import purchases, registrations, values
-from .context import Context
+from . import accounts, purchases, registrations, values
+from .context import Context, Limits
 from .delivery import Deliveries
+from .directory import Directory, DirectoryReplica
 from .horizon import DedupHorizon
 from .keys import MarketKeys
-from .outputs import Kind, Outcome, Output, Reject
+from .outputs import Defer, Kind, Outcome, Output, Reject
 from .rejections import Source, rejection
 from .state import Stores
 
@@ -61,20 +64,31 @@ class MarketCore:
         clock: Callable[[], int] = now_ms,
         require_encryption: bool = False,
         dedup_horizon_ms: int = DEDUP_HORIZON_MS,
+        limits: Limits | None = None,
+        replica: DirectoryReplica | None = None,
     ) -> None:
+        directory = Directory(stores.accounts, replica)
+        limits = limits or Limits()
         self.ctx = Context(
             stores=stores,
             keys=keys,
             topics=topics,
             clock=clock,
             horizon=DedupHorizon(dedup_horizon_ms, clock, stores),
-            deliveries=Deliveries(topics, keys.noise_secret),
+            deliveries=Deliveries(topics, keys.noise_secret, directory, limits.max_message_bytes),
+            directory=directory,
+            limits=limits,
             require_encryption=require_encryption,
         )
 
     @property
     def stores(self) -> Stores:
         return self.ctx.stores
+
+    @property
+    def pending_output_bytes(self) -> int:
+        """An upper bound on the deliveries queued in the current batch (not yet drained)."""
+        return self.ctx.deliveries.pending_bytes
 
     def handle(
         self,
@@ -83,29 +97,47 @@ class MarketCore:
         *,
         partition: int | None = None,
         offset: int | None = None,
+        final: bool = True,
     ) -> Outcome:
-        """Process one raw input event; never raises for bad input (it becomes a rejection)."""
+        """Process one raw input event; never raises for bad input (it becomes a rejection).
+
+        With ``final`` False an event naming an account the directory does not know yet is
+        *deferred* (status ``"deferred"``, nothing changed): the worker lets its directory
+        catch up and hands the event in again with ``final`` True.
+        """
         raw = value or b""
         src: Source = (topic, partition, offset, raw)
-        t = self.ctx.topics
-        if topic == t.registrations:
-            return self._guard("registration", src, lambda: registrations.register(self.ctx, raw))
-        if topic == t.values:
-            return self._guard("value", src, lambda: values.ingest_value(self.ctx, raw))
-        if topic == t.purchases:
-            return self._guard("purchase", src, lambda: self._purchases(src))
-        unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
-        return rejection(self.ctx, "unknown", src, unknown)
+        t, ctx = self.ctx.topics, self.ctx
+        kind: Kind = {t.accounts: "account", t.registrations: "registration", t.values: "value",
+                      t.purchases: "purchase"}.get(topic, "unknown")  # type: ignore[assignment]
+        if len(raw) > ctx.limits.max_message_bytes:
+            return rejection(ctx, kind, src, Reject(
+                "too_large",
+                f"the event is {len(raw)} bytes; the market accepts at most "
+                f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
+            ))  # fmt: skip
+        handlers: dict[str, Callable[[], Outcome]] = {
+            t.accounts: lambda: accounts.handle_account(ctx, raw),
+            t.registrations: lambda: registrations.register(ctx, raw, final=final),
+            t.values: lambda: values.ingest_batch(ctx, src, final=final),
+            t.purchases: lambda: self._purchases(src, final),
+        }
+        if topic not in handlers:
+            unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
+            return rejection(ctx, "unknown", src, unknown)
+        return self._guard(kind, src, handlers[topic])
 
-    def _purchases(self, src: Source) -> Outcome:
+    def _purchases(self, src: Source, final: bool) -> Outcome:
         req = PURCHASES_EVENT.validate_json(src[3])
         if isinstance(req, QuoteRequest):
-            return self._guard("quote", src, lambda: purchases.quote(self.ctx, req))
-        return purchases.purchase(self.ctx, req, src)
+            return self._guard("quote", src, lambda: purchases.quote(self.ctx, req, final=final))
+        return purchases.purchase(self.ctx, req, src, final=final)
 
     def _guard(self, kind: Kind, src: Source, fn: Callable[[], Outcome]) -> Outcome:
         try:
             return fn()
+        except Defer as wait:
+            return Outcome(kind, "deferred", waiting_for=wait.account_id)
         except Reject as rej:
             return rejection(self.ctx, kind, src, rej)
         except MarketError as exc:  # e.g. parameters the engine refuses
@@ -119,6 +151,18 @@ class MarketCore:
                 "the market could not process this event; the operators have been alerted "
                 f"({type(exc).__name__})",
             ))  # fmt: skip
+
+    def internal_error(
+        self, topic: str, value: bytes | None, partition: int | None, offset: int | None,
+        exc: BaseException,
+    ) -> Outcome:  # fmt: skip
+        """The rejection of an event whose processing failed outside the core's own guard."""
+        kind: Kind = "unknown"
+        return rejection(self.ctx, kind, (topic, partition, offset, value or b""), Reject(
+            "internal_error",
+            "the market could not process this event; the operators have been alerted "
+            f"({type(exc).__name__})",
+        ))  # fmt: skip
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[Output]]:
@@ -138,8 +182,8 @@ class MarketCore:
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:
     """A readable rejection for a payload that is not a valid event of its topic."""
-    errors: list[dict[str, Any]] = [
-        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"]}
+    errors: list[dict[str, Any]] = [  # field names and messages may echo the input: bound them
+        {"loc": ".".join(str(p) for p in e["loc"])[:200], "msg": e["msg"][:300]}
         for e in exc.errors(include_url=False, include_input=False)[:10]
     ]
     first = errors[0] if errors else {"loc": "", "msg": str(exc)}

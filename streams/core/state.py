@@ -10,6 +10,7 @@ store          key                        value
                                           window, then an :class:`EvictedValue` marker until the
                                           dedup horizon
 ``purchases``  ``buyer_id/purchase_id``   :class:`PurchaseRecord`: the stored outcome
+``accounts``   ``account_id``             :class:`~streams.wire.events.AccountState`: keys
 =============  =========================  ===================================================
 
 Any ``MutableMapping`` works as a store: dicts in tests, write-back Faust tables in the worker.
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from market import ChainState
 
-from ..wire.events import StreamRegistration
+from ..wire.events import AccountState, StreamRegistration
 
 __all__ = [
     "EvictedValue",
@@ -57,13 +58,12 @@ class ValueEntry(BaseModel):
 
 
 class Holder(BaseModel):
-    """What one buyer holds on one stream."""
+    """What one buyer holds on one stream (releases are sealed for its account's key)."""
 
     model_config = ConfigDict(extra="forbid")
     level: float
     paid_minor: int = 0
     purchases: int = 0
-    public_key: str | None = None  # X25519 key releases to this holder are sealed for
 
 
 class StreamState(BaseModel):
@@ -87,6 +87,23 @@ class StreamState(BaseModel):
     watermark_ms: int = 0
     #: the same for purchases: outcomes older than it minus the horizon are forgotten
     purchase_watermark_ms: int = 0
+
+
+#: upper bounds on the JSON of one window entry and one holder with 64-character ids
+WINDOW_ENTRY_BYTES = 256
+HOLDER_BYTES = 160
+
+
+def stream_record_bound(retain_last: int, max_holders: int, catalog_bytes: int) -> int:
+    """Most bytes a stream's record can take: a full window, every holder, its catalog entry
+    twice (the registration inside it, and the entry as an escaped string).
+
+    The registration is refused if this exceeds the message limit, so a stream's state can
+    always be written (``tests/streams/test_core.py`` checks the bound at its extremes).
+    """
+    return (
+        WINDOW_ENTRY_BYTES * retain_last + HOLDER_BYTES * max_holders + 3 * catalog_bytes + 1024
+    )
 
 
 class PurchaseRecord(BaseModel):
@@ -122,7 +139,9 @@ class Stores:
         streams: MutableMapping[str, StreamState] | None = None,
         releases: MutableMapping[str, ValueState] | None = None,
         purchases: MutableMapping[str, PurchaseRecord] | None = None,
+        accounts: MutableMapping[str, AccountState] | None = None,
     ) -> None:
         self.streams: MutableMapping[str, StreamState] = {} if streams is None else streams
         self.releases: MutableMapping[str, ValueState] = {} if releases is None else releases
         self.purchases: MutableMapping[str, PurchaseRecord] = {} if purchases is None else purchases
+        self.accounts: MutableMapping[str, AccountState] = {} if accounts is None else accounts

@@ -1,4 +1,4 @@
-"""A seller's value → its chain state, the stream's window, eviction and deliveries.
+"""A seller's signed batch of values → chain states, the stream's window, eviction, deliveries.
 
 A new value gets a :class:`~market.chain.ChainState` holding its exact numbers (or, on a sealed
 stream, only its release at the cap) and is released at once at every level its stream's holders
@@ -23,12 +23,22 @@ from numpy.typing import NDArray
 
 from market import ChainState
 
-from ..wire.events import ValueEvent
+from ..wire.events import MAX_BATCH, ValueBatch, ValueItem, ValueOutcome, ValuesAccepted
+from .auth import acting_for, authenticate
 from .context import Context, Terms
-from .outputs import Outcome, Reject
+from .delivery import release_bytes
+from .outputs import Outcome, Output, Reject, dump
+from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
 
-__all__ = ["digest_values", "held_releases", "ingest_value", "value_identity"]
+__all__ = [
+    "digest_values",
+    "held_releases",
+    "ingest_batch",
+    "ingest_value",
+    "store_state",
+    "value_identity",
+]
 
 
 def digest_values(arr: np.ndarray[Any, Any]) -> str:
@@ -41,20 +51,98 @@ def value_identity(stream_id: str, value_id: str, digest: str) -> tuple[str, str
     return (stream_id, value_id, digest)
 
 
-def ingest_value(ctx: Context, raw: bytes) -> Outcome:
-    """Apply one ``value`` event."""
-    ev = ValueEvent.model_validate_json(raw)
-    st = ctx.stream(ev.stream_id)
+def ingest_batch(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
+    """Apply one signed ``values`` batch: each value is accepted or refused on its own.
+
+    The seller learns which in one ``values_accepted`` event; each refused value is also shown
+    to the operators as a rejection.
+    """
+    batch = ValueBatch.model_validate_json(src[3])
+    authenticate(ctx, batch, batch.seller_id, final=final)
+    with acting_for(batch.seller_id, batch.stream_id):
+        st = ctx.stream(batch.stream_id)
+        if st.registration.seller_id != batch.seller_id:
+            raise Reject(
+                "not_your_stream",
+                f"stream {batch.stream_id!r} belongs to seller {st.registration.seller_id!r}; "
+                f"{batch.seller_id!r} cannot publish into it",
+            )
+        _check_batch_cost(ctx, st, len(batch.items))
+    outcome = Outcome("value", "accepted", stream_id=batch.stream_id,
+                      mechanism=st.registration.mechanism)  # fmt: skip
+    lines: list[ValueOutcome] = []
+    for item in batch.items:
+        lines.append(_one(ctx, st, item, src, outcome))
+    ctx.stores.streams[batch.stream_id] = st
+    answer = ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
+    inbox = ctx.topics.inbox(batch.seller_id)
+    outcome.outputs.append(Output(inbox, batch.items[-1].value_id.encode(), dump(answer)))
+    outcome.outputs.extend(ctx.deliveries.drain_unless_batching(ctx.stores.streams))
+    outcome.figures = ctx.figures(st)
+    statuses = {line.status for line in lines}
+    if statuses == {"rejected"}:
+        outcome.status, outcome.reason = "rejected", lines[0].reason
+    elif "accepted" not in statuses:
+        outcome.status = "duplicate"
+    return outcome
+
+
+def batch_capacity(ctx: Context, st: StreamState) -> int:
+    """Most values one batch of this stream may carry now: each value is delivered to every
+    holder and walks the chain up to the highest level held."""
+    reg = st.registration
+    holders = len(st.holders)
+    walk = len(ctx.terms(reg).chain.levels) if holders else 1
+    by_output = ctx.limits.max_event_output_bytes // (
+        max(1, holders) * release_bytes(reg.dimension, sealed=True)
+    )
+    by_work = ctx.limits.max_event_work // ctx.limits.work(1, walk, reg.dimension)
+    return max(1, min(MAX_BATCH, by_output, by_work))
+
+
+def _check_batch_cost(ctx: Context, st: StreamState, items: int) -> None:
+    cap = batch_capacity(ctx, st)
+    if items > cap:
+        raise Reject(
+            "batch_too_large",
+            f"stream {st.registration.stream_id!r} takes at most {cap} values per batch now "
+            f"({len(st.holders)} holders receive each value); split this batch of {items} "
+            "(the client library does it for you)",
+            max_values=cap,
+        )
+
+
+def _one(ctx: Context, st: StreamState, item: ValueItem, src: Source, out: Outcome) -> ValueOutcome:
+    """One value of a batch; a refusal of it is recorded, never raised."""
+    seller = st.registration.seller_id
+    try:
+        with acting_for(seller):
+            status, released, new_noise = ingest_value(ctx, st, item)
+    except Reject as rej:  # the operators see it; the seller sees it in values_accepted
+        out.outputs += rejection(ctx, "value", src, rej, request_id=item.value_id).outputs[:1]
+        out.items.append(("rejected", rej.reason))
+        return ValueOutcome(value_id=item.value_id, status="rejected", reason=rej.reason,
+                            message=rej.message)  # fmt: skip
+    out.items.append((status, None))
+    out.releases += released
+    out.new_noise += new_noise
+    return ValueOutcome(value_id=item.value_id, status=status)
+
+
+def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, int, int]:
+    """Apply one value; return (status, releases queued, new chain steps computed)."""
     reg = st.registration
     terms = ctx.terms(reg)
-    exact = terms.mechanism.validate_value(ev.values, dimension=reg.dimension)
+    exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     digest = digest_values(exact)
-    ctx.horizon.admit("value", ev.published_at_ms, st.watermark_ms, ev.value_id, ev.stream_id)
-    key = record_key(ev.stream_id, ev.value_id)
+    ctx.horizon.admit("value", item.published_at_ms, st.watermark_ms, item.value_id,
+                      reg.stream_id)  # fmt: skip
+    key = record_key(reg.stream_id, item.value_id)
     known = ctx.stores.releases.get(key)
     if known is not None:
-        return _resent(ctx, st, ev.value_id, digest, known)
-    ident = value_identity(ev.stream_id, ev.value_id, digest)
+        released, new_noise = _resent(ctx, st, item.value_id, digest, known)
+        return "duplicate", released, new_noise
+    ident = value_identity(reg.stream_id, item.value_id, digest)
     chain = terms.chain
     state = chain.seal(exact, ident, ctx.rngs) if reg.sealed else chain.open(exact)
     by_level, new_noise = held_releases(ctx, st, terms, state, ident)
@@ -62,21 +150,16 @@ def ingest_value(ctx: Context, raw: bytes) -> Outcome:
     if reg.sealed:  # the market holds its cap-level release
         new_noise += 1
         st.spent = max(st.spent, reg.cap)
-    seq = _append(ctx, st, ev, digest)
+    seq = _append(ctx, st, item, digest)
     _evict(ctx, st)
+    store_state(ctx, key, state)
+    return "accepted", ctx.deliveries.queue(st, item.value_id, seq, by_level), new_noise
+
+
+def store_state(ctx: Context, key: str, state: ChainState) -> None:
+    """Store a value's chain state, its cache trimmed so the record fits in one message."""
+    state.trim(ctx.limits.max_message_bytes // 2)
     ctx.stores.releases[key] = state
-    ctx.stores.streams[ev.stream_id] = st
-    released = ctx.deliveries.queue(st, ev.value_id, seq, by_level)
-    return Outcome(
-        "value",
-        "accepted",
-        ctx.deliveries.drain_unless_batching(ctx.stores.streams),
-        stream_id=ev.stream_id,
-        mechanism=reg.mechanism,
-        releases=released,
-        new_noise=new_noise,
-        figures=ctx.figures(st),
-    )
 
 
 def held_releases(
@@ -99,7 +182,7 @@ def held_releases(
     return {chain.levels[k]: state.steps[k] for k in steps}, new_noise
 
 
-def _append(ctx: Context, st: StreamState, ev: ValueEvent, digest: str) -> int:
+def _append(ctx: Context, st: StreamState, ev: ValueItem, digest: str) -> int:
     """Add the value to its stream's window; return its arrival number."""
     seq = st.next_seq
     st.window.append(
@@ -130,7 +213,7 @@ def _evict(ctx: Context, st: StreamState) -> None:
 
 def _resent(
     ctx: Context, st: StreamState, value_id: str, digest: str, known: ValueState
-) -> Outcome:
+) -> tuple[int, int]:
     """A known value id: re-emit its releases (nothing once evicted); they are the same bytes."""
     if isinstance(known, EvictedValue):
         seq, old_digest = known.seq, known.digest
@@ -149,12 +232,4 @@ def _resent(
         ident = value_identity(st.registration.stream_id, value_id, digest)
         by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident)
         released = ctx.deliveries.queue(st, value_id, seq, by_level)
-    return Outcome(
-        "value",
-        "duplicate",
-        ctx.deliveries.drain_unless_batching(ctx.stores.streams),
-        stream_id=st.registration.stream_id,
-        mechanism=st.registration.mechanism,
-        releases=released,
-        new_noise=new_noise,
-    )
+    return released, new_noise

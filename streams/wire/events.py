@@ -6,21 +6,30 @@ fields and is frozen. ``python -m streams schemas`` exports their JSON Schemas t
 numbers written with the shortest round-trip representation, so a release survives a JSON round
 trip bit for bit in any language that parses doubles correctly.
 
+Every event a seller or buyer sends is **signed** with its account's Ed25519 key: ``key_id`` names
+the key and ``signature`` covers the canonical bytes of every field that matters, defined in
+:mod:`streams.wire.signing` (not the JSON text, so any language can reproduce them).
+
 Topic → payload:
 
 ==========================  ==================================================================
+``<p>.accounts``            :class:`OpenAccount` or :class:`RotateKeys` (party → market)
 ``<p>.registrations``       :class:`StreamRegistration` (seller → market)
 ``<p>.catalog``             :class:`CatalogEntry` (market → everyone, compacted)
-``<p>.values``              :class:`ValueEvent` (seller → market)
+``<p>.values``              :class:`ValueBatch` (seller → market)
 ``<p>.purchases``           :class:`PurchaseRequest` or :class:`QuoteRequest` (buyer → market)
-``<p>.buyer.<buyer_id>``    :class:`PurchaseFulfilled`, :class:`ValueReleased`,
-                            :class:`QuoteAnswer` or :class:`Rejection` (market → one buyer)
-``<p>.rejections``          :class:`Rejection` (dead letters, market → operators)
+``<p>.inbox.<account_id>``  :class:`AccountState`, :class:`ValuesAccepted`,
+                            :class:`PurchaseFulfilled`, :class:`ValueReleased`,
+                            :class:`QuoteAnswer` or :class:`Rejection` (market → one party)
+``<p>.rejections``          :class:`Rejection` (every refused event, for operators)
+``<p>.deadletters``         :class:`DeadLetter` (outputs the broker refused for good)
+``<p>.market``              :class:`MarketIdentity` (which noise secret made the state)
 ==========================  ==================================================================
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Annotated, Any, Literal
 
@@ -35,13 +44,24 @@ from pydantic import (
 )
 
 __all__ = [
-    "BUYER_EVENT",
+    "ACCOUNTS_EVENT",
+    "ID_PATTERN",
+    "INBOX_EVENT",
     "PURCHASES_EVENT",
     "SCHEMAS",
-    "BuyerEvent",
+    "UNIT_OF",
+    "AccountEvent",
+    "AccountState",
     "CatalogEntry",
+    "DeadLetter",
+    "Envelope",
     "Identifier",
+    "InboxEvent",
+    "LevelUnit",
+    "LinearLevelSpec",
+    "LinearPrecisionSpec",
     "MarketIdentity",
+    "OpenAccount",
     "PriceLevel",
     "PricingSpec",
     "PurchaseFulfilled",
@@ -52,35 +72,89 @@ __all__ = [
     "ReceiptModel",
     "Rejection",
     "ReleasedValue",
+    "RotateKeys",
     "StreamRegistration",
-    "ValueEvent",
+    "TableSpec",
+    "ValueBatch",
+    "ValueItem",
+    "ValueOutcome",
     "ValueReleased",
+    "ValuesAccepted",
 ]
 
 SCHEMA_VERSION = 1
 MAX_DIMENSION = 100_000
-MAX_CELLS = 1_000_000  # dimension × retained values: bounds the size of one purchase outcome
 MAX_STEPS = 64
+MAX_BATCH = 1_000
 
-Identifier = Annotated[
-    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", strict=True)
-]
-"""Stream, seller, buyer, value and request ids: 1–64 chars of ``[A-Za-z0-9._-]``; they appear in
-topic names and keys, so nothing else is allowed."""
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""The one id grammar: accounts (buyers, sellers), streams, values, purchases, quotes."""
+Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, strict=True)]
+"""1–64 of ``[A-Za-z0-9_-]``: ids appear in topic names and keys, and no id contains the ``.``
+that separates the parts of a topic name, so distinct ids always name distinct topics."""
 
 Level = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 LevelUnit = Literal["epsilon", "rho", "omega"]
 """What a level measures: ε (Laplace, pure DP), ρ (Gaussian, zCDP) or ω = Δ²/λ (Poisson)."""
 UNIT_OF: dict[str, LevelUnit] = {"laplace": "epsilon", "gaussian": "rho", "poisson": "omega"}
-PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$")]
+PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$", strict=True)]
+"""An Ed25519 or X25519 public key: base64 of its 32 raw bytes."""
+KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$", strict=True)]
+"""First 16 hex digits of SHA-256 of a raw public key (:func:`market.receipts.key_id`)."""
+Signature = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{86}==$", strict=True)]
+"""An Ed25519 signature: base64 of 64 bytes."""
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
-Millis = Annotated[int, Field(ge=0)]
+Millis = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     schema_version: Literal[1] = 1
+
+
+class _Signed(_Event):
+    """An event sent by a party: signed with its account's current key."""
+
+    key_id: KeyId = Field(description="the signing key (its account's current key)")
+    signature: Signature = Field(
+        description="Ed25519 over the canonical bytes of streams.wire.signing"
+    )
+
+
+# ----------------------------------------------------------------------- party → market
+class OpenAccount(_Signed):
+    """Open an account: pins its signing key (and sealing key) to the id (``<p>.accounts``).
+
+    The first valid ``open_account`` for an id wins; its inbox topic is created then. Signed with
+    the key it pins, which proves the sender holds it.
+    """
+
+    type: Literal["open_account"] = "open_account"
+    account_id: Identifier
+    signing_key: PublicKey = Field(description="Ed25519: every event of the account is signed")
+    sealing_key: PublicKey | None = Field(
+        None, description="X25519: releases to the account are sealed for it (buyers need one)"
+    )
+    opened_at_ms: Millis
+
+
+class RotateKeys(_Signed):
+    """Replace an account's keys: signed by the current key, and by the new one.
+
+    ``version`` must be the account's version + 1, so an old rotation cannot be replayed.
+    """
+
+    type: Literal["rotate_keys"] = "rotate_keys"
+    account_id: Identifier
+    version: Annotated[int, Field(ge=2, le=2**31 - 1)]
+    signing_key: PublicKey
+    sealing_key: PublicKey | None = None
+    rotated_at_ms: Millis
+    new_key_signature: Signature = Field(description="the same bytes signed with the new key")
+
+
+AccountEvent = Annotated[OpenAccount | RotateKeys, Field(discriminator="type")]
 
 
 # ------------------------------------------------------------------------ pricing specs
@@ -100,12 +174,19 @@ class LinearLevelSpec(BaseModel):
     rate_per_level: Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+LevelKey = Annotated[
+    str, StringConstraints(pattern=r"^[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?$")
+]
+"""A level written as a plain ASCII decimal (``"0.5"``, ``"2"``, ``"1e-3"``): one spelling per
+number, no signs, spaces, underscores or other digits, so a table key cannot be rewritten."""
+
+
 class TableSpec(BaseModel):
     """Explicit prices in minor units; keys are levels written as decimal strings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["table"] = "table"
-    prices: dict[str, MinorUnits] = Field(min_length=1, max_length=MAX_STEPS)
+    prices: dict[LevelKey, MinorUnits] = Field(min_length=1, max_length=MAX_STEPS)
 
 
 PricingSpec = Annotated[
@@ -114,8 +195,11 @@ PricingSpec = Annotated[
 
 
 # ---------------------------------------------------------------------- seller → market
-class StreamRegistration(_Event):
-    """A seller offers a stream of values for sale (``<p>.registrations``, key: stream_id)."""
+class StreamRegistration(_Signed):
+    """A seller offers a stream of values for sale (``<p>.registrations``, key: stream_id).
+
+    Signed by the seller's account: only ``seller_id`` can publish into the stream.
+    """
 
     type: Literal["register_stream"] = "register_stream"
     stream_id: Identifier
@@ -130,7 +214,7 @@ class StreamRegistration(_Event):
         "target buys the next one above what the buyer holds",
     )
     cap: Level = Field(description="largest level that will ever be released, to anyone")
-    retain_last: Annotated[int, Field(ge=1, le=10_000)] = Field(
+    retain_last: Annotated[int, Field(ge=1, le=1_000)] = Field(
         16, description="how many of the newest values a purchase covers"
     )
     sealed: bool = Field(
@@ -144,34 +228,40 @@ class StreamRegistration(_Event):
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamRegistration:
-        if any(b <= a for a, b in zip(self.steps, self.steps[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(self.steps)):
             raise ValueError("steps must be strictly increasing")
         if self.cap < self.steps[-1]:
             raise ValueError(f"cap {self.cap:g} is below the top step {self.steps[-1]:g}")
-        if self.dimension * self.retain_last > MAX_CELLS:
-            raise ValueError(
-                f"dimension × retain_last = {self.dimension * self.retain_last} exceeds "
-                f"{MAX_CELLS}; a purchase outcome would be too large for one message"
-            )
         return self
 
 
-class ValueEvent(_Event):
-    """One new value of a stream (``<p>.values``, key: stream_id)."""
+class ValueItem(BaseModel):
+    """One value of a batch."""
 
-    type: Literal["value"] = "value"
-    stream_id: Identifier
+    model_config = ConfigDict(extra="forbid", frozen=True)
     value_id: Identifier = Field(description="unique per stream; a resend is deduplicated")
     values: list[float] = Field(min_length=1, max_length=MAX_DIMENSION)
     published_at_ms: Millis = Field(
-        description="when the seller published the value (Unix ms); values older than the "
-        "stream's newest minus the dedup horizon (7 days) are refused, so replays of old "
-        "values can never be re-noised"
+        description="when the seller first published the value (Unix ms; keep it when "
+        "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
 
 
+class ValueBatch(_Signed):
+    """New values of one stream, signed once (``<p>.values``, key: stream_id).
+
+    One Ed25519 verification covers the whole batch; each value is accepted or refused on its
+    own, and the seller is told which in a :class:`ValuesAccepted`.
+    """
+
+    type: Literal["values"] = "values"
+    stream_id: Identifier
+    seller_id: Identifier
+    items: list[ValueItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 # ----------------------------------------------------------------------- buyer → market
-class PurchaseRequest(_Event):
+class PurchaseRequest(_Signed):
     """Buy a level on a stream (``<p>.purchases``, key: stream_id)."""
 
     type: Literal["purchase"] = "purchase"
@@ -189,14 +279,9 @@ class PurchaseRequest(_Event):
         description="when the buyer made the request (Unix ms; keep it when resending): "
         "requests older than the stream's newest minus the dedup horizon are refused"
     )
-    buyer_public_key: PublicKey | None = Field(
-        None,
-        description="X25519 public key (base64, 32 bytes): releases to this buyer on this stream "
-        "are then sealed for it (market.envelope); the latest key given is used",
-    )
 
 
-class QuoteRequest(_Event):
+class QuoteRequest(_Signed):
     """Ask the price of a purchase without buying (``<p>.purchases``, key: stream_id)."""
 
     type: Literal["quote"] = "quote"
@@ -204,6 +289,7 @@ class QuoteRequest(_Event):
     buyer_id: Identifier
     stream_id: Identifier
     target_level: Level | None = None
+    requested_at_ms: Millis
 
 
 PurchasesEvent = Annotated[PurchaseRequest | QuoteRequest, Field(discriminator="type")]
@@ -282,7 +368,7 @@ class Envelope(BaseModel):
 
 
 class PurchaseFulfilled(_Event):
-    """The single successful outcome of a purchase (``<p>.buyer.<buyer_id>``)."""
+    """The single successful outcome of a purchase (``<p>.inbox.<buyer_id>``)."""
 
     type: Literal["purchase_fulfilled"] = "purchase_fulfilled"
     purchase_id: Identifier
@@ -305,7 +391,8 @@ class PurchaseFulfilled(_Event):
 class ValueReleased(_Event):
     """New values delivered at the level the buyer holds (subscription), in arrival order.
 
-    The market groups the values that arrive together into one event per buyer and stream."""
+    The market groups the values that arrive together into one event per buyer and stream, in
+    as many events as it takes to keep each under the broker's message size."""
 
     type: Literal["value_released"] = "value_released"
     buyer_id: Identifier
@@ -318,7 +405,7 @@ class ValueReleased(_Event):
 
 
 class QuoteAnswer(_Event):
-    """The price of a purchase, without buying (``<p>.buyer.<buyer_id>``)."""
+    """The price of a purchase, without buying (``<p>.inbox.<buyer_id>``)."""
 
     type: Literal["quote"] = "quote"
     quote_id: Identifier
@@ -332,20 +419,81 @@ class QuoteAnswer(_Event):
 
 
 class Rejection(_Event):
-    """Why an event was not accepted; the original bytes are kept so nothing is lost."""
+    """Why an event was not accepted, with what is needed to act on it.
+
+    The original bytes are kept when they are small (``payload``); a large payload keeps a
+    bounded prefix, and always its size and SHA-256, so a rejection never exceeds the broker's
+    message size. ``sender_id`` is the account whose signature the event carried — the only
+    party, besides the operators, the rejection is shown to; ``claimed_id`` is whoever the
+    payload claimed to act for, if that differs or could not be proved.
+    """
 
     type: Literal["rejection"] = "rejection"
-    reason: str = Field(description="machine-readable code, e.g. 'invalid_event', 'price_too_low'")
+    reason: str = Field(description="machine-readable code, e.g. 'invalid_event', 'price_too_high'")
     message: str = Field(description="what was wrong and what to do about it")
     source_topic: str
     source_partition: int | None = None
     source_offset: int | None = None
     request_id: str | None = Field(None, description="purchase_id, quote_id or value_id if known")
-    buyer_id: str | None = None
+    sender_id: str | None = Field(None, description="the account that signed the event")
+    claimed_id: str | None = Field(None, description="the account the payload claimed to be")
     stream_id: str | None = None
     payload: str = Field(description="the original event (UTF-8 text, or base64 if binary)")
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+    payload_bytes: int = Field(description="size of the original event")
+    payload_sha256: str
+    payload_truncated: bool = False
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class AccountState(_Event):
+    """An account as the market knows it: sent to its inbox when opened or its keys change."""
+
+    type: Literal["account"] = "account"
+    account_id: Identifier
+    version: int
+    signing_key: PublicKey
+    sealing_key: PublicKey | None = None
+    key_id: KeyId
+    opened_at_ms: Millis
+    updated_at_ms: Millis
+
+
+class ValueOutcome(BaseModel):
+    """What happened to one value of a batch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    value_id: str
+    status: Literal["accepted", "duplicate", "rejected"]
+    reason: str | None = None
+    message: str | None = None
+
+
+class ValuesAccepted(_Event):
+    """The market's answer to a value batch (``<p>.inbox.<seller_id>``): one line per value."""
+
+    type: Literal["values_accepted"] = "values_accepted"
+    stream_id: Identifier
+    seller_id: Identifier
+    outcomes: list[ValueOutcome]
+
+
+class DeadLetter(_Event):
+    """An output the broker refused for good (too large, not authorised, no such topic).
+
+    Kept on ``<p>.deadletters`` so the operators see it; the market goes on with the next
+    message. Only a bounded prefix of the message is kept.
+    """
+
+    type: Literal["dead_letter"] = "dead_letter"
+    topic: str
+    key: str | None = None
+    reason: str
+    error: str
+    value_bytes: int
+    value_sha256: str
+    value_prefix: str = Field(description="the first bytes, UTF-8 with replacement")
+    failed_at_ms: Millis
 
 
 class MarketIdentity(_Event):
@@ -366,22 +514,26 @@ class MarketIdentity(_Event):
     created_at_ms: Millis
 
 
-BuyerEvent = Annotated[
-    PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection, Field(discriminator="type")
+InboxEvent = Annotated[
+    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection,
+    Field(discriminator="type"),
 ]
 
 PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
-BUYER_EVENT: TypeAdapter[PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection] = TypeAdapter(
-    BuyerEvent
-)
+ACCOUNTS_EVENT: TypeAdapter[OpenAccount | RotateKeys] = TypeAdapter(AccountEvent)
+INBOX_EVENT: TypeAdapter[
+    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+] = TypeAdapter(InboxEvent)
 
 SCHEMAS: dict[str, TypeAdapter[Any]] = {
+    "accounts": ACCOUNTS_EVENT,
     "registrations": TypeAdapter(StreamRegistration),
     "catalog": TypeAdapter(CatalogEntry),
-    "values": TypeAdapter(ValueEvent),
+    "values": TypeAdapter(ValueBatch),
     "purchases": PURCHASES_EVENT,
-    "buyer": BUYER_EVENT,
+    "inbox": INBOX_EVENT,
     "rejections": TypeAdapter(Rejection),
+    "deadletters": TypeAdapter(DeadLetter),
     "market": TypeAdapter(MarketIdentity),
 }
 """Topic family → adapter; ``SCHEMAS[name].json_schema()`` is the published schema."""

@@ -1,28 +1,34 @@
 """Topic names, keys, partitioning and retention: the market's wire layout in one place.
 
-All input topics are keyed by ``stream_id`` and have the same partition count, so Faust assigns
-a stream's registrations, values and purchases — and the table entries written while processing
-them — to the same worker. Per-stream processing is therefore sequential, which is what makes the
-cap check and the release states race-free without locks, and adding workers scales out by
-stream.
+All input topics have the same partition count. Registrations, values and purchases are keyed by
+``stream_id``, so Faust assigns a stream's events — and the table entries written while
+processing them — to the same worker: per-stream processing is sequential, which makes the cap
+check and the release chains race-free without locks, and adding workers scales out by stream.
+Account events are keyed by ``account_id``; every worker reads the accounts table's changelog to
+verify signatures on any stream.
 
-=====================  ===========  ===========  ==============================================
-topic                  key          partitions   retention / cleanup
-=====================  ===========  ===========  ==============================================
-<p>.registrations      stream_id    P            delete, 7 days (requests; the catalog is the
-                                                 record)
-<p>.catalog            stream_id    1            compact (latest accepted registration)
-<p>.values             stream_id    P            delete, 7 days
-<p>.purchases          stream_id    P            delete, 30 days (purchases and quotes)
-<p>.buyer.<buyer_id>   purchase_id  1            delete, 365 days (a buyer's own releases,
-                       / value_id                receipts, quotes and rejections)
-<p>.rejections         stream_id    1            delete, 30 days (dead letters)
-<p>.market             —            1            delete, forever (the market's identity: which
-                                                 noise secret its state was made with)
-<app>-<table>-changelog key         P            compact (Faust tables: state)
-=====================  ===========  ===========  ==============================================
+=========================  ===========  ===========  ==========================================
+topic                      key          partitions   retention / cleanup
+=========================  ===========  ===========  ==========================================
+<p>.accounts               account_id   P            delete, 30 days (requests; the accounts
+                                                     table is the record)
+<p>.registrations          stream_id    P            delete, 7 days (the catalog is the record)
+<p>.catalog                stream_id    1            compact (latest accepted registration)
+<p>.values                 stream_id    P            delete, 7 days (the dedup horizon)
+<p>.purchases              stream_id    P            delete, 30 days (purchases and quotes)
+<p>.inbox.<account_id>     request id   1            delete, 365 days (one party's outcomes,
+                                                     releases, receipts, quotes, rejections);
+                                                     created when the account is opened
+<p>.rejections             stream_id    1            delete, 30 days (every refusal, operators)
+<p>.deadletters            topic        1            delete, 30 days (outputs refused for good)
+<p>.market                 —            1            delete, forever (the market's identity: which
+                                                     noise secret its state was made with)
+<app>-<table>-changelog    key          P            compact (Faust tables: state)
+=========================  ===========  ===========  ==========================================
 
-The embedded Tansu broker stores these configs but enforces neither retention nor compaction.
+Topic names are built, never parsed: ids match ``[A-Za-z0-9_-]{1,64}`` (no dots), so
+``<p>.inbox.<id>`` is injective. The embedded Tansu broker stores the retention and cleanup
+configs but enforces neither.
 """
 
 from __future__ import annotations
@@ -47,12 +53,20 @@ class TopicSpec:
     config: dict[str, str]
 
 
+def _delete(days: int) -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
+
+
 @dataclass(frozen=True)
 class Topics:
     """Names of the market's topics under ``prefix``."""
 
     prefix: str = "emarket"
     partitions: int = 4
+
+    @property
+    def accounts(self) -> str:
+        return f"{self.prefix}.accounts"
 
     @property
     def registrations(self) -> str:
@@ -75,34 +89,35 @@ class Topics:
         return f"{self.prefix}.rejections"
 
     @property
+    def deadletters(self) -> str:
+        return f"{self.prefix}.deadletters"
+
+    @property
     def identity(self) -> str:
         """Who made this market's state: the first record names the noise secret (kept forever)."""
         return f"{self.prefix}.market"
 
-    def buyer(self, buyer_id: str) -> str:
-        return f"{self.prefix}.buyer.{buyer_id}"
+    def inbox(self, account_id: str) -> str:
+        """The topic where the market writes to one party (its only readable topic of its own)."""
+        return f"{self.prefix}.inbox.{account_id}"
 
-    def inputs(self) -> tuple[str, str, str]:
-        return (self.registrations, self.values, self.purchases)
+    def inputs(self) -> tuple[str, str, str, str]:
+        return (self.accounts, self.registrations, self.values, self.purchases)
 
     def specs(self) -> list[TopicSpec]:
-        """Topics created at start-up (buyer topics are created on first use)."""
-
-        def delete(days: int) -> dict[str, str]:
-            return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
-
+        """Topics created at start-up (inboxes are created when accounts are opened)."""
         p = self.partitions
         horizon = DEDUP_HORIZON_MS // DAY_MS
         return [
-            TopicSpec(self.registrations, p, delete(horizon)),
-            TopicSpec(self.values, p, delete(horizon)),
-            TopicSpec(self.purchases, p, delete(30)),
+            TopicSpec(self.accounts, p, _delete(30)),
+            TopicSpec(self.registrations, p, _delete(horizon)),
+            TopicSpec(self.values, p, _delete(horizon)),
+            TopicSpec(self.purchases, p, _delete(30)),
             TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"}),
-            TopicSpec(self.rejections, 1, delete(30)),
+            TopicSpec(self.rejections, 1, _delete(30)),
+            TopicSpec(self.deadletters, 1, _delete(30)),
             TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         ]
 
-    def buyer_spec(self, buyer_id: str) -> TopicSpec:
-        return TopicSpec(
-            self.buyer(buyer_id), 1, {"cleanup.policy": "delete", "retention.ms": str(365 * DAY_MS)}
-        )
+    def inbox_spec(self, account_id: str) -> TopicSpec:
+        return TopicSpec(self.inbox(account_id), 1, _delete(365))

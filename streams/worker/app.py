@@ -16,11 +16,13 @@ from typing import Any
 import faust
 
 from ..core import MarketCore, MarketKeys, Stores
+from ..core.context import Limits
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
 from .compat import install_tansu_compat, quiet_libraries, tune_fetch_wait
 from .config import Settings
+from .directory import AccountReplica
 from .faults import FaultInjector
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -47,15 +49,29 @@ class MarketWorker:
         self.app = self._app()
         self.tables = {
             name: WriteBackTable.create(self.app, name, settings.partitions)
-            for name in ("streams", "releases", "purchases")
+            for name in ("streams", "releases", "purchases", "accounts")
         }
         self.stores = Stores(**self.tables)
+        self.replica = AccountReplica(
+            settings.bootstrap,
+            self.tables["accounts"].table.changelog_topic.get_topic_name(),
+            fetch_wait_ms=min(settings.fetch_max_wait_ms, 100),
+            **settings.aiokafka_auth(),
+        )
         self.core = MarketCore(
             self.stores,
             self.keys,
             self.topics,
             require_encryption=settings.require_encryption,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
+            limits=Limits(
+                max_message_bytes=settings.max_message_bytes,
+                max_accounts=settings.max_accounts,
+                max_holders=settings.max_holders,
+                max_event_output_bytes=settings.max_event_output_bytes,
+                max_event_work=settings.max_event_work,
+            ),
+            replica=self.replica,
         )
         self.producer = Producer(
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
@@ -66,6 +82,7 @@ class MarketWorker:
             self.producer,
             self.metrics,
             self.producer.faults,
+            self.replica,
             profile=settings.profile_batches,
         )
         self._started = time.time()
@@ -92,8 +109,12 @@ class MarketWorker:
             web_port=s.web_port,
             web_in_thread=False,
             table_standby_replicas=0,
-            producer_max_request_size=16 * 1024 * 1024,
-            consumer_max_fetch_size=16 * 1024 * 1024,
+            # no output may exceed the broker's message size: a larger one fails at once and is
+            # dead-lettered instead of being resent forever
+            producer_max_request_size=s.max_message_bytes,
+            consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.max_message_bytes),
+            # stop at once on SIGTERM: never wait for a stream to drain
+            stream_wait_empty=False,
         )
 
     def _wire(self) -> None:
@@ -140,7 +161,8 @@ class MarketWorker:
 
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
-            body = web.health(worker.metrics, settings, worker.keys, worker._started)
+            pending = sum(web.input_lag(worker._consumer(), worker.topics).values())
+            body = web.health(worker.metrics, settings, worker.keys, worker._started, pending)
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -158,6 +180,12 @@ class MarketWorker:
         async def first_probe() -> None:
             quiet_libraries(settings.log_level)
             await worker.producer.probe()
+            await worker.replica.start(settings.partitions)
+
+        async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            await worker.replica.stop()
+
+        app.on_before_shutdown.connect(stop_replica)
 
         @app.timer(2.0)  # type: ignore[untyped-decorator]
         async def probe() -> None:

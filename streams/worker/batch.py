@@ -1,29 +1,46 @@
 """One batch of input events, in the order that makes replays harmless.
 
 1. every event goes through :meth:`MarketCore.handle`, with Faust's "current event" set to it so
-   table writes go to the changelog partition of the event's stream;
+   table writes go to the changelog partition of the event's stream; an event naming an account
+   the directory has not read yet waits for the directory (once per batch) and is handled again;
 2. the batch's state (every changed table key, once) is sent and **acknowledged** by the broker;
-3. only then are the outputs (releases, receipts, rejections, catalog entries) sent and
-   acknowledged; the agent acknowledges the events afterwards, and Faust commits them later.
+3. the inboxes of accounts opened in the batch are created, then the outputs (releases,
+   receipts, rejections, catalog entries) are sent and acknowledged — or dead-lettered if the
+   broker refuses one for good; the agent acknowledges the events afterwards, and Faust commits
+   them later.
 
 A worker that dies at any point therefore never leaves a visible release whose state is not
-durable; the batch is processed again and the core's idempotency turns it into identical
-re-emissions.
+durable; the batch is processed again and the core's idempotency (and its pure-function noise)
+turns it into identical re-emissions. Whatever goes wrong with one event — even outside the
+core — becomes a rejection of that event; the rest of the batch proceeds.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import MarketCore
+from ..core import MarketCore, Outcome
+from ..wire.topics import TopicSpec
+from .directory import AccountReplica
 from .faults import FaultInjector
 from .metrics import Metrics
 from .producer import Producer
 from .tables import Record, WriteBackTable
 
 __all__ = ["BatchProcessor"]
+
+
+@dataclass
+class _Part:
+    """What applying part of a batch produced, and the events it left for the next part."""
+
+    outputs: list[Record] = field(default_factory=list)
+    topics: list[TopicSpec] = field(default_factory=list)
+    purchase_times: list[float] = field(default_factory=list)
+    rest: list[Any] = field(default_factory=list)
 
 log = logging.getLogger("emarket.worker")
 
@@ -38,6 +55,7 @@ class BatchProcessor:
         producer: Producer,
         metrics: Metrics,
         faults: FaultInjector,
+        replica: AccountReplica | None = None,
         *,
         profile: bool = False,
     ) -> None:
@@ -46,52 +64,97 @@ class BatchProcessor:
         self.producer = producer
         self.metrics = metrics
         self.faults = faults
+        self.replica = replica
         self.profile = profile
 
     async def process(self, stream: Any, events: list[Any]) -> None:
-        """Process ``events`` (Faust events of ``stream``); return once outputs are acked."""
-        t_start = time.perf_counter()
+        """Process ``events`` (Faust events of ``stream``); return once outputs are acked.
+
+        A batch whose outputs would pass :attr:`Limits.max_event_output_bytes` is cut into
+        parts, each applied, persisted and sent in turn, so a worker's memory is bounded by
+        two events' outputs whatever the batch holds.
+        """
+        started = time.monotonic()
+        self.metrics.batch_started()
         self.faults.hit("before_state")
-        outputs, purchase_times = self._apply(stream, events)
+        rest = events
+        while rest:
+            rest = await self._part(stream, rest, started)
         self.metrics.batch_size.observe(len(events))
+        self.metrics.batch_done(time.time())
+
+    async def _part(self, stream: Any, events: list[Any], started: float) -> list[Any]:
+        """Apply, persist, then send a prefix of ``events``; return the events left over."""
+        t_start = time.perf_counter()
+        part = await self._apply(stream, events, started)
         t_proc = time.perf_counter()
         state = [r for tbl in self.tables for r in tbl.drain(stream)]
-        await self.producer.send_all(state)
+        await self.producer.send_all(state, dead_letter=False)
         t_state = time.perf_counter()
         self.faults.hit("after_state")
-        await self.producer.ensure_topics(r.topic for r in outputs)
-        await self.producer.send_all(outputs, fail_point="mid_output")
+        await self.producer.create_topics(part.topics)
+        await self.producer.send_all(part.outputs, fail_point="mid_output")
         t_out = time.perf_counter()
+        done = events[: len(events) - len(part.rest)]
         if self.profile:
             log.warning("batch %d events: process %.1f ms, state %.1f ms, outputs %.1f ms %s",
-                        len(events), (t_proc - t_start) * 1e3, (t_state - t_proc) * 1e3,
+                        len(done), (t_proc - t_start) * 1e3, (t_state - t_proc) * 1e3,
                         (t_out - t_state) * 1e3,
-                        [(e.message.partition, e.message.offset) for e in events])  # fmt: skip
+                        [(e.message.partition, e.message.offset) for e in done])  # fmt: skip
         self.faults.hit("after_output")
         now = time.time()
-        for ts in purchase_times:
+        for ts in part.purchase_times:
             self.metrics.purchase_latency.observe(max(0.0, now - ts))
-        self.metrics.batch_done(now)
+        return part.rest
 
-    def _apply(self, stream: Any, events: list[Any]) -> tuple[list[Record], list[float]]:
-        """Run every event through the core; return the outputs and the purchases' timestamps."""
-        outputs: list[Record] = []
-        purchase_times: list[float] = []
+    async def _apply(self, stream: Any, events: list[Any], started: float) -> _Part:
+        """Run events through the core until the outputs reach the budget; return the part."""
+        part = _Part()
+        synced = self.replica is None
+        budget = self.core.ctx.limits.max_event_output_bytes
+        size = 0
         with self.core.batch() as deliveries:
             for i, ev in enumerate(events):
                 if i == len(events) // 2:
                     self.faults.hit("mid_batch")
                 stream._set_current_event(ev)
-                msg = ev.message
-                outcome = self.core.handle(
-                    msg.topic, ev.value, partition=msg.partition, offset=msg.offset
-                )
-                self.metrics.record(outcome)
-                if outcome.status == "duplicate":
-                    log.info("duplicate %s event at %s[%s]@%s: %.120r", outcome.kind, msg.topic,
-                             msg.partition, msg.offset, ev.value)  # fmt: skip
-                outputs.extend(Record(o.topic, o.key, o.value) for o in outcome.outputs)
-                if outcome.kind == "purchase" and msg.timestamp:
-                    purchase_times.append(float(msg.timestamp))
-        outputs.extend(Record(o.topic, o.key, o.value) for o in deliveries)
-        return outputs, purchase_times
+                await self.faults.hang(ev.value)
+                outcome = self._handle(ev, final=synced)
+                if outcome.status == "deferred":
+                    assert self.replica is not None
+                    await self.replica.caught_up_after(started)
+                    synced = True
+                    outcome = self._handle(ev, final=True)
+                part.outputs.extend(Record(o.topic, o.key, o.value) for o in outcome.outputs)
+                part.topics.extend(outcome.create_topics)
+                if outcome.kind == "purchase" and ev.message.timestamp:
+                    part.purchase_times.append(float(ev.message.timestamp))
+                size += sum(len(o.value or b"") for o in outcome.outputs)
+                if size + self.core.pending_output_bytes >= budget:
+                    part.rest = events[i + 1 :]
+                    break
+        part.outputs.extend(Record(o.topic, o.key, o.value) for o in deliveries)
+        return part
+
+    def _handle(self, ev: Any, *, final: bool) -> Outcome:
+        """One event through the core, its outcome counted; nothing here may stop the batch."""
+        msg = ev.message
+        try:
+            self.faults.poison(ev.value)
+            outcome = self.core.handle(msg.topic, ev.value, partition=msg.partition,
+                                       offset=msg.offset, final=final)  # fmt: skip
+        except Exception as exc:  # the core never raises for bad input: this is a bug
+            log.exception("internal error outside the core's guard at %s[%s]@%s",
+                          msg.topic, msg.partition, msg.offset)  # fmt: skip
+            outcome = self.core.internal_error(msg.topic, ev.value, msg.partition, msg.offset, exc)
+        if outcome.status == "deferred":
+            return outcome
+        try:
+            self.metrics.record(outcome)
+        except Exception:  # a metric must never cost an event its outcome
+            log.exception("could not count the outcome of %s[%s]@%s", msg.topic, msg.partition,
+                          msg.offset)  # fmt: skip
+        if outcome.status == "duplicate":
+            log.info("duplicate %s event at %s[%s]@%s: %.120r", outcome.kind, msg.topic,
+                     msg.partition, msg.offset, ev.value)  # fmt: skip
+        return outcome

@@ -58,6 +58,21 @@ class Settings:
     dedup_horizon: float = DEDUP_HORIZON_MS / 1000
     #: Log the time each batch spends processing, persisting state and sending outputs.
     profile_batches: bool = False
+    #: The broker's maximum message size (Kafka's message.max.bytes): no output exceeds it and
+    #: larger inputs are refused unread.
+    max_message_bytes: int = 1_048_576
+    #: Accounts the market holds at most (each has an inbox topic).
+    max_accounts: int = 100_000
+    #: Buyers holding a level on one stream at most (its record must fit in one message).
+    max_holders: int = 2_000
+    #: /health answers 503 when input is waiting and no batch completed for this many seconds.
+    stall_seconds: float = 30.0
+    #: Sends refused for a permanent reason (too large, not authorised, no such topic) are
+    #: retried this many times, then dead-lettered; a broker outage is waited out.
+    permanent_retries: int = 3
+    #: most output (bytes) and noise work (units) one event may cause; see core.context.Limits
+    max_event_output_bytes: int = 32 * 1024 * 1024
+    max_event_work: int = 12_000_000
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -83,6 +98,15 @@ class Settings:
             require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
+            max_message_bytes=_env("MAX_MESSAGE_BYTES", cls.max_message_bytes, int),
+            max_accounts=_env("MAX_ACCOUNTS", cls.max_accounts, int),
+            max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
+            stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
+            permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),
+            max_event_output_bytes=_env(
+                "MAX_EVENT_OUTPUT_BYTES", cls.max_event_output_bytes, int
+            ),
+            max_event_work=_env("MAX_EVENT_WORK", cls.max_event_work, int),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 

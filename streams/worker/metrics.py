@@ -30,9 +30,11 @@ class Metrics:
     purchases: Counter
     quotes: Counter
     registrations: Counter
+    accounts: Counter
     releases: Counter
     noise_draws: Counter
     rejections: Counter
+    dead_letters: Counter
     purchase_latency: Histogram
     batch_size: Histogram
     privacy_spent: Gauge
@@ -45,15 +47,21 @@ class Metrics:
     last_batch: Gauge
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
+    batch_started_at: float | None = field(default=None, init=False)
 
     def record(self, o: Outcome) -> None:
         """Count one event's outcome."""
         if o.status == "rejected":
             self.rejections.labels(o.reason or "unknown").inc()
+        for status, reason in o.items:  # the values of a batch, one by one
+            self.values.labels(o.mechanism or "unknown", status).inc()
+            if reason:
+                self.rejections.labels(reason).inc()
         mech = o.mechanism or "unknown"
         replay = o.status == "duplicate"
         if o.kind == "value":
-            self.values.labels(mech, o.status).inc()
+            if not o.items:  # refused as a whole (bad signature, unknown stream, ...)
+                self.values.labels(mech, o.status).inc()
             self.releases.labels("replay" if replay else "subscription").inc(o.releases)
         elif o.kind == "purchase":
             self.purchases.labels(o.status).inc()
@@ -62,13 +70,15 @@ class Metrics:
             self.quotes.inc()
         elif o.kind == "registration":
             self.registrations.labels(o.status).inc()
+        elif o.kind == "account":
+            self.accounts.labels(o.status).inc()
         if o.new_noise:
             self.noise_draws.labels(mech).inc(o.new_noise)
         f = o.figures
         if f is not None:
             self.privacy_spent.labels(f.stream_id, f.mechanism, f.level_unit).set(f.spent)
             self.privacy_cap.labels(f.stream_id, f.mechanism, f.level_unit).set(f.cap)
-            if o.price_minor:
+            if o.price_minor > 0:
                 self.revenue.labels(f.stream_id, f.currency).inc(o.price_minor)
 
     def set_broker_up(self, ok: bool) -> bool:
@@ -78,7 +88,11 @@ class Metrics:
         self.broker_up.set(1 if ok else 0)
         return changed
 
+    def batch_started(self) -> None:
+        self.batch_started_at = time.time()
+
     def batch_done(self, now: float | None = None) -> None:
+        self.batch_started_at = None
         self.last_batch_at = time.time() if now is None else now
         self.last_batch.set(self.last_batch_at)
 
@@ -95,14 +109,19 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "quotes": (Counter, "quotes", "Quote requests answered", [], {}),
     "registrations": (Counter, "registrations", "Stream registrations, by outcome",
                       ["outcome"], {}),
+    "accounts": (Counter, "account_events", "Accounts opened and keys rotated, by outcome",
+                 ["outcome"], {}),
     "releases": (Counter, "releases",
                  "Noisy vectors sent to buyers (kind: purchase, subscription, replay)",
                  ["kind"], {}),
     "noise_draws": (Counter, "noise_draws",
                     "New privacy levels sampled (fresh noise); replays never add here",
                     ["mechanism"], {}),
-    "rejections": (Counter, "rejections", "Events rejected to the dead-letter topic, by reason",
+    "rejections": (Counter, "rejections", "Events refused (to the rejections topic), by reason",
                    ["reason"], {}),
+    "dead_letters": (Counter, "dead_letters",
+                     "Outputs the broker refused for good (to <p>.deadletters), by error",
+                     ["reason"], {}),
     "purchase_latency": (Histogram, "purchase_latency_seconds",
                          "Time from a purchase's broker timestamp to its outcome being "
                          "acknowledged", [], {"buckets": LATENCY_BUCKETS}),

@@ -1,30 +1,57 @@
 """Sending a batch's records and waiting until the broker has acknowledged every one.
 
-During a broker outage :meth:`Producer.send_all` holds the batch (nothing new is processed,
-nothing is lost) and resends what was not acknowledged, while ``emarket_broker_up``, ``/health``
-and the log report the outage. Resending is safe: changelog records and outputs are idempotent.
+Two kinds of failure, treated differently:
+
+* **transient** — the broker is unreachable, a leader moves, a request times out: the batch is
+  held and what was not acknowledged is resent until it is (nothing new is processed, nothing
+  is lost), while ``emarket_broker_up``, ``/health`` and the log report the outage;
+* **permanent** — the message is too large, the worker may not write the topic, the topic does
+  not exist: resending cannot help. After ``permanent_retries`` attempts the record is
+  *dead-lettered* (its topic, key, size, SHA-256, a prefix and the reason go to
+  ``<p>.deadletters``, and ``emarket_dead_letters_total`` counts it) and the batch goes on.
+  One bad message can no longer stop the market.
+
+Resending is safe: changelog records and outputs are idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..wire.topics import Topics
+from aiokafka import errors as kerr
+
+from ..wire.events import DeadLetter
+from ..wire.topics import Topics, TopicSpec
 from .config import Settings
 from .faults import FaultInjector
 from .metrics import Metrics
 from .tables import Record
 
-__all__ = ["Producer"]
+__all__ = ["PERMANENT", "Producer"]
 
 log = logging.getLogger("emarket.worker")
 
+PERMANENT: tuple[type[BaseException], ...] = (
+    kerr.MessageSizeTooLargeError,
+    kerr.RecordTooLargeError,
+    kerr.TopicAuthorizationFailedError,
+    kerr.ClusterAuthorizationFailedError,
+    kerr.InvalidTopicError,
+    kerr.UnknownTopicOrPartitionError,
+    kerr.CorruptRecordException,
+    kerr.UnsupportedForMessageFormatError,
+)
+"""Errors resending cannot cure (``UnknownTopicOrPartition`` gets its retries first: a topic
+just created may take a moment to be known)."""
+
 
 class Producer:
-    """The worker's side of the broker: sends with acknowledgements, topics, health probes."""
+    """The worker's side of the broker: acknowledged sends, inbox topics, health probes."""
 
     def __init__(
         self, app: Any, settings: Settings, topics: Topics, metrics: Metrics, faults: FaultInjector
@@ -37,58 +64,93 @@ class Producer:
         self._known_topics: set[str] = set()
         self._probed = False
 
-    async def send_all(self, records: list[Record], fail_point: str | None = None) -> None:
-        """Send every record; return once the broker has acknowledged them all."""
+    async def send_all(
+        self, records: list[Record], fail_point: str | None = None, *, dead_letter: bool = True
+    ) -> None:
+        """Send every record; return once each is acknowledged or dead-lettered.
+
+        State records are sent with ``dead_letter=False``: a changelog record the broker
+        refuses for good is retried forever (logged; /health turns "stalled") rather than
+        skipped, because the batch's outputs must never be sent before its state is durable.
+        The core keeps every state record well under the message limit, so this means a
+        misconfigured broker, for an operator to fix.
+        """
         pending = records
         delay = 0.2
+        attempts: dict[int, int] = {}
         while pending:
-            futures: list[Any] = []
-            failed: list[Record] = []
-            try:
-                for i, r in enumerate(pending):
-                    if fail_point and i == len(pending) // 2:
-                        self.faults.hit(fail_point)
-                    futures.append(
-                        await self.app.producer.send(
-                            r.topic, r.key, r.value, r.partition, None, None
-                        )
-                    )
-            except Exception as exc:  # the producer refused the send itself
-                log.error("cannot send to the broker (%r)", exc)
-                failed = pending[len(futures) :]
-            results = await asyncio.gather(*futures, return_exceptions=True)
-            for r, res in zip(pending, results, strict=False):
-                if isinstance(res, BaseException):
-                    failed.append(r)
-                elif r.table is not None:
-                    r.table.persisted(res)
-            if failed:
-                self.broker_state(False)
-                log.error(
-                    "%d messages not acknowledged by the broker; resending in %.1fs",
-                    len(failed),
-                    delay,
-                )
+            failed = await self._attempt(pending, fail_point)
+            retry: list[Record] = []
+            for r, exc in failed:
+                if dead_letter and isinstance(exc, PERMANENT):
+                    n = attempts[id(r)] = attempts.get(id(r), 0) + 1
+                    if n >= self.settings.permanent_retries:
+                        await self._dead_letter(r, exc)
+                        continue
+                retry.append(r)
+            if retry:
+                transient = any(not isinstance(e, PERMANENT) for _, e in failed)
+                if transient:
+                    self.broker_state(False)
+                log.error("%d messages not acknowledged (%r); resending in %.1fs",
+                          len(retry), failed[0][1], delay)  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-            pending = failed
+            pending = retry
 
-    async def ensure_topics(self, names: Iterable[str]) -> None:
-        """Create the buyer topics among ``names`` that this worker has not seen yet."""
-        for topic in set(names) - self._known_topics:
-            if topic.startswith(f"{self.topics.prefix}.buyer."):
-                spec = self.topics.buyer_spec(topic.rsplit(".", 1)[-1])
-                try:
-                    await self.app.producer.create_topic(
-                        spec.name,
-                        spec.partitions,
-                        self.settings.replication,
-                        config=spec.config,
-                        timeout=30.0,
-                    )
-                except Exception as exc:  # already exists, or auto-created by the broker
-                    log.debug("create_topic %s: %s", topic, exc)
-            self._known_topics.add(topic)
+    async def _attempt(
+        self, pending: list[Record], fail_point: str | None
+    ) -> list[tuple[Record, BaseException]]:
+        futures: list[tuple[Record, Any]] = []
+        failed: list[tuple[Record, BaseException]] = []
+        for i, r in enumerate(pending):
+            if fail_point and i == len(pending) // 2:
+                self.faults.hit(fail_point)
+            try:
+                fut = await self.app.producer.send(r.topic, r.key, r.value, r.partition, None, None)
+                futures.append((r, fut))
+            except Exception as exc:  # refused before sending (size, closed producer)
+                failed.append((r, exc))
+        results = await asyncio.gather(*(f for _, f in futures), return_exceptions=True)
+        for (r, _), res in zip(futures, results, strict=True):
+            if isinstance(res, BaseException):
+                failed.append((r, res))
+            elif r.table is not None:
+                r.table.persisted(res)
+        return failed
+
+    async def _dead_letter(self, r: Record, exc: BaseException) -> None:
+        value = r.value or b""
+        reason = type(exc).__name__
+        letter = DeadLetter(
+            topic=r.topic,
+            key=None if r.key is None else r.key.decode("utf-8", "replace")[:200],
+            reason=reason,
+            error=str(exc)[:500],
+            value_bytes=len(value),
+            value_sha256=hashlib.sha256(value).hexdigest(),
+            value_prefix=value[:1024].decode("utf-8", "replace"),
+            failed_at_ms=time.time_ns() // 1_000_000,
+        )
+        self.metrics.dead_letters.labels(reason).inc()
+        log.error("dead-lettered a %d-byte message to %s: %s", len(value), r.topic, reason)
+        if r.topic != self.topics.deadletters:
+            await self.send_all([Record(self.topics.deadletters, r.key,
+                                        letter.model_dump_json().encode())])  # fmt: skip
+
+    async def create_topics(self, specs: Iterable[TopicSpec]) -> None:
+        """Create the inboxes of accounts just opened (once per worker; idempotent)."""
+        for spec in specs:
+            if spec.name in self._known_topics:
+                continue
+            try:
+                await self.app.producer.create_topic(
+                    spec.name, spec.partitions, self.settings.replication,
+                    config=spec.config, timeout=30.0,
+                )  # fmt: skip
+            except Exception as exc:  # already exists
+                log.debug("create_topic %s: %s", spec.name, exc)
+            self._known_topics.add(spec.name)
 
     async def probe(self, timeout: float = 2.0) -> bool:
         """One metadata round trip; updates the broker_up gauge and logs transitions."""

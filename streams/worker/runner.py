@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,13 @@ from .config import Settings
 __all__ = ["ChildWorker", "run_worker", "settings_args"]
 
 
-def run_worker(settings: Settings) -> None:
-    """Start a Faust worker in this process and block until SIGINT/SIGTERM."""
+def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = None) -> None:
+    """Start a Faust worker in this process and block until SIGINT/SIGTERM.
+
+    A stop signal ends the process within :data:`STOP_DEADLINE_S` in every state;
+    ``on_forced_exit`` (e.g. stopping the embedded broker of ``serve``) runs first if the
+    graceful stop overran.
+    """
     import faust  # noqa: PLC0415
 
     from .app import MarketWorker  # noqa: PLC0415
@@ -39,12 +47,50 @@ def run_worker(settings: Settings) -> None:
     keys = load_or_create_keys(settings.data_dir)
     asyncio.run(_prepare(settings, keys))
     worker = MarketWorker(settings, keys)
-    faust.Worker(
+
+    class _Worker(faust.Worker):
+        """Faust's worker, with a deadline on its graceful stop."""
+
+        def _on_sigterm(self) -> None:
+            _exit_after(STOP_DEADLINE_S, on_forced_exit)
+            super()._on_sigterm()
+
+        def _on_sigint(self) -> None:
+            _exit_after(STOP_DEADLINE_S, on_forced_exit)
+            super()._on_sigint()
+
+    _Worker(
         worker.app,
         loglevel=settings.log_level,
         quiet=True,
         redirect_stdouts=False,
     ).execute_from_commandline()
+
+
+#: a worker asked to stop is gone this many seconds later, whatever it was doing
+STOP_DEADLINE_S = 8.0
+
+
+def _exit_after(seconds: float, cleanup: Callable[[], None] | None = None) -> None:
+    """Exit the process ``seconds`` from now if the graceful stop has not finished by then.
+
+    A graceful stop can wait on a broker that does not answer (a final commit, a producer
+    flush) or on an event that never completes. Exiting without them is safe: nothing is
+    committed that was not processed, and replays are harmless (docs/architecture.md).
+    """
+
+    def deadline() -> None:
+        time.sleep(seconds)
+        logging.getLogger(__name__).error(
+            "graceful stop did not finish in %.0fs: exiting now", seconds
+        )
+        if cleanup is not None:
+            with contextlib.suppress(Exception):
+                cleanup()
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=deadline, name="stop-deadline", daemon=True).start()
 
 
 async def _prepare(settings: Settings, keys: MarketKeys) -> None:

@@ -19,21 +19,24 @@ from ..wire.topics import Topics
 from .config import Settings
 from .metrics import Metrics
 
-__all__ = ["METRICS_CONTENT_TYPE", "health", "ledger", "metrics_text", "refresh_gauges"]
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "health",
+    "input_lag",
+    "ledger",
+    "metrics_text",
+    "refresh_gauges",
+]
 
 # aiohttp refuses a charset inside content_type; the exposition format is ASCII
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0] + "; version=0.0.4"
 
 
-def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topics) -> None:
-    """Update the gauges that are read off the state and the consumer, not counted."""
-    for name in ("streams", "releases", "purchases"):
-        metrics.state_entries.labels(name).set(len(getattr(stores, name)))
-    metrics.state_bytes.set(
-        sum(v.nbytes for v in stores.releases.values() if isinstance(v, ChainState))
-    )
+def input_lag(consumer: Any, topics: Topics) -> dict[str, int]:
+    """Messages waiting on this worker's input partitions, by topic (high watermark minus the
+    committed offset; empty before the consumer has started)."""
+    lag: dict[str, int] = {}
     try:
-        lag: dict[str, int] = {}
         for tp in consumer.assignment():
             if tp.topic not in topics.inputs():
                 continue
@@ -41,10 +44,21 @@ def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topi
             pos = consumer._committed_offset.get(tp)  # Faust's record of commits
             if hw is not None and pos is not None:
                 lag[tp.topic] = lag.get(tp.topic, 0) + max(0, int(hw) - int(pos))
-        for topic in topics.inputs():
-            metrics.consumer_lag.labels(topic).set(lag.get(topic, 0))
     except Exception:  # consumer not started yet
-        pass
+        return {}
+    return lag
+
+
+def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topics) -> None:
+    """Update the gauges that are read off the state and the consumer, not counted."""
+    for name in ("streams", "releases", "purchases", "accounts"):
+        metrics.state_entries.labels(name).set(len(getattr(stores, name)))
+    metrics.state_bytes.set(
+        sum(v.nbytes for v in stores.releases.values() if isinstance(v, ChainState))
+    )
+    lag = input_lag(consumer, topics)
+    for topic in topics.inputs():
+        metrics.consumer_lag.labels(topic).set(lag.get(topic, 0))
 
 
 def metrics_text(metrics: Metrics) -> bytes:
@@ -52,16 +66,35 @@ def metrics_text(metrics: Metrics) -> bytes:
 
 
 def health(
-    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float
+    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int
 ) -> dict[str, Any]:
-    """``/health``: "ok" while the broker answers, else "degraded" (served as 503)."""
+    """``/health``: "ok", else "degraded" (the broker does not answer) or "stalled" (input is
+    waiting and no batch has completed for ``EMARKET_STALL_SECONDS``, or one batch has been
+    running that long); both served as 503.
+
+    Both stall signals are needed: the committed-offset lag misses a batch that was fetched
+    (and so counted as consumed) but hangs, and a running batch misses input that is waiting
+    while the agent never gets a batch at all.
+    """
+    now = time.time()
     last = metrics.last_batch_at
+    idle = now - (last if last is not None else started)
+    running = metrics.batch_started_at
+    status = "ok"
+    if not metrics.broker_is_up:
+        status = "degraded"
+    elif (pending > 0 and idle > settings.stall_seconds) or (
+        running is not None and now - running > settings.stall_seconds
+    ):
+        status = "stalled"
     return {
-        "status": "ok" if metrics.broker_is_up else "degraded",
+        "status": status,
+        "input_pending": pending,
         "app_id": settings.app_id,
         "broker": settings.broker,
         "uptime_s": round(time.time() - started, 1),
-        "last_batch_age_s": None if last is None else round(time.time() - last, 3),
+        "last_batch_age_s": None if last is None else round(now - last, 3),
+        "running_batch_age_s": None if running is None else round(now - running, 3),
         "market_key_id": keys.key_id,
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -171,3 +172,40 @@ def test_wrong_key_and_bad_signature() -> None:
         verify_receipt(dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key())
     with pytest.raises(ReceiptError, match="exactly"):
         verify_receipt(dataclasses.asdict(r), sig, RELEASES[:1], KEY.public_key())
+
+
+def test_the_negative_price_table_is_refused() -> None:
+    """The red team's table: steps [0.5, 1], cap 4, level 2 cheaper than level 1 (a step 1 → 2
+    would have cost −1.50). Refused whether 2 is a step or not."""
+    table = PriceTable({0.5: 100, 1: 200, 2: 50, 4: 400})
+    with pytest.raises(ScheduleError, match="neither a step nor the cap"):
+        table.validate(Laplace(), [0.5, 1.0], 4.0)
+    with pytest.raises(ScheduleError, match="decreases"):
+        table.validate(Laplace(), [0.5, 1.0, 2.0], 4.0)
+    with pytest.raises(ScheduleError, match="no price for level"):
+        PriceTable({0.5: 100, 4: 400}).validate(Laplace(), [0.5, 1.0], 4.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    levels=st.lists(st.floats(0.01, 100), min_size=1, max_size=6, unique=True),
+    prices=st.lists(st.integers(0, 10**6), min_size=6, max_size=6),
+    mech=st.sampled_from([Laplace(), Gaussian(), Poisson()]),
+)
+def test_every_step_of_an_accepted_table_costs_at_least_zero(levels, prices, mech) -> None:  # type: ignore[no-untyped-def]
+    """Random tables: whatever validation accepts, every step up between sellable levels costs
+    >= 0 and a more accurate level never costs less."""
+    from market.pricing import plan_step, sellable_levels
+
+    steps = sorted(levels)
+    table = PriceTable(dict(zip(steps, prices, strict=False)))
+    try:
+        table.validate(mech, steps, steps[-1])
+    except ScheduleError:
+        return
+    sell = sellable_levels(steps, steps[-1])
+    for i, held in enumerate([0.0, *sell]):
+        for target in sell[i:]:
+            assert plan_step(table, mech, steps, steps[-1], held, target).price_minor >= 0
+    pairs = itertools.pairwise(sell)
+    assert all(table.price(mech, a) <= table.price(mech, b) for a, b in pairs)

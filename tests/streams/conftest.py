@@ -20,9 +20,12 @@ import pytest
 
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
+from streams.clients.keys import Party
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
+
+from . import helpers
 
 
 @pytest.fixture(scope="session")
@@ -60,15 +63,27 @@ class Market:
         w.wait_healthy(timeout=60)
         return w
 
-    def client(self) -> MarketClient:
-        return MarketClient(self.broker.bootstrap, self.topics)
+    def client(self, party: Party | None = None) -> MarketClient:
+        """A client acting as ``party`` (default: the seller, ``seller1``)."""
+        me = party or helpers.party("seller1")
+        return MarketClient(self.broker.bootstrap, self.topics, party=me)
 
-    def run(self, coro_fn: Callable[[MarketClient], Any]) -> Any:
+    def run(self, coro_fn: Callable[[MarketClient], Any], party: Party | None = None) -> Any:
         async def go() -> Any:
-            async with self.client() as c:
+            async with self.client(party) as c:
                 return await coro_fn(c)
 
         return asyncio.run(go())
+
+    def open_accounts(self, *names: str) -> None:
+        """Open the accounts of the test parties ``names`` (deterministic keys, see helpers)."""
+
+        async def go(c: MarketClient) -> None:
+            for name in names:
+                out = await c.open_account(helpers.party(name))
+                assert out.type == "account", out
+
+        self.run(go)
 
     def ledger(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -1,23 +1,55 @@
-"""Builders for events used across the streaming tests."""
+"""Builders for signed events used across the streaming tests.
+
+Parties have deterministic keys (derived from their names), so a test can sign as anyone it
+names — and an attacker test can sign as itself while claiming to be someone else.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from streams.core.keys import MarketKeys
+from streams.clients.keys import Party
+from streams.core import MarketCore, MarketKeys
+from streams.wire.events import PurchaseRequest, QuoteRequest, StreamRegistration, ValueBatch
 
 TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
     noise_secret=b"n" * 32,
 )
+MARKET = "t"  # the tests' topic prefix: signatures name the market they are for
 
 
-def registration(stream_id: str = "temp", **kw: Any) -> bytes:
+@functools.cache
+def party(name: str) -> Party:
+    """A party whose keys are a function of its name; names starting with "sealed" also have
+    a sealing key (releases to them are then sealed)."""
+    seed = hashlib.sha256(name.encode()).digest()
+    sealing = None
+    if name.startswith("sealed"):
+        sealing = X25519PrivateKey.from_private_bytes(hashlib.sha256(seed).digest())
+    return Party(name, Ed25519PrivateKey.from_private_bytes(seed), sealing)
+
+
+def account(name: str, market: str = MARKET, opened_at_ms: int = 1_000) -> bytes:
+    return party(name).open_account(market, opened_at_ms=opened_at_ms).model_dump_json().encode()
+
+
+def open_accounts(core: MarketCore, *names: str) -> None:
+    """Open the named accounts (the accounts topic is the core's first input)."""
+    t = core.ctx.topics
+    for name in names:
+        out = core.handle(t.accounts, account(name, t.prefix))
+        assert out.status in ("accepted", "duplicate"), out.reason
+
+
+def registration(stream_id: str = "temp", market: str = MARKET, **kw: Any) -> bytes:
     body: dict[str, Any] = {
-        "type": "register_stream",
         "stream_id": stream_id,
         "seller_id": "seller1",
         "mechanism": "laplace",
@@ -30,19 +62,34 @@ def registration(stream_id: str = "temp", **kw: Any) -> bytes:
         "currency": "EUR",
     }
     body.update(kw)
-    return json.dumps(body).encode()
+    signer = party(kw.pop("signer", None) or body["seller_id"])
+    body.pop("signer", None)
+    return _signed(StreamRegistration, market, signer, body)
 
 
-def value(stream_id: str, value_id: str, values: list[float], **kw: Any) -> bytes:
-    body = {"type": "value", "stream_id": stream_id, "value_id": value_id, "values": values,
-            "published_at_ms": 1_000}  # fmt: skip
-    body.update(kw)
-    return json.dumps(body).encode()
+def value(stream_id: str, value_id: str, values: list[float], market: str = MARKET,
+          **kw: Any) -> bytes:  # fmt: skip
+    """A batch of one value, signed by the stream's seller (``seller_id``, default seller1)."""
+    seller = kw.pop("seller_id", "seller1")
+    signer = party(kw.pop("signer", seller))
+    item = {"value_id": value_id, "values": values, "published_at_ms": 1_000}
+    item.update(kw)
+    body = {"stream_id": stream_id, "seller_id": seller, "items": [item]}
+    return _signed(ValueBatch, market, signer, body)
 
 
-def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6, **kw: Any) -> bytes:
+def values(stream_id: str, items: list[tuple[str, list[float]]], market: str = MARKET,
+           published_at_ms: int = 1_000, seller: str = "seller1") -> bytes:  # fmt: skip
+    body = {"stream_id": stream_id, "seller_id": seller,
+            "items": [{"value_id": v, "values": x, "published_at_ms": published_at_ms}
+                      for v, x in items]}  # fmt: skip
+    return _signed(ValueBatch, market, party(seller), body)
+
+
+def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,
+             market: str = MARKET, **kw: Any) -> bytes:  # fmt: skip
+    signer = party(kw.pop("signer", buyer))
     body: dict[str, Any] = {
-        "type": "purchase",
         "purchase_id": pid,
         "buyer_id": buyer,
         "stream_id": stream_id,
@@ -50,15 +97,30 @@ def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6, **kw:
         "requested_at_ms": 1_000,
     }
     body.update(kw)
-    return json.dumps(body).encode()
+    return _signed(PurchaseRequest, market, signer, body)
 
 
-def quote(stream_id: str, buyer: str, qid: str, **kw: Any) -> bytes:
-    body: dict[str, Any] = {
-        "type": "quote",
-        "quote_id": qid,
-        "buyer_id": buyer,
-        "stream_id": stream_id,
-    }
+def quote(stream_id: str, buyer: str, qid: str, market: str = MARKET, **kw: Any) -> bytes:
+    body: dict[str, Any] = {"quote_id": qid, "buyer_id": buyer, "stream_id": stream_id,
+                            "requested_at_ms": 1_000}  # fmt: skip
     body.update(kw)
-    return json.dumps(body).encode()
+    return _signed(QuoteRequest, market, party(buyer), body)
+
+
+def _signed(model: Any, market: str, signer: Party, body: dict[str, Any]) -> bytes:
+    """Sign ``body`` if it is a valid event; else return it unsigned (tests of bad input)."""
+    try:
+        event = signer.sign(model, market, **body)
+    except ValueError:
+        return json.dumps({"type": model.model_fields["type"].default, **body}).encode()
+    return json.dumps(event.model_dump(), allow_nan=True).encode()  # NaN stays NaN (attacks)
+
+
+async def buy(c: Any, buyer: str, stream_id: str, **kw: Any) -> Any:
+    """``c.buy`` as the test party ``buyer``."""
+    return await c.buy(stream_id, party=party(buyer), **kw)
+
+
+def tail(c: Any, buyer: str, **kw: Any) -> Any:
+    """``c.tail`` of the test party ``buyer``'s inbox."""
+    return c.tail(party=party(buyer), **kw)

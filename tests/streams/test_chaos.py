@@ -26,11 +26,20 @@ from typing import Any
 
 import pytest
 
-from streams.clients.client import MarketClient, TopicReader
-from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.clients.client import MarketClient, TopicReader, now_ms
+from streams.wire.events import (
+    CatalogEntry,
+    LinearLevelSpec,
+    PurchaseFulfilled,
+    Rejection,
+    ValueOutcome,
+    ValuesAccepted,
+)
 from streams.worker.faults import POINTS
 
+from . import helpers
 from .conftest import Market
+from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -41,20 +50,18 @@ STREAMS = ["s0", "s1"]
 BUYERS = [f"b{i}" for i in range(4)]
 
 
-def reg(stream: str) -> StreamRegistration:
-    return StreamRegistration(
-        stream_id=stream, seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=3,
+def reg(stream: str) -> dict[str, Any]:
+    return dict(
+        stream_id=stream, mechanism="laplace", sensitivity=1.0, dimension=3,
         steps=LADDER, cap=CAP, retain_last=6, pricing=LinearLevelSpec(rate_per_level=100.0),
     )  # fmt: skip
 
 
-def purchase_payload(buyer: str, stream: str, pid: str, target: float | None) -> bytes:
-    body: dict[str, Any] = {"type": "purchase", "purchase_id": pid, "buyer_id": buyer,
-                            "stream_id": stream, "max_price_minor": 10_000,
-                            "requested_at_ms": time.time_ns() // 10**6}  # fmt: skip
-    if target is not None:
-        body["target_level"] = target
-    return json.dumps(body).encode()
+def purchase_payload(market: str, buyer: str, stream: str, pid: str, target: float | None,
+                     stamp: int) -> bytes:  # fmt: skip
+    """A signed purchase, as a client sends it (and resends it: the same bytes)."""
+    return helpers.purchase(stream, buyer, pid, max_price=10_000, market=market,
+                            target_level=target, requested_at_ms=stamp)  # fmt: skip
 
 
 class Lane:
@@ -68,7 +75,11 @@ class Lane:
         )
         self.crashes: collections.Counter[str] = collections.Counter()
         self.purchases: dict[str, tuple[str, str, float | None]] = {}
-        self.values: set[tuple[str, str]] = set()
+        self.stamps: dict[str, int] = {}
+        self.values: dict[tuple[str, str], bytes] = {}  # (stream, value id) → signed batch
+        self.values_resent = 0
+        self.missing_values: list[tuple[str, str]] = []
+        self.value_rejections: list[tuple[str | None, str]] = []
         self.stop = threading.Event()
         self.failures: list[str] = []
 
@@ -80,7 +91,10 @@ class Lane:
             faults = ",".join(f"{p}:0.04" for p in POINTS)
             try:
                 w = self.market.start_worker_env(
-                    {"EMARKET_FAULTS": faults, "EMARKET_FAULT_SEED": str(self.index * 10**6 + seed)}
+                    {
+                        "EMARKET_FAULTS": faults,
+                        "EMARKET_FAULT_SEED": str(self.index * 10**6 + seed),
+                    }
                 )
             except RuntimeError:  # died before it answered /health
                 w = self.market.workers[-1]
@@ -100,30 +114,38 @@ class Lane:
             self.crashes[points[-1] if points else "unknown"] += 1
 
     # -- the driver: a steady flow of values, purchases and resends -----------------------------
+    def run_driver(self) -> None:
+        try:
+            self.market.run(self.drive)
+        except Exception as exc:  # a driver that dies must fail the test, not starve it
+            self.failures.append(f"driver failed: {exc!r}")
+            self.stop.set()
+
     async def drive(self, c: MarketClient) -> None:
-        for s in STREAMS:
-            await c.send(self.market.topics.registrations, s, reg(s).model_dump_json().encode())
+        m = self.market.topics.prefix
+        for s in STREAMS:  # like a seller's client: values only once the stream is listed
+            entry = await c.register(reg(s), timeout=120)
+            assert isinstance(entry, CatalogEntry), entry
         k = 0
         while not self.stop.is_set():
             k += 1
             for s in STREAMS:
                 vid = f"v{k}"
-                self.values.add((s, vid))
-                body = json.dumps({
-                    "type": "value", "stream_id": s, "value_id": vid,
-                    "values": [1.0, 2.0, float(k)], "published_at_ms": time.time_ns() // 10**6,
-                }).encode()  # fmt: skip
-                await c.send(self.market.topics.values, s, body)
+                self.values[(s, vid)] = helpers.value(
+                    s, vid, [1.0, 2.0, float(k)], market=m, published_at_ms=now_ms())  # fmt: skip
+                await c.send(self.market.topics.values, s, self.values[(s, vid)])
             buyer, stream = BUYERS[k % len(BUYERS)], STREAMS[k % len(STREAMS)]
             target = [None, None, 0.5, 3.0, CAP, 1.0][k % 6]  # next step, explicit, above cap
             pid = f"p{k}"
             self.purchases[pid] = (buyer, stream, target)
-            await c.send(self.market.topics.purchases, stream,
-                         purchase_payload(buyer, stream, pid, target))  # fmt: skip
+            self.stamps[pid] = now_ms()
+            payload = purchase_payload(m, buyer, stream, pid, target, self.stamps[pid])
+            await c.send(self.market.topics.purchases, stream, payload)
             if k % 5 == 0:  # a duplicate of an earlier purchase
                 old = f"p{max(1, k - 7)}"
                 b, s2, t = self.purchases[old]
-                await c.send(self.market.topics.purchases, s2, purchase_payload(b, s2, old, t))
+                await c.send(self.market.topics.purchases, s2,
+                             purchase_payload(m, b, s2, old, t, self.stamps[old]))  # fmt: skip
             await asyncio.sleep(0.15)
 
     # -- after the storm -------------------------------------------------------------------------
@@ -134,15 +156,54 @@ class Lane:
         answered = {k for msgs in (await self.read(c)).values() for k in _outcome_ids(msgs)}
         for pid, (buyer, stream, target) in sorted(self.purchases.items()):
             if pid not in answered:
-                await c.buy(buyer, stream, target_level=target, max_price_minor=10_000,
-                            purchase_id=pid, resend_every=10, timeout=90)  # fmt: skip
+                await buy(c, buyer, stream, target_level=target, max_price_minor=10_000,
+                          purchase_id=pid, resend_every=10, timeout=90,
+                          requested_at_ms=self.stamps[pid])  # fmt: skip
+        await self.resend_unanswered_values(c)
         for s in STREAMS:  # the backlog of values is drained too (however busy the machine)
             sent = sum(1 for st, _ in self.values if st == s)
             await asyncio.to_thread(self.market.wait_ingested, s, sent, 180.0)
         return await self.read(c)
 
+    async def resend_unanswered_values(self, c: MarketClient) -> None:
+        """Like a seller's client: every value gets an answer in the seller's inbox; one that
+        has none after the backlog is drained is resent (same bytes). A value refused is a bug."""
+        answers: dict[tuple[str, str], ValueOutcome] = {}
+        for _ in range(120):  # until the clean worker has drained the value backlog
+            before, answers = len(answers), await self.value_answers(c)
+            if len(answers) == before:
+                break
+            await asyncio.sleep(1)
+        missing = sorted(set(self.values) - set(answers))
+        self.missing_values = missing[:10]
+        refused = {k: v for k, v in answers.items() if v.status == "rejected"}
+        assert not refused, f"values refused under crashes: {list(refused.items())[:3]}"
+        assert not self.value_rejections, f"values refused: {self.value_rejections[:3]}"
+        for key in missing:
+            self.values_resent += 1
+            await c.send(self.market.topics.values, key[0], self.values[key])
+
+    async def value_answers(self, c: MarketClient) -> dict[tuple[str, str], ValueOutcome]:
+        self.value_rejections = []
+        reader = TopicReader(c.bootstrap, self.market.topics.inbox("seller1"))
+        await reader.start()
+        out: dict[tuple[str, str], ValueOutcome] = {}
+        try:
+            while batch := await reader.poll(1.0):
+                for _, raw in batch:
+                    if b'"values_accepted"' in raw:
+                        ev = ValuesAccepted.model_validate_json(raw)
+                        out.update({(ev.stream_id, o.value_id): o for o in ev.outcomes})
+                    elif b'"rejection"' in raw:
+                        rej = Rejection.model_validate_json(raw)
+                        if rej.source_topic == self.market.topics.values:
+                            self.value_rejections.append((rej.request_id, rej.reason))
+        finally:
+            await reader.stop()
+        return out
+
     async def read(self, c: MarketClient) -> dict[str, list[bytes]]:
-        reader = TopicReader(c.bootstrap, [self.market.topics.buyer(b) for b in BUYERS])
+        reader = TopicReader(c.bootstrap, [self.market.topics.inbox(b) for b in BUYERS])
         await reader.start()
         msgs: list[tuple[bytes | None, bytes]] = []
         while batch := await reader.poll(1.0):
@@ -203,6 +264,8 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
         ),
         "value_level_pairs_checked": len(vectors),
         "values": len(lane.values),
+        "values_resent": lane.values_resent,
+        "first_resent": lane.missing_values,
     }
 
 
@@ -210,9 +273,11 @@ def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
     lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(2)]
     for lane in lanes:
         lane.market.tmp.mkdir(parents=True)
+        opener = lane.market.start_worker()  # accounts first, by a worker without fail points
+        lane.market.open_accounts("seller1", *BUYERS)
+        opener.stop()
     drivers = [
-        threading.Thread(target=lambda ln=lane: ln.market.run(ln.drive), daemon=True)
-        for lane in lanes
+        threading.Thread(target=lambda ln=lane: ln.run_driver(), daemon=True) for lane in lanes
     ]
     for d in drivers:
         d.start()

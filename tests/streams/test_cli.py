@@ -36,61 +36,85 @@ def test_exported_schemas_are_up_to_date(tmp_path: Path) -> None:
         assert fresh == committed, f"docs/schemas/{name}.schema.json is stale: run make schemas"
 
 
-def test_cli_rejects_bad_input_with_a_clear_message() -> None:
-    r = cli(None, "--broker", "kafka://127.0.0.1:1", "register", "--stream", "bad id",
-            "--seller", "s", "--steps", "1,2", check=False)  # fmt: skip
+def test_cli_rejects_bad_input_with_a_clear_message(tmp_path: Path) -> None:
+    key = tmp_path / "s.key"
+    assert cli(None, "keygen", "--account", "s", "--out", str(key)).returncode == 0
+    r = cli(None, "--broker", "kafka://127.0.0.1:1", "register", "--key-file", str(key),
+            "--stream", "bad id", "--steps", "1,2", check=False)  # fmt: skip
     assert r.returncode == 2 and "invalid registration" in r.stderr and "stream_id" in r.stderr
-    r = cli(None, "--broker", "kafka://127.0.0.1:1", "publish", "--stream", "s",
-            "--values", "1,x", check=False)  # fmt: skip
+    r = cli(None, "--broker", "kafka://127.0.0.1:1", "publish", "--key-file", str(key),
+            "--stream", "s", "--values", "1,x", check=False)  # fmt: skip
     assert r.returncode == 2 and "comma-separated numbers" in r.stderr
-    r = cli(None, "buy", "--buyer", "b", "--stream", "s", "--max-price", "1", check=False)
-    assert r.returncode == 2 and "needs --broker" in r.stderr
+    r = cli(None, "buy", "--key-file", str(key), "--stream", "s", "--max-price", "1",
+            check=False)  # fmt: skip
+    assert r.returncode == 2 and "needs a broker" in r.stderr
+    r = cli(None, "--broker", "kafka://127.0.0.1:1", "buy", "--key-file", str(tmp_path / "no.key"),
+            "--stream", "s", "--max-price", "1", check=False)  # fmt: skip
+    assert r.returncode == 2 and "keygen" in r.stderr  # a mistyped key path creates nothing
+    assert not (tmp_path / "no.key").exists()
+    for r in (cli(None, "keygen", "--account", "a.b", "--out", str(tmp_path / "x"), check=False),
+              cli(None, "keygen", "--account", "s", "--out", str(key), check=False)):  # fmt: skip
+        assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
 @pytest.mark.broker
 @pytest.mark.slow
 def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     w = market.start_worker()
-    r = cli(market, "register", "--stream", "temp", "--seller", "acme", "--dimension", "2",
-            "--steps", "0.5,1,2", "--cap", "4", "--price-per-level", "100")  # fmt: skip
+    keys = {who: tmp_path / f"{who}.key" for who in ("acme", "alice", "eve")}
+    for who, path in keys.items():
+        cli(None, "keygen", "--account", who, "--out", str(path))
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        assert "is open" in cli(market, "account", "open", "--key-file", str(path)).stdout
+    r = cli(market, "register", "--key-file", str(keys["acme"]), "--stream", "temp",
+            "--dimension", "2", "--steps", "0.5,1,2", "--cap", "4",
+            "--price-per-level", "1.00")  # fmt: skip
     entry = json.loads(r.stdout)
     key = entry["market_public_key"]
     lines = tmp_path / "values.jsonl"
     lines.write_text("".join(json.dumps([float(i), 2.0]) + "\n" for i in range(5)))
-    r = cli(market, "publish", "--stream", "temp", "--file", str(lines))
+    r = cli(market, "publish", "--key-file", str(keys["acme"]), "--stream", "temp",
+            "--file", str(lines))  # fmt: skip
     assert "published 5/5 values" in r.stdout
     market.wait_ingested("temp", 5)
-    quote = json.loads(cli(market, "quote", "--buyer", "alice", "--stream", "temp").stdout)
+    alice = ["--key-file", str(keys["alice"])]
+    quote = json.loads(cli(market, "quote", *alice, "--stream", "temp").stdout)
     assert quote["price_minor"] == 50
     out = tmp_path / "outcome.json"
-    alice_key, eve_key = tmp_path / "alice.key", tmp_path / "eve.key"
-    r = cli(market, "buy", "--buyer", "alice", "--stream", "temp", "--max-price", "50",
-            "--output", str(out), "--key-file", str(alice_key))  # fmt: skip
-    assert oct(alice_key.stat().st_mode & 0o777) == "0o600"
+    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.50", "--output", str(out))
     outcome = json.loads(r.stdout)
     assert outcome["level_after"] == 0.5 and outcome["sealed"] and len(outcome["releases"]) == 5
+    assert "for 0.50 EUR" in r.stderr
     ok = cli(None, "verify-receipt", str(out), "--public-key", key)
-    assert ok.stdout.startswith("valid:")
+    assert ok.stdout.startswith("valid:") and "0.50 EUR" in ok.stdout
     tampered = json.loads(out.read_text())
     tampered["releases"][0]["values"][0] += 1e-9
     bad = tmp_path / "tampered.json"
     bad.write_text(json.dumps(tampered))
     r = cli(None, "verify-receipt", str(bad), "--public-key", key, check=False)
     assert r.returncode == 1 and "INVALID" in r.stdout
-    r = cli(market, "buy", "--buyer", "alice", "--stream", "temp", "--max-price", "1", check=False)
+    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.01", check=False)
     assert r.returncode == 1 and "price_too_high" in r.stdout
-    tail = cli(market, "tail", "--buyer", "alice", "--key-file", str(alice_key)).stdout
+    tail = cli(market, "tail", *alice).stdout
     events = [json.loads(x) for x in tail.splitlines()]
-    assert [e["type"] for e in events] == ["quote", "purchase_fulfilled", "rejection"]
-    assert events[1]["releases"] == outcome["releases"]
-    # isolation does not rest on the broker: another buyer reading alice's topic sees ciphertext
-    raw = json.loads(cli(market, "tail", "--buyer", "alice").stdout.splitlines()[1])
+    assert [e["type"] for e in events] == ["account", "quote", "purchase_fulfilled", "rejection"]
+    assert events[2]["releases"] == outcome["releases"]
+    # isolation does not rest on the broker: eve, reading alice's inbox, sees only ciphertext
+    from streams.clients.client import TopicReader
+
+    async def spy() -> list[bytes]:
+        reader = TopicReader(market.broker.bootstrap, market.topics.inbox("alice"))
+        await reader.start()
+        got = [v for _, v in await reader.poll(2.0)]
+        await reader.stop()
+        return got
+
+    import asyncio
+
+    raw = next(json.loads(v) for v in asyncio.run(spy()) if b"purchase_fulfilled" in v)
     assert raw["releases"] == [] and raw["sealed"]["ciphertext"]
-    spy = cli(market, "tail", "--buyer", "alice", "--key-file", str(eve_key), check=False)
-    assert spy.returncode == 1 and "cannot be opened" in spy.stderr
-    assert "Traceback" not in spy.stderr
     catalog = json.loads(cli(market, "catalog").stdout)
     assert catalog["temp"]["registration"]["steps"] == [0.5, 1.0, 2.0]
     ledger = cli(None, "ledger", "--worker", w.url).stdout
     assert "temp" in ledger and "alice" in ledger
-    assert re.search(r"^acme\s+50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue
+    assert re.search(r"^acme\s+0\.50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue

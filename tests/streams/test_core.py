@@ -10,26 +10,34 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
-from streams.wire.events import BUYER_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
+from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, purchase, quote, registration, value
+from .helpers import TEST_KEYS, open_accounts, party, purchase, quote, registration, value, values
 
 T = Topics("t")
+PARTIES = ("seller1", "alice", "bob", "carol", "sealed_alice")
+
+
+def new_core(**kw: Any) -> MarketCore:
+    c = MarketCore(Stores(), TEST_KEYS, T, clock=kw.pop("clock", lambda: 1_000), **kw)
+    open_accounts(c, *PARTIES)
+    return c
 
 
 @pytest.fixture
 def core() -> MarketCore:
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000)
+    c = new_core()
     assert c.handle(T.registrations, registration("temp")).status == "accepted"
     return c
 
 
 def buyer_events(outcome) -> list:  # type: ignore[no-untyped-def]
+    """Events for buyers: every inbox but the seller's (which gets values_accepted)."""
     return [
-        BUYER_EVENT.validate_json(o.value)
+        INBOX_EVENT.validate_json(o.value)
         for o in outcome.outputs
-        if o.topic.startswith("t.buyer.")
+        if o.topic.startswith("t.inbox.") and o.topic != "t.inbox.seller1"
     ]
 
 
@@ -132,16 +140,8 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
         (T.values, b"\xff\xfe", "invalid_event"),
         (T.values, value("nope", "v", [1.0, 2.0, 3.0]), "unknown_stream"),
         (T.values, value("temp", "v", [1.0, 2.0]), "wrong_dimension"),
-        (
-            T.values,
-            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,NaN,2],"published_at_ms":1}',
-            "invalid_value",
-        ),
-        (
-            T.values,
-            b'{"type":"value","stream_id":"temp","value_id":"v","values":[1,Infinity,2],"published_at_ms":1}',
-            "invalid_value",
-        ),
+        (T.values, value("temp", "v", [1, float("nan"), 2]), "invalid_value"),  # signed NaN
+        (T.values, value("temp", "v", [1, float("inf"), 2]), "invalid_value"),
         (T.values, value("temp", "v", ["a", 1, 2]), "invalid_event"),  # type: ignore[list-item]
         (T.values, value("temp", "bad id!", [1, 2, 3]), "invalid_event"),
         (T.purchases, purchase("temp", "alice", "p", target_level=5.0), "level_above_cap"),
@@ -182,7 +182,7 @@ def test_bad_input_becomes_a_rejection_with_reason(
 
 def test_rejected_purchase_also_reaches_the_buyer(core: MarketCore) -> None:
     out = core.handle(T.purchases, purchase("temp", "alice", "p", target_level=9.0))
-    assert {o.topic for o in out.outputs} == {T.rejections, "t.buyer.alice"}
+    assert {o.topic for o in out.outputs} == {T.rejections, "t.inbox.alice"}
 
 
 def test_resent_value_is_deduplicated_never_renoised(core: MarketCore) -> None:
@@ -190,7 +190,7 @@ def test_resent_value_is_deduplicated_never_renoised(core: MarketCore) -> None:
     first = core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     again = core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     assert again.status == "duplicate" and again.new_noise == 0
-    assert again.outputs[0].value == first.outputs[0].value
+    assert buyer_events(again) == buyer_events(first)  # the same releases, re-delivered
     conflict = core.handle(T.values, value("temp", "v0", [9.0, 2.0, 3.0]))
     assert conflict.reason == "conflicting_value"
 
@@ -201,7 +201,7 @@ def test_evicted_value_resend_is_recognised(core: MarketCore) -> None:
     assert [e.value_id for e in core.stores.streams["temp"].window] == ["v2", "v3", "v4", "v5"]
     assert isinstance(core.stores.releases["temp/v0"], EvictedValue)  # vectors dropped
     again = core.handle(T.values, value("temp", "v0", [1.0, 2.0, 0.0]))
-    assert again.status == "duplicate" and again.new_noise == 0 and not again.outputs
+    assert again.status == "duplicate" and again.new_noise == 0 and not buyer_events(again)
 
 
 def test_no_higher_step_and_table_levels(core: MarketCore) -> None:
@@ -239,11 +239,11 @@ def test_batch_groups_subscription_deliveries_per_buyer(core: MarketCore) -> Non
     with core.batch() as deliveries:
         for i in range(3):
             out = core.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, float(i)]))
-            assert out.status == "accepted" and not out.outputs and out.releases == 2
-    events = {o.topic: BUYER_EVENT.validate_json(o.value) for o in deliveries}
-    assert set(events) == {"t.buyer.alice", "t.buyer.bob"}
-    assert [r.value_id for r in events["t.buyer.bob"].releases] == ["v0", "v1", "v2"]
-    assert {r.level for r in events["t.buyer.bob"].releases} == {1.0}
+            assert out.status == "accepted" and not buyer_events(out) and out.releases == 2
+    events = {o.topic: INBOX_EVENT.validate_json(o.value) for o in deliveries}
+    assert set(events) == {"t.inbox.alice", "t.inbox.bob"}
+    assert [r.value_id for r in events["t.inbox.bob"].releases] == ["v0", "v1", "v2"]
+    assert {r.level for r in events["t.inbox.bob"].releases} == {1.0}
 
 
 def test_releases_survive_json_bit_for_bit(core: MarketCore) -> None:
@@ -259,7 +259,7 @@ def test_releases_survive_json_bit_for_bit(core: MarketCore) -> None:
 def test_lossless_joint_law_across_steps() -> None:
     """Over many values, a buyer's successive releases share the stored sample with frequency
     (ε1/ε2)², as the lossless process requires (fresh noise would share it with probability 0)."""
-    c = MarketCore(Stores(), TEST_KEYS, T)
+    c = new_core()
     c.handle(T.registrations, registration("s", dimension=200, retain_last=50, steps=[1.0, 2.0]))
     for i in range(50):
         c.handle(T.values, value("s", f"v{i}", [0.0] * 200))
@@ -272,13 +272,15 @@ def test_lossless_joint_law_across_steps() -> None:
 
 
 def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
-    from market.envelope import generate_keypair
     from market.errors import ReceiptError
     from streams.wire.sealing import open_event
 
-    key, pub = generate_keypair()
+    from .helpers import party
+
+    key = party("sealed_alice").sealing_key  # her account pinned its public half
+    assert key is not None
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
-    out = core.handle(T.purchases, purchase("temp", "alice", "p1", buyer_public_key=pub))
+    out = core.handle(T.purchases, purchase("temp", "sealed_alice", "p1"))
     ev = buyer_events(out)[0]
     assert ev.releases == [] and ev.sealed is not None
     assert b"values" not in out.outputs[0].value  # no plaintext numbers on the topic
@@ -298,9 +300,10 @@ def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
 
 
 def test_market_can_require_encryption() -> None:
-    c = MarketCore(Stores(), TEST_KEYS, T, require_encryption=True)
+    c = new_core(require_encryption=True)
     c.handle(T.registrations, registration("temp"))
-    assert c.handle(T.purchases, purchase("temp", "a", "p")).reason == "encryption_required"
+    assert c.handle(T.purchases, purchase("temp", "alice", "p")).reason == "encryption_required"
+    assert c.handle(T.purchases, purchase("temp", "sealed_alice", "p")).status == "fulfilled"
 
 
 def test_internal_errors_become_rejections(
@@ -319,7 +322,7 @@ def test_internal_errors_become_rejections(
 def test_dedup_horizon_forgets_markers_and_refuses_old_values() -> None:
     """Eviction markers older than the horizon are dropped, and exactly those values are
     refused if they come back: memory stays bounded and nothing is ever re-noised."""
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    c = new_core(clock=lambda: 10**9, dedup_horizon_ms=1000)
     c.handle(T.registrations, registration("temp", retain_last=2))
     for i in range(10):  # published 500 ms apart
         c.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, 3.0], published_at_ms=500 * i))
@@ -335,7 +338,7 @@ def test_dedup_horizon_forgets_markers_and_refuses_old_values() -> None:
 
 
 def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    c = new_core(clock=lambda: 10**9, dedup_horizon_ms=1000)
     c.handle(T.registrations, registration("temp"))
     c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     for i, lv in enumerate([0.5, 1.0, 2.0, 4.0]):  # requested 600 ms apart
@@ -366,6 +369,7 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
     stores = Stores()
     stores.releases = CountingLadders()
     first = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    open_accounts(first, "seller1", "alice")
     streams = [f"s{j}" for j in range(5)]
     for sid in streams:
         first.handle(T.registrations, registration(sid, retain_last=1))
@@ -401,3 +405,152 @@ def test_catalog_states_poisson_epsilon_for_the_stream_dimension(core: MarketCor
         eps[dim] = entry.prices[0].epsilon
     assert eps[1] is not None and abs(eps[1] - 1.326) < 1e-3
     assert eps[4] is None
+
+
+def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from streams.wire.events import OpenAccount
+    from streams.wire.topics import Topics
+
+    t = Topics("p")
+    for bad in ("x.alice2", "a..", ".", "a.b"):
+        with pytest.raises(ValueError, match="pattern"):
+            party("alice").sign(OpenAccount, "p", account_id=bad, signing_key=party("a").public_key,
+                                opened_at_ms=1)  # fmt: skip
+    ident = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
+
+    @settings(max_examples=300)
+    @given(a=ident, b=ident)
+    def distinct(a: str, b: str) -> None:
+        assert (t.inbox(a) == t.inbox(b)) == (a == b)
+        assert t.inbox(a) not in {t.accounts, t.values, t.purchases, t.registrations, t.catalog,
+                                  t.rejections, t.deadletters, t.identity}  # fmt: skip
+
+    distinct()
+
+
+
+
+def test_the_largest_stream_record_fits_its_bound() -> None:
+    """A full window and every holder, all with 64-character ids and extreme numbers."""
+    from streams.core.context import Limits
+    from streams.core.state import Holder, StreamState, ValueEntry, stream_record_bound
+
+    c = new_core(limits=Limits(max_holders=2000, max_event_work=10**9))
+    fields = {"steps": [round(0.1 + 0.0123456789 * i, 10) for i in range(64)],
+              "description": "\"\\" * 250, "retain_last": 1000}  # fmt: skip
+    out = c.handle(T.registrations, registration("s" * 64, cap=1e9, **fields))
+    assert out.status == "accepted", out.outputs[0].value[:300]
+    st = c.stores.streams["s" * 64]
+    big = 2**63 - 1
+    st.window = [ValueEntry(value_id=f"{i:064d}", seq=big, digest="f" * 64, received_at_ms=big,
+                            published_at_ms=big) for i in range(1000)]  # fmt: skip
+    st.holders = {f"{i:064d}": Holder(level=1.2345678901234567e-300, paid_minor=10**15,
+                                      purchases=big) for i in range(2000)}  # fmt: skip
+    st.revenue_minor, st.values_ingested, st.spent = big, big, 1.2345678901234567e-300
+    size = len(StreamState.model_validate(st.model_dump()).model_dump_json())
+    assert size <= stream_record_bound(1000, 2000, len(st.catalog_payload)) <= 1_048_576
+
+
+def test_a_stream_whose_record_could_outgrow_a_message_is_refused() -> None:
+    from streams.core.context import Limits
+
+    c = new_core(limits=Limits(max_message_bytes=200_000))
+    out = c.handle(T.registrations, registration("wide", retain_last=1000))
+    assert out.status == "rejected" and out.reason == "stream_too_large"
+
+
+LOW_ORDER_KEY = "A" * 43 + "="  # the all-zero X25519 point: every shared secret is zero
+
+
+def test_a_sealing_key_nothing_can_be_sealed_for_is_refused() -> None:
+    """A low-order sealing key used to make every delivery on the worker fail (review F1)."""
+    from streams.wire.events import OpenAccount
+
+    c = new_core()
+    evil = party("evil")
+    opened = evil.sign(OpenAccount, "t", account_id="evil", signing_key=evil.public_key,
+                       sealing_key=LOW_ORDER_KEY, opened_at_ms=1)  # fmt: skip
+    out = c.handle(T.accounts, opened.model_dump_json().encode())
+    assert out.status == "rejected" and out.reason == "invalid_key"
+    assert "evil" not in c.stores.accounts and not out.create_topics
+    # and by rotation, signed correctly by alice with her own keys
+    alice = party("alice")
+    rotated = alice.rotate_to(alice, "t", version=2, rotated_at_ms=2)
+    bad = rotated.model_copy(update={"sealing_key": LOW_ORDER_KEY})
+    from streams.wire.signing import sign
+
+    bad = bad.model_copy(update={"signature": sign("t", bad, alice.signing_key)})
+    bad = bad.model_copy(update={"new_key_signature": sign("t", bad, alice.signing_key)})
+    out = c.handle(T.accounts, bad.model_dump_json().encode())
+    assert out.status == "rejected" and out.reason == "invalid_key"
+
+
+def test_one_holder_whose_delivery_fails_costs_only_its_own(core: MarketCore) -> None:
+    """Defence in depth: even a key that slipped past validation stops nobody else."""
+    core.handle(T.purchases, purchase("temp", "alice", "p1"))
+    core.handle(T.purchases, purchase("temp", "bob", "p2"))
+    alice = core.stores.accounts["alice"]
+    core.stores.accounts["alice"] = alice.model_copy(update={"sealing_key": LOW_ORDER_KEY})
+    core.ctx.directory.learn(core.stores.accounts["alice"])
+    with core.batch() as deliveries:
+        out = core.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0]))
+    assert out.status == "accepted"
+    assert [o.topic for o in deliveries] == ["t.inbox.bob"]
+    assert core.handle(T.values, value("temp", "v2", [1.0, 2.0, 3.0])).status == "accepted"
+
+
+def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
+    """Purchases naming streams that do not exist used to be stored forever (review F5)."""
+    now = [10_000_000]
+    c = new_core(clock=lambda: now[0], dedup_horizon_ms=60_000)
+    for i in range(200):
+        out = c.handle(T.purchases, purchase(f"nowhere{i}", "alice", f"p{i}",
+                                             requested_at_ms=now[0]))  # fmt: skip
+        assert out.reason == "unknown_stream"
+    assert len(c.stores.purchases) == 200  # a resend within the horizon is recognised
+    now[0] += 61_000
+    c.handle(T.purchases, purchase("nowhere", "alice", "late", requested_at_ms=now[0]))
+    assert len(c.stores.purchases) == 1
+
+
+def test_one_event_has_bounded_output_and_work() -> None:
+    """Sybil holders and long batches used to make one value event cost gigabytes and
+    seconds (review F3, F4): a stream's holders and a batch's length are bounded."""
+    from streams.core.context import Limits
+    from streams.core.delivery import release_bytes
+
+    limits = Limits(max_event_output_bytes=2_000_000)
+    c = new_core(limits=limits)
+    assert c.handle(T.registrations, registration("wide", dimension=300)).status == "accepted"
+    per = release_bytes(300, sealed=True)
+    assert limits.holder_limit(300) == 2_000_000 // per
+    for name in ("alice", "bob", "carol"):
+        assert c.handle(T.purchases, purchase("wide", name, "p")).status == "fulfilled"
+    cap = 2_000_000 // (3 * per)
+    rows = [(f"v{i}", [1.0] * 300) for i in range(cap + 1)]
+    out = c.handle(T.values, values("wide", rows))
+    assert out.status == "rejected" and out.reason == "batch_too_large"
+    assert json.loads(out.outputs[0].value)["details"]["max_values"] == cap
+    assert c.handle(T.values, values("wide", rows[:cap])).status == "accepted"
+    # a stream whose purchase would walk too much noise is refused at registration (the
+    # review's 1,000 values of dimension 23 up 65 steps: ~2 s in one event)
+    steps = [round(0.001 * 1.1**i, 12) for i in range(64)]
+    out = c.handle(T.registrations, registration("heavy", dimension=23, retain_last=1000,
+                                                 steps=steps, cap=1.0))  # fmt: skip
+    assert out.status == "rejected" and out.reason == "stream_too_large"
+    assert "work units" in json.loads(out.outputs[0].value)["message"]
+
+
+def test_a_stream_cannot_have_more_holders_than_one_value_can_reach() -> None:
+    from streams.core.context import Limits
+
+    c = new_core(limits=Limits(max_event_output_bytes=30_000))
+    assert c.handle(T.registrations, registration("w", dimension=300)).status == "accepted"
+    assert Limits(max_event_output_bytes=30_000).holder_limit(300) == 2
+    assert c.handle(T.purchases, purchase("w", "alice", "p")).status == "fulfilled"
+    assert c.handle(T.purchases, purchase("w", "bob", "p")).status == "fulfilled"
+    out = c.handle(T.purchases, purchase("w", "carol", "p"))
+    assert out.reason == "stream_full"

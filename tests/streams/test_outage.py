@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 
 from streams.broker.embedded import EmbeddedBroker
-from streams.clients.client import MarketClient
-from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.clients.client import MarketClient, now_ms
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled
 
+from . import helpers
 from .conftest import Market
+from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -44,9 +46,9 @@ def wait_for(pred: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def reg() -> StreamRegistration:
-    return StreamRegistration(
-        stream_id="s", seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=2,
+def reg() -> dict[str, Any]:
+    return dict(
+        stream_id="s", mechanism="laplace", sensitivity=1.0, dimension=2,
         steps=[0.5, 1.0, 2.0], cap=2.0, retain_last=50,
         pricing=LinearLevelSpec(rate_per_level=10.0),
     )  # fmt: skip
@@ -58,17 +60,18 @@ def test_paused_broker_is_reported_and_nothing_acknowledged_is_lost(
     market = Market(own_broker, tmp_path)
     try:
         w = market.start_worker()
+        market.open_accounts("seller1", *(f"b{b}" for b in range(5)))
+        t0 = now_ms()
 
         async def before(c: MarketClient) -> None:
             await c.register(reg())
             for i in range(20):
                 await c.publish("s", [1.0, float(i)], value_id=f"v{i}")
             for b in range(5):  # acknowledged by the broker before the outage
-                payload = (
-                    f'{{"type":"purchase","purchase_id":"p{b}","buyer_id":"b{b}",'
-                    f'"stream_id":"s","max_price_minor":100,"requested_at_ms":1}}'
-                )
-                await c.send(market.topics.purchases, "s", payload.encode())
+                payload = helpers.purchase("s", f"b{b}", f"p{b}", max_price=100,
+                                           market=market.topics.prefix,
+                                           requested_at_ms=t0)  # fmt: skip
+                await c.send(market.topics.purchases, "s", payload)
 
         market.run(before)
         assert own_broker.pid is not None
@@ -86,8 +89,8 @@ def test_paused_broker_is_reported_and_nothing_acknowledged_is_lost(
         async def after(c: MarketClient) -> list[Any]:
             outs = []
             for b in range(5):
-                outs.append(await c.buy(f"b{b}", "s", max_price_minor=100, purchase_id=f"p{b}",
-                                        resend_every=20, timeout=60))  # fmt: skip
+                outs.append(await buy(c, f"b{b}", "s", max_price_minor=100, purchase_id=f"p{b}",
+                                      resend_every=20, timeout=60, requested_at_ms=t0))  # fmt: skip
             return outs
 
         outs = market.run(after)
@@ -108,6 +111,7 @@ def test_broker_restart_is_survived_and_documented_loss(
     market = Market(own_broker, tmp_path)
     try:
         w = market.start_worker()
+        market.open_accounts("seller1")
         market.run(lambda c: c.register(reg()))
         own_broker.stop()
         wait_for(lambda: health(w)[0] == 503, 20, "/health to report the outage")

@@ -15,26 +15,32 @@ import pytest
 from scipy import stats
 
 from streams.core import MarketCore, Stores, purchases, values
-from streams.wire.events import BUYER_EVENT
+from streams.core.context import Limits
+from streams.wire.events import INBOX_EVENT
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, purchase, registration, value
+from .helpers import TEST_KEYS, open_accounts, purchase, registration, value
 
 T = Topics("t")
 DAY = 86_400_000
 NOW = 100 * DAY
 
 
+BUYERS = ("alice", "bob", "b", "x", "y", "sealed_alice")
+
+
 def core(clock: int = NOW, **kw: Any) -> MarketCore:
-    return MarketCore(Stores(), TEST_KEYS, T, clock=lambda: clock, **kw)
+    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: clock, **kw)
+    open_accounts(c, "seller1", *BUYERS)
+    return c
 
 
 def releases(outcome: Any) -> dict[tuple[str, float], bytes]:
     """(value id, level) → the released numbers' bytes, from a buyer's events."""
     out = {}
     for o in outcome.outputs:
-        if o.topic.startswith("t.buyer."):
-            ev = BUYER_EVENT.validate_json(o.value)
+        if o.topic.startswith("t.inbox.") and o.topic != "t.inbox.seller1":
+            ev = INBOX_EVENT.validate_json(o.value)
             for r in getattr(ev, "releases", []):
                 out[(r.value_id, r.level)] = np.asarray(r.values).tobytes()
     return out
@@ -66,10 +72,8 @@ def run(log: list[tuple[str, bytes]], drop_between: bool = False) -> list[bytes]
 def test_same_log_on_a_fresh_market_gives_identical_bytes() -> None:
     """Every release and every outcome (receipts, sealed envelopes included) is a function of
     the event log and the secret: a market with no state reproduces them byte for byte."""
-    key_log = [(t, p) for t, p in LOG]
-    pub = "hHNk3gQ9hYF5e6Hq5y8R0v3Oc0vX3f2h0T2hS7S5VgE="  # X25519 key: envelopes are compared too
-    key_log[5] = (T.purchases, purchase("s", "alice", "a1", requested_at_ms=NOW,
-                                        buyer_public_key=pub))  # fmt: skip
+    key_log = [(t, p) for t, p in LOG]  # sealed_alice's releases are sealed: envelopes compared
+    key_log[5] = (T.purchases, purchase("s", "sealed_alice", "a1", requested_at_ms=NOW))
     first = run(key_log)
     assert first == run(key_log)
     assert first == run(key_log, drop_between=True)
@@ -142,7 +146,7 @@ def test_service_releases_have_the_lossless_laws() -> None:
     """Marginals, the atom P(V_k = V_{k−1}) = (ε_{k−1}/ε_k)² and Cov across steps, measured on
     what the market core releases to a buyer stepping up a Laplace stream."""
     dim, steps = 20_000, [0.5, 1.0, 2.0, 4.0]
-    c = core()
+    c = core(limits=Limits(max_message_bytes=8 << 20))  # two values of 20,000 numbers a message
     c.handle(T.registrations, registration("s", dimension=dim, steps=steps, cap=4.0,
                                             retain_last=2))  # fmt: skip
     for v in ("a", "b"):
@@ -192,7 +196,7 @@ def test_a_market_with_another_secret_refuses_the_stream() -> None:
     a = core()
     a.handle(*LOG[0])
     other = MarketKeys(Ed25519PrivateKey.from_private_bytes(bytes(32)), b"m" * 32)
-    b = MarketCore(a.stores, other, T, clock=lambda: NOW)
+    b = MarketCore(a.stores, other, T, clock=lambda: NOW)  # the same tables, another secret
     out = b.handle(T.values, value("s", "v9", [1.0] * 50, published_at_ms=NOW))
     assert out.reason == "market_secret_mismatch"
     assert "EMARKET_NOISE_SECRET" in json.loads(out.outputs[0].value)["message"]

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 from streams.clients.client import MarketClient, TopicReader
-from streams.wire.events import LinearLevelSpec, StreamRegistration
+from streams.wire.events import LinearLevelSpec
 
 from .conftest import Market
+from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -36,9 +37,9 @@ SECRET = {
 }
 
 
-def reg(stream: str, dim: int, steps: list[float], retain: int) -> StreamRegistration:
-    return StreamRegistration(
-        stream_id=stream, seller_id="acme", mechanism="laplace", sensitivity=1.0, dimension=dim,
+def reg(stream: str, dim: int, steps: list[float], retain: int) -> dict[str, Any]:
+    return dict(
+        stream_id=stream, mechanism="laplace", sensitivity=1.0, dimension=dim,
         steps=steps, cap=steps[-1], retain_last=retain,
         pricing=LinearLevelSpec(rate_per_level=100.0),
     )  # fmt: skip
@@ -58,6 +59,7 @@ async def buyer_events(c: MarketClient, topic: str) -> list[dict[str, Any]]:
 
 def test_forgotten_value_resent_by_the_seller_is_not_renoised(market: Market) -> None:
     w = market.start_worker()
+    market.open_accounts("seller1", "b")
     now = time.time_ns() // 1_000_000
     dim = 20_000
     x = list(np.random.default_rng(5).normal(20.0, 2.0, dim))  # the seller's data, not noise
@@ -68,7 +70,7 @@ def test_forgotten_value_resent_by_the_seller_is_not_renoised(market: Market) ->
         await c.publish("s", x, value_id="V", published_at_ms=now - 7 * DAY + 1_800_000)
         market.wait_ingested("s", 1)
         for step in (1.0, 2.0):
-            out = await c.buy("b", "s", target_level=step, max_price_minor=10**6)
+            out = await buy(c, "b", "s", target_level=step, max_price_minor=10**6)
             assert out.type == "purchase_fulfilled", out
         # W from 50 minutes in the future (inside the clock skew): V is evicted and forgotten
         await c.publish("s", [0.0] * dim, value_id="W", published_at_ms=now + 3_000_000)
@@ -76,7 +78,7 @@ def test_forgotten_value_resent_by_the_seller_is_not_renoised(market: Market) ->
         # ...and V is sent again, restamped as `publish --value-id V` used to do
         await c.publish("s", x, value_id="V", published_at_ms=now)
         market.wait_ingested("s", 3)
-        return await buyer_events(c, market.topics.buyer("b"))
+        return await buyer_events(c, market.topics.inbox("b"))
 
     events = market.run(go)
     level2 = [
@@ -105,6 +107,8 @@ def test_same_events_same_secret_same_bytes_without_shared_state(
     try:
         market.start_worker_env(SECRET)
         b_market.start_worker_env(SECRET)
+        for m in (market, b_market):
+            m.open_accounts("seller1", "x", "y", "z")
         t0 = time.time_ns() // 1_000_000
 
         async def feed(m: Market, order: list[tuple[str, float]]) -> list[dict[str, Any]]:
@@ -115,10 +119,11 @@ def test_same_events_same_secret_same_bytes_without_shared_state(
                                     published_at_ms=t0)  # fmt: skip
                 m.wait_ingested("s", 5)
                 for buyer, level in order:
-                    await c.buy(buyer, "s", target_level=level, max_price_minor=10**6,
-                                purchase_id=f"{buyer}-{level}", requested_at_ms=t0)  # fmt: skip
+                    await buy(c, buyer, "s", target_level=level, max_price_minor=10**6,
+                                purchase_id=f"{buyer}-{level:g}".replace(".", "_"),
+                              requested_at_ms=t0)  # fmt: skip
                 buyers = sorted({b for b, _ in order})
-                return [e for b in buyers for e in await buyer_events(c, m.topics.buyer(b))]
+                return [e for b in buyers for e in await buyer_events(c, m.topics.inbox(b))]
 
         a = asyncio.run(feed(market, [("x", 0.5), ("x", 1.0), ("x", 4.0), ("y", 2.0)]))
         # B: other buyers first, and z buys the top level directly

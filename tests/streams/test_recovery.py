@@ -10,20 +10,21 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from streams.clients.client import MarketClient, TopicReader
-from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, StreamRegistration
+from streams.clients.client import MarketClient, TopicReader, now_ms
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled
 from streams.worker.compat import true_highwaters
 
+from . import helpers
 from .conftest import Market
+from .helpers import buy, tail
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def reg(stream: str, **kw: Any) -> StreamRegistration:
+def reg(stream: str, **kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "stream_id": stream,
-        "seller_id": "acme",
-        "mechanism": "laplace",
+                "mechanism": "laplace",
         "sensitivity": 1.0,
         "dimension": 3,
         "steps": [0.25, 0.5, 1.0, 2.0],
@@ -32,7 +33,7 @@ def reg(stream: str, **kw: Any) -> StreamRegistration:
         "pricing": LinearLevelSpec(rate_per_level=100.0),
     }
     base.update(kw)
-    return StreamRegistration(**base)
+    return base
 
 
 def test_tansu_latest_offset_bug_and_fix(broker: Any) -> None:
@@ -71,13 +72,14 @@ def test_table_state_survives_worker_restart(market: Market, how: str, store: st
     """A restarted worker rebuilds its tables from the changelog (memory store) or from its
     local RocksDB plus the changelog tail; the Tansu compat module makes both complete."""
     w1 = market.start_worker(store=store)
+    market.open_accounts("seller1", "alice")
 
     async def first(c: MarketClient) -> Any:
         await c.register(reg("s"))
         for i in range(6):
             await c.publish("s", [1.0, 2.0, float(i)], value_id=f"v{i}")
         market.wait_ingested("s", 6)
-        return await c.buy("alice", "s", max_price_minor=1000, purchase_id="p1")
+        return await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p1")
 
     b1 = market.run(first)
     assert isinstance(b1, PurchaseFulfilled) and b1.level_after == 0.25
@@ -88,9 +90,9 @@ def test_table_state_survives_worker_restart(market: Market, how: str, store: st
     w2 = market.start_worker(store=store)
 
     async def second(c: MarketClient) -> tuple[Any, Any, Any]:
-        again = await c.buy("alice", "s", max_price_minor=1000, purchase_id="p1")
-        step = await c.buy("alice", "s", max_price_minor=1000, purchase_id="p2")
-        down = await c.buy("alice", "s", max_price_minor=1000, target_level=0.25)
+        again = await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p1")
+        step = await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p2")
+        down = await buy(c, "alice", "s", max_price_minor=1000, target_level=0.25)
         return again, step, down
 
     again, step, down = market.run(second)
@@ -114,6 +116,7 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
     different vectors."""
     w1 = market.start_worker()
     buyers = [f"b{i}" for i in range(8)]
+    market.open_accounts("seller1", *buyers)
     levels = (0.25, 0.5, 1.0)
 
     async def setup(c: MarketClient) -> None:
@@ -126,12 +129,11 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
     w1.stop()
     faulty = market.start_worker_env({"EMARKET_FAULTS": f"{point}:1.0"})
 
-    def purchase(b: str, step: int) -> bytes:
-        return (
-            f'{{"type":"purchase","purchase_id":"{b}-{step}","buyer_id":"{b}",'
-            f'"stream_id":"s","target_level":{levels[step]},"max_price_minor":1000,'
-            f'"requested_at_ms":1}}'
-        ).encode()
+    t0 = now_ms()
+
+    def purchase(b: str, step: int) -> bytes:  # what a client sends (and resends, unchanged)
+        return helpers.purchase("s", b, f"{b}-{step}", max_price=1000, market=market.topics.prefix,
+                                target_level=levels[step], requested_at_ms=t0)  # fmt: skip
 
     async def fire(c: MarketClient) -> None:
         for step in range(3):
@@ -145,12 +147,12 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
     async def settle(c: MarketClient) -> dict[str, list[Any]]:
         for step in range(3):  # the client resends by purchase id until an outcome arrives
             for b in buyers:
-                out = await c.buy(
+                out = await buy(c,
                     b, "s", target_level=levels[step], max_price_minor=1000,
-                    purchase_id=f"{b}-{step}", resend_every=5, timeout=60,
+                    purchase_id=f"{b}-{step}", resend_every=5, timeout=60, requested_at_ms=t0,
                 )  # fmt: skip
                 assert isinstance(out, PurchaseFulfilled), out
-        return {b: [e async for e in c.tail(b, idle_timeout=2.0)] for b in buyers}
+        return {b: [e async for e in tail(c, b, idle_timeout=2.0)] for b in buyers}
 
     events = market.run(settle)
     releases: dict[tuple[str, float], set[tuple[float, ...]]] = collections.defaultdict(set)
@@ -178,6 +180,7 @@ def test_whole_topics_replayed_from_earliest(market: Market) -> None:
     """Re-publishing every event of the values and purchases topics (a full replay) re-emits
     the identical bytes, draws no noise and charges nobody again."""
     w = market.start_worker()
+    market.open_accounts("seller1", "alice", "bob")
 
     async def first(c: MarketClient) -> None:
         await c.register(reg("s"))
@@ -186,7 +189,7 @@ def test_whole_topics_replayed_from_earliest(market: Market) -> None:
         market.wait_ingested("s", 5)
         for b in ("alice", "bob"):
             for k in range(3):
-                await c.buy(b, "s", max_price_minor=1000, purchase_id=f"{b}{k}")
+                await buy(c, b, "s", max_price_minor=1000, purchase_id=f"{b}{k}")
         await c.publish("s", [9.0, 9.0, 9.0], value_id="late")  # a subscription delivery
 
     market.run(first)
@@ -207,7 +210,7 @@ def test_whole_topics_replayed_from_earliest(market: Market) -> None:
         await asyncio.sleep(3)
         out = {}
         for b in ("alice", "bob"):
-            reader = TopicReader(c.bootstrap, market.topics.buyer(b))
+            reader = TopicReader(c.bootstrap, market.topics.inbox(b))
             await reader.start()
             msgs = []
             while batch := await reader.poll(0.5):

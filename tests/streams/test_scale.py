@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from streams.clients.client import MarketClient
-from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, Rejection, StreamRegistration
+from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, Rejection
 
 from .conftest import Market
+from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -19,10 +20,9 @@ STREAMS = [f"s{i}" for i in range(6)]
 CAP = 2.0
 
 
-def reg(stream: str) -> StreamRegistration:
-    return StreamRegistration(
+def reg(stream: str) -> dict[str, Any]:
+    return dict(
         stream_id=stream,
-        seller_id="acme",
         mechanism="gaussian",
         sensitivity=1.0,
         dimension=2,
@@ -36,6 +36,7 @@ def reg(stream: str) -> StreamRegistration:
 def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
     w1 = market.start_worker()
     w2 = market.start_worker()
+    market.open_accounts("seller1", "u0", "u1", "u2")
 
     async def setup(c: MarketClient) -> None:
         for s in STREAMS:
@@ -55,7 +56,7 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
 
     async def race(c: MarketClient) -> list[Any]:
         async def one(buyer: str, stream: str, target: float) -> Any:
-            return await c.buy(buyer, stream, target_level=target, max_price_minor=10**9,
+            return await buy(c, buyer, stream, target_level=target, max_price_minor=10**9,
                                resend_every=8, timeout=90)  # fmt: skip
 
         jobs = [one(f"u{b}", s, t) for b in range(3) for s in STREAMS for t in targets]

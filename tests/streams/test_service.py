@@ -17,18 +17,17 @@ from streams.wire.events import (
     PurchaseFulfilled,
     QuoteAnswer,
     Rejection,
-    StreamRegistration,
 )
 
 from .conftest import Market
+from .helpers import party, purchase, value
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def reg(stream: str = "temp", **kw: Any) -> StreamRegistration:
+def reg(stream: str = "temp", **kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "stream_id": stream,
-        "seller_id": "acme",
         "mechanism": "laplace",
         "sensitivity": 1.0,
         "dimension": 4,
@@ -38,11 +37,13 @@ def reg(stream: str = "temp", **kw: Any) -> StreamRegistration:
         "pricing": LinearLevelSpec(rate_per_level=100.0),
     }
     base.update(kw)
-    return StreamRegistration(**base)
+    return base
 
 
 def test_register_publish_buy_three_steps_tail(market: Market) -> None:
     w = market.start_worker()
+    market.open_accounts("seller1", "alice")
+    alice = party("alice")
 
     async def scenario(c: MarketClient) -> dict[str, Any]:
         entry = await c.register(reg())
@@ -58,10 +59,10 @@ def test_register_publish_buy_three_steps_tail(market: Market) -> None:
     key = public_key_from_b64(ctx["entry"].market_public_key)
 
     async def buy(c: MarketClient) -> list[Any]:
-        outs = [await c.quote("alice", "temp")]
+        outs = [await c.quote("temp", party=alice)]
         for _ in range(3):
-            outs.append(await c.buy("alice", "temp", max_price_minor=1000))
-        outs.append(await c.buy("alice", "temp", max_price_minor=1000))  # no higher step
+            outs.append(await c.buy("temp", max_price_minor=1000, party=alice))
+        outs.append(await c.buy("temp", max_price_minor=1000, party=alice))  # no higher step
         return outs
 
     quote, *buys, top = market.run(buy)
@@ -77,15 +78,15 @@ def test_register_publish_buy_three_steps_tail(market: Market) -> None:
 
     async def more(c: MarketClient) -> list[Any]:
         await c.publish("temp", [1.0, 2.0, 3.0, 4.0], value_id="late")
-        return [ev async for ev in c.tail("alice", idle_timeout=3.0)]
+        return [ev async for ev in c.tail(idle_timeout=3.0, party=alice)]
 
     events = market.run(more)
     kinds = [e.type for e in events]
     assert kinds.count("purchase_fulfilled") == 3 and kinds.count("quote") == 1
     late = [e for e in events if e.type == "value_released"]
     assert len(late) == 1 and late[0].releases[0].level == 2.0
-    for e in events:  # every event on the buyer topic matches the published schema
-        SCHEMAS["buyer"].validate_json(e.model_dump_json())
+    for e in events:  # every event in the buyer's inbox matches the published schema
+        SCHEMAS["inbox"].validate_json(e.model_dump_json())
 
     assert w.metric("emarket_purchases_total", {"outcome": "fulfilled"}) == 3
     assert w.metric("emarket_privacy_spent", {"stream": "temp"}) == 2.0
@@ -99,6 +100,8 @@ def test_register_publish_buy_three_steps_tail(market: Market) -> None:
 def test_lossless_joint_law_over_the_wire(market: Market) -> None:
     """Across many values, successive releases share the stored sample at rate (ε1/ε2)²."""
     market.start_worker()
+    market.open_accounts("seller1", "bob")
+    bob = party("bob")
     n_values, dim = 40, 100
 
     async def go(c: MarketClient) -> tuple[Any, Any]:
@@ -106,8 +109,8 @@ def test_lossless_joint_law_over_the_wire(market: Market) -> None:
         for i in range(n_values):
             await c.publish("big", [0.0] * dim, value_id=f"v{i}")
         market.wait_ingested("big", n_values)
-        a = await c.buy("bob", "big", max_price_minor=10**6)
-        b = await c.buy("bob", "big", max_price_minor=10**6)
+        a = await c.buy("big", max_price_minor=10**6, party=bob)
+        b = await c.buy("big", max_price_minor=10**6, party=bob)
         return a, b
 
     a, b = market.run(go)
@@ -120,17 +123,16 @@ def test_lossless_joint_law_over_the_wire(market: Market) -> None:
 
 def test_bad_events_on_every_topic_are_rejected_and_worker_survives(market: Market) -> None:
     w = market.start_worker()
+    market.open_accounts("seller1", "eve")
     t = market.topics
+    m = {"market": t.prefix}
     bad = [
         (t.registrations, b"not json"),
         (t.registrations, json.dumps({"type": "register_stream", "stream_id": "x"}).encode()),
         (t.values, b"\x00\xff"),
-        (t.values, json.dumps({"type": "value", "stream_id": "nope", "value_id": "a",
-                               "values": [1.0], "published_at_ms": 1}).encode()),
+        (t.values, value("nope", "a", [1.0], **m)),  # signed, for a stream that does not exist
         (t.purchases, b"[]"),
-        (t.purchases, json.dumps({"type": "purchase", "purchase_id": "p", "buyer_id": "eve",
-                                  "stream_id": "nope", "max_price_minor": 1,
-                                  "requested_at_ms": 1}).encode()),
+        (t.purchases, purchase("nope", "eve", "p", max_price=1, **m)),
     ]  # fmt: skip
 
     async def go(c: MarketClient) -> list[Rejection]:

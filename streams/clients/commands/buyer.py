@@ -1,0 +1,126 @@
+"""``catalog``, ``quote``, ``buy`` and ``tail``: what a buyer does, signed with its key file.
+
+Prices are typed and shown in major units (``--max-price 0.50`` for 50 euro cents). Releases
+sealed for the buyer are opened with its key file; ``tail`` shows what is in the buyer's inbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from .common import EXIT_REFUSED, CommandError, load_party, print_json, run_client, warn
+
+__all__ = ["add_commands"]
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    async def body(c: Any) -> Any:
+        return await c.catalog()
+
+    entries = run_client(args, body)
+    import json  # noqa: PLC0415
+
+    print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
+    return 0
+
+
+def cmd_quote(args: argparse.Namespace) -> int:
+    from ...wire.events import Rejection  # noqa: PLC0415
+    from ...wire.money import format_money  # noqa: PLC0415
+
+    party = load_party(args)
+
+    async def body(c: Any) -> Any:
+        return await c.quote(args.stream, target_level=args.target, timeout=args.timeout)
+
+    result = run_client(args, body, party)
+    if isinstance(result, Rejection):
+        print_json(result)
+        warn(f"no quote ({result.reason}): {result.message}")
+        return EXIT_REFUSED
+    print_json(result)
+    warn(f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
+         f"{format_money(result.price_minor, result.currency)}")  # fmt: skip
+    return 0
+
+
+def cmd_buy(args: argparse.Namespace) -> int:
+    from ...wire.events import Rejection  # noqa: PLC0415
+    from ...wire.money import format_money, parse_money  # noqa: PLC0415
+
+    party = load_party(args)
+    try:
+        max_minor = parse_money(args.max_price, args.currency)
+    except ValueError as exc:
+        raise CommandError(f"--max-price: {exc}") from None
+
+    async def body(c: Any) -> Any:
+        return await c.buy(
+            args.stream, target_level=args.target, max_price_minor=max_minor,
+            currency=args.currency, purchase_id=args.purchase_id, timeout=args.timeout,
+        )  # fmt: skip
+
+    result = run_client(args, body, party)
+    if args.output:
+        Path(args.output).write_text(result.model_dump_json(indent=2))
+    print_json(result)
+    if isinstance(result, Rejection):
+        warn(f"purchase refused ({result.reason}): {result.message}")
+        return EXIT_REFUSED
+    paid = format_money(result.price_minor, result.currency)
+    warn(f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
+         f"{paid}: {len(result.releases)} values")  # fmt: skip
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    from ...wire.events import PurchaseFulfilled, ValueReleased  # noqa: PLC0415
+
+    party = load_party(args)
+    sealed_hint = [False]
+
+    async def body(c: Any) -> None:
+        async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
+            print(ev.model_dump_json(), flush=True)
+            if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
+                sealed_hint[0] = True
+
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            run_client(args, body, party)
+        except LookupError:
+            raise CommandError(
+                f"no inbox for account {party.account_id!r}: open the account first "
+                f"(`epsilon-market account open --key-file {args.key_file}`)"
+            ) from None
+    if sealed_hint[0]:
+        warn("some releases are sealed for another key than this key file's sealing key")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    sp = sub.add_parser("catalog", help="list registered streams, their levels and prices")
+    sp.set_defaults(fn=cmd_catalog)
+    for name, fn, helptext in (
+        ("quote", cmd_quote, "buyer: price of the next step (or --target) without buying"),
+        ("buy", cmd_buy, "buyer: buy the next step (or --target) and wait for the release"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
+        sp.add_argument("--stream", required=True)
+        sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
+        sp.add_argument("--timeout", type=float, default=60.0)
+        if name == "buy":
+            sp.add_argument("--max-price", required=True,
+                            help="most you will pay, e.g. 0.50 (in --currency)")  # fmt: skip
+            sp.add_argument("--currency", default="EUR")
+            sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
+            sp.add_argument("--output", default=None, help="also write the outcome to this file")
+        sp.set_defaults(fn=fn)
+    sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
+    sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
+    sp.add_argument("--follow", action="store_true")
+    sp.set_defaults(fn=cmd_tail)

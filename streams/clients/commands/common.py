@@ -1,0 +1,126 @@
+"""What every command shares: reaching the broker, reading key files, failing with a message.
+
+Every error a command can meet is a :class:`CommandError` with the message a person needs (what
+was wrong, what to do) and an exit code; :func:`streams.clients.cli.main` prints it in one line,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "EXIT_BROKER",
+    "EXIT_REFUSED",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "CommandError",
+    "bootstrap",
+    "floats",
+    "load_party",
+    "print_json",
+    "run_client",
+    "topics_of",
+]
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BROKER = 1, 2, 3, 4
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """A failure to report in one line: ``message`` says what to do; ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def floats(text: str) -> list[float]:
+    """``"1,2.5"`` → ``[1.0, 2.5]`` (argparse type)."""
+    try:
+        out = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        out = []
+    if not out or not all(math.isfinite(x) for x in out):
+        raise argparse.ArgumentTypeError(f"expected finite comma-separated numbers, got {text!r}")
+    return out
+
+
+def bootstrap(args: argparse.Namespace) -> str:
+    """``host:port`` list from ``--broker`` (``kafka://host:port``, several joined by ``;``)."""
+    broker = getattr(args, "broker", None)
+    if not broker:
+        raise CommandError(
+            f"'{args.command}' needs a broker: pass --broker kafka://HOST:PORT or set "
+            "EMARKET_BROKER (`epsilon-market serve` prints the URL of its embedded broker)"
+        )
+    return ",".join(u.split("://", 1)[-1] for u in broker.split(";"))
+
+
+def topics_of(args: argparse.Namespace) -> Any:
+    from ...wire.topics import Topics  # noqa: PLC0415
+
+    return Topics(args.prefix, getattr(args, "partitions", 4) or 4)
+
+
+def load_party(args: argparse.Namespace) -> Any:
+    """The party whose key file ``--key-file`` names (never created by accident)."""
+    from ..keys import KeyFileError, Party  # noqa: PLC0415
+
+    path = getattr(args, "key_file", None)
+    if not path:
+        raise CommandError(
+            f"'{args.command}' acts for an account: pass --key-file FILE (or set "
+            "EMARKET_KEY_FILE); create one with `epsilon-market keygen --account ID --out FILE`"
+        )
+    try:
+        return Party.load(path)
+    except KeyFileError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def print_json(obj: Any) -> None:
+    if hasattr(obj, "model_dump_json"):
+        print(obj.model_dump_json(indent=2))
+    else:
+        print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def run_client(
+    args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any = None
+) -> T:
+    """Run ``body(client)`` with a connected client; broker failures become CommandErrors."""
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+    from ..client import MarketClient  # noqa: PLC0415
+
+    boot = bootstrap(args)
+
+    async def go() -> T:
+        async with MarketClient(boot, topics_of(args), party=party) as client:
+            return await body(client)
+
+    try:
+        return asyncio.run(go())
+    except KafkaError as exc:
+        raise CommandError(
+            f"cannot reach the broker at {args.broker} ({type(exc).__name__}); is it running? "
+            "`epsilon-market serve` prints the URL of its embedded broker",
+            EXIT_BROKER,
+        ) from None
+    except TimeoutError as exc:
+        raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
+    except OSError as exc:
+        raise CommandError(
+            f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER
+        ) from None
+
+
+def warn(message: str) -> None:
+    print(message, file=sys.stderr)

@@ -1,0 +1,270 @@
+"""Commands for running and watching the market: ``serve``, ``worker``, ``init-topics``,
+``ledger``, ``rejections``, ``schemas``, ``demo`` — and ``verify-receipt``, which anyone can run
+with the base package alone (no service dependencies)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    EXIT_BROKER,
+    EXIT_REFUSED,
+    CommandError,
+    bootstrap,
+    print_json,
+    run_client,
+    topics_of,
+)
+
+__all__ = ["add_commands", "cmd_verify_receipt"]
+
+EXIT_IDENTITY = 6
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
+
+    settings = _worker_settings(args)
+    broker = None
+    if args.broker is None:
+        broker = EmbeddedBroker().start()
+        settings = replace(settings, broker=broker.url).for_tansu()
+    url = settings.broker
+    print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
+          "leave this running and use a second terminal:", flush=True)  # fmt: skip
+    print(f"  export EMARKET_BROKER={url}", flush=True)
+    print(f"  worker pages: http://{settings.web_host}:{settings.web_port}/health, "
+          "/metrics, /ledger   (Ctrl-C stops everything)", flush=True)  # fmt: skip
+    try:
+        return _run(settings, None if broker is None else broker.stop)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    bootstrap(args)
+    return _run(_worker_settings(args))
+
+
+def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int:
+    from ...worker.identity import MarketIdentityError  # noqa: PLC0415
+    from ...worker.runner import run_worker  # noqa: PLC0415
+
+    try:
+        run_worker(settings, on_forced_exit)
+    except MarketIdentityError as exc:
+        print(f"error: the worker did not start: {exc}", file=sys.stderr)
+        return EXIT_IDENTITY
+    return 0
+
+
+def _worker_settings(args: argparse.Namespace) -> Any:
+    from ...worker.config import Settings  # noqa: PLC0415
+
+    s = Settings.from_env(
+        broker=args.broker, prefix=args.prefix, app_id=args.app_id, partitions=args.partitions,
+        data_dir=Path(args.data_dir) if args.data_dir else None, store=args.store,
+        web_host=args.web_host, web_port=args.web_port,
+        log_level=args.log_level or ("warn" if args.command == "serve" else None),
+    )  # fmt: skip
+    if args.tansu:
+        s = s.for_tansu()
+    tuning = {"session_timeout": args.session_timeout, "fetch_max_wait_ms": args.fetch_max_wait_ms,
+              "heartbeat_interval": args.heartbeat_interval}  # fmt: skip
+    return replace(s, **{k: v for k, v in tuning.items() if v is not None})
+
+
+def cmd_init_topics(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415
+
+    from ...broker.admin import ensure_topics  # noqa: PLC0415
+
+    created = asyncio.run(ensure_topics(bootstrap(args), topics_of(args)))
+    print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    return 0
+
+
+def _fetch_ledger(url: str) -> dict[str, Any]:
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise CommandError(f"--worker {url!r} must be a URL such as http://127.0.0.1:6066")
+    try:
+        with urllib.request.urlopen(base + "/ledger", timeout=10) as resp:
+            data: dict[str, Any] = json.loads(resp.read())["streams"]
+            return data
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        why = getattr(exc, "reason", exc)
+        raise CommandError(
+            f"cannot read the ledger of the worker at {base} ({why}); is it running? "
+            "`epsilon-market serve` serves it at http://127.0.0.1:6066", EXIT_BROKER,
+        ) from None  # fmt: skip
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from ...wire.money import format_money  # noqa: PLC0415
+
+    streams: dict[str, Any] = {}
+    for url in args.worker or ["http://127.0.0.1:6066"]:
+        streams.update(_fetch_ledger(url))
+    if args.json:
+        print_json(streams)
+        return 0
+    print(f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
+          "  values")  # fmt: skip
+    buyers: dict[str, dict[str, Any]] = {}
+    sellers: dict[tuple[str, str], int] = {}
+    for sid, s in sorted(streams.items()):
+        money = format_money(s["revenue_minor"], s["currency"])
+        print(f"{sid:<20} {s['seller_id']:<12} {s['privacy_spent']:>10g} {s['cap']:>8g} "
+              f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']}")  # fmt: skip
+        for b, h in s["holders"].items():
+            buyers.setdefault(b, {})[sid] = {**h, "currency": s["currency"]}
+        key = (s["seller_id"], s["currency"])
+        sellers[key] = sellers.get(key, 0) + s["revenue_minor"]
+    print(f"\n{'seller':<20} {'revenue':>14}  streams")
+    for (seller, cur), revenue in sorted(sellers.items()):
+        owned = sorted(k for k, v in streams.items() if v["seller_id"] == seller)
+        print(f"{seller:<20} {format_money(revenue, cur):>14}  {', '.join(owned)}")
+    print(f"\n{'buyer':<20} {'stream':<20} {'level':>8} {'paid':>14} purchases")
+    for b, held in sorted(buyers.items()):
+        for sid, h in sorted(held.items()):
+            paid = format_money(h["paid_minor"], h["currency"])
+            print(f"{b:<20} {sid:<20} {h['level']:>8g} {paid:>14} {h['purchases']}")
+    return 0
+
+
+def cmd_rejections(args: argparse.Namespace) -> int:
+    """Every refusal on the rejections topic (operators), newest last, one line each."""
+    import contextlib  # noqa: PLC0415
+
+    from ...wire.events import Rejection  # noqa: PLC0415
+    from ..client import TopicReader  # noqa: PLC0415
+
+    async def body(c: Any) -> None:
+        reader = TopicReader(c.bootstrap, c.topics.rejections, **c.auth)
+        await reader.start()
+        try:
+            while batch := await reader.poll(2.0 if not args.follow else 3600.0):
+                for _, raw in batch:
+                    rej = Rejection.model_validate_json(raw)
+                    if args.stream and rej.stream_id != args.stream:
+                        continue
+                    if args.json:
+                        print(rej.model_dump_json(), flush=True)
+                        continue
+                    who = rej.sender_id or (f"claims {rej.claimed_id}" if rej.claimed_id else "?")
+                    kind = rej.source_topic.removeprefix(f"{c.topics.prefix}.")
+                    line = f"{rej.reason:<24} {kind:<13} {rej.stream_id or '-':<16} {who:<18}"
+                    print(f"{line} {rej.message}", flush=True)
+        finally:
+            await reader.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run_client(args, body)
+    return 0
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from ...wire.events import SCHEMAS  # noqa: PLC0415
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, adapter in SCHEMAS.items():
+        path = out / f"{name}.schema.json"
+        schema = adapter.json_schema()
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["$id"] = f"https://epsilon-market.example/schemas/{name}.schema.json"
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        print(path)
+    return 0
+
+
+def cmd_verify_receipt(args: argparse.Namespace) -> int:
+    """Verify a saved purchase outcome; needs only the base package (no service extra)."""
+    from market.errors import ReceiptError  # noqa: PLC0415
+    from market.receipts import parse_public_key, verify_outcome  # noqa: PLC0415
+
+    try:
+        key = parse_public_key(args.public_key)
+    except ReceiptError as exc:
+        raise CommandError(exc.message) from None
+    try:
+        data = json.loads(Path(args.event).read_text())
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.event}: {exc.strerror}") from None
+    except (ValueError, RecursionError):
+        raise CommandError(f"{args.event} is not JSON (expected a `buy --output` file)") from None
+    try:
+        rec = verify_outcome(data, key)
+    except ReceiptError as exc:
+        print(f"INVALID: {exc.message}")
+        return EXIT_REFUSED
+    from ...wire.money import format_money  # noqa: PLC0415 - plain Python: no service extra
+
+    price = format_money(rec.price_minor, rec.currency)
+    print(
+        f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
+        f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
+        f"{price}, {len(rec.value_ids)} values"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo  # noqa: PLC0415
+
+    return run_demo(broker=args.broker, steps=args.steps, n_values=args.values)
+
+
+def _worker_options(sp: argparse.ArgumentParser) -> None:
+    for flag, kind, text in (
+        ("--app-id", str, None), ("--partitions", int, None), ("--data-dir", str, None),
+        ("--store", str, "memory:// or rocksdb://"), ("--web-host", str, None),
+        ("--web-port", int, None), ("--session-timeout", float, None),
+        ("--heartbeat-interval", float, None), ("--fetch-max-wait-ms", int, None),
+    ):  # fmt: skip
+        sp.add_argument(flag, type=kind, default=None, help=text)
+    sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
+    sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+
+
+def add_commands(sub: Any) -> None:
+    sp = sub.add_parser("serve", help="run the embedded broker and a worker (blocks)")
+    _worker_options(sp)
+    sp.set_defaults(fn=cmd_serve)
+    sp = sub.add_parser("worker", help="run a worker against --broker")
+    _worker_options(sp)
+    sp.set_defaults(fn=cmd_worker)
+    sp = sub.add_parser("demo", help="live demo: a seller streams, a buyer buys three steps")
+    sp.add_argument("--steps", type=int, default=3)
+    sp.add_argument("--values", type=int, default=20)
+    sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("init-topics", help="create the market's topics")
+    sp.add_argument("--partitions", type=int, default=4)
+    sp.set_defaults(fn=cmd_init_topics)
+    sp = sub.add_parser("ledger", help="operators: revenue, privacy spent and holdings")
+    sp.add_argument("--worker", action="append", default=None,
+                    help="worker URL, repeatable (default http://127.0.0.1:6066)")  # fmt: skip
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_ledger)
+    sp = sub.add_parser("rejections", help="operators and sellers: every refused event")
+    sp.add_argument("--stream", default=None)
+    sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_rejections)
+    sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
+    sp.add_argument("--out", default="docs/schemas")
+    sp.set_defaults(fn=cmd_schemas)
+    sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
+    sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
+    sp.add_argument("--public-key", required=True, help="market key, base64 (see catalog)")
+    sp.set_defaults(fn=cmd_verify_receipt)

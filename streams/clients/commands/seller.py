@@ -1,0 +1,223 @@
+"""``register`` and ``publish``: a seller's commands, signed with its key file.
+
+``publish`` waits for the market's answer by default and says which values were refused and
+why (exit 1 if any was); ``--no-wait`` sends and returns, for bulk loads. Values read from a
+file are sent in signed batches sized to fit the broker's message size, with a progress line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from .common import (
+    EXIT_REFUSED,
+    CommandError,
+    floats,
+    load_party,
+    print_json,
+    run_client,
+    warn,
+)
+
+__all__ = ["add_commands", "parse_row"]
+
+Row = tuple[str | None, list[float], int | None]
+ROW_HELP = (
+    'expected a JSON list of numbers or {"value_id": "...", "values": [numbers], '
+    '"published_at_ms": ms}'
+)
+
+
+def _rate(text: str, currency: str, flag: str) -> float:
+    """A price rate typed in major units, in minor units (it may have fractions of a cent)."""
+    from decimal import Decimal, InvalidOperation  # noqa: PLC0415
+
+    from ...wire.money import exponent  # noqa: PLC0415
+
+    try:
+        rate = Decimal(text)
+    except InvalidOperation:
+        raise CommandError(f"{flag} {text!r} is not an amount of {currency} (e.g. 1.00)") from None
+    if not rate.is_finite() or rate < 0:
+        raise CommandError(f"{flag} must be 0 or more, got {text!r}")
+    return float(rate.scaleb(exponent(currency)))
+
+
+def _pricing(args: argparse.Namespace) -> dict[str, Any]:
+    from ...wire.money import parse_money  # noqa: PLC0415
+
+    if args.price_table:
+        prices = {}
+        for item in args.price_table.split(","):
+            lvl, _, price = item.partition("=")
+            try:
+                prices[lvl.strip()] = parse_money(price, args.currency)
+            except ValueError as exc:
+                raise CommandError(f"--price-table {item!r}: {exc}") from None
+        return {"kind": "table", "prices": prices}
+    if args.price_per_precision is not None:
+        rate = _rate(args.price_per_precision, args.currency, "--price-per-precision")
+        return {"kind": "linear_precision", "rate_per_precision": rate}
+    rate = _rate(args.price_per_level, args.currency, "--price-per-level")
+    return {"kind": "linear_level", "rate_per_level": rate}
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from ...wire.events import Rejection, StreamRegistration  # noqa: PLC0415
+
+    party = load_party(args)
+    fields = dict(
+        stream_id=args.stream, seller_id=party.account_id, mechanism=args.mechanism,
+        sensitivity=args.sensitivity, dimension=args.dimension, steps=args.steps,
+        cap=args.cap if args.cap is not None else max(args.steps), retain_last=args.retain,
+        sealed=args.sealed, pricing=_pricing(args), currency=args.currency,
+        description=args.description,
+    )  # fmt: skip
+    try:
+        party.sign(StreamRegistration, args.prefix, **fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CommandError(f"invalid registration: {where}: {first['msg']}") from None
+
+    async def body(c: Any) -> Any:
+        return await c.register(fields, timeout=args.timeout)
+
+    result = run_client(args, body, party)
+    print_json(result)
+    if isinstance(result, Rejection):
+        warn(f"registration refused ({result.reason}): {result.message}")
+        return EXIT_REFUSED
+    return 0
+
+
+def parse_row(line: str) -> Row:
+    """One line of a values file, checked before anything is sent."""
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({exc}); {ROW_HELP}") from None
+    vid = stamp = None
+    if isinstance(obj, dict):
+        vid, stamp = obj.get("value_id"), obj.get("published_at_ms")
+        if vid is not None and not isinstance(vid, str):
+            raise ValueError(f"value_id must be a string; {ROW_HELP}")
+        if stamp is not None and (not isinstance(stamp, int) or isinstance(stamp, bool)):
+            raise ValueError(f"published_at_ms must be an integer (Unix ms); {ROW_HELP}")
+        obj = obj.get("values")
+    if not isinstance(obj, list) or not obj:
+        raise ValueError(ROW_HELP)
+    if not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in obj
+    ):
+        raise ValueError(f"values must all be finite numbers; {ROW_HELP}")
+    return vid, [float(x) for x in obj], stamp
+
+
+def _rows(args: argparse.Namespace) -> list[Row]:
+    if args.values is not None:
+        return [(args.value_id, args.values, args.published_at)]
+    if args.file is None:
+        raise CommandError("publish needs --values 1,2,3 or --file FILE (JSON lines; - = stdin)")
+    rows = []
+    try:
+        src = sys.stdin if args.file == "-" else open(args.file)  # noqa: SIM115
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.file}: {exc.strerror}") from None
+    with src:
+        for n, raw_line in enumerate(src, 1):
+            line = raw_line.strip()
+            if line:
+                try:
+                    rows.append(parse_row(line))
+                except ValueError as exc:
+                    raise CommandError(f"line {n}: {exc}") from None
+    if not rows:
+        raise CommandError(f"{args.file} holds no values")
+    return rows
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    party = load_party(args)
+    rows = _rows(args)
+    per_batch = max(1, min(500, 900_000 // (26 * max(len(r[1]) for r in rows) + 200)))
+
+    async def body(c: Any) -> tuple[int, list[Any]]:
+        sent, refused = 0, []
+        t0 = time.monotonic()
+        for start in range(0, len(rows), per_batch):
+            batch = c.value_batch(args.stream, rows[start : start + per_batch])
+            answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
+            refused += _refusals(answer, batch)
+            sent += len(batch.items)
+            if len(rows) > 1:
+                rate = sent / max(1e-9, time.monotonic() - t0)
+                print(f"\rpublished {sent}/{len(rows)} values ({rate:.0f}/s)", end="", flush=True)
+        if len(rows) > 1:
+            print()
+        else:
+            vid = batch.items[0].value_id
+            print(f"{vid} published_at_ms={c.published_at(args.stream, vid)}"
+                  + ("" if args.no_wait else (" refused" if refused else " accepted")))  # fmt: skip
+        return sent, refused
+
+    _, refused = run_client(args, body, party)
+    for vid, reason, message in refused:
+        warn(f"value {vid} refused ({reason}): {message}")
+    return EXIT_REFUSED if refused else 0
+
+
+def _refusals(answer: Any, batch: Any) -> list[tuple[str, str, str]]:
+    from ...wire.events import Rejection  # noqa: PLC0415
+
+    if answer is None:
+        return []
+    if isinstance(answer, Rejection):
+        return [(i.value_id, answer.reason, answer.message) for i in batch.items]
+    return [(o.value_id, o.reason or "", o.message or "") for o in answer.outcomes
+            if o.status == "rejected"]  # fmt: skip
+
+
+def add_commands(sub: Any) -> None:
+    sp = sub.add_parser("register", help="seller: register a stream (signed with --key-file)")
+    sp.add_argument("--key-file", default=None, help="the seller's keys (epsilon-market keygen)")
+    sp.add_argument("--stream", required=True)
+    sp.add_argument("--mechanism", choices=["laplace", "gaussian", "poisson"], default="laplace")
+    sp.add_argument("--sensitivity", type=float, default=1.0)
+    sp.add_argument("--dimension", type=int, default=1)
+    sp.add_argument(
+        "--steps", "--ladder", type=floats, required=True,
+        help="levels sold as steps, e.g. 0.25,0.5,1,2 (the cap is sold too; nothing between)",
+    )  # fmt: skip
+    sp.add_argument("--cap", type=float, default=None, help="default: the top step")
+    sp.add_argument("--retain", type=int, default=16, help="newest values a purchase covers")
+    sp.add_argument("--sealed", action="store_true")
+    sp.add_argument("--price-per-level", default="1.00",
+                    help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00")
+    sp.add_argument("--price-per-precision", default=None,
+                    help="price of each unit of precision (1/variance) instead")
+    sp.add_argument("--price-table", default=None, help="e.g. 1=1.00,2=1.50: only these levels")
+    sp.add_argument("--currency", default="EUR")
+    sp.add_argument("--description", default="")
+    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.set_defaults(fn=cmd_register)
+    sp = sub.add_parser("publish", help="seller: publish values and wait until they are accepted")
+    sp.add_argument("--key-file", default=None, help="the seller's keys")
+    sp.add_argument("--stream", required=True)
+    sp.add_argument("--value-id", default=None)
+    sp.add_argument("--values", type=floats, default=None, help="e.g. 20.5,21.0")
+    sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
+    sp.add_argument(
+        "--published-at", type=int, default=None,
+        help="publication time (Unix ms); give the original one when resending a value id",
+    )  # fmt: skip
+    sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
+    sp.add_argument("--timeout", type=float, default=60.0)
+    sp.set_defaults(fn=cmd_publish)

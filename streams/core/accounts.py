@@ -1,0 +1,141 @@
+"""Accounts: who may act as whom. Opening pins keys to an id; rotating replaces them.
+
+Every seller and buyer is an account with an Ed25519 signing key (every event it sends is
+signed with it) and, for buyers, an X25519 sealing key (every release to it is sealed for it).
+
+* ``open_account`` is signed with the key it pins (proof of possession). The first valid one for
+  an id wins; resending it is harmless; another key for a taken id is refused. The account's
+  inbox topic is created then — and only then: no other event ever creates a topic.
+* ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
+  A stolen old key cannot take an account back, and an old rotation cannot be replayed.
+
+Account events are keyed by account id, so the worker owning that partition decides alone; every
+other worker learns the result from the accounts table's changelog (:class:`Directory`).
+"""
+
+from __future__ import annotations
+
+from market.envelope import EnvelopeError, validate_public_key
+
+from ..wire.events import ACCOUNTS_EVENT, AccountState, OpenAccount, RotateKeys
+from ..wire.signing import key_id_of, verify
+from .context import Context
+from .outputs import Outcome, Output, Reject, dump
+
+__all__ = ["handle_account"]
+
+
+def handle_account(ctx: Context, raw: bytes) -> Outcome:
+    """Apply one ``open_account`` or ``rotate_keys`` event."""
+    ev = ACCOUNTS_EVENT.validate_json(raw)
+    if isinstance(ev, OpenAccount):
+        return _open(ctx, ev)
+    return _rotate(ctx, ev)
+
+
+def _open(ctx: Context, ev: OpenAccount) -> Outcome:
+    market = ctx.topics.prefix
+    if ev.key_id != key_id_of(ev.signing_key) or not verify(market, ev, ev.signing_key):
+        raise Reject(
+            "bad_signature",
+            f"open_account for {ev.account_id!r} must be signed with the key it pins "
+            f"({key_id_of(ev.signing_key)}); the signature does not match",
+            claimed=ev.account_id,
+        )
+    existing = ctx.stores.accounts.get(ev.account_id)
+    if existing is not None:
+        if existing.signing_key != ev.signing_key or existing.version != 1:
+            raise Reject(
+                "account_exists",
+                f"account {ev.account_id!r} is already open with another key; choose another "
+                "account id (keys change only by rotate_keys, signed with the current key)",
+                claimed=ev.account_id,
+            )
+        return _confirm(ctx, existing, "duplicate")
+    _check_sealing_key(ev.sealing_key, claimed=ev.account_id)
+    if len(ctx.directory) >= ctx.limits.max_accounts:
+        raise Reject(
+            "too_many_accounts",
+            f"the market holds its maximum of {ctx.limits.max_accounts} accounts; ask the "
+            "operators (EMARKET_MAX_ACCOUNTS)",
+            claimed=ev.account_id,
+        )
+    state = AccountState(
+        account_id=ev.account_id,
+        version=1,
+        signing_key=ev.signing_key,
+        sealing_key=ev.sealing_key,
+        key_id=ev.key_id,
+        opened_at_ms=ev.opened_at_ms,
+        updated_at_ms=ev.opened_at_ms,
+    )
+    return _store(ctx, state, "accepted")
+
+
+def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
+    market = ctx.topics.prefix
+    acct = ctx.stores.accounts.get(ev.account_id)
+    if acct is None:
+        raise Reject("unknown_account", f"account {ev.account_id!r} is not open",
+                     claimed=ev.account_id)  # fmt: skip
+    if ev.key_id != acct.key_id or not verify(market, ev, acct.signing_key):
+        raise Reject(
+            "bad_signature",
+            f"rotate_keys for {ev.account_id!r} must be signed with its current key "
+            f"({acct.key_id}); the signature does not match",
+            claimed=ev.account_id,
+        )
+    if not verify(market, ev, ev.signing_key, ev.new_key_signature):
+        raise Reject(
+            "bad_signature",
+            "new_key_signature must sign the same fields with the new key (proof of possession)",
+            sender=ev.account_id,
+        )
+    if ev.version != acct.version + 1:
+        if ev.version <= acct.version and ev.signing_key == acct.signing_key:
+            return _confirm(ctx, acct, "duplicate")
+        raise Reject(
+            "stale_key_version",
+            f"account {ev.account_id!r} is at key version {acct.version}; a rotation must carry "
+            f"version {acct.version + 1}",
+            sender=ev.account_id,
+        )
+    _check_sealing_key(ev.sealing_key, sender=ev.account_id)
+    state = acct.model_copy(update={
+        "version": ev.version, "signing_key": ev.signing_key, "sealing_key": ev.sealing_key,
+        "key_id": key_id_of(ev.signing_key), "updated_at_ms": ev.rotated_at_ms,
+    })  # fmt: skip
+    return _store(ctx, state, "accepted")
+
+
+def _check_sealing_key(key: str | None, **who: str) -> None:
+    """Refuse a sealing key nothing can be sealed for (a low-order X25519 point): accepted, it
+    would make every delivery to the account fail."""
+    if key is None:
+        return
+    try:
+        validate_public_key(key)
+    except EnvelopeError as exc:
+        raise Reject(
+            "invalid_key",
+            f"the sealing key cannot be used: {exc}; generate a new one (epsilon-market keygen)",
+            **who,
+        ) from exc
+
+
+def _store(ctx: Context, state: AccountState, status: str) -> Outcome:
+    ctx.stores.accounts[state.account_id] = state
+    ctx.directory.learn(state)
+    return _confirm(ctx, state, "accepted")
+
+
+def _confirm(ctx: Context, state: AccountState, status: str) -> Outcome:
+    """The account's state to its inbox, which is created first (idempotent: a resend after a
+    crash between storing the account and creating the topic creates it then)."""
+    inbox = ctx.topics.inbox(state.account_id)
+    return Outcome(
+        "account",
+        "accepted" if status == "accepted" else "duplicate",
+        [Output(inbox, state.account_id.encode(), dump(state))],
+        create_topics=[ctx.topics.inbox_spec(state.account_id)],
+    )

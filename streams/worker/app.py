@@ -20,7 +20,7 @@ from ..core.context import Limits
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
-from .compat import install_tansu_compat, quiet_libraries, tune_fetch_wait
+from .compat import install_tansu_compat, quiet_libraries, skip_table_settle, tune_fetch_wait
 from .config import Settings
 from .directory import AccountReplica
 from .faults import FaultInjector
@@ -42,6 +42,7 @@ class MarketWorker:
         if settings.tansu:
             install_tansu_compat()
         tune_fetch_wait(settings.fetch_max_wait_ms)
+        skip_table_settle()
         register_codecs()
         self.topics = Topics(settings.prefix, settings.partitions)
         self.keys = keys or load_or_create_keys(settings.data_dir)

@@ -4,6 +4,9 @@
   (any broker).
 * :func:`quiet_libraries` — aiokafka and Faust log every produce at DEBUG; formatting those
   records costs ~10% of a busy worker even when nothing is printed.
+* :func:`skip_table_settle` — Faust's table manager sleeps 1 s at start so that tables
+  declared late can register; ours are all declared with the app, so the sleep only delays
+  every start (any broker).
 * :func:`install_tansu_compat` — workarounds for the embedded Tansu broker, installed only when
   the worker runs against it:
 
@@ -32,7 +35,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-__all__ = ["install_tansu_compat", "quiet_libraries", "true_highwaters", "tune_fetch_wait"]
+__all__ = [
+    "install_tansu_compat",
+    "quiet_libraries",
+    "skip_table_settle",
+    "true_highwaters",
+    "tune_fetch_wait",
+]
 
 log = logging.getLogger(__name__)
 _installed = False
@@ -137,3 +146,25 @@ def tune_fetch_wait(fetch_max_wait_ms: int) -> None:
     _create_worker_consumer._emarket_wait = fetch_max_wait_ms  # type: ignore[attr-defined]
     _create_worker_consumer._emarket_original = base  # type: ignore[attr-defined]
     AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer  # type: ignore[method-assign]
+
+
+def skip_table_settle() -> None:
+    """Start Faust's table manager without its fixed 1 s settling sleep (idempotent).
+
+    ``TableManager.on_start`` sleeps one second before wiring the tables' channels, so that
+    tables created after the app starts can still register; every table of the market is
+    declared when the app is built (:class:`streams.worker.app.MarketWorker`), so the wait
+    buys nothing and costs a second on every start and restart.
+    """
+    from faust.tables.manager import TableManager  # noqa: PLC0415
+
+    if getattr(TableManager.on_start, "_emarket", False):
+        return
+
+    async def on_start(self: Any) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+    on_start._emarket = True  # type: ignore[attr-defined]
+    TableManager.on_start = on_start  # type: ignore[method-assign]

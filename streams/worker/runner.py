@@ -59,6 +59,9 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
             _exit_after(STOP_DEADLINE_S, on_forced_exit)
             super()._on_sigint()
 
+        async def _sentinel_task(self) -> None:  # mode sleeps 1 s here before closing the loop
+            await asyncio.sleep(0)
+
     _Worker(
         worker.app,
         loglevel=settings.log_level,

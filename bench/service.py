@@ -334,11 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r.name} | {r.rate:,.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
               f"{r.rate / faust_row.rate:.2f}x | {r.rate / raw.rate:.3f}x |")  # fmt: skip
-    market = rows[2:]
-    ok_tp = all(r.rate >= 0.7 * faust_row.rate for r in market)
-    ok_lat = all(r.p99_ms < 50 for r in market)
-    print(f"\ngoals: market paths >= 0.7x pass-through: {'ok' if ok_tp else 'MISS'}; "
-          f"p99 < 50 ms: {'ok' if ok_lat else 'MISS'}  (logs: {workdir})")  # fmt: skip
+    print("\ngoals (each market path against the pass-through measured in this run):")
+    for r in rows[2:]:
+        ratio = r.rate / faust_row.rate
+        print(f"  {r.name.split(' (')[0]}: >= 0.7x pass-through: "
+              f"{'ok' if ratio >= 0.7 else 'MISS'} ({ratio:.2f}x); "
+              f"p99 < 50 ms: {'ok' if r.p99_ms < 50 else 'MISS'} ({r.p99_ms:.1f} ms)")  # fmt: skip
+    print(f"(logs: {workdir})")
     return 0
 
 

@@ -71,7 +71,7 @@ def _sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
         values_ingested=w.metric("emarket_values_ingested_total", {"status": "accepted"}),
         purchases_sent=sent_p,
         purchases_done=w.metric("emarket_purchases_total"),
-        lag=w.metric("emarket_consumer_lag"),
+        lag=w.metric("emarket_consumer_lag_messages"),
         rss_mb=_rss_mb(w.proc.pid),
         releases=w.metric("emarket_state_entries", {"table": "releases"}),
         purchases_table=w.metric("emarket_state_entries", {"table": "purchases"}),

@@ -34,6 +34,7 @@ def test_service_benchmark_runs() -> None:
     for row in ("raw aiokafka round trip", "Faust pass-through agent", "market ingest",
                 "market purchase"):  # fmt: skip
         assert f"| {row}" in out
+    assert "market ingest: >= 0.7x pass-through: " in out  # a goal per path, with its ratio
 
 
 @pytest.mark.slow

@@ -152,3 +152,52 @@ def test_no_listener_is_unauthenticated() -> None:
     for name in protocols:
         key = f"KAFKA_LISTENER_NAME_{name}_SASL_ENABLED_MECHANISMS"
         assert key in env, f"listener {name} has no SASL mechanism"
+
+
+def test_metrics_have_units_and_no_created_series() -> None:
+    names = exported_metric_names()
+    assert "emarket_consumer_lag_messages" in names
+    assert not [n for n in names if n.endswith("_created")], sorted(names)
+
+
+def test_outside_parties_reach_an_authenticated_published_listener() -> None:
+    env = SERVICES["kafka"]["environment"]
+    assert "EXTERNAL://:29092" in env["KAFKA_LISTENERS"]
+    assert "EXTERNAL://${EMARKET_PUBLIC_HOST:-localhost}:29092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert env["KAFKA_LISTENER_NAME_EXTERNAL_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    # published on loopback unless the operator chooses otherwise (docs: use TLS beyond it)
+    assert SERVICES["kafka"]["ports"] == ["${EMARKET_PUBLIC_BIND:-127.0.0.1}:29092:29092"]
+    docs = (ROOT / "docs/operations.md").read_text()
+    assert "### Connecting from outside" in docs and "EMARKET_PUBLIC_HOST" in docs
+
+
+def test_replication_is_one_setting_for_topics_and_workers() -> None:
+    assert SERVICES["kafka-init"]["environment"]["REPLICATION"] == "${EMARKET_REPLICATION:-1}"
+    for w in WORKERS.values():
+        assert w["environment"]["EMARKET_REPLICATION"] == "${EMARKET_REPLICATION:-1}"
+    assert '--replication-factor "${REPLICATION:-1}"' in (
+        ROOT / "deploy/kafka/setup-security.sh"
+    ).read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+def test_make_env_sets_every_required_secret_in_a_form_the_worker_loads(tmp_path: Path) -> None:
+    from streams.worker.secrets import load_or_create_keys
+
+    script = ROOT / "deploy/make-env.sh"
+    out = subprocess.run(
+        ["bash", str(script), "--sellers", "acme,s2", "--buyers", "alice"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    env = dict(line.split("=", 1) for line in out.splitlines() if line and line[0] != "#")
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", (ROOT / "docker-compose.yml").read_text()))
+    assert required and required <= set(env), sorted(required - set(env))
+    assert re.fullmatch(r"acme:[\w-]{32},s2:[\w-]{32}", env["EMARKET_SELLERS"])
+    again = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    assert env["EMARKET_NOISE_SECRET"] not in again.stdout  # fresh every time
+    keys = load_or_create_keys(tmp_path, env)
+    assert len(keys.noise_secret) == 32 and not list(tmp_path.iterdir())  # nothing generated
+    bad = subprocess.run(
+        ["bash", str(script), "--buyers", "a b"], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and bad.stdout == "" and "bad account id" in bad.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from bench.soak import render, run_soak
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker]
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.minutes]
 
 
 def test_bounded_soak(tmp_path: Path) -> None:

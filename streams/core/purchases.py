@@ -27,6 +27,7 @@ from ..wire.events import (
     ReceiptModel,
     ReleasedValue,
 )
+from ..wire.money import format_money
 from ..wire.sealing import purchase_aad, seal_releases
 from .auth import acting_for, authenticate
 from .context import Context
@@ -180,8 +181,9 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
     if plan.price_minor > req.max_price_minor:
         raise Reject(
             "price_too_high",
-            f"moving from level {plan.held:g} to {plan.target:g} costs {plan.price_minor} "
-            f"{reg.currency} minor units; you offered at most {req.max_price_minor}",
+            f"moving from level {plan.held:g} to {plan.target:g} costs "
+            f"{format_money(plan.price_minor, reg.currency)}; you offered at most "
+            f"{format_money(req.max_price_minor, reg.currency)}",
             quoted_price_minor=plan.price_minor,
         )
     limit = ctx.limits.holder_limit(reg.dimension)

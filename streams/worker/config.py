@@ -51,6 +51,8 @@ class Settings:
     kafka_password: str | None = field(default=None, repr=False)
     kafka_mechanism: str = "SCRAM-SHA-512"
     kafka_security: str = "SASL_PLAINTEXT"
+    #: CA file that signed the broker's certificate (``SASL_SSL``; default: system authorities).
+    kafka_ca: str | None = None
     #: Reject purchases that do not name a key to seal releases for (production default).
     require_encryption: bool = False
     #: Seconds a value or purchase is remembered for deduplication; older ones are refused.
@@ -95,6 +97,7 @@ class Settings:
             kafka_password=_env("KAFKA_PASSWORD", None),
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),
             kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
+            kafka_ca=_env("KAFKA_CA", None),
             require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
@@ -119,7 +122,8 @@ class Settings:
     def aiokafka_auth(self) -> dict[str, Any]:
         """Keyword arguments that authenticate an aiokafka client (empty without a user)."""
         return kafka_auth(
-            self.kafka_user, self.kafka_password, self.kafka_mechanism, self.kafka_security
+            self.kafka_user, self.kafka_password, self.kafka_mechanism, self.kafka_security,
+            self.kafka_ca,
         )
 
     def faust_credentials(self) -> Any:
@@ -131,6 +135,7 @@ class Settings:
             username=self.kafka_user,
             password=self.kafka_password,
             mechanism=self.kafka_mechanism,
+            ssl_context=self.aiokafka_auth().get("ssl_context"),
         )
 
     @property

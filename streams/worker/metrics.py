@@ -11,7 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from ..core.outputs import Outcome
 
@@ -138,7 +144,7 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                       ["table"], {}),
     "state_bytes": (Gauge, "state_vector_bytes", "Bytes of release vectors held on this worker",
                     [], {}),
-    "consumer_lag": (Gauge, "consumer_lag",
+    "consumer_lag": (Gauge, "consumer_lag_messages",
                      "Messages not yet processed on this worker's input partitions",
                      ["topic"], {}),
     "broker_up": (Gauge, "broker_up", "1 when the last broker round trip succeeded, else 0",
@@ -150,6 +156,9 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
 
 def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
     """A worker's metrics on ``registry`` (a fresh one by default, never the global one)."""
+    # `_created` series (one gauge per counter and histogram child, holding its creation time)
+    # double the scrape and answer nothing an operator asks; the switch is process-wide
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     reg = registry or CollectorRegistry()
     made = {
         attr: kind(name, help_text, labels, namespace=NS, registry=reg, **extra)

@@ -51,6 +51,11 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     class _Worker(faust.Worker):
         """Faust's worker, with a deadline on its graceful stop."""
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if not self.stdout.isatty():  # the spinner writes cursor escapes into log files
+                self.spinner = None
+
         def _on_sigterm(self) -> None:
             _exit_after(STOP_DEADLINE_S, on_forced_exit)
             super()._on_sigterm()

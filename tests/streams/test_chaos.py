@@ -41,7 +41,7 @@ from . import helpers
 from .conftest import Market
 from .helpers import buy
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.minutes]
 
 CRASHES = 100  # across both lanes
 LADDER = [0.25, 0.5, 1.0, 2.0]

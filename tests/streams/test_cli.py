@@ -82,7 +82,8 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert quote["price_minor"] == 50
     out = tmp_path / "outcome.json"
     r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.50", "--output", str(out))
-    outcome = json.loads(r.stdout)
+    assert r.stdout == ""  # the outcome went to the file
+    outcome = json.loads(out.read_text())
     assert outcome["level_after"] == 0.5 and outcome["sealed"] and len(outcome["releases"]) == 5
     assert "for 0.50 EUR" in r.stderr
     ok = cli(None, "verify-receipt", str(out), "--public-key", key)

@@ -110,7 +110,7 @@ def test_price_too_high_quotes_the_price(core: MarketCore) -> None:
     assert out.reason == "price_too_high"
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert rej.details["quoted_price_minor"] == 200
-    assert "200" in rej.message
+    assert "costs 2.00 EUR; you offered at most 0.10 EUR" in rej.message  # as people read it
     # the rejection is stored: a resend gets the same answer
     again = core.handle(
         T.purchases, purchase("temp", "alice", "p1", max_price=10, target_level=2.0)

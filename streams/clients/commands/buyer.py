@@ -64,15 +64,17 @@ def cmd_buy(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     result = run_client(args, body, party)
-    if args.output:
+    if args.output:  # the outcome goes to the file; the terminal gets the one-line summary
         Path(args.output).write_text(result.model_dump_json(indent=2))
-    print_json(result)
+    else:
+        print_json(result)
     if isinstance(result, Rejection):
         warn(f"purchase refused ({result.reason}): {result.message}")
         return EXIT_REFUSED
     paid = format_money(result.price_minor, result.currency)
     warn(f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
-         f"{paid}: {len(result.releases)} values")  # fmt: skip
+         f"{paid}: {len(result.releases)} values"
+         + (f" (outcome and receipt in {args.output})" if args.output else ""))  # fmt: skip
     return 0
 
 

@@ -98,12 +98,17 @@ def run_client(
     """Run ``body(client)`` with a connected client; broker failures become CommandErrors."""
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
+    from ...broker.auth import env_auth  # noqa: PLC0415
     from ..client import MarketClient  # noqa: PLC0415
 
     boot = bootstrap(args)
+    try:
+        auth = env_auth()
+    except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file
+        raise CommandError(f"broker credentials: {exc}") from None
 
     async def go() -> T:
-        async with MarketClient(boot, topics_of(args), party=party) as client:
+        async with MarketClient(boot, topics_of(args), party=party, auth=auth) as client:
             return await body(client)
 
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -40,9 +41,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = settings.broker
     print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
           "leave this running and use a second terminal:", flush=True)  # fmt: skip
-    print(f"  export EMARKET_BROKER={url}", flush=True)
-    print(f"  worker pages: http://{settings.web_host}:{settings.web_port}/health, "
-          "/metrics, /ledger   (Ctrl-C stops everything)", flush=True)  # fmt: skip
+    pages = f"http://{settings.web_host}:{settings.web_port}"
+    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages}", flush=True)
+    print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
+          flush=True)  # fmt: skip
     try:
         return _run(settings, None if broker is None else broker.stop)
     finally:
@@ -84,11 +86,12 @@ def _worker_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_init_topics(args: argparse.Namespace) -> int:
-    import asyncio  # noqa: PLC0415
-
     from ...broker.admin import ensure_topics  # noqa: PLC0415
 
-    created = asyncio.run(ensure_topics(bootstrap(args), topics_of(args)))
+    async def body(c: Any) -> list[str]:
+        return await ensure_topics(c.bootstrap, topics_of(args), **c.auth)
+
+    created = run_client(args, body)
     print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
     return 0
 
@@ -113,7 +116,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415
 
     streams: dict[str, Any] = {}
-    for url in args.worker or ["http://127.0.0.1:6066"]:
+    env = [u for u in os.environ.get("EMARKET_WORKER", "").split(",") if u.strip()]
+    for url in args.worker or env or ["http://127.0.0.1:6066"]:
         streams.update(_fetch_ledger(url))
     if args.json:
         print_json(streams)
@@ -194,15 +198,16 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     from market.receipts import parse_public_key, verify_outcome  # noqa: PLC0415
 
     try:
-        key = parse_public_key(args.public_key)
-    except ReceiptError as exc:
-        raise CommandError(exc.message) from None
-    try:
         data = json.loads(Path(args.event).read_text())
     except OSError as exc:
         raise CommandError(f"cannot read {args.event}: {exc.strerror}") from None
     except (ValueError, RecursionError):
         raise CommandError(f"{args.event} is not JSON (expected a `buy --output` file)") from None
+    text = args.public_key if args.public_key is not None else _catalog_key(args, data)
+    try:
+        key = parse_public_key(text)
+    except ReceiptError as exc:
+        raise CommandError(exc.message) from None
     try:
         rec = verify_outcome(data, key)
     except ReceiptError as exc:
@@ -217,6 +222,27 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
         f"{price}, {len(rec.value_ids)} values"
     )
     return 0
+
+
+def _catalog_key(args: argparse.Namespace, outcome: Any) -> str:
+    """The market key the catalog lists for the outcome's stream (needs the broker)."""
+    stream = outcome.get("stream_id") if isinstance(outcome, dict) else None
+    if not getattr(args, "broker", None) or not isinstance(stream, str):
+        raise CommandError(
+            "pass --public-key KEY (market_public_key of the stream in `epsilon-market catalog`)"
+            ", or --broker / EMARKET_BROKER to read it from the catalog"
+        )
+
+    async def body(c: Any) -> Any:
+        return (await c.catalog()).get(stream)
+
+    entry = run_client(args, body)
+    if entry is None:
+        raise CommandError(
+            f"stream {stream!r} is not in the catalog at {args.broker}; pass --public-key KEY"
+        )
+    print(f"market key {entry.market_key_id} from the catalog at {args.broker}", file=sys.stderr)
+    return str(entry.market_public_key)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -253,7 +279,8 @@ def add_commands(sub: Any) -> None:
     sp.set_defaults(fn=cmd_init_topics)
     sp = sub.add_parser("ledger", help="operators: revenue, privacy spent and holdings")
     sp.add_argument("--worker", action="append", default=None,
-                    help="worker URL, repeatable (default http://127.0.0.1:6066)")  # fmt: skip
+                    help="worker URL, repeatable (default $EMARKET_WORKER, comma-separated, "
+                    "or http://127.0.0.1:6066)")  # fmt: skip
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators and sellers: every refused event")
@@ -266,5 +293,9 @@ def add_commands(sub: Any) -> None:
     sp.set_defaults(fn=cmd_schemas)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
-    sp.add_argument("--public-key", required=True, help="market key, base64 (see catalog)")
+    sp.add_argument(
+        "--public-key", default=None,
+        help="the market's key, base64 (market_public_key in the catalog); default: read it "
+        "from the catalog on --broker (pass it to check without trusting the broker)",
+    )  # fmt: skip
     sp.set_defaults(fn=cmd_verify_receipt)

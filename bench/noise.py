@@ -75,6 +75,42 @@ def speed_table(n: int, repeat: int) -> list[tuple[str, str, float, float, float
     return rows
 
 
+def speed_runs(n: int, repeat: int, runs: int) -> list[list[str]]:
+    """:func:`speed_table` ``runs`` times: cells with min / median / max; verdict on the median."""
+    tables = [speed_table(n, repeat) for _ in range(runs)]
+    goals = {"fresh": 2.0, "relax": 2.0, "tighten": 2.0, "bridge": 8.0}
+    cells = []
+    for i, (name, op, *_rest) in enumerate(tables[0]):
+        base = [t[i][2] for t in tables]
+        ours = [t[i][3] for t in tables]
+        ratio = [t[i][4] for t in tables]
+        mid = statistics.median(ratio)
+        spread = (f"{min(ratio):.2f} / {mid:.2f} / {max(ratio):.2f}x" if runs > 1
+                  else f"{mid:.2f}x")  # fmt: skip
+        cells.append([
+            name, op, f"{statistics.median(base):.2f}", f"{statistics.median(ours):.2f}", spread,
+            f"<= {goals[op]:g}x: " + ("ok" if mid <= goals[op] else "MISS"),
+        ])  # fmt: skip
+    return cells
+
+
+SPEED_HEADERS = ["mechanism", "operation", "numpy ms", "ours ms", "ratio", "goal"]
+
+
+def speed_markdown(n: int, repeat: int, runs: int) -> str:
+    """The speed table as `python -m bench.noise` prints it and docs/report.md includes it."""
+    what = f"min / median / max over {runs} runs" if runs > 1 else "one run"
+    lines = [
+        f"Each run times {n:,} coordinates {repeat} times, ours and numpy's interleaved, and keeps "
+        f"the medians; ratio = ours / numpy within a run ({what}); ms are medians.",
+        "",
+        "| " + " | ".join(SPEED_HEADERS) + " |",
+        "|" + "|".join("---" for _ in SPEED_HEADERS) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in speed_runs(n, repeat, runs)]
+    return "\n".join(lines)
+
+
 def accuracy_table(n: int, steps: int) -> list[tuple[str, int, float, float, float, float]]:
     """MSE / ideal variance after k equal steps of size level_1 (ideal = one release at k·l1)."""
     rows = []
@@ -132,15 +168,13 @@ def _print(headers: list[str], rows: list[tuple[Any, ...]], fmt: list[str]) -> N
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--runs", type=int, default=None, help="independent runs (default 3; quick 1)")
     args = p.parse_args(argv)
     n = 10_000 if args.quick else 1_000_000
     repeat = 3 if args.quick else 7
-    print(f"## Speed on {n:,} coordinates (median of {repeat}; ratio = ours / numpy)\n")
-    _print(
-        ["mechanism", "operation", "numpy ms", "ours ms", "ratio", "goal"],
-        speed_table(n, repeat),
-        ["{}", "{}", "{:.2f}", "{:.2f}", "{:.2f}x", "{}"],
-    )
+    runs = args.runs or (1 if args.quick else 3)
+    print(f"## Speed on {n:,} coordinates\n")
+    print(speed_markdown(n, repeat, runs) + "\n")
     steps = 5 if args.quick else 20
     print(f"## Accuracy: MSE / ideal after k steps ({n // 10:,} samples)\n")
     print("ideal = variance of one release at the final level; 1.00 means no loss.\n")

@@ -35,6 +35,7 @@ and both pieces have atoms, the atom-atom event has positive probability and dom
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -107,9 +108,10 @@ def laplace_bridge_into(
         both_atoms=mu_a > 0.0 and mu_b > 0.0,
     )
     n = out.shape[0]
+    scratch = _Scratch(min(n, BLOCK))
     for start in range(0, n, BLOCK):
         sl = slice(start, min(start + BLOCK, n))
-        _bridge_block(out[sl], upper[sl], lower[sl], k, uniforms)
+        _bridge_block(out[sl], upper[sl], lower[sl], k, uniforms, scratch)
 
 
 class _BridgeConstants(NamedTuple):
@@ -122,53 +124,133 @@ class _BridgeConstants(NamedTuple):
     both_atoms: bool
 
 
+class _Scratch:
+    """Block-sized work arrays, allocated once per call and reused by every block.
+
+    Each step of the kernel writes into one of these (``out=``) instead of a fresh temporary:
+    the same operations in the same order, so the same bits, without ~30 allocations per block.
+    """
+
+    __slots__ = ("a", "b", "c2", "cb", "diff", "f2", "f3", "g1", "g2", "gb", "m", "t", "z")
+
+    def __init__(self, n: int) -> None:
+        f = functools.partial(np.empty, n, dtype=np.float64)
+        self.diff, self.t, self.a, self.b, self.c2, self.cb = f(), f(), f(), f(), f(), f()
+        self.g1, self.g2, self.f2, self.f3, self.z = f(), f(), f(), f(), f()
+        self.gb, self.m = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+
+    def view(self, n: int) -> _Scratch:
+        if n == self.t.shape[0]:
+            return self
+        part = object.__new__(_Scratch)
+        for name in _Scratch.__slots__:
+            setattr(part, name, getattr(self, name)[:n])
+        return part
+
+
 def _bridge_block(
     o: NDArray[np.float64],
     u_blk: NDArray[np.float64],
     l_blk: NDArray[np.float64],
     k: _BridgeConstants,
     uniforms: Uniforms,
+    scratch: _Scratch,
 ) -> None:
-    """One block of :func:`laplace_bridge_into` (the same operations for every coordinate)."""
-    d, ab, c, w1, c_a = k.d, k.ab, k.c, k.w1, k.c_a
-    diff = l_blk - u_blk
-    t = np.abs(diff)
-    em = t * (-d)
+    """One block of :func:`laplace_bridge_into` (the same operations for every coordinate).
+
+    When ``upper`` is the exact value (a relaxation, ``mu_a = 0``) the ``W1 = 0`` atom has no
+    mass: ``c_a == w1`` exactly, so its indicator equals ``g1`` and the copy of ``upper`` selects
+    nothing. Both are skipped then — a branch on the public levels only, with identical results.
+    """
+    s = scratch.view(int(o.shape[0]))
+    np.subtract(l_blk, u_blk, out=s.diff)
+    np.abs(s.diff, out=s.t)
+    r = uniforms.take(int(s.t.shape[0]))
+    _bridge_masses(s, k, r)
+    relax = k.c_a == k.w1
+    _bridge_pieces(s, k, r, relax)
+    _bridge_inverse(s, k, r)
+    np.add(s.z, u_blk, out=o)
+    m = s.m
+    np.greater_equal(r, s.c2, out=m)
+    m &= s.gb  # the W1 = k atom: lower's sample, bit for bit
+    if k.both_atoms:
+        m &= s.t != 0.0
+    np.copyto(o, l_blk, where=m)
+    if not relax:  # the W1 = 0 atom: upper's sample
+        np.greater_equal(r, k.w1, out=m)
+        np.less(r, k.c_a, out=s.gb)
+        m &= s.gb
+        np.copyto(o, u_blk, where=m)
+
+
+def _bridge_masses(s: _Scratch, k: _BridgeConstants, r: NDArray[np.float64]) -> None:
+    """Cumulative masses of the pieces (c2, c_b, w3 in ``s.b``) and ``r`` scaled to the total."""
+    d, ab, c = k.d, k.ab, k.c
+    em = s.a
+    np.multiply(s.t, -d, out=em)
     np.expm1(em, out=em)  # exp(-d t) - 1, in (-1, 0]
-    e = em + 1.0
-    c2 = em * (-c / d)
-    c2 += c_a  # end of the middle piece 0 <= x <= t
-    c_b = e * k.w_b
-    c_b += c2  # end of the W1 = k atom
-    w3 = e * (c / ab)  # right piece x > t
-    np.maximum(w3, _TINY, out=w3)
-    r = uniforms.take(int(t.shape[0]))
+    np.multiply(em, -c / d, out=s.c2)
+    s.c2 += k.c_a  # end of the middle piece 0 <= x <= t
+    em += 1.0  # e = exp(-d t) from here on
+    np.multiply(em, k.w_b, out=s.cb)
+    s.cb += s.c2  # end of the W1 = k atom
+    np.multiply(em, c / ab, out=s.b)  # w3: the right piece x > t
+    np.maximum(s.b, _TINY, out=s.b)
     np.maximum(r, _R_FLOOR, out=r)  # keep the log finite
-    r *= c_b + w3
-    g1 = (r < w1).astype(np.float64)
-    g_a = (r < c_a).astype(np.float64)
-    g2 = (r < c2).astype(np.float64)
-    g_b = r < c_b
-    f2 = g2 - g_a  # indicator of the middle piece
-    f3 = 1.0 - g_b  # indicator of the right piece
-    # Inverse CDF of each piece, as x = offset + m * log1p(z): one transcendental per
-    # coordinate whichever piece is chosen; atoms get z = 0, so log1p(z) = 0.
-    z = (r * (1.0 / w1) - 1.0) * g1
-    z += ((r - c_a) * (-d / c)) * f2
-    z += ((c_b - r) / w3) * f3
+    np.add(s.cb, s.b, out=em)  # the total mass
+    r *= em
+
+
+def _bridge_pieces(s: _Scratch, k: _BridgeConstants, r: NDArray[np.float64], relax: bool) -> None:
+    """0/1 indicators of the pieces: g1 (left), g2, gb (below the atom), f2 (middle), f3."""
+    m = s.m
+    np.less(r, k.w1, out=m)
+    s.g1[...] = m
+    np.less(r, s.c2, out=m)
+    s.g2[...] = m
+    np.less(r, s.cb, out=s.gb)
+    if relax:
+        np.subtract(s.g2, s.g1, out=s.f2)  # indicator of the middle piece
+    else:
+        np.less(r, k.c_a, out=m)
+        np.subtract(s.g2, m, out=s.f2)
+    np.subtract(1.0, s.gb, out=s.f3)  # indicator of the right piece
+
+
+def _bridge_inverse(s: _Scratch, k: _BridgeConstants, r: NDArray[np.float64]) -> None:
+    """``s.z`` = W1 by the inverse CDF of the chosen piece, signed like ``lower - upper``.
+
+    Each piece is inverted as x = offset + m * log1p(z): one transcendental per coordinate
+    whichever piece is chosen; atoms get z = 0, so log1p(z) = 0.
+    """
+    d, ab, c = k.d, k.ab, k.c
+    z, tmp, w3 = s.z, s.a, s.b
+    np.multiply(r, 1.0 / k.w1, out=z)
+    z -= 1.0
+    z *= s.g1
+    np.subtract(r, k.c_a, out=tmp)
+    tmp *= -d / c
+    tmp *= s.f2
+    z += tmp
+    np.subtract(s.cb, r, out=tmp)
+    tmp /= w3
+    tmp *= s.f3
+    z += tmp
     np.log1p(z, out=z)
-    z *= g1 * (1.0 / ab) - f2 * (1.0 / d) - f3 * (1.0 / ab)
-    z += t * (1.0 - g2)
+    np.multiply(s.g1, 1.0 / ab, out=tmp)
+    np.multiply(s.f2, 1.0 / d, out=w3)  # w3 is not needed any more
+    tmp -= w3
+    np.multiply(s.f3, 1.0 / ab, out=w3)
+    tmp -= w3
+    z *= tmp
+    np.subtract(1.0, s.g2, out=tmp)
+    tmp *= s.t
+    z += tmp
     if k.both_atoms:
-        z *= t != 0.0
-    z *= np.copysign(1.0, diff)
-    z += u_blk
-    o[...] = z
-    take_lower = g_b & (r >= c2)
-    if k.both_atoms:
-        take_lower &= t != 0.0
-    np.copyto(o, l_blk, where=take_lower)
-    np.copyto(o, u_blk, where=(r >= w1) & (r < c_a))
+        z *= s.t != 0.0
+    np.copysign(1.0, s.diff, out=tmp)
+    z *= tmp
 
 
 def laplace_extend_into(

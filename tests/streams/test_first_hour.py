@@ -178,7 +178,7 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
     assert_clean(r, 1, "price_too_high", "costs 1.00 EUR; you offered at most 0.10 EUR")
     r = cli(*pre, "buy", *bob, "--stream", "nosuch", "--max-price", "1")
     assert_clean(r, 1, "unknown_stream")
-    # the seller and the operator can read every refusal with its reason
+    # the operator reads every refusal with its reason
     r = cli(*pre, "rejections", "--stream", "temp")
     assert_clean(r, 0)
     assert len(re.findall(r"^wrong_dimension", r.stdout, re.M)) == 2, r.stdout

@@ -283,7 +283,7 @@ def add_commands(sub: Any) -> None:
                     "or http://127.0.0.1:6066)")  # fmt: skip
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_ledger)
-    sp = sub.add_parser("rejections", help="operators and sellers: every refused event")
+    sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
     sp.add_argument("--stream", default=None)
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--json", action="store_true")

@@ -260,7 +260,7 @@ def _bottom_above(st: ChainState, k: int) -> int:
     return min(above)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # no per-instance __dict__: one per stored value
 class ChainState:
     """What is known of one value's chain: a cache that may be dropped at any time.
 

@@ -200,7 +200,8 @@ class MarketWorker:
         app.on_rebalance_complete.connect(rebalanced)
 
     def refresh_gauges(self) -> None:
-        web.refresh_gauges(self.metrics, self.stores, self._consumer(), self.topics)
+        web.refresh_gauges(self.metrics, self.stores, self._consumer(), self.topics,
+                           self.settings.stall_seconds, self._started)  # fmt: skip
 
     def _consumer(self) -> Any:
         try:

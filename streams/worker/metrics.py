@@ -21,7 +21,7 @@ from prometheus_client import (
 
 from ..core.outputs import Outcome
 
-__all__ = ["Metrics", "build_metrics"]
+__all__ = ["DEAD_LETTER_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
 
 NS = "emarket"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -50,6 +50,7 @@ class Metrics:
     state_bytes: Gauge
     consumer_lag: Gauge
     broker_up: Gauge
+    stalled: Gauge
     last_batch: Gauge
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
@@ -57,7 +58,10 @@ class Metrics:
 
     def record(self, o: Outcome) -> None:
         """Count one event's outcome."""
-        if o.status == "rejected":
+        # one refusal counts once: a value batch's refusals are its values' (a batch whose
+        # values are all refused is "rejected" too, with the first value's reason); an event
+        # refused as a whole has no items
+        if o.status == "rejected" and not o.items:
             self.rejections.labels(o.reason or "unknown").inc()
         for status, reason in o.items:  # the values of a batch, one by one
             self.values.labels(o.mechanism or "unknown", status).inc()
@@ -126,7 +130,8 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "rejections": (Counter, "rejections", "Events refused (to the rejections topic), by reason",
                    ["reason"], {}),
     "dead_letters": (Counter, "dead_letters",
-                     "Outputs the broker refused for good (to <p>.deadletters), by error",
+                     "Outputs the broker refused for good (to <p>.deadletters), by kind of "
+                     "error (too_large, unauthorized, unknown_topic, other)",
                      ["reason"], {}),
     "purchase_latency": (Histogram, "purchase_latency_seconds",
                          "Time from a purchase's broker timestamp to its outcome being "
@@ -149,6 +154,9 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                      ["topic"], {}),
     "broker_up": (Gauge, "broker_up", "1 when the last broker round trip succeeded, else 0",
                   [], {}),
+    "stalled": (Gauge, "stalled",
+                "1 while input waits and no batch completes (or one batch runs) for "
+                "EMARKET_STALL_SECONDS, as /health reports 'stalled'; else 0", [], {}),
     "last_batch": (Gauge, "last_batch_timestamp_seconds",
                    "Unix time of the last processed batch", [], {}),
 }  # fmt: skip
@@ -169,4 +177,24 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.purchases.labels(outcome)
     for kind in ("purchase", "subscription", "replay"):
         m.releases.labels(kind)
+    for kind in DEAD_LETTER_KINDS:  # at 0 from the start: the first dead letter is an increase
+        m.dead_letters.labels(kind)
     return m
+
+
+#: ``reason`` label of ``emarket_dead_letters_total``: a closed set, so that every series
+#: exists at 0 before its first dead letter (an alert on ``increase`` sees the first one) and
+#: the label's cardinality is bounded; the dead-letter record keeps the exact error.
+DEAD_LETTER_KINDS = ("too_large", "unauthorized", "unknown_topic", "other")
+
+
+def dead_letter_kind(exc: BaseException) -> str:
+    """The :data:`DEAD_LETTER_KINDS` entry of a broker error."""
+    name = type(exc).__name__
+    if "TooLarge" in name:
+        return "too_large"
+    if "Authoriz" in name or "Authenticat" in name:
+        return "unauthorized"
+    if "UnknownTopic" in name:
+        return "unknown_topic"
+    return "other"

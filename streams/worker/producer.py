@@ -29,7 +29,7 @@ from ..wire.events import DeadLetter
 from ..wire.topics import Topics, TopicSpec
 from .config import Settings
 from .faults import FaultInjector
-from .metrics import Metrics
+from .metrics import Metrics, dead_letter_kind
 from .tables import Record
 
 __all__ = ["PERMANENT", "Producer"]
@@ -132,7 +132,7 @@ class Producer:
             value_prefix=value[:1024].decode("utf-8", "replace"),
             failed_at_ms=time.time_ns() // 1_000_000,
         )
-        self.metrics.dead_letters.labels(reason).inc()
+        self.metrics.dead_letters.labels(dead_letter_kind(exc)).inc()
         log.error("dead-lettered a %d-byte message to %s: %s", len(value), r.topic, reason)
         if r.topic != self.topics.deadletters:
             await self.send_all([Record(self.topics.deadletters, r.key,

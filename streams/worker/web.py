@@ -23,6 +23,7 @@ __all__ = [
     "METRICS_CONTENT_TYPE",
     "health",
     "input_lag",
+    "is_stalled",
     "ledger",
     "metrics_text",
     "refresh_gauges",
@@ -49,8 +50,17 @@ def input_lag(consumer: Any, topics: Topics) -> dict[str, int]:
     return lag
 
 
-def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topics) -> None:
-    """Update the gauges that are read off the state and the consumer, not counted."""
+def refresh_gauges(
+    metrics: Metrics,
+    stores: Stores,
+    consumer: Any,
+    topics: Topics,
+    stall_seconds: float,
+    started: float,
+) -> None:
+    """Update the gauges that are read off the state and the consumer, not counted —
+    including ``emarket_stalled``, by the same rule as ``/health``, so that an alert can fire
+    on exactly what the health check reports."""
     for name in ("streams", "releases", "purchases", "accounts"):
         metrics.state_entries.labels(name).set(len(getattr(stores, name)))
     metrics.state_bytes.set(
@@ -59,6 +69,25 @@ def refresh_gauges(metrics: Metrics, stores: Stores, consumer: Any, topics: Topi
     lag = input_lag(consumer, topics)
     for topic in topics.inputs():
         metrics.consumer_lag.labels(topic).set(lag.get(topic, 0))
+    stalled = is_stalled(metrics, stall_seconds, started, sum(lag.values()))
+    metrics.stalled.set(1 if stalled else 0)
+
+
+def is_stalled(metrics: Metrics, stall_seconds: float, started: float, pending: int) -> bool:
+    """Input waits and no batch has completed for ``stall_seconds``, or one batch has been
+    running that long.
+
+    Both signals are needed: the committed-offset lag misses a batch that was fetched (and so
+    counted as consumed) but hangs, and a running batch misses input that is waiting while the
+    agent never gets a batch at all.
+    """
+    now = time.time()
+    last = metrics.last_batch_at
+    idle = now - (last if last is not None else started)
+    running = metrics.batch_started_at
+    return (pending > 0 and idle > stall_seconds) or (
+        running is not None and now - running > stall_seconds
+    )
 
 
 def metrics_text(metrics: Metrics) -> bytes:
@@ -68,24 +97,15 @@ def metrics_text(metrics: Metrics) -> bytes:
 def health(
     metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int
 ) -> dict[str, Any]:
-    """``/health``: "ok", else "degraded" (the broker does not answer) or "stalled" (input is
-    waiting and no batch has completed for ``EMARKET_STALL_SECONDS``, or one batch has been
-    running that long); both served as 503.
-
-    Both stall signals are needed: the committed-offset lag misses a batch that was fetched
-    (and so counted as consumed) but hangs, and a running batch misses input that is waiting
-    while the agent never gets a batch at all.
-    """
+    """``/health``: "ok", else "degraded" (the broker does not answer) or "stalled" (see
+    :func:`is_stalled`, with ``EMARKET_STALL_SECONDS``); both served as 503."""
     now = time.time()
     last = metrics.last_batch_at
-    idle = now - (last if last is not None else started)
     running = metrics.batch_started_at
     status = "ok"
     if not metrics.broker_is_up:
         status = "degraded"
-    elif (pending > 0 and idle > settings.stall_seconds) or (
-        running is not None and now - running > settings.stall_seconds
-    ):
+    elif is_stalled(metrics, settings.stall_seconds, started, pending):
         status = "stalled"
     return {
         "status": status,

@@ -100,6 +100,6 @@ def test_a_permanent_failure_is_dead_lettered_and_the_batch_goes_on(
     assert len(letter.value_prefix) <= 1024
     assert held, "a state record was dropped instead of retried"
     counted = metrics.registry.get_sample_value(
-        "emarket_dead_letters_total", {"reason": "MessageSizeTooLargeError"}
+        "emarket_dead_letters_total", {"reason": "too_large"}  # the record keeps the error
     )
     assert counted == 1

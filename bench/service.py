@@ -7,9 +7,13 @@ measures, in one run:
 * **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
   framework's own per-event cost), :mod:`bench.passthrough`;
 * **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
+* **market fan-out** — values in on a stream with 16 holders, 16 releases out per value;
 * **market purchase** — purchases in, each buying the next step of a 16-step schedule on one of
   many streams (so every purchase draws new noise on its stream's 4 retained values), releases
-  and a signed receipt out.
+  sealed to the buyer's key (as the deployment requires) and a signed receipt out.
+
+The pass-through and the market worker use the same consumer settings (fetch wait
+:data:`FETCH_WAIT_MS`, session timeout, heartbeat).
 
 Throughput is measured open-loop (send everything, wait for the last output); latency p50/p99
 closed-loop (one event in flight, idle system), from the client's send to the client's receipt,
@@ -52,6 +56,10 @@ from streams.worker.runner import ChildWorker
 
 DIM = 8
 READ_WAIT_MS = 5
+#: the Faust consumer's fetch wait, the same for the pass-through and the market worker
+FETCH_WAIT_MS = 10
+#: holders of the fan-out stream: each value is released to every one of them
+FANOUT_HOLDERS = 16
 
 
 @dataclass
@@ -146,7 +154,7 @@ def faust_passthrough(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path)
     log = open(workdir / "passthrough.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.passthrough", "--broker", broker.url, "--source", src,
-         "--sink", dst, "--app-id", f"bench-pt-{tag}"],
+         "--sink", dst, "--app-id", f"bench-pt-{tag}", "--fetch-max-wait-ms", str(FETCH_WAIT_MS)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
@@ -186,7 +194,7 @@ def market_paths(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path) -> l
             web_port=find_free_port(),
             log_level="warn",
         ).for_tansu(),
-        fetch_max_wait_ms=10,
+        fetch_max_wait_ms=FETCH_WAIT_MS,
     )
     worker = ChildWorker(settings, log_path=workdir / "market.log").start()
     try:
@@ -233,7 +241,7 @@ async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
         await prod.start()
         b = _Bench(topics, settings.bootstrap, c, prod, [], n, lat_n)
         try:
-            return [await _ingest(b), await _purchases(b)]
+            return [await _ingest(b), await _fanout(b), await _purchases(b)]
         finally:
             await prod.stop()
             for r in b.readers:
@@ -283,8 +291,10 @@ async def _purchases(b: _Bench) -> Row:
         await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
         for i in range(4):
             await b.client.send(b.topics.values, name, _value_payload(i, market, name))
-    buyers = [Party.generate(f"buyer{i}", sealing=False) for i in range(min(64, n_streams))]
-    lat = Party.generate("lat", sealing=False)
+    # buyers with sealing keys, as the deployment requires (EMARKET_REQUIRE_ENCRYPTION=1):
+    # every purchase seals its releases (X25519 + ChaCha20-Poly1305) besides signing a receipt
+    buyers = [Party.generate(f"buyer{i}") for i in range(min(64, n_streams))]
+    lat = Party.generate("lat")
     for who in (*buyers, lat):
         await b.client.open_account(who, timeout=60)
     # one consumer for all buyer inboxes: 64 polling clients would starve the worker
@@ -315,8 +325,35 @@ async def _purchases(b: _Bench) -> Row:
         await b.prod.send_and_wait(b.topics.purchases, lat_payloads[i], key=stream.encode())
 
     lat_ms = await _closed_loop(send_purchase, [lat_reader], b.lat_n, 1)
-    return Row("market purchase (next step → 4 releases + receipt)", rate, _pct(lat_ms, 0.5),
-               _pct(lat_ms, 0.99))  # fmt: skip
+    return Row("market purchase (next step → 4 sealed releases + receipt)", rate,
+               _pct(lat_ms, 0.5), _pct(lat_ms, 0.99))  # fmt: skip
+
+
+async def _fanout(b: _Bench) -> Row:
+    """Values in on a stream with many holders: each value is released to every one."""
+    await b.client.register(_registration("fan", [0.5, 1.0], 1e6), timeout=60)
+    for i in range(4):
+        await b.client.publish("fan", [1.0] * DIM, value_id=f"w{i}")
+    holders = [Party.generate(f"fan{i}", sealing=False) for i in range(FANOUT_HOLDERS)]
+    for who in holders:
+        await b.client.open_account(who, timeout=60)
+        await b.client.buy("fan", max_price_minor=0, timeout=60, party=who)
+    reader = await b.reader([b.topics.inbox(x.account_id) for x in holders])
+    await _drain([reader], 2 * len(holders), 10)  # the accounts and the purchase outcomes
+    market, n = b.topics.prefix, max(1, b.n // 4)
+    payloads = [_value_payload(i, market, "fan") for i in range(n + b.lat_n)]
+    t0 = time.perf_counter()
+    futs = [await b.prod.send(b.topics.values, payloads[i], key=b"fan") for i in range(n)]
+    await asyncio.gather(*futs)
+    got = await _drain([reader], n * len(holders), 600)
+    rate = got / len(holders) / (time.perf_counter() - t0)
+
+    async def send_value(i: int) -> None:
+        await b.prod.send_and_wait(b.topics.values, payloads[n + i], key=b"fan")
+
+    lat = await _closed_loop(send_value, [reader], b.lat_n, len(holders))
+    return Row(f"market fan-out (value → {FANOUT_HOLDERS} releases)", rate, _pct(lat, 0.5),
+               _pct(lat, 0.99))  # fmt: skip
 
 
 GOAL_RATIO, GOAL_P99_MS = 0.7, 50.0

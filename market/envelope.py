@@ -191,5 +191,13 @@ def open_envelope(key: X25519PrivateKey, envelope: dict[str, Any], aad: bytes = 
 
 
 def ciphertext_digest(envelope: dict[str, Any]) -> str:
-    """Hex SHA-256 of the envelope's ciphertext bytes: what a receipt binds."""
+    """Hex SHA-256 of the envelope's ciphertext bytes: what a receipt binds.
+
+    Raises
+    ------
+    EnvelopeError
+        ``envelope`` is not a JSON object or its ciphertext is not base64.
+    """
+    if not isinstance(envelope, dict):
+        raise EnvelopeError(f"a sealed envelope is a JSON object, not {type(envelope).__name__}")
     return hashlib.sha256(_unb64(str(envelope.get("ciphertext", "")), "ciphertext")).hexdigest()

@@ -201,3 +201,34 @@ def test_make_env_sets_every_required_secret_in_a_form_the_worker_loads(tmp_path
         ["bash", str(script), "--buyers", "a b"], capture_output=True, text=True, check=False
     )
     assert bad.returncode == 2 and bad.stdout == "" and "bad account id" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+@pytest.mark.parametrize(
+    ("sellers", "buyers", "why"),
+    [("admin:pw", "", "market's own principals"), ("acme:pw", "market-worker:pw", "own"),
+     ("acme:pw", "operator:pw", "own"), ("acme:one", "acme:two", "twice"),
+     ("acme", "", "id:password"), ("a b:pw", "", "id:password")],
+)  # fmt: skip
+def test_security_setup_refuses_parties_that_would_be_someone_else(
+    sellers: str, buyers: str, why: str
+) -> None:
+    """Checked before anything is created: a buyer called `admin` would be a super user."""
+    env = {"BOOTSTRAP": "127.0.0.1:1", "PREFIX": "p", "PARTITIONS": "1", "APP_ID": "a",
+           "ADMIN_PASSWORD": "x", "WORKER_PASSWORD": "x", "OPERATOR_PASSWORD": "x",
+           "SELLERS": sellers, "BUYERS": buyers, "PATH": "/usr/bin:/bin"}  # fmt: skip
+    r = subprocess.run(["bash", str(ROOT / "deploy/kafka/setup-security.sh")], env=env,
+                       capture_output=True, text=True, check=False, timeout=30)  # fmt: skip
+    assert r.returncode == 2 and "refused" in r.stderr and why in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+def test_make_env_gives_a_party_that_sells_and_buys_one_password() -> None:
+    script = str(ROOT / "deploy/make-env.sh")
+    out = subprocess.run(["bash", script, "--sellers", "acme", "--buyers", "acme,bob"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    env = dict(line.split("=", 1) for line in out.splitlines() if line and line[0] != "#")
+    assert env["EMARKET_SELLERS"].split(",")[0] == env["EMARKET_BUYERS"].split(",")[0]
+    for bad in (["--buyers", "admin"], ["--sellers", "operator"], ["--buyers", "a,a"]):
+        r = subprocess.run(["bash", script, *bad], capture_output=True, text=True, check=False)
+        assert r.returncode == 2 and r.stdout == "", bad

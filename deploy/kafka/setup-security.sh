@@ -18,6 +18,35 @@ set -euo pipefail
 : "${BOOTSTRAP:?}" "${PREFIX:?}" "${PARTITIONS:?}" "${APP_ID:?}" "${ADMIN_PASSWORD:?}"
 : "${WORKER_PASSWORD:?}" "${OPERATOR_PASSWORD:?}"
 BIN=/opt/kafka/bin
+
+# Party names are SASL principals: refuse the market's own principals (a buyer called `admin`
+# would be Kafka's super user; one called `market-worker` would take the worker's password),
+# malformed ids, and an id listed twice with different passwords (the second would silently
+# replace the first). An id both selling and buying is listed in both with the same password.
+declare -A SEEN=()
+check_parties() {  # "id:password,..."
+  local pair name pw
+  IFS=',' read -ra pairs <<< "${1:-}"
+  for pair in "${pairs[@]}"; do
+    [ -n "$pair" ] || continue
+    name=${pair%%:*} pw=${pair#*:}
+    if ! [[ $name =~ ^[A-Za-z0-9_-]{1,64}$ ]] || [ "$pair" = "$name" ] || [ -z "$pw" ]; then
+      echo "refused: '$name' is not id:password with an account id of 1-64 [A-Za-z0-9_-]" >&2
+      exit 2
+    fi
+    case "$name" in admin|market-worker|operator)
+      echo "refused: '$name' is one of the market's own principals; choose another account id" >&2
+      exit 2 ;;
+    esac
+    if [ -n "${SEEN[$name]+set}" ] && [ "${SEEN[$name]}" != "$pw" ]; then
+      echo "refused: '$name' is listed twice with different passwords" >&2
+      exit 2
+    fi
+    SEEN[$name]=$pw
+  done
+}
+check_parties "${SELLERS:-}"
+check_parties "${BUYERS:-}"
 CONF=$(mktemp)
 trap 'rm -f "$CONF"' EXIT
 cat > "$CONF" <<PROPS

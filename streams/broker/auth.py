@@ -12,7 +12,10 @@ import os
 import ssl
 from typing import Any
 
-__all__ = ["env_auth", "kafka_auth"]
+__all__ = ["MECHANISMS", "env_auth", "kafka_auth"]
+
+#: SASL mechanisms a user and password can authenticate with
+MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 
 def kafka_auth(
@@ -28,7 +31,15 @@ def kafka_auth(
     authorities or ``cafile``.
     """
     if not user:
+        if security == "SASL_SSL":
+            raise ValueError(
+                "EMARKET_KAFKA_SECURITY=SASL_SSL needs EMARKET_KAFKA_USER and _PASSWORD"
+            )
         return {}
+    if mechanism not in MECHANISMS:
+        raise ValueError(
+            f"EMARKET_KAFKA_MECHANISM must be one of {', '.join(MECHANISMS)}, not {mechanism!r}"
+        )
     if not password:
         raise ValueError("a Kafka user needs a password (EMARKET_KAFKA_PASSWORD)")
     if security not in ("SASL_PLAINTEXT", "SASL_SSL"):
@@ -42,7 +53,11 @@ def kafka_auth(
         "sasl_plain_password": password,
     }
     if security == "SASL_SSL":
-        out["ssl_context"] = ssl.create_default_context(cafile=cafile)
+        try:
+            out["ssl_context"] = ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise ValueError(f"EMARKET_KAFKA_CA {cafile}: not a readable CA file ({why})") from None
     return out
 
 

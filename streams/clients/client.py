@@ -319,17 +319,31 @@ class MarketClient:
         return self._published.get((stream_id, value_id))
 
     async def catalog(self, *, settle: float = 0.5) -> dict[str, CatalogEntry]:
+        """The newest catalog entry of every stream."""
+        entries, _ = await self.catalog_records(settle=settle)
+        return {e.registration.stream_id: e for e in entries}
+
+    async def catalog_records(self, *, settle: float = 0.5) -> tuple[list[CatalogEntry], int]:
+        """Every valid entry on the catalog topic, oldest first, and how many records were not.
+
+        A record that is not a catalog entry (junk written by someone other than the market,
+        possible on a broker without ACLs) is skipped and counted, never fatal: one bad record
+        must not hide the catalog from every buyer.
+        """
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
-        out: dict[str, CatalogEntry] = {}
+        out: list[CatalogEntry] = []
+        invalid = 0
         try:
             while True:
                 batch = await reader.poll(settle)
                 if not batch:
-                    return out
+                    return out, invalid
                 for _, raw in batch:
-                    entry = CatalogEntry.model_validate_json(raw)
-                    out[entry.registration.stream_id] = entry
+                    try:
+                        out.append(CatalogEntry.model_validate_json(raw))
+                    except ValueError:
+                        invalid += 1
         finally:
             await reader.stop()
 

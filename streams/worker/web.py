@@ -69,7 +69,9 @@ def refresh_gauges(
     lag = input_lag(consumer, topics)
     for topic in topics.inputs():
         metrics.consumer_lag.labels(topic).set(lag.get(topic, 0))
-    stalled = is_stalled(metrics, stall_seconds, started, sum(lag.values()))
+    # as /health: a worker that cannot reach the broker is "degraded" (its own alert), not stalled
+    pending = sum(lag.values())
+    stalled = metrics.broker_is_up and is_stalled(metrics, stall_seconds, started, pending)
     metrics.stalled.set(1 if stalled else 0)
 
 

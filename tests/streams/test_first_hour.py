@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from streams.clients.client import MarketClient
 from streams.core import MarketCore, Stores
 from streams.wire.topics import Topics
 
@@ -183,6 +184,51 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
     assert_clean(r, 0)
     assert len(re.findall(r"^wrong_dimension", r.stdout, re.M)) == 2, r.stdout
     assert re.search(r"^price_too_high .* bob", r.stdout, re.M), r.stdout
-    # the wrong-dimension values are counted under the stream's mechanism, refused
-    metrics = cli("ledger", "--worker", w.url)
-    assert_clean(metrics, 0, "temp", "acme")
+    assert_clean(cli("ledger", "--worker", w.url), 0, "temp", "acme")
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
+    market: Market, tmp_path: Path
+) -> None:
+    """Without --public-key the key comes from the catalog: a stranger who appends an entry
+    with its own key (possible on a broker without ACLs) makes verification refuse, and junk
+    on the catalog topic is skipped with a warning instead of breaking it for everyone."""
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from streams.core import MarketKeys
+
+    market.start_worker()
+    pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
+    keys = {who: tmp_path / f"{who}.key" for who in ("seller1", "bob")}
+    for who, path in keys.items():
+        assert cli("keygen", "--account", who, "--out", str(path)).returncode == 0
+        assert cli(*pre, "account", "open", "--key-file", str(path)).returncode == 0
+    seller, bob = ["--key-file", str(keys["seller1"])], ["--key-file", str(keys["bob"])]
+    assert cli(*pre, "register", *seller, "--stream", "temp", "--steps", "1").returncode == 0
+    assert_clean(cli(*pre, "publish", *seller, "--stream", "temp", "--values", "1"), 0)
+    out = tmp_path / "outcome.json"
+    r = cli(*pre, "buy", *bob, "--stream", "temp", "--max-price", "1", "--output", str(out))
+    assert_clean(r, 0, "bought level 1")
+    assert oct(out.stat().st_mode & 0o777) == "0o600"  # it holds opened releases
+    r = cli(*pre, "verify-receipt", str(out))
+    assert_clean(r, 0, "valid: purchase", "read from the catalog", "--public-key")
+    # a stranger's catalog entry for the same stream, signed into the catalog with its own key
+    evil = MarketKeys(Ed25519PrivateKey.from_private_bytes(b"e" * 32), b"x" * 32)
+    t = market.topics
+    core = MarketCore(Stores(), evil, t, clock=lambda: 1_000)
+    open_accounts(core, "seller1")
+    reg = core.handle(t.registrations, registration("temp", market=t.prefix))
+    forged = next(o.value for o in reg.outputs if o.topic == t.catalog)
+
+    async def write(c: MarketClient) -> None:
+        await c.send(t.catalog, "temp", forged)
+        await c.send(t.catalog, "junk", b"not a catalog entry")
+
+    market.run(write)
+    assert_clean(cli(*pre, "catalog"), 0, "skipped 1 records")
+    r = cli(*pre, "verify-receipt", str(out))
+    assert_clean(r, 1, "2 different market keys", "--public-key")
+    assert "valid:" not in r.stdout

@@ -203,12 +203,14 @@ def test_every_dashboard_and_alert_expression_returns_data_that_agrees(
     quantities = [(r["alert"], q) for r in alert_rules() for q in measured(r["expr"])]
     empty = [(name, q) for name, q in quantities if not prom.query(q)]
     assert not empty, f"alert quantities without data: {empty}"
-    # and only the alert that should fire does: temp has released its whole cap
-    active = {
+    # and only the alert that should fire does: temp has released its whole cap (pending ones
+    # are ignored: on a busy machine one slow scrape makes `up` 0 for a second)
+    firing = {
         (a["labels"]["alertname"], a["labels"].get("stream"))
         for a in prom.api("alerts")["alerts"]
+        if a["state"] == "firing"
     }
-    assert active == {("MarketPrivacyNearCap", "temp")}, active
+    assert firing == {("MarketPrivacyNearCap", "temp")}, firing
 
 
 def test_a_stalled_worker_is_what_the_stall_alert_sees(market: Market, tmp_path: Path) -> None:

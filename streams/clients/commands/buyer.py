@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,16 @@ __all__ = ["add_commands"]
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     async def body(c: Any) -> Any:
-        return await c.catalog()
+        return await c.catalog_records()
 
-    entries = run_client(args, body)
+    records, invalid = run_client(args, body)
+    entries = {e.registration.stream_id: e for e in records}
     import json  # noqa: PLC0415
 
     print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
+    if invalid:
+        warn(f"warning: skipped {invalid} records that are not catalog entries (written by "
+             "someone other than the market?)")  # fmt: skip
     return 0
 
 
@@ -57,15 +62,24 @@ def cmd_buy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(f"--max-price: {exc}") from None
 
+    out = _open_output(args.output) if args.output else None  # before paying, not after
+
     async def body(c: Any) -> Any:
         return await c.buy(
             args.stream, target_level=args.target, max_price_minor=max_minor,
             currency=args.currency, purchase_id=args.purchase_id, timeout=args.timeout,
         )  # fmt: skip
 
-    result = run_client(args, body, party)
-    if args.output:  # the outcome goes to the file; the terminal gets the one-line summary
-        Path(args.output).write_text(result.model_dump_json(indent=2))
+    try:
+        result = run_client(args, body, party)
+    except BaseException:
+        if out is not None:  # nothing to keep: no empty outcome file left behind
+            out.close()
+            Path(args.output).unlink(missing_ok=True)
+        raise
+    if out is not None:  # the outcome goes to the file; the terminal gets the one-line summary
+        with out:
+            out.write(result.model_dump_json(indent=2))
     else:
         print_json(result)
     if isinstance(result, Rejection):
@@ -76,6 +90,18 @@ def cmd_buy(args: argparse.Namespace) -> int:
          f"{paid}: {len(result.releases)} values"
          + (f" (outcome and receipt in {args.output})" if args.output else ""))  # fmt: skip
     return 0
+
+
+def _open_output(path: str) -> Any:
+    """``--output`` opened for writing (mode 0600: it holds opened releases) before the
+    purchase is made, so that a bad path fails before anything is paid."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise CommandError(
+            f"--output {path}: cannot write this file ({exc.strerror}); nothing was bought"
+        ) from None
+    return os.fdopen(fd, "w")
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

@@ -60,7 +60,15 @@ def bootstrap(args: argparse.Namespace) -> str:
             f"'{args.command}' needs a broker: pass --broker kafka://HOST:PORT or set "
             "EMARKET_BROKER (`epsilon-market serve` prints the URL of its embedded broker)"
         )
-    return ",".join(u.split("://", 1)[-1] for u in broker.split(";"))
+    hosts = [u.strip().split("://", 1)[-1] for u in broker.split(";") if u.strip()]
+    for hp in hosts or [""]:
+        host, _, port = hp.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CommandError(
+                f"--broker {broker!r}: expected kafka://HOST:PORT (several joined by ';'), "
+                "e.g. kafka://127.0.0.1:9092"
+            )
+    return ",".join(hosts)
 
 
 def topics_of(args: argparse.Namespace) -> Any:

@@ -116,7 +116,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415
 
     streams: dict[str, Any] = {}
-    env = [u for u in os.environ.get("EMARKET_WORKER", "").split(",") if u.strip()]
+    env = [u.strip() for u in os.environ.get("EMARKET_WORKER", "").split(",") if u.strip()]
     for url in args.worker or env or ["http://127.0.0.1:6066"]:
         streams.update(_fetch_ledger(url))
     if args.json:
@@ -159,7 +159,11 @@ def cmd_rejections(args: argparse.Namespace) -> int:
         try:
             while batch := await reader.poll(2.0 if not args.follow else 3600.0):
                 for _, raw in batch:
-                    rej = Rejection.model_validate_json(raw)
+                    try:
+                        rej = Rejection.model_validate_json(raw)
+                    except ValueError:
+                        skipped[0] += 1
+                        continue
                     if args.stream and rej.stream_id != args.stream:
                         continue
                     if args.json:
@@ -172,8 +176,12 @@ def cmd_rejections(args: argparse.Namespace) -> int:
         finally:
             await reader.stop()
 
+    skipped = [0]
     with contextlib.suppress(KeyboardInterrupt):
         run_client(args, body)
+    if skipped[0]:
+        print(f"warning: skipped {skipped[0]} records that are not rejections (written by "
+              "someone other than the market?)", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -181,7 +189,11 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     from ...wire.events import SCHEMAS  # noqa: PLC0415
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
     for name, adapter in SCHEMAS.items():
         path = out / f"{name}.schema.json"
         schema = adapter.json_schema()
@@ -234,14 +246,28 @@ def _catalog_key(args: argparse.Namespace, outcome: Any) -> str:
         )
 
     async def body(c: Any) -> Any:
-        return (await c.catalog()).get(stream)
+        return await c.catalog_records()
 
-    entry = run_client(args, body)
-    if entry is None:
+    entries, _ = run_client(args, body)
+    mine = [e for e in entries if e.registration.stream_id == stream]
+    if not mine:
         raise CommandError(
             f"stream {stream!r} is not in the catalog at {args.broker}; pass --public-key KEY"
         )
-    print(f"market key {entry.market_key_id} from the catalog at {args.broker}", file=sys.stderr)
+    keys = {e.market_public_key for e in entries}
+    if len(keys) > 1:  # one market signs every entry: another key was written by someone else
+        raise CommandError(
+            f"the catalog at {args.broker} names {len(keys)} different market keys, so someone "
+            "other than the market has written to it; pass --public-key KEY obtained from the "
+            "market's operators", EXIT_REFUSED,
+        )  # fmt: skip
+    entry = mine[-1]
+    print(
+        f"market key {entry.market_key_id} read from the catalog at {args.broker}: this trusts "
+        "whoever may write the catalog topic (on a deployment with ACLs, only the market); "
+        "pass --public-key KEY to check against a key you hold",
+        file=sys.stderr,
+    )
     return str(entry.market_public_key)
 
 

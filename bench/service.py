@@ -399,8 +399,8 @@ def render(runs: list[list[Row]]) -> str:
                 f"{'ok' if ratio >= GOAL_RATIO else 'MISS'} ({ratio:.2f}x); p99 < {GOAL_P99_MS:g} "
                 f"ms: {'ok' if p99 < GOAL_P99_MS else 'MISS'} ({p99:.1f} ms)"
             )
-    what = "min / median / max of" if len(runs) > 1 else "one run of"
-    head = f"Each cell: {what} {len(runs)} run(s); ratios are taken within a run.\n"
+    what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
+    head = f"Each cell: {what}; ratios are taken within a run.\n"
     goals = "goals (the median of each market path against its own run's pass-through):"
     return "\n".join([head, *lines, "", goals, *verdicts])
 

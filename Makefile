@@ -34,6 +34,7 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.noise
 	$(PY) -m bench.service
 	$(PY) -m bench.flood
+	$(PY) -m bench.scale
 
 report: $(VENV)/.installed
 	$(PY) -m bench.report

@@ -35,7 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -215,6 +215,12 @@ class _Bench:
     readers: list[TopicReader]
     n: int
     lat_n: int
+    #: called when an open-loop measurement starts and ends (bench.scale reads CPU time there)
+    marks: list[Callable[[], None]] = field(default_factory=list)
+
+    def mark(self) -> None:
+        for fn in self.marks:
+            fn()
 
     async def reader(self, topics: str | list[str]) -> TopicReader:
         r = TopicReader(self.boot, topics, fetch_max_wait_ms=READ_WAIT_MS)
@@ -263,10 +269,12 @@ async def _ingest(b: _Bench) -> Row:
         readers.append(r)
     market = b.topics.prefix
     payloads = [_value_payload(i, market) for i in range(b.n + b.lat_n)]  # signed beforehand
+    b.mark()
     t0 = time.perf_counter()
     futs = [await b.prod.send(b.topics.values, payloads[i], key=b"bench") for i in range(b.n)]
     await asyncio.gather(*futs)
     got = await _drain(readers, b.n * len(subs), 600)
+    b.mark()
     rate = got / len(subs) / (time.perf_counter() - t0)
 
     async def send_value(i: int) -> None:
@@ -312,10 +320,12 @@ async def _purchases(b: _Bench) -> Row:
 
     payloads = [(purchase(buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
                 for k in range(steps) for i in range(n_streams)]  # fmt: skip
+    b.mark()
     t0 = time.perf_counter()
     futs = [await b.prod.send(b.topics.purchases, p, key=key) for p, key in payloads]
     await asyncio.gather(*futs)
     got = await _drain([all_buyers], len(futs), 600)
+    b.mark()
     rate = got / (time.perf_counter() - t0)
 
     lat_payloads = [purchase(lat, f"lat{i // steps}", i % steps) for i in range(b.lat_n)]
@@ -342,10 +352,12 @@ async def _fanout(b: _Bench) -> Row:
     await _drain([reader], 2 * len(holders), 10)  # the accounts and the purchase outcomes
     market, n = b.topics.prefix, max(1, b.n // 4)
     payloads = [_value_payload(i, market, "fan") for i in range(n + b.lat_n)]
+    b.mark()
     t0 = time.perf_counter()
     futs = [await b.prod.send(b.topics.values, payloads[i], key=b"fan") for i in range(n)]
     await asyncio.gather(*futs)
     got = await _drain([reader], n * len(holders), 600)
+    b.mark()
     rate = got / len(holders) / (time.perf_counter() - t0)
 
     async def send_value(i: int) -> None:

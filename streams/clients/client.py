@@ -353,6 +353,8 @@ class MarketClient:
         stream_id: str,
         *,
         target_level: float | None = None,
+        accuracy: dict[str, float] | None = None,
+        most_accurate: bool = False,
         max_price_minor: int,
         currency: str = "EUR",
         purchase_id: str | None = None,
@@ -363,6 +365,10 @@ class MarketClient:
     ) -> PurchaseFulfilled | Rejection:
         """Buy and wait for the outcome, resending the same request until it arrives.
 
+        What to buy: the next step (default), ``target_level``, an ``accuracy`` (``{"rmse":
+        r}`` or ``{"half_width": t, "confidence": c}``: the cheapest level that meets it), or
+        ``most_accurate`` (the most accurate level ``max_price_minor`` buys).
+
         Sealed releases are returned opened with the party's sealing key (the event keeps the
         envelope, which the receipt binds). A purchase id keeps its identity: its request time
         is ``requested_at_ms`` if given, else the time this client first sent that id.
@@ -372,8 +378,9 @@ class MarketClient:
         stamp = requested_at_ms or self._requested.setdefault((me.account_id, pid), now_ms())
         req = me.sign(
             PurchaseRequest, self.market, purchase_id=pid, buyer_id=me.account_id,
-            stream_id=stream_id, target_level=target_level, max_price_minor=max_price_minor,
-            currency=currency, requested_at_ms=stamp,
+            stream_id=stream_id, target_level=target_level, accuracy=accuracy,
+            most_accurate=most_accurate, max_price_minor=max_price_minor, currency=currency,
+            requested_at_ms=stamp,
         )  # fmt: skip
         got = await self._request(
             self.topics.purchases, stream_id, req.model_dump_json().encode(),
@@ -388,14 +395,18 @@ class MarketClient:
         stream_id: str,
         *,
         target_level: float | None = None,
+        accuracy: dict[str, float] | None = None,
         timeout: float = 30.0,
         party: Party | None = None,
     ) -> QuoteAnswer | Rejection:
+        """What a purchase would buy and cost, with every level for sale (``offers``: level,
+        RMS error, 95 % half-width, price from the level held)."""
         me = self._me(party)
         qid = uuid.uuid4().hex[:20]
         req = me.sign(
             QuoteRequest, self.market, quote_id=qid, buyer_id=me.account_id,
-            stream_id=stream_id, target_level=target_level, requested_at_ms=now_ms(),
+            stream_id=stream_id, target_level=target_level, accuracy=accuracy,
+            requested_at_ms=now_ms(),
         )  # fmt: skip
         got = await self._request(
             self.topics.purchases, stream_id, req.model_dump_json().encode(),

@@ -19,11 +19,23 @@ from numpy.typing import NDArray
 from ..wire.events import UNIT_OF, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
+from .accuracy import error_info
 from .directory import Directory
 from .outputs import Output, dump
 from .state import StreamState
 
 __all__ = ["BYTES_PER_NUMBER", "Deliveries", "release_bytes"]
+
+
+def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue]]:
+    """Consecutive releases at the same level (a purchase in the batch moves the level)."""
+    runs: list[list[ReleasedValue]] = []
+    for r in releases:
+        if runs and runs[-1][0].level == r.level:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
 
 log = logging.getLogger("emarket.core")
 
@@ -107,20 +119,22 @@ class Deliveries:
         room = max(
             1, (self.max_message_bytes - 2048) // release_bytes(reg.dimension, key is not None)
         )
-        unit = UNIT_OF[reg.mechanism]
-        return [
-            self._event(buyer, reg.stream_id, unit, releases[start : start + room], key)
-            for start in range(0, len(releases), room)
-        ]
+        out = []
+        for run in _runs_of_one_level(releases):  # one event, one level, one error model
+            for start in range(0, len(run), room):
+                out.append(self._event(buyer, reg, run[start : start + room], key))
+        return out
 
     def _event(
-        self, buyer: str, sid: str, unit: Any, chunk: list[ReleasedValue], key: str | None
+        self, buyer: str, reg: Any, chunk: list[ReleasedValue], key: str | None
     ) -> Output:
+        sid = reg.stream_id
         sealed = None
         if key is not None:
             sealed = seal_releases(key, chunk, delivery_aad(sid, buyer), self._seal_secret)
         event = ValueReleased.model_construct(
-            buyer_id=buyer, stream_id=sid, level_unit=unit,
+            buyer_id=buyer, stream_id=sid, level_unit=UNIT_OF[reg.mechanism],
             releases=[] if sealed else chunk, sealed=sealed,
+            error_model=error_info(reg, chunk[0].level),
         )  # fmt: skip
         return Output(self._topics.inbox(buyer), chunk[-1].value_id.encode(), dump(event))

@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 
 from market import ChainState, MarketError
+from market.accuracy import AccuracyNotForSaleError, cheapest_level, error_model
 from market.envelope import ciphertext_digest
-from market.pricing import StepPlan, plan_step
+from market.errors import NoHigherStepError
+from market.pricing import StepPlan, plan_step, sellable_levels
 from market.receipts import Receipt, release_digest, sign_receipt
 
 from ..wire.events import (
     UNIT_OF,
     AccountState,
     Envelope,
+    Offer,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
@@ -29,6 +32,7 @@ from ..wire.events import (
 )
 from ..wire.money import format_money
 from ..wire.sealing import purchase_aad, seal_releases
+from .accuracy import error_info
 from .auth import acting_for, authenticate
 from .context import Context
 from .horizon import UNKNOWN_STREAM
@@ -42,7 +46,9 @@ __all__ = ["fingerprint", "fulfil", "purchase", "quote"]
 
 def fingerprint(req: PurchaseRequest) -> str:
     """What makes two purchases with one id the same request (the send time does not)."""
-    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency)
+    acc = None if req.accuracy is None else req.accuracy.model_dump()
+    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency, acc,
+              req.most_accurate)  # fmt: skip
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
@@ -55,7 +61,13 @@ def quote(ctx: Context, req: QuoteRequest, *, final: bool = True) -> Outcome:
 
 def _quote(ctx: Context, req: QuoteRequest) -> Outcome:
     st = ctx.stream(req.stream_id)
-    plan = _plan(ctx, st, req.buyer_id, req.target_level)
+    target = _target(ctx, st, req.buyer_id, req)
+    try:
+        plan = _plan(ctx, st, req.buyer_id, target)
+    except NoHigherStepError:  # the top step is held: the quote still lists what is for sale
+        holder = st.holders.get(req.buyer_id)
+        held = holder.level if holder else 0.0
+        plan = StepPlan(held, held, held, 0)
     answer = QuoteAnswer(
         quote_id=req.quote_id,
         buyer_id=req.buyer_id,
@@ -65,6 +77,8 @@ def _quote(ctx: Context, req: QuoteRequest) -> Outcome:
         level_after=plan.after,
         price_minor=plan.price_minor,
         currency=st.registration.currency,
+        error_model=error_info(st.registration, plan.after),
+        offers=_offers(ctx, st, plan.held),
     )
     topic = ctx.topics.inbox(req.buyer_id)
     return Outcome(
@@ -144,6 +158,46 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
     ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)
 
 
+def _target(
+    ctx: Context, st: StreamState, buyer_id: str, req: PurchaseRequest | QuoteRequest
+) -> float | None:
+    """The level a request names: explicitly, as an accuracy, or as "the most accurate level
+    my price buys"; ``None`` for the next step."""
+    if req.accuracy is None and not getattr(req, "most_accurate", False):
+        return req.target_level
+    reg = st.registration
+    terms = ctx.terms(reg)
+    levels = sellable_levels(reg.steps, reg.cap)
+    acc = req.accuracy
+    if acc is not None:
+        try:
+            return cheapest_level(terms.mechanism, levels, rmse=acc.rmse,
+                                  half_width=acc.half_width, confidence=acc.confidence)  # fmt: skip
+        except AccuracyNotForSaleError as exc:
+            msg = f"{exc}; buy that level with target_level {exc.best:g}"
+            raise Reject("accuracy_not_for_sale", msg, best_level=exc.best,
+                         best_error=exc.error) from None  # fmt: skip
+    holder = st.holders.get(buyer_id)
+    held = holder.level if holder else 0.0
+    budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
+    affordable = [lv for lv in levels if lv > held
+                  and terms.schedule.step_price(terms.mechanism, held, lv) <= budget]  # fmt: skip
+    return max(affordable) if affordable else None  # none: the next step, refused as too dear
+
+
+def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
+    """Every level for sale with its accuracy and what it costs the buyer from ``held``."""
+    reg = st.registration
+    terms = ctx.terms(reg)
+    out = []
+    for lv in sellable_levels(reg.steps, reg.cap):
+        m = error_model(terms.mechanism, lv)
+        price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
+        out.append(Offer(level=lv, rmse=m.std, half_width_95=m.half_width(0.95),
+                         price_minor=price, held=lv <= held))  # fmt: skip
+    return out
+
+
 def _plan(ctx: Context, st: StreamState, buyer_id: str, target: float | None) -> StepPlan:
     reg = st.registration
     terms = ctx.terms(reg)
@@ -177,7 +231,7 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
     st = ctx.stream(req.stream_id)
     reg = st.registration
     _check_terms(ctx, req, st, account)
-    plan = _plan(ctx, st, req.buyer_id, req.target_level)
+    plan = _plan(ctx, st, req.buyer_id, _target(ctx, st, req.buyer_id, req))
     if plan.price_minor > req.max_price_minor:
         raise Reject(
             "price_too_high",
@@ -304,4 +358,5 @@ def _fulfilled(
         releases=[] if sealed else releases,
         sealed=sealed,
         receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
+        error_model=error_info(st.registration, plan.after),
     )

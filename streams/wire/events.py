@@ -52,15 +52,19 @@ __all__ = [
     "UNIT_OF",
     "AccountEvent",
     "AccountState",
+    "AccuracyTarget",
     "CatalogEntry",
     "DeadLetter",
     "Envelope",
+    "ErrorModelInfo",
     "Identifier",
     "InboxEvent",
     "LevelUnit",
     "LinearLevelSpec",
     "LinearPrecisionSpec",
     "MarketIdentity",
+    "MechanismName",
+    "Offer",
     "OpenAccount",
     "PriceLevel",
     "PricingSpec",
@@ -95,6 +99,7 @@ that separates the parts of a topic name, so distinct ids always name distinct t
 
 Level = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 LevelUnit = Literal["epsilon", "rho", "omega"]
+MechanismName = Literal["laplace", "gaussian", "poisson"]
 """What a level measures: ε (Laplace, pure DP), ρ (Gaussian, zCDP) or ω = Δ²/λ (Poisson)."""
 UNIT_OF: dict[str, LevelUnit] = {"laplace": "epsilon", "gaussian": "rho", "poisson": "omega"}
 PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$", strict=True)]
@@ -204,7 +209,7 @@ class StreamRegistration(_Signed):
     type: Literal["register_stream"] = "register_stream"
     stream_id: Identifier
     seller_id: Identifier
-    mechanism: Literal["laplace", "gaussian", "poisson"]
+    mechanism: MechanismName
     sensitivity: Level = Field(description="ℓ1 (Laplace, Poisson) or ℓ2 (Gaussian) sensitivity")
     dimension: Annotated[int, Field(ge=1, le=MAX_DIMENSION)]
     steps: list[Level] = Field(
@@ -261,6 +266,23 @@ class ValueBatch(_Signed):
 
 
 # ----------------------------------------------------------------------- buyer → market
+class AccuracyTarget(BaseModel):
+    """An accuracy a buyer wants, in the value's own units: exactly one of an RMS error per
+    coordinate, or the half-width of a ``confidence`` interval. The market sells the cheapest
+    level for sale that meets it (see :mod:`market.accuracy`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rmse: float | None = Field(None, gt=0, allow_inf_nan=False)
+    half_width: float | None = Field(None, gt=0, allow_inf_nan=False)
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> AccuracyTarget:
+        if (self.rmse is None) == (self.half_width is None):
+            raise ValueError("an accuracy target is exactly one of rmse and half_width")
+        return self
+
+
 class PurchaseRequest(_Signed):
     """Buy a level on a stream (``<p>.purchases``, key: stream_id)."""
 
@@ -273,12 +295,24 @@ class PurchaseRequest(_Signed):
     target_level: Level | None = Field(
         None, description="explicit level; default: the seller's next step above the level held"
     )
+    accuracy: AccuracyTarget | None = Field(
+        None, description="instead of a level: the cheapest level for sale this accurate"
+    )
+    most_accurate: bool = Field(
+        False, description="instead of a level: the most accurate level max_price_minor buys"
+    )
     max_price_minor: MinorUnits = Field(description="most the buyer will pay, minor units")
     currency: Currency = "EUR"
     requested_at_ms: Millis = Field(
         description="when the buyer made the request (Unix ms; keep it when resending): "
         "requests older than the stream's newest minus the dedup horizon are refused"
     )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> PurchaseRequest:
+        if (self.target_level is not None) + (self.accuracy is not None) + self.most_accurate > 1:
+            raise ValueError("name at most one of target_level, accuracy and most_accurate")
+        return self
 
 
 class QuoteRequest(_Signed):
@@ -289,7 +323,14 @@ class QuoteRequest(_Signed):
     buyer_id: Identifier
     stream_id: Identifier
     target_level: Level | None = None
+    accuracy: AccuracyTarget | None = None
     requested_at_ms: Millis
+
+    @model_validator(mode="after")
+    def _one_target(self) -> QuoteRequest:
+        if self.target_level is not None and self.accuracy is not None:
+            raise ValueError("name at most one of target_level and accuracy")
+        return self
 
 
 PurchasesEvent = Annotated[PurchaseRequest | QuoteRequest, Field(discriminator="type")]
@@ -367,6 +408,33 @@ class Envelope(BaseModel):
     ciphertext: str
 
 
+class ErrorModelInfo(BaseModel):
+    """The noise of every coordinate of a release at ``level`` (exact for the mechanism):
+    subtract ``offset`` for an unbiased estimate; its RMS error is ``std``; the true value lies
+    within ``half_widths[c]`` of the estimate with probability at least c % ("90", "95", "99").
+    ``scale`` is the Laplace b, the Gaussian σ or the Poisson λ."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mechanism: MechanismName
+    level: float
+    unit: LevelUnit
+    scale: float
+    std: float
+    offset: float
+    half_widths: dict[str, float]
+
+
+class Offer(BaseModel):
+    """One level for sale, as a quote lists it for the buyer who asked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    level: float
+    rmse: float = Field(description="RMS error per coordinate, value units")
+    half_width_95: float = Field(description="95 % interval half-width, value units")
+    price_minor: int = Field(description="what moving to this level costs this buyer now")
+    held: bool = Field(description="the buyer already holds this level or a higher one")
+
+
 class PurchaseFulfilled(_Event):
     """The single successful outcome of a purchase (``<p>.inbox.<buyer_id>``)."""
 
@@ -386,6 +454,7 @@ class PurchaseFulfilled(_Event):
         None, description="the releases (a JSON list) sealed for the buyer's key"
     )
     receipt: ReceiptModel
+    error_model: ErrorModelInfo | None = None
 
 
 class ValueReleased(_Event):
@@ -402,6 +471,7 @@ class ValueReleased(_Event):
         default_factory=list, description="empty when the releases are sealed"
     )
     sealed: Envelope | None = None
+    error_model: ErrorModelInfo | None = None
 
 
 class QuoteAnswer(_Event):
@@ -416,6 +486,8 @@ class QuoteAnswer(_Event):
     level_after: float
     price_minor: int
     currency: str
+    error_model: ErrorModelInfo | None = None
+    offers: list[Offer] = Field(default_factory=list, description="every level for sale")
 
 
 class Rejection(_Event):

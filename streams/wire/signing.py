@@ -9,7 +9,8 @@ each item tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for
 ``f`` + f64 (IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for
 booleans, and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian
 but those). The market prefix is in the bytes so a signed event cannot be replayed into another
-market; the fields are every one that matters:
+market; an ``accuracy`` target is ``n`` when absent, else ``b`` 1 then its rmse, half_width and
+confidence. The fields are every one that matters:
 
 ===================  ================================================================
 ``open_account``     account_id, signing_key, sealing_key, opened_at_ms
@@ -20,8 +21,8 @@ market; the fields are every one that matters:
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
-                     currency, requested_at_ms
-``quote``            quote_id, buyer_id, stream_id, target_level, requested_at_ms
+                     currency, requested_at_ms, accuracy, most_accurate
+``quote``            quote_id, buyer_id, stream_id, target_level, requested_at_ms, accuracy
 ===================  ================================================================
 """
 
@@ -132,13 +133,23 @@ def _values(c: _Canon, e: ValueBatch) -> None:
         c.s(item.value_id).i(item.published_at_ms).v(item.values)
 
 
+def _accuracy(c: _Canon, a: Any) -> None:
+    if a is None:
+        c.n()
+    else:
+        c.b(True).f(a.rmse).f(a.half_width).f(a.confidence)
+
+
 def _purchase(c: _Canon, e: PurchaseRequest) -> None:
     c.s(e.purchase_id).s(e.buyer_id).s(e.stream_id).f(e.target_level).i(e.max_price_minor)
     c.s(e.currency).i(e.requested_at_ms)
+    _accuracy(c, e.accuracy)
+    c.b(e.most_accurate)
 
 
 def _quote(c: _Canon, e: QuoteRequest) -> None:
     c.s(e.quote_id).s(e.buyer_id).s(e.stream_id).f(e.target_level).i(e.requested_at_ms)
+    _accuracy(c, e.accuracy)
 
 
 _FIELDS: dict[str, Callable[[_Canon, Any], None]] = {

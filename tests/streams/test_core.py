@@ -10,7 +10,7 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
-from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, Rejection
+from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
 from .helpers import TEST_KEYS, open_accounts, party, purchase, quote, registration, value, values
@@ -554,3 +554,72 @@ def test_a_stream_cannot_have_more_holders_than_one_value_can_reach() -> None:
     assert c.handle(T.purchases, purchase("w", "bob", "p")).status == "fulfilled"
     out = c.handle(T.purchases, purchase("w", "carol", "p"))
     assert out.reason == "stream_full"
+
+
+# ---------------------------------------------------------------- orders in the buyer's terms
+def test_an_accuracy_order_buys_the_cheapest_level_that_meets_it(core: MarketCore) -> None:
+    """temp: Laplace Δ = 1, steps 0.5, 1, 2, cap 4, 1.00 per unit of ε. RMS error √2/ε ≤ 1
+    needs ε ≥ 1.41: level 2, at its price, with the error model of level 2."""
+    core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    out = core.handle(T.purchases, purchase("temp", "alice", "p1", accuracy={"rmse": 1.0}))
+    (ev,) = buyer_events(out)
+    assert isinstance(ev, PurchaseFulfilled) and ev.level_after == 2.0 and ev.price_minor == 200
+    assert ev.error_model is not None and ev.error_model.std == pytest.approx(2**0.5 / 2)
+    assert ev.error_model.half_widths["95"] == pytest.approx(0.5 * np.log(20.0))
+    # already accurate enough: nothing more to pay, the held release again
+    again = core.handle(T.purchases, purchase("temp", "alice", "p2", accuracy={"rmse": 2.0}))
+    (ev2,) = buyer_events(again)
+    assert ev2.level_after == 2.0 and ev2.price_minor == 0
+
+
+def test_an_impossible_accuracy_is_refused_with_the_best_offer(core: MarketCore) -> None:
+    out = core.handle(T.purchases, purchase(
+        "temp", "alice", "p1", accuracy={"half_width": 0.1, "confidence": 0.95}))  # fmt: skip
+    assert (out.status, out.reason) == ("rejected", "accuracy_not_for_sale")
+    rej = Rejection.model_validate_json(out.outputs[0].value)
+    assert rej.details["best_level"] == 4.0
+    assert rej.details["best_error"] == pytest.approx(np.log(20.0) / 4.0)
+    assert "target_level 4" in rej.message
+
+
+def test_most_accurate_within_the_price(core: MarketCore) -> None:
+    out = core.handle(T.purchases, purchase("temp", "alice", "p1", max_price=150,
+                                            most_accurate=True))  # fmt: skip
+    (ev,) = buyer_events(out)
+    assert ev.level_after == 1.0 and ev.price_minor == 100
+    out = core.handle(T.purchases, purchase("temp", "alice", "p2", max_price=99,
+                                            most_accurate=True))  # fmt: skip
+    assert out.reason == "price_too_high"  # not even the next step: say what it costs
+
+
+def test_a_quote_lists_every_level_with_its_accuracy_and_price(core: MarketCore) -> None:
+    core.handle(T.purchases, purchase("temp", "alice", "p1", target_level=1.0))
+    (ev,) = buyer_events(core.handle(T.purchases, quote("temp", "alice", "q1")))
+    assert isinstance(ev, QuoteAnswer) and ev.level_after == 2.0
+    rows = [(o.level, o.held, o.price_minor) for o in ev.offers]
+    assert rows == [(0.5, True, 0), (1.0, True, 0), (2.0, False, 100), (4.0, False, 300)]
+    assert [round(o.rmse, 4) for o in ev.offers] == [2.8284, 1.4142, 0.7071, 0.3536]
+    (ev,) = buyer_events(core.handle(T.purchases, quote("temp", "alice", "q2",
+                                                        accuracy={"rmse": 0.5})))  # fmt: skip
+    assert ev.level_after == 4.0 and ev.price_minor == 300
+
+
+def test_subscription_deliveries_carry_the_error_model_of_their_level(core: MarketCore) -> None:
+    core.handle(T.purchases, purchase("temp", "alice", "p1", target_level=2.0))
+    (ev,) = buyer_events(core.handle(T.values, value("temp", "v9", [1.0, 2.0, 3.0])))
+    assert ev.type == "value_released" and ev.error_model.level == 2.0
+    assert ev.error_model.unit == "epsilon" and ev.error_model.offset == 0.0
+
+
+def test_the_signature_covers_the_accuracy_target(core: MarketCore) -> None:
+    raw = json.loads(purchase("temp", "alice", "p1", accuracy={"rmse": 5.0}))
+    raw["accuracy"]["rmse"] = 0.5  # a more accurate (dearer) level than alice signed for
+    out = core.handle(T.purchases, json.dumps(raw).encode())
+    assert out.reason == "bad_signature"
+
+
+def test_a_quote_at_the_top_step_still_lists_what_is_for_sale(core: MarketCore) -> None:
+    core.handle(T.purchases, purchase("temp", "alice", "p1", target_level=2.0))
+    (ev,) = buyer_events(core.handle(T.purchases, quote("temp", "alice", "q1")))
+    assert isinstance(ev, QuoteAnswer) and (ev.level_after, ev.price_minor) == (2.0, 0)
+    assert [(o.level, o.held) for o in ev.offers][-1] == (4.0, False)  # the cap, by target

@@ -37,9 +37,11 @@ def cmd_quote(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415
 
     party = load_party(args)
+    accuracy = _accuracy(args)
 
     async def body(c: Any) -> Any:
-        return await c.quote(args.stream, target_level=args.target, timeout=args.timeout)
+        return await c.quote(args.stream, target_level=args.target, accuracy=accuracy,
+                             timeout=args.timeout)  # fmt: skip
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
@@ -47,9 +49,42 @@ def cmd_quote(args: argparse.Namespace) -> int:
         warn(f"no quote ({result.reason}): {result.message}")
         return EXIT_REFUSED
     print_json(result)
+    warn(offers_table(result))
     warn(f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
          f"{format_money(result.price_minor, result.currency)}")  # fmt: skip
     return 0
+
+
+def offers_table(q: Any) -> str:
+    """The levels for sale as a buyer reads them: accuracy in the value's units, price now."""
+    from ...wire.money import format_money  # noqa: PLC0415
+
+    lines = [f"{'level (' + q.level_unit + ')':<16} {'RMS error':>10} {'±95 %':>10} "
+             f"{'price now':>12}"]  # fmt: skip
+    for o in q.offers:
+        price = "held" if o.held else format_money(o.price_minor, q.currency)
+        mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
+        lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
+    return "\n".join(lines)
+
+
+def _accuracy(args: argparse.Namespace) -> dict[str, float] | None:
+    """``--rmse`` or ``--half-width`` (with ``--confidence``) as an accuracy target."""
+    rmse, hw = getattr(args, "rmse", None), getattr(args, "half_width", None)
+    if rmse is not None and hw is not None:
+        raise CommandError("give --rmse or --half-width, not both")
+    if (rmse is not None or hw is not None) and args.target is not None:
+        raise CommandError("give --target or an accuracy (--rmse / --half-width), not both")
+    for flag, v in (("--rmse", rmse), ("--half-width", hw)):
+        if v is not None and not v > 0:
+            raise CommandError(f"{flag} must be a positive number in the value's units")
+    if not 0 < args.confidence < 1:
+        raise CommandError(f"--confidence is between 0 and 1 (e.g. 0.95), not {args.confidence}")
+    if rmse is not None:
+        return {"rmse": rmse}
+    if hw is not None:
+        return {"half_width": hw, "confidence": args.confidence}
+    return None
 
 
 def cmd_buy(args: argparse.Namespace) -> int:
@@ -62,11 +97,16 @@ def cmd_buy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(f"--max-price: {exc}") from None
 
+    accuracy = _accuracy(args)
+    if args.most_accurate and (accuracy is not None or args.target is not None):
+        raise CommandError("--most-accurate buys the best level --max-price pays for: give it "
+                           "alone, without --target, --rmse or --half-width")  # fmt: skip
     out = _open_output(args.output) if args.output else None  # before paying, not after
 
     async def body(c: Any) -> Any:
         return await c.buy(
-            args.stream, target_level=args.target, max_price_minor=max_minor,
+            args.stream, target_level=args.target, accuracy=accuracy,
+            most_accurate=args.most_accurate, max_price_minor=max_minor,
             currency=args.currency, purchase_id=args.purchase_id, timeout=args.timeout,
         )  # fmt: skip
 
@@ -140,10 +180,19 @@ def add_commands(sub: Any) -> None:
         sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
         sp.add_argument("--stream", required=True)
         sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
+        sp.add_argument("--rmse", type=float, default=None,
+                        help="instead of a level: the cheapest level with at most this RMS error "
+                        "per coordinate (value units)")  # fmt: skip
+        sp.add_argument("--half-width", type=float, default=None,
+                        help="instead of a level: the cheapest level whose --confidence interval "
+                        "is at most ± this (value units)")  # fmt: skip
+        sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
         sp.add_argument("--timeout", type=float, default=60.0)
         if name == "buy":
             sp.add_argument("--max-price", required=True,
                             help="most you will pay, e.g. 0.50 (in --currency)")  # fmt: skip
+            sp.add_argument("--most-accurate", action="store_true",
+                            help="the most accurate level --max-price buys")  # fmt: skip
             sp.add_argument("--currency", default="EUR")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
             sp.add_argument("--output", default=None, help="also write the outcome to this file")

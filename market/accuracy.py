@@ -1,0 +1,204 @@
+"""Accuracy in the buyer's terms: the error of a release, its intervals, and the level to buy.
+
+Buyers think in errors, not in ε: "±0.5 at 95 %", or "an RMS error of 0.3". Every release of a
+mechanism at a level has a known noise law, so both directions are exact:
+
+* :func:`error_model` — the noise of one coordinate at a level: its standard deviation (the RMS
+  error of the unbiased estimate), its mean offset (Poisson noise is non-negative: subtract λ),
+  and :meth:`ErrorModel.half_width` / :meth:`ErrorModel.interval` at any confidence;
+* :func:`cheapest_level` — among the levels a stream sells, the least accurate (so cheapest, as
+  prices increase with the level) that meets an accuracy target, or an error naming the best
+  level for sale and the accuracy it gives.
+
+Half-widths are exact for each law (no normal approximation):
+
+* Laplace, scale b = Δ/ε: P(|V| > t) = e^{−t/b}, so t = b ln(1/(1 − c));
+* Gaussian, σ² = Δ²/(2ρ): t = σ Φ⁻¹((1 + c)/2);
+* Poisson, N ~ Poi(λ), λ = Δ²/ω, estimate = release − λ: the smallest t with
+  P(|N − λ| ≤ t) ≥ c, found by adding the integers nearest λ in order of distance. The law is
+  discrete, so the coverage is at least c (not exactly c).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import stats
+
+from .errors import MarketError
+from .levels import canonical_level
+from .mechanisms import Gaussian, Laplace, Mechanism, Poisson
+
+__all__ = ["AccuracyNotForSaleError", "ErrorModel", "cheapest_level", "error_model"]
+
+#: confidences every release states a half-width for
+STANDARD_CONFIDENCES = (0.90, 0.95, 0.99)
+
+
+class AccuracyNotForSaleError(MarketError, ValueError):
+    """No level for sale is accurate enough; ``best`` is the most accurate one, ``error`` its
+    accuracy in the terms of the request (RMS error or half-width)."""
+
+    def __init__(self, message: str, best: float, error: float) -> None:
+        super().__init__(message)
+        self.best, self.error = best, error
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """The noise of one coordinate of a release at ``level``.
+
+    Attributes
+    ----------
+    mechanism : {"laplace", "gaussian", "poisson"}
+    level : float
+        In the mechanism's unit (``unit``: epsilon, rho or omega).
+    unit : str
+    scale : float
+        Laplace b, Gaussian σ, Poisson λ.
+    std : float
+        Standard deviation of the noise: the RMS error of the estimate ``release - offset``.
+    offset : float
+        Mean of the noise (λ for Poisson, 0 otherwise): subtract it for an unbiased estimate.
+    """
+
+    mechanism: str
+    level: float
+    unit: str
+    scale: float
+    std: float
+    offset: float
+
+    def half_width(self, confidence: float) -> float:
+        """Smallest t with P(|noise − offset| ≤ t) ≥ ``confidence`` (exact for the law).
+
+        Raises
+        ------
+        ValueError
+            ``confidence`` is not in (0, 1).
+        """
+        c = _confidence(confidence)
+        if self.scale == 0.0:
+            return 0.0
+        if self.mechanism == "laplace":
+            return self.scale * math.log(1.0 / (1.0 - c))
+        if self.mechanism == "gaussian":
+            return self.scale * float(stats.norm.ppf((1.0 + c) / 2.0))
+        return _poisson_half_width(self.scale, c)
+
+    def interval(
+        self, release: ArrayLike, confidence: float = 0.95
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(low, high)`` around each released coordinate, holding the true value with
+        probability at least ``confidence`` per coordinate."""
+        est = np.asarray(release, dtype=np.float64) - self.offset
+        t = self.half_width(confidence)
+        return est - t, est + t
+
+    def standard_half_widths(self) -> dict[str, float]:
+        """Half-widths at 90, 95 and 99 % (what every release states), keyed "90", "95", "99"."""
+        return {f"{round(c * 100)}": self.half_width(c) for c in STANDARD_CONFIDENCES}
+
+
+def error_model(mechanism: Mechanism, level: float) -> ErrorModel:
+    """The :class:`ErrorModel` of a release of ``mechanism`` at ``level``.
+
+    >>> from market import Laplace
+    >>> m = error_model(Laplace(1.0), 1.0)
+    >>> round(m.std, 4), round(m.half_width(0.95), 4)   # sqrt(2) b, b ln 20
+    (1.4142, 2.9957)
+    """
+    lvl = canonical_level(level)
+    var = mechanism.variance(lvl)
+    if isinstance(mechanism, Laplace):
+        scale, offset = mechanism.scale(lvl), 0.0
+    elif isinstance(mechanism, Gaussian):
+        scale, offset = math.sqrt(var), 0.0
+    elif isinstance(mechanism, Poisson):
+        scale = offset = mechanism.rate(lvl)
+    else:  # pragma: no cover - the three families are all there is
+        raise TypeError(f"no error model for {type(mechanism).__name__}")
+    return ErrorModel(mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset)
+
+
+def cheapest_level(
+    mechanism: Mechanism,
+    levels: list[float],
+    *,
+    rmse: float | None = None,
+    half_width: float | None = None,
+    confidence: float = 0.95,
+) -> float:
+    """The least accurate level of ``levels`` that meets the target (the cheapest one, since
+    prices increase with the level).
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+    levels : list of float
+        The levels for sale.
+    rmse : float, optional
+        Largest acceptable RMS error per coordinate, in the value's units.
+    half_width : float, optional
+        Largest acceptable half-width of the ``confidence`` interval, in the value's units.
+    confidence : float, default 0.95
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    AccuracyNotForSaleError
+        No level is accurate enough; the error names the best level and its accuracy.
+    ValueError
+        Not exactly one of ``rmse`` and ``half_width`` is given, or it is not positive.
+    """
+    if (rmse is None) == (half_width is None):
+        raise ValueError("give exactly one accuracy target: rmse or half_width")
+    target = float(rmse if rmse is not None else half_width)  # type: ignore[arg-type]
+    if not math.isfinite(target) or target <= 0:
+        raise ValueError(f"an accuracy target must be a positive number, got {target!r}")
+    kind: Literal["rmse", "half_width"] = "rmse" if rmse is not None else "half_width"
+
+    def err(level: float) -> float:
+        m = error_model(mechanism, level)
+        return m.std if kind == "rmse" else m.half_width(confidence)
+
+    ordered = sorted(canonical_level(x) for x in levels)
+    for lvl in ordered:
+        if err(lvl) <= target:
+            return lvl
+    best = ordered[-1]
+    what = "RMS error" if kind == "rmse" else f"{confidence:.0%} half-width"
+    raise AccuracyNotForSaleError(
+        f"no level for sale reaches a {what} of {target:g}: the most accurate, "
+        f"{best:g} ({mechanism.level_unit}), gives {err(best):.4g}",
+        best,
+        err(best),
+    )
+
+
+def _confidence(c: float) -> float:
+    c = float(c)
+    if not 0.0 < c < 1.0:
+        raise ValueError(f"a confidence is in (0, 1), got {c!r}")
+    return c
+
+
+def _poisson_half_width(lam: float, c: float) -> float:
+    """Smallest t with P(|N − λ| ≤ t) ≥ c for N ~ Poi(λ): integers nearest λ first."""
+    reach = math.ceil(12.0 * math.sqrt(lam) + 20.0)
+    ks = np.arange(max(0, math.floor(lam) - reach), math.ceil(lam) + reach + 1)
+    dist = np.abs(ks - lam)
+    order = np.argsort(dist, kind="stable")
+    mass = np.cumsum(stats.poisson.pmf(ks[order], lam))
+    # integers at the same distance enter together: the coverage at t counts both
+    d_sorted = dist[order]
+    last_of_tie = np.append(d_sorted[1:] != d_sorted[:-1], True)
+    ok = np.nonzero((mass >= c) & last_of_tie)[0]
+    return float(d_sorted[ok[0]])

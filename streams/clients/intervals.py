@@ -1,0 +1,36 @@
+"""Confidence intervals on what a buyer received, from the error model the release carries.
+
+>>> lo, hi = intervals(event, 0.95)["v1"]      # doctest: +SKIP
+
+Each released coordinate gives an interval that holds the true value with probability at least
+``confidence`` (per coordinate); the estimate is the release minus the model's ``offset``
+(Poisson noise is non-negative). Needs only the base package (numpy, scipy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from market.accuracy import ErrorModel
+
+__all__ = ["intervals", "model_of"]
+
+
+def model_of(event: Any) -> ErrorModel:
+    """The :class:`market.accuracy.ErrorModel` of a ``purchase_fulfilled`` or
+    ``value_released`` event (its ``error_model`` field)."""
+    info = event.error_model
+    if info is None:
+        raise ValueError("this event carries no error model (no level was released)")
+    return ErrorModel(info.mechanism, info.level, info.unit, info.scale, info.std, info.offset)
+
+
+def intervals(
+    event: Any, confidence: float = 0.95
+) -> dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]]:
+    """``value_id`` → ``(low, high)`` arrays for every release of ``event`` (opened)."""
+    model = model_of(event)
+    return {r.value_id: model.interval(r.values, confidence) for r in event.releases}

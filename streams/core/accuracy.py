@@ -1,0 +1,33 @@
+"""The error model every release carries, and the offers a quote lists (see market.accuracy).
+
+Both are functions of public facts — the stream's mechanism and sensitivity and the level — so
+a buyer can recompute them; the market states them so that no buyer has to.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from market.accuracy import error_model
+from market.mechanisms import mechanism
+
+from ..wire.events import UNIT_OF, ErrorModelInfo, MechanismName, StreamRegistration
+
+__all__ = ["error_info"]
+
+
+def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
+    """What a release of ``reg``'s stream at ``level`` says about its noise (``None`` for no
+    level)."""
+    if level <= 0:
+        return None
+    return _info(reg.mechanism, reg.sensitivity, float(level))
+
+
+@lru_cache(maxsize=4096)
+def _info(name: MechanismName, sensitivity: float, level: float) -> ErrorModelInfo:
+    m = error_model(mechanism(name, sensitivity), level)
+    return ErrorModelInfo.model_construct(
+        mechanism=name, level=m.level, unit=UNIT_OF[name], scale=m.scale, std=m.std,
+        offset=m.offset, half_widths=m.standard_half_widths(),
+    )  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 
 from market import ChainState, MarketError
-from market.accuracy import AccuracyNotForSaleError, cheapest_level, error_model
+from market.accuracy import AccuracyNotForSaleError, cheapest_level
 from market.envelope import ciphertext_digest
 from market.errors import NoHigherStepError
 from market.pricing import StepPlan, plan_step, sellable_levels
@@ -177,12 +177,19 @@ def _target(
             msg = f"{exc}; buy that level with target_level {exc.best:g}"
             raise Reject("accuracy_not_for_sale", msg, best_level=exc.best,
                          best_error=exc.error) from None  # fmt: skip
+        except ValueError as exc:  # a target the model cannot meet at all (wire-validated)
+            raise Reject("invalid_event", f"accuracy target: {exc}") from None
     holder = st.holders.get(buyer_id)
     held = holder.level if holder else 0.0
     budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
-    affordable = [lv for lv in levels if lv > held
-                  and terms.schedule.step_price(terms.mechanism, held, lv) <= budget]  # fmt: skip
-    return max(affordable) if affordable else None  # none: the next step, refused as too dear
+    above = [lv for lv in levels if lv > held]
+    affordable = [lv for lv in above
+                  if terms.schedule.step_price(terms.mechanism, held, lv) <= budget]  # fmt: skip
+    if affordable:
+        return max(affordable)
+    # nothing affordable: the next level up is refused as too dear (saying what it costs);
+    # nothing above at all: the next step is refused as "no higher step"
+    return above[0] if above else None
 
 
 def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
@@ -191,9 +198,10 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     terms = ctx.terms(reg)
     out = []
     for lv in sellable_levels(reg.steps, reg.cap):
-        m = error_model(terms.mechanism, lv)
+        m = error_info(reg, lv)  # cached per stream terms and level
+        assert m is not None
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
-        out.append(Offer(level=lv, rmse=m.std, half_width_95=m.half_width(0.95),
+        out.append(Offer(level=lv, rmse=m.std, half_width_95=m.half_widths["95"],
                          price_minor=price, held=lv <= held))  # fmt: skip
     return out
 

@@ -274,7 +274,7 @@ class AccuracyTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     rmse: float | None = Field(None, gt=0, allow_inf_nan=False)
     half_width: float | None = Field(None, gt=0, allow_inf_nan=False)
-    confidence: float = Field(0.95, gt=0, lt=1)
+    confidence: float = Field(0.95, gt=0, le=0.9999, description="at most 99.99 %")
 
     @model_validator(mode="after")
     def _one(self) -> AccuracyTarget:

@@ -115,3 +115,32 @@ def test_cheapest_level_meets_the_target_or_names_the_best_offer() -> None:
         cheapest_level(mech, steps)
     with pytest.raises(ValueError, match="positive"):
         cheapest_level(mech, steps, rmse=-1.0)
+
+
+@pytest.mark.parametrize("lam", [1e-6, 1e6, 1e11, 1e18])
+def test_poisson_half_widths_are_cheap_and_finite_for_any_rate(lam: float) -> None:
+    """A tail search, not a sum over 24√λ integers: a quote on a huge-λ stream stays cheap."""
+    import time
+
+    t0 = time.perf_counter()
+    model = error_model(Poisson(math.sqrt(lam * 1e-3)), 1e-3)  # λ = Δ²/ω
+    assert model.scale == pytest.approx(lam)
+    t = model.half_width(0.9999)
+    assert math.isfinite(t) and time.perf_counter() - t0 < 1.0
+    assert t <= 4.0 * math.sqrt(lam) + 2.0  # about 3.9 sd: not a runaway
+
+
+def test_confidence_is_capped_where_the_tails_are_trustworthy() -> None:
+    model = error_model(Gaussian(1.0), 1.0)
+    assert math.isfinite(model.half_width(0.9999))
+    for bad in (0.99999, 1.0 - 2.0**-53, 0.0):
+        with pytest.raises(ValueError, match="confidence"):
+            model.half_width(bad)
+
+
+def test_an_impossible_target_names_the_level_with_the_smallest_error() -> None:
+    """Poisson half-widths are not monotone in the level: the best offer is the argmin."""
+    mech = Poisson(1.0)
+    with pytest.raises(AccuracyNotForSaleError) as err:
+        cheapest_level(mech, [0.51, 0.73], half_width=1.0, confidence=0.95)
+    assert err.value.best == 0.51 and err.value.error == pytest.approx(2.0392, abs=1e-3)

@@ -623,3 +623,21 @@ def test_a_quote_at_the_top_step_still_lists_what_is_for_sale(core: MarketCore) 
     (ev,) = buyer_events(core.handle(T.purchases, quote("temp", "alice", "q1")))
     assert isinstance(ev, QuoteAnswer) and (ev.level_after, ev.price_minor) == (2.0, 0)
     assert [(o.level, o.held) for o in ev.offers][-1] == (4.0, False)  # the cap, by target
+
+
+def test_most_accurate_at_the_top_step_with_a_small_budget_says_what_the_cap_costs(
+    core: MarketCore,
+) -> None:
+    core.handle(T.purchases, purchase("temp", "alice", "p1", target_level=2.0))
+    out = core.handle(T.purchases, purchase("temp", "alice", "p2", max_price=10,
+                                            most_accurate=True))  # fmt: skip
+    assert out.reason == "price_too_high"  # the cap (4) is for sale: not "no higher step"
+    rej = Rejection.model_validate_json(out.outputs[0].value)
+    assert rej.details["quoted_price_minor"] == 200
+
+
+def test_an_extreme_confidence_is_an_invalid_event_not_an_internal_error(core: MarketCore) -> None:
+    for c in (0.99999, 1.0 - 2.0**-53):
+        out = core.handle(T.purchases, purchase(
+            "temp", "alice", f"p{c}", accuracy={"half_width": 1.0, "confidence": c}))  # fmt: skip
+        assert out.reason == "invalid_event", out.reason

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,10 @@ def _accuracy(args: argparse.Namespace) -> dict[str, float] | None:
     if (rmse is not None or hw is not None) and args.target is not None:
         raise CommandError("give --target or an accuracy (--rmse / --half-width), not both")
     for flag, v in (("--rmse", rmse), ("--half-width", hw)):
-        if v is not None and not v > 0:
+        if v is not None and not (v > 0 and math.isfinite(v)):
             raise CommandError(f"{flag} must be a positive number in the value's units")
-    if not 0 < args.confidence < 1:
-        raise CommandError(f"--confidence is between 0 and 1 (e.g. 0.95), not {args.confidence}")
+    if not 0 < args.confidence <= 0.9999:
+        raise CommandError(f"--confidence is in (0, 0.9999], e.g. 0.95; not {args.confidence}")
     if rmse is not None:
         return {"rmse": rmse}
     if hw is not None:

@@ -345,9 +345,9 @@ async def _fanout(b: _Bench) -> Row:
     for i in range(4):
         await b.client.publish("fan", [1.0] * DIM, value_id=f"w{i}")
     holders = [Party.generate(f"fan{i}", sealing=False) for i in range(FANOUT_HOLDERS)]
-    for who in holders:
-        await b.client.open_account(who, timeout=60)
-        await b.client.buy("fan", max_price_minor=0, timeout=60, party=who)
+    await asyncio.gather(*(b.client.open_account(who, timeout=60) for who in holders))
+    await asyncio.gather(*(b.client.buy("fan", max_price_minor=0, timeout=60, party=who)
+                           for who in holders))  # fmt: skip
     reader = await b.reader([b.topics.inbox(x.account_id) for x in holders])
     await _drain([reader], 2 * len(holders), 10)  # the accounts and the purchase outcomes
     market, n = b.topics.prefix, max(1, b.n // 4)

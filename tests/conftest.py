@@ -1,14 +1,38 @@
-"""Test ordering shared by the whole suite."""
+"""Test ordering and hypothesis settings shared by the whole suite."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# CI must be reproducible: hypothesis draws the same examples on every run (a new failing
+# example then comes from a code change, not from luck); `--hypothesis-seed` still varies it
+settings.register_profile("deterministic", derandomize=True)
+settings.load_profile("deterministic")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Start the tests that run for minutes first (stable otherwise).
+    """Start each test that runs for minutes (chaos, soak) first in its own test process.
 
-    ``make test`` runs two test processes; a multi-minute test started last would run alone
-    at the end, so the suite would take its duration on top of everything else.
+    ``make test`` runs two test processes (pytest-xdist, ``--dist worksteal``), which first
+    hand each process a contiguous share of the collection; a long test placed at the start of
+    a share starts at once, beside the others, instead of after them or behind another long
+    one. Without xdist the long tests simply go first. The order is stable otherwise.
     """
-    items.sort(key=lambda item: item.get_closest_marker("minutes") is None)
+    longs = [i for i in items if i.get_closest_marker("minutes") is not None]
+    rest = [i for i in items if i.get_closest_marker("minutes") is None]
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    sizes, remaining = [], len(items)
+    for k in range(workers):  # the shares worksteal hands out, in order
+        sizes.append(remaining // (workers - k))
+        remaining -= sizes[-1]
+    ordered: list[pytest.Item] = []
+    extra = longs[workers:]  # more long tests than processes: the first share starts with them
+    for k, size in enumerate(sizes):
+        share = ([longs[k]] if k < len(longs) else []) + (extra if k == 0 else [])
+        while len(share) < size and rest:
+            share.append(rest.pop(0))
+        ordered += share
+    items[:] = ordered + rest

@@ -152,7 +152,11 @@ def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -
                     purchase_id=f"{b}-{step}", resend_every=5, timeout=60, requested_at_ms=t0,
                 )  # fmt: skip
                 assert isinstance(out, PurchaseFulfilled), out
-        return {b: [e async for e in tail(c, b, idle_timeout=2.0)] for b in buyers}
+
+        async def inbox(b: str) -> list[Any]:  # read all eight inboxes at once, not in turn
+            return [e async for e in tail(c, b, idle_timeout=2.0)]
+
+        return dict(zip(buyers, await asyncio.gather(*(inbox(b) for b in buyers)), strict=True))
 
     events = market.run(settle)
     releases: dict[tuple[str, float], set[tuple[float, ...]]] = collections.defaultdict(set)

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
+from scipy import special, stats
 
 from .errors import MarketError
 from .levels import canonical_level
@@ -220,8 +220,10 @@ def _poisson_miss(lam: float, t: float) -> float:
     """P(|N − λ| > t) for N ~ Poi(λ), from the tails (accurate when it is tiny)."""
     hi = math.floor(lam + t)
     lo = math.ceil(lam - t)
-    below = float(stats.poisson.cdf(lo - 1, lam)) if lo >= 1 else 0.0
-    return float(stats.poisson.sf(hi, lam)) + below
+    # scipy.special's Poisson CDF and survival function: what scipy.stats.poisson calls, without
+    # its per-call machinery (a quote evaluates this a few dozen times per level)
+    below = float(special.pdtr(lo - 1, lam)) if lo >= 1 else 0.0
+    return float(special.pdtrc(hi, lam)) + below
 
 
 def _poisson_half_width(lam: float, c: float) -> float:

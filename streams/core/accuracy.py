@@ -13,7 +13,7 @@ from market.mechanisms import mechanism
 
 from ..wire.events import UNIT_OF, ErrorModelInfo, MechanismName, StreamRegistration
 
-__all__ = ["error_info"]
+__all__ = ["error_info", "offer_accuracy"]
 
 
 def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
@@ -31,3 +31,11 @@ def _info(name: MechanismName, sensitivity: float, level: float) -> ErrorModelIn
         mechanism=name, level=m.level, unit=UNIT_OF[name], scale=m.scale, std=m.std,
         offset=m.offset, half_widths=m.standard_half_widths(),
     )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def offer_accuracy(name: MechanismName, sensitivity: float, level: float) -> tuple[float, float]:
+    """RMS error and 95 % half-width of a level, for a quote's offers (one half-width, not
+    three: a quote lists every level of the stream)."""
+    m = error_model(mechanism(name, sensitivity), level)
+    return m.std, m.half_width(0.95)

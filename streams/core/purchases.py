@@ -32,7 +32,7 @@ from ..wire.events import (
 )
 from ..wire.money import format_money
 from ..wire.sealing import purchase_aad, seal_releases
-from .accuracy import error_info
+from .accuracy import error_info, offer_accuracy
 from .auth import acting_for, authenticate
 from .context import Context
 from .horizon import UNKNOWN_STREAM
@@ -198,11 +198,10 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     terms = ctx.terms(reg)
     out = []
     for lv in sellable_levels(reg.steps, reg.cap):
-        m = error_info(reg, lv)  # cached per stream terms and level
-        assert m is not None
+        rmse, hw95 = offer_accuracy(reg.mechanism, reg.sensitivity, lv)  # cached
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
-        out.append(Offer(level=lv, rmse=m.std, half_width_95=m.half_widths["95"],
-                         price_minor=price, held=lv <= held))  # fmt: skip
+        out.append(Offer(level=lv, rmse=rmse, half_width_95=hw95, price_minor=price,
+                         held=lv <= held))  # fmt: skip
     return out
 
 

@@ -1,6 +1,6 @@
 """Crash anywhere: the worker is killed at random fail points at least 100 times.
 
-Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
+Three independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
 values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while
 a supervisor restarts the worker every time it dies at a random fail point (before/after its state
 write, mid-batch, mid-output, after output). Afterwards a clean worker finishes the backlog, every
@@ -43,7 +43,8 @@ from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.minutes]
 
-CRASHES = 100  # across both lanes
+CRASHES = 100  # across the lanes
+LANES = 3  # independent markets crashing side by side: a restart mostly waits, so they overlap
 LADDER = [0.25, 0.5, 1.0, 2.0]
 CAP = 2.0
 STREAMS = ["s0", "s1"]
@@ -270,7 +271,7 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
 
 
 def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
-    lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(2)]
+    lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(LANES)]
     for lane in lanes:
         lane.market.tmp.mkdir(parents=True)
         opener = lane.market.start_worker()  # accounts first, by a worker without fail points
@@ -282,7 +283,8 @@ def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
     for d in drivers:
         d.start()
     supervisors = [
-        threading.Thread(target=lane.supervise, args=(CRASHES // len(lanes),)) for lane in lanes
+        threading.Thread(target=lane.supervise, args=(-(-CRASHES // len(lanes)),))
+        for lane in lanes
     ]
     t0 = time.monotonic()
     for s in supervisors:
@@ -296,11 +298,25 @@ def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
     elapsed = time.monotonic() - t0
     try:
         assert not [f for lane in lanes for f in lane.failures], lanes[0].failures[:1]
-        summary = {}
-        for lane in lanes:
-            lane.market.start_worker()  # a clean worker finishes the backlog
-            topics = lane.market.run(lane.settle)
-            summary[lane.name] = check_lane(lane, topics)
+        summary: dict[str, Any] = {}
+
+        errors: list[BaseException] = []
+
+        def settle(lane: Lane) -> None:  # the lanes settle side by side
+            try:
+                lane.market.start_worker()  # a clean worker finishes the backlog
+                summary[lane.name] = check_lane(lane, lane.market.run(lane.settle))
+            except BaseException as exc:  # re-raised below, in the test's own thread
+                errors.append(exc)
+
+        settlers = [threading.Thread(target=settle, args=(lane,)) for lane in lanes]
+        for t in settlers:
+            t.start()
+        for t in settlers:
+            t.join(timeout=600)
+        if errors:
+            raise errors[0]
+        assert set(summary) == {lane.name for lane in lanes}, f"a lane did not settle: {summary}"
         crashes = sum((lane.crashes for lane in lanes), collections.Counter())
         print(f"\ncrash test: {sum(crashes.values())} crashes in {elapsed:.0f}s by fail point "
               f"{dict(crashes)}; per lane {summary}")  # fmt: skip

@@ -132,6 +132,10 @@ async def _load(
             done = w.metric("emarket_values_ingested_total", {"status": "accepted"})
             if done >= n_values and w.metric("emarket_purchases_total") >= sent_p:
                 break
+            now = time.monotonic() - t0
+            if now >= next_sample:  # keep sampling while a lagging worker catches up
+                res.samples.append(_sample(w, now, sent_v, sent_p))
+                next_sample += 10.0
             await asyncio.sleep(0.5)
         res.samples.append(_sample(w, time.monotonic() - t0, sent_v, sent_p))
         res.duration = time.monotonic() - t0

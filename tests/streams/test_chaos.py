@@ -1,6 +1,6 @@
 """Crash anywhere: the worker is killed at random fail points at least 100 times.
 
-Three independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
+Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
 values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while
 a supervisor restarts the worker every time it dies at a random fail point (before/after its state
 write, mid-batch, mid-output, after output). Afterwards a clean worker finishes the backlog, every
@@ -44,7 +44,7 @@ from .helpers import buy
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.minutes]
 
 CRASHES = 100  # across the lanes
-LANES = 3  # independent markets crashing side by side: a restart mostly waits, so they overlap
+LANES = 2  # independent markets crashing side by side (a third starved the tests beside it)
 LADDER = [0.25, 0.5, 1.0, 2.0]
 CAP = 2.0
 STREAMS = ["s0", "s1"]

@@ -15,8 +15,9 @@ Half-widths are exact for each law (no normal approximation):
 * Laplace, scale b = Δ/ε: P(|V| > t) = e^{−t/b}, so t = b ln(1/(1 − c));
 * Gaussian, σ² = Δ²/(2ρ): t = σ Φ⁻¹((1 + c)/2);
 * Poisson, N ~ Poi(λ), λ = Δ²/ω, estimate = release − λ: the smallest t with
-  P(|N − λ| ≤ t) ≥ c, found by adding the integers nearest λ in order of distance. The law is
-  discrete, so the coverage is at least c (not exactly c).
+  P(|N − λ| ≤ t) ≥ c, found from the two tails (a doubling and bisection search on t, snapped
+  to the distance of the farthest integer it holds). The law is discrete, so the coverage is at
+  least c (not exactly c).
 """
 
 from __future__ import annotations

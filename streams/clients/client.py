@@ -31,6 +31,7 @@ from ..wire.events import (
     INBOX_EVENT,
     AccountState,
     CatalogEntry,
+    DeliveriesWithheld,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
@@ -49,7 +50,13 @@ from .keys import Party
 __all__ = ["InboxEvent", "MarketClient", "TopicReader", "now_ms"]
 
 InboxEvent = (
-    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+    AccountState
+    | ValuesAccepted
+    | PurchaseFulfilled
+    | ValueReleased
+    | DeliveriesWithheld
+    | QuoteAnswer
+    | Rejection
 )
 
 

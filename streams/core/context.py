@@ -21,6 +21,7 @@ from .horizon import DedupHorizon
 from .keys import MarketKeys
 from .outputs import Reject, StreamFigures
 from .state import Stores, StreamState
+from .windows import latest_status
 
 __all__ = ["Context", "Limits", "Terms"]
 
@@ -132,6 +133,8 @@ class Context:
     def figures(st: StreamState) -> StreamFigures:
         """The stream's ledger figures for the worker's gauges."""
         reg = st.registration
+        ws = latest_status(st)
         return StreamFigures(
-            reg.stream_id, reg.mechanism, UNIT_OF[reg.mechanism], st.spent, reg.cap, reg.currency
-        )
+            reg.stream_id, reg.mechanism, UNIT_OF[reg.mechanism], st.spent, reg.cap, reg.currency,
+            None if ws is None else ws.spent, None if ws is None else ws.cap,
+        )  # fmt: skip

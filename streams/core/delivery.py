@@ -3,6 +3,8 @@
 A value queues one release per holder of its stream; :meth:`Deliveries.drain` turns the queue
 into ``value_released`` events per (buyer, stream), sealed for the buyer account's current
 sealing key when it has one, and split so that no message exceeds the broker's size limit.
+A value a ``window`` stream's privacy window has no room for at a holder's level is withheld
+from that holder, who gets a ``deliveries_withheld`` event instead (never silence).
 Inside :meth:`Deliveries.batch` nothing is drained per event, so the releases of a whole batch
 reach each buyer in as few messages as the limit allows.
 """
@@ -16,13 +18,14 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from ..wire.events import UNIT_OF, ReleasedValue, ValueReleased
+from ..wire.events import UNIT_OF, DeliveriesWithheld, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
 from .accuracy import error_info
 from .directory import Directory
 from .outputs import Output, dump
 from .state import StreamState
+from .windows import describe, status
 
 __all__ = ["BYTES_PER_NUMBER", "Deliveries", "release_bytes"]
 
@@ -59,24 +62,45 @@ class Deliveries:
         self._seal_secret = seal_secret
         self._directory = directory
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
+        #: (buyer, stream, window index) → (level held, value ids withheld)
+        self._withheld: dict[tuple[str, str, int], tuple[float, list[str]]] = {}
         self._batching = False
         self.max_message_bytes = max_message_bytes
         #: an upper bound on the bytes of everything queued (the worker cuts batches by it)
         self.pending_bytes = 0
+        #: deliveries withheld so far (monotonic: handlers count theirs by difference)
+        self.withheld_total = 0
 
     def queue(
         self, st: StreamState, value_id: str, seq: int, by_level: Mapping[float, NDArray[Any]]
     ) -> int:
-        """Queue ``value_id``'s release at each holder's level (``by_level``); return how many."""
+        """Queue ``value_id``'s release for each holder whose level is in ``by_level``;
+        return how many."""
         sid = st.registration.stream_id
         listed = {lvl: v.tolist() for lvl, v in by_level.items()}
         self.pending_bytes += len(st.holders) * release_bytes(st.registration.dimension, True)
+        queued = 0
         for buyer, holder in st.holders.items():
+            values = listed.get(holder.level)
+            if values is None:  # withheld (see :meth:`withhold`)
+                continue
             release = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=holder.level, values=listed[holder.level]
+                value_id=value_id, seq=seq, level=holder.level, values=values
             )
             self._pending.setdefault((buyer, sid), []).append(release)
-        return len(st.holders)
+            queued += 1
+        return queued
+
+    def withhold(self, st: StreamState, value_id: str, window: int, released: set[float]) -> None:
+        """Note that ``value_id`` (of privacy window ``window``) is withheld from every holder
+        whose level is not in ``released``."""
+        sid = st.registration.stream_id
+        for buyer, holder in st.holders.items():
+            if holder.level not in released:
+                entry = self._withheld.setdefault((buyer, sid, window), (holder.level, []))
+                entry[1].append(value_id)
+                self.pending_bytes += 80
+                self.withheld_total += 1
 
     @contextlib.contextmanager
     def batch(self, streams: Mapping[str, StreamState]) -> Iterator[list[Output]]:
@@ -107,10 +131,34 @@ class Deliveries:
                 except Exception:
                     log.exception("could not deliver %d releases of %s to %s",
                                   len(releases), sid, buyer)  # fmt: skip
+            for (buyer, sid, window), (level, ids) in self._withheld.items():
+                outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
         finally:
             self._pending.clear()
+            self._withheld.clear()
             self.pending_bytes = 0
         return outputs
+
+    def _withheld_messages(
+        self, buyer: str, st: StreamState, window: int, level: float, ids: list[str]
+    ) -> list[Output]:
+        """``deliveries_withheld`` events for the values of one window, under the size limit."""
+        ws = status(st, window)
+        message = (
+            f"values of stream {st.registration.stream_id!r} withheld from you: releasing them "
+            f"at your level {level:g} {ws.unit} would overspend its {describe(ws)}. Values "
+            "published in the next window reach you again; the seller caps what the values of "
+            "one window may reveal together"
+        )
+        room = max(1, (self.max_message_bytes - 4096) // 67)  # a quoted 64-character id
+        out = []
+        for start in range(0, len(ids), room):
+            chunk = ids[start : start + room]
+            event = DeliveriesWithheld(buyer_id=buyer, stream_id=st.registration.stream_id,
+                                       level=level, value_ids=chunk, window=ws,
+                                       message=message)  # fmt: skip
+            out.append(Output(self._topics.inbox(buyer), chunk[-1].encode(), dump(event)))
+        return out
 
     def _messages(self, buyer: str, st: StreamState, releases: list[ReleasedValue]) -> list[Output]:
         reg = st.registration

@@ -39,6 +39,9 @@ class StreamFigures:
     spent: float
     cap: float
     currency: str
+    #: on a ``window`` stream: the window of its newest value (spent, cap), else None
+    window_spent: float | None = None
+    window_cap: float | None = None
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Outcome:
     figures: StreamFigures | None = None
     #: inbox topics to create before the outputs are sent (only when an account is opened)
     create_topics: list[TopicSpec] = field(default_factory=list)
+    #: subscription deliveries withheld by privacy windows
+    withheld: int = 0
     #: per value of a batch: (status, reason)
     items: list[tuple[str, str | None]] = field(default_factory=list)
     #: the account a deferred event waits for (status "deferred": nothing was changed)

@@ -40,6 +40,7 @@ from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
 from .values import store_state, value_identity
+from .windows import charge_purchase, check_purchase, fitting_levels, latest_status
 
 __all__ = ["fingerprint", "fulfil", "purchase", "quote"]
 
@@ -79,6 +80,7 @@ def _quote(ctx: Context, req: QuoteRequest) -> Outcome:
         currency=st.registration.currency,
         error_model=error_info(st.registration, plan.after),
         offers=_offers(ctx, st, plan.held),
+        privacy_window=latest_status(st),
     )
     topic = ctx.topics.inbox(req.buyer_id)
     return Outcome(
@@ -183,8 +185,10 @@ def _target(
     held = holder.level if holder else 0.0
     budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
     above = [lv for lv in levels if lv > held]
-    affordable = [lv for lv in above
-                  if terms.schedule.step_price(terms.mechanism, held, lv) <= budget]  # fmt: skip
+    fits = fitting_levels(st, above)
+    price = terms.schedule.step_price
+    affordable = [lv for lv, ok in zip(above, fits, strict=True)
+                  if ok and price(terms.mechanism, held, lv) <= budget]  # fmt: skip
     if affordable:
         return max(affordable)
     # nothing affordable: the next level up is refused as too dear (saying what it costs);
@@ -197,11 +201,13 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     reg = st.registration
     terms = ctx.terms(reg)
     out = []
-    for lv in sellable_levels(reg.steps, reg.cap):
+    levels = sellable_levels(reg.steps, reg.cap)
+    window = reg.window is not None
+    for lv, fits in zip(levels, fitting_levels(st, levels), strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.sensitivity, lv)  # cached
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(Offer(level=lv, rmse=rmse, half_width_95=hw95, price_minor=price,
-                         held=lv <= held))  # fmt: skip
+                         held=lv <= held, fits_window=fits if window else None))  # fmt: skip
     return out
 
 
@@ -254,11 +260,13 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
             f"stream {reg.stream_id!r} has its maximum of {limit} buyers (every new value is "
             "delivered to each of them); ask the operators (EMARKET_MAX_HOLDERS)",
         )
+    check_purchase(st, plan.after, sellable_levels(reg.steps, reg.cap))
     releases, new_noise = _release_window(ctx, st, plan.after)
     # the outcome (sealed, signed) is built before anything is charged: if building it failed,
     # the buyer would otherwise hold and pay for a level with no stored outcome
     payload = dump(_fulfilled(ctx, req, st, plan, releases, account.sealing_key))
     _charge(st, req, plan)
+    charge_purchase(st, plan.after)
     ctx.stores.streams[reg.stream_id] = st
     ctx.stores.purchases[record_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
         fingerprint=fp,

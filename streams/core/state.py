@@ -55,6 +55,9 @@ class ValueEntry(BaseModel):
     digest: str
     received_at_ms: int
     published_at_ms: int = 0
+    #: the largest level released of the value, to anyone: with lossless release, the value's
+    #: whole privacy cost (what a ``window`` stream's windows add up)
+    level: float = 0.0
 
 
 class Holder(BaseModel):
@@ -87,22 +90,38 @@ class StreamState(BaseModel):
     watermark_ms: int = 0
     #: the same for purchases: outcomes older than it minus the horizon are forgotten
     purchase_watermark_ms: int = 0
+    #: on a ``window`` stream: window index → sum over its values of their largest level
+    #: (:mod:`streams.core.windows`); windows no value can join or be re-released into are
+    #: dropped, at most ``MAX_RECENT_WINDOWS`` beyond those of the values in ``window``
+    window_spent: dict[int, float] = {}
+    #: windows at or below this index without an entry in ``window_spent`` are closed: their
+    #: sums were dropped, so a value published into one is refused (-1: none closed)
+    window_floor: int = -1
 
 
-#: upper bounds on the JSON of one window entry and one holder with 64-character ids
-WINDOW_ENTRY_BYTES = 256
+#: upper bounds on the JSON of one window entry and one holder with 64-character ids, and of
+#: one privacy window's sum
+WINDOW_ENTRY_BYTES = 300
 HOLDER_BYTES = 160
+WINDOW_SUM_BYTES = 48
+#: privacy-window sums a stream keeps besides those of the values it retains
+MAX_RECENT_WINDOWS = 256
 
 
 def stream_record_bound(retain_last: int, max_holders: int, catalog_bytes: int) -> int:
-    """Most bytes a stream's record can take: a full window, every holder, its catalog entry
-    twice (the registration inside it, and the entry as an escaped string).
+    """Most bytes a stream's record can take: a full window, every holder, every privacy-window
+    sum, its catalog entry twice (the registration inside it, and the entry as an escaped
+    string).
 
     The registration is refused if this exceeds the message limit, so a stream's state can
     always be written (``tests/streams/test_core.py`` checks the bound at its extremes).
     """
     return (
-        WINDOW_ENTRY_BYTES * retain_last + HOLDER_BYTES * max_holders + 3 * catalog_bytes + 1024
+        WINDOW_ENTRY_BYTES * retain_last
+        + HOLDER_BYTES * max_holders
+        + WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1)
+        + 3 * catalog_bytes
+        + 1024
     )
 
 

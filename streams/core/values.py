@@ -30,6 +30,7 @@ from .delivery import release_bytes
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
+from .windows import admit_value, index_of, is_window, open_for_value, prune
 
 __all__ = [
     "digest_values",
@@ -71,8 +72,10 @@ def ingest_batch(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id,
                       mechanism=st.registration.mechanism)  # fmt: skip
     lines: list[ValueOutcome] = []
+    withheld = ctx.deliveries.withheld_total
     for item in batch.items:
         lines.append(_one(ctx, st, item, src, outcome))
+    outcome.withheld = ctx.deliveries.withheld_total - withheld
     ctx.stores.streams[batch.stream_id] = st
     answer = ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
     inbox = ctx.topics.inbox(batch.seller_id)
@@ -142,18 +145,47 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     if known is not None:
         released, new_noise = _resent(ctx, st, item.value_id, digest, known)
         return "duplicate", released, new_noise
+    if is_window(reg):
+        open_for_value(st, index_of(reg, item.published_at_ms), item.value_id)
     ident = value_identity(reg.stream_id, item.value_id, digest)
     chain = terms.chain
     state = chain.seal(exact, ident, ctx.rngs) if reg.sealed else chain.open(exact)
-    by_level, new_noise = held_releases(ctx, st, terms, state, ident)
+    levels = _admitted(st, item.published_at_ms, 0.0)
+    by_level, new_noise = held_releases(ctx, st, terms, state, ident, levels)
     st.spent = max(st.spent, *by_level, 0.0)
     if reg.sealed:  # the market holds its cap-level release
         new_noise += 1
         st.spent = max(st.spent, reg.cap)
-    seq = _append(ctx, st, item, digest)
+    seq = _append(ctx, st, item, digest, max(by_level, default=0.0))
     _evict(ctx, st)
     store_state(ctx, key, state)
-    return "accepted", ctx.deliveries.queue(st, item.value_id, seq, by_level), new_noise
+    return "accepted", _deliver(ctx, st, item.value_id, seq, item.published_at_ms, by_level), (
+        new_noise)  # fmt: skip
+
+
+def _admitted(st: StreamState, published_at_ms: int, current: float) -> set[float]:
+    """The levels held on the stream that a value may be released at (all of them on an
+    ``event`` stream; those its privacy window has room for on a ``window`` stream)."""
+    held = {h.level for h in st.holders.values()}
+    if not is_window(st.registration) or not held:
+        return held
+    return admit_value(st, index_of(st.registration, published_at_ms), current, held)
+
+
+def _deliver(
+    ctx: Context,
+    st: StreamState,
+    value_id: str,
+    seq: int,
+    published_at_ms: int,
+    by_level: dict[float, NDArray[Any]],
+) -> int:
+    """Queue the value's releases for the holders it fits; tell the others it is withheld."""
+    released = ctx.deliveries.queue(st, value_id, seq, by_level)
+    if len(by_level) < len({h.level for h in st.holders.values()}):
+        ctx.deliveries.withhold(st, value_id, index_of(st.registration, published_at_ms),
+                                set(by_level))  # fmt: skip
+    return released
 
 
 def store_state(ctx: Context, key: str, state: ChainState) -> None:
@@ -163,15 +195,21 @@ def store_state(ctx: Context, key: str, state: ChainState) -> None:
 
 
 def held_releases(
-    ctx: Context, st: StreamState, terms: Terms, state: ChainState, ident: tuple[str, ...]
+    ctx: Context,
+    st: StreamState,
+    terms: Terms,
+    state: ChainState,
+    ident: tuple[str, ...],
+    levels: set[float],
 ) -> tuple[dict[float, NDArray[Any]], int]:
-    """The value released at every level the stream's holders hold; and the new steps drawn.
+    """The value released at each of ``levels`` (held by the stream's holders, admitted by
+    its privacy window); and the new steps drawn.
 
-    One walk along the chain computes them all: up to the most accurate level held on an open
-    chain, down to the least accurate on a sealed one.
+    One walk along the chain computes them all: up to the most accurate level on an open
+    chain, down to the least accurate on a sealed one. Nothing above ``levels`` is drawn.
     """
     chain = terms.chain
-    steps = {chain.step_of(h.level) for h in st.holders.values()}
+    steps = {chain.step_of(lv) for lv in levels}
     if not steps:
         return {}, 0
     far = min(steps) if chain.sealed else max(steps)
@@ -182,8 +220,9 @@ def held_releases(
     return {chain.levels[k]: state.steps[k] for k in steps}, new_noise
 
 
-def _append(ctx: Context, st: StreamState, ev: ValueItem, digest: str) -> int:
-    """Add the value to its stream's window; return its arrival number."""
+def _append(ctx: Context, st: StreamState, ev: ValueItem, digest: str, level: float) -> int:
+    """Add the value to its stream's window (released up to ``level``); return its arrival
+    number."""
     seq = st.next_seq
     st.window.append(
         ValueEntry(
@@ -192,6 +231,7 @@ def _append(ctx: Context, st: StreamState, ev: ValueItem, digest: str) -> int:
             digest=digest,
             received_at_ms=ctx.clock(),
             published_at_ms=ev.published_at_ms,
+            level=level,
         )
     )
     st.next_seq += 1
@@ -209,12 +249,14 @@ def _evict(ctx: Context, st: StreamState) -> None:
         ctx.stores.releases[okey] = EvictedValue(old.seq, old.digest, old.published_at_ms)
         ctx.horizon.remember("value", sid, old.published_at_ms, okey)
     ctx.horizon.forget("value", sid, st.watermark_ms, ctx.stores.releases)
+    prune(st, ctx.horizon.horizon_ms)
 
 
 def _resent(
     ctx: Context, st: StreamState, value_id: str, digest: str, known: ValueState
 ) -> tuple[int, int]:
     """A known value id: re-emit its releases (nothing once evicted); they are the same bytes."""
+    entry = None
     if isinstance(known, EvictedValue):
         seq, old_digest = known.seq, known.digest
     else:
@@ -228,8 +270,12 @@ def _resent(
             "use a new id",
         )
     released = new_noise = 0
-    if isinstance(known, ChainState):
+    if isinstance(known, ChainState) and entry is not None:
         ident = value_identity(st.registration.stream_id, value_id, digest)
-        by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident)
-        released = ctx.deliveries.queue(st, value_id, seq, by_level)
+        levels = _admitted(st, entry.published_at_ms, entry.level)
+        by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident,
+                                            levels)  # fmt: skip
+        entry.level = max(entry.level, *by_level, 0.0)
+        st.spent = max(st.spent, entry.level)
+        released = _deliver(ctx, st, value_id, seq, entry.published_at_ms, by_level)
     return released, new_noise

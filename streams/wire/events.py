@@ -20,7 +20,8 @@ Topic → payload:
 ``<p>.purchases``           :class:`PurchaseRequest` or :class:`QuoteRequest` (buyer → market)
 ``<p>.inbox.<account_id>``  :class:`AccountState`, :class:`ValuesAccepted`,
                             :class:`PurchaseFulfilled`, :class:`ValueReleased`,
-                            :class:`QuoteAnswer` or :class:`Rejection` (market → one party)
+                            :class:`DeliveriesWithheld`, :class:`QuoteAnswer` or
+                            :class:`Rejection` (market → one party)
 ``<p>.rejections``          :class:`Rejection` (every refused event, for operators)
 ``<p>.deadletters``         :class:`DeadLetter` (outputs the broker refused for good)
 ``<p>.market``              :class:`MarketIdentity` (which noise secret made the state)
@@ -55,6 +56,7 @@ __all__ = [
     "AccuracyTarget",
     "CatalogEntry",
     "DeadLetter",
+    "DeliveriesWithheld",
     "Envelope",
     "ErrorModelInfo",
     "Identifier",
@@ -68,6 +70,8 @@ __all__ = [
     "OpenAccount",
     "PriceLevel",
     "PricingSpec",
+    "PrivacyUnit",
+    "PrivacyWindow",
     "PurchaseFulfilled",
     "PurchaseRequest",
     "PurchasesEvent",
@@ -84,6 +88,7 @@ __all__ = [
     "ValueOutcome",
     "ValueReleased",
     "ValuesAccepted",
+    "WindowStatus",
 ]
 
 SCHEMA_VERSION = 1
@@ -111,6 +116,11 @@ Signature = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{86}==$", s
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[int, Field(ge=0, le=2**63 - 1)]
+PrivacyUnit = Literal["event", "window"]
+"""Whose privacy a stream's levels protect: each value's own (``event``), or the people present
+in every value of a time window (``window``: the levels of a window's values add up)."""
+MIN_WINDOW_MS = 60_000
+MAX_WINDOW_MS = 366 * 86_400_000
 
 
 class _Event(BaseModel):
@@ -125,6 +135,20 @@ class _Signed(_Event):
     signature: Signature = Field(
         description="Ed25519 over the canonical bytes of streams.wire.signing"
     )
+
+
+class PrivacyWindow(BaseModel):
+    """The privacy window of a ``window`` stream: windows are ``[k·W, (k+1)·W)`` in Unix ms of
+    the values' publication times, and in each the sum over values of the largest level
+    released of each value stays at most ``cap`` (see ``docs/math.md`` §9)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    duration_ms: Annotated[int, Field(ge=MIN_WINDOW_MS, le=MAX_WINDOW_MS)] = Field(
+        description="W, from one minute to 366 days; windows start at multiples of W since "
+        "the Unix epoch (UTC)"
+    )
+    cap: Level = Field(description="most privacy the values of one window may spend together, "
+                       "in the stream's level unit")  # fmt: skip
 
 
 # ----------------------------------------------------------------------- party → market
@@ -230,6 +254,13 @@ class StreamRegistration(_Signed):
     pricing: PricingSpec
     currency: Currency = "EUR"
     description: Annotated[str, StringConstraints(max_length=500)] = ""
+    privacy_unit: PrivacyUnit = Field(
+        "event",
+        description="'event': each value is about different people, and a stream's loss is "
+        "its largest level; 'window': the same people are in every value, and the levels of a "
+        "window's values add up (needs `window`)",
+    )
+    window: PrivacyWindow | None = Field(None, description="for privacy_unit 'window' only")
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamRegistration:
@@ -237,7 +268,28 @@ class StreamRegistration(_Signed):
             raise ValueError("steps must be strictly increasing")
         if self.cap < self.steps[-1]:
             raise ValueError(f"cap {self.cap:g} is below the top step {self.steps[-1]:g}")
+        if (self.privacy_unit == "window") != (self.window is not None):
+            raise ValueError("a 'window' stream needs a window, and only it has one")
+        if self.window is not None:
+            self._check_window(self.window)
         return self
+
+    def _check_window(self, window: PrivacyWindow) -> None:
+        if self.mechanism == "poisson":
+            raise ValueError(
+                "privacy_unit 'window' needs levels that add up: ε (laplace) or ρ (gaussian); "
+                "the Poisson ω does not compose additively with a guarantee we can state"
+            )
+        if self.sealed:
+            raise ValueError(
+                "a sealed stream releases every value at the cap on arrival, so each value "
+                "would spend the cap; register 'window' streams unsealed"
+            )
+        if window.cap < self.steps[0]:
+            raise ValueError(
+                f"window cap {window.cap:g} is below the lowest step {self.steps[0]:g}: no value "
+                "could ever be released"
+            )
 
 
 class ValueItem(BaseModel):
@@ -433,6 +485,24 @@ class Offer(BaseModel):
     half_width_95: float = Field(description="95 % interval half-width, value units")
     price_minor: int = Field(description="what moving to this level costs this buyer now")
     held: bool = Field(description="the buyer already holds this level or a higher one")
+    fits_window: bool | None = Field(
+        None, description="on a 'window' stream: a purchase of this level fits the privacy "
+        "windows' headroom now (null on 'event' streams)",
+    )
+
+
+class WindowStatus(BaseModel):
+    """One privacy window of a ``window`` stream, as the market accounts it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    start_ms: int = Field(description="first millisecond of the window (Unix ms)")
+    end_ms: int = Field(description="first millisecond after it: new values from then on "
+                        "count against the next window")  # fmt: skip
+    unit: LevelUnit
+    cap: float
+    spent: float = Field(description="sum over the window's values of the largest level "
+                         "released of each")  # fmt: skip
+    headroom: float = Field(description="cap − spent")
 
 
 class PurchaseFulfilled(_Event):
@@ -488,6 +558,28 @@ class QuoteAnswer(_Event):
     currency: str
     error_model: ErrorModelInfo | None = None
     offers: list[Offer] = Field(default_factory=list, description="every level for sale")
+    privacy_window: WindowStatus | None = Field(
+        None, description="on a 'window' stream: the window of the newest value"
+    )
+
+
+class DeliveriesWithheld(_Event):
+    """Values a buyer's subscription did not deliver, and why (``<p>.inbox.<buyer_id>``).
+
+    On a ``window`` stream a value reaches a holder only if releasing it at the holder's level
+    keeps its privacy window within the cap; otherwise the market withholds it and says so
+    here, once per buyer, stream and window of each batch. Withheld values are not released
+    to the buyer later at that level: the seller's budget for their window is spent.
+    """
+
+    type: Literal["deliveries_withheld"] = "deliveries_withheld"
+    buyer_id: Identifier
+    stream_id: Identifier
+    reason: Literal["privacy_window_full"] = "privacy_window_full"
+    level: float = Field(description="the level the buyer holds")
+    value_ids: list[Identifier]
+    window: WindowStatus
+    message: str
 
 
 class Rejection(_Event):
@@ -587,14 +679,26 @@ class MarketIdentity(_Event):
 
 
 InboxEvent = Annotated[
-    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection,
+    AccountState
+    | ValuesAccepted
+    | PurchaseFulfilled
+    | ValueReleased
+    | DeliveriesWithheld
+    | QuoteAnswer
+    | Rejection,
     Field(discriminator="type"),
 ]
 
 PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
 ACCOUNTS_EVENT: TypeAdapter[OpenAccount | RotateKeys] = TypeAdapter(AccountEvent)
 INBOX_EVENT: TypeAdapter[
-    AccountState | ValuesAccepted | PurchaseFulfilled | ValueReleased | QuoteAnswer | Rejection
+    AccountState
+    | ValuesAccepted
+    | PurchaseFulfilled
+    | ValueReleased
+    | DeliveriesWithheld
+    | QuoteAnswer
+    | Rejection
 ] = TypeAdapter(InboxEvent)
 
 SCHEMAS: dict[str, TypeAdapter[Any]] = {

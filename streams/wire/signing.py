@@ -17,7 +17,8 @@ confidence. The fields are every one that matters:
 ``rotate_keys``      account_id, version, signing_key, sealing_key, rotated_at_ms
 ``register_stream``  stream_id, seller_id, mechanism, sensitivity, dimension, steps, cap,
                      retain_last, sealed, pricing (kind and its numbers), currency,
-                     description
+                     description, and on a ``window`` stream only: privacy_unit,
+                     window duration_ms, window cap
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
@@ -125,6 +126,8 @@ def _registration(c: _Canon, e: StreamRegistration) -> None:
     else:
         c.f(spec.get("rate_per_precision", spec.get("rate_per_level")))
     c.s(e.currency).s(e.description)
+    if e.window is not None:  # nothing for 'event' streams: their bytes predate the field
+        c.s(e.privacy_unit).i(e.window.duration_ms).f(e.window.cap)
 
 
 def _values(c: _Canon, e: ValueBatch) -> None:

@@ -45,6 +45,10 @@ class Metrics:
     batch_size: Histogram
     privacy_spent: Gauge
     privacy_cap: Gauge
+    window_spent: Gauge
+    window_headroom: Gauge
+    window_cap: Gauge
+    withheld: Counter
     revenue: Counter
     state_entries: Gauge
     state_bytes: Gauge
@@ -84,12 +88,24 @@ class Metrics:
             self.accounts.labels(o.status).inc()
         if o.new_noise:
             self.noise_draws.labels(mech).inc(o.new_noise)
+        self._ledger(o)
+
+    def _ledger(self, o: Outcome) -> None:
+        """The stream's privacy and revenue figures after the event."""
+        if o.withheld and o.stream_id:
+            self.withheld.labels(o.stream_id).inc(o.withheld)
         f = o.figures
-        if f is not None:
-            self.privacy_spent.labels(f.stream_id, f.mechanism, f.level_unit).set(f.spent)
-            self.privacy_cap.labels(f.stream_id, f.mechanism, f.level_unit).set(f.cap)
-            if o.price_minor > 0:
-                self.revenue.labels(f.stream_id, f.currency).inc(o.price_minor)
+        if f is None:
+            return
+        labels = (f.stream_id, f.mechanism, f.level_unit)
+        self.privacy_spent.labels(*labels).set(f.spent)
+        self.privacy_cap.labels(*labels).set(f.cap)
+        if f.window_cap is not None and f.window_spent is not None:
+            self.window_spent.labels(*labels).set(f.window_spent)
+            self.window_cap.labels(*labels).set(f.window_cap)
+            self.window_headroom.labels(*labels).set(max(0.0, f.window_cap - f.window_spent))
+        if o.price_minor > 0:
+            self.revenue.labels(f.stream_id, f.currency).inc(o.price_minor)
 
     def set_broker_up(self, ok: bool) -> bool:
         """Record whether the broker answered; return True when that changed."""
@@ -143,6 +159,19 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                       "unit label (epsilon, rho or omega)", _UNITS, {}),
     "privacy_cap": (Gauge, "privacy_cap",
                     "Cap the seller set on the stream, in the unit label", _UNITS, {}),
+    "window_spent": (Gauge, "privacy_window_spent",
+                     "On a 'window' stream: sum over the values of its newest value's privacy "
+                     "window of each value's largest level released, in the unit label",
+                     _UNITS, {}),
+    "window_headroom": (Gauge, "privacy_window_headroom",
+                        "On a 'window' stream: window cap minus spent, for the window of its "
+                        "newest value, in the unit label", _UNITS, {}),
+    "window_cap": (Gauge, "privacy_window_cap",
+                   "On a 'window' stream: most the values of one window may spend together, "
+                   "in the unit label", _UNITS, {}),
+    "withheld": (Counter, "deliveries_withheld",
+                 "Subscription deliveries withheld because a privacy window was full",
+                 ["stream"], {}),
     "revenue": (Counter, "revenue_minor", "Revenue in minor currency units",
                 ["stream", "currency"], {}),
     "state_entries": (Gauge, "state_entries", "Entries held in each table on this worker",

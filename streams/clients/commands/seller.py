@@ -67,6 +67,37 @@ def _pricing(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": "linear_level", "rate_per_level": rate}
 
 
+_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """``90s``, ``15m``, ``1h``, ``7d`` (or plain milliseconds) → milliseconds."""
+    text = text.strip()
+    unit = _UNIT_MS.get(text[-1:], 1) if text[-1:].isalpha() else 1
+    number = text[:-1] if text[-1:].isalpha() else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: write e.g. 90s, 15m, 1h or 7d"
+        ) from None
+    if text[-1:].isalpha() and text[-1:] not in _UNIT_MS:
+        raise argparse.ArgumentTypeError(f"{text!r}: the unit is one of s, m, h, d")
+    return round(value * unit)
+
+
+def _privacy(args: argparse.Namespace) -> dict[str, Any]:
+    """The registration's privacy unit: per value, or per window with a cap."""
+    if args.privacy_window is None:
+        if args.window_cap is not None:
+            raise CommandError("--window-cap needs --privacy-window")
+        return {}
+    if args.window_cap is None:
+        raise CommandError("--privacy-window needs --window-cap (the most one window may spend)")
+    return {"privacy_unit": "window",
+            "window": {"duration_ms": args.privacy_window, "cap": args.window_cap}}  # fmt: skip
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -78,7 +109,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         sensitivity=args.sensitivity, dimension=args.dimension, steps=args.steps,
         cap=args.cap if args.cap is not None else max(args.steps), retain_last=args.retain,
         sealed=args.sealed, pricing=_pricing(args), currency=args.currency,
-        description=args.description,
+        description=args.description, **_privacy(args),
     )  # fmt: skip
     try:
         party.sign(StreamRegistration, args.prefix, **fields)
@@ -199,6 +230,13 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--cap", type=float, default=None, help="default: the top step")
     sp.add_argument("--retain", type=int, default=16, help="newest values a purchase covers")
     sp.add_argument("--sealed", action="store_true")
+    sp.add_argument(
+        "--privacy-window", type=duration_ms, default=None, metavar="DURATION",
+        help="the same people are in every value: cap the sum of levels released per window "
+        "of this duration (e.g. 1h, 1d; windows start at multiples of it, UTC)",
+    )  # fmt: skip
+    sp.add_argument("--window-cap", type=float, default=None,
+                    help="with --privacy-window: most one window's values may spend together")
     sp.add_argument("--price-per-level", default="1.00",
                     help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00")
     sp.add_argument("--price-per-precision", default=None,

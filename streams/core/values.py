@@ -167,7 +167,7 @@ def _admitted(st: StreamState, published_at_ms: int, current: float) -> set[floa
     """The levels held on the stream that a value may be released at (all of them on an
     ``event`` stream; those its privacy window has room for on a ``window`` stream)."""
     held = {h.level for h in st.holders.values()}
-    if not is_window(st.registration) or not held:
+    if not is_window(st.registration):
         return held
     return admit_value(st, index_of(st.registration, published_at_ms), current, held)
 

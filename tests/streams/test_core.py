@@ -436,17 +436,28 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
 def test_the_largest_stream_record_fits_its_bound() -> None:
     """A full window and every holder, all with 64-character ids and extreme numbers."""
     from streams.core.context import Limits
-    from streams.core.state import Holder, StreamState, ValueEntry, stream_record_bound
+    from streams.core.state import (
+        MAX_RECENT_WINDOWS,
+        Holder,
+        StreamState,
+        ValueEntry,
+        stream_record_bound,
+    )
 
     c = new_core(limits=Limits(max_holders=2000, max_event_work=10**9))
     fields = {"steps": [round(0.1 + 0.0123456789 * i, 10) for i in range(64)],
-              "description": "\"\\" * 250, "retain_last": 1000}  # fmt: skip
+              "description": "\"\\" * 250, "retain_last": 1000, "privacy_unit": "window",
+              "window": {"duration_ms": 31_622_400_000, "cap": 1.2345678901234567e300}}  # fmt: skip
     out = c.handle(T.registrations, registration("s" * 64, cap=1e9, **fields))
     assert out.status == "accepted", out.outputs[0].value[:300]
     st = c.stores.streams["s" * 64]
     big = 2**63 - 1
     st.window = [ValueEntry(value_id=f"{i:064d}", seq=big, digest="f" * 64, received_at_ms=big,
-                            published_at_ms=big) for i in range(1000)]  # fmt: skip
+                            published_at_ms=big, level=1.2345678901234567e-300)
+                 for i in range(1000)]  # fmt: skip
+    sums = 1000 + MAX_RECENT_WINDOWS + 1
+    st.window_spent = {big - i: 1.2345678901234567e-300 for i in range(sums)}
+    st.window_floor = big
     st.holders = {f"{i:064d}": Holder(level=1.2345678901234567e-300, paid_minor=10**15,
                                       purchases=big) for i in range(2000)}  # fmt: skip
     st.revenue_minor, st.values_ingested, st.spent = big, big, 1.2345678901234567e-300

@@ -35,7 +35,8 @@ REASONS = {
     "conflicting_value", "unknown_topic", "encryption_required", "value_too_old",
     "value_from_the_future", "request_too_old", "request_from_the_future", "bad_signature",
     "unknown_account", "not_your_stream", "too_large", "stream_too_large", "account_exists",
-    "stale_key_version", "too_many_accounts", "accuracy_not_for_sale",
+    "stale_key_version", "too_many_accounts", "accuracy_not_for_sale", "privacy_window_full",
+    "privacy_window_closed",
 }  # fmt: skip
 TOPICS = [T.accounts, T.registrations, T.values, T.purchases]
 M = {"market": "f"}

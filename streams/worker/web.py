@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from market import ChainState
 
 from ..core import MarketKeys, Stores
+from ..core.windows import latest_status
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
 from .config import Settings
@@ -133,6 +134,15 @@ def ledger(stores: Stores, keys: MarketKeys) -> dict[str, Any]:
             "currency": reg.currency,
             "cap": reg.cap,
             "privacy_spent": st.spent,
+            "privacy_unit": reg.privacy_unit,
+            "privacy_window": None if reg.window is None else {
+                "duration_ms": reg.window.duration_ms,
+                "cap": reg.window.cap,
+                "latest": None if (ws := latest_status(st)) is None else ws.model_dump(),
+                "spent_by_window_start_ms": {
+                    str(k * reg.window.duration_ms): v for k, v in sorted(st.window_spent.items())
+                },
+            },
             "revenue_minor": st.revenue_minor,
             "values_ingested": st.values_ingested,
             "holders": {b: h.model_dump() for b, h in st.holders.items()},

@@ -65,7 +65,13 @@ def offers_table(q: Any) -> str:
     for o in q.offers:
         price = "held" if o.held else format_money(o.price_minor, q.currency)
         mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
+        if o.fits_window is False and not o.held:
+            mark += "  (over the privacy window's headroom now)"
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
+    pw = getattr(q, "privacy_window", None)
+    if pw is not None:
+        lines.append(f"privacy window {pw.start_ms}–{pw.end_ms} ms: spent {pw.spent:g} of "
+                     f"{pw.cap:g} {pw.unit}, headroom {pw.headroom:g}")  # fmt: skip
     return "\n".join(lines)
 
 

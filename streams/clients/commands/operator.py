@@ -112,6 +112,15 @@ def _fetch_ledger(url: str) -> dict[str, Any]:
         ) from None  # fmt: skip
 
 
+def _window_figure(s: dict[str, Any]) -> str:
+    """``spent/cap`` of a window stream's newest window (``-`` on event streams)."""
+    pw = s.get("privacy_window")
+    if not pw or not pw.get("latest"):
+        return "-"
+    latest = pw["latest"]
+    return f"{latest['spent']:g}/{latest['cap']:g} per {pw['duration_ms'] // 1000}s"
+
+
 def cmd_ledger(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415
 
@@ -123,13 +132,14 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         print_json(streams)
         return 0
     print(f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
-          "  values")  # fmt: skip
+          f"  {'values':>8}  window spent/cap")  # fmt: skip
     buyers: dict[str, dict[str, Any]] = {}
     sellers: dict[tuple[str, str], int] = {}
     for sid, s in sorted(streams.items()):
         money = format_money(s["revenue_minor"], s["currency"])
         print(f"{sid:<20} {s['seller_id']:<12} {s['privacy_spent']:>10g} {s['cap']:>8g} "
-              f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']}")  # fmt: skip
+              f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']:>8}  "
+              f"{_window_figure(s)}")  # fmt: skip
         for b, h in s["holders"].items():
             buyers.setdefault(b, {})[sid] = {**h, "currency": s["currency"]}
         key = (s["seller_id"], s["currency"])

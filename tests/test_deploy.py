@@ -30,6 +30,9 @@ def exported_metric_names() -> set[str]:
     m = build_metrics()
     m.privacy_spent.labels("s", "laplace", "epsilon").set(1)
     m.privacy_cap.labels("s", "laplace", "epsilon").set(1)
+    for g in (m.window_spent, m.window_cap, m.window_headroom):
+        g.labels("s", "laplace", "epsilon").set(1)
+    m.withheld.labels("s").inc()
     m.revenue.labels("s", "EUR").inc()
     m.state_entries.labels("t").set(1)
     m.consumer_lag.labels("t").set(1)

@@ -132,7 +132,11 @@ class Deliveries:
                     log.exception("could not deliver %d releases of %s to %s",
                                   len(releases), sid, buyer)  # fmt: skip
             for (buyer, sid, window), (level, ids) in self._withheld.items():
-                outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
+                try:
+                    outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
+                except Exception:
+                    log.exception("could not tell %s of %d values of %s withheld",
+                                  buyer, len(ids), sid)  # fmt: skip
         finally:
             self._pending.clear()
             self._withheld.clear()

@@ -152,7 +152,7 @@ def _open_output(path: str) -> Any:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from ...wire.events import PurchaseFulfilled, ValueReleased  # noqa: PLC0415
+    from ...wire.events import DeliveriesWithheld, PurchaseFulfilled, ValueReleased  # noqa: PLC0415
 
     party = load_party(args)
     sealed_hint = [False]
@@ -160,6 +160,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     async def body(c: Any) -> None:
         async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
             print(ev.model_dump_json(), flush=True)
+            if isinstance(ev, DeliveriesWithheld):
+                warn(f"{len(ev.value_ids)} value(s) withheld: {ev.message}")
             if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
                 sealed_hint[0] = True
 

@@ -218,10 +218,17 @@ def _block(
     part, undecided = _choose_part(u1, cums, total, margins[0])
     g, und_g = _geometric(u2, part, cst, law.a_l is not None, margins[1])
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
-    gi = g.astype(np.int64)
-    middle = gi % (t + 1) if lo is not None else 0
-    j = np.choose(part, [-1 - gi, 0, middle, t, (t + 1) + gi])
-    j *= sgn
+    g1 = g.astype(np.int64)
+    g1 += 1  # 1 + G: the distance of the outer parts from their atoms
+    # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
+    j = (part == PART_R) * g1
+    j -= (part == PART_L) * g1
+    if lo is not None:
+        g1 -= 1
+        g1 %= t + 1
+        j += (part == PART_M) * g1
+        j += (part >= PART_AT) * t
+        j *= sgn
     np.add(up, j, out=o)
     np.copyto(o, _UNDECIDED, where=undecided)
 
@@ -237,14 +244,18 @@ def _fresh_cums(cst: Constants) -> tuple[Cums, float]:
 
 def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np.float64]]:
     """Cumulative weights of the five parts, per coordinate (divided by ``p_l^t``)."""
-    tf = t.astype(np.float64)
-    rt = np.exp(tf * -cst.s_r)  # r^t
-    wm = np.expm1((tf + 1.0) * -cst.s_r)
+    arg = t.astype(np.float64)
+    arg *= -cst.s_r
+    rt = np.exp(arg)  # r^t
+    arg -= cst.s_r
+    wm = np.expm1(arg)
     wm *= -cst.k_m  # K_M (1 − r^{t+1})
     c1 = cst.k_l
-    c2 = (t == 0) * cst.k_00
-    c2 += c1 + cst.k_0
-    c3 = c2 + wm
+    c2: float | NDArray[np.float64] = c1 + cst.k_0
+    if cst.k_00 != 0.0:  # both neighbours are releases (a public fact): atom-atom at t = 0
+        c2 = (t == 0) * cst.k_00
+        c2 += c1 + cst.k_0
+    c3 = wm + c2
     c4 = rt * cst.k_t
     c4 += c3
     total = rt * cst.k_r
@@ -254,14 +265,14 @@ def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np
 
 def _choose_part(
     u1: NDArray[np.float64], cums: Cums, total: float | NDArray[np.float64], margin: float
-) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
     """The part chosen by ``U1 ∈ [u1, u1 + 2^-53)``, and where that is not certain."""
     x = u1 * total
     m = np.multiply(total, margin)
     lo = x - m
     hi = x + (m + np.multiply(total, _U53))
-    part = np.zeros(u1.shape[0], dtype=np.int64)
-    part_hi = np.zeros(u1.shape[0], dtype=np.int64)
+    part = np.zeros(u1.shape[0], dtype=np.int8)
+    part_hi = np.zeros(u1.shape[0], dtype=np.int8)
     for c in cums:
         part += lo >= c  # U1 ≥ c / total for certain
         part_hi += hi > c  # U1 < c / total is not certain
@@ -269,7 +280,7 @@ def _choose_part(
 
 
 def _geometric(
-    u2: NDArray[np.float64], part: NDArray[np.int64], cst: Constants, bridge: bool, eta: float
+    u2: NDArray[np.float64], part: NDArray[np.int8], cst: Constants, bridge: bool, eta: float
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``G = floor(E / s)``, ``E = −log(1 − U2)``, and where that floor is not certain."""
     e = np.log1p(-u2)

@@ -17,7 +17,7 @@ from .errors import (
     StateFormatError,
 )
 from .levels import canonical_level
-from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, Poisson, mechanism
+from .mechanisms import Anchor, DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, mechanism
 from .release_state import ReleaseState
 from .rng import default_rng, keyed_rng, secure_rng
 
@@ -25,6 +25,7 @@ __all__ = [
     "Anchor",
     "ChainState",
     "DimensionMismatchError",
+    "DiscreteLaplace",
     "Gaussian",
     "InvalidLevelError",
     "InvalidValueError",

@@ -23,6 +23,7 @@ __all__ = [
     "MIN_LEVEL",
     "as_count_vector",
     "as_float_vector",
+    "as_integer_vector",
     "canonical_level",
 ]
 
@@ -161,18 +162,7 @@ def as_count_vector(
     InvalidValueError, DimensionMismatchError
         As :func:`as_float_vector`, and for fractional or negative counts.
     """
-    arr = _as_vector(value, dimension, what)
-    if np.issubdtype(arr.dtype, np.floating):
-        farr = as_float_vector(arr, what=what)
-        frac = farr != np.round(farr)
-        if frac.any():
-            bad = int(np.flatnonzero(frac)[0])
-            raise InvalidValueError(
-                f"{what} must hold integer counts; coordinate {bad} is {farr[bad]!r}"
-            )
-        if (np.abs(farr) > 2.0**53).any():
-            raise InvalidValueError(f"{what} has counts beyond 2**53, which floats cannot hold")
-        arr = farr
+    arr = _integral(_as_vector(value, dimension, what), what, "counts")
     out = arr.astype(np.int64)
     neg = out < 0
     if neg.any():
@@ -181,3 +171,57 @@ def as_count_vector(
             f"{what} must hold non-negative counts; coordinate {bad} is {int(out[bad])}"
         )
     return out
+
+
+def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
+    """``arr`` itself, or its floats checked to be integers of magnitude at most 2**53."""
+    if np.issubdtype(arr.dtype, np.floating):
+        farr = as_float_vector(arr, what=what)
+        frac = farr != np.round(farr)
+        if frac.any():
+            bad = int(np.flatnonzero(frac)[0])
+            raise InvalidValueError(
+                f"{what} must hold integer {kind}; coordinate {bad} is {farr[bad]!r}"
+            )
+        if (np.abs(farr) > 2.0**53).any():
+            raise InvalidValueError(f"{what} has {kind} beyond 2**53, which floats cannot hold")
+        return farr
+    return arr
+
+
+def as_integer_vector(
+    value: Any, *, dimension: int | None = None, what: str = "value"
+) -> NDArray[np.int64]:
+    """An int64 copy of ``value``, whose coordinates must be integers of magnitude ≤ 2**53.
+
+    Parameters
+    ----------
+    value : array_like
+        Integers (of any sign), or floats with integral values.
+    dimension : int, optional
+        Required length.
+    what : str, default "value"
+        What is checked, for messages.
+
+    Returns
+    -------
+    ndarray of int64
+        Bounded by 2**53 so that a release (the value plus noise below 2**62) never overflows
+        int64: the discrete Laplace mechanism returns exact integers, never wrapped ones.
+
+    Raises
+    ------
+    InvalidValueError, DimensionMismatchError
+        As :func:`as_float_vector`, and for fractional or too large values.
+    """
+    arr = _integral(_as_vector(value, dimension, what), what, "values")
+    if (
+        np.issubdtype(arr.dtype, np.integer)
+        and arr.size
+        and (arr.max() > 2**53 or arr.min() < -(2**53))
+    ):
+        bad = int(np.flatnonzero((arr > 2**53) | (arr < -(2**53)))[0])
+        raise InvalidValueError(
+            f"{what} must be at most 2**53 in magnitude; coordinate {bad} is {int(arr[bad])}"
+        )
+    return arr.astype(np.int64)

@@ -23,17 +23,34 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _kernels
+from . import _dlap, _kernels
 from .errors import InvalidLevelError, InvalidValueError
-from .levels import MAX_LEVEL, MIN_LEVEL, as_count_vector, as_float_vector, canonical_level
+from .levels import (
+    MAX_LEVEL,
+    MIN_LEVEL,
+    as_count_vector,
+    as_float_vector,
+    as_integer_vector,
+    canonical_level,
+)
 from .rng import Identity, KeyedRngFactory, RngLike, default_rng
 
-__all__ = ["MECHANISMS", "Anchor", "Gaussian", "Laplace", "Mechanism", "Poisson", "mechanism"]
+__all__ = [
+    "MECHANISMS",
+    "Anchor",
+    "DiscreteLaplace",
+    "Gaussian",
+    "Laplace",
+    "Mechanism",
+    "Poisson",
+    "mechanism",
+]
 
 Vector = NDArray[Any]
 
@@ -357,7 +374,6 @@ class Laplace(_Vectorised):
     def variance(self, level: float) -> float:
         return 2.0 * self.scale(level) ** 2
 
-
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         return level
 
@@ -426,7 +442,6 @@ class Gaussian(_Vectorised):
 
     def variance(self, level: float) -> float:
         return self.sensitivity**2 / (2.0 * level)
-
 
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:
@@ -507,7 +522,6 @@ class Poisson(Mechanism):
     def variance(self, level: float) -> float:
         return self.rate(level)
 
-
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:
             raise InvalidLevelError(f"a Poisson release needs 0 < delta < 1, got {delta!r}")
@@ -538,8 +552,94 @@ class Poisson(Mechanism):
         return base
 
 
-MECHANISMS: dict[str, type[Laplace] | type[Gaussian] | type[Poisson]] = {
-    cls.name: cls for cls in (Laplace, Gaussian, Poisson)
+@dataclass(frozen=True)
+class DiscreteLaplace(Mechanism):
+    """ε-DP discrete Laplace mechanism for integers: noise P(k) ∝ p^|k|, p = exp(−ε/Δ).
+
+    The integer analogue of :class:`Laplace` for counts (Canonne, Kamath & Steinke 2020):
+    releases are exact integers, so no floating-point artefact can leak the value (Mironov
+    2012), and unlike :class:`Poisson` the guarantee is pure ε-DP for an integer ℓ1
+    sensitivity Δ. The release process is lossless and lazy like the continuous one: the step
+    from level ε2 to ε1 < ε2 adds nothing with probability w0 = (sinh(ε1/2Δ) / sinh(ε2/2Δ))²
+    and DLap(exp(−ε1/Δ)) otherwise (``docs/math.md`` §4.5).
+
+    Sampling is exact: every outcome is the exact inverse-CDF outcome of uniform random bits,
+    decided in floats only when certain and otherwise with rational arithmetic
+    (:mod:`market._dlap`); the parameter is ``p = exp(−x)`` for the exact rational
+    ``x = ε/Δ`` of the two doubles, never a rounded ``p``.
+
+    Parameters
+    ----------
+    sensitivity : int, default 1
+        ℓ1 sensitivity Δ of the integer vector, a positive integer (integer data cannot change
+        by less than 1). Levels must keep ε/Δ ≥ 2^-20 so that the noise fits int64 for sure.
+
+    Examples
+    --------
+    >>> from market import DiscreteLaplace
+    >>> y = DiscreteLaplace(1).release([10, 0, -3], 1.0, rng=7)
+    >>> y.dtype.name
+    'int64'
+    """
+
+    sensitivity: float = 1.0
+    name: ClassVar[str] = "discrete_laplace"
+    level_unit: ClassVar[str] = "epsilon"
+    code: ClassVar[int] = 4
+    dtype: ClassVar[type[np.generic]] = np.int64
+    MIN_RATIO: ClassVar[float] = 2.0**-20
+
+    def __post_init__(self) -> None:
+        self._check_sensitivity()
+        if self.sensitivity != math.floor(self.sensitivity):
+            raise InvalidValueError(
+                f"a discrete Laplace sensitivity must be a whole number, got {self.sensitivity!r}"
+            )
+        object.__setattr__(self, "sensitivity", float(self.sensitivity))
+
+    def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        return as_integer_vector(value, dimension=dimension)
+
+    def parameter(self, level: float) -> float:
+        """p = exp(−ε/Δ) of a release at ``level`` (0.0 for the exact value), rounded.
+
+        Sampling never uses this float: it works with the exact rational ε/Δ.
+        """
+        return 0.0 if math.isinf(level) else math.exp(-level / self.sensitivity)
+
+    def variance(self, level: float) -> float:
+        a = level / self.sensitivity
+        return 2.0 * math.exp(-a) / math.expm1(-a) ** 2  # 2p / (1 − p)²
+
+    def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
+        return level
+
+    def _ratio(self, level: float) -> Fraction:
+        """The exact rational ε/Δ of a finite level (checked against :attr:`MIN_RATIO`)."""
+        a = Fraction(level) / Fraction(self.sensitivity)
+        if a < Fraction(self.MIN_RATIO):
+            raise InvalidLevelError(
+                f"a discrete Laplace level needs ε/Δ ≥ 2^-20, got {level:g}/{self.sensitivity:g}"
+            )
+        return a
+
+    def conditional(
+        self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator
+    ) -> Vector:
+        law = _dlap.Law(
+            self._ratio(level),
+            None if math.isinf(upper.level) else self._ratio(upper.level),
+            None if lower is None else self._ratio(lower.level),
+        )
+        up = np.asarray(upper.values, dtype=np.int64)
+        lo = None if lower is None else np.asarray(lower.values, dtype=np.int64)
+        out = np.empty(int(up.shape[0]), dtype=np.int64)
+        _dlap.sample_into(out, up, lo, law, rng)
+        return out
+
+
+MECHANISMS: dict[str, type[Laplace] | type[Gaussian] | type[Poisson] | type[DiscreteLaplace]] = {
+    cls.name: cls for cls in (Laplace, Gaussian, Poisson, DiscreteLaplace)
 }
 
 
@@ -548,7 +648,7 @@ def mechanism(name: str, sensitivity: float = 1.0) -> Mechanism:
 
     Parameters
     ----------
-    name : {"laplace", "gaussian", "poisson"}
+    name : {"laplace", "gaussian", "poisson", "discrete_laplace"}
         The family.
     sensitivity : float, default 1.0
         Its sensitivity Δ.

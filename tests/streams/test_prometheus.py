@@ -159,6 +159,20 @@ def drive(market: Market) -> dict[str, Any]:
             out = await helpers.buy(c, buyer, sid, max_price_minor=10_000, target_level=target)
             assert isinstance(out, PurchaseFulfilled), out
             paid, fulfilled = paid + out.price_minor, fulfilled + 1
+        # a 'window' stream whose window fills: its third value is withheld from bob
+        entry = await c.register({
+            "stream_id": "home", "mechanism": "laplace", "sensitivity": 1.0, "dimension": 2,
+            "steps": [0.5, 1.0], "cap": 2.0, "retain_last": 4, "privacy_unit": "window",
+            "window": {"duration_ms": 600_000, "cap": 1.0},
+            "pricing": LinearLevelSpec(rate_per_level=100.0),
+        })  # fmt: skip
+        assert not isinstance(entry, Rejection), entry
+        out = await helpers.buy(c, "bob", "home", max_price_minor=10_000)
+        assert isinstance(out, PurchaseFulfilled), out
+        paid, fulfilled = paid + out.price_minor, fulfilled + 1
+        base = now_ms() // 600_000 * 600_000  # one window for all three, whenever this runs
+        for i in range(3):
+            await c.publish("home", [1.0, 2.0], value_id=f"home{i}", published_at_ms=base + i)
         refused = await helpers.buy(c, "bob", "load", max_price_minor=1, target_level=4.0)
         assert isinstance(refused, Rejection) and refused.reason == "price_too_high"
         # a value of the wrong size, and a purchase bob signs as alice
@@ -189,11 +203,14 @@ def test_every_dashboard_and_alert_expression_returns_data_that_agrees(
     by_reason = {r["metric"]["reason"]: float(r["value"][1]) for r in
                  prom.query("sum by (reason) (emarket_rejections_total)")}  # fmt: skip
     assert by_reason == {"price_too_high": 1, "wrong_dimension": 1, "bad_signature": 1}
-    assert prom.value('sum(emarket_values_ingested_total{status="accepted"})') == 6
+    assert prom.value('sum(emarket_values_ingested_total{status="accepted"})') == 9
     units = {r["metric"]["stream"]: r["metric"]["unit"] for r in
              prom.query("emarket_privacy_spent")}  # fmt: skip
-    assert units == {"temp": "epsilon", "load": "rho"}
+    assert units == {"temp": "epsilon", "load": "rho", "home": "epsilon"}
     assert prom.value('emarket_privacy_spent{stream="temp"}') == 4.0
+    assert prom.value('emarket_privacy_window_spent{stream="home"}') == 1.0
+    assert prom.value('emarket_privacy_window_headroom{stream="home"}') == 0.0
+    assert prom.value('emarket_deliveries_withheld_total{stream="home"}') == 1
     # every panel of the dashboard has data (no panel that can only say "no data")
     empty = [e for e in dashboard_exprs() if not prom.query(e)]
     assert not empty, f"dashboard expressions without data: {empty}"

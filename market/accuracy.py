@@ -14,6 +14,9 @@ Half-widths are exact for each law (no normal approximation):
 
 * Laplace, scale b = Δ/ε: P(|V| > t) = e^{−t/b}, so t = b ln(1/(1 − c));
 * Gaussian, σ² = Δ²/(2ρ): t = σ Φ⁻¹((1 + c)/2);
+* discrete Laplace, P(V = k) ∝ p^|k| with p = e^{−1/b}, b = Δ/ε: P(|V| > t) = 2p^{t+1}/(1 + p)
+  for whole t, so t is the smallest whole number with 2p^{t+1}/(1 + p) ≤ 1 − c (coverage at
+  least c; the noise is an integer);
 * Poisson, N ~ Poi(λ), λ = Δ²/ω, estimate = release − λ: the smallest t with
   P(|N − λ| ≤ t) ≥ c, found from the two tails (a doubling and bisection search on t, snapped
   to the distance of the farthest integer it holds). The law is discrete, so the coverage is at
@@ -32,7 +35,7 @@ from scipy import special, stats
 
 from .errors import MarketError
 from .levels import canonical_level
-from .mechanisms import Gaussian, Laplace, Mechanism, Poisson
+from .mechanisms import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson
 
 __all__ = ["AccuracyNotForSaleError", "ErrorModel", "cheapest_level", "error_model"]
 
@@ -55,12 +58,12 @@ class ErrorModel:
 
     Attributes
     ----------
-    mechanism : {"laplace", "gaussian", "poisson"}
+    mechanism : {"laplace", "gaussian", "poisson", "discrete_laplace"}
     level : float
         In the mechanism's unit (``unit``: epsilon, rho or omega).
     unit : str
     scale : float
-        Laplace b, Gaussian σ, Poisson λ.
+        Laplace b, Gaussian σ, Poisson λ, discrete Laplace b = Δ/ε (its p is e^{−1/b}).
     std : float
         Standard deviation of the noise: the RMS error of the estimate ``release - offset``.
     offset : float
@@ -89,6 +92,8 @@ class ErrorModel:
             return -self.scale * math.log1p(-c)  # accurate for c near 0 and near 1
         if self.mechanism == "gaussian":
             return self.scale * float(stats.norm.isf((1.0 - c) / 2.0))
+        if self.mechanism == "discrete_laplace":
+            return _discrete_laplace_half_width(self.scale, c)
         return _poisson_half_width(self.scale, c)
 
     def interval(
@@ -137,6 +142,8 @@ def error_model(mechanism: Mechanism, level: float) -> ErrorModel:
         scale, offset = math.sqrt(var), 0.0
     elif isinstance(mechanism, Poisson):
         scale = offset = mechanism.rate(lvl)
+    elif isinstance(mechanism, DiscreteLaplace):
+        scale, offset = mechanism.sensitivity / lvl, 0.0
     else:  # pragma: no cover - the three families are all there is
         raise TypeError(f"no error model for {type(mechanism).__name__}")
     return ErrorModel(mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset)
@@ -256,3 +263,24 @@ def _snap(lam: float, t: float) -> float:
     """The distance from λ of the farthest integer within ``t`` of it (0 if none)."""
     hi, lo = math.floor(lam + t), max(0, math.ceil(lam - t))
     return max(0.0, hi - lam if hi >= lam else 0.0, lam - lo if lo <= lam else 0.0)
+
+
+def _discrete_laplace_tail(b: float, t: int) -> float:
+    """P(|V| > t) for V ~ DLap(p = e^{−1/b}): 2 p^{t+1} / (1 + p)."""
+    return 2.0 * math.exp(-(t + 1) / b) / (1.0 + math.exp(-1.0 / b))
+
+
+def _discrete_laplace_half_width(b: float, c: float) -> float:
+    """Smallest whole t with P(|V| ≤ t) ≥ c for discrete Laplace noise of scale ``b``.
+
+    The closed form ``t = ⌈b ln(2 / ((1 − c)(1 + p)))⌉ − 1`` is rounded in floats, so the
+    candidate is then moved to the smallest whole number whose tail, evaluated directly, is
+    within ``1 − c`` (never under-covering by a rounding)."""
+    p = math.exp(-1.0 / b)
+    t = max(0, math.ceil(b * math.log(2.0 / ((1.0 - c) * (1.0 + p)))) - 1)
+    while _discrete_laplace_tail(b, t) > 1.0 - c:
+        t += 1
+    while t > 0 and _discrete_laplace_tail(b, t - 1) <= 1.0 - c:
+        t -= 1
+    return float(t)
+

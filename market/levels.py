@@ -181,7 +181,7 @@ def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
         if frac.any():
             bad = int(np.flatnonzero(frac)[0])
             raise InvalidValueError(
-                f"{what} must hold integer {kind}; coordinate {bad} is {farr[bad]!r}"
+                f"{what} must hold integer {kind}; coordinate {bad} is {float(farr[bad])!r}"
             )
         if (np.abs(farr) > 2.0**53).any():
             raise InvalidValueError(f"{what} has {kind} beyond 2**53, which floats cannot hold")

@@ -104,9 +104,15 @@ that separates the parts of a topic name, so distinct ids always name distinct t
 
 Level = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 LevelUnit = Literal["epsilon", "rho", "omega"]
-MechanismName = Literal["laplace", "gaussian", "poisson"]
-"""What a level measures: ε (Laplace, pure DP), ρ (Gaussian, zCDP) or ω = Δ²/λ (Poisson)."""
-UNIT_OF: dict[str, LevelUnit] = {"laplace": "epsilon", "gaussian": "rho", "poisson": "omega"}
+MechanismName = Literal["laplace", "gaussian", "poisson", "discrete_laplace"]
+"""What a level measures: ε (Laplace and discrete Laplace, pure DP), ρ (Gaussian, zCDP) or
+ω = Δ²/λ (Poisson)."""
+UNIT_OF: dict[str, LevelUnit] = {
+    "laplace": "epsilon",
+    "gaussian": "rho",
+    "poisson": "omega",
+    "discrete_laplace": "epsilon",
+}
 PublicKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{43}=$", strict=True)]
 """An Ed25519 or X25519 public key: base64 of its 32 raw bytes."""
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$", strict=True)]

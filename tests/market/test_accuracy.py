@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from market import Gaussian, Laplace, Poisson, ReleaseState, default_rng
-from market.accuracy import AccuracyNotForSaleError, cheapest_level, error_model
+from market import DiscreteLaplace, Gaussian, Laplace, Poisson, ReleaseState, default_rng
+from market.accuracy import AccuracyNotForSaleError, ErrorModel, cheapest_level, error_model
 from market.mechanisms import Mechanism
 
 from .stats import assert_close_z, assert_proportion
@@ -29,11 +29,20 @@ CASES: list[tuple[Mechanism, float, float]] = [  # mechanism, level, true value
     (Gaussian(1.0), 2.0, 0.0),
     (Poisson(1.0), 0.05, 7.0),  # λ = 20
     (Poisson(2.0), 1.0, 0.0),  # λ = 4
+    (DiscreteLaplace(1.0), 0.5, 3.0),
+    (DiscreteLaplace(2.0), 3.0, -4.0),  # p = e^{-1.5}: mostly 0, ±1
 ]
 
 
+def dlap_pmf(model: ErrorModel, k: np.ndarray) -> np.ndarray:
+    """P(V = k) of discrete Laplace noise of the model's scale b: (1-p)/(1+p) p^|k|."""
+    p = math.exp(-1.0 / model.scale)
+    return (1 - p) / (1 + p) * p ** np.abs(k).astype(np.float64)
+
+
 def releases(mech: Mechanism, level: float, truth: float, seed: int) -> np.ndarray:
-    value = np.full(N, truth, dtype=np.int64 if isinstance(mech, Poisson) else np.float64)
+    whole = isinstance(mech, Poisson | DiscreteLaplace)
+    value = np.full(N, truth, dtype=np.int64 if whole else np.float64)
     return ReleaseState(mech, value).release(level, rng=default_rng(seed))
 
 
@@ -46,6 +55,9 @@ def test_intervals_cover_the_true_value_as_stated(mech: Mechanism, level: float,
     # the RMS error of the unbiased estimate is the model's std
     # Var[(noise)²] / σ⁴: 5 for Laplace, 2 for Gaussian, 2 + 1/λ for centred Poisson
     kurt = {"laplace": 5.0, "gaussian": 2.0}.get(model.mechanism, 2.0 + 1.0 / (model.scale or 1))
+    if isinstance(mech, DiscreteLaplace):  # E[V⁴]/σ⁴ − 1, summed over the pmf
+        k = np.arange(-2000, 2001)
+        kurt = float(np.sum(dlap_pmf(model, k) * k**4.0)) / model.std**4 - 1.0
     se = model.std**2 * math.sqrt(kurt) / math.sqrt(N)
     assert_close_z(float(np.mean((est - truth) ** 2)), model.std**2, se)
     for c in (0.90, 0.95, 0.99):
@@ -58,6 +70,11 @@ def test_intervals_cover_the_true_value_as_stated(mech: Mechanism, level: float,
             )
             assert exact >= c
             assert_proportion(hits, N, float(exact))
+        elif isinstance(mech, DiscreteLaplace):  # whole numbers too: the mass within ±t
+            t = model.half_width(c)
+            exact = float(np.sum(dlap_pmf(model, np.arange(-t, t + 1))))
+            assert exact >= c and t == int(t)
+            assert_proportion(hits, N, exact)
         else:
             assert_proportion(hits, N, c)
 
@@ -89,6 +106,22 @@ def test_poisson_half_width_is_the_smallest_that_covers(lam: float, c: float) ->
     below = max((d for d in smaller if d < t - 1e-9), default=None)
     if below is not None:
         assert coverage(below) < c
+
+
+@pytest.mark.parametrize("level", [0.05, 0.5, 1.0, 2.0, 5.0, 20.0])
+@pytest.mark.parametrize("c", [0.5, 0.9, 0.95, 0.99, 0.9999])
+def test_discrete_laplace_half_width_is_the_smallest_whole_number_that_covers(
+    level: float, c: float
+) -> None:
+    model = error_model(DiscreteLaplace(1.0), level)
+    t = int(model.half_width(c))
+    assert model.scale == 1.0 / level and model.offset == 0.0
+    mass = float(np.sum(dlap_pmf(model, np.arange(-t, t + 1))))
+    assert mass >= c
+    if t > 0:
+        assert float(np.sum(dlap_pmf(model, np.arange(-t + 1, t)))) < c
+    p = math.exp(-level)
+    assert model.std == pytest.approx(math.sqrt(2 * p) / (1 - p))
 
 
 def test_laplace_and_gaussian_half_widths_match_their_closed_forms() -> None:

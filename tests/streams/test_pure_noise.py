@@ -168,6 +168,46 @@ def test_service_releases_have_the_lossless_laws() -> None:
             assert abs(cov - 2 / steps[k] ** 2) < 0.06 * 2 / steps[j] / steps[k], (j, k, cov)
 
 
+def test_service_discrete_laplace_releases_are_exact_and_lossless() -> None:
+    """What the core releases on a discrete Laplace stream: whole numbers with the DLap(e^-ε)
+    pmf at each step (chi-square), the atom P(V_k = V_{k−1}) = w₀ + (1 − w₀)·c_{k−1} (not w₀:
+    the step's DLap part has mass at 0 too, docs/math.md §4.5) and Cov = Var of the more
+    accurate release."""
+    dim, steps = 20_000, [0.5, 1.0, 2.0]
+    c = core(limits=Limits(max_message_bytes=8 << 20))
+    c.handle(T.registrations, registration("s", mechanism="discrete_laplace", dimension=dim,
+                                            steps=steps, cap=2.0, retain_last=2))  # fmt: skip
+    for v in ("a", "b"):
+        c.handle(T.values, value("s", v, [7] * dim, published_at_ms=NOW))
+    ys = []
+    for i in range(len(steps)):
+        got = releases(c.handle(T.purchases, purchase("s", "x", f"p{i}", requested_at_ms=NOW)))
+        ys.append(np.concatenate([np.frombuffer(got[(v, steps[i])]) for v in ("a", "b")]) - 7)
+    n = ys[0].size
+    p = [float(np.exp(-lvl)) for lvl in steps]
+    for pk, y in zip(p, ys, strict=True):
+        assert np.array_equal(y, np.round(y))
+        k = np.arange(-40, 41)
+        expected = (1 - pk) / (1 + pk) * pk ** np.abs(k) * n
+        k, expected = k[expected > 5], expected[expected > 5]  # the rest: one pooled bin
+        observed = np.array([np.count_nonzero(y == j) for j in k])
+        obs = np.append(observed, n - observed.sum())
+        chi = stats.chisquare(obs, np.append(expected, n - expected.sum()))
+        assert chi.pvalue > 1e-4, (pk, chi)
+    for k in range(1, len(steps)):
+        p1, p2 = p[k - 1], p[k]
+        w0 = (1 - p1) ** 2 * p2 / ((1 - p2) ** 2 * p1)
+        atom = w0 + (1 - w0) * (1 - p1) / (1 + p1)
+        got = float(np.mean(ys[k] == ys[k - 1]))
+        assert abs(got - atom) < 4.5 * np.sqrt(atom * (1 - atom) / n), (k, got, atom)
+    for j in range(len(steps)):
+        for k in range(j + 1, len(steps)):
+            var_k = 2 * p[k] / (1 - p[k]) ** 2
+            var_j = 2 * p[j] / (1 - p[j]) ** 2
+            got = float(np.cov(ys[j], ys[k])[0, 1])
+            assert abs(got - var_k) < 0.05 * var_j, (j, k, got, var_k)
+
+
 @pytest.mark.parametrize(("mech", "steps"), [("gaussian", [0.5, 1.0, 2.0]),
                                              ("poisson", [0.02, 0.05, 0.1])])  # fmt: skip
 def test_service_gaussian_and_poisson_covariances(mech: str, steps: list[float]) -> None:

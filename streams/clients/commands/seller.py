@@ -220,7 +220,10 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("register", help="seller: register a stream (signed with --key-file)")
     sp.add_argument("--key-file", default=None, help="the seller's keys (epsilon-market keygen)")
     sp.add_argument("--stream", required=True)
-    sp.add_argument("--mechanism", choices=["laplace", "gaussian", "poisson"], default="laplace")
+    sp.add_argument(
+        "--mechanism", choices=["laplace", "gaussian", "poisson", "discrete_laplace"],
+        default="laplace", help="discrete_laplace: exact whole-number releases of counts",
+    )  # fmt: skip
     sp.add_argument("--sensitivity", type=float, default=1.0)
     sp.add_argument("--dimension", type=int, default=1)
     sp.add_argument(

@@ -1,0 +1,77 @@
+"""Exact integer counts on the real broker: a discrete Laplace stream registered, published,
+bought in two steps (one buyer's releases sealed), subscribed to, every receipt verified."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from market.receipts import verify_receipt
+from streams.clients.client import MarketClient
+from streams.core.keys import public_key_from_b64
+from streams.wire.events import (
+    SCHEMAS,
+    LinearLevelSpec,
+    PurchaseFulfilled,
+    Rejection,
+    ValueReleased,
+)
+
+from .conftest import Market
+from .helpers import buy, tail
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+DIM = 500
+
+
+def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
+    market.start_worker()
+    market.open_accounts("seller1", "alice", "sealed_bob")
+    rng = np.random.default_rng(3)
+    truth = {f"v{i}": rng.integers(0, 1000, DIM).tolist() for i in range(3)}
+
+    async def go(c: MarketClient) -> Any:
+        entry = await c.register({
+            "stream_id": "visits", "mechanism": "discrete_laplace", "sensitivity": 1.0,
+            "dimension": DIM, "steps": [0.25, 1.0], "cap": 1.0, "retain_last": 3,
+            "pricing": LinearLevelSpec(rate_per_level=100.0),
+        })  # fmt: skip
+        assert not isinstance(entry, Rejection), entry
+        for vid, row in truth.items():
+            await c.publish("visits", row, value_id=vid)
+        refused = await c.publish_batch(c.value_batch("visits", [("half", [0.5] * DIM, None)]))
+        market.wait_ingested("visits", 3)
+        outs = []
+        for who in ("alice", "sealed_bob"):
+            for _ in range(2):
+                outs.append(await buy(c, who, "visits", max_price_minor=1000))
+        await c.publish("visits", [5] * DIM, value_id="late")
+        market.wait_ingested("visits", 4)
+        subs = [e async for e in tail(c, "alice", idle_timeout=2.0)]
+        return entry, refused, outs, subs
+
+    entry, refused, outs, subs = market.run(go)
+    assert refused.outcomes[0].reason == "invalid_value"  # counts are whole numbers
+    key = public_key_from_b64(entry.market_public_key)
+    for ev in outs:
+        assert isinstance(ev, PurchaseFulfilled), ev
+        assert {r.value_id for r in ev.releases} == set(truth)
+        SCHEMAS["inbox"].validate_json(ev.model_dump_json())
+        rel = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
+        env = None if ev.sealed is None else ev.sealed.model_dump()
+        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env)
+        assert ev.error_model is not None and ev.error_model.mechanism == "discrete_laplace"
+        for r in ev.releases:  # exact whole numbers, near the truth at these levels
+            y = np.asarray(r.values)
+            assert np.array_equal(y, np.round(y))
+            assert np.mean(np.abs(y - truth[r.value_id])) < 3 * ev.error_model.std
+    assert [e.level_after for e in outs] == [0.25, 1.0, 0.25, 1.0]
+    assert [e.price_minor for e in outs] == [25, 75, 25, 75]
+    alice_last, bob_last = outs[1], outs[3]
+    assert alice_last.releases == bob_last.releases  # one process for every buyer: same bits
+    (late,) = [e for e in subs if isinstance(e, ValueReleased)]
+    assert late.releases[0].value_id == "late" and late.releases[0].level == 1.0
+    assert np.array_equal(late.releases[0].values, np.round(late.releases[0].values))
+    assert outs[0].sealed is None and outs[2].sealed is not None  # bob's came sealed, opened

@@ -21,7 +21,7 @@ def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
     level)."""
     if level <= 0:
         return None
-    return _info(reg.mechanism, reg.sensitivity, float(level))
+    return _info(reg.mechanism, reg.release_sensitivity(), float(level))
 
 
 @lru_cache(maxsize=4096)

@@ -37,7 +37,7 @@ class Terms:
 
 def terms_of(reg: StreamRegistration) -> Terms:
     """Build a registration's terms (raises :class:`market.MarketError` if they are invalid)."""
-    mech = mechanism(reg.mechanism, reg.sensitivity)
+    mech = mechanism(reg.mechanism, reg.release_sensitivity())
     chain = ReleaseChain(mech, tuple(sellable_levels(reg.steps, reg.cap)), sealed=reg.sealed)
     return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain)
 

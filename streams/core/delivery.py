@@ -72,7 +72,12 @@ class Deliveries:
         self.withheld_total = 0
 
     def queue(
-        self, st: StreamState, value_id: str, seq: int, by_level: Mapping[float, NDArray[Any]]
+        self,
+        st: StreamState,
+        value_id: str,
+        seq: int,
+        by_level: Mapping[float, NDArray[Any]],
+        terms: int | None = None,
     ) -> int:
         """Queue ``value_id``'s release for each holder whose level is in ``by_level``;
         return how many."""
@@ -85,7 +90,7 @@ class Deliveries:
             if values is None:  # withheld (see :meth:`withhold`)
                 continue
             release = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=holder.level, values=values
+                value_id=value_id, seq=seq, level=holder.level, values=values, terms=terms
             )
             self._pending.setdefault((buyer, sid), []).append(release)
             queued += 1

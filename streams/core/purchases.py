@@ -10,6 +10,7 @@ Ed25519-signed receipt that binds the released numbers (and their envelope, when
 from __future__ import annotations
 
 import hashlib
+import math
 
 from market import ChainState, MarketError
 from market.accuracy import AccuracyNotForSaleError, cheapest_level
@@ -39,6 +40,7 @@ from .horizon import UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
+from .totals import is_totals, release_totals
 from .values import store_state, value_identity
 from .windows import charge_purchase, check_purchase, fitting_levels, latest_status
 
@@ -204,7 +206,9 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     levels = sellable_levels(reg.steps, reg.cap)
     window = reg.window is not None
     for lv, fits in zip(levels, fitting_levels(st, levels), strict=True):
-        rmse, hw95 = offer_accuracy(reg.mechanism, reg.sensitivity, lv)  # cached
+        rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), lv)  # cached
+        if reg.tree_height is not None:  # the least accurate total: tree_height node releases
+            rmse, hw95 = rmse * math.sqrt(reg.tree_height), hw95 * math.sqrt(reg.tree_height)
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(Offer(level=lv, rmse=rmse, half_width_95=hw95, price_minor=price,
                          held=lv <= held, fits_window=fits if window else None))  # fmt: skip
@@ -296,6 +300,11 @@ def _release_window(
     sid = st.registration.stream_id
     chain = ctx.terms(st.registration).chain
     step = chain.step_of(level)
+    if is_totals(st.registration):
+        releases, new_noise = release_totals(ctx, st, level)
+        if st.window:
+            st.spent = max(st.spent, level)
+        return releases, new_noise
     keys = [record_key(sid, e.value_id) for e in st.window]
     states: list[ChainState] = []
     for k in keys:

@@ -17,6 +17,7 @@ from .context import Context
 from .delivery import release_bytes
 from .outputs import Outcome, Output, Reject, dump
 from .state import StreamState, stream_record_bound
+from .totals import chains_walked
 
 __all__ = ["EPSILON_DELTA", "register"]
 
@@ -107,7 +108,7 @@ def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> 
             f"numbers, up to {worst} bytes, but a message may have at most "
             f"{ctx.limits.max_message_bytes}; lower retain_last or the dimension",
         )
-    work = ctx.limits.work(reg.retain_last, levels, reg.dimension)
+    work = ctx.limits.work(chains_walked(reg, reg.retain_last), levels, reg.dimension)
     if work > ctx.limits.max_event_work:
         raise Reject(
             "stream_too_large",

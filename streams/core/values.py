@@ -30,6 +30,7 @@ from .delivery import release_bytes
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
+from .totals import add_increment, chains_walked, is_totals, retain_nodes, totals_for
 from .windows import admit_value, index_of, is_window, open_for_value, prune
 
 __all__ = [
@@ -99,7 +100,8 @@ def batch_capacity(ctx: Context, st: StreamState) -> int:
     by_output = ctx.limits.max_event_output_bytes // (
         max(1, holders) * release_bytes(reg.dimension, sealed=True)
     )
-    by_work = ctx.limits.max_event_work // ctx.limits.work(1, walk, reg.dimension)
+    by_work = ctx.limits.max_event_work // ctx.limits.work(chains_walked(reg, 1), walk,
+                                                           reg.dimension)  # fmt: skip
     return max(1, min(MAX_BATCH, by_output, by_work))
 
 
@@ -147,6 +149,8 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
         return "duplicate", released, new_noise
     if is_window(reg):
         open_for_value(st, index_of(reg, item.published_at_ms), item.value_id)
+    if is_totals(reg):
+        return _increment(ctx, st, terms, item, exact, digest)
     ident = value_identity(reg.stream_id, item.value_id, digest)
     chain = terms.chain
     state = chain.seal(exact, ident, ctx.rngs) if reg.sealed else chain.open(exact)
@@ -161,6 +165,36 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     store_state(ctx, key, state)
     return "accepted", _deliver(ctx, st, item.value_id, seq, item.published_at_ms, by_level), (
         new_noise)  # fmt: skip
+
+
+def _increment(
+    ctx: Context, st: StreamState, terms: Terms, item: ValueItem, exact: NDArray[Any], digest: str
+) -> tuple[str, int, int]:
+    """One increment of a running-totals stream: the tree nodes it completes, and the running
+    total after it at every level held (:mod:`streams.core.totals`)."""
+    before = [e.seq + 1 for e in st.window]
+    add_increment(ctx, st, terms, exact)
+    by_level, new_noise = _held_totals(ctx, st, terms, st.next_seq + 1)
+    st.spent = max(st.spent, *by_level, 0.0)
+    seq = _append(ctx, st, item, digest, max(by_level, default=0.0))
+    key = record_key(st.registration.stream_id, item.value_id)
+    ctx.stores.releases[key] = EvictedValue(seq, digest, item.published_at_ms)  # its dedup mark
+    _evict(ctx, st)
+    retain_nodes(ctx, st, before)
+    released = ctx.deliveries.queue(st, item.value_id, seq, by_level, terms=(seq + 1).bit_count())
+    return "accepted", released, new_noise
+
+
+def _held_totals(
+    ctx: Context, st: StreamState, terms: Terms, count: int
+) -> tuple[dict[float, NDArray[Any]], int]:
+    """The running total after ``count`` increments at every level the holders hold."""
+    by_level: dict[float, NDArray[Any]] = {}
+    new_noise = 0
+    for lv in sorted({h.level for h in st.holders.values()}):
+        (by_level[lv],), drawn = totals_for(ctx, st, terms, [count], lv)
+        new_noise += drawn
+    return by_level, new_noise
 
 
 def _admitted(st: StreamState, published_at_ms: int, current: float) -> set[float]:
@@ -259,6 +293,8 @@ def _resent(
     entry = None
     if isinstance(known, EvictedValue):
         seq, old_digest = known.seq, known.digest
+        if is_totals(st.registration):  # an increment's mark: its total, while retained
+            entry = next((e for e in st.window if e.value_id == value_id), None)
     else:
         entry = next(e for e in st.window if e.value_id == value_id)
         seq, old_digest = entry.seq, entry.digest
@@ -270,6 +306,10 @@ def _resent(
             "use a new id",
         )
     released = new_noise = 0
+    if is_totals(st.registration) and entry is not None:
+        by_level, new_noise = _held_totals(ctx, st, ctx.terms(st.registration), entry.seq + 1)
+        terms = (entry.seq + 1).bit_count()
+        return ctx.deliveries.queue(st, value_id, seq, by_level, terms=terms), new_noise
     if isinstance(known, ChainState) and entry is not None:
         ident = value_identity(st.registration.stream_id, value_id, digest)
         levels = _admitted(st, entry.published_at_ms, entry.level)

@@ -72,6 +72,7 @@ __all__ = [
     "PricingSpec",
     "PrivacyUnit",
     "PrivacyWindow",
+    "Product",
     "PurchaseFulfilled",
     "PurchaseRequest",
     "PurchasesEvent",
@@ -125,6 +126,10 @@ Millis = Annotated[int, Field(ge=0, le=2**63 - 1)]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
+Product = Literal["values", "running_totals"]
+"""What a stream sells: each value (``values``), or the running sums of its values
+(``running_totals``: continual counting through a binary tree of lossless Gaussian releases)."""
+MAX_TREE_HEIGHT = 40
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
 
@@ -267,6 +272,17 @@ class StreamRegistration(_Signed):
         "window's values add up (needs `window`)",
     )
     window: PrivacyWindow | None = Field(None, description="for privacy_unit 'window' only")
+    product: Product = Field(
+        "values",
+        description="'values': each value is released; 'running_totals': the values are "
+        "increments and what is released after each is the running sum of all so far",
+    )
+    tree_height: Annotated[int, Field(ge=1, le=MAX_TREE_HEIGHT)] | None = Field(
+        None,
+        description="running_totals only: the stream takes at most 2**tree_height increments; "
+        "each increment is in tree_height + 1 noisy tree nodes, so a node's sensitivity is "
+        "sensitivity × sqrt(tree_height + 1)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamRegistration:
@@ -278,7 +294,28 @@ class StreamRegistration(_Signed):
             raise ValueError("a 'window' stream needs a window, and only it has one")
         if self.window is not None:
             self._check_window(self.window)
+        if (self.product == "running_totals") != (self.tree_height is not None):
+            raise ValueError("a 'running_totals' stream needs a tree_height, and only it has one")
+        if self.product == "running_totals":
+            self._check_totals()
         return self
+
+    def release_sensitivity(self) -> float:
+        """Sensitivity of what is noised: each value; on ``running_totals`` one tree node, whose
+        vector of all nodes changes by ``sensitivity × sqrt(tree_height + 1)`` in ℓ2 when one
+        increment does (it is in one node per tree level)."""
+        if self.tree_height is None:
+            return self.sensitivity
+        return self.sensitivity * math.sqrt(self.tree_height + 1)
+
+    def _check_totals(self) -> None:
+        if self.mechanism != "gaussian":
+            raise ValueError(
+                "running totals are released through a tree of Gaussian releases: register "
+                "them with mechanism 'gaussian' (levels in ρ)"
+            )
+        if self.sealed or self.window is not None:
+            raise ValueError("running totals are neither sealed nor 'window' streams")
 
     def _check_window(self, window: PrivacyWindow) -> None:
         if self.mechanism == "poisson":
@@ -425,6 +462,12 @@ class ReleasedValue(BaseModel):
     seq: int = Field(description="arrival order of the value within its stream")
     level: float
     values: list[float]
+    terms: int | None = Field(
+        None,
+        description="running totals: the release is the running sum after this increment, "
+        "the sum of `terms` independent tree-node releases each with the event's error_model "
+        "(so its standard deviation and half-widths are the model's × sqrt(terms))",
+    )
 
     @field_validator("values")
     @classmethod

@@ -18,7 +18,8 @@ confidence. The fields are every one that matters:
 ``register_stream``  stream_id, seller_id, mechanism, sensitivity, dimension, steps, cap,
                      retain_last, sealed, pricing (kind and its numbers), currency,
                      description, and on a ``window`` stream only: privacy_unit,
-                     window duration_ms, window cap
+                     window duration_ms, window cap; on a ``running_totals`` stream
+                     only: product, tree_height
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
@@ -128,6 +129,8 @@ def _registration(c: _Canon, e: StreamRegistration) -> None:
     c.s(e.currency).s(e.description)
     if e.window is not None:  # nothing for 'event' streams: their bytes predate the field
         c.s(e.privacy_unit).i(e.window.duration_ms).f(e.window.cap)
+    if e.tree_height is not None:  # likewise nothing for streams of values
+        c.s(e.product).i(e.tree_height)
 
 
 def _values(c: _Canon, e: ValueBatch) -> None:

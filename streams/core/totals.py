@@ -1,0 +1,189 @@
+"""Running totals: a stream of increments sold as its running sums (continual counting).
+
+The released product after the ``t``-th increment is ``S_t = x_0 + … + x_{t−1}``. Noising each
+``S_t`` directly would need noise growing with the stream (one increment is in every later
+sum); noising each increment and adding them up makes the error of ``S_t`` grow like ``t``.
+The binary-tree mechanism (Dwork et al. 2010, Chan, Shi & Song 2011; the factorization of
+``market.factorization.prefix_sum_tree``) releases instead the sums of dyadic intervals:
+
+* node ``(j, m)`` is the sum of increments ``[m·2^j, (m+1)·2^j)``; it is complete once its last
+  increment arrived, and its exact sum is the sum of its two children's;
+* ``S_t`` is the sum of the nodes of the binary decomposition of ``t`` — ``popcount(t)`` of
+  them, at most ``tree_height`` — so its noise variance is ``popcount(t)·σ²``;
+* one increment is in one node per tree level, ``tree_height + 1`` nodes, so the nodes as a
+  vector have ℓ2 sensitivity ``Δ·sqrt(tree_height + 1)``; each node is released at level ρ with
+  Gaussian noise of variance ``Δ²(tree_height + 1)/(2ρ)``, which makes the release of *every*
+  node, hence every running total, at ρ ρ-zCDP for one increment;
+* each node is a value of the stream's lossless Gaussian :class:`~market.chain.ReleaseChain`,
+  keyed by the stream, the node and a digest of its exact sum, so buying a higher level refines
+  every running total losslessly and the noise is a pure function of the request, as for values.
+
+So a total's error grows like ``log t · (tree_height + 1)``: ``log² n`` for ``n = 2^height``
+increments, not ``n``. Node states are kept in the ``releases`` store (keys
+``stream/.j.m``: ids never contain a dot, so they cannot collide with a value's key) while a
+retained total or a future one needs them: at most ``2·retain_last + 2·(tree_height + 1)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from market import ChainState
+
+from ..wire.events import ReleasedValue, StreamRegistration
+from .context import Context, Terms
+from .outputs import Reject
+from .state import StreamState, record_key
+
+__all__ = [
+    "chains_walked",
+    "decomposition",
+    "is_totals",
+    "release_totals",
+    "retain_nodes",
+    "totals_for",
+]
+
+Node = tuple[int, int]
+
+
+def chains_walked(reg: StreamRegistration, values: int) -> int:
+    """How many chains releasing ``values`` consecutive values (totals) walks at most: the
+    values themselves, or the tree nodes their totals need (``2·values + 2·(height + 1)``)."""
+    if reg.tree_height is None:
+        return values
+    return 2 * values + 2 * (reg.tree_height + 1)
+
+
+def is_totals(reg: StreamRegistration) -> bool:
+    """Whether the stream sells running totals."""
+    return reg.tree_height is not None
+
+
+def decomposition(t: int) -> list[Node]:
+    """The tree nodes whose sums add up to the first ``t`` increments (largest first)."""
+    out, start = [], 0
+    for j in reversed(range(t.bit_length())):
+        if t >> j & 1:
+            out.append((j, start >> j))
+            start += 1 << j
+    return out
+
+
+def completed_by(i: int) -> list[Node]:
+    """The nodes the increment of index ``i`` (0-based) completes, lowest first."""
+    out, j = [], 0
+    while (i + 1) % (1 << j) == 0:
+        out.append((j, (i + 1) // (1 << j) - 1))
+        j += 1
+    return out
+
+
+def node_key(stream_id: str, node: Node) -> str:
+    return record_key(stream_id, f".{node[0]}.{node[1]}")
+
+
+def _identity(stream_id: str, node: Node, exact: NDArray[Any]) -> tuple[str, str, str]:
+    from .values import digest_values  # noqa: PLC0415 - values imports this module
+
+    return (stream_id, f".{node[0]}.{node[1]}", digest_values(exact))
+
+
+def _exact(state: ChainState) -> NDArray[Any]:
+    assert state.exact is not None  # node states are open chains (see _state)
+    return state.exact
+
+
+def _state(ctx: Context, stream_id: str, node: Node) -> ChainState:
+    state = ctx.stores.releases.get(node_key(stream_id, node))
+    if not isinstance(state, ChainState) or state.exact is None:
+        raise Reject(
+            "internal_error",
+            f"stream {stream_id!r} lost the state of its tree node {node}; operators: the "
+            "releases table is incomplete",
+        )
+    return state
+
+
+def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[Any]) -> None:
+    """Store the nodes the next increment completes (its own leaf and the parents it closes),
+    each with its exact sum; refuse the increment once the tree is full."""
+    reg = st.registration
+    assert reg.tree_height is not None
+    i = st.next_seq
+    if i >= 1 << reg.tree_height:
+        raise Reject(
+            "stream_full",
+            f"stream {reg.stream_id!r} has taken its 2**{reg.tree_height} increments "
+            "(tree_height); register a new stream to go on",
+        )
+    sid = reg.stream_id
+    for j, m in completed_by(i):
+        if j == 0:
+            node_sum = exact
+        else:
+            left, right = _state(ctx, sid, (j - 1, 2 * m)), _state(ctx, sid, (j - 1, 2 * m + 1))
+            node_sum = _exact(left) + _exact(right)
+        ctx.stores.releases[node_key(sid, (j, m))] = terms.chain.open(node_sum)
+
+
+def totals_for(
+    ctx: Context, st: StreamState, terms: Terms, counts: list[int], level: float
+) -> tuple[list[NDArray[np.float64]], int]:
+    """The running totals after ``counts`` increments, released at ``level``, and the new
+    chain steps drawn. Every node needed is released once, in one vectorised call."""
+    sid = st.registration.stream_id
+    chain = terms.chain
+    step = chain.step_of(level)
+    nodes = sorted({n for c in counts for n in decomposition(c)})
+    states = [_state(ctx, sid, n) for n in nodes]
+    new_noise = sum(chain.new_steps(s, step) for s in states)
+    idents = [_identity(sid, n, _exact(s)) for n, s in zip(nodes, states, strict=True)]
+    released = dict(zip(nodes, chain.release(states, step, idents, ctx.rngs), strict=True))
+    if new_noise:
+        for n, s in zip(nodes, states, strict=True):
+            s.trim(ctx.limits.max_message_bytes // 2)
+            ctx.stores.releases[node_key(sid, n)] = s
+    dim = st.registration.dimension
+    out = []
+    for c in counts:
+        total = np.zeros(dim, dtype=np.float64)
+        for n in decomposition(c):
+            total += released[n]
+        out.append(total)
+    return out, new_noise
+
+
+def release_totals(
+    ctx: Context, st: StreamState, level: float
+) -> tuple[list[ReleasedValue], int]:
+    """Every retained running total at ``level`` (what a purchase returns)."""
+    terms = ctx.terms(st.registration)
+    counts = [e.seq + 1 for e in st.window]
+    totals, new_noise = totals_for(ctx, st, terms, counts, level)
+    releases = [
+        ReleasedValue.model_construct(value_id=e.value_id, seq=e.seq, level=level,
+                                      values=v.tolist(), terms=c.bit_count())
+        for e, v, c in zip(st.window, totals, counts, strict=True)
+    ]  # fmt: skip
+    return releases, new_noise
+
+
+def retain_nodes(ctx: Context, st: StreamState, before: list[int]) -> None:
+    """Drop the nodes no retained total (``st.window``) and no future total needs any more;
+    ``before`` are the retained counts before the latest increment."""
+    sid = st.registration.stream_id
+    after = [e.seq + 1 for e in st.window]
+    keep = {n for c in after for n in decomposition(c)}
+    gone = {n for c in before for n in decomposition(c)} - keep
+    # a node's children are needed until it completes: they are in the decomposition then
+    for n in gone:
+        ctx.stores.releases.pop(node_key(sid, n), None)
+    for c in after[-1:]:  # the leaves and lower nodes just closed by their parent
+        for j, m in completed_by(c - 1)[1:]:
+            for child in ((j - 1, 2 * m), (j - 1, 2 * m + 1)):
+                if child not in keep:
+                    ctx.stores.releases.pop(node_key(sid, child), None)

@@ -33,4 +33,11 @@ def intervals(
 ) -> dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]]:
     """``value_id`` → ``(low, high)`` arrays for every release of ``event`` (opened)."""
     model = model_of(event)
-    return {r.value_id: model.interval(r.values, confidence) for r in event.releases}
+    out = {}
+    for r in event.releases:
+        lo, hi = model.interval(r.values, confidence)
+        if r.terms:  # a running total: the sum of `terms` independent Gaussian node noises
+            mid, half = (lo + hi) / 2, (hi - lo) / 2 * np.sqrt(r.terms)
+            lo, hi = mid - half, mid + half
+        out[r.value_id] = (lo, hi)
+    return out

@@ -62,8 +62,8 @@ class Deliveries:
         self._seal_secret = seal_secret
         self._directory = directory
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
-        #: (buyer, stream, window index) → (level held, value ids withheld)
-        self._withheld: dict[tuple[str, str, int], tuple[float, list[str]]] = {}
+        #: (buyer, stream, window index, level held) → value ids withheld
+        self._withheld: dict[tuple[str, str, int, float], list[str]] = {}
         self._batching = False
         self.max_message_bytes = max_message_bytes
         #: an upper bound on the bytes of everything queued (the worker cuts batches by it)
@@ -102,8 +102,7 @@ class Deliveries:
         sid = st.registration.stream_id
         for buyer, holder in st.holders.items():
             if holder.level not in released:
-                entry = self._withheld.setdefault((buyer, sid, window), (holder.level, []))
-                entry[1].append(value_id)
+                self._withheld.setdefault((buyer, sid, window, holder.level), []).append(value_id)
                 self.pending_bytes += 80
                 self.withheld_total += 1
 
@@ -136,7 +135,7 @@ class Deliveries:
                 except Exception:
                     log.exception("could not deliver %d releases of %s to %s",
                                   len(releases), sid, buyer)  # fmt: skip
-            for (buyer, sid, window), (level, ids) in self._withheld.items():
+            for (buyer, sid, window, level), ids in self._withheld.items():
                 try:
                     outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
                 except Exception:

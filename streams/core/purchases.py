@@ -174,13 +174,22 @@ def _target(
     levels = sellable_levels(reg.steps, reg.cap)
     acc = req.accuracy
     if acc is not None:
+        # on running totals the target is for the least accurate total: tree_height nodes,
+        # whose Gaussian errors add up to sqrt(tree_height) times one node's
+        per = 1.0 if reg.tree_height is None else math.sqrt(reg.tree_height)
+        rmse = None if acc.rmse is None else acc.rmse / per
+        hw = None if acc.half_width is None else acc.half_width / per
         try:
-            return cheapest_level(terms.mechanism, levels, rmse=acc.rmse,
-                                  half_width=acc.half_width, confidence=acc.confidence)  # fmt: skip
+            return cheapest_level(terms.mechanism, levels, rmse=rmse, half_width=hw,
+                                  confidence=acc.confidence)  # fmt: skip
         except AccuracyNotForSaleError as exc:
             msg = f"{exc}; buy that level with target_level {exc.best:g}"
+            if per != 1.0:
+                msg = (f"no level for sale makes every running total that accurate: the best, "
+                       f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
+                       f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}")
             raise Reject("accuracy_not_for_sale", msg, best_level=exc.best,
-                         best_error=exc.error) from None  # fmt: skip
+                         best_error=exc.error * per) from None  # fmt: skip
         except ValueError as exc:  # a target the model cannot meet at all (wire-validated)
             raise Reject("invalid_event", f"accuracy target: {exc}") from None
     holder = st.holders.get(buyer_id)
@@ -205,7 +214,8 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     out = []
     levels = sellable_levels(reg.steps, reg.cap)
     window = reg.window is not None
-    for lv, fits in zip(levels, fitting_levels(st, levels), strict=True):
+    # a level at or below the one held is answered with the held level's release
+    for lv, fits in zip(levels, fitting_levels(st, [max(lv, held) for lv in levels]), strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), lv)  # cached
         if reg.tree_height is not None:  # the least accurate total: tree_height node releases
             rmse, hw95 = rmse * math.sqrt(reg.tree_height), hw95 * math.sqrt(reg.tree_height)

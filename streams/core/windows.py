@@ -116,7 +116,7 @@ def admit_value(st: StreamState, idx: int, current: float, levels: Iterable[floa
         return wanted
     spent = st.window_spent.get(idx, 0.0)
     limit = current + (reg.window.cap - spent) + reg.window.cap * TOLERANCE
-    fits = {lv for lv in wanted if lv <= limit}
+    fits = {lv for lv in wanted if lv <= current or lv <= limit}  # nothing new costs nothing
     top = max(fits, default=current)
     if top > current:
         st.window_spent[idx] = spent + (top - current)
@@ -155,7 +155,8 @@ def fitting_levels(st: StreamState, levels: Sequence[float]) -> list[bool]:
     if not is_window(st.registration) or not st.window or not levels:
         return [True] * len(levels)
     windows, added = _window_sums(st, levels)
-    ok: NDArray[np.bool_] = np.all(added <= _headroom(st, windows)[None, :], axis=1)
+    room = (added <= _headroom(st, windows)[None, :]) | (added == 0.0)  # nothing new: free
+    ok: NDArray[np.bool_] = np.all(room, axis=1)
     return [bool(x) for x in ok.tolist()]
 
 
@@ -165,7 +166,7 @@ def check_purchase(st: StreamState, level: float, sellable: Sequence[float]) -> 
     if not is_window(st.registration) or not st.window:
         return
     windows, added = _window_sums(st, [level])
-    over = added[0] - _headroom(st, windows)
+    over = np.where(added[0] == 0.0, 0.0, added[0] - _headroom(st, windows))
     if (over <= 0).all():
         return
     j = int(np.argmax(over))

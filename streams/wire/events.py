@@ -328,10 +328,12 @@ class StreamRegistration(_Signed):
                 "a sealed stream releases every value at the cap on arrival, so each value "
                 "would spend the cap; register 'window' streams unsealed"
             )
-        if window.cap < self.steps[0]:
+        if window.cap < self.cap:
             raise ValueError(
-                f"window cap {window.cap:g} is below the lowest step {self.steps[0]:g}: no value "
-                "could ever be released"
+                f"the window cap {window.cap:g} is below the stream's cap {self.cap:g}: one value "
+                "released at the cap would overspend its window alone, so levels above the "
+                "window cap could be sold but never delivered; lower the cap or raise the "
+                "window cap"
             )
 
 

@@ -36,7 +36,7 @@ REASONS = {
     "value_from_the_future", "request_too_old", "request_from_the_future", "bad_signature",
     "unknown_account", "not_your_stream", "too_large", "stream_too_large", "account_exists",
     "stale_key_version", "too_many_accounts", "accuracy_not_for_sale", "privacy_window_full",
-    "privacy_window_closed",
+    "privacy_window_closed", "stream_full",
 }  # fmt: skip
 TOPICS = [T.accounts, T.registrations, T.values, T.purchases]
 M = {"market": "f"}

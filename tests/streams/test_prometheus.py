@@ -162,7 +162,7 @@ def drive(market: Market) -> dict[str, Any]:
         # a 'window' stream whose window fills: its third value is withheld from bob
         entry = await c.register({
             "stream_id": "home", "mechanism": "laplace", "sensitivity": 1.0, "dimension": 2,
-            "steps": [0.5, 1.0], "cap": 2.0, "retain_last": 4, "privacy_unit": "window",
+            "steps": [0.5, 1.0], "cap": 1.0, "retain_last": 4, "privacy_unit": "window",
             "window": {"duration_ms": 600_000, "cap": 1.0},
             "pricing": LinearLevelSpec(rate_per_level=100.0),
         })  # fmt: skip

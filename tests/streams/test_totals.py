@@ -201,3 +201,27 @@ def test_a_rejected_increment_leaves_no_node_behind() -> None:
     assert out.reason == "wrong_dimension" and node_keys(c) == []
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert "dimension" in rej.message
+
+
+def test_accuracy_orders_and_intervals_are_for_the_totals() -> None:
+    """An RMS target on a totals stream is met by its least accurate total (tree_height nodes):
+    √(10·11/(2ρ)) is 10.5, 7.4, 5.2 at ρ = 0.5, 1, 2; the client's intervals widen by √terms."""
+    from streams.clients.intervals import intervals
+
+    c = new_core()
+    totals_stream(c)
+    for i in range(3):
+        c.handle(T.values, value("tot", f"v{i}", [1.0, 2.0]))
+    out = c.handle(T.purchases, purchase("tot", "alice", "a", accuracy={"rmse": 8.0}))
+    (ev,) = inbox(out, "alice")
+    assert isinstance(ev, PurchaseFulfilled) and ev.level_after == 1.0
+    node_hw = ev.error_model.half_widths["95"]  # type: ignore[union-attr]
+    for r in ev.releases:
+        lo, hi = intervals(ev, 0.95)[r.value_id]
+        assert np.allclose((hi - lo) / 2, node_hw * math.sqrt(r.terms or 0))
+    out = c.handle(T.purchases, purchase("tot", "bob", "b", accuracy={"rmse": 1.0}))
+    rej = Rejection.model_validate_json(out.outputs[0].value)
+    assert rej.reason == "accuracy_not_for_sale" and rej.details["best_level"] == 2.0
+    assert rej.details["best_error"] == pytest.approx(math.sqrt(55 / 2))
+    assert "least accurate total" in rej.message
+

@@ -73,7 +73,7 @@ def spent(core: MarketCore) -> dict[int, float]:
         ({**WINDOWED, "mechanism": "poisson", "steps": [10.0], "cap": 10.0,
           "window": {"duration_ms": W, "cap": 20.0}}, "add up"),
         ({**WINDOWED, "sealed": True}, "unsealed"),
-        ({**WINDOWED, "window": {"duration_ms": W, "cap": 0.25}}, "below the lowest step"),
+        ({**WINDOWED, "window": {"duration_ms": W, "cap": 1.5}}, "below the stream's cap"),
         ({**WINDOWED, "window": {"duration_ms": 1_000, "cap": 1.0}}, "greater than or equal"),
     ],
 )
@@ -239,3 +239,61 @@ def test_the_dedup_horizon_drops_the_sums_no_value_can_join_any_more() -> None:
     assert sorted(c.stores.streams["home"].window_spent) == [4, 5, 6, 7, 8, 9]
     out = c.handle(T.values, value("home", "old", [1.0, 2.0, 3.0], published_at_ms=W))
     assert out.reason == "value_too_old"
+
+
+# -- found by the review of the feature (each failed before its fix) ----------------------------
+def test_what_was_released_already_always_fits_even_past_the_float_slack() -> None:
+    """A window filled to C(1 + 1e-9) by a tiny level: a resend of a value at the level it was
+    delivered at, and a purchase that releases nothing new, cost nothing and go through."""
+    c = new_core()
+    c.handle(T.registrations, registration("s", steps=[1e-9, 1.0], cap=1.0, retain_last=4,
+                                            privacy_unit="window",
+                                            window={"duration_ms": W, "cap": 1.0}))  # fmt: skip
+    c.handle(T.purchases, purchase("s", "alice", "a1", target_level=1.0))
+    c.handle(T.purchases, purchase("s", "bob", "b1", target_level=1e-9))
+    c.handle(T.values, value("s", "v0", [1.0, 1.0, 1.0], published_at_ms=0))
+    c.handle(T.values, value("s", "v1", [2.0, 2.0, 2.0], published_at_ms=1))  # bob only
+    assert c.stores.streams["s"].window_spent[0] > 1.0  # within the slack
+    again = c.handle(T.values, value("s", "v1", [2.0, 2.0, 2.0], published_at_ms=1))
+    assert [type(e) for e in inbox(again, "bob")] == [ValueReleased]
+    out = c.handle(T.purchases, purchase("s", "carol", "c1", target_level=1e-9))
+    assert out.status == "fulfilled"
+
+
+def test_a_level_no_window_could_take_cannot_be_registered() -> None:
+    """A cap above the window cap used to be sold on an empty stream and never delivered."""
+    out = new_core().handle(T.registrations, windowed("s", window={"duration_ms": W, "cap": 1.5}))
+    assert out.reason == "invalid_event"
+
+
+def test_withheld_notices_in_one_batch_name_the_level_each_value_was_withheld_at() -> None:
+    c = new_core()
+    c.handle(T.registrations, registration("s", steps=[0.5, 1.0], cap=1.0, retain_last=1,
+                                            privacy_unit="window",
+                                            window={"duration_ms": W, "cap": 1.0}))  # fmt: skip
+    c.handle(T.purchases, purchase("s", "alice", "a1", target_level=0.5))
+    for i in range(2):  # window 0 is full
+        c.handle(T.values, value("s", f"v{i}", [1.0, 1.0, 1.0], published_at_ms=i))
+    with c.batch() as outputs:
+        c.handle(T.values, value("s", "v2", [1.0, 1.0, 1.0], published_at_ms=2))  # at 0.5
+        c.handle(T.values, value("s", "v3", [1.0, 1.0, 1.0], published_at_ms=W))  # evicts v2
+        assert c.handle(T.purchases, purchase("s", "alice", "a2", target_level=1.0)).status == (
+            "fulfilled")  # fmt: skip
+        c.handle(T.values, value("s", "v4", [1.0, 1.0, 1.0], published_at_ms=3))  # at 1.0
+    notices = [INBOX_EVENT.validate_json(o.value) for o in outputs if o.topic == T.inbox("alice")]
+    held = {(e.level, tuple(e.value_ids)) for e in notices if isinstance(e, DeliveriesWithheld)}
+    assert held == {(0.5, ("v2",)), (1.0, ("v4",))}
+
+
+def test_a_quote_checks_a_level_below_the_one_held_at_the_held_level() -> None:
+    c = new_core()
+    c.handle(T.registrations, windowed())
+    c.handle(T.purchases, purchase("home", "alice", "a1", target_level=1.0))
+    c.handle(T.purchases, purchase("home", "bob", "b1", target_level=0.5))
+    for i in range(3):  # v2 reaches bob at 0.5 and is withheld from alice
+        publish(c, f"v{i}", i)
+    (ans,) = inbox(c.handle(T.purchases, quote("home", "alice", "q")), "alice")
+    fits = {o.level: o.fits_window for o in ans.offers}
+    out = c.handle(T.purchases, purchase("home", "alice", "a2", target_level=0.5))
+    assert fits[0.5] is False and out.reason == "privacy_window_full"
+

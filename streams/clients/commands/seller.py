@@ -98,6 +98,13 @@ def _privacy(args: argparse.Namespace) -> dict[str, Any]:
             "window": {"duration_ms": args.privacy_window, "cap": args.window_cap}}  # fmt: skip
 
 
+def _product(args: argparse.Namespace) -> dict[str, Any]:
+    """What the stream sells: its values, or (``--running-totals H``) their running sums."""
+    if args.running_totals is None:
+        return {}
+    return {"product": "running_totals", "tree_height": args.running_totals}
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -109,7 +116,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         sensitivity=args.sensitivity, dimension=args.dimension, steps=args.steps,
         cap=args.cap if args.cap is not None else max(args.steps), retain_last=args.retain,
         sealed=args.sealed, pricing=_pricing(args), currency=args.currency,
-        description=args.description, **_privacy(args),
+        description=args.description, **_privacy(args), **_product(args),
     )  # fmt: skip
     try:
         party.sign(StreamRegistration, args.prefix, **fields)
@@ -237,6 +244,11 @@ def add_commands(sub: Any) -> None:
         "--privacy-window", type=duration_ms, default=None, metavar="DURATION",
         help="the same people are in every value: cap the sum of levels released per window "
         "of this duration (e.g. 1h, 1d; windows start at multiples of it, UTC)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--running-totals", type=int, default=None, metavar="HEIGHT",
+        help="sell the running sums of the values (increments) instead of the values, for up to "
+        "2**HEIGHT increments (gaussian only; error grows like log² of the count)",
     )  # fmt: skip
     sp.add_argument("--window-cap", type=float, default=None,
                     help="with --privacy-window: most one window's values may spend together")

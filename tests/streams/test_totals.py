@@ -70,7 +70,7 @@ def test_the_tree_decomposes_every_prefix_into_popcount_nodes() -> None:
         ({"tree_height": 5}, "needs a tree_height"),
         ({**TOTALS, "mechanism": "laplace"}, "gaussian"),
         ({**TOTALS, "sealed": True}, "neither sealed"),
-        ({**TOTALS, "privacy_unit": "window", "window": {"duration_ms": 60_000, "cap": 3.0}},
+        ({**TOTALS, "privacy_unit": "window", "window": {"duration_ms": 60_000, "cap": 9.0}},
          "neither sealed"),
         ({**TOTALS, "tree_height": 41}, "less than or equal"),
     ],

@@ -1,5 +1,6 @@
-"""Exact integer counts on the real broker: a discrete Laplace stream registered, published,
-bought in two steps (one buyer's releases sealed), subscribed to, every receipt verified."""
+"""The products beyond real vectors, on the real broker: exact integer counts (discrete Laplace)
+and running totals (a tree of Gaussian releases) — each registered, published, bought in two
+steps (one buyer's releases sealed), subscribed to, every receipt verified."""
 
 from __future__ import annotations
 
@@ -75,3 +76,51 @@ def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
     assert late.releases[0].value_id == "late" and late.releases[0].level == 1.0
     assert np.array_equal(late.releases[0].values, np.round(late.releases[0].values))
     assert outs[0].sealed is None and outs[2].sealed is not None  # bob's came sealed, opened
+
+
+def test_running_totals_end_to_end(market: Market) -> None:
+    market.start_worker()
+    market.open_accounts("seller1", "alice", "sealed_bob")
+    increments = [[1.0, 0.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 5.0], [2.0, 2.0, 2.0],
+                  [1.0, 1.0, 1.0]]  # fmt: skip
+
+    async def go(c: MarketClient) -> Any:
+        entry = await c.register({
+            "stream_id": "sales", "mechanism": "gaussian", "sensitivity": 1.0, "dimension": 3,
+            "steps": [0.5, 2.0], "cap": 2.0, "retain_last": 4, "product": "running_totals",
+            "tree_height": 8, "pricing": LinearLevelSpec(rate_per_level=100.0),
+        })  # fmt: skip
+        assert not isinstance(entry, Rejection), entry
+        for i, row in enumerate(increments):
+            await c.publish("sales", row, value_id=f"d{i}")
+        market.wait_ingested("sales", 5)
+        outs = [await buy(c, who, "sales", max_price_minor=1000)
+                for who in ("alice", "sealed_bob", "alice", "sealed_bob")]  # fmt: skip
+        await c.publish("sales", [10.0, 10.0, 10.0], value_id="d5")
+        market.wait_ingested("sales", 6)
+        subs = [e async for e in tail(c, "alice", idle_timeout=2.0)]
+        return entry, outs, subs
+
+    entry, outs, subs = market.run(go)
+    key = public_key_from_b64(entry.market_public_key)
+    sums = np.cumsum(increments, axis=0)
+    for ev in outs:
+        assert isinstance(ev, PurchaseFulfilled), ev
+        SCHEMAS["inbox"].validate_json(ev.model_dump_json())
+        rel = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
+        env = None if ev.sealed is None else ev.sealed.model_dump()
+        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env)
+        assert [r.value_id for r in ev.releases] == ["d1", "d2", "d3", "d4"]  # the retained
+        assert [r.terms for r in ev.releases] == [1, 2, 1, 2]  # popcount of 2, 3, 4, 5
+        assert ev.error_model is not None  # a node's: σ² = 9/(2ρ)
+        assert ev.error_model.std == pytest.approx(np.sqrt(9 / (2 * ev.level_after)))
+        for r, true in zip(ev.releases, sums[1:], strict=True):
+            sd = ev.error_model.std * np.sqrt(r.terms or 0)
+            assert np.all(np.abs(np.asarray(r.values) - true) < 6 * sd)
+    assert [e.level_after for e in outs] == [0.5, 0.5, 2.0, 2.0]
+    assert outs[0].sealed is None and outs[1].sealed is not None
+    assert outs[0].releases == outs[1].releases and outs[2].releases == outs[3].releases
+    (late,) = [e for e in subs if isinstance(e, ValueReleased)]
+    (r,) = late.releases
+    assert (r.value_id, r.level, r.terms) == ("d5", 2.0, 2)  # 6 = 4 + 2
+

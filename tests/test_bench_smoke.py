@@ -43,11 +43,11 @@ def test_report_regenerates(tmp_path: object) -> None:
         [sys.executable, "-m", "bench.report", "--quick", "--no-service", "--out", str(tmp_path)],
         check=True, capture_output=True, text=True, timeout=600,
     ).stdout  # fmt: skip
-    assert "9 figures" in out
+    assert "10 figures" in out
     from pathlib import Path
 
     report = (Path(str(tmp_path)) / "report.md").read_text()
     for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
-                    "Exact counts: discrete Laplace",
+                    "Exact counts: discrete Laplace", "Running totals",
                     "RAPPOR", "social network", "Speed of the samplers"):  # fmt: skip
         assert section in report

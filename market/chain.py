@@ -44,7 +44,7 @@ from .levels import canonical_level
 from .mechanisms import Anchor, Mechanism
 from .rng import Identity, KeyedRngFactory
 
-__all__ = ["DOMAIN", "ChainState", "ReleaseChain", "noise_check"]
+__all__ = ["DOMAIN", "ChainState", "ReleaseChain", "noise_check", "noise_check_discrete"]
 
 DOMAIN = b"emarket-chain-v1"
 """Domain separation of the chain's keyed randomness (changing it changes every release)."""
@@ -344,3 +344,24 @@ def noise_check() -> str:
             for k in range(len(levels)):
                 h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
     return h.hexdigest()
+
+
+def noise_check_discrete() -> str:
+    """The same known-answer digest for the discrete Laplace chains (open and sealed).
+
+    Kept apart from :func:`noise_check`, whose value markets made before the mechanism existed
+    have recorded: a market compares this one when its record has it.
+    """
+    from .mechanisms import DiscreteLaplace  # noqa: PLC0415
+
+    rngs = KeyedRngFactory(_CHECK_SECRET)
+    h = hashlib.sha256(DOMAIN + b"discrete_laplace")
+    x = np.arange(-32, 32, dtype=np.int64)
+    for sealed in (False, True):
+        chain = ReleaseChain(DiscreteLaplace(1.0), (0.25, 1.0, 4.0), sealed=sealed)
+        ident = ("check",)
+        st = chain.seal(x, ident, rngs) if sealed else chain.open(x)
+        for k in range(len(chain.levels)):
+            h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
+    return h.hexdigest()
+

@@ -95,6 +95,18 @@ class Mechanism(ABC):
     dtype: ClassVar[type[np.generic]]
     sensitivity: float
 
+    def check_level(self, level: float) -> None:
+        """Raise :class:`InvalidLevelError` if this family cannot release at ``level`` (beyond
+        :func:`~market.levels.canonical_level`'s range); the service checks every level a
+        stream sells when it is registered, so no level for sale fails later.
+
+        Parameters
+        ----------
+        level : float
+            A canonical level.
+        """
+        return  # every level canonical_level accepts, unless a family says otherwise
+
     def _check_sensitivity(self) -> None:
         s = self.sensitivity
         if (
@@ -588,6 +600,8 @@ class DiscreteLaplace(Mechanism):
     code: ClassVar[int] = 4
     dtype: ClassVar[type[np.generic]] = np.int64
     MIN_RATIO: ClassVar[float] = 2.0**-20
+    #: above it p = e^(−ε/Δ) < 1e-304: the noise variance underflows and the level is exact
+    MAX_RATIO: ClassVar[float] = 700.0
 
     def __post_init__(self) -> None:
         self._check_sensitivity()
@@ -614,14 +628,20 @@ class DiscreteLaplace(Mechanism):
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         return level
 
-    def _ratio(self, level: float) -> Fraction:
-        """The exact rational ε/Δ of a finite level (checked against :attr:`MIN_RATIO`)."""
+    def check_level(self, level: float) -> None:
+        """ε/Δ must lie in [2^-20, 700]: below, the noise may not fit int64; above, its
+        variance underflows to 0 (no noise a price or an error model can describe)."""
         a = Fraction(level) / Fraction(self.sensitivity)
-        if a < Fraction(self.MIN_RATIO):
+        if not Fraction(self.MIN_RATIO) <= a <= Fraction(self.MAX_RATIO):
             raise InvalidLevelError(
-                f"a discrete Laplace level needs ε/Δ ≥ 2^-20, got {level:g}/{self.sensitivity:g}"
+                f"a discrete Laplace level needs 2^-20 ≤ ε/Δ ≤ 700, got "
+                f"{level:g}/{self.sensitivity:g}"
             )
-        return a
+
+    def _ratio(self, level: float) -> Fraction:
+        """The exact rational ε/Δ of a finite level (checked by :meth:`check_level`)."""
+        self.check_level(level)
+        return Fraction(level) / Fraction(self.sensitivity)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator

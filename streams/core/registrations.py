@@ -38,6 +38,8 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
     if existing is not None:
         return _again(ctx, reg, existing)
     terms = ctx.terms(reg)
+    for level in terms.chain.levels:  # every level for sale can be released
+        terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
     _check_purchase_cost(ctx, reg, len(terms.chain.levels))
     prices = price_list(

@@ -92,6 +92,14 @@ def _identity(stream_id: str, node: Node, exact: NDArray[Any]) -> tuple[str, str
     return (stream_id, f".{node[0]}.{node[1]}", digest_values(exact))
 
 
+MAX_TOTAL = 2.0**1000
+"""Largest running total (and tree node) a stream takes: far from overflowing, with its noise."""
+
+
+def _exact_of(ctx: Context, stream_id: str, node: Node) -> NDArray[Any]:
+    return _exact(_state(ctx, stream_id, node))
+
+
 def _exact(state: ChainState) -> NDArray[Any]:
     assert state.exact is not None  # node states are open chains (see _state)
     return state.exact
@@ -121,13 +129,24 @@ def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[An
             "(tree_height); register a new stream to go on",
         )
     sid = reg.stream_id
-    for j, m in completed_by(i):
+    made: dict[Node, NDArray[Any]] = {}
+    for j, m in completed_by(i):  # children first: a parent's right child is made just before
         if j == 0:
-            node_sum = exact
-        else:
-            left, right = _state(ctx, sid, (j - 1, 2 * m)), _state(ctx, sid, (j - 1, 2 * m + 1))
-            node_sum = _exact(left) + _exact(right)
-        ctx.stores.releases[node_key(sid, (j, m))] = terms.chain.open(node_sum)
+            made[(j, m)] = np.asarray(exact, dtype=np.float64)
+            continue
+        left, right = (j - 1, 2 * m), (j - 1, 2 * m + 1)
+        made[(j, m)] = _exact(_state(ctx, sid, left)) + made[right]
+    total = np.zeros(reg.dimension)
+    for n in decomposition(i + 1):
+        total += made[n] if n in made else _exact_of(ctx, sid, n)
+    if not np.all(np.abs(total) <= MAX_TOTAL):  # also catches inf and NaN
+        raise Reject(
+            "invalid_value",
+            f"with this increment the running total of stream {sid!r} would exceed "
+            f"{MAX_TOTAL:g} in magnitude (or overflow); the stream cannot take it",
+        )
+    for node, node_sum in made.items():  # nothing is stored for a refused increment
+        ctx.stores.releases[node_key(sid, node)] = terms.chain.open(node_sum)
 
 
 def totals_for(

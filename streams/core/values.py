@@ -144,6 +144,10 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
                       reg.stream_id)  # fmt: skip
     key = record_key(reg.stream_id, item.value_id)
     known = ctx.stores.releases.get(key)
+    if known is None and is_totals(reg):  # a retained increment is known by its window entry
+        entry = next((e for e in st.window if e.value_id == item.value_id), None)
+        if entry is not None:  # (its mark may have been forgotten by a rebuilt horizon index)
+            known = EvictedValue(entry.seq, entry.digest, entry.published_at_ms)
     if known is not None:
         released, new_noise = _resent(ctx, st, item.value_id, digest, known)
         return "duplicate", released, new_noise

@@ -348,6 +348,20 @@ class ValueItem(BaseModel):
         "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
 
+    @field_validator("values", mode="before")
+    @classmethod
+    def _exact_integers(cls, v: Any) -> Any:
+        """A JSON integer beyond 2**53 would be read as another number (the nearest double):
+        refuse it rather than store and sign a count the seller did not send."""
+        if isinstance(v, list):
+            for x in v:
+                if isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2**53:
+                    raise ValueError(
+                        f"{x} is not exactly representable as a number here (beyond 2**53); "
+                        "counts must be at most 2**53 in magnitude"
+                    )
+        return v
+
 
 class ValueBatch(_Signed):
     """New values of one stream, signed once (``<p>.values``, key: stream_id).
@@ -724,6 +738,10 @@ class MarketIdentity(_Event):
     noise_derivation: str = Field(description="version of the keyed chain derivation")
     noise_check: str = Field(
         description="SHA-256 of releases computed for a fixed test key on this platform"
+    )
+    noise_check_discrete: str | None = Field(
+        None,
+        description="the same for discrete Laplace chains (absent in markets made before it)",
     )
     market_key_id: str
     created_at_ms: Millis

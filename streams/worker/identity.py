@@ -21,7 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from market.chain import DOMAIN, noise_check
+from market.chain import DOMAIN, noise_check, noise_check_discrete
 
 from ..core import MarketKeys
 from ..wire.events import MarketIdentity
@@ -40,6 +40,7 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
         noise_secret_fingerprint=keys.noise_fingerprint,
         noise_derivation=DOMAIN.decode(),
         noise_check=noise_check(),
+        noise_check_discrete=noise_check_discrete(),
         market_key_id=keys.key_id,
         created_at_ms=time.time_ns() // 1_000_000,
     )
@@ -76,7 +77,11 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
             "new market"
         )
-    if (theirs.noise_derivation, theirs.noise_check) != (ours.noise_derivation, ours.noise_check):
+    discrete_differs = theirs.noise_check_discrete not in (None, ours.noise_check_discrete)
+    if (theirs.noise_derivation, theirs.noise_check) != (
+        ours.noise_derivation,
+        ours.noise_check,
+    ) or discrete_differs:
         raise MarketIdentityError(
             f"this platform derives other noise from the same key than the one that made this "
             f"market's state (derivation {ours.noise_derivation} vs {theirs.noise_derivation}, "

@@ -225,3 +225,31 @@ def test_accuracy_orders_and_intervals_are_for_the_totals() -> None:
     assert rej.details["best_error"] == pytest.approx(math.sqrt(55 / 2))
     assert "least accurate total" in rej.message
 
+
+# -- found by the review of the feature (each failed before its fix) ----------------------------
+def test_a_total_that_would_overflow_is_refused_and_leaves_nothing() -> None:
+    c = new_core()
+    totals_stream(c, dimension=1)
+    assert c.handle(T.values, value("tot", "a", [1e300])).status == "accepted"
+    out = c.handle(T.values, value("tot", "b", [1.7e308]))  # finite, but the total is not
+    assert out.reason == "invalid_value" and node_keys(c) == ["tot/.0.0"]
+    assert c.stores.streams["tot"].next_seq == 1
+
+
+def test_a_retained_increment_stays_known_after_a_restart_forgot_its_mark() -> None:
+    """The rebuilt dedup index used to forget the marks of increments still retained: the same
+    id was then taken as a second increment."""
+    stores = Stores()
+    c = MarketCore(stores, TEST_KEYS, T, clock=lambda: 100_000, dedup_horizon_ms=10_000)
+    open_accounts(c, "seller1", "alice")
+    totals_stream(c, dimension=1)
+    c.handle(T.purchases, purchase("tot", "alice", "a0"))
+    first = c.handle(T.values, value("tot", "v0", [1.0], published_at_ms=1_000))
+    c.handle(T.values, value("tot", "v1", [1.0], published_at_ms=20_000))
+    restarted = MarketCore(stores, TEST_KEYS, T, clock=lambda: 100_000, dedup_horizon_ms=10_000)
+    restarted.handle(T.values, value("tot", "v2", [1.0], published_at_ms=20_000))
+    again = restarted.handle(T.values, value("tot", "v0", [1.0], published_at_ms=20_000))
+    assert again.status == "duplicate"
+    assert [e.value_id for e in stores.streams["tot"].window] == ["v0", "v1", "v2"]
+    assert inbox(again, "alice")[0].releases == inbox(first, "alice")[0].releases
+

@@ -1,0 +1,57 @@
+"""Discrete Laplace (exact counts) streams on MarketCore: what registration and the wire refuse,
+and the market identity's check of the discrete sampler."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from market.chain import noise_check_discrete
+from streams.core import MarketCore, Stores
+from streams.wire.events import MarketIdentity, ValueItem
+from streams.wire.topics import Topics
+from streams.worker.identity import MarketIdentityError, _compare
+
+from .helpers import TEST_KEYS, open_accounts, registration
+
+T = Topics("t")
+
+
+@pytest.mark.parametrize(
+    ("steps", "sensitivity"),
+    [([2.0**-21, 1.0], 1.0), ([1.0, 746.0], 1.0), ([10.0**9], 10.0**6 / 10.0**3)],
+)
+def test_levels_the_sampler_cannot_serve_are_refused_at_registration(
+    steps: list[float], sensitivity: float
+) -> None:
+    """A bottom step below ε/Δ = 2^-20 used to be sold and then refuse every value; ε/Δ above
+    ~745 made the price schedule divide by a zero variance (internal_error)."""
+    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000)
+    open_accounts(c, "seller1")
+    out = c.handle(T.registrations, registration(
+        "n", mechanism="discrete_laplace", sensitivity=sensitivity, steps=steps,
+        cap=steps[-1]))  # fmt: skip
+    assert (out.status, out.reason) == ("rejected", "invalid_level"), out.outputs[0].value[:300]
+
+
+def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
+    with pytest.raises(ValidationError, match="2\\*\\*53"):
+        ValueItem.model_validate_json('{"value_id": "x", "values": [9007199254740993], '
+                                      '"published_at_ms": 1}')  # fmt: skip
+    ok = ValueItem.model_validate_json('{"value_id": "x", "values": [9007199254740992, 1e20], '
+                                       '"published_at_ms": 1}')  # fmt: skip
+    assert ok.values == [2.0**53, 1e20]  # floats beyond 2**53 are exact as given
+
+
+def test_the_market_identity_checks_the_discrete_sampler_when_recorded() -> None:
+    ours = MarketIdentity(noise_secret_fingerprint="f", noise_derivation="d", noise_check="c",
+                          noise_check_discrete=noise_check_discrete(), market_key_id="k",
+                          created_at_ms=1)  # fmt: skip
+    _compare(ours, ours, "t.market")
+    _compare(ours, ours.model_copy(update={"noise_check_discrete": None}), "t.market")  # older
+    other = ours.model_copy(update={"noise_check_discrete": "0" * 64})
+    with pytest.raises(MarketIdentityError, match="other noise"):
+        _compare(ours, other, "t.market")
+    # pinned: a platform that draws other discrete noise from the same key fails here first
+    assert noise_check_discrete() == (
+        "5f883d8a10b631021039c2cc8f555e328d2a1d07a03e44e52f7a4fa2dd2acc9c")  # fmt: skip

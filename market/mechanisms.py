@@ -629,8 +629,9 @@ class DiscreteLaplace(Mechanism):
         return level
 
     def check_level(self, level: float) -> None:
-        """ε/Δ must lie in [2^-20, 700]: below, the noise may not fit int64; above, its
-        variance underflows to 0 (no noise a price or an error model can describe)."""
+        """ε/Δ must lie in [2^-20, 700] for a level to be sold: below, the noise may not fit
+        int64; above, its variance underflows to 0 (no noise a price or an error model can
+        describe)."""
         a = Fraction(level) / Fraction(self.sensitivity)
         if not Fraction(self.MIN_RATIO) <= a <= Fraction(self.MAX_RATIO):
             raise InvalidLevelError(
@@ -639,9 +640,12 @@ class DiscreteLaplace(Mechanism):
             )
 
     def _ratio(self, level: float) -> Fraction:
-        """The exact rational ε/Δ of a finite level (checked by :meth:`check_level`)."""
-        self.check_level(level)
-        return Fraction(level) / Fraction(self.sensitivity)
+        """The exact rational ε/Δ of a finite level, at least :attr:`MIN_RATIO` (a level
+        above :attr:`MAX_RATIO` samples fine — it is all but exact — but cannot be priced)."""
+        a = Fraction(level) / Fraction(self.sensitivity)
+        if a < Fraction(self.MIN_RATIO):
+            self.check_level(level)  # raises, saying why
+        return a
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, rng: np.random.Generator

@@ -70,8 +70,13 @@ def offers_table(q: Any) -> str:
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
     pw = getattr(q, "privacy_window", None)
     if pw is not None:
-        lines.append(f"privacy window {pw.start_ms}–{pw.end_ms} ms: spent {pw.spent:g} of "
-                     f"{pw.cap:g} {pw.unit}, headroom {pw.headroom:g}")  # fmt: skip
+        from datetime import UTC, datetime  # noqa: PLC0415
+
+        def iso(ms: int) -> str:
+            return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+        lines.append(f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
+                     f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -124,3 +125,14 @@ async def buy(c: Any, buyer: str, stream_id: str, **kw: Any) -> Any:
 def tail(c: Any, buyer: str, **kw: Any) -> Any:
     """``c.tail`` of the test party ``buyer``'s inbox."""
     return c.tail(party=party(buyer), **kw)
+
+
+async def inbox_until(c: Any, buyer: str, done: Any, timeout: float = 60.0) -> list[Any]:
+    """The test party ``buyer``'s inbox, read again until ``done(events)`` holds: outputs follow
+    the ledger by a moment, and a busy machine must not fail a test that reads too early."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [e async for e in tail(c, buyer, idle_timeout=1.0)]
+        if done(events) or time.monotonic() > deadline:
+            return events
+

@@ -21,7 +21,7 @@ from streams.wire.events import (
 )
 
 from .conftest import Market
-from .helpers import buy, tail
+from .helpers import buy, inbox_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 DIM = 500
@@ -50,7 +50,8 @@ def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
                 outs.append(await buy(c, who, "visits", max_price_minor=1000))
         await c.publish("visits", [5] * DIM, value_id="late")
         market.wait_ingested("visits", 4)
-        subs = [e async for e in tail(c, "alice", idle_timeout=2.0)]
+        subs = await inbox_until(c, "alice", lambda evs: any(
+            isinstance(e, ValueReleased) for e in evs))  # fmt: skip
         return entry, refused, outs, subs
 
     entry, refused, outs, subs = market.run(go)
@@ -98,7 +99,8 @@ def test_running_totals_end_to_end(market: Market) -> None:
                 for who in ("alice", "sealed_bob", "alice", "sealed_bob")]  # fmt: skip
         await c.publish("sales", [10.0, 10.0, 10.0], value_id="d5")
         market.wait_ingested("sales", 6)
-        subs = [e async for e in tail(c, "alice", idle_timeout=2.0)]
+        subs = await inbox_until(c, "alice", lambda evs: any(
+            isinstance(e, ValueReleased) for e in evs))  # fmt: skip
         return entry, outs, subs
 
     entry, outs, subs = market.run(go)

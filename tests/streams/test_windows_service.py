@@ -20,7 +20,7 @@ from streams.wire.events import (
 )
 
 from .conftest import Market
-from .helpers import buy, party, tail
+from .helpers import buy, inbox_until, party
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 W = 600_000  # ten-minute windows: the next one starts less than the allowed clock skew ahead
@@ -46,16 +46,13 @@ def delivered(events: list[Any]) -> dict[str, list[str]]:
 
 
 async def inboxes(c: MarketClient, values: int) -> dict[str, dict[str, list[str]]]:
-    """What alice and bob were delivered or told, once each has heard of ``values`` values
-    (outputs follow the ledger by a moment; a busy machine must not fail the test)."""
-    out = {}
-    for b in ("alice", "bob"):
-        for _ in range(30):
-            seen = delivered([e async for e in tail(c, b, idle_timeout=1.0)])
-            if len(seen["released"]) + len(seen["withheld"]) >= values:
-                break
-        out[b] = seen
-    return out
+    """What alice and bob were delivered or told, once each has heard of ``values`` values."""
+
+    def heard(events: list[Any]) -> bool:
+        seen = delivered(events)
+        return len(seen["released"]) + len(seen["withheld"]) >= values
+
+    return {b: delivered(await inbox_until(c, b, heard)) for b in ("alice", "bob")}
 
 
 def test_window_accounting_end_to_end(market: Market) -> None:

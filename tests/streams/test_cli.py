@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.clients.client import TopicReader
 from streams.wire.events import SCHEMAS
 
 from .conftest import Market
@@ -57,6 +59,26 @@ def test_cli_rejects_bad_input_with_a_clear_message(tmp_path: Path) -> None:
         assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+def register_other_products(market: Market, key_file: Path) -> None:
+    """The other products and the privacy unit, as a seller registers them from the CLI."""
+    acme = ["--key-file", str(key_file)]
+    for sid, flags in (
+        ("home", ["--privacy-window", "1h", "--window-cap", "8"]),
+        ("sales", ["--mechanism", "gaussian", "--running-totals", "12"]),
+        ("visits", ["--mechanism", "discrete_laplace"]),
+    ):
+        reg = json.loads(cli(market, "register", *acme, "--stream", sid, "--steps", "0.5,1",
+                             *flags).stdout)["registration"]  # fmt: skip
+        assert reg["stream_id"] == sid
+    catalog = json.loads(cli(market, "catalog").stdout)
+    assert catalog["home"]["registration"]["window"] == {"duration_ms": 3_600_000, "cap": 8.0}
+    assert catalog["sales"]["registration"]["tree_height"] == 12
+    assert catalog["visits"]["registration"]["mechanism"] == "discrete_laplace"
+    r = cli(market, "register", *acme, "--stream", "x", "--steps", "1", "--privacy-window", "1h",
+            check=False)  # fmt: skip
+    assert r.returncode == 2 and "--privacy-window needs --window-cap" in r.stderr
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
@@ -101,16 +123,12 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert [e["type"] for e in events] == ["account", "quote", "purchase_fulfilled", "rejection"]
     assert events[2]["releases"] == outcome["releases"]
     # isolation does not rest on the broker: eve, reading alice's inbox, sees only ciphertext
-    from streams.clients.client import TopicReader
-
     async def spy() -> list[bytes]:
         reader = TopicReader(market.broker.bootstrap, market.topics.inbox("alice"))
         await reader.start()
         got = [v for _, v in await reader.poll(2.0)]
         await reader.stop()
         return got
-
-    import asyncio
 
     raw = next(json.loads(v) for v in asyncio.run(spy()) if b"purchase_fulfilled" in v)
     assert raw["releases"] == [] and raw["sealed"]["ciphertext"]
@@ -119,3 +137,4 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     ledger = cli(None, "ledger", "--worker", w.url).stdout
     assert "temp" in ledger and "alice" in ledger
     assert re.search(r"^acme\s+0\.50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue
+    register_other_products(market, keys["acme"])

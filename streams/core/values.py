@@ -138,6 +138,13 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     """Apply one value; return (status, releases queued, new chain steps computed)."""
     reg = st.registration
     terms = ctx.terms(reg)
+    if item.inexact_integer and np.issubdtype(terms.mechanism.dtype, np.integer):
+        raise Reject(
+            "invalid_value",
+            f"value {item.value_id!r} holds an integer beyond 2**53, which cannot be read exactly "
+            f"(it would become another count); counts on stream {reg.stream_id!r} must be at "
+            "most 2**53 in magnitude",
+        )
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     digest = digest_values(exact)
     ctx.horizon.admit("value", item.published_at_ms, st.watermark_ms, item.value_id,

@@ -38,6 +38,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     TypeAdapter,
     field_validator,
@@ -132,6 +133,16 @@ Product = Literal["values", "running_totals"]
 MAX_TREE_HEIGHT = 40
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
+
+
+def _is_none(v: Any) -> bool:
+    return v is None
+
+
+def _unset(default: Any) -> Any:
+    """``exclude_if`` of a field added after version 1 went out: leave it out of the JSON at its
+    default, so a message that does not use it reads as it did for earlier clients."""
+    return lambda v: v == default
 
 
 class _Event(BaseModel):
@@ -267,18 +278,23 @@ class StreamRegistration(_Signed):
     description: Annotated[str, StringConstraints(max_length=500)] = ""
     privacy_unit: PrivacyUnit = Field(
         "event",
+        exclude_if=_unset("event"),
         description="'event': each value is about different people, and a stream's loss is "
         "its largest level; 'window': the same people are in every value, and the levels of a "
         "window's values add up (needs `window`)",
     )
-    window: PrivacyWindow | None = Field(None, description="for privacy_unit 'window' only")
+    window: PrivacyWindow | None = Field(
+        None, description="for privacy_unit 'window' only", exclude_if=_is_none
+    )
     product: Product = Field(
         "values",
+        exclude_if=_unset("values"),
         description="'values': each value is released; 'running_totals': the values are "
         "increments and what is released after each is the running sum of all so far",
     )
     tree_height: Annotated[int, Field(ge=1, le=MAX_TREE_HEIGHT)] | None = Field(
         None,
+        exclude_if=_is_none,
         description="running_totals only: the stream takes at most 2**tree_height increments; "
         "each increment is in tree_height + 1 noisy tree nodes, so a node's sensitivity is "
         "sensitivity × sqrt(tree_height + 1)",
@@ -348,19 +364,25 @@ class ValueItem(BaseModel):
         "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
 
-    @field_validator("values", mode="before")
+    #: a JSON integer beyond 2**53 was read as the nearest double: exact for no integer
+    #: mechanism, so the core refuses the value on counts streams (real-valued streams take it)
+    _inexact_integer: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _exact_integers(cls, v: Any) -> Any:
-        """A JSON integer beyond 2**53 would be read as another number (the nearest double):
-        refuse it rather than store and sign a count the seller did not send."""
-        if isinstance(v, list):
-            for x in v:
-                if isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2**53:
-                    raise ValueError(
-                        f"{x} is not exactly representable as a number here (beyond 2**53); "
-                        "counts must be at most 2**53 in magnitude"
-                    )
-        return v
+    def _note_inexact_integers(cls, data: Any, handler: Any) -> Any:
+        item = handler(data)
+        raw = data.get("values") if isinstance(data, dict) else None
+        if isinstance(raw, list) and any(
+            isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2**53 for x in raw
+        ):
+            item._inexact_integer = True
+        return item
+
+    @property
+    def inexact_integer(self) -> bool:
+        """Whether a number was a JSON integer too large to be read exactly (beyond 2**53)."""
+        return self._inexact_integer
 
 
 class ValueBatch(_Signed):
@@ -480,6 +502,7 @@ class ReleasedValue(BaseModel):
     values: list[float]
     terms: int | None = Field(
         None,
+        exclude_if=_is_none,
         description="running totals: the release is the running sum after this increment, "
         "the sum of `terms` independent tree-node releases each with the event's error_model "
         "(so its standard deviation and half-widths are the model's × sqrt(terms))",
@@ -551,8 +574,10 @@ class Offer(BaseModel):
     price_minor: int = Field(description="what moving to this level costs this buyer now")
     held: bool = Field(description="the buyer already holds this level or a higher one")
     fits_window: bool | None = Field(
-        None, description="on a 'window' stream: a purchase of this level fits the privacy "
-        "windows' headroom now (null on 'event' streams)",
+        None,
+        exclude_if=_is_none,
+        description="on a 'window' stream: a purchase of this level fits the privacy "
+        "windows' headroom now (absent on 'event' streams)",
     )
 
 
@@ -624,7 +649,8 @@ class QuoteAnswer(_Event):
     error_model: ErrorModelInfo | None = None
     offers: list[Offer] = Field(default_factory=list, description="every level for sale")
     privacy_window: WindowStatus | None = Field(
-        None, description="on a 'window' stream: the window of the newest value"
+        None, description="on a 'window' stream: the window of the newest value",
+        exclude_if=_is_none,
     )
 
 
@@ -741,6 +767,7 @@ class MarketIdentity(_Event):
     )
     noise_check_discrete: str | None = Field(
         None,
+        exclude_if=_is_none,
         description="the same for discrete Laplace chains (absent in markets made before it)",
     )
     market_key_id: str

@@ -42,6 +42,10 @@ def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue
 
 log = logging.getLogger("emarket.core")
 
+WITHHELD_NOTICE_BYTES = 1024
+"""Upper bound on a ``deliveries_withheld`` notice without its value ids (ids, window
+figures, message with 64-character ids: about 870 bytes)."""
+
 BYTES_PER_NUMBER = 26
 """Most bytes one released number takes in JSON (``-1.2345678901234567e-308,``)."""
 
@@ -102,8 +106,12 @@ class Deliveries:
         sid = st.registration.stream_id
         for buyer, holder in st.holders.items():
             if holder.level not in released:
-                self._withheld.setdefault((buyer, sid, window, holder.level), []).append(value_id)
-                self.pending_bytes += 80
+                group = (buyer, sid, window, holder.level)
+                if group not in self._withheld:  # a notice of its own: window, message, ids
+                    self._withheld[group] = []
+                    self.pending_bytes += WITHHELD_NOTICE_BYTES
+                self._withheld[group].append(value_id)
+                self.pending_bytes += 67  # a quoted 64-character id and its comma
                 self.withheld_total += 1
 
     @contextlib.contextmanager

@@ -57,7 +57,8 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
                 for p in prices],
     )  # fmt: skip
     payload = dump(entry_model)
-    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, len(payload))
+    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, len(payload),
+                                 windowed=reg.window is not None)  # fmt: skip
     if record > ctx.limits.max_message_bytes:
         raise Reject(
             "stream_too_large",

@@ -108,7 +108,9 @@ WINDOW_SUM_BYTES = 48
 MAX_RECENT_WINDOWS = 256
 
 
-def stream_record_bound(retain_last: int, max_holders: int, catalog_bytes: int) -> int:
+def stream_record_bound(
+    retain_last: int, max_holders: int, catalog_bytes: int, *, windowed: bool = False
+) -> int:
     """Most bytes a stream's record can take: a full window, every holder, every privacy-window
     sum, its catalog entry twice (the registration inside it, and the entry as an escaped
     string).
@@ -119,7 +121,7 @@ def stream_record_bound(retain_last: int, max_holders: int, catalog_bytes: int) 
     return (
         WINDOW_ENTRY_BYTES * retain_last
         + HOLDER_BYTES * max_holders
-        + WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1)
+        + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
         + 3 * catalog_bytes
         + 1024
     )

@@ -145,8 +145,11 @@ def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[An
             f"with this increment the running total of stream {sid!r} would exceed "
             f"{MAX_TOTAL:g} in magnitude (or overflow); the stream cannot take it",
         )
-    for node, node_sum in made.items():  # nothing is stored for a refused increment
-        ctx.stores.releases[node_key(sid, node)] = terms.chain.open(node_sum)
+    # only the top node is ever read again (every node a total or a parent reads has an even
+    # index; the lower ones just closed are right children, merged into it); nothing is stored
+    # for a refused increment
+    top = max(made)
+    ctx.stores.releases[node_key(sid, top)] = terms.chain.open(made[top])
 
 
 def totals_for(
@@ -191,18 +194,22 @@ def release_totals(
     return releases, new_noise
 
 
-def retain_nodes(ctx: Context, st: StreamState, before: list[int]) -> None:
-    """Drop the nodes no retained total (``st.window``) and no future total needs any more;
-    ``before`` are the retained counts before the latest increment."""
+def _needed(node: Node, lo: int, hi: int) -> bool:
+    """Whether a total after ``lo … hi`` increments (or any later one) sums ``node``: node
+    (j, m) is in the decomposition of exactly the counts ``[(m+1)·2^j, (m+2)·2^j)``."""
+    j, m = node
+    return (m + 1) << j <= hi and ((m + 2) << j) > lo
+
+
+def retain_nodes(ctx: Context, st: StreamState, oldest_before: int | None) -> None:
+    """After an increment, drop the nodes no retained total (``st.window``) and no later total
+    needs: those merged into the node it completed, and those of totals that left the window
+    (``oldest_before`` is the oldest retained count before the increment). O(height)."""
     sid = st.registration.stream_id
-    after = [e.seq + 1 for e in st.window]
-    keep = {n for c in after for n in decomposition(c)}
-    gone = {n for c in before for n in decomposition(c)} - keep
-    # a node's children are needed until it completes: they are in the decomposition then
-    for n in gone:
-        ctx.stores.releases.pop(node_key(sid, n), None)
-    for c in after[-1:]:  # the leaves and lower nodes just closed by their parent
-        for j, m in completed_by(c - 1)[1:]:
-            for child in ((j - 1, 2 * m), (j - 1, 2 * m + 1)):
-                if child not in keep:
-                    ctx.stores.releases.pop(node_key(sid, child), None)
+    lo, hi = st.window[0].seq + 1, st.window[-1].seq + 1
+    candidates = set(decomposition(hi - 1)) - set(decomposition(hi))
+    for count in range(oldest_before or lo, lo):
+        candidates.update(decomposition(count))
+    for n in candidates:
+        if not _needed(n, lo, hi):
+            ctx.stores.releases.pop(node_key(sid, n), None)

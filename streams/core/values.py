@@ -183,7 +183,7 @@ def _increment(
 ) -> tuple[str, int, int]:
     """One increment of a running-totals stream: the tree nodes it completes, and the running
     total after it at every level held (:mod:`streams.core.totals`)."""
-    before = [e.seq + 1 for e in st.window]
+    oldest = st.window[0].seq + 1 if st.window else None
     add_increment(ctx, st, terms, exact)
     by_level, new_noise = _held_totals(ctx, st, terms, st.next_seq + 1)
     st.spent = max(st.spent, *by_level, 0.0)
@@ -191,7 +191,7 @@ def _increment(
     key = record_key(st.registration.stream_id, item.value_id)
     ctx.stores.releases[key] = EvictedValue(seq, digest, item.published_at_ms)  # its dedup mark
     _evict(ctx, st)
-    retain_nodes(ctx, st, before)
+    retain_nodes(ctx, st, oldest)
     released = ctx.deliveries.queue(st, item.value_id, seq, by_level, terms=(seq + 1).bit_count())
     return "accepted", released, new_noise
 

@@ -64,7 +64,10 @@ def index_of(reg: StreamRegistration, published_at_ms: int) -> int:
 
 
 def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # beyond year 9999: say it in milliseconds
+        return f"{ms} ms"
 
 
 def status(st: StreamState, idx: int) -> WindowStatus:
@@ -86,9 +89,9 @@ def latest_status(st: StreamState) -> WindowStatus | None:
 
 
 def describe(ws: WindowStatus) -> str:
-    """A window in words: when it runs and what it has spent."""
-    return (f"privacy window {_iso(ws.start_ms)}–{_iso(ws.end_ms)} has spent {ws.spent:g} of "
-            f"its cap {ws.cap:g} {ws.unit} (headroom {ws.headroom:g})")  # fmt: skip
+    """A window in words, as a noun phrase: when it runs and what it has spent."""
+    return (f"privacy window {_iso(ws.start_ms)}–{_iso(ws.end_ms)} (spent {ws.spent:g} of its "
+            f"cap {ws.cap:g} {ws.unit}, headroom {ws.headroom:g})")  # fmt: skip
 
 
 def open_for_value(st: StreamState, idx: int, value_id: str) -> None:
@@ -98,8 +101,9 @@ def open_for_value(st: StreamState, idx: int, value_id: str) -> None:
         raise Reject(
             "privacy_window_closed",
             f"value {value_id!r} was published in the privacy window {_iso(ws.start_ms)}–"
-            f"{_iso(ws.end_ms)}, which the market no longer accounts (it keeps the newest "
-            f"{MAX_RECENT_WINDOWS} windows); publish values in order and on time",
+            f"{_iso(ws.end_ms)}, which the market no longer accounts (it keeps the windows of "
+            f"the values it retains and up to {MAX_RECENT_WINDOWS} more that values can still "
+            "join); publish values in order and on time",
         )
 
 

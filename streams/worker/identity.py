@@ -16,6 +16,7 @@ defence the core checks on every event.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ from ..wire.events import MarketIdentity
 from ..wire.topics import Topics
 
 __all__ = ["MarketIdentityError", "check_identity", "identity_of"]
+
+log = logging.getLogger("emarket.worker")
 
 
 class MarketIdentityError(RuntimeError):
@@ -77,15 +80,22 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
             "new market"
         )
-    discrete_differs = theirs.noise_check_discrete not in (None, ours.noise_check_discrete)
-    if (theirs.noise_derivation, theirs.noise_check) != (
-        ours.noise_derivation,
-        ours.noise_check,
-    ) or discrete_differs:
+    mine: tuple[str | None, ...] = (ours.noise_derivation, ours.noise_check,
+                                     ours.noise_check_discrete)  # fmt: skip
+    recorded: tuple[str | None, ...] = (theirs.noise_derivation, theirs.noise_check,
+                                         theirs.noise_check_discrete)  # fmt: skip
+    if theirs.noise_check_discrete is None:  # a market made before discrete Laplace existed
+        mine, recorded = mine[:2], recorded[:2]
+        log.warning("this market's identity has no check of the discrete Laplace sampler (it "
+                    "predates it): a platform that drew other discrete noise would not be "
+                    "refused; start a new market (--prefix) to have it checked")  # fmt: skip
+    if mine != recorded:
+        which = ("derivation", "check", "discrete Laplace check")[: len(mine)]
+        differ = [f"{w} {str(a)[:16]} vs {str(b)[:16]}"
+                  for w, a, b in zip(which, mine, recorded, strict=True) if a != b]  # fmt: skip
         raise MarketIdentityError(
             f"this platform derives other noise from the same key than the one that made this "
-            f"market's state (derivation {ours.noise_derivation} vs {theirs.noise_derivation}, "
-            f"check {ours.noise_check[:16]} vs {theirs.noise_check[:16]}): a numpy or randomgen "
+            f"market's state ({'; '.join(differ)}, this worker's first): a numpy or randomgen "
             "upgrade changed a sampler. Run the versions the market was made with (see "
             "pyproject.toml) or start a new market with a new --prefix"
         )

@@ -572,8 +572,9 @@ class DiscreteLaplace(Mechanism):
     releases are exact integers, so no floating-point artefact can leak the value (Mironov
     2012), and unlike :class:`Poisson` the guarantee is pure ε-DP for an integer ℓ1
     sensitivity Δ. The release process is lossless and lazy like the continuous one: the step
-    from level ε2 to ε1 < ε2 adds nothing with probability w0 = (sinh(ε1/2Δ) / sinh(ε2/2Δ))²
-    and DLap(exp(−ε1/Δ)) otherwise (``docs/math.md`` §4.5).
+    from level ε2 to ε1 < ε2 adds Z = 0 with probability w0 = (sinh(ε1/2Δ) / sinh(ε2/2Δ))²
+    and Z ~ DLap(exp(−ε1/Δ)) otherwise, so the release stays the same with probability
+    w0 + (1 − w0)·c1, c1 = (1 − p1)/(1 + p1) — not w0 (``docs/math.md`` §4.5).
 
     Sampling is exact: every outcome is the exact inverse-CDF outcome of uniform random bits,
     decided in floats only when certain and otherwise with rational arithmetic

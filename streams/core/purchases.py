@@ -10,7 +10,6 @@ Ed25519-signed receipt that binds the released numbers (and their envelope, when
 from __future__ import annotations
 
 import hashlib
-import math
 
 from market import ChainState, MarketError
 from market.accuracy import AccuracyNotForSaleError, cheapest_level
@@ -40,7 +39,7 @@ from .horizon import UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
-from .totals import is_totals, release_totals
+from .totals import is_totals, release_totals, worst_total_factor
 from .values import store_state, value_identity
 from .windows import charge_purchase, check_purchase, fitting_levels, latest_status
 
@@ -176,7 +175,7 @@ def _target(
     if acc is not None:
         # on running totals the target is for the least accurate total: tree_height nodes,
         # whose Gaussian errors add up to sqrt(tree_height) times one node's
-        per = 1.0 if reg.tree_height is None else math.sqrt(reg.tree_height)
+        per = worst_total_factor(reg)
         rmse = None if acc.rmse is None else acc.rmse / per
         hw = None if acc.half_width is None else acc.half_width / per
         try:
@@ -217,8 +216,8 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     # a level at or below the one held is answered with the held level's release
     for lv, fits in zip(levels, fitting_levels(st, [max(lv, held) for lv in levels]), strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), lv)  # cached
-        if reg.tree_height is not None:  # the least accurate total: tree_height node releases
-            rmse, hw95 = rmse * math.sqrt(reg.tree_height), hw95 * math.sqrt(reg.tree_height)
+        factor = worst_total_factor(reg)  # running totals: the least accurate total's
+        rmse, hw95 = rmse * factor, hw95 * factor
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(Offer(level=lv, rmse=rmse, half_width_95=hw95, price_minor=price,
                          held=lv <= held, fits_window=fits if window else None))  # fmt: skip

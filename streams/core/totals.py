@@ -26,6 +26,7 @@ retained total or a future one needs them: at most ``2·retain_last + 2·(tree_h
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -39,12 +40,16 @@ from .outputs import Reject
 from .state import StreamState, record_key
 
 __all__ = [
+    "add_increment",
     "chains_walked",
+    "completed_by",
     "decomposition",
     "is_totals",
     "release_totals",
     "retain_nodes",
+    "terms_of",
     "totals_for",
+    "worst_total_factor",
 ]
 
 Node = tuple[int, int]
@@ -56,6 +61,17 @@ def chains_walked(reg: StreamRegistration, values: int) -> int:
     if reg.tree_height is None:
         return values
     return 2 * values + 2 * (reg.tree_height + 1)
+
+
+def terms_of(count: int) -> int:
+    """How many tree nodes the total after ``count`` increments sums: popcount(count)."""
+    return count.bit_count()
+
+
+def worst_total_factor(reg: StreamRegistration) -> float:
+    """What a node's error is multiplied by in the least accurate total (``tree_height``
+    nodes: √tree_height); 1 on streams of values."""
+    return 1.0 if reg.tree_height is None else math.sqrt(reg.tree_height)
 
 
 def is_totals(reg: StreamRegistration) -> bool:
@@ -188,7 +204,7 @@ def release_totals(
     totals, new_noise = totals_for(ctx, st, terms, counts, level)
     releases = [
         ReleasedValue.model_construct(value_id=e.value_id, seq=e.seq, level=level,
-                                      values=v.tolist(), terms=c.bit_count())
+                                      values=v.tolist(), terms=terms_of(c))
         for e, v, c in zip(st.window, totals, counts, strict=True)
     ]  # fmt: skip
     return releases, new_noise

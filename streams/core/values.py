@@ -30,7 +30,14 @@ from .delivery import release_bytes
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
-from .totals import add_increment, chains_walked, is_totals, retain_nodes, totals_for
+from .totals import (
+    add_increment,
+    chains_walked,
+    is_totals,
+    retain_nodes,
+    terms_of,
+    totals_for,
+)
 from .windows import admit_value, index_of, is_window, open_for_value, prune
 
 __all__ = [
@@ -192,7 +199,7 @@ def _increment(
     ctx.stores.releases[key] = EvictedValue(seq, digest, item.published_at_ms)  # its dedup mark
     _evict(ctx, st)
     retain_nodes(ctx, st, oldest)
-    released = ctx.deliveries.queue(st, item.value_id, seq, by_level, terms=(seq + 1).bit_count())
+    released = ctx.deliveries.queue(st, item.value_id, seq, by_level, terms=terms_of(seq + 1))
     return "accepted", released, new_noise
 
 
@@ -227,7 +234,9 @@ def _deliver(
 ) -> int:
     """Queue the value's releases for the holders it fits; tell the others it is withheld."""
     released = ctx.deliveries.queue(st, value_id, seq, by_level)
-    if len(by_level) < len({h.level for h in st.holders.values()}):
+    missing = {h.level for h in st.holders.values()} - by_level.keys()
+    if missing:  # only a privacy window withholds: every other level held is released
+        assert is_window(st.registration), f"levels held but not released: {missing}"
         ctx.deliveries.withhold(st, value_id, index_of(st.registration, published_at_ms),
                                 set(by_level))  # fmt: skip
     return released
@@ -319,7 +328,7 @@ def _resent(
     released = new_noise = 0
     if is_totals(st.registration) and entry is not None:
         by_level, new_noise = _held_totals(ctx, st, ctx.terms(st.registration), entry.seq + 1)
-        terms = (entry.seq + 1).bit_count()
+        terms = terms_of(entry.seq + 1)
         return ctx.deliveries.queue(st, value_id, seq, by_level, terms=terms), new_noise
     if isinstance(known, ChainState) and entry is not None:
         ident = value_identity(st.registration.stream_id, value_id, digest)

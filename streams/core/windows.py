@@ -39,8 +39,10 @@ __all__ = [
     "admit_value",
     "charge_purchase",
     "check_purchase",
+    "describe",
     "fitting_levels",
     "index_of",
+    "is_window",
     "latest_status",
     "open_for_value",
     "prune",
@@ -210,8 +212,12 @@ def prune(st: StreamState, horizon_ms: int) -> None:
     if reg.window is None:
         return
     w = reg.window.duration_ms
-    retained = {e.published_at_ms // w for e in st.window}
     joinable = max(0, st.watermark_ms - horizon_ms) // w  # no value can join a window below
+    if len(st.window_spent) <= MAX_RECENT_WINDOWS and min(st.window_spent, default=joinable) >= (
+        joinable
+    ):
+        return  # nothing to drop (the usual case: one pass over the few sums, not the window)
+    retained = {index_of(reg, e.published_at_ms) for e in st.window}
     recent = sorted(k for k in st.window_spent if k not in retained and k >= joinable)
     dropped = [k for k in st.window_spent if k not in retained and k < joinable]
     dropped += recent[: max(0, len(recent) - MAX_RECENT_WINDOWS)]

@@ -336,8 +336,9 @@ class StreamRegistration(_Signed):
     def _check_window(self, window: PrivacyWindow) -> None:
         if self.mechanism == "poisson":
             raise ValueError(
-                "privacy_unit 'window' needs levels that add up: ε (laplace) or ρ (gaussian); "
-                "the Poisson ω does not compose additively with a guarantee we can state"
+                "privacy_unit 'window' needs levels that add up: ε (laplace, discrete_laplace) "
+                "or ρ (gaussian); the Poisson ω does not compose additively with a guarantee "
+                "we can state"
             )
         if self.sealed:
             raise ValueError(
@@ -646,7 +647,12 @@ class QuoteAnswer(_Event):
     level_after: float
     price_minor: int
     currency: str
-    error_model: ErrorModelInfo | None = None
+    error_model: ErrorModelInfo | None = Field(
+        None,
+        description="of a release at level_after; on running totals, of one tree node (a total "
+        "of `terms` nodes has its std and half-widths times sqrt(terms); the offers are for the "
+        "least accurate total)",
+    )
     offers: list[Offer] = Field(default_factory=list, description="every level for sale")
     privacy_window: WindowStatus | None = Field(
         None, description="on a 'window' stream: the window of the newest value",
@@ -659,8 +665,9 @@ class DeliveriesWithheld(_Event):
 
     On a ``window`` stream a value reaches a holder only if releasing it at the holder's level
     keeps its privacy window within the cap; otherwise the market withholds it and says so
-    here, once per buyer, stream and window of each batch. Withheld values are not released
-    to the buyer later at that level: the seller's budget for their window is spent.
+    here, once per buyer, stream, window and level held in each batch (split to stay under the
+    message size). Withheld values are not released to the buyer later at that level: the
+    seller's budget for their window is spent.
     """
 
     type: Literal["deliveries_withheld"] = "deliveries_withheld"

@@ -259,7 +259,7 @@ def _service_totals(height: int, dim: int, rho: float) -> dict[int, float]:
 
 
 def running_totals(out: Path, quick: bool) -> str:
-    """Continual counting through the tree: the error of a total grows like log² n."""
+    """Continual counting through the tree: the MSE of a total grows like log² n."""
     height, rho = (8, 1.0) if quick else (10, 1.0)
     dim = 500 if quick else 2000
     measured = _service_totals(height, dim, rho)

@@ -18,7 +18,7 @@ The binary-tree mechanism (Dwork et al. 2010, Chan, Shi & Song 2011; the factori
   keyed by the stream, the node and a digest of its exact sum, so buying a higher level refines
   every running total losslessly and the noise is a pure function of the request, as for values.
 
-So a total's error grows like ``log t · (tree_height + 1)``: ``log² n`` for ``n = 2^height``
+So a total's variance grows like ``log t · (tree_height + 1)``: ``log² n`` for ``n = 2^height``
 increments, not ``n``. Node states are kept in the ``releases`` store (keys
 ``stream/.j.m``: ids never contain a dot, so they cannot collide with a value's key) while a
 retained total or a future one needs them: at most ``2·retain_last + 2·(tree_height + 1)``.

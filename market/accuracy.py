@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import special, stats
+from scipy import special
 
 from .errors import MarketError
 from .levels import canonical_level
@@ -91,7 +91,9 @@ class ErrorModel:
         if self.mechanism == "laplace":
             return -self.scale * math.log1p(-c)  # accurate for c near 0 and near 1
         if self.mechanism == "gaussian":
-            return self.scale * float(stats.norm.isf((1.0 - c) / 2.0))
+            # Φ⁻¹((1+c)/2) = −Φ⁻¹((1−c)/2), accurate for c near 1 (scipy.stats costs 0.8 s
+            # of import for a worker that needs this one function)
+            return self.scale * float(-special.ndtri((1.0 - c) / 2.0))
         if self.mechanism == "discrete_laplace":
             return _discrete_laplace_half_width(self.scale, c)
         return _poisson_half_width(self.scale, c)

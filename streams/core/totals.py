@@ -133,8 +133,9 @@ def _state(ctx: Context, stream_id: str, node: Node) -> ChainState:
 
 
 def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[Any]) -> None:
-    """Store the nodes the next increment completes (its own leaf and the parents it closes),
-    each with its exact sum; refuse the increment once the tree is full."""
+    """Store the largest node the next increment completes (its leaf, or the parent its leaf
+    closes, up the tree) with its exact sum; refuse the increment once the tree is full, or
+    if its running total would overflow (nothing is stored then)."""
     reg = st.registration
     assert reg.tree_height is not None
     i = st.next_seq

@@ -31,7 +31,7 @@ from ..wire.events import (
     INBOX_EVENT,
     AccountState,
     CatalogEntry,
-    DeliveriesWithheld,
+    InboxPayload,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
@@ -40,7 +40,6 @@ from ..wire.events import (
     StreamRegistration,
     ValueBatch,
     ValueOutcome,
-    ValueReleased,
     ValuesAccepted,
 )
 from ..wire.sealing import open_event
@@ -49,15 +48,7 @@ from .keys import Party
 
 __all__ = ["InboxEvent", "MarketClient", "TopicReader", "now_ms"]
 
-InboxEvent = (
-    AccountState
-    | ValuesAccepted
-    | PurchaseFulfilled
-    | ValueReleased
-    | DeliveriesWithheld
-    | QuoteAnswer
-    | Rejection
-)
+InboxEvent = InboxPayload
 
 
 def now_ms() -> int:

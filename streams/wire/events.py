@@ -62,6 +62,7 @@ __all__ = [
     "ErrorModelInfo",
     "Identifier",
     "InboxEvent",
+    "InboxPayload",
     "LevelUnit",
     "LinearLevelSpec",
     "LinearPrecisionSpec",
@@ -781,20 +782,7 @@ class MarketIdentity(_Event):
     created_at_ms: Millis
 
 
-InboxEvent = Annotated[
-    AccountState
-    | ValuesAccepted
-    | PurchaseFulfilled
-    | ValueReleased
-    | DeliveriesWithheld
-    | QuoteAnswer
-    | Rejection,
-    Field(discriminator="type"),
-]
-
-PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
-ACCOUNTS_EVENT: TypeAdapter[OpenAccount | RotateKeys] = TypeAdapter(AccountEvent)
-INBOX_EVENT: TypeAdapter[
+InboxPayload = (
     AccountState
     | ValuesAccepted
     | PurchaseFulfilled
@@ -802,7 +790,13 @@ INBOX_EVENT: TypeAdapter[
     | DeliveriesWithheld
     | QuoteAnswer
     | Rejection
-] = TypeAdapter(InboxEvent)
+)
+"""Every event the market sends to one party's inbox (the one list of them)."""
+InboxEvent = Annotated[InboxPayload, Field(discriminator="type")]
+
+PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
+ACCOUNTS_EVENT: TypeAdapter[OpenAccount | RotateKeys] = TypeAdapter(AccountEvent)
+INBOX_EVENT: TypeAdapter[InboxPayload] = TypeAdapter(InboxEvent)
 
 SCHEMAS: dict[str, TypeAdapter[Any]] = {
     "accounts": ACCOUNTS_EVENT,

@@ -136,3 +136,15 @@ async def inbox_until(c: Any, buyer: str, done: Any, timeout: float = 60.0) -> l
         if done(events) or time.monotonic() > deadline:
             return events
 
+
+def cli_parties(run: Any, pre: list[str], tmp: Any, *names: str) -> dict[str, list[str]]:
+    """Parties made as a user makes them, through the CLI (``run(*args)`` runs one command):
+    a key file from ``keygen`` and an account opened with it; name → ``--key-file`` arguments."""
+    out = {}
+    for who in names:
+        path = tmp / f"{who}.key"
+        assert run("keygen", "--account", who, "--out", str(path)).returncode == 0
+        assert run(*pre, "account", "open", "--key-file", str(path)).returncode == 0
+        out[who] = ["--key-file", str(path)]
+    return out
+

@@ -17,7 +17,7 @@ from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, QuoteAnswer,
 
 from ..market.stats import assert_proportion
 from .conftest import Market
-from .helpers import party
+from .helpers import cli_parties, party
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,11 +97,7 @@ def test_the_cli_quotes_a_table_and_buys_by_accuracy(market: Market, tmp_path: P
         return subprocess.run([sys.executable, "-m", "streams", *args], capture_output=True,
                               text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
 
-    keys = {who: tmp_path / f"{who}.key" for who in ("acme", "bob")}
-    for who, path in keys.items():
-        assert cli("keygen", "--account", who, "--out", str(path)).returncode == 0
-        assert cli(*pre, "account", "open", "--key-file", str(path)).returncode == 0
-    acme, bob = ["--key-file", str(keys["acme"])], ["--key-file", str(keys["bob"])]
+    acme, bob = cli_parties(cli, pre, tmp_path, "acme", "bob").values()
     r = cli(*pre, "register", *acme, "--stream", "temp", "--steps", "0.5,1,2", "--cap", "4")
     assert r.returncode == 0, r.stderr
     assert cli(*pre, "publish", *acme, "--stream", "temp", "--values", "20.5").returncode == 0

@@ -21,7 +21,7 @@ from streams.core import MarketCore, Stores
 from streams.wire.topics import Topics
 
 from .conftest import Market
-from .helpers import TEST_KEYS, open_accounts, purchase, registration, value
+from .helpers import TEST_KEYS, cli_parties, open_accounts, purchase, registration, value
 
 ROOT = Path(__file__).resolve().parents[2]
 T = Topics("t")
@@ -155,11 +155,7 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
 ) -> None:
     w = market.start_worker()
     pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
-    keys = {who: tmp_path / f"{who}.key" for who in ("acme", "bob")}
-    for who, path in keys.items():
-        assert cli("keygen", "--account", who, "--out", str(path)).returncode == 0
-        assert cli(*pre, "account", "open", "--key-file", str(path)).returncode == 0
-    acme, bob = ["--key-file", str(keys["acme"])], ["--key-file", str(keys["bob"])]
+    acme, bob = cli_parties(cli, pre, tmp_path, "acme", "bob").values()
     r = cli(*pre, "register", *acme, "--stream", "temp", "--dimension", "2", "--steps", "1,2")
     assert r.returncode == 0, r.stderr
     r = cli(*pre, "publish", *acme, "--stream", "temp", "--values", "1,2")
@@ -202,11 +198,7 @@ def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
 
     market.start_worker()
     pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
-    keys = {who: tmp_path / f"{who}.key" for who in ("seller1", "bob")}
-    for who, path in keys.items():
-        assert cli("keygen", "--account", who, "--out", str(path)).returncode == 0
-        assert cli(*pre, "account", "open", "--key-file", str(path)).returncode == 0
-    seller, bob = ["--key-file", str(keys["seller1"])], ["--key-file", str(keys["bob"])]
+    seller, bob = cli_parties(cli, pre, tmp_path, "seller1", "bob").values()
     assert cli(*pre, "register", *seller, "--stream", "temp", "--steps", "1").returncode == 0
     assert_clean(cli(*pre, "publish", *seller, "--stream", "temp", "--values", "1"), 0)
     out = tmp_path / "outcome.json"

@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from streams.clients.keys import Party
-from streams.core import MarketCore, MarketKeys
+from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, QuoteRequest, StreamRegistration, ValueBatch
+from streams.wire.topics import Topics
 
 TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
@@ -39,6 +40,16 @@ def party(name: str) -> Party:
 
 def account(name: str, market: str = MARKET, opened_at_ms: int = 1_000) -> bytes:
     return party(name).open_account(market, opened_at_ms=opened_at_ms).model_dump_json().encode()
+
+
+def market_core(
+    *parties: str, now: int = 1_000, stores: Stores | None = None, **kw: Any
+) -> MarketCore:
+    """A core on plain dicts (or ``stores``) for the test market ``t``, its clock stopped at
+    ``now``, with the named parties' accounts open."""
+    core = MarketCore(stores or Stores(), TEST_KEYS, Topics(MARKET), clock=lambda: now, **kw)
+    open_accounts(core, *parties)
+    return core
 
 
 def open_accounts(core: MarketCore, *names: str) -> None:

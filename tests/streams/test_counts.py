@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from market.chain import noise_check_discrete
-from streams.core import MarketCore, Stores
 from streams.wire.events import MarketIdentity, ValueItem
 from streams.wire.topics import Topics
 from streams.worker.identity import MarketIdentityError, _compare
 
-from .helpers import TEST_KEYS, open_accounts, registration, value
+from .helpers import market_core, registration, value
 
 T = Topics("t")
 
@@ -25,8 +24,7 @@ def test_levels_the_sampler_cannot_serve_are_refused_at_registration(
 ) -> None:
     """A bottom step below ε/Δ = 2^-20 used to be sold and then refuse every value; ε/Δ above
     ~745 made the price schedule divide by a zero variance (internal_error)."""
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000)
-    open_accounts(c, "seller1")
+    c = market_core("seller1")
     out = c.handle(T.registrations, registration(
         "n", mechanism="discrete_laplace", sensitivity=sensitivity, steps=steps,
         cap=steps[-1]))  # fmt: skip
@@ -36,8 +34,7 @@ def test_levels_the_sampler_cannot_serve_are_refused_at_registration(
 def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
     """On counts streams only: a real-valued stream takes the number (as the nearest double),
     as it always did; a counts stream would store another count than the one sent."""
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000)
-    open_accounts(c, "seller1")
+    c = market_core("seller1")
     c.handle(T.registrations, registration("n", mechanism="discrete_laplace", dimension=1,
                                             steps=[1.0], cap=1.0))  # fmt: skip
     c.handle(T.registrations, registration("r", dimension=1, steps=[1.0], cap=1.0))

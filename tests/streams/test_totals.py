@@ -26,16 +26,14 @@ from streams.wire.events import (
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, open_accounts, purchase, quote, registration, value, values
+from .helpers import TEST_KEYS, market_core, purchase, quote, registration, value, values
 
 T = Topics("t")
 TOTALS = {"mechanism": "gaussian", "product": "running_totals", "tree_height": 10}
 
 
 def new_core(**kw: Any) -> MarketCore:
-    c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000, **kw)
-    open_accounts(c, "seller1", "alice", "bob")
-    return c
+    return market_core("seller1", "alice", "bob", **kw)
 
 
 def totals_stream(c: MarketCore, sid: str = "tot", **kw: Any) -> None:
@@ -240,8 +238,7 @@ def test_a_retained_increment_stays_known_after_a_restart_forgot_its_mark() -> N
     """The rebuilt dedup index used to forget the marks of increments still retained: the same
     id was then taken as a second increment."""
     stores = Stores()
-    c = MarketCore(stores, TEST_KEYS, T, clock=lambda: 100_000, dedup_horizon_ms=10_000)
-    open_accounts(c, "seller1", "alice")
+    c = market_core("seller1", "alice", now=100_000, stores=stores, dedup_horizon_ms=10_000)
     totals_stream(c, dimension=1)
     c.handle(T.purchases, purchase("tot", "alice", "a0"))
     first = c.handle(T.values, value("tot", "v0", [1.0], published_at_ms=1_000))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from streams.core import MarketCore, Stores
+from streams.core import MarketCore
 from streams.core.state import MAX_RECENT_WINDOWS
 from streams.wire.events import (
     INBOX_EVENT,
@@ -23,7 +23,7 @@ from streams.wire.events import (
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, open_accounts, purchase, quote, registration, value
+from .helpers import TEST_KEYS, market_core, purchase, quote, registration, value
 
 T = Topics("t")
 W = 60_000  # one-minute windows
@@ -31,10 +31,8 @@ NOW = 10**9  # the market's clock: windows 0 … 16,666 are in the past
 WINDOWED = {"privacy_unit": "window", "window": {"duration_ms": W, "cap": 2.5}}
 
 
-def new_core(stores: Stores | None = None, **kw: Any) -> MarketCore:
-    c = MarketCore(stores or Stores(), TEST_KEYS, T, clock=lambda: NOW, **kw)
-    open_accounts(c, "seller1", "alice", "bob", "carol")
-    return c
+def new_core(**kw: Any) -> MarketCore:
+    return market_core("seller1", "alice", "bob", "carol", now=NOW, **kw)
 
 
 def windowed(stream_id: str = "home", **kw: Any) -> bytes:

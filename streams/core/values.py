@@ -172,7 +172,7 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     ident = value_identity(reg.stream_id, item.value_id, digest)
     chain = terms.chain
     state = chain.seal(exact, ident, ctx.rngs) if reg.sealed else chain.open(exact)
-    levels = _admitted(st, item.published_at_ms, 0.0)
+    held, levels = _admitted(st, item.published_at_ms, 0.0)
     by_level, new_noise = held_releases(ctx, st, terms, state, ident, levels)
     st.spent = max(st.spent, *by_level, 0.0)
     if reg.sealed:  # the market holds its cap-level release
@@ -181,8 +181,8 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     seq = _append(ctx, st, item, digest, max(by_level, default=0.0))
     _evict(ctx, st)
     store_state(ctx, key, state)
-    return "accepted", _deliver(ctx, st, item.value_id, seq, item.published_at_ms, by_level), (
-        new_noise)  # fmt: skip
+    released = _deliver(ctx, st, item, seq, by_level, held)
+    return "accepted", released, new_noise
 
 
 def _increment(
@@ -215,30 +215,33 @@ def _held_totals(
     return by_level, new_noise
 
 
-def _admitted(st: StreamState, published_at_ms: int, current: float) -> set[float]:
-    """The levels held on the stream that a value may be released at (all of them on an
+def _admitted(
+    st: StreamState, published_at_ms: int, current: float
+) -> tuple[set[float], set[float]]:
+    """The levels held on the stream, and those a value may be released at (all of them on an
     ``event`` stream; those its privacy window has room for on a ``window`` stream)."""
     held = {h.level for h in st.holders.values()}
     if not is_window(st.registration):
-        return held
-    return admit_value(st, index_of(st.registration, published_at_ms), current, held)
+        return held, held
+    return held, admit_value(st, index_of(st.registration, published_at_ms), current, held)
 
 
 def _deliver(
     ctx: Context,
     st: StreamState,
-    value_id: str,
+    entry: ValueItem | ValueEntry,
     seq: int,
-    published_at_ms: int,
     by_level: dict[float, NDArray[Any]],
+    held: set[float],
 ) -> int:
-    """Queue the value's releases for the holders it fits; tell the others it is withheld."""
-    released = ctx.deliveries.queue(st, value_id, seq, by_level)
-    missing = {h.level for h in st.holders.values()} - by_level.keys()
+    """Queue the value's releases for the holders it fits (``held``: the levels they hold);
+    tell the others it is withheld."""
+    released = ctx.deliveries.queue(st, entry.value_id, seq, by_level)
+    missing = held - by_level.keys()
     if missing:  # only a privacy window withholds: every other level held is released
         assert is_window(st.registration), f"levels held but not released: {missing}"
-        ctx.deliveries.withhold(st, value_id, index_of(st.registration, published_at_ms),
-                                set(by_level))  # fmt: skip
+        window = index_of(st.registration, entry.published_at_ms)
+        ctx.deliveries.withhold(st, entry.value_id, window, set(by_level))
     return released
 
 
@@ -332,10 +335,10 @@ def _resent(
         return ctx.deliveries.queue(st, value_id, seq, by_level, terms=terms), new_noise
     if isinstance(known, ChainState) and entry is not None:
         ident = value_identity(st.registration.stream_id, value_id, digest)
-        levels = _admitted(st, entry.published_at_ms, entry.level)
+        held, levels = _admitted(st, entry.published_at_ms, entry.level)
         by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident,
                                             levels)  # fmt: skip
         entry.level = max(entry.level, *by_level, 0.0)
         st.spent = max(st.spent, entry.level)
-        released = _deliver(ctx, st, value_id, seq, entry.published_at_ms, by_level)
+        released = _deliver(ctx, st, entry, seq, by_level, held)
     return released, new_noise

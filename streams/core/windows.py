@@ -200,7 +200,7 @@ def charge_purchase(st: StreamState, level: float) -> None:
     for e in st.window:
         if level > e.level:
             if window is not None:
-                k = e.published_at_ms // window.duration_ms
+                k = index_of(st.registration, e.published_at_ms)
                 st.window_spent[k] = st.window_spent.get(k, 0.0) + (level - e.level)
             e.level = level
 

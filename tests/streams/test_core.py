@@ -653,3 +653,20 @@ def test_an_extreme_confidence_is_an_invalid_event_not_an_internal_error(core: M
         out = core.handle(T.purchases, purchase(
             "temp", "alice", f"p{c}", accuracy={"half_width": 1.0, "confidence": c}))  # fmt: skip
         assert out.reason == "invalid_event", out.reason
+
+
+def test_event_streams_of_values_send_none_of_the_newer_fields() -> None:
+    """Fields added for windows, totals and counts are left out at their defaults, so clients
+    that forbid unknown fields read every message of a plain stream as before."""
+    c = new_core()
+    c.handle(T.registrations, registration("plain"))
+    c.handle(T.purchases, purchase("plain", "alice", "a1"))
+    outs = [c.handle(T.values, value("plain", "v0", [1.0, 2.0, 3.0])),
+            c.handle(T.purchases, purchase("plain", "bob", "b1")),
+            c.handle(T.purchases, quote("plain", "carol", "q1")),
+            c.handle(T.registrations, registration("plain"))]  # fmt: skip
+    newer = ("terms", "fits_window", "privacy_window", "privacy_unit", '"window"', "product",
+             "tree_height", "noise_check_discrete")  # fmt: skip
+    for out in outs:
+        for o in out.outputs:
+            assert not [f for f in newer if f in o.value.decode()], o.value[:300]

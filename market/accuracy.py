@@ -285,4 +285,3 @@ def _discrete_laplace_half_width(b: float, c: float) -> float:
     while t > 0 and _discrete_laplace_tail(b, t - 1) <= 1.0 - c:
         t -= 1
     return float(t)
-

@@ -364,4 +364,3 @@ def noise_check_discrete() -> str:
         for k in range(len(chain.levels)):
             h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
     return h.hexdigest()
-

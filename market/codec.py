@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from .chain import ChainState
 from .errors import MarketError, StateFormatError
+from .histogram_chain import HistogramValue
 from .levels import MAX_DIMENSION, canonical_level
 from .mechanisms import MECHANISMS, Mechanism
 from .release_state import ReleaseState
@@ -44,9 +45,12 @@ from .release_state import ReleaseState
 __all__ = [
     "CHAIN_FORMAT_VERSION",
     "FORMAT_VERSION",
+    "HISTOGRAM_FORMAT_VERSION",
     "decode_chain_state",
+    "decode_histogram_value",
     "decode_state",
     "encode_chain_state",
+    "encode_histogram_value",
     "encode_state",
 ]
 
@@ -324,3 +328,64 @@ def decode_chain_state(data: bytes) -> ChainState:
     elif not cached:
         raise StateFormatError("a chain state needs its exact value or a cached step")
     return ChainState(exact, cached)
+
+
+# -- histogram values ------------------------------------------------------------------------
+HISTOGRAM_FORMAT_VERSION = 1
+_HIST_MAGIC = b"EMHV"
+_HIST_HEADER = struct.Struct("<4sBBHI")
+
+
+def encode_histogram_value(value: HistogramValue) -> bytes:
+    """Serialise a :class:`~market.histogram_chain.HistogramValue` (a histogram's exact counts).
+
+    Layout of histogram format version 1 (little-endian)::
+
+        magic "EMHV" · version u8 · reserved u8 · reserved u16 · count u32 ·
+        count × i64 keys (increasing) · count × f64 counts · crc32 u32
+
+    Nothing else is stored: every release is recomputed from the counts
+    (:meth:`~market.histogram_chain.HistogramChain.release`).
+    """
+    n = int(value.keys.size)
+    body = b"".join(
+        [
+            _HIST_HEADER.pack(_HIST_MAGIC, HISTOGRAM_FORMAT_VERSION, 0, 0, n),
+            value.keys.astype("<i8", copy=False).tobytes(),
+            value.counts.astype("<f8", copy=False).tobytes(),
+        ]
+    )
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode_histogram_value(data: bytes) -> HistogramValue:
+    """Parse bytes written by :func:`encode_histogram_value`.
+
+    Raises
+    ------
+    StateFormatError
+        Truncated, corrupt, of another version, or not a valid histogram.
+    """
+    if len(data) < _HIST_HEADER.size + 4 or data[:4] != _HIST_MAGIC:
+        raise StateFormatError("not a histogram value (bad magic bytes or too short)")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if zlib.crc32(body) != crc:
+        raise StateFormatError("histogram value is corrupt (checksum mismatch)")
+    r = _Reader(body)
+    _m, version, _r1, _r2, n = _HIST_HEADER.unpack(r.take(_HIST_HEADER.size))
+    if version != HISTOGRAM_FORMAT_VERSION:
+        raise StateFormatError(
+            f"histogram format version {version} is not supported "
+            f"(this library reads version {HISTOGRAM_FORMAT_VERSION})"
+        )
+    if n > MAX_DIMENSION:
+        raise StateFormatError(f"implausible number of keys {n}")
+    keys = r.array(n, "<i8").astype(np.int64)
+    counts = r.array(n, "<f8").astype(np.float64)
+    if r.pos != len(body):
+        raise StateFormatError("trailing bytes after the histogram value")
+    if n > 1 and bool((keys[1:] <= keys[:-1]).any()):
+        raise StateFormatError("histogram keys are not strictly increasing")
+    keys.setflags(write=False)
+    counts.setflags(write=False)
+    return HistogramValue(keys, counts)

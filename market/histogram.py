@@ -39,7 +39,13 @@ from .errors import InvalidLevelError, InvalidValueError
 from .levels import canonical_level
 from .rng import RngLike, default_rng
 
-__all__ = ["DenseHistogramRelease", "SparseHistogramRelease"]
+__all__ = [
+    "DenseHistogramRelease",
+    "SparseHistogramRelease",
+    "exceed_probability",
+    "propagate",
+    "sample_starts",
+]
 
 GRID = 2048
 _SPAN = 12.0  # grid covers S down to -12 standard deviations
@@ -186,11 +192,7 @@ class SparseHistogramRelease:
         self, a: float, sd: float
     ) -> tuple[float, NDArray[np.float64] | None, NDArray[np.float64] | None]:
         """P(S_{r-1} + N(0, sd²) > a | never released), with the grid weights for sampling."""
-        if self._grid is None or self._density is None:
-            return float(special.ndtr(-a / sd)), None, None
-        weights = self._density * special.ndtr(-(a - self._grid) / sd)
-        total = float(self._density.sum())
-        return (float(weights.sum()) / total if total > 0 else 0.0), self._grid, weights
+        return exceed_probability(self._grid, self._density, a, sd)
 
     def _sample_starts(
         self, q: int, grid: NDArray[np.float64] | None, weights: NDArray[np.float64] | None
@@ -200,28 +202,14 @@ class SparseHistogramRelease:
             return np.zeros(q)
         cdf = np.cumsum(weights)
         cdf /= cdf[-1]
-        cell = np.searchsorted(cdf, self._rng.random(q), side="right")
-        cell = np.minimum(cell, grid.size - 1)
-        h = grid[1] - grid[0]
-        return np.asarray(grid[cell] + (self._rng.random(q) - 0.5) * h, dtype=np.float64)
+        return sample_starts(self._rng, q, grid, cdf)
 
     def _propagate(self, a: float, sd: float, lvl: float) -> None:
         """Cell masses of f_r(y) = 1{y <= a} (f_{r-1} * φ_sd)(y) on cells tiling [lo, a]."""
-        total_sd = self.sensitivity * math.sqrt(lvl / 2.0)
-        lo = min(-_SPAN * total_sd, a - 2 * sd)
-        edges = np.linspace(lo, a, self._grid_size + 1)
-        y = (edges[:-1] + edges[1:]) / 2
-        h = edges[1] - edges[0]
-        if self._grid is None or self._density is None:  # S_{r-1} = 0 exactly
-            mass = np.diff(special.ndtr(edges / sd))
-        else:
-            # cell-averaged convolution: exact for a piecewise-constant f, whatever sd / step
-            x, m = self._grid, self._density
-            hx = x[1] - x[0]
-            upper = special.ndtr((y[:, None] - x[None, :] + hx / 2) / sd)
-            lower = special.ndtr((y[:, None] - x[None, :] - hx / 2) / sd)
-            mass = ((upper - lower) @ (m / hx)) * h
-        self._grid, self._density = y, np.maximum(mass, 0.0)
+        self._grid, self._density = propagate(
+            self._grid, self._density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0),
+            self._grid_size,
+        )  # fmt: skip
 
     def _fresh_indices(self, q: int) -> NDArray[np.int64]:
         """q distinct uniformly random indices in [0, d) outside the tracked set."""
@@ -236,3 +224,49 @@ class SparseHistogramRelease:
                     if len(out) == q:
                         break
         return np.asarray(out, dtype=np.int64)
+
+
+Grid = NDArray[np.float64] | None
+
+
+def exceed_probability(grid: Grid, density: Grid, a: float, sd: float) -> tuple[float, Grid, Grid]:
+    """P(S_{r-1} + N(0, sd²) > a | never released) for a never-released zero count whose
+    ``S_{r-1}`` has survival cell masses ``density`` at cell centres ``grid`` (``None``: exactly
+    0, before round 1); with the cells' weights for sampling ``S_{r-1}`` of those that exceed."""
+    if grid is None or density is None:
+        return float(special.ndtr(-a / sd)), None, None
+    weights = density * special.ndtr(-(a - grid) / sd)
+    total = float(density.sum())
+    return (float(weights.sum()) / total if total > 0 else 0.0), grid, weights
+
+
+def sample_starts(
+    rng: np.random.Generator, q: int, grid: NDArray[np.float64], cdf: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """``q`` draws of ``S_{r-1}`` from the normalised cumulative cell weights ``cdf``: a cell,
+    then a uniform point in it (the density is piecewise constant on cells)."""
+    cell = np.searchsorted(cdf, rng.random(q), side="right")
+    cell = np.minimum(cell, grid.size - 1)
+    h = grid[1] - grid[0]
+    return np.asarray(grid[cell] + (rng.random(q) - 0.5) * h, dtype=np.float64)
+
+
+def propagate(
+    grid: Grid, density: Grid, a: float, sd: float, total_sd: float, size: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Cell masses of ``f_r(y) = 1{y <= a} (f_{r-1} ⋆ φ_sd)(y)`` on ``size`` cells tiling
+    ``[lo, a]``, ``lo`` twelve total standard deviations ``total_sd`` below 0 (or ``2·sd`` below
+    ``a``). The convolution is cell-averaged, exact for a piecewise-constant ``f_{r-1}``
+    whatever the step and the cell width."""
+    lo = min(-_SPAN * total_sd, a - 2 * sd)
+    edges = np.linspace(lo, a, size + 1)
+    y = (edges[:-1] + edges[1:]) / 2
+    h = edges[1] - edges[0]
+    if grid is None or density is None:  # S_{r-1} = 0 exactly
+        mass = np.diff(special.ndtr(edges / sd))
+    else:
+        hx = grid[1] - grid[0]
+        upper = special.ndtr((y[:, None] - grid[None, :] + hx / 2) / sd)
+        lower = special.ndtr((y[:, None] - grid[None, :] - hx / 2) / sd)
+        mass = ((upper - lower) @ (density / hx)) * h
+    return y, np.maximum(mass, 0.0)

@@ -388,4 +388,3 @@ class ReleaseState:
         return all(
             self._releases[lv].tobytes() == other._releases[lv].tobytes() for lv in self._levels
         )
-

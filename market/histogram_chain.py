@@ -1,0 +1,349 @@
+"""Histogram values on a release chain: sparse count maps over huge domains, noise keyed by value.
+
+A histogram value is a sparse map ``key → count`` over a domain of ``d`` keys (``d`` up to 2⁶²:
+string keys are mapped into it by :func:`string_key`). It is sold at the levels
+``ρ_0 < ρ_1 < … < ρ_{K−1}`` (zCDP) of one lossless Gaussian chain, thresholded: the release at
+step ``k`` is every key whose noisy count ``H_j + W_j/ρ_k`` exceeds ``τ_k``, with that noisy
+count, where ``W`` is the Brownian walk of :mod:`market.histogram` (``Var W_k = Δ²ρ_k/2``, so
+the noise of a count at step ``k`` is ``N(0, Δ²/(2ρ_k))``). That is Andersson et al.'s
+Algorithm 3 on the whole domain, computed by the exact sparse algorithm of
+:class:`~market.histogram.SparseHistogramRelease` in ``O(k + c + G)`` per step.
+
+What makes it a chain the market can sell:
+
+* **Thresholds fixed by the seller's tolerance for false keys.** ``τ_k = z·Δ/√(2ρ_k)`` with
+  ``z = Φ⁻¹(1 − m/(d·K))``: a key with a zero count shows up at step ``k`` with probability
+  ``m/(d·K)``, so over all ``K`` steps at most ``m`` (``false_keys``) keys with a zero count are
+  expected in all of a value's releases together (union bound), whatever the domain.
+* **The survival law is the stream's, not the value's.** Which never-released zero count
+  exceeds a threshold next depends only on the levels and thresholds, so the survival density
+  and the exceedance probability of every step are computed once per chain; a value's state is
+  just its exact counts.
+* **Noise a pure function of the request.** Step ``s`` of a value draws everything (the walk's
+  increments, how many zero counts first exceed, which keys, their walks) from
+  ``rngs(DOMAIN, fingerprint, *identity, s)``, and the release at step ``k`` is recomputed from
+  step 0: the same bytes whenever, wherever and in whatever order it is asked for; nothing
+  cached, nothing to lose.
+* **Bounded.** At most ``ceil(2m) + 64`` zero counts are ever tracked; more happens with
+  probability below 10⁻³⁰ and is refused rather than truncated (truncating would change the law).
+
+The releases at all steps are post-processing of the unthresholded Brownian path, whose joint
+law is that of the lossless Gaussian process: a coalition holding several steps learns only what
+its most accurate step's ρ allows. The survival density lives on a grid of ``grid`` cells, so the
+values of zero counts released for the first time follow its cell-wise approximation of the
+exact law (``tests/market/test_histogram_chain.py`` compares it with the dense algorithm).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import special
+
+from .errors import InvalidLevelError, InvalidValueError, MarketError
+from .histogram import exceed_probability, propagate, sample_starts
+from .levels import canonical_level
+from .rng import Identity, KeyedRngFactory
+
+__all__ = [
+    "DOMAIN",
+    "GRID",
+    "MAX_DOMAIN",
+    "MAX_FALSE_KEYS",
+    "HistogramChain",
+    "HistogramRelease",
+    "HistogramValue",
+    "TooManyFalseKeysError",
+    "string_key",
+]
+
+DOMAIN = b"emarket-histogram-v1"
+"""Domain separation of the histogram chain's keyed randomness."""
+GRID = 256
+"""Cells of the survival density (the stream's, computed once per chain)."""
+MAX_DOMAIN = 2**62
+"""Largest domain: keys are below 2⁶² (string keys are hashed into it)."""
+MAX_FALSE_KEYS = 1000.0
+"""Most false keys a seller may tolerate per value (the expected number, over all steps)."""
+_KEY_LABEL = b"emarket-histogram-key-v1\x00"
+
+HistogramRelease = tuple[NDArray[np.int64], NDArray[np.float64]]
+"""(keys, noisy counts) above a step's threshold, keys increasing."""
+
+
+class TooManyFalseKeysError(MarketError):
+    """A value's chain would track more zero counts than its bound (probability < 10⁻³⁰)."""
+
+
+def string_key(text: str) -> int:
+    """The public key of a string in a histogram over strings: 62 bits of its SHA-256.
+
+    Public and fixed, so a buyer maps the keys of a release back to the strings it knows. The
+    string itself is never released: showing it only for keys that are in the data would tell
+    those apart from the keys with a zero count that the noise lets through.
+
+    Examples
+    --------
+    >>> string_key("berlin") == string_key("berlin") != string_key("Berlin")
+    True
+    """
+    digest = hashlib.sha256(_KEY_LABEL + text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramValue:
+    """One histogram's exact counts: keys increasing and distinct, counts finite (read-only)."""
+
+    keys: NDArray[np.int64]
+    counts: NDArray[np.float64]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.counts.nbytes)
+
+    def digest(self) -> str:
+        """SHA-256 of keys and counts, as stored (what makes a resend identical)."""
+        h = hashlib.sha256(struct.pack("<Q", self.keys.size))
+        h.update(self.keys.astype("<i8").tobytes())
+        h.update(self.counts.astype("<f8").tobytes())
+        return h.hexdigest()
+
+    def equals(self, other: HistogramValue) -> bool:
+        """Bitwise equality."""
+        return bool(
+            self.keys.tobytes() == other.keys.tobytes()
+            and self.counts.tobytes() == other.counts.tobytes()
+        )
+
+
+@dataclass(frozen=True)
+class _Round:
+    level: float
+    tau: float
+    sd: float  # of the walk's increment into this step
+    a: float  # ρ·τ: a zero count is released at this step iff its walk exceeds it
+    p: float  # P(a never-released zero count first exceeds at this step)
+    grid: NDArray[np.float64] | None  # cells of S_{s−1} of those that do (None: S = 0)
+    cdf: NDArray[np.float64] | None
+
+
+@dataclass(frozen=True)
+class HistogramChain:
+    """The steps a histogram stream sells, with their thresholds and survival law.
+
+    Parameters
+    ----------
+    levels : sequence of float
+        The zCDP levels ρ for sale, strictly increasing.
+    sensitivity : float
+        ℓ2 sensitivity Δ of a histogram (1 when one person changes one count by one).
+    domain : int
+        Number of keys ``d`` (keys are ``0 … d−1``), at most 2⁶².
+    false_keys : float
+        ``m``: the expected number of keys with a zero count in all of a value's releases
+        together (0 < m ≤ 1000, and below ``d·K/2``).
+    grid : int, default GRID
+        Cells of the survival density.
+
+    Raises
+    ------
+    InvalidValueError, InvalidLevelError
+        Parameters out of range.
+    """
+
+    levels: tuple[float, ...]
+    sensitivity: float
+    domain: int
+    false_keys: float
+    grid: int = GRID
+    thresholds: tuple[float, ...] = field(init=False)
+    max_false_keys: int = field(init=False)
+    fingerprint: bytes = field(init=False, repr=False, compare=False)
+    _rounds: tuple[_Round, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lv = tuple(canonical_level(x, name="rho") for x in self.levels)
+        if not lv or any(b <= a for a, b in itertools.pairwise(lv)):
+            raise InvalidLevelError(f"levels must be strictly increasing, got {lv}")
+        if not (math.isfinite(self.sensitivity) and self.sensitivity > 0):
+            raise InvalidValueError(f"sensitivity must be positive, got {self.sensitivity!r}")
+        if not 1 <= self.domain <= MAX_DOMAIN:
+            raise InvalidValueError(f"domain must be 1 … 2**62 keys, got {self.domain}")
+        m = float(self.false_keys)
+        if not 0 < m <= MAX_FALSE_KEYS or m >= self.domain * len(lv) / 2:
+            raise InvalidValueError(
+                f"false_keys must be in (0, {MAX_FALSE_KEYS:g}] and below half the domain "
+                f"times the levels ({self.domain} × {len(lv)} / 2), got {m:g}"
+            )
+        z = -float(special.ndtri(m / (self.domain * len(lv))))
+        taus = tuple(z * self.sensitivity / math.sqrt(2.0 * x) for x in lv)
+        object.__setattr__(self, "levels", lv)
+        object.__setattr__(self, "thresholds", taus)
+        object.__setattr__(self, "max_false_keys", math.ceil(2 * m) + 64)
+        desc = struct.pack(f"<dQdI{len(lv)}d", self.sensitivity, self.domain, m, self.grid, *lv)
+        object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])
+        object.__setattr__(self, "_rounds", self._survival())
+
+    def _survival(self) -> tuple[_Round, ...]:
+        """Each step's exceedance probability and the law of ``S_{s−1}`` of the zero counts
+        that first exceed at it: the same for every value of the stream."""
+        rounds: list[_Round] = []
+        grid: NDArray[np.float64] | None = None
+        density: NDArray[np.float64] | None = None
+        prev = 0.0
+        for lvl, tau in zip(self.levels, self.thresholds, strict=True):
+            sd = self.sensitivity * math.sqrt((lvl - prev) / 2.0)
+            a = lvl * tau
+            p, cells, weights = exceed_probability(grid, density, a, sd)
+            cdf = None
+            if cells is not None and weights is not None and weights.sum() > 0:
+                cdf = np.cumsum(weights)
+                cdf /= cdf[-1]
+            rounds.append(_Round(lvl, tau, sd, a, p, cells if cdf is not None else None, cdf))
+            grid, density = propagate(
+                grid, density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0), self.grid
+            )
+            prev = lvl
+        return tuple(rounds)
+
+    def __len__(self) -> int:
+        return len(self.levels)
+
+    def threshold(self, k: int) -> float:
+        """τ of step ``k``: only keys whose noisy count exceeds it are released."""
+        return self.thresholds[k]
+
+    def value(self, keys: Any, counts: Any) -> HistogramValue:
+        """Validate a histogram: distinct keys in ``[0, d)``, finite counts; sorted by key.
+
+        Raises
+        ------
+        InvalidValueError
+            Saying which rule the histogram breaks.
+        """
+        k = np.asarray(keys, dtype=np.int64)
+        c = np.asarray(counts, dtype=np.float64)
+        if k.ndim != 1 or k.shape != c.shape:
+            raise InvalidValueError("keys and counts must be two lists of the same length")
+        if k.size and (int(k.min()) < 0 or int(k.max()) >= self.domain):
+            raise InvalidValueError(f"keys must lie in [0, {self.domain})")
+        if not np.isfinite(c).all():
+            raise InvalidValueError("counts must be finite numbers")
+        order = np.argsort(k, kind="stable")
+        k, c = k[order], c[order]
+        if k.size > 1 and bool((k[1:] == k[:-1]).any()):
+            raise InvalidValueError("a key appears twice in one histogram")
+        k.setflags(write=False)
+        c.setflags(write=False)
+        return HistogramValue(k, c)
+
+    def release(
+        self, value: HistogramValue, k: int, identity: Identity, rngs: KeyedRngFactory
+    ) -> HistogramRelease:
+        """Step ``k`` of ``value``: the keys above ``τ_k`` and their noisy counts.
+
+        Parameters
+        ----------
+        value : HistogramValue
+            The exact counts.
+        k : int
+            The step, ``0 <= k < len(self)``.
+        identity : tuple
+            What the value's randomness is keyed by (stream, value id, digest of its counts).
+        rngs : KeyedRngFactory
+            Keyed randomness holding the secret.
+
+        Returns
+        -------
+        (ndarray of int64, ndarray of float64)
+            Keys increasing, read-only.
+
+        Raises
+        ------
+        TooManyFalseKeysError
+            The chain would track more than ``max_false_keys`` zero counts (p < 10⁻³⁰).
+        """
+        if not 0 <= k < len(self.levels):
+            raise IndexError(f"step {k} outside a chain of {len(self.levels)} levels")
+        tracked, counts = value.keys, value.counts
+        walk = np.zeros(tracked.size)
+        for s in range(k + 1):
+            rng = rngs(DOMAIN, self.fingerprint, *identity, s)
+            tracked, counts, walk = self._step(self._rounds[s], rng, value, tracked, counts, walk)
+        r = self._rounds[k]
+        noisy = counts + walk / r.level
+        keep = np.flatnonzero(noisy > r.tau)
+        order = keep[np.argsort(tracked[keep], kind="stable")]
+        keys, out = tracked[order], noisy[order]
+        keys.setflags(write=False)
+        out.setflags(write=False)
+        return keys, out
+
+    def release_many(
+        self,
+        values: Sequence[HistogramValue],
+        k: int,
+        identities: Sequence[Identity],
+        rngs: KeyedRngFactory,
+    ) -> list[HistogramRelease]:
+        """:meth:`release` of each value (each draws exactly what it would draw alone)."""
+        return [self.release(v, k, i, rngs) for v, i in zip(values, identities, strict=True)]
+
+    def _step(
+        self,
+        r: _Round,
+        rng: np.random.Generator,
+        value: HistogramValue,
+        tracked: NDArray[np.int64],
+        counts: NDArray[np.float64],
+        walk: NDArray[np.float64],
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
+        """One step of :class:`~market.histogram.SparseHistogramRelease`, in its draw order."""
+        walk = walk + rng.normal(0.0, r.sd, walk.size)
+        untracked = self.domain - tracked.size
+        q = int(rng.binomial(untracked, r.p)) if untracked > 0 and r.p > 0 else 0
+        if not q:
+            return tracked, counts, walk
+        if tracked.size - value.keys.size + q > self.max_false_keys:
+            raise TooManyFalseKeysError(
+                f"the value would show more than {self.max_false_keys} keys with a zero count "
+                "(an event of probability below 1e-30); it is not released"
+            )
+        fresh = _fresh_keys(rng, q, tracked, self.domain)
+        if r.grid is None or r.cdf is None:
+            starts = np.zeros(q)
+        else:
+            starts = sample_starts(rng, q, r.grid, r.cdf)
+        tail = special.ndtr(-(r.a - starts) / r.sd)
+        u = 1.0 - rng.random(q)  # (0, 1]
+        steps = -r.sd * special.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
+        return (
+            np.concatenate([tracked, fresh]),
+            np.concatenate([counts, np.zeros(q)]),
+            np.concatenate([walk, starts + steps]),
+        )
+
+
+def _fresh_keys(
+    rng: np.random.Generator, q: int, tracked: NDArray[np.int64], domain: int
+) -> NDArray[np.int64]:
+    """``q`` distinct uniformly random keys of ``[0, domain)`` outside ``tracked`` (rejection)."""
+    known = set(tracked.tolist())
+    out: list[int] = []
+    while len(out) < q:
+        for j in rng.integers(0, domain, size=2 * (q - len(out)) + 8).tolist():
+            if j not in known:
+                known.add(j)
+                out.append(j)
+                if len(out) == q:
+                    break
+    return np.asarray(out, dtype=np.int64)

@@ -1,0 +1,198 @@
+"""The histogram chain: the dense algorithm's law, keyed by value, lossless across steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from market.errors import InvalidLevelError, InvalidValueError
+from market.histogram import DenseHistogramRelease
+from market.histogram_chain import (
+    HistogramChain,
+    HistogramValue,
+    TooManyFalseKeysError,
+    string_key,
+)
+from market.rng import KeyedRngFactory, default_rng
+from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
+
+from .stats import assert_close_z, covariance_se
+
+D = 400
+LEVELS = [0.5, 1.0, 2.0, 4.0]
+Runs = list[list[tuple[np.ndarray, np.ndarray]]]
+RNGS = KeyedRngFactory(b"histogram chain test secret 0001")
+
+
+def chain(false_keys: float = 40.0, domain: int = D, grid: int = 256) -> HistogramChain:
+    return HistogramChain(LEVELS, sensitivity=1.0, domain=domain, false_keys=false_keys,
+                          grid=grid)  # fmt: skip
+
+
+def chain_runs(ch: HistogramChain, reps: int, tag: str) -> Runs:
+    value = ch.value(SUPPORT, COUNTS)
+    return [
+        [ch.release(value, k, ("s", f"{tag}{i}", "d"), RNGS) for k in range(len(ch))]
+        for i in range(reps)
+    ]
+
+
+def dense_runs(ch: HistogramChain, reps: int, seed: int) -> Runs:
+    rng = default_rng(seed)
+    hist = np.zeros(D)
+    hist[SUPPORT] = COUNTS
+    out = []
+    for _ in range(reps):
+        m = DenseHistogramRelease(hist, rng=rng)
+        out.append([m.release(r, t) for r, t in zip(ch.levels, ch.thresholds, strict=True)])
+    return out
+
+
+def test_thresholds_follow_the_false_key_tolerance() -> None:
+    ch = chain(false_keys=2.0, domain=2**40)
+    z = -special.ndtri(2.0 / (2**40 * 4))
+    for lvl, tau in zip(ch.levels, ch.thresholds, strict=True):
+        assert tau == pytest.approx(z / math.sqrt(2 * lvl))
+    assert ch.max_false_keys == 68
+
+
+@pytest.mark.slow
+def test_the_chain_has_the_dense_algorithms_law() -> None:
+    """Per step: how many zero counts are released, their values, the support's values, and
+    how many zero counts of one step are released again at the next (the joint law)."""
+    ch = chain()
+    dense = summaries(dense_runs(ch, 600, 11))
+    keyed = summaries(chain_runs(ch, 600, "law"))
+    assert dense["n0"].mean() > 5  # zero counts are released at every step: the test has power
+    for key in dense:
+        a, b = dense[key], keyed[key]
+        if key.startswith(("n", "again")):
+            se = np.sqrt(a.var() / a.size + b.var() / b.size) + 1e-12
+            assert abs(a.mean() - b.mean()) < 4.5 * se, (key, a.mean(), b.mean())
+        else:
+            assert stats.ks_2samp(a, b).pvalue > 1e-3, (key, a.mean(), b.mean())
+
+
+def test_a_wrong_first_release_law_is_caught() -> None:
+    """Power check: zero counts first released at step 1 drawn as if their walk started afresh
+    (ignoring that they stayed below step 0's threshold) have visibly other values than the
+    chain's, with the chain's own sample size."""
+    ch = chain()
+    first: list[float] = []
+    support = set(SUPPORT.tolist())
+    for rounds in chain_runs(ch, 600, "power"):
+        before = set(rounds[0][0].tolist()) | support
+        first += [v for i, v in zip(*rounds[1], strict=True) if i not in before]
+    rng = default_rng(3)
+    s1 = math.sqrt(ch.levels[1] / 2)  # Var W_1 = ρ_1/2 from 0: the naive law
+    a = ch.levels[1] * ch.thresholds[1]
+    naive = stats.truncnorm.rvs(a / s1, np.inf, scale=s1, size=4000, random_state=rng)
+    assert len(first) > 1000
+    assert stats.ks_2samp(first, naive / ch.levels[1]).pvalue < 1e-4
+
+
+def test_support_counts_are_lossless_across_steps() -> None:
+    """A large count is always released: its noise at step k is N(0, 1/(2ρ_k)) and
+    Cov(Y_j, Y_k) = Var(Y_k) for j < k (Brownian motion in the precision)."""
+    ch = chain(false_keys=1.0)
+    value = ch.value([7], [1e6])
+
+    def noise(i: int, k: int) -> float:
+        keys, counts = ch.release(value, k, ("s", f"c{i}", "d"), RNGS)
+        return float(counts[keys == 7][0]) - 1e6
+
+    ys = np.array([[noise(i, k) for k in range(4)] for i in range(6000)])
+    for k, lvl in enumerate(LEVELS):
+        var = 1 / (2 * lvl)
+        assert_close_z(float(ys[:, k].var()), var, var * math.sqrt(2 / ys.shape[0]))
+    for j, k in [(0, 1), (0, 3), (2, 3)]:
+        cov = float(np.cov(ys[:, j], ys[:, k])[0, 1])
+        assert_close_z(cov, 1 / (2 * LEVELS[k]), covariance_se(ys[:, j], ys[:, k]))
+
+
+def test_false_keys_stay_within_the_tolerance() -> None:
+    """An empty histogram over 2**40 keys: the mean number of distinct keys shown over all steps
+    is at most false_keys (the union bound), and close to it."""
+    ch = chain(false_keys=3.0, domain=2**40)
+    value = ch.value([], [])
+    shown = []
+    for i in range(1500):
+        keys: set[int] = set()
+        for k in range(4):
+            keys.update(ch.release(value, k, ("s", f"f{i}", "d"), RNGS)[0].tolist())
+        shown.append(len(keys))
+    mean = float(np.mean(shown))
+    assert 1.0 < mean <= 3.0 + 4.5 * math.sqrt(3.0 / 1500), mean
+    assert max(shown) < ch.max_false_keys
+
+
+def test_a_release_is_a_pure_function_of_the_request() -> None:
+    ch = chain()
+    value = ch.value(SUPPORT, COUNTS)
+    top = ch.release(value, 3, ("s", "v", "d"), RNGS)
+    again = HistogramChain(LEVELS, sensitivity=1.0, domain=D, false_keys=40.0).release(
+        ch.value(SUPPORT[::-1], COUNTS[::-1]), 3, ("s", "v", "d"), RNGS
+    )
+    assert top[0].tobytes() == again[0].tobytes() and top[1].tobytes() == again[1].tobytes()
+    other = ch.release(value, 3, ("s", "w", "d"), RNGS)
+    assert other[1].tobytes() != top[1].tobytes()
+    assert bool((np.diff(top[0]) > 0).all())
+
+
+def test_values_are_validated() -> None:
+    ch = chain()
+    for keys, counts, why in [
+        ([1, 1], [1.0, 2.0], "twice"),
+        ([400], [1.0], "lie in"),
+        ([-1], [1.0], "lie in"),
+        ([1], [math.nan], "finite"),
+        ([1, 2], [1.0], "same length"),
+    ]:
+        with pytest.raises(InvalidValueError, match=why):
+            ch.value(keys, counts)
+    v = ch.value([5, 2], [1.0, 3.0])
+    assert v.keys.tolist() == [2, 5] and v.counts.tolist() == [3.0, 1.0]
+    assert isinstance(v, HistogramValue) and v.digest() != ch.value([2, 5], [1.0, 3.0001]).digest()
+
+
+def test_chain_parameters_are_checked() -> None:
+    with pytest.raises(InvalidLevelError):
+        HistogramChain([1.0, 0.5], sensitivity=1.0, domain=D, false_keys=1.0)
+    with pytest.raises(InvalidValueError, match="false_keys"):
+        HistogramChain(LEVELS, sensitivity=1.0, domain=D, false_keys=0.0)
+    with pytest.raises(InvalidValueError, match="false_keys"):
+        HistogramChain(LEVELS, sensitivity=1.0, domain=10, false_keys=20.0)
+    with pytest.raises(InvalidValueError, match="domain"):
+        HistogramChain(LEVELS, sensitivity=1.0, domain=2**62 + 1, false_keys=1.0)
+
+
+def test_too_many_false_keys_are_refused_not_truncated() -> None:
+    ch = chain(false_keys=40.0)
+    object.__setattr__(ch, "max_false_keys", 0)
+    with pytest.raises(TooManyFalseKeysError, match="not released"):
+        ch.release(ch.value([], []), 3, ("s", "v", "d"), RNGS)
+
+
+def test_string_keys_are_a_public_hash() -> None:
+    assert string_key("berlin") == 3111825729699964213  # fixed for good: buyers map keys by it
+    assert string_key("a") != string_key("b")
+    assert all(0 <= string_key(s) < 2**62 for s in ["", "ü", "x" * 1000])
+
+
+def test_histogram_values_round_trip_through_the_codec() -> None:
+    from market.codec import decode_histogram_value, encode_histogram_value
+    from market.errors import StateFormatError
+
+    ch = chain(domain=2**62)
+    for value in [ch.value([], []), ch.value([2**62 - 1, 0, 5], [-1.5, 0.0, 1e300])]:
+        data = encode_histogram_value(value)
+        back = decode_histogram_value(data)
+        assert back.equals(value) and not back.keys.flags.writeable
+    bad = bytearray(encode_histogram_value(ch.value([1, 2], [1.0, 2.0])))
+    bad[20] ^= 1
+    for broken in [bytes(bad), b"EMHV", b"EMCSxxxxxxxxxxxx"]:
+        with pytest.raises(StateFormatError):
+            decode_histogram_value(broken)

@@ -22,7 +22,7 @@ from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
 from .stats import assert_close_z, covariance_se
 
 D = 400
-LEVELS = [0.5, 1.0, 2.0, 4.0]
+LEVELS = (0.5, 1.0, 2.0, 4.0)
 Runs = list[list[tuple[np.ndarray, np.ndarray]]]
 RNGS = KeyedRngFactory(b"histogram chain test secret 0001")
 
@@ -160,7 +160,7 @@ def test_values_are_validated() -> None:
 
 def test_chain_parameters_are_checked() -> None:
     with pytest.raises(InvalidLevelError):
-        HistogramChain([1.0, 0.5], sensitivity=1.0, domain=D, false_keys=1.0)
+        HistogramChain((1.0, 0.5), sensitivity=1.0, domain=D, false_keys=1.0)
     with pytest.raises(InvalidValueError, match="false_keys"):
         HistogramChain(LEVELS, sensitivity=1.0, domain=D, false_keys=0.0)
     with pytest.raises(InvalidValueError, match="false_keys"):

@@ -36,6 +36,7 @@ exact law (``tests/market/test_histogram_chain.py`` compares it with the dense a
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import math
@@ -48,7 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from .errors import InvalidLevelError, InvalidValueError, MarketError
+from .errors import InvalidLevelError, InvalidValueError, LevelNotForSaleError, MarketError
 from .histogram import exceed_probability, propagate, sample_starts
 from .levels import canonical_level
 from .rng import Identity, KeyedRngFactory
@@ -63,6 +64,7 @@ __all__ = [
     "HistogramValue",
     "TooManyFalseKeysError",
     "string_key",
+    "threshold",
 ]
 
 DOMAIN = b"emarket-histogram-v1"
@@ -81,6 +83,18 @@ HistogramRelease = tuple[NDArray[np.int64], NDArray[np.float64]]
 
 class TooManyFalseKeysError(MarketError):
     """A value's chain would track more zero counts than its bound (probability < 10⁻³⁰)."""
+
+
+def threshold(
+    level: float, sensitivity: float, domain: int, false_keys: float, steps: int
+) -> float:
+    """τ of a step at zCDP level ``level`` on a chain of ``steps`` levels: ``z·Δ/√(2ρ)`` with
+    ``z = Φ⁻¹(1 − m/(d·K))``, so a zero count exceeds it with probability ``m/(d·K)``.
+
+    Public (a function of the registration), so quotes and releases state it exactly.
+    """
+    z = -float(special.ndtri(false_keys / (domain * steps)))
+    return z * sensitivity / math.sqrt(2.0 * level)
 
 
 def string_key(text: str) -> int:
@@ -184,8 +198,7 @@ class HistogramChain:
                 f"false_keys must be in (0, {MAX_FALSE_KEYS:g}] and below half the domain "
                 f"times the levels ({self.domain} × {len(lv)} / 2), got {m:g}"
             )
-        z = -float(special.ndtri(m / (self.domain * len(lv))))
-        taus = tuple(z * self.sensitivity / math.sqrt(2.0 * x) for x in lv)
+        taus = tuple(threshold(x, self.sensitivity, self.domain, m, len(lv)) for x in lv)
         object.__setattr__(self, "levels", lv)
         object.__setattr__(self, "thresholds", taus)
         object.__setattr__(self, "max_false_keys", math.ceil(2 * m) + 64)
@@ -217,6 +230,21 @@ class HistogramChain:
 
     def __len__(self) -> int:
         return len(self.levels)
+
+    def step_of(self, level: float) -> int:
+        """The step at which ``level`` is sold.
+
+        Raises
+        ------
+        LevelNotForSaleError
+            ``level`` is not one of the chain's levels.
+        """
+        lvl = canonical_level(level, name="rho")
+        k = bisect.bisect_left(self.levels, lvl)
+        if k == len(self.levels) or self.levels[k] != lvl:
+            sells = ", ".join(f"{x:g}" for x in self.levels)
+            raise LevelNotForSaleError(f"level {lvl:g} is not sold here; the levels are {sells}")
+        return k
 
     def threshold(self, k: int) -> float:
         """τ of step ``k``: only keys whose noisy count exceeds it are released."""
@@ -272,21 +300,23 @@ class HistogramChain:
         TooManyFalseKeysError
             The chain would track more than ``max_false_keys`` zero counts (p < 10⁻³⁰).
         """
-        if not 0 <= k < len(self.levels):
-            raise IndexError(f"step {k} outside a chain of {len(self.levels)} levels")
+        return self.release_steps(value, {k}, identity, rngs)[k]
+
+    def release_steps(
+        self, value: HistogramValue, steps: set[int], identity: Identity, rngs: KeyedRngFactory
+    ) -> dict[int, HistogramRelease]:
+        """:meth:`release` at each of ``steps``, walking the chain once (up to the highest)."""
+        if any(not 0 <= k < len(self.levels) for k in steps):
+            raise IndexError(f"steps {sorted(steps)} outside a chain of {len(self.levels)} levels")
+        out: dict[int, HistogramRelease] = {}
         tracked, counts = value.keys, value.counts
         walk = np.zeros(tracked.size)
-        for s in range(k + 1):
+        for s in range(max(steps, default=-1) + 1):
             rng = rngs(DOMAIN, self.fingerprint, *identity, s)
             tracked, counts, walk = self._step(self._rounds[s], rng, value, tracked, counts, walk)
-        r = self._rounds[k]
-        noisy = counts + walk / r.level
-        keep = np.flatnonzero(noisy > r.tau)
-        order = keep[np.argsort(tracked[keep], kind="stable")]
-        keys, out = tracked[order], noisy[order]
-        keys.setflags(write=False)
-        out.setflags(write=False)
-        return keys, out
+            if s in steps:
+                out[s] = _above(self._rounds[s], tracked, counts, walk)
+        return out
 
     def release_many(
         self,
@@ -331,6 +361,19 @@ class HistogramChain:
             np.concatenate([counts, np.zeros(q)]),
             np.concatenate([walk, starts + steps]),
         )
+
+
+def _above(
+    r: _Round, tracked: NDArray[np.int64], counts: NDArray[np.float64], walk: NDArray[np.float64]
+) -> HistogramRelease:
+    """The keys whose noisy count exceeds the step's threshold, increasing, with the counts."""
+    noisy = counts + walk / r.level
+    keep = np.flatnonzero(noisy > r.tau)
+    order = keep[np.argsort(tracked[keep], kind="stable")]
+    keys, out = tracked[order], noisy[order]
+    keys.setflags(write=False)
+    out.setflags(write=False)
+    return keys, out
 
 
 def _fresh_keys(

@@ -10,6 +10,7 @@ can check it. The ``release_digest`` field binds the receipt to the released vec
         f64 BE  level
         u32 BE  number of coordinates n
         n × f64 LE  the released numbers (integers of Poisson releases as exact doubles)
+        n × u64 BE  receipt version 3 only (histogram streams): the keys of those numbers
 
 Changing any receipt field, any released number, the order of releases or the set of values makes
 :func:`verify_receipt` fail with :class:`~market.errors.ReceiptError`.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -33,6 +35,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from .errors import ReceiptError
 
 __all__ = [
+    "KEYED_RECEIPT_VERSION",
     "RECEIPT_VERSION",
     "Receipt",
     "key_id",
@@ -44,8 +47,14 @@ __all__ = [
 ]
 
 RECEIPT_VERSION = 2
+"""Receipts of streams of vectors; a histogram stream's receipts are version 3
+(:data:`KEYED_RECEIPT_VERSION`): the digest also covers the released keys."""
+KEYED_RECEIPT_VERSION = 3
+_VERSIONS = (RECEIPT_VERSION, KEYED_RECEIPT_VERSION)
+_KEY = re.compile(r"0|[1-9][0-9]{0,19}")  # one spelling per key: ASCII digits, no leading 0
 
-ReleaseTriple = tuple[str, float, Any]  # (value_id, level, vector)
+ReleaseTriple = tuple[str, float, Any] | tuple[str, float, Any, Any]
+"""(value_id, level, vector) or, for a histogram release, (value_id, level, counts, keys)."""
 
 
 def release_digest(releases: Iterable[ReleaseTriple]) -> str:
@@ -53,8 +62,8 @@ def release_digest(releases: Iterable[ReleaseTriple]) -> str:
 
     Parameters
     ----------
-    releases : iterable of (value_id, level, vector)
-        In receipt order.
+    releases : iterable of (value_id, level, vector) or (value_id, level, counts, keys)
+        In receipt order; ``keys`` (histograms, receipt version 3) as many as the counts.
 
     Returns
     -------
@@ -62,11 +71,17 @@ def release_digest(releases: Iterable[ReleaseTriple]) -> str:
         Hex SHA-256 over the binary layout in the module docstring.
     """
     h = hashlib.sha256()
-    for value_id, level, values in releases:
+    for release in releases:
+        value_id, level, values = release[0], release[1], release[2]
         vid = value_id.encode("utf-8")
         arr = np.ascontiguousarray(np.asarray(values, dtype="<f8"))
         h.update(struct.pack(">I", len(vid)) + vid + struct.pack(">dI", float(level), arr.size))
         h.update(arr.tobytes())
+        if len(release) == 4:
+            keys = [int(k) for k in release[3]]
+            if len(keys) != arr.size or any(not 0 <= k < 2**64 for k in keys):
+                raise ReceiptError("a histogram release needs one key below 2**64 per number")
+            h.update(struct.pack(f">{len(keys)}Q", *keys))
     return h.hexdigest()
 
 
@@ -109,7 +124,7 @@ class Receipt:
     market_key_id : str
         :func:`key_id` of the signing key.
     receipt_version : int
-        Format version (1).
+        Format version: 2, or 3 for a histogram stream (the digest covers the keys).
     ciphertext_digest : str
         SHA-256 of the sealed envelope's ciphertext when the releases were encrypted for the
         buyer (:mod:`market.envelope`), else "".
@@ -212,8 +227,14 @@ def verify_receipt(
         Saying which check failed.
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
-    if rec.receipt_version != RECEIPT_VERSION:
+    if rec.receipt_version not in _VERSIONS:
         raise ReceiptError(f"unsupported receipt version {rec.receipt_version}")
+    keyed = rec.receipt_version == KEYED_RECEIPT_VERSION
+    if any((len(r) == 4) != keyed for r in releases):
+        raise ReceiptError(
+            "a version 3 receipt covers histogram releases, each with its keys; version 2 "
+            "covers releases without keys"
+        )
     if rec.market_key_id != key_id(public_key):
         raise ReceiptError(
             f"receipt was signed by market key {rec.market_key_id}, not by the key given "
@@ -284,7 +305,13 @@ def _releases_of(outcome: Mapping[str, Any]) -> list[ReleaseTriple]:
             values = np.asarray(r["values"], dtype=np.float64)
         except (TypeError, ValueError):
             raise ReceiptError(f"release {r['value_id']!r} holds non-numeric values") from None
-        out.append((str(r["value_id"]), r["level"], values))
+        keys = r.get("keys")
+        if keys is None:
+            out.append((str(r["value_id"]), r["level"], values))
+        elif isinstance(keys, list) and all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys):
+            out.append((str(r["value_id"]), r["level"], values, keys))
+        else:
+            raise ReceiptError(f"release {r['value_id']!r} has keys that are not decimal text")
     return out
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 from functools import lru_cache
 
 from market.accuracy import error_model
+from market.histogram_chain import threshold as histogram_threshold
+from market.levels import canonical_level
 from market.mechanisms import mechanism
+from market.pricing import sellable_levels
 
 from ..wire.events import UNIT_OF, ErrorModelInfo, MechanismName, StreamRegistration
 
-__all__ = ["error_info", "offer_accuracy"]
+__all__ = ["error_info", "offer_accuracy", "threshold"]
 
 
 def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
@@ -21,7 +24,20 @@ def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
     level)."""
     if level <= 0:
         return None
-    return _info(reg.mechanism, reg.release_sensitivity(), float(level))
+    info = _info(reg.mechanism, reg.release_sensitivity(), float(level))
+    tau = threshold(reg, level)
+    return info if tau is None else info.model_copy(update={"threshold": tau})
+
+
+def threshold(reg: StreamRegistration, level: float) -> float | None:
+    """On a histogram stream, the threshold of ``level`` (a public function of the
+    registration: ``z·Δ/√(2ρ)``, see :mod:`market.histogram_chain`); ``None`` elsewhere."""
+    spec = reg.histogram
+    if spec is None:
+        return None
+    steps = len(sellable_levels(reg.steps, reg.cap))
+    return histogram_threshold(canonical_level(level, name="rho"), reg.sensitivity, spec.domain,
+                               spec.false_keys, steps)  # fmt: skip
 
 
 @lru_cache(maxsize=4096)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from market.codec import decode_chain_state, encode_chain_state
+from market.codec import (
+    decode_chain_state,
+    decode_histogram_value,
+    encode_chain_state,
+    encode_histogram_value,
+)
+from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState
 from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
@@ -18,12 +24,16 @@ from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
 __all__ = ["CODECS", "decode_value", "encode_value"]
 
 _EVICTED = b"EVIC"
+_HISTOGRAM = b"EMHV"
 
 
 def encode_value(obj: ValueState) -> bytes:
-    """A value's chain state (binary codec) or its eviction marker (``EVIC`` + text)."""
+    """A value's chain state or histogram counts (binary codecs) or its eviction marker
+    (``EVIC`` + text)."""
     if isinstance(obj, EvictedValue):
         return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
+    if isinstance(obj, HistogramValue):
+        return encode_histogram_value(obj)
     return encode_chain_state(obj)
 
 
@@ -32,6 +42,8 @@ def decode_value(data: bytes) -> ValueState:
     if data.startswith(_EVICTED):
         seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
         return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
+    if data.startswith(_HISTOGRAM):
+        return decode_histogram_value(data)
     return decode_chain_state(data)
 
 

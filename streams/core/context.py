@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from market import Mechanism, ReleaseChain, mechanism
+from market.histogram_chain import HistogramChain
 from market.pricing import PriceSchedule, schedule_from_spec, sellable_levels
 from market.rng import KeyedRngFactory
 
@@ -17,6 +18,7 @@ from ..wire.events import UNIT_OF, StreamRegistration
 from ..wire.topics import Topics
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
+from .histograms import histogram_chain
 from .horizon import DedupHorizon
 from .keys import MarketKeys
 from .outputs import Reject, StreamFigures
@@ -33,13 +35,16 @@ class Terms:
     mechanism: Mechanism
     schedule: PriceSchedule
     chain: ReleaseChain
+    #: on a histogram stream, the chain its values are released on (same levels as ``chain``)
+    histogram: HistogramChain | None = None
 
 
 def terms_of(reg: StreamRegistration) -> Terms:
     """Build a registration's terms (raises :class:`market.MarketError` if they are invalid)."""
     mech = mechanism(reg.mechanism, reg.release_sensitivity())
     chain = ReleaseChain(mech, tuple(sellable_levels(reg.steps, reg.cap)), sealed=reg.sealed)
-    return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain)
+    return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain,
+                 histogram_chain(reg, chain.levels))  # fmt: skip
 
 
 VALUE_STEP_OVERHEAD = 2_000
@@ -76,7 +81,7 @@ class Limits:
 
     def holder_limit(self, dimension: int) -> int:
         """Most holders a stream of ``dimension`` may have: one value reaches them all."""
-        per = release_bytes(dimension, sealed=True)
+        per = release_bytes(dimension, sealed=True)  # dimension: a release's width
         return max(1, min(self.max_holders, self.max_event_output_bytes // per))
 
 

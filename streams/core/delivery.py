@@ -27,7 +27,10 @@ from .outputs import Output, dump
 from .state import StreamState
 from .windows import describe, status
 
-__all__ = ["BYTES_PER_NUMBER", "Deliveries", "release_bytes"]
+__all__ = ["BYTES_PER_NUMBER", "Deliveries", "Release", "release_bytes"]
+
+Release = NDArray[Any] | tuple[NDArray[Any], NDArray[Any]]
+"""One value released at one level: its numbers, or a histogram's (keys, noisy counts)."""
 
 
 def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue]]:
@@ -56,6 +59,15 @@ def release_bytes(dimension: int, sealed: bool) -> int:
     return raw * 4 // 3 + 8 if sealed else raw
 
 
+def listed(release: Release) -> tuple[list[float], list[str] | None]:
+    """A release's numbers (and keys, for a histogram: decimal text, exact in every language)
+    as JSON-ready lists."""
+    if isinstance(release, tuple):
+        keys, counts = release
+        return counts.tolist(), [str(k) for k in keys.tolist()]
+    return release.tolist(), None
+
+
 class Deliveries:
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
@@ -80,21 +92,22 @@ class Deliveries:
         st: StreamState,
         value_id: str,
         seq: int,
-        by_level: Mapping[float, NDArray[Any]],
+        by_level: Mapping[float, Release],
         terms: int | None = None,
     ) -> int:
         """Queue ``value_id``'s release for each holder whose level is in ``by_level``;
         return how many."""
         sid = st.registration.stream_id
-        listed = {lvl: v.tolist() for lvl, v in by_level.items()}
-        self.pending_bytes += len(st.holders) * release_bytes(st.registration.dimension, True)
+        lists = {lvl: listed(v) for lvl, v in by_level.items()}
+        self.pending_bytes += len(st.holders) * release_bytes(st.registration.release_width(), True)
         queued = 0
         for buyer, holder in st.holders.items():
-            values = listed.get(holder.level)
-            if values is None:  # withheld (see :meth:`withhold`)
+            got = lists.get(holder.level)
+            if got is None:  # withheld (see :meth:`withhold`)
                 continue
             release = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=holder.level, values=values, terms=terms
+                value_id=value_id, seq=seq, level=holder.level, values=got[0], terms=terms,
+                keys=got[1],
             )
             self._pending.setdefault((buyer, sid), []).append(release)
             queued += 1
@@ -180,9 +193,8 @@ class Deliveries:
         reg = st.registration
         account = self._directory.get(buyer)
         key = None if account is None else account.sealing_key
-        room = max(
-            1, (self.max_message_bytes - 2048) // release_bytes(reg.dimension, key is not None)
-        )
+        per = release_bytes(reg.release_width(), key is not None)
+        room = max(1, (self.max_message_bytes - 2048) // per)
         out = []
         for run in _runs_of_one_level(releases):  # one event, one level, one error model
             for start in range(0, len(run), room):

@@ -15,8 +15,16 @@ from market import ChainState, MarketError
 from market.accuracy import AccuracyNotForSaleError, cheapest_level
 from market.envelope import ciphertext_digest
 from market.errors import NoHigherStepError
+from market.histogram_chain import HistogramChain, HistogramValue
 from market.pricing import StepPlan, plan_step, sellable_levels
-from market.receipts import Receipt, release_digest, sign_receipt
+from market.receipts import (
+    KEYED_RECEIPT_VERSION,
+    RECEIPT_VERSION,
+    Receipt,
+    ReleaseTriple,
+    release_digest,
+    sign_receipt,
+)
 
 from ..wire.events import (
     UNIT_OF,
@@ -32,9 +40,10 @@ from ..wire.events import (
 )
 from ..wire.money import format_money
 from ..wire.sealing import purchase_aad, seal_releases
-from .accuracy import error_info, offer_accuracy
+from .accuracy import error_info, offer_accuracy, threshold
 from .auth import acting_for, authenticate
 from .context import Context
+from .histograms import as_released
 from .horizon import UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
@@ -220,7 +229,8 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
         rmse, hw95 = rmse * factor, hw95 * factor
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(Offer(level=lv, rmse=rmse, half_width_95=hw95, price_minor=price,
-                         held=lv <= held, fits_window=fits if window else None))  # fmt: skip
+                         held=lv <= held, fits_window=fits if window else None,
+                         threshold=threshold(reg, lv)))  # fmt: skip
     return out
 
 
@@ -266,7 +276,7 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
             f"{format_money(req.max_price_minor, reg.currency)}",
             quoted_price_minor=plan.price_minor,
         )
-    limit = ctx.limits.holder_limit(reg.dimension)
+    limit = ctx.limits.holder_limit(reg.release_width())
     if req.buyer_id not in st.holders and len(st.holders) >= limit:
         raise Reject(
             "stream_full",
@@ -314,6 +324,9 @@ def _release_window(
         if st.window:
             st.spent = max(st.spent, level)
         return releases, new_noise
+    hist = ctx.terms(st.registration).histogram
+    if hist is not None:
+        return _release_histograms(ctx, st, hist, level)
     keys = [record_key(sid, e.value_id) for e in st.window]
     states: list[ChainState] = []
     for k in keys:
@@ -336,6 +349,24 @@ def _release_window(
     return releases, new_noise
 
 
+def _release_histograms(
+    ctx: Context, st: StreamState, chain: HistogramChain, level: float
+) -> tuple[list[ReleasedValue], int]:
+    """Every histogram in the window released at ``level``, each recomputed from its counts."""
+    sid = st.registration.stream_id
+    step = chain.step_of(level)
+    releases = []
+    for e in st.window:
+        value = ctx.stores.releases[record_key(sid, e.value_id)]
+        assert isinstance(value, HistogramValue)  # window entries are never evicted
+        ident = value_identity(sid, e.value_id, e.digest)
+        releases.append(as_released(e.value_id, e.seq, level,
+                                    chain.release(value, step, ident, ctx.rngs)))  # fmt: skip
+    if st.window:
+        st.spent = max(st.spent, level)
+    return releases, len(releases) * (step + 1)
+
+
 def _charge(st: StreamState, req: PurchaseRequest, plan: StepPlan) -> Holder:
     """The buyer now holds ``plan.after`` and has paid for it."""
     holder = st.holders.get(req.buyer_id) or Holder(level=plan.after)
@@ -345,6 +376,15 @@ def _charge(st: StreamState, req: PurchaseRequest, plan: StepPlan) -> Holder:
     st.holders[req.buyer_id] = holder
     st.revenue_minor += plan.price_minor
     return holder
+
+
+def _digested(releases: list[ReleasedValue]) -> list[ReleaseTriple]:
+    """What the receipt's digest covers: each release's numbers, and a histogram's keys."""
+    return [
+        (r.value_id, r.level, r.values) if r.keys is None
+        else (r.value_id, r.level, r.values, r.keys)
+        for r in releases
+    ]  # fmt: skip
 
 
 def _fulfilled(
@@ -373,7 +413,8 @@ def _fulfilled(
         level_after=plan.after,
         price_minor=plan.price_minor,
         currency=reg.currency,
-        release_digest=release_digest((r.value_id, r.level, r.values) for r in releases),
+        release_digest=release_digest(_digested(releases)),
+        receipt_version=KEYED_RECEIPT_VERSION if reg.histogram else RECEIPT_VERSION,
         requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,
         ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),

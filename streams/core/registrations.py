@@ -15,6 +15,7 @@ from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
 from .auth import acting_for, authenticate
 from .context import Context
 from .delivery import release_bytes
+from .histograms import work_width
 from .outputs import Outcome, Output, Reject, dump
 from .state import StreamState, stream_record_bound
 from .totals import chains_walked
@@ -103,7 +104,7 @@ def _again(ctx: Context, reg: StreamRegistration, existing: StreamState) -> Outc
 
 def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> None:
     """A purchase returns the whole window, drawn up the whole chain: both must stay bounded."""
-    worst = reg.retain_last * release_bytes(reg.dimension, sealed=True) + 8192
+    worst = reg.retain_last * release_bytes(reg.release_width(), sealed=True) + 8192
     if worst > ctx.limits.max_message_bytes:
         raise Reject(
             "stream_too_large",
@@ -111,7 +112,7 @@ def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> 
             f"numbers, up to {worst} bytes, but a message may have at most "
             f"{ctx.limits.max_message_bytes}; lower retain_last or the dimension",
         )
-    work = ctx.limits.work(chains_walked(reg, reg.retain_last), levels, reg.dimension)
+    work = ctx.limits.work(chains_walked(reg, reg.retain_last), levels, work_width(reg))
     if work > ctx.limits.max_event_work:
         raise Reject(
             "stream_too_large",

@@ -6,8 +6,10 @@ store          key                        value
 ``streams``    ``stream_id``              :class:`StreamState`: registration, window, holders,
                                           revenue, privacy spent, watermarks
 ``releases``   ``stream_id/value_id``     the value's :class:`~market.chain.ChainState` (exact
-                                          numbers and cached steps) while it is in its stream's
-                                          window, then an :class:`EvictedValue` marker until the
+                                          numbers and cached steps; on a histogram stream a
+                                          :class:`~market.histogram_chain.HistogramValue`, the
+                                          exact counts) while it is in its stream's window,
+                                          then an :class:`EvictedValue` marker until the
                                           dedup horizon
 ``purchases``  ``buyer_id/purchase_id``   :class:`PurchaseRecord`: the stored outcome
 ``accounts``   ``account_id``             :class:`~streams.wire.events.AccountState`: keys
@@ -26,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from market import ChainState
+from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState, StreamRegistration
 
@@ -149,7 +152,7 @@ class EvictedValue:
     published_at_ms: int = 0
 
 
-ValueState = ChainState | EvictedValue
+ValueState = ChainState | HistogramValue | EvictedValue
 
 
 class Stores:

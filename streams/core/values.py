@@ -22,11 +22,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from market import ChainState
+from market.histogram_chain import HistogramValue
 
-from ..wire.events import MAX_BATCH, ValueBatch, ValueItem, ValueOutcome, ValuesAccepted
+from ..wire.events import (
+    MAX_BATCH,
+    StreamRegistration,
+    ValueBatch,
+    ValueItem,
+    ValueOutcome,
+    ValuesAccepted,
+)
 from .auth import acting_for, authenticate
 from .context import Context, Terms
-from .delivery import release_bytes
+from .delivery import Release, release_bytes
+from .histograms import histogram_value, released, work_width
 from .outputs import Outcome, Output, Reject, dump
 from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
@@ -105,10 +114,10 @@ def batch_capacity(ctx: Context, st: StreamState) -> int:
     holders = len(st.holders)
     walk = len(ctx.terms(reg).chain.levels) if holders else 1
     by_output = ctx.limits.max_event_output_bytes // (
-        max(1, holders) * release_bytes(reg.dimension, sealed=True)
+        max(1, holders) * release_bytes(reg.release_width(), sealed=True)
     )
     by_work = ctx.limits.max_event_work // ctx.limits.work(chains_walked(reg, 1), walk,
-                                                           reg.dimension)  # fmt: skip
+                                                           work_width(reg))  # fmt: skip
     return max(1, min(MAX_BATCH, by_output, by_work))
 
 
@@ -145,15 +154,7 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     """Apply one value; return (status, releases queued, new chain steps computed)."""
     reg = st.registration
     terms = ctx.terms(reg)
-    if item.inexact_integer and np.issubdtype(terms.mechanism.dtype, np.integer):
-        raise Reject(
-            "invalid_value",
-            f"value {item.value_id!r} holds an integer beyond 2**53, which cannot be read exactly "
-            f"(it would become another count); counts on stream {reg.stream_id!r} must be at "
-            "most 2**53 in magnitude",
-        )
-    exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
-    digest = digest_values(exact)
+    exact, digest = _exact(terms, reg, item)
     ctx.horizon.admit("value", item.published_at_ms, st.watermark_ms, item.value_id,
                       reg.stream_id)  # fmt: skip
     key = record_key(reg.stream_id, item.value_id)
@@ -167,12 +168,17 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
         return "duplicate", released, new_noise
     if is_window(reg):
         open_for_value(st, index_of(reg, item.published_at_ms), item.value_id)
-    if is_totals(reg):
+    if isinstance(exact, HistogramValue):
+        state: ChainState | HistogramValue = exact
+    elif is_totals(reg):
         return _increment(ctx, st, terms, item, exact, digest)
-    ident = value_identity(reg.stream_id, item.value_id, digest)
-    chain = terms.chain
-    state = chain.seal(exact, ident, ctx.rngs) if reg.sealed else chain.open(exact)
+    elif reg.sealed:
+        state = terms.chain.seal(exact, value_identity(reg.stream_id, item.value_id, digest),
+                                 ctx.rngs)  # fmt: skip
+    else:
+        state = terms.chain.open(exact)
     held, levels = _admitted(st, item.published_at_ms, 0.0)
+    ident = value_identity(reg.stream_id, item.value_id, digest)
     by_level, new_noise = held_releases(ctx, st, terms, state, ident, levels)
     st.spent = max(st.spent, *by_level, 0.0)
     if reg.sealed:  # the market holds its cap-level release
@@ -183,6 +189,30 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     store_state(ctx, key, state)
     released = _deliver(ctx, st, item, seq, by_level, held)
     return "accepted", released, new_noise
+
+
+def _exact(
+    terms: Terms, reg: StreamRegistration, item: ValueItem
+) -> tuple[NDArray[Any] | HistogramValue, str]:
+    """The value's exact numbers (or counts, on a histogram stream) and their digest."""
+    if terms.histogram is not None:
+        value = histogram_value(terms.histogram, reg, item)
+        return value, value.digest()
+    if item.keys is not None:
+        raise Reject(
+            "invalid_value",
+            f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
+            "stream: send its numbers in `values` only",
+        )
+    if item.inexact_integer and np.issubdtype(terms.mechanism.dtype, np.integer):
+        raise Reject(
+            "invalid_value",
+            f"value {item.value_id!r} holds an integer beyond 2**53, which cannot be read exactly "
+            f"(it would become another count); counts on stream {reg.stream_id!r} must be at "
+            "most 2**53 in magnitude",
+        )
+    exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
+    return exact, digest_values(exact)
 
 
 def _increment(
@@ -205,9 +235,9 @@ def _increment(
 
 def _held_totals(
     ctx: Context, st: StreamState, terms: Terms, count: int
-) -> tuple[dict[float, NDArray[Any]], int]:
+) -> tuple[dict[float, Release], int]:
     """The running total after ``count`` increments at every level the holders hold."""
-    by_level: dict[float, NDArray[Any]] = {}
+    by_level: dict[float, Release] = {}
     new_noise = 0
     for lv in sorted({h.level for h in st.holders.values()}):
         (by_level[lv],), drawn = totals_for(ctx, st, terms, [count], lv)
@@ -231,7 +261,7 @@ def _deliver(
     st: StreamState,
     entry: ValueItem | ValueEntry,
     seq: int,
-    by_level: dict[float, NDArray[Any]],
+    by_level: dict[float, Release],
     held: set[float],
 ) -> int:
     """Queue the value's releases for the holders it fits (``held``: the levels they hold);
@@ -245,9 +275,11 @@ def _deliver(
     return released
 
 
-def store_state(ctx: Context, key: str, state: ChainState) -> None:
-    """Store a value's chain state, its cache trimmed so the record fits in one message."""
-    state.trim(ctx.limits.max_message_bytes // 2)
+def store_state(ctx: Context, key: str, state: ChainState | HistogramValue) -> None:
+    """Store a value's chain state, its cache trimmed so the record fits in one message (a
+    histogram value is only its counts: nothing to trim)."""
+    if isinstance(state, ChainState):
+        state.trim(ctx.limits.max_message_bytes // 2)
     ctx.stores.releases[key] = state
 
 
@@ -255,16 +287,20 @@ def held_releases(
     ctx: Context,
     st: StreamState,
     terms: Terms,
-    state: ChainState,
+    state: ChainState | HistogramValue,
     ident: tuple[str, ...],
     levels: set[float],
-) -> tuple[dict[float, NDArray[Any]], int]:
+) -> tuple[dict[float, Release], int]:
     """The value released at each of ``levels`` (held by the stream's holders, admitted by
     its privacy window); and the new steps drawn.
 
     One walk along the chain computes them all: up to the most accurate level on an open
     chain, down to the least accurate on a sealed one. Nothing above ``levels`` is drawn.
     """
+    if isinstance(state, HistogramValue):
+        assert terms.histogram is not None
+        by_level, drawn = released(terms.histogram, state, ident, levels, ctx.rngs)
+        return dict(by_level), drawn
     chain = terms.chain
     steps = {chain.step_of(lv) for lv in levels}
     if not steps:
@@ -333,7 +369,7 @@ def _resent(
         by_level, new_noise = _held_totals(ctx, st, ctx.terms(st.registration), entry.seq + 1)
         terms = terms_of(entry.seq + 1)
         return ctx.deliveries.queue(st, value_id, seq, by_level, terms=terms), new_noise
-    if isinstance(known, ChainState) and entry is not None:
+    if isinstance(known, ChainState | HistogramValue) and entry is not None:
         ident = value_identity(st.registration.stream_id, value_id, digest)
         held, levels = _admitted(st, entry.published_at_ms, entry.level)
         by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident,

@@ -60,9 +60,12 @@ __all__ = [
     "DeliveriesWithheld",
     "Envelope",
     "ErrorModelInfo",
+    "HistogramKey",
+    "HistogramSpec",
     "Identifier",
     "InboxEvent",
     "InboxPayload",
+    "KeySpace",
     "LevelUnit",
     "LinearLevelSpec",
     "LinearPrecisionSpec",
@@ -128,9 +131,17 @@ Millis = Annotated[int, Field(ge=0, le=2**63 - 1)]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
-Product = Literal["values", "running_totals"]
-"""What a stream sells: each value (``values``), or the running sums of its values
-(``running_totals``: continual counting through a binary tree of lossless Gaussian releases)."""
+Product = Literal["values", "running_totals", "histogram"]
+"""What a stream sells: each value (``values``), the running sums of its values
+(``running_totals``: continual counting through a binary tree of lossless Gaussian releases), or
+sparse count maps over a huge domain (``histogram``: the keys whose noisy count exceeds a
+threshold, with their noisy counts)."""
+KeySpace = Literal["integers", "strings"]
+"""The keys of a histogram stream: whole numbers below ``domain_size``, or strings (released as
+their public 62-bit hash, :func:`market.histogram_chain.string_key`)."""
+HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
+"""A key of a published histogram: the decimal digits of a whole number (``integers``), or any
+text up to 256 characters (``strings``)."""
 MAX_TREE_HEIGHT = 40
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
@@ -207,6 +218,35 @@ class RotateKeys(_Signed):
 
 
 AccountEvent = Annotated[OpenAccount | RotateKeys, Field(discriminator="type")]
+
+
+class HistogramSpec(BaseModel):
+    """What a ``histogram`` stream's values are: sparse maps from keys to counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key_space: KeySpace = Field(
+        description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
+        "its public 62-bit hash (the domain is 2**62)"
+    )
+    domain_size: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
+        None, description="integers only: how many keys there are (up to 2**62)"
+    )
+    false_keys: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = Field(
+        1.0,
+        description="the expected number of keys with a zero count that all of one value's "
+        "releases together show (the thresholds are set from it; a smaller number raises them)",
+    )
+
+    @model_validator(mode="after")
+    def _domain(self) -> HistogramSpec:
+        if (self.key_space == "integers") != (self.domain_size is not None):
+            raise ValueError("an 'integers' key space needs a domain_size, and only it has one")
+        return self
+
+    @property
+    def domain(self) -> int:
+        """How many keys there are (2**62 for strings)."""
+        return 2**62 if self.domain_size is None else self.domain_size
 
 
 # ------------------------------------------------------------------------ pricing specs
@@ -300,6 +340,13 @@ class StreamRegistration(_Signed):
         "each increment is in tree_height + 1 noisy tree nodes, so a node's sensitivity is "
         "sensitivity × sqrt(tree_height + 1)",
     )
+    histogram: HistogramSpec | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="histogram only: the keys of its values; `dimension` is then the most keys "
+        "one value may have (each release also shows up to 2·false_keys + 64 keys with a zero "
+        "count), and `sensitivity` the ℓ2 sensitivity of the counts",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StreamRegistration:
@@ -315,7 +362,41 @@ class StreamRegistration(_Signed):
             raise ValueError("a 'running_totals' stream needs a tree_height, and only it has one")
         if self.product == "running_totals":
             self._check_totals()
+        if (self.product == "histogram") != (self.histogram is not None):
+            raise ValueError("a 'histogram' stream needs a histogram spec, and only it has one")
+        if self.histogram is not None:
+            self._check_histogram(self.histogram)
         return self
+
+    def _check_histogram(self, spec: HistogramSpec) -> None:
+        if self.mechanism != "gaussian":
+            raise ValueError(
+                "histograms are released with thresholded Gaussian noise: register them with "
+                "mechanism 'gaussian' (levels in ρ)"
+            )
+        if self.sealed:
+            raise ValueError(
+                "a histogram stream cannot be sealed: its releases are refined from the exact "
+                "counts, never tightened from the top one"
+            )
+        if spec.domain < self.dimension:
+            raise ValueError(
+                f"dimension {self.dimension} (the most keys of one value) exceeds the domain's "
+                f"{spec.domain} keys"
+            )
+
+    def release_width(self) -> int:
+        """Numbers one release carries at most, counting a histogram key as one: ``dimension``,
+        or on a histogram stream its keys and counts, and as many for the keys with a zero
+        count it may show (:meth:`false_key_bound`)."""
+        if self.histogram is None:
+            return self.dimension
+        return 2 * (self.dimension + self.false_key_bound())
+
+    def false_key_bound(self) -> int:
+        """Most keys with a zero count a histogram value ever shows (more happens with
+        probability below 1e-30 and is refused): ``ceil(2·false_keys) + 64``."""
+        return 0 if self.histogram is None else math.ceil(2 * self.histogram.false_keys) + 64
 
     def release_sensitivity(self) -> float:
         """Sensitivity of what is noised: each value; on ``running_totals`` one tree node, whose
@@ -360,7 +441,18 @@ class ValueItem(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     value_id: Identifier = Field(description="unique per stream; a resend is deduplicated")
-    values: list[float] = Field(min_length=1, max_length=MAX_DIMENSION)
+    values: list[float] = Field(
+        max_length=MAX_DIMENSION,
+        description="the value's numbers (as many as the stream's dimension); on a histogram "
+        "stream the counts of `keys`, in the same order",
+    )
+    keys: list[HistogramKey] | None = Field(
+        None,
+        exclude_if=_is_none,
+        max_length=MAX_DIMENSION,
+        description="histogram streams only: the keys of the counts in `values` (distinct); a "
+        "key not listed has count 0",
+    )
     published_at_ms: Millis = Field(
         description="when the seller first published the value (Unix ms; keep it when "
         "resending): values older than the stream's newest minus the dedup horizon are refused"
@@ -509,6 +601,13 @@ class ReleasedValue(BaseModel):
         "the sum of `terms` independent tree-node releases each with the event's error_model "
         "(so its standard deviation and half-widths are the model's × sqrt(terms))",
     )
+    keys: list[str] | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="histogram streams: the keys (decimal digits; on a 'strings' stream the "
+        "public 62-bit hash of the string) whose noisy count exceeded the level's threshold, "
+        "increasing, with their noisy counts in `values`; every other key is not shown",
+    )
 
     @field_validator("values")
     @classmethod
@@ -564,6 +663,13 @@ class ErrorModelInfo(BaseModel):
     std: float
     offset: float
     half_widths: dict[str, float]
+    threshold: float | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="histogram streams: only keys whose noisy count exceeds it are released "
+        "(the noise of a released count is the model's; selection by the threshold biases "
+        "small counts upwards)",
+    )
 
 
 class Offer(BaseModel):
@@ -580,6 +686,12 @@ class Offer(BaseModel):
         exclude_if=_is_none,
         description="on a 'window' stream: a purchase of this level fits the privacy "
         "windows' headroom now (absent on 'event' streams)",
+    )
+    threshold: float | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="on a histogram stream: the keys released at this level are those whose "
+        "noisy count exceeds it",
     )
 
 

@@ -19,9 +19,11 @@ confidence. The fields are every one that matters:
                      retain_last, sealed, pricing (kind and its numbers), currency,
                      description, and on a ``window`` stream only: privacy_unit,
                      window duration_ms, window cap; on a ``running_totals`` stream
-                     only: product, tree_height
+                     only: product, tree_height; on a ``histogram`` stream only:
+                     product, key_space, domain_size (``n`` for strings), false_keys
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
-                     published_at_ms, values
+                     published_at_ms, values, and on a histogram item only: number of
+                     keys, then each key as text
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
                      currency, requested_at_ms, accuracy, most_accurate
 ``quote``            quote_id, buyer_id, stream_id, target_level, requested_at_ms, accuracy
@@ -131,12 +133,21 @@ def _registration(c: _Canon, e: StreamRegistration) -> None:
         c.s(e.privacy_unit).i(e.window.duration_ms).f(e.window.cap)
     if e.tree_height is not None:  # likewise nothing for streams of values
         c.s(e.product).i(e.tree_height)
+    if e.histogram is not None:
+        h = e.histogram
+        c.s(e.product).s(h.key_space)
+        c.n() if h.domain_size is None else c.i(h.domain_size)
+        c.f(h.false_keys)
 
 
 def _values(c: _Canon, e: ValueBatch) -> None:
     c.s(e.stream_id).s(e.seller_id).i(len(e.items))
     for item in e.items:
         c.s(item.value_id).i(item.published_at_ms).v(item.values)
+        if item.keys is not None:  # histogram items only: plain items' bytes are unchanged
+            c.i(len(item.keys))
+            for key in item.keys:
+                c.s(key)
 
 
 def _accuracy(c: _Canon, a: Any) -> None:

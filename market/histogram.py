@@ -230,9 +230,24 @@ Grid = NDArray[np.float64] | None
 
 
 def exceed_probability(grid: Grid, density: Grid, a: float, sd: float) -> tuple[float, Grid, Grid]:
-    """P(S_{r-1} + N(0, sd²) > a | never released) for a never-released zero count whose
-    ``S_{r-1}`` has survival cell masses ``density`` at cell centres ``grid`` (``None``: exactly
-    0, before round 1); with the cells' weights for sampling ``S_{r-1}`` of those that exceed."""
+    """P(S_{r-1} + N(0, sd²) > a | never released), and how to sample those that exceed.
+
+    Parameters
+    ----------
+    grid, density : ndarray or None
+        Cell centres and survival cell masses of ``S_{r-1}`` of a never-released zero count
+        (``None``: exactly 0, before round 1).
+    a : float
+        ``ρ_r τ_r``: released this round iff ``S_r > a``.
+    sd : float
+        Standard deviation of this round's increment of ``S``.
+
+    Returns
+    -------
+    (float, ndarray or None, ndarray or None)
+        The probability, the grid, and the cells' weights for sampling ``S_{r-1}`` of the zero
+        counts that exceed (density × exceedance probability).
+    """
     if grid is None or density is None:
         return float(special.ndtr(-a / sd)), None, None
     weights = density * special.ndtr(-(a - grid) / sd)
@@ -243,8 +258,22 @@ def exceed_probability(grid: Grid, density: Grid, a: float, sd: float) -> tuple[
 def sample_starts(
     rng: np.random.Generator, q: int, grid: NDArray[np.float64], cdf: NDArray[np.float64]
 ) -> NDArray[np.float64]:
-    """``q`` draws of ``S_{r-1}`` from the normalised cumulative cell weights ``cdf``: a cell,
-    then a uniform point in it (the density is piecewise constant on cells)."""
+    """``q`` draws of ``S_{r-1}``: a cell, then a uniform point in it (the density is
+    piecewise constant on cells).
+
+    Parameters
+    ----------
+    rng : Generator
+        Where the two uniforms per draw come from (cell, then position), in that order.
+    q : int
+        How many draws.
+    grid, cdf : ndarray
+        Cell centres (equally spaced) and the normalised cumulative cell weights.
+
+    Returns
+    -------
+    ndarray of float64
+    """
     cell = np.searchsorted(cdf, rng.random(q), side="right")
     cell = np.minimum(cell, grid.size - 1)
     h = grid[1] - grid[0]
@@ -254,10 +283,29 @@ def sample_starts(
 def propagate(
     grid: Grid, density: Grid, a: float, sd: float, total_sd: float, size: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Cell masses of ``f_r(y) = 1{y <= a} (f_{r-1} ⋆ φ_sd)(y)`` on ``size`` cells tiling
-    ``[lo, a]``, ``lo`` twelve total standard deviations ``total_sd`` below 0 (or ``2·sd`` below
-    ``a``). The convolution is cell-averaged, exact for a piecewise-constant ``f_{r-1}``
-    whatever the step and the cell width."""
+    """The survival density after a round: ``f_r(y) = 1{y <= a} (f_{r-1} ⋆ φ_sd)(y)``.
+
+    The convolution is cell-averaged, exact for a piecewise-constant ``f_{r-1}`` whatever the
+    step and the cell width.
+
+    Parameters
+    ----------
+    grid, density : ndarray or None
+        ``f_{r-1}`` as cell centres and masses (``None``: ``S_{r-1} = 0`` exactly).
+    a : float
+        The round's ``ρ_r τ_r``: mass above it was released and leaves the density.
+    sd : float
+        Standard deviation of the round's increment.
+    total_sd : float
+        Standard deviation of ``S_r`` itself: the cells reach twelve of them below 0.
+    size : int
+        Number of cells, tiling ``[lo, a]``.
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        Cell centres and cell masses of ``f_r``.
+    """
     lo = min(-_SPAN * total_sd, a - 2 * sd)
     edges = np.linspace(lo, a, size + 1)
     y = (edges[:-1] + edges[1:]) / 2

@@ -88,10 +88,27 @@ class TooManyFalseKeysError(MarketError):
 def threshold(
     level: float, sensitivity: float, domain: int, false_keys: float, steps: int
 ) -> float:
-    """τ of a step at zCDP level ``level`` on a chain of ``steps`` levels: ``z·Δ/√(2ρ)`` with
-    ``z = Φ⁻¹(1 − m/(d·K))``, so a zero count exceeds it with probability ``m/(d·K)``.
+    """τ of a step: ``z·Δ/√(2ρ)`` with ``z = Φ⁻¹(1 − m/(d·K))``, so a zero count exceeds it
+    with probability ``m/(d·K)``.
 
     Public (a function of the registration), so quotes and releases state it exactly.
+
+    Parameters
+    ----------
+    level : float
+        The step's zCDP level ρ (canonical).
+    sensitivity : float
+        ℓ2 sensitivity Δ.
+    domain : int
+        Number of keys ``d``.
+    false_keys : float
+        ``m``, the expected number of zero counts shown over all steps.
+    steps : int
+        ``K``, the number of levels of the chain.
+
+    Returns
+    -------
+    float
     """
     z = -float(special.ndtri(false_keys / (domain * steps)))
     return z * sensitivity / math.sqrt(2.0 * level)
@@ -115,7 +132,15 @@ def string_key(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class HistogramValue:
-    """One histogram's exact counts: keys increasing and distinct, counts finite (read-only)."""
+    """One histogram's exact counts (read-only); build it with :meth:`HistogramChain.value`.
+
+    Attributes
+    ----------
+    keys : ndarray of int64
+        Increasing and distinct.
+    counts : ndarray of float64
+        Finite, one per key.
+    """
 
     keys: NDArray[np.int64]
     counts: NDArray[np.float64]

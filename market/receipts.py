@@ -227,14 +227,7 @@ def verify_receipt(
         Saying which check failed.
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
-    if rec.receipt_version not in _VERSIONS:
-        raise ReceiptError(f"unsupported receipt version {rec.receipt_version}")
-    keyed = rec.receipt_version == KEYED_RECEIPT_VERSION
-    if any((len(r) == 4) != keyed for r in releases):
-        raise ReceiptError(
-            "a version 3 receipt covers histogram releases, each with its keys; version 2 "
-            "covers releases without keys"
-        )
+    _check_version(rec, releases)
     if rec.market_key_id != key_id(public_key):
         raise ReceiptError(
             f"receipt was signed by market key {rec.market_key_id}, not by the key given "
@@ -260,6 +253,17 @@ def verify_receipt(
         if got != rec.ciphertext_digest:
             raise ReceiptError("the sealed envelope is not the one the receipt was issued for")
     return rec
+
+
+def _check_version(rec: Receipt, releases: Sequence[ReleaseTriple]) -> None:
+    if rec.receipt_version not in _VERSIONS:
+        raise ReceiptError(f"unsupported receipt version {rec.receipt_version}")
+    keyed = rec.receipt_version == KEYED_RECEIPT_VERSION
+    if any((len(r) == 4) != keyed for r in releases):
+        raise ReceiptError(
+            "a version 3 receipt covers histogram releases, each with its keys; version 2 "
+            "covers releases without keys"
+        )
 
 
 def parse_public_key(text: Any) -> Ed25519PublicKey:

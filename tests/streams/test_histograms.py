@@ -1,0 +1,236 @@
+"""Histogram streams on MarketCore (plain dicts): sparse count maps in, the keys above each
+level's threshold out, recomputed from the counts (streams/core/histograms.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from scipy import stats
+
+from market.histogram import DenseHistogramRelease
+from market.histogram_chain import string_key, threshold
+from market.receipts import verify_outcome
+from market.rng import default_rng
+from streams.core import MarketCore, Stores
+from streams.core.codecs import decode_value, encode_value
+from streams.core.context import Limits
+from streams.wire.events import (
+    INBOX_EVENT,
+    PurchaseFulfilled,
+    QuoteAnswer,
+    StreamRegistration,
+    ValueReleased,
+)
+from streams.wire.signing import canonical_bytes
+from streams.wire.topics import Topics
+from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
+
+from .helpers import TEST_KEYS, market_core, purchase, quote, registration, value
+
+T = Topics("t")
+WORDS = {"product": "histogram", "mechanism": "gaussian", "steps": [0.5, 2.0], "cap": 8.0,
+         "dimension": 10, "histogram": {"key_space": "strings", "false_keys": 0.01}}  # fmt: skip
+CITIES = {"berlin": 120.0, "paris": 80.0, "rome": 0.5}
+
+
+def new_core(**kw: Any) -> MarketCore:
+    return market_core("seller1", "alice", "bob", **kw)
+
+
+def stream(c: MarketCore, sid: str = "h", **kw: Any) -> None:
+    out = c.handle(T.registrations, registration(sid, **{**WORDS, **kw}))
+    assert out.status == "accepted", out.outputs[0].value[:400]
+
+
+def publish(c: MarketCore, vid: str, counts: dict[str, float], sid: str = "h") -> Any:
+    return c.handle(T.values, value(sid, vid, list(counts.values()), keys=list(counts)))
+
+
+def inbox(outcome: Any, who: str) -> list[Any]:
+    return [INBOX_EVENT.validate_json(o.value) for o in outcome.outputs
+            if o.topic == T.inbox(who)]  # fmt: skip
+
+
+def hashed(*words: str) -> list[str]:
+    return sorted((str(string_key(w)) for w in words), key=int)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"product": "histogram"}, "needs a histogram spec"),
+        ({"histogram": {"key_space": "strings"}}, "needs a histogram spec"),
+        ({**WORDS, "mechanism": "laplace"}, "gaussian"),
+        ({**WORDS, "sealed": True}, "cannot be sealed"),
+        ({**WORDS, "histogram": {"key_space": "integers"}}, "needs a domain_size"),
+        ({**WORDS, "histogram": {"key_space": "strings", "domain_size": 9}}, "needs a domain"),
+        ({**WORDS, "histogram": {"key_space": "integers", "domain_size": 5}}, "exceeds the domain"),
+        ({**WORDS, "histogram": {"key_space": "strings", "false_keys": 1001}}, "less than or"),
+    ],
+)
+def test_registrations_that_cannot_be_histograms_are_refused(fields: Any, says: str) -> None:
+    raw = registration("bad", **fields)
+    assert new_core().handle(T.registrations, raw).reason == "invalid_event"
+    body = {k: v for k, v in json.loads(raw).items() if k not in ("key_id", "signature")}
+    with pytest.raises(ValidationError, match=says):
+        StreamRegistration.model_validate({**body, "key_id": "0" * 16,
+                                           "signature": "A" * 86 + "=="})  # fmt: skip
+
+
+def test_signatures_bind_the_key_space_and_the_keys() -> None:
+    reg = StreamRegistration.model_validate_json(registration("s", **WORDS))
+    laxer = reg.model_copy(update={"histogram": reg.histogram.model_copy(  # type: ignore[union-attr]
+        update={"false_keys": 900.0})})  # fmt: skip
+    assert canonical_bytes("t", reg) != canonical_bytes("t", laxer)
+    c = new_core()
+    stream(c)
+    forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"]))
+    forged["items"][0]["keys"] = ["b", "a"]  # the same counts on other keys
+    assert c.handle(T.values, json.dumps(forged).encode()).reason == "bad_signature"
+
+
+def test_holders_get_the_keys_above_the_threshold_and_purchases_refine_them() -> None:
+    c = new_core()
+    stream(c)
+    assert c.handle(T.purchases, purchase("h", "alice", "a0")).status == "fulfilled"
+    out = publish(c, "day1", CITIES)
+    assert out.status == "accepted"
+    (ev,) = inbox(out, "alice")
+    assert isinstance(ev, ValueReleased) and ev.error_model is not None
+    tau = threshold(0.5, 1.0, 2**62, 0.01, 3)
+    assert ev.error_model.threshold == tau and ev.error_model.std == pytest.approx(1.0)
+    (r,) = ev.releases
+    # rome's 0.5 is far below τ ≈ 13; a key with a zero count shows with probability 0.0033
+    assert r.keys == hashed("berlin", "paris")
+    assert np.allclose(r.values, [CITIES["berlin"] if k == hashed("berlin")[0] else 80.0
+                                  for k in r.keys], atol=6)  # fmt: skip
+    assert all(v > tau for v in r.values)
+    bought = inbox(c.handle(T.purchases, purchase("h", "bob", "b0")), "bob")[0]
+    assert isinstance(bought, PurchaseFulfilled)
+    assert bought.releases == ev.releases  # the same bytes at the same level
+    assert bought.receipt.receipt_version == 3
+    up = inbox(c.handle(T.purchases, purchase("h", "bob", "b1")), "bob")[0]
+    assert isinstance(up, PurchaseFulfilled) and up.level_after == 2.0
+    assert up.error_model is not None and up.error_model.threshold == pytest.approx(tau / 2)
+    (r2,) = up.releases
+    assert r2.keys == r.keys and r2.values != r.values
+    pub = c.ctx.keys.public_key
+    assert verify_outcome(up.model_dump(), pub).level_after == 2.0
+    tampered = up.model_dump()
+    tampered["releases"][0]["keys"] = list(reversed(r2.keys or []))
+    with pytest.raises(Exception, match="differ"):
+        verify_outcome(tampered, pub)
+    stripped = up.model_dump()
+    del stripped["releases"][0]["keys"]
+    with pytest.raises(Exception, match="version 3"):
+        verify_outcome(stripped, pub)
+
+
+def test_quotes_list_each_levels_threshold() -> None:
+    c = new_core()
+    stream(c)
+    (ans,) = inbox(c.handle(T.purchases, quote("h", "alice", "q")), "alice")
+    assert isinstance(ans, QuoteAnswer)
+    assert [o.threshold for o in ans.offers] == [threshold(x, 1.0, 2**62, 0.01, 3)
+                                                 for x in (0.5, 2.0, 8.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        ({"values": [1.0]}, "send each value as `keys`"),
+        ({"values": [1.0, 2.0], "keys": ["a"]}, "1 keys but 2 counts"),
+        ({"values": [1.0] * 11, "keys": [str(i) for i in range(11)]}, "at most 10"),
+        ({"values": [1.0, 2.0], "keys": ["a", "a"]}, "same key"),
+        ({"values": [float("nan")], "keys": ["a"]}, "finite"),
+    ],
+)
+def test_malformed_histograms_are_refused_with_a_reason(item: Any, says: str) -> None:
+    c = new_core()
+    stream(c)
+    out = c.handle(T.values, value("h", "v", item["values"], keys=item.get("keys")))
+    assert out.reason == "invalid_value"
+    (line,) = [json.loads(o.value) for o in out.outputs if o.topic == T.inbox("seller1")]
+    assert says in line["outcomes"][0]["message"]
+
+
+@pytest.mark.parametrize("key", ["400", "007", "-1", "1e3", "٣", " 3"])
+def test_integer_keys_are_decimal_digits_inside_the_domain(key: str) -> None:
+    c = new_core()
+    stream(c, histogram={"key_space": "integers", "domain_size": 400})
+    out = c.handle(T.values, value("h", "v", [1.0], keys=[key]))
+    assert out.reason == "invalid_value", key
+    assert c.handle(T.values, value("h", "w", [1.0], keys=["399"])).status == "accepted"
+
+
+def test_keys_on_a_stream_of_vectors_are_refused() -> None:
+    c = new_core()
+    c.handle(T.registrations, registration("vec"))
+    assert c.handle(T.values, value("vec", "v", [1.0, 2.0, 3.0], keys=["a", "b", "c"])).reason \
+        == "invalid_value"  # fmt: skip
+
+
+def test_resends_replay_and_conflicts_are_refused_whatever_the_key_order() -> None:
+    c = new_core()
+    stream(c)
+    c.handle(T.purchases, purchase("h", "alice", "a0"))
+    first = publish(c, "d", CITIES)
+    again = publish(c, "d", dict(reversed(list(CITIES.items()))))
+    assert again.status == "duplicate"
+    assert inbox(again, "alice")[0].releases == inbox(first, "alice")[0].releases
+    assert publish(c, "d", {**CITIES, "rome": 1.0}).reason == "conflicting_value"
+
+
+def test_a_restarted_market_releases_the_same_histograms() -> None:
+    c = new_core()
+    stream(c)
+    publish(c, "d", CITIES)
+    before = inbox(c.handle(T.purchases, purchase("h", "alice", "a0", target_level=2.0)), "alice")
+    stored = {k: decode_value(encode_value(v)) for k, v in c.stores.releases.items()}
+    again = market_core("seller1", "alice", "bob", stores=Stores(
+        dict(c.stores.streams), stored, {}, dict(c.stores.accounts)))  # fmt: skip
+    after = inbox(again.handle(T.purchases, purchase("h", "bob", "b0", target_level=2.0)), "bob")
+    assert after[0].releases == before[0].releases
+    assert TEST_KEYS is not None
+
+
+@pytest.mark.slow
+def test_the_services_releases_have_the_dense_algorithms_law() -> None:
+    """600 histograms through the market core, bought step by step, against Algorithm 3 run
+    on the whole domain with the same levels and thresholds: zero counts released per step,
+    their values, the support's values, and zero counts released again at the next step."""
+    c = new_core(limits=Limits(max_message_bytes=16 << 20))
+    levels = (0.5, 1.0, 2.0, 4.0)
+    spec = {"key_space": "integers", "domain_size": 400, "false_keys": 40.0}
+    stream(c, histogram=spec, steps=list(levels), cap=4.0, dimension=5, retain_last=600)
+    items = {str(k): float(n) for k, n in zip(SUPPORT, COUNTS, strict=True)}
+    for i in range(600):
+        assert publish(c, f"v{i}", items).status == "accepted"
+    runs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for i, lvl in enumerate(levels):
+        (ev,) = inbox(c.handle(T.purchases, purchase("h", "alice", f"p{i}",
+                                                     target_level=lvl)), "alice")  # fmt: skip
+        for r in ev.releases:
+            keys = np.array([int(k) for k in r.keys], dtype=np.int64)
+            runs.setdefault(r.value_id, []).append((keys, np.asarray(r.values)))
+    taus = [threshold(x, 1.0, 400, 40.0, 4) for x in levels]
+    rng = default_rng(21)
+    hist = np.zeros(400)
+    hist[SUPPORT] = COUNTS
+    dense = []
+    for _ in range(600):
+        m = DenseHistogramRelease(hist, rng=rng)
+        dense.append([m.release(x, t) for x, t in zip(levels, taus, strict=True)])
+    got, want = summaries(list(runs.values())), summaries(dense)
+    assert want["n0"].mean() > 5
+    for key in want:
+        a, b = want[key], got[key]
+        if key.startswith(("n", "again")):
+            se = np.sqrt(a.var() / a.size + b.var() / b.size) + 1e-12
+            assert abs(a.mean() - b.mean()) < 4.5 * se, (key, a.mean(), b.mean())
+        else:
+            assert stats.ks_2samp(a, b).pvalue > 1e-3, (key, a.mean(), b.mean())

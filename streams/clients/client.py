@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -46,7 +46,10 @@ from ..wire.sealing import open_event
 from ..wire.topics import Topics
 from .keys import Party
 
-__all__ = ["InboxEvent", "MarketClient", "TopicReader", "now_ms"]
+__all__ = ["InboxEvent", "MarketClient", "TopicReader", "ValueData", "now_ms"]
+
+ValueData = Sequence[float] | Mapping[str, float] | Mapping[int, float]
+"""A value's numbers; on a histogram stream, its counts by key (a key not listed counts 0)."""
 
 InboxEvent = InboxPayload
 
@@ -221,18 +224,25 @@ class MarketClient:
             await inbox.stop()
 
     def value_batch(
-        self, stream_id: str, items: Sequence[tuple[str | None, Sequence[float], int | None]],
+        self, stream_id: str, items: Sequence[tuple[str | None, ValueData, int | None]],
         *, party: Party | None = None,
     ) -> ValueBatch:  # fmt: skip
         """A signed batch of (value id, numbers, publication time) — ids and times remembered so
-        a resend of the same id carries its original time."""
+        a resend of the same id carries its original time. On a histogram stream a value's
+        numbers are a mapping from keys (text, or whole numbers) to counts."""
         me = self._me(party)
         rows = []
         for given, values, stamp in items:
             vid = given or uuid.uuid4().hex[:16]
             first = stamp or self._published.get((stream_id, vid)) or now_ms()
             self._published[(stream_id, vid)] = first
-            rows.append({"value_id": vid, "values": list(values), "published_at_ms": first})
+            row: dict[str, Any] = {"value_id": vid, "published_at_ms": first}
+            if isinstance(values, Mapping):
+                row["keys"] = [str(k) for k in values]
+                row["values"] = [float(v) for v in values.values()]
+            else:
+                row["values"] = list(values)
+            rows.append(row)
         return me.sign(ValueBatch, self.market, stream_id=stream_id, seller_id=me.account_id,
                        items=rows)  # fmt: skip
 
@@ -293,15 +303,16 @@ class MarketClient:
     async def publish(
         self,
         stream_id: str,
-        values: Sequence[float],
+        values: ValueData,
         *,
         value_id: str | None = None,
         published_at_ms: int | None = None,
         wait: bool = True,
         timeout: float = 60.0,
     ) -> str:
-        """Publish one value; return its id. A resend keeps its identity (the id's first
-        publication time). With ``wait``, raise :class:`ValueError` if the market refused it."""
+        """Publish one value (numbers, or on a histogram stream a mapping key → count); return
+        its id. A resend keeps its identity (the id's first publication time). With ``wait``,
+        raise :class:`ValueError` if the market refused it."""
         batch = self.value_batch(stream_id, [(value_id, values, published_at_ms)])
         answer = await self.publish_batch(batch, wait=wait, timeout=timeout)
         vid = batch.items[0].value_id

@@ -137,11 +137,27 @@ def cmd_buy(args: argparse.Namespace) -> int:
     if isinstance(result, Rejection):
         warn(f"purchase refused ({result.reason}): {result.message}")
         return EXIT_REFUSED
+    _say_named(args, result.releases)
     paid = format_money(result.price_minor, result.currency)
     warn(f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
          f"{paid}: {len(result.releases)} values"
          + (f" (outcome and receipt in {args.output})" if args.output else ""))  # fmt: skip
     return 0
+
+
+def _say_named(args: argparse.Namespace, releases: list[Any]) -> None:
+    """With ``--key-names FILE``: each histogram release's counts by the names it shows."""
+    if not args.key_names:
+        return
+    from ..histograms import describe_named  # noqa: PLC0415
+
+    try:
+        names = [n.strip() for n in Path(args.key_names).read_text("utf-8").splitlines()]
+    except OSError as exc:
+        raise CommandError(f"--key-names {args.key_names}: {exc.strerror}") from None
+    for r in releases:
+        if r.keys is not None:
+            warn(describe_named(r, [n for n in names if n]))
 
 
 def _open_output(path: str) -> Any:
@@ -165,6 +181,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     async def body(c: Any) -> None:
         async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
             print(ev.model_dump_json(), flush=True)
+            if isinstance(ev, PurchaseFulfilled | ValueReleased):
+                _say_named(args, ev.releases)
             if isinstance(ev, DeliveriesWithheld):
                 warn(f"{len(ev.value_ids)} value(s) withheld: {ev.message}")
             if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
@@ -210,8 +228,13 @@ def add_commands(sub: Any) -> None:
             sp.add_argument("--currency", default="EUR")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
             sp.add_argument("--output", default=None, help="also write the outcome to this file")
+            sp.add_argument("--key-names", default=None, metavar="FILE",
+                            help="histogram streams of strings: name the keys of the releases "
+                            "from these strings (one per line)")  # fmt: skip
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
     sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--key-names", default=None, metavar="FILE",
+                    help="histogram streams of strings: name released keys from these strings")
     sp.set_defaults(fn=cmd_tail)

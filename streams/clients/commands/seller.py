@@ -26,10 +26,10 @@ from .common import (
 
 __all__ = ["add_commands", "parse_row"]
 
-Row = tuple[str | None, list[float], int | None]
+Row = tuple[str | None, list[float] | dict[str, float], int | None]
 ROW_HELP = (
     'expected a JSON list of numbers or {"value_id": "...", "values": [numbers], '
-    '"published_at_ms": ms}'
+    '"published_at_ms": ms} (on a histogram stream {"value_id": "...", "counts": {key: count}})'
 )
 
 
@@ -99,10 +99,23 @@ def _privacy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _product(args: argparse.Namespace) -> dict[str, Any]:
-    """What the stream sells: its values, or (``--running-totals H``) their running sums."""
-    if args.running_totals is None:
+    """What the stream sells: its values, (``--running-totals H``) their running sums, or
+    (``--histogram strings|integers:N``) sparse histograms."""
+    if args.running_totals is not None and args.histogram is not None:
+        raise CommandError("a stream sells running totals or histograms, not both")
+    if args.running_totals is not None:
+        return {"product": "running_totals", "tree_height": args.running_totals}
+    if args.histogram is None:
         return {}
-    return {"product": "running_totals", "tree_height": args.running_totals}
+    space, _, size = args.histogram.partition(":")
+    spec: dict[str, Any] = {"key_space": space, "false_keys": args.false_keys}
+    if space == "integers":
+        if not size.isdigit():
+            raise CommandError("--histogram integers:N needs the number of keys N (the domain)")
+        spec["domain_size"] = int(size)
+    elif space != "strings" or size:
+        raise CommandError(f"--histogram {args.histogram!r}: write strings or integers:N")
+    return {"product": "histogram", "histogram": spec}
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -149,6 +162,8 @@ def parse_row(line: str) -> Row:
             raise ValueError(f"value_id must be a string; {ROW_HELP}")
         if stamp is not None and (not isinstance(stamp, int) or isinstance(stamp, bool)):
             raise ValueError(f"published_at_ms must be an integer (Unix ms); {ROW_HELP}")
+        if "counts" in obj:
+            return vid, _counts(obj["counts"]), stamp
         obj = obj.get("values")
     if not isinstance(obj, list) or not obj:
         raise ValueError(ROW_HELP)
@@ -159,11 +174,32 @@ def parse_row(line: str) -> Row:
     return vid, [float(x) for x in obj], stamp
 
 
+def _counts(obj: Any) -> dict[str, float]:
+    if not isinstance(obj, dict) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        for x in obj.values()
+    ):
+        raise ValueError(f"counts must be an object of finite numbers; {ROW_HELP}")
+    return {str(k): float(x) for k, x in obj.items()}
+
+
 def _rows(args: argparse.Namespace) -> list[Row]:
     if args.values is not None:
         return [(args.value_id, args.values, args.published_at)]
+    if args.counts is not None:
+        from ..histograms import read_counts  # noqa: PLC0415
+
+        try:
+            return [(args.value_id, read_counts(args.counts), args.published_at)]
+        except OSError as exc:
+            raise CommandError(f"cannot read {args.counts}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
     if args.file is None:
-        raise CommandError("publish needs --values 1,2,3 or --file FILE (JSON lines; - = stdin)")
+        raise CommandError(
+            "publish needs --values 1,2,3, --counts FILE (one histogram: CSV key,count or a "
+            "JSON object) or --file FILE (JSON lines; - = stdin)"
+        )
     rows = []
     try:
         src = sys.stdin if args.file == "-" else open(args.file)  # noqa: SIM115
@@ -250,6 +286,16 @@ def add_commands(sub: Any) -> None:
         help="sell the running sums of the values (increments) instead of the values, for up to "
         "2**HEIGHT increments (gaussian only; error grows like log² of the count)",
     )  # fmt: skip
+    sp.add_argument(
+        "--histogram", default=None, metavar="strings|integers:N",
+        help="sell sparse histograms (gaussian only): keys are text, released as their public "
+        "62-bit hash, or whole numbers below N; --dimension is the most keys of one value",
+    )  # fmt: skip
+    sp.add_argument(
+        "--false-keys", type=float, default=1.0,
+        help="with --histogram: keys with a zero count all of one value's releases may show, "
+        "on average (sets the thresholds)",
+    )  # fmt: skip
     sp.add_argument("--window-cap", type=float, default=None,
                     help="with --privacy-window: most one window's values may spend together")
     sp.add_argument("--price-per-level", default="1.00",
@@ -267,6 +313,8 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--value-id", default=None)
     sp.add_argument("--values", type=floats, default=None, help="e.g. 20.5,21.0")
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
+    sp.add_argument("--counts", default=None,
+                    help="one histogram: CSV rows key,count or a JSON object")  # fmt: skip
     sp.add_argument(
         "--published-at", type=int, default=None,
         help="publication time (Unix ms); give the original one when resending a value id",

@@ -1,0 +1,92 @@
+"""Histograms on the client side: reading a seller's counts, naming a buyer's keys.
+
+A ``strings`` histogram stream releases keys as their public 62-bit hash
+(:func:`market.histogram_chain.string_key`), never as text: showing a key's text only when it is
+in the data would tell it apart from the keys with a zero count that the noise lets through. A
+buyer names the keys it knows with :func:`named`; the others stay numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from market.histogram_chain import string_key
+
+__all__ = ["describe_named", "key_of", "named", "read_counts"]
+
+
+def key_of(name: str) -> str:
+    """The key a ``strings`` stream releases for ``name`` (decimal text of its 62-bit hash)."""
+    return str(string_key(name))
+
+
+def named(release: Any, names: Iterable[str]) -> tuple[dict[str, float], int]:
+    """The noisy counts of a histogram release by the names in ``names`` it shows, and how many
+    of its keys none of them names (keys with a zero count, or names not listed)."""
+    by_key = {key_of(n): n for n in names}
+    keys = release.keys or []
+    out = {by_key[k]: v for k, v in zip(keys, release.values, strict=True) if k in by_key}
+    return out, len(keys) - len(out)
+
+
+def describe_named(release: Any, names: Iterable[str]) -> str:
+    """One line: the named counts of a release, largest first, and how many keys are unnamed."""
+    counts, unnamed = named(release, names)
+    shown = ", ".join(f"{n} {v:.4g}" for n, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    more = f" (+{unnamed} unnamed key{'s' if unnamed != 1 else ''})" if unnamed else ""
+    return f"{release.value_id} at level {release.level:g}: {shown or 'no named key'}{more}"
+
+
+def read_counts(path: str) -> dict[str, float]:
+    """A histogram from a file: a JSON object ``{key: count}``, or CSV rows ``key,count`` (a
+    first row whose count is not a number is a header).
+
+    Raises
+    ------
+    ValueError
+        Saying which row or key is wrong (a repeated key, a count that is not a finite number).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON object of counts ({exc})") from None
+        return {str(k): _count(v, f"key {k!r}") for k, v in raw.items()}
+    out: dict[str, float] = {}
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != 2:
+            raise ValueError(f"{path} row {n}: expected key,count; got {len(row)} fields")
+        key, count = row[0].strip(), row[1].strip()
+        if n == 1 and not _is_number(count):
+            continue  # a header
+        if key in out:
+            raise ValueError(f"{path} row {n}: key {key!r} appears twice")
+        out[key] = _count(count, f"row {n}")
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _count(v: Any, where: str) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: count {v!r} is not a number") from None
+    if isinstance(v, bool) or not math.isfinite(x):
+        raise ValueError(f"{where}: count {v!r} is not a finite number")
+    return x

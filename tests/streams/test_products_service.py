@@ -1,16 +1,21 @@
-"""The products beyond real vectors, on the real broker: exact integer counts (discrete Laplace)
-and running totals (a tree of Gaussian releases) — each registered, published, bought in two
-steps (one buyer's releases sealed), subscribed to, every receipt verified."""
+"""The products beyond real vectors, on the real broker: exact integer counts (discrete Laplace),
+running totals (a tree of Gaussian releases) and histograms (keys above a threshold) — each
+registered, published, bought in two steps (one buyer's releases sealed), subscribed to, every
+receipt verified."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from market.receipts import verify_receipt
+from market.receipts import verify_outcome, verify_receipt
 from streams.clients.client import MarketClient
+from streams.clients.histograms import named
 from streams.core.keys import public_key_from_b64
 from streams.wire.events import (
     SCHEMAS,
@@ -21,10 +26,11 @@ from streams.wire.events import (
 )
 
 from .conftest import Market
-from .helpers import buy, inbox_until
+from .helpers import buy, cli_parties, inbox_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 DIM = 500
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
@@ -126,3 +132,55 @@ def test_running_totals_end_to_end(market: Market) -> None:
     (r,) = late.releases
     assert (r.value_id, r.level, r.terms) == ("d5", 2.0, 2)  # 6 = 4 + 2
 
+
+
+def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> None:
+    """A seller registers a histogram stream of strings and publishes a CSV and a JSON file
+    through the CLI; two buyers (one sealed) buy two steps; a subscriber gets the next day."""
+    market.start_worker()
+    market.open_accounts("alice", "sealed_bob")
+    pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "streams", *args], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
+
+    (acme,) = cli_parties(cli, pre, tmp_path, "acme").values()
+    r = cli(*pre, "register", *acme, "--stream", "cities", "--mechanism", "gaussian",
+            "--histogram", "strings", "--false-keys", "0.01", "--dimension", "20",
+            "--steps", "0.5,2", "--retain", "4")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "day1.csv").write_text("city,visitors\nberlin,120\nparis,80\nrome,0.5\n")
+    (tmp_path / "day2.json").write_text('{"berlin": 90, "oslo": 200}')
+    r = cli(*pre, "publish", *acme, "--stream", "cities", "--counts",
+            str(tmp_path / "day1.csv"), "--value-id", "day1")  # fmt: skip
+    assert r.returncode == 0 and "accepted" in r.stdout, r.stderr
+
+    async def go(c: MarketClient) -> Any:
+        outs = [await buy(c, who, "cities", max_price_minor=1000)
+                for who in ("alice", "sealed_bob", "alice", "sealed_bob")]  # fmt: skip
+        r = cli(*pre, "publish", *acme, "--stream", "cities", "--counts",
+                str(tmp_path / "day2.json"), "--value-id", "day2")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        subs = await inbox_until(c, "alice", lambda evs: any(
+            isinstance(e, ValueReleased) for e in evs))  # fmt: skip
+        return (await c.catalog())["cities"], outs, subs
+
+    entry, outs, subs = market.run(go)
+    key = public_key_from_b64(entry.market_public_key)
+    for ev in outs:
+        assert isinstance(ev, PurchaseFulfilled), ev
+        SCHEMAS["inbox"].validate_json(ev.model_dump_json())
+        assert verify_outcome(ev.model_dump(), key).receipt_version == 3
+        (rel,) = ev.releases
+        counts, unnamed = named(rel, ["berlin", "paris", "rome"])
+        assert set(counts) == {"berlin", "paris"} and unnamed == 0  # rome's 0.5: below τ
+        assert ev.error_model is not None and ev.error_model.threshold is not None
+        assert abs(counts["berlin"] - 120) < 6 * ev.error_model.std
+    assert [e.level_after for e in outs] == [0.5, 0.5, 2.0, 2.0]
+    assert outs[0].sealed is None and outs[1].sealed is not None  # bob's came sealed, opened
+    assert outs[0].releases == outs[1].releases and outs[2].releases == outs[3].releases
+    (late,) = [e for e in subs if isinstance(e, ValueReleased)]
+    (r,) = late.releases
+    assert r.value_id == "day2" and r.level == 2.0
+    assert named(r, ["berlin", "oslo"])[0].keys() == {"berlin", "oslo"}

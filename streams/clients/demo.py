@@ -2,8 +2,9 @@
 
 Starts the embedded broker (unless a broker URL is given) and one worker in a child process, then
 plays a seller who registers a temperature stream and publishes readings, and a buyer who buys
-three privacy steps and watches the error of what they hold shrink. Everything it started is
-stopped on exit or Ctrl-C.
+three privacy steps and watches the error of what they hold shrink; then the same for a
+histogram stream of visits per city (:mod:`streams.clients.demo_histogram`). Everything it
+started is stopped on exit or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..wire.topics import Topics
 from ..worker.config import Settings
 from ..worker.runner import ChildWorker
 from .client import MarketClient
+from .demo_histogram import play_histograms
 from .keys import Party
 
 __all__ = ["run_demo"]
@@ -104,6 +106,8 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
                     f"ε={ev.releases[-1].level:g}"
                 )
                 break
+        print()
+        await play_histograms(client, buyer)
 
 
 async def _seller(

@@ -28,11 +28,16 @@ def test_demo_runs_end_to_end() -> None:
         [sys.executable, "-m", "streams", "demo"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     ).stdout  # fmt: skip
-    rows = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    vectors, _, histograms = out.partition("'city-visits'")
+    rows = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", vectors, re.M)
     assert [r[0] for r in rows] == ["1", "2", "3"]
     errors = [float(r[3]) for r in rows]
     assert errors[2] < errors[0], "accuracy must improve with the level"
     assert "exactly the direct price" in out and "subscription:" in out
+    # histograms: thresholds come down and more of the ten cities show, step by step
+    rows = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)", histograms, re.M)
+    assert [r[0] for r in rows] == ["1", "2", "3"], histograms
+    assert float(rows[2][2]) < float(rows[0][2]) and int(rows[2][3]) > int(rows[0][3])
 
 
 def test_ctrl_c_stops_everything_it_started() -> None:

@@ -66,6 +66,9 @@ def register_other_products(market: Market, key_file: Path) -> None:
         ("home", ["--privacy-window", "1h", "--window-cap", "8"]),
         ("sales", ["--mechanism", "gaussian", "--running-totals", "12"]),
         ("visits", ["--mechanism", "discrete_laplace"]),
+        ("cities", ["--mechanism", "gaussian", "--histogram", "strings", "--dimension", "50"]),
+        ("zips", ["--mechanism", "gaussian", "--histogram", "integers:100000",
+                  "--false-keys", "0.5"]),
     ):
         reg = json.loads(cli(market, "register", *acme, "--stream", sid, "--steps", "0.5,1",
                              *flags).stdout)["registration"]  # fmt: skip
@@ -74,6 +77,13 @@ def register_other_products(market: Market, key_file: Path) -> None:
     assert catalog["home"]["registration"]["window"] == {"duration_ms": 3_600_000, "cap": 8.0}
     assert catalog["sales"]["registration"]["tree_height"] == 12
     assert catalog["visits"]["registration"]["mechanism"] == "discrete_laplace"
+    assert catalog["cities"]["registration"]["histogram"] == {
+        "key_space": "strings", "domain_size": None, "false_keys": 1.0}  # fmt: skip
+    assert catalog["zips"]["registration"]["histogram"]["domain_size"] == 100_000
+    for bad, says in ((["--histogram", "integers"], "integers:N"),
+                      (["--histogram", "words"], "strings or integers:N")):  # fmt: skip
+        r = cli(market, "register", *acme, "--stream", "y", "--steps", "1", *bad, check=False)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
     r = cli(market, "register", *acme, "--stream", "x", "--steps", "1", "--privacy-window", "1h",
             check=False)  # fmt: skip
     assert r.returncode == 2 and "--privacy-window needs --window-cap" in r.stderr

@@ -63,6 +63,7 @@ __all__ = [
     "HistogramRelease",
     "HistogramValue",
     "TooManyFalseKeysError",
+    "noise_check_histogram",
     "string_key",
     "threshold",
 ]
@@ -415,3 +416,29 @@ def _fresh_keys(
                 if len(out) == q:
                     break
     return np.asarray(out, dtype=np.int64)
+
+
+_CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"
+
+
+def noise_check_histogram() -> str:
+    """A known-answer digest of the histogram chain's releases on this platform.
+
+    Every step of a fixed histogram, for a fixed public test key, on a small domain where zero
+    counts are released at every step (so the binomial, the fresh keys, the survival grid and
+    the truncated increments all take part). A market records it and refuses a platform on
+    which it differs: that platform would re-noise released histograms.
+
+    Returns
+    -------
+    str
+        Hex SHA-256 of the keys and counts released at each step.
+    """
+    rngs = KeyedRngFactory(_CHECK_SECRET)
+    chain = HistogramChain((0.25, 1.0, 4.0), sensitivity=1.0, domain=1000, false_keys=60.0)
+    value = chain.value(np.arange(0, 640, 10), np.linspace(-2.0, 40.0, 64))
+    h = hashlib.sha256(DOMAIN)
+    steps = chain.release_steps(value, {0, 1, 2}, ("check",), rngs)
+    for k, (keys, counts) in sorted(steps.items()):
+        h.update(struct.pack("<II", k, keys.size) + keys.tobytes() + counts.tobytes())
+    return h.hexdigest()

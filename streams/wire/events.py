@@ -890,6 +890,11 @@ class MarketIdentity(_Event):
         exclude_if=_is_none,
         description="the same for discrete Laplace chains (absent in markets made before it)",
     )
+    noise_check_histogram: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the same for histogram chains (absent in markets made before them)",
+    )
     market_key_id: str
     created_at_ms: Millis
 

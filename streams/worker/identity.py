@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from market.chain import DOMAIN, noise_check, noise_check_discrete
+from market.histogram_chain import noise_check_histogram
 
 from ..core import MarketKeys
 from ..wire.events import MarketIdentity
@@ -44,6 +45,7 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
         noise_derivation=DOMAIN.decode(),
         noise_check=noise_check(),
         noise_check_discrete=noise_check_discrete(),
+        noise_check_histogram=noise_check_histogram(),
         market_key_id=keys.key_id,
         created_at_ms=time.time_ns() // 1_000_000,
     )
@@ -80,19 +82,20 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
             "new market"
         )
-    mine: tuple[str | None, ...] = (ours.noise_derivation, ours.noise_check,
-                                     ours.noise_check_discrete)  # fmt: skip
-    recorded: tuple[str | None, ...] = (theirs.noise_derivation, theirs.noise_check,
-                                         theirs.noise_check_discrete)  # fmt: skip
-    if theirs.noise_check_discrete is None:  # a market made before discrete Laplace existed
-        mine, recorded = mine[:2], recorded[:2]
-        log.warning("this market's identity has no check of the discrete Laplace sampler (it "
-                    "predates it): a platform that drew other discrete noise would not be "
-                    "refused; start a new market (--prefix) to have it checked")  # fmt: skip
-    if mine != recorded:
-        which = ("derivation", "check", "discrete Laplace check")[: len(mine)]
-        differ = [f"{w} {str(a)[:16]} vs {str(b)[:16]}"
-                  for w, a, b in zip(which, mine, recorded, strict=True) if a != b]  # fmt: skip
+    checks = [
+        ("derivation", ours.noise_derivation, theirs.noise_derivation),
+        ("check", ours.noise_check, theirs.noise_check),
+        ("discrete Laplace check", ours.noise_check_discrete, theirs.noise_check_discrete),
+        ("histogram check", ours.noise_check_histogram, theirs.noise_check_histogram),
+    ]
+    for which, _, recorded in checks[2:]:
+        if recorded is None:  # a market made before the sampler existed
+            log.warning("this market's identity has no %s (it predates that sampler): a "
+                        "platform that drew other noise with it would not be refused; start a "
+                        "new market (--prefix) to have it checked", which)  # fmt: skip
+    differ = [f"{which} {str(a)[:16]} vs {str(b)[:16]}"
+              for which, a, b in checks if b is not None and a != b]  # fmt: skip
+    if differ:
         raise MarketIdentityError(
             f"this platform derives other noise from the same key than the one that made this "
             f"market's state ({'; '.join(differ)}, this worker's first): a numpy or randomgen "

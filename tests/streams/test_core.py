@@ -666,7 +666,8 @@ def test_event_streams_of_values_send_none_of_the_newer_fields() -> None:
             c.handle(T.purchases, quote("plain", "carol", "q1")),
             c.handle(T.registrations, registration("plain"))]  # fmt: skip
     newer = ("terms", "fits_window", "privacy_window", "privacy_unit", '"window"', "product",
-             "tree_height", "noise_check_discrete")  # fmt: skip
+             "tree_height", "noise_check_discrete", '"keys"', '"threshold"', '"histogram"',
+             "noise_check_histogram")  # fmt: skip
     for out in outs:
         for o in out.outputs:
             assert not [f for f in newer if f in o.value.decode()], o.value[:300]

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from scipy import stats
 
 from market.histogram import DenseHistogramRelease
-from market.histogram_chain import string_key, threshold
+from market.histogram_chain import noise_check_histogram, string_key, threshold
 from market.receipts import verify_outcome
 from market.rng import default_rng
 from streams.core import MarketCore, Stores
@@ -20,6 +20,7 @@ from streams.core.codecs import decode_value, encode_value
 from streams.core.context import Limits
 from streams.wire.events import (
     INBOX_EVENT,
+    MarketIdentity,
     PurchaseFulfilled,
     QuoteAnswer,
     StreamRegistration,
@@ -27,6 +28,7 @@ from streams.wire.events import (
 )
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
+from streams.worker.identity import MarketIdentityError, _compare
 from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
 
 from .helpers import TEST_KEYS, market_core, purchase, quote, registration, value
@@ -234,3 +236,16 @@ def test_the_services_releases_have_the_dense_algorithms_law() -> None:
             assert abs(a.mean() - b.mean()) < 4.5 * se, (key, a.mean(), b.mean())
         else:
             assert stats.ks_2samp(a, b).pvalue > 1e-3, (key, a.mean(), b.mean())
+
+
+def test_the_market_identity_checks_the_histogram_sampler_when_recorded() -> None:
+    ours = MarketIdentity(noise_secret_fingerprint="f", noise_derivation="d", noise_check="c",
+                          noise_check_histogram=noise_check_histogram(), market_key_id="k",
+                          created_at_ms=1)  # fmt: skip
+    _compare(ours, ours, "t.market")
+    _compare(ours, ours.model_copy(update={"noise_check_histogram": None}), "t.market")  # older
+    with pytest.raises(MarketIdentityError, match="histogram check"):
+        _compare(ours, ours.model_copy(update={"noise_check_histogram": "0" * 64}), "t.market")
+    # pinned: a platform that draws other histogram noise from the same key fails here first
+    assert noise_check_histogram() == (
+        "bc22dff5ca07af78360f928736f62286b297790809fc82a7db5b4ceabd1878a8")  # fmt: skip

@@ -249,3 +249,21 @@ def test_the_market_identity_checks_the_histogram_sampler_when_recorded() -> Non
     # pinned: a platform that draws other histogram noise from the same key fails here first
     assert noise_check_histogram() == (
         "bc22dff5ca07af78360f928736f62286b297790809fc82a7db5b4ceabd1878a8")  # fmt: skip
+
+
+def test_a_window_histogram_stream_counts_each_histograms_level_against_its_window() -> None:
+    """The same people in every day's histogram: a window's levels add up (ρ, zCDP), and a
+    purchase that would overspend the window is refused; a subscription delivery withheld."""
+    c = new_core()
+    stream(c, steps=[1.0, 2.0], cap=2.0, privacy_unit="window",
+           window={"duration_ms": 3_600_000, "cap": 3.0})  # fmt: skip
+    assert c.handle(T.purchases, purchase("h", "alice", "a0")).status == "fulfilled"  # ρ = 1
+    assert publish(c, "d1", CITIES).status == "accepted"
+    assert publish(c, "d2", CITIES).status == "accepted"
+    assert c.stores.streams["h"].window_spent == {0: 2.0}
+    out = publish(c, "d3", CITIES)  # 3 in the window: still fits
+    assert [type(e).__name__ for e in inbox(out, "alice")] == ["ValueReleased"]
+    out = publish(c, "d4", CITIES)  # would be 4 > 3: withheld, and said so
+    assert [type(e).__name__ for e in inbox(out, "alice")] == ["DeliveriesWithheld"]
+    refused = c.handle(T.purchases, purchase("h", "bob", "b0", target_level=2.0))
+    assert refused.reason == "privacy_window_full"

@@ -139,6 +139,7 @@ class SparseHistogramRelease:
         self._walk = np.zeros(idx.size)
         self._tracked = set(idx.tolist())
         self._rho = 0.0
+        self._a = self._sd = 0.0  # the current round's ρτ and increment sd
         # survival distribution of S for never-released zero counts, as cell centres and cell
         # masses (total = P(never released)); None means "S = 0 exactly" (before round 1)
         self._grid: NDArray[np.float64] | None = None
@@ -166,6 +167,7 @@ class SparseHistogramRelease:
         self._walk += self._rng.normal(0.0, sd, self._walk.shape[0])
         # 2. zero counts released for the first time this round
         n_untracked = self.dimension - len(self._tracked)
+        self._a, self._sd = a, sd
         p, x_grid, weights = self._exceed_probability(a, sd)
         q = int(self._rng.binomial(n_untracked, p)) if n_untracked > 0 and p > 0 else 0
         if q:
@@ -202,7 +204,7 @@ class SparseHistogramRelease:
             return np.zeros(q)
         cdf = np.cumsum(weights)
         cdf /= cdf[-1]
-        return sample_starts(self._rng, q, grid, cdf)
+        return sample_starts(self._rng, q, grid, cdf, self._a, self._sd)
 
     def _propagate(self, a: float, sd: float, lvl: float) -> None:
         """Cell masses of f_r(y) = 1{y <= a} (f_{r-1} * φ_sd)(y) on cells tiling [lo, a]."""
@@ -229,14 +231,29 @@ class SparseHistogramRelease:
 Grid = NDArray[np.float64] | None
 
 
+def _phi_integral(t: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``G(t) = ∫_{−∞}^t Φ(s) ds = tΦ(t) + φ(t)``, written ``max(t, 0) + G(−|t|)`` so that
+    no large terms cancel on the left (``G(−u) = φ(u) − uΦ(−u)``, clipped at 0 where it
+    underflows)."""
+    u = np.abs(t)
+    left = np.maximum(np.exp(-0.5 * u * u) / math.sqrt(2 * math.pi) - u * special.ndtr(-u), 0.0)
+    return np.asarray(np.maximum(t, 0.0) + left, dtype=np.float64)
+
+
 def exceed_probability(grid: Grid, density: Grid, a: float, sd: float) -> tuple[float, Grid, Grid]:
     """P(S_{r-1} + N(0, sd²) > a | never released), and how to sample those that exceed.
+
+    The density is uniform within each cell, and the exceedance probability is integrated over
+    the cell exactly: ``(sd/h)·[G((r−a)/sd) − G((l−a)/sd)]`` for a cell ``[l, r]``. (Taking it
+    at the cell's centre instead is wrong by orders of magnitude when ``sd`` is far below the
+    cell width — close levels — which would let keys with a zero count that first show at a
+    later step be told apart from keys in the data.)
 
     Parameters
     ----------
     grid, density : ndarray or None
-        Cell centres and survival cell masses of ``S_{r-1}`` of a never-released zero count
-        (``None``: exactly 0, before round 1).
+        Cell centres (equally spaced) and survival cell masses of ``S_{r-1}`` of a
+        never-released zero count (``None``: exactly 0, before round 1).
     a : float
         ``ρ_r τ_r``: released this round iff ``S_r > a``.
     sd : float
@@ -246,20 +263,31 @@ def exceed_probability(grid: Grid, density: Grid, a: float, sd: float) -> tuple[
     -------
     (float, ndarray or None, ndarray or None)
         The probability, the grid, and the cells' weights for sampling ``S_{r-1}`` of the zero
-        counts that exceed (density × exceedance probability).
+        counts that exceed (cell mass × the cell's exceedance probability).
     """
     if grid is None or density is None:
         return float(special.ndtr(-a / sd)), None, None
-    weights = density * special.ndtr(-(a - grid) / sd)
+    h = grid[1] - grid[0] if grid.size > 1 else 1.0
+    upper = _phi_integral((grid + h / 2 - a) / sd)
+    lower = _phi_integral((grid - h / 2 - a) / sd)
+    weights = density * np.maximum(upper - lower, 0.0) * (sd / h)
     total = float(density.sum())
     return (float(weights.sum()) / total if total > 0 else 0.0), grid, weights
 
 
 def sample_starts(
-    rng: np.random.Generator, q: int, grid: NDArray[np.float64], cdf: NDArray[np.float64]
+    rng: np.random.Generator,
+    q: int,
+    grid: NDArray[np.float64],
+    cdf: NDArray[np.float64],
+    a: float,
+    sd: float,
 ) -> NDArray[np.float64]:
-    """``q`` draws of ``S_{r-1}``: a cell, then a uniform point in it (the density is
-    piecewise constant on cells).
+    """``q`` draws of ``S_{r-1}`` of zero counts that exceed ``a`` this round.
+
+    A cell from the normalised cumulative weights ``cdf``, then a point of the cell from its
+    exact law given the exceedance: density ``∝ Φ((x − a)/sd)`` on the cell (uniform survival
+    density times the exceedance probability), by inverting ``G`` with 64 bisections.
 
     Parameters
     ----------
@@ -269,6 +297,8 @@ def sample_starts(
         How many draws.
     grid, cdf : ndarray
         Cell centres (equally spaced) and the normalised cumulative cell weights.
+    a, sd : float
+        The round's ``ρ_r τ_r`` and the standard deviation of its increment.
 
     Returns
     -------
@@ -276,8 +306,16 @@ def sample_starts(
     """
     cell = np.searchsorted(cdf, rng.random(q), side="right")
     cell = np.minimum(cell, grid.size - 1)
-    h = grid[1] - grid[0]
-    return np.asarray(grid[cell] + (rng.random(q) - 0.5) * h, dtype=np.float64)
+    h = grid[1] - grid[0] if grid.size > 1 else 1.0
+    hi = (grid[cell] + h / 2 - a) / sd
+    lo = np.maximum((grid[cell] - h / 2 - a) / sd, hi - 80.0)  # G underflows 40 below 0
+    g_lo, g_hi = _phi_integral(lo), _phi_integral(hi)
+    target = g_lo + rng.random(q) * (g_hi - g_lo)
+    for _ in range(64):  # bisection on the increasing G: exact to the last bits of t
+        mid = (lo + hi) / 2
+        below = _phi_integral(mid) < target
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return np.asarray(a + sd * (lo + hi) / 2, dtype=np.float64)
 
 
 def propagate(
@@ -285,8 +323,9 @@ def propagate(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The survival density after a round: ``f_r(y) = 1{y <= a} (f_{r-1} ⋆ φ_sd)(y)``.
 
-    The convolution is cell-averaged, exact for a piecewise-constant ``f_{r-1}`` whatever the
-    step and the cell width.
+    Exact for a density uniform within cells: the mass that moves from cell ``[xl, xr]`` into
+    cell ``[yl, yr]`` is ``(sd/hx)·[G((yr−xl)/sd) − G((yl−xl)/sd) − G((yr−xr)/sd) +
+    G((yl−xr)/sd)]`` times the cell's mass, whatever ``sd`` is against the cell widths.
 
     Parameters
     ----------
@@ -309,12 +348,17 @@ def propagate(
     lo = min(-_SPAN * total_sd, a - 2 * sd)
     edges = np.linspace(lo, a, size + 1)
     y = (edges[:-1] + edges[1:]) / 2
-    h = edges[1] - edges[0]
     if grid is None or density is None:  # S_{r-1} = 0 exactly
         mass = np.diff(special.ndtr(edges / sd))
     else:
-        hx = grid[1] - grid[0]
-        upper = special.ndtr((y[:, None] - grid[None, :] + hx / 2) / sd)
-        lower = special.ndtr((y[:, None] - grid[None, :] - hx / 2) / sd)
-        mass = ((upper - lower) @ (density / hx)) * h
+        hx = grid[1] - grid[0] if grid.size > 1 else 1.0
+        xl, xr = (grid - hx / 2)[None, :], (grid + hx / 2)[None, :]
+        yl, yr = edges[:-1, None], edges[1:, None]
+        moved = (
+            _phi_integral((yr - xl) / sd)
+            - _phi_integral((yl - xl) / sd)
+            - _phi_integral((yr - xr) / sd)
+            + _phi_integral((yl - xr) / sd)
+        )
+        mass = (np.maximum(moved, 0.0) @ density) * (sd / hx)
     return y, np.maximum(mass, 0.0)

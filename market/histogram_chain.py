@@ -59,11 +59,13 @@ __all__ = [
     "GRID",
     "MAX_DOMAIN",
     "MAX_FALSE_KEYS",
+    "MAX_LEVELS",
     "HistogramChain",
     "HistogramRelease",
     "HistogramValue",
     "TooManyFalseKeysError",
     "noise_check_histogram",
+    "snap",
     "string_key",
     "threshold",
 ]
@@ -74,6 +76,8 @@ GRID = 256
 """Cells of the survival density (the stream's, computed once per chain)."""
 MAX_DOMAIN = 2**62
 """Largest domain: keys are below 2⁶² (string keys are hashed into it)."""
+MAX_LEVELS = 16
+"""Most levels of one chain: each is a step of the survival law built with it."""
 MAX_FALSE_KEYS = 1000.0
 """Most false keys a seller may tolerate per value (the expected number, over all steps)."""
 _KEY_LABEL = b"emarket-histogram-key-v1\x00"
@@ -171,6 +175,7 @@ class _Round:
     tau: float
     sd: float  # of the walk's increment into this step
     a: float  # ρ·τ: a zero count is released at this step iff its walk exceeds it
+    sigma: float  # the noise of a count at this step, Δ/√(2ρ)
     p: float  # P(a never-released zero count first exceeds at this step)
     grid: NDArray[np.float64] | None  # cells of S_{s−1} of those that do (None: S = 0)
     cdf: NDArray[np.float64] | None
@@ -219,12 +224,19 @@ class HistogramChain:
         if not 1 <= self.domain <= MAX_DOMAIN:
             raise InvalidValueError(f"domain must be 1 … 2**62 keys, got {self.domain}")
         m = float(self.false_keys)
+        if len(lv) > MAX_LEVELS:
+            raise InvalidLevelError(f"a histogram chain has at most {MAX_LEVELS} levels")
         if not 0 < m <= MAX_FALSE_KEYS or m >= self.domain * len(lv) / 2:
             raise InvalidValueError(
                 f"false_keys must be in (0, {MAX_FALSE_KEYS:g}] and below half the domain "
                 f"times the levels ({self.domain} × {len(lv)} / 2), got {m:g}"
             )
         taus = tuple(threshold(x, self.sensitivity, self.domain, m, len(lv)) for x in lv)
+        if not all(math.isfinite(t) and t > 0 for t in taus):
+            raise InvalidValueError(
+                f"false_keys {m:g} over {self.domain} keys and {len(lv)} levels gives thresholds "
+                f"{taus}: raise false_keys"
+            )
         object.__setattr__(self, "levels", lv)
         object.__setattr__(self, "thresholds", taus)
         object.__setattr__(self, "max_false_keys", math.ceil(2 * m) + 64)
@@ -247,7 +259,10 @@ class HistogramChain:
             if cells is not None and weights is not None and weights.sum() > 0:
                 cdf = np.cumsum(weights)
                 cdf /= cdf[-1]
-            rounds.append(_Round(lvl, tau, sd, a, p, cells if cdf is not None else None, cdf))
+            sigma = self.sensitivity / math.sqrt(2.0 * lvl)
+            rounds.append(
+                _Round(lvl, tau, sd, a, sigma, p, cells if cdf is not None else None, cdf)
+            )
             grid, density = propagate(
                 grid, density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0), self.grid
             )
@@ -292,6 +307,8 @@ class HistogramChain:
             raise InvalidValueError(f"keys must lie in [0, {self.domain})")
         if not np.isfinite(c).all():
             raise InvalidValueError("counts must be finite numbers")
+        keep = c != 0  # a key at count 0 is a key not listed (also -0.0): one spelling, one digest
+        k, c = k[keep], c[keep]
         order = np.argsort(k, kind="stable")
         k, c = k[order], c[order]
         if k.size > 1 and bool((k[1:] == k[:-1]).any()):
@@ -378,7 +395,7 @@ class HistogramChain:
         if r.grid is None or r.cdf is None:
             starts = np.zeros(q)
         else:
-            starts = sample_starts(rng, q, r.grid, r.cdf)
+            starts = sample_starts(rng, q, r.grid, r.cdf, r.a, r.sd)
         tail = special.ndtr(-(r.a - starts) / r.sd)
         u = 1.0 - rng.random(q)  # (0, 1]
         steps = -r.sd * special.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
@@ -392,14 +409,44 @@ class HistogramChain:
 def _above(
     r: _Round, tracked: NDArray[np.int64], counts: NDArray[np.float64], walk: NDArray[np.float64]
 ) -> HistogramRelease:
-    """The keys whose noisy count exceeds the step's threshold, increasing, with the counts."""
+    """The keys whose noisy count exceeds the step's threshold, increasing, with the counts
+    rounded to the step's public grid (:func:`snap`)."""
     noisy = counts + walk / r.level
     keep = np.flatnonzero(noisy > r.tau)
     order = keep[np.argsort(tracked[keep], kind="stable")]
-    keys, out = tracked[order], noisy[order]
+    keys, out = tracked[order], snap(noisy[order], r.sigma)
     keys.setflags(write=False)
     out.setflags(write=False)
     return keys, out
+
+
+SNAP_BITS = 32
+"""Released counts are multiples of ``2^(⌊log₂ σ⌋ − SNAP_BITS)``: a billionth of the noise."""
+
+
+def snap(values: NDArray[np.float64], sigma: float) -> NDArray[np.float64]:
+    """Round noisy counts to a public grid far below the noise (``σ·2⁻³²`` or finer).
+
+    A count's noise is drawn by ``normal`` when its key is tracked and by inverting a normal
+    tail (``ndtri``) when a zero count is released for the first time: both have the right law
+    to ~1e-16, but their low bits differ in structure (an inverted uniform sits on a lattice).
+    Rounding every released count to one grid, much coarser than that lattice and much finer
+    than the noise, leaves the law alone and the low bits saying nothing of where a key came
+    from (post-processing: no privacy cost).
+
+    Parameters
+    ----------
+    values : ndarray of float64
+        Noisy counts.
+    sigma : float
+        The step's noise standard deviation ``Δ/√(2ρ)``.
+
+    Returns
+    -------
+    ndarray of float64
+    """
+    grain = 2.0 ** (math.floor(math.log2(sigma)) - SNAP_BITS)
+    return np.asarray(np.round(values / grain) * grain, dtype=np.float64)
 
 
 def _fresh_keys(

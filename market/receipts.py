@@ -78,11 +78,21 @@ def release_digest(releases: Iterable[ReleaseTriple]) -> str:
         h.update(struct.pack(">I", len(vid)) + vid + struct.pack(">dI", float(level), arr.size))
         h.update(arr.tobytes())
         if len(release) == 4:
-            keys = [int(k) for k in release[3]]
-            if len(keys) != arr.size or any(not 0 <= k < 2**64 for k in keys):
-                raise ReceiptError("a histogram release needs one key below 2**64 per number")
+            keys = [_key(k) for k in release[3]]
+            if len(keys) != arr.size:
+                raise ReceiptError("a histogram release needs one key per number")
             h.update(struct.pack(f">{len(keys)}Q", *keys))
     return h.hexdigest()
+
+
+def _key(k: Any) -> int:
+    """A released key as the digest reads it: a whole number below 2**64, or its one decimal
+    spelling (ASCII digits, no leading zero): no other text of it verifies."""
+    if isinstance(k, str) and _KEY.fullmatch(k):
+        k = int(k)
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 0 <= k < 2**64:
+        raise ReceiptError(f"key {k!r} is not a whole number below 2**64 in decimal digits")
+    return int(k)
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:

@@ -45,20 +45,38 @@ def describe_named(release: Any, names: Iterable[str]) -> str:
 
 def read_counts(path: str) -> dict[str, float]:
     """A histogram from a file: a JSON object ``{key: count}``, or CSV rows ``key,count`` (a
-    first row whose count is not a number is a header).
+    first row whose count holds no digit is a header). A byte-order mark is ignored.
 
     Raises
     ------
     ValueError
-        Saying which row or key is wrong (a repeated key, a count that is not a finite number).
+        Saying which row or key is wrong: a repeated key, a count that is not a finite number,
+        or no count at all.
     """
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("{"):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON object of counts ({exc})") from None
-        return {str(k): _count(v, f"key {k!r}") for k, v in raw.items()}
+    text = Path(path).read_text(encoding="utf-8-sig")
+    out = _json_counts(path, text) if text.lstrip().startswith("{") else _csv_counts(path, text)
+    if not out:
+        raise ValueError(f"{path} holds no counts")
+    return out
+
+
+def _json_counts(path: str, text: str) -> dict[str, float]:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                raise ValueError(f"{path}: key {k!r} appears twice")
+            seen[k] = v
+        return seen
+
+    try:
+        raw = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a JSON object of counts ({exc})") from None
+    return {str(k): _count(v, f"key {k!r}") for k, v in raw.items()}
+
+
+def _csv_counts(path: str, text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
         if not row or not "".join(row).strip():
@@ -66,20 +84,12 @@ def read_counts(path: str) -> dict[str, float]:
         if len(row) != 2:
             raise ValueError(f"{path} row {n}: expected key,count; got {len(row)} fields")
         key, count = row[0].strip(), row[1].strip()
-        if n == 1 and not _is_number(count):
+        if n == 1 and not any(ch.isdigit() for ch in count):
             continue  # a header
         if key in out:
             raise ValueError(f"{path} row {n}: key {key!r} appears twice")
         out[key] = _count(count, f"row {n}")
     return out
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _count(v: Any, where: str) -> float:

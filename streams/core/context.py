@@ -47,6 +47,10 @@ def terms_of(reg: StreamRegistration) -> Terms:
                  histogram_chain(reg, chain.levels))  # fmt: skip
 
 
+MAX_CACHED_TERMS = 4096
+"""Streams whose terms a worker keeps built (a histogram stream's hold its survival law, about
+300 kB at 16 levels); beyond it the least recently used are rebuilt when next needed."""
+
 VALUE_STEP_OVERHEAD = 2_000
 """Work units one value-step costs beyond its coordinates (see :meth:`Limits.work`)."""
 
@@ -126,12 +130,15 @@ class Context:
         """The stream's terms, built once per registration and worker.
 
         Cached by stream id together with the registration they were built from, so a stream
-        id that another worker registered differently is never served from a stale entry.
+        id that another worker registered differently is never served from a stale entry; at
+        most :data:`MAX_CACHED_TERMS` of them (least recently used dropped).
         """
-        cached = self._terms.get(reg.stream_id)
+        cached = self._terms.pop(reg.stream_id, None)
         if cached is None or cached[0] != reg:
             cached = (reg, terms_of(reg))
-            self._terms[reg.stream_id] = cached
+        self._terms[reg.stream_id] = cached  # newest last: the least recently used go first
+        while len(self._terms) > MAX_CACHED_TERMS:
+            del self._terms[next(iter(self._terms))]
         return cached[1]
 
     @staticmethod

@@ -40,7 +40,7 @@ __all__ = [
     "work_width",
 ]
 
-_DIGITS = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_DIGITS = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def is_histogram(reg: StreamRegistration) -> bool:
@@ -97,7 +97,7 @@ def histogram_value(
 
 def _integer_keys(item: ValueItem, domain: int) -> list[int]:
     assert item.keys is not None
-    bad = next((k for k in item.keys if not _DIGITS.match(k) or int(k) >= domain), None)
+    bad = next((k for k in item.keys if not _DIGITS.fullmatch(k) or int(k) >= domain), None)
     if bad is not None:
         raise Reject(
             "invalid_value",

@@ -9,7 +9,7 @@ must fit in one message) are checked before anything is stored.
 
 from __future__ import annotations
 
-from market.pricing import price_list
+from market.pricing import price_list, sellable_levels
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
 from .auth import acting_for, authenticate
@@ -38,11 +38,12 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
     existing = ctx.stores.streams.get(reg.stream_id)
     if existing is not None:
         return _again(ctx, reg, existing)
+    # the cheap bounds first: a histogram stream's terms cost a survival law to build
+    _check_purchase_cost(ctx, reg, len(sellable_levels(reg.steps, reg.cap)))
     terms = ctx.terms(reg)
     for level in terms.chain.levels:  # every level for sale can be released
         terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
-    _check_purchase_cost(ctx, reg, len(terms.chain.levels))
     prices = price_list(
         terms.schedule, terms.mechanism, list(reg.steps), reg.cap, dimension=reg.dimension,
         delta=EPSILON_DELTA,

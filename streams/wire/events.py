@@ -143,6 +143,7 @@ HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
 """A key of a published histogram: the decimal digits of a whole number (``integers``), or any
 text up to 256 characters (``strings``)."""
 MAX_TREE_HEIGHT = 40
+MAX_HISTOGRAM_LEVELS = 16
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
 
@@ -231,7 +232,7 @@ class HistogramSpec(BaseModel):
     domain_size: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
         None, description="integers only: how many keys there are (up to 2**62)"
     )
-    false_keys: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = Field(
+    false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
         1.0,
         description="the expected number of keys with a zero count that all of one value's "
         "releases together show (the thresholds are set from it; a smaller number raises them)",
@@ -378,6 +379,12 @@ class StreamRegistration(_Signed):
             raise ValueError(
                 "a histogram stream cannot be sealed: its releases are refined from the exact "
                 "counts, never tightened from the top one"
+            )
+        levels = len(self.steps) + (self.cap > self.steps[-1])
+        if levels > MAX_HISTOGRAM_LEVELS:
+            raise ValueError(
+                f"a histogram stream sells at most {MAX_HISTOGRAM_LEVELS} levels (its steps and "
+                f"the cap), got {levels}: each is a step of the survival law every worker builds"
             )
         if spec.domain < self.dimension:
             raise ValueError(

@@ -72,6 +72,8 @@ def hashed(*words: str) -> list[str]:
         ({**WORDS, "histogram": {"key_space": "strings", "domain_size": 9}}, "needs a domain"),
         ({**WORDS, "histogram": {"key_space": "integers", "domain_size": 5}}, "exceeds the domain"),
         ({**WORDS, "histogram": {"key_space": "strings", "false_keys": 1001}}, "less than or"),
+        ({**WORDS, "histogram": {"key_space": "strings", "false_keys": 1e-300}}, "greater than"),
+        ({**WORDS, "steps": [float(x) for x in range(1, 17)], "cap": 17.0}, "at most 16"),
     ],
 )
 def test_registrations_that_cannot_be_histograms_are_refused(fields: Any, says: str) -> None:
@@ -248,7 +250,7 @@ def test_the_market_identity_checks_the_histogram_sampler_when_recorded() -> Non
         _compare(ours, ours.model_copy(update={"noise_check_histogram": "0" * 64}), "t.market")
     # pinned: a platform that draws other histogram noise from the same key fails here first
     assert noise_check_histogram() == (
-        "bc22dff5ca07af78360f928736f62286b297790809fc82a7db5b4ceabd1878a8")  # fmt: skip
+        "a89135f128fc3748a2823dd9aef287dda82d85690974e0637da6ec37c5987380")  # fmt: skip
 
 
 def test_a_window_histogram_stream_counts_each_histograms_level_against_its_window() -> None:
@@ -267,3 +269,44 @@ def test_a_window_histogram_stream_counts_each_histograms_level_against_its_wind
     assert [type(e).__name__ for e in inbox(out, "alice")] == ["DeliveriesWithheld"]
     refused = c.handle(T.purchases, purchase("h", "bob", "b0", target_level=2.0))
     assert refused.reason == "privacy_window_full"
+
+
+def test_a_receipt_verifies_only_the_one_spelling_of_each_key() -> None:
+    from market.errors import ReceiptError
+    from market.receipts import release_digest
+
+    good = release_digest([("v", 1.0, [2.0, 3.0], ["5", "18"])])
+    assert release_digest([("v", 1.0, [2.0, 3.0], [5, 18])]) == good
+    for keys in (["05", "18"], ["٥", "18"], ["5 ", "18"], ["-5", "18"], [True, 18]):
+        with pytest.raises(ReceiptError, match="decimal digits"):
+            release_digest([("v", 1.0, [2.0, 3.0], keys)])
+
+
+def test_the_cli_reads_counts_strictly(tmp_path: Any) -> None:
+    from streams.clients.histograms import read_counts
+
+    def read(name: str, text: str) -> dict[str, float]:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return read_counts(str(path))
+
+    assert read("a.csv", "\ufeffberlin,3\nparis,4\n") == {"berlin": 3.0, "paris": 4.0}
+    assert read("b.csv", "city,visits\nberlin,3\n") == {"berlin": 3.0}
+    assert read("c.json", '\ufeff{"berlin": 3}') == {"berlin": 3.0}
+    for name, text, says in [
+        ("d.json", '{"berlin": 3, "berlin": 4}', "twice"),
+        ("e.csv", "berlin,12O\nparis,4\n", "not a number"),
+        ("f.csv", "berlin,3\nberlin,4\n", "twice"),
+        ("g.json", "{}", "no counts"),
+        ("h.csv", "berlin,3\nparis,nan\n", "finite"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            read(name, text)
+
+
+def test_a_refused_registration_builds_no_survival_law() -> None:
+    c = new_core()
+    big = {**WORDS, "dimension": 50_000, "retain_last": 1000, "steps": [0.5 * 2**i for i in
+                                                                         range(15)], "cap": 2**15}
+    out = c.handle(T.registrations, registration("big", **big))
+    assert out.reason == "stream_too_large" and "big" not in c.ctx._terms

@@ -393,12 +393,13 @@ class StreamRegistration(_Signed):
             )
 
     def release_width(self) -> int:
-        """Numbers one release carries at most, counting a histogram key as one: ``dimension``,
-        or on a histogram stream its keys and counts, and as many for the keys with a zero
-        count it may show (:meth:`false_key_bound`)."""
+        """Numbers one release takes room for at most, counting a histogram key as one:
+        ``dimension``; on a histogram stream its keys and counts and as many for the keys with
+        a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
+        is padded to a power of two, see :func:`streams.wire.sealing.padded`)."""
         if self.histogram is None:
             return self.dimension
-        return 2 * (self.dimension + self.false_key_bound())
+        return 4 * (self.dimension + self.false_key_bound())
 
     def false_key_bound(self) -> int:
         """Most keys with a zero count a histogram value ever shows (more happens with

@@ -35,6 +35,7 @@ __all__ = [
     "aad_of",
     "delivery_aad",
     "open_event",
+    "padded",
     "purchase_aad",
     "releases_json",
     "seal_releases",
@@ -66,17 +67,31 @@ def releases_json(releases: Sequence[ReleasedValue]) -> bytes:
     return _RELEASES.dump_json(list(releases))
 
 
+PAD_MIN = 1024
+
+
+def padded(plaintext: bytes) -> bytes:
+    """A histogram release's plaintext padded with spaces (valid trailing JSON whitespace) to
+    the next power of two, at least :data:`PAD_MIN` bytes: how many keys a buyer was sent
+    shows in its envelope's size only to within a factor of two."""
+    size = max(PAD_MIN, 1 << (len(plaintext) - 1).bit_length())
+    return plaintext + b" " * (size - len(plaintext))
+
+
 def seal_releases(
     public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes, secret: bytes
 ) -> Envelope:
     """Seal ``releases`` for the holder of ``public_key_b64`` under ``aad`` (see :func:`aad_of`).
 
-    The ephemeral key and nonce are derived from ``secret`` (the market's noise secret) and a
+    Histogram releases are :func:`padded` first. The ephemeral key and nonce are derived from
+    ``secret`` (the market's noise secret) and a
     hash of the recipient, the AAD and the plaintext: the same message is sealed into the same
     bytes every time it is produced (replays stay byte-identical), and two different messages
     never share a key.
     """
     plaintext = releases_json(releases)
+    if any(r.keys is not None for r in releases):
+        plaintext = padded(plaintext)
     material = b"".join(
         len(p).to_bytes(4, "big") + p
         for p in (public_key_b64.encode(), aad, hashlib.sha256(plaintext).digest())

@@ -26,12 +26,13 @@ from streams.wire.events import (
     StreamRegistration,
     ValueReleased,
 )
+from streams.wire.sealing import open_event
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
 from streams.worker.identity import MarketIdentityError, _compare
 from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
 
-from .helpers import TEST_KEYS, market_core, purchase, quote, registration, value
+from .helpers import TEST_KEYS, market_core, party, purchase, quote, registration, value
 
 T = Topics("t")
 WORDS = {"product": "histogram", "mechanism": "gaussian", "steps": [0.5, 2.0], "cap": 8.0,
@@ -310,3 +311,20 @@ def test_a_refused_registration_builds_no_survival_law() -> None:
                                                                          range(15)], "cap": 2**15}
     out = c.handle(T.registrations, registration("big", **big))
     assert out.reason == "stream_too_large" and "big" not in c.ctx._terms
+
+
+def test_a_sealed_delivery_shows_the_number_of_keys_only_to_a_factor_of_two() -> None:
+    """Anyone who reads a buyer's inbox sees envelope sizes: a histogram's are padded to a
+    power of two, so 2 keys and 9 keys released look the same."""
+    c = market_core("seller1", "sealed_bob")
+    stream(c)
+    c.handle(T.purchases, purchase("h", "sealed_bob", "b0", target_level=8.0))
+    sizes = []
+    for n in (2, 9):
+        counts = {f"city{i}": 500.0 for i in range(n)}
+        (ev,) = inbox(publish(c, f"d{n}", counts), "sealed_bob")
+        assert isinstance(ev, ValueReleased) and ev.sealed is not None and not ev.releases
+        opened = open_event(ev, party("sealed_bob").sealing_key)  # type: ignore[arg-type]
+        assert len(opened.releases[0].keys or []) == n
+        sizes.append(len(ev.sealed.ciphertext))
+    assert sizes[0] == sizes[1]

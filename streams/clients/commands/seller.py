@@ -276,6 +276,21 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--cap", type=float, default=None, help="default: the top step")
     sp.add_argument("--retain", type=int, default=16, help="newest values a purchase covers")
     sp.add_argument("--sealed", action="store_true")
+    _product_flags(sp)
+    sp.add_argument("--price-per-level", default="1.00",
+                    help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00")
+    sp.add_argument("--price-per-precision", default=None,
+                    help="price of each unit of precision (1/variance) instead")
+    sp.add_argument("--price-table", default=None, help="e.g. 1=1.00,2=1.50: only these levels")
+    sp.add_argument("--currency", default="EUR")
+    sp.add_argument("--description", default="")
+    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.set_defaults(fn=cmd_register)
+    _publish_parser(sub)
+
+
+def _product_flags(sp: Any) -> None:
+    """What a stream sells and whose privacy its levels protect."""
     sp.add_argument(
         "--privacy-window", type=duration_ms, default=None, metavar="DURATION",
         help="the same people are in every value: cap the sum of levels released per window "
@@ -298,15 +313,9 @@ def add_commands(sub: Any) -> None:
     )  # fmt: skip
     sp.add_argument("--window-cap", type=float, default=None,
                     help="with --privacy-window: most one window's values may spend together")
-    sp.add_argument("--price-per-level", default="1.00",
-                    help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00")
-    sp.add_argument("--price-per-precision", default=None,
-                    help="price of each unit of precision (1/variance) instead")
-    sp.add_argument("--price-table", default=None, help="e.g. 1=1.00,2=1.50: only these levels")
-    sp.add_argument("--currency", default="EUR")
-    sp.add_argument("--description", default="")
-    sp.add_argument("--timeout", type=float, default=30.0)
-    sp.set_defaults(fn=cmd_register)
+
+
+def _publish_parser(sub: Any) -> None:
     sp = sub.add_parser("publish", help="seller: publish values and wait until they are accepted")
     sp.add_argument("--key-file", default=None, help="the seller's keys")
     sp.add_argument("--stream", required=True)

@@ -145,7 +145,7 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
         return subprocess.run([sys.executable, "-m", "streams", *args], capture_output=True,
                               text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
 
-    (acme,) = cli_parties(cli, pre, tmp_path, "acme").values()
+    acme, carol = cli_parties(cli, pre, tmp_path, "acme", "carol").values()
     r = cli(*pre, "register", *acme, "--stream", "cities", "--mechanism", "gaussian",
             "--histogram", "strings", "--false-keys", "0.01", "--dimension", "20",
             "--steps", "0.5,2", "--retain", "4")  # fmt: skip
@@ -184,3 +184,8 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
     (r,) = late.releases
     assert r.value_id == "day2" and r.level == 2.0
     assert named(r, ["berlin", "oslo"])[0].keys() == {"berlin", "oslo"}
+    (tmp_path / "cities.txt").write_text("berlin\noslo\nparis\n")
+    r = cli(*pre, "buy", *carol, "--stream", "cities", "--max-price", "1",
+            "--key-names", str(tmp_path / "cities.txt"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "day2 at level 0.5: oslo" in r.stderr and "berlin" in r.stderr, r.stderr

@@ -6,7 +6,9 @@ table is comparable across machines. Goals (issue #2): Laplace relax and tighten
 numpy's ``Generator.laplace`` on 10^6 coordinates, the bridge at most 8x; same for Gaussian and
 Poisson against ``normal`` and ``poisson``. The exact discrete Laplace sampler (integer noise,
 no float decision) is timed against the same ``Generator.laplace``: fresh release and one
-relaxation at most 3x.
+relaxation at most 3x. A histogram stream's release (``HistogramChain``: keyed, recomputed from
+step 0 for every request) is timed against the library's stateful sparse algorithm doing the
+same rounds: at most 2x, and its cost must not grow with the domain (2^60 keys against 2^20).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from market import (
     default_rng,
 )
 from market.baselines import CompositionRelease, DoublingRelease
+from market.chain import ReleaseChain
 from market.codec import encode_state
+from market.histogram_chain import HistogramChain
+from market.rng import KeyedRngFactory
 
 
 def _median_time(fn: Callable[[], Any], repeat: int) -> float:
@@ -130,6 +135,78 @@ def speed_markdown(n: int, repeat: int, runs: int) -> str:
     return "\n".join(lines)
 
 
+HIST_LEVELS = (0.25, 0.5, 1.0, 2.0)
+HIST_KEYS = 1_000
+HIST_GOALS = {"vs a Gaussian vector of as many numbers": 2.0, "domain 2^60 vs 2^20": 1.25}
+
+
+def _histogram_case(domain: int, seed: int) -> tuple[HistogramChain, Any, Any, Any]:
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(2**20, size=HIST_KEYS, replace=False)
+    counts = rng.poisson(20.0, HIST_KEYS).astype(float) + 1.0
+    chain = HistogramChain(HIST_LEVELS, sensitivity=1.0, domain=domain, false_keys=1.0)
+    return chain, chain.value(keys, counts), keys, counts
+
+
+def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, str]]:
+    """One run: the top of 4 steps of a 1,000-key histogram, recomputed from step 0 by the
+    keyed chain, against the vector product's release of as many numbers (a Gaussian
+    ReleaseChain, 1,000 coordinates, the same 4 levels, recomputed from step 0: nothing cached);
+    and the chain at 2^60 keys against 2^20 keys (the same counts)."""
+    rngs = KeyedRngFactory(b"bench histogram secret 000000000")
+    calls = iter(range(10**9))
+    chain, value, _, counts = _histogram_case(2**40, 5)
+    vector = ReleaseChain(Gaussian(1.0), HIST_LEVELS)
+
+    def ours(ch: HistogramChain = chain, v: Any = value) -> None:
+        ch.release(v, len(HIST_LEVELS) - 1, ("s", f"v{next(calls)}", "d"), rngs)
+
+    def dense() -> None:
+        vector.release([vector.open(counts)], len(HIST_LEVELS) - 1, [("s", f"w{next(calls)}")],
+                       rngs)  # fmt: skip
+
+    small, v_small, _, _ = _histogram_case(2**20, 6)
+    large, v_large, _, _ = _histogram_case(2**60, 6)
+    rows = []
+    for op, base_fn, our_fn in (
+        ("vs a Gaussian vector of as many numbers", dense, ours),
+        ("domain 2^60 vs 2^20", functools.partial(ours, small, v_small),
+         functools.partial(ours, large, v_large)),
+    ):  # fmt: skip
+        t_base = _median_time(base_fn, repeat)
+        t_ours = _median_time(our_fn, repeat)
+        ratio = t_ours / t_base
+        rows.append(("histogram", op, t_base * 1e3, t_ours * 1e3, ratio,
+                     "ok" if ratio <= HIST_GOALS[op] else "MISS"))  # fmt: skip
+    return rows
+
+
+def histogram_markdown(repeat: int, runs: int) -> str:
+    """The histogram rows as `python -m bench.noise` prints them and docs/report.md includes
+    them (min / median / max of the ratio over ``runs``; verdict on the median)."""
+    tables = [histogram_table(repeat) for _ in range(runs)]
+    what = f"min / median / max over {runs} runs" if runs > 1 else "one run"
+    lines = [
+        f"{HIST_KEYS:,} keys in a domain of 2^40, {len(HIST_LEVELS)} levels, a release at the top "
+        "level; ours = HistogramChain (keyed, every step from 0; the survival law is built once "
+        "per stream, beforehand); baseline = a Gaussian vector of as many numbers released at "
+        f"the same level from scratch, or the chain on 2^20 keys ({what}).",
+        "",
+        "| product | comparison | baseline ms | ours ms | ratio | goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, (name, op, *_rest) in enumerate(tables[0]):
+        ratio = [t[i][4] for t in tables]
+        mid = statistics.median(ratio)
+        spread = f"{min(ratio):.2f} / {mid:.2f} / {max(ratio):.2f}x" if runs > 1 else f"{mid:.2f}x"
+        base = statistics.median(t[i][2] for t in tables)
+        ours = statistics.median(t[i][3] for t in tables)
+        verdict = "ok" if mid <= HIST_GOALS[op] else "MISS"
+        lines.append(f"| {name} | {op} | {base:.2f} | {ours:.2f} | {spread} | "
+                     f"<= {HIST_GOALS[op]:g}x: {verdict} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def accuracy_table(n: int, steps: int) -> list[tuple[str, int, float, float, float, float]]:
     """MSE / ideal variance after k equal steps of size level_1 (ideal = one release at k·l1)."""
     rows = []
@@ -194,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs or (1 if args.quick else 3)
     print(f"## Speed on {n:,} coordinates\n")
     print(speed_markdown(n, repeat, runs) + "\n")
+    print("## Histogram releases\n")
+    print(histogram_markdown(repeat, runs) + "\n")
     steps = 5 if args.quick else 20
     print(f"## Accuracy: MSE / ideal after k steps ({n // 10:,} samples)\n")
     print("ideal = variance of one release at the final level; 1.00 means no loss.\n")

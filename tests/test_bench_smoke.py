@@ -18,6 +18,7 @@ def test_noise_benchmark_runs() -> None:
         timeout=300,
     ).stdout
     assert "| laplace | relax |" in out
+    assert "| histogram | vs a Gaussian vector of as many numbers |" in out
     assert "## Memory per stored value" in out
 
 
@@ -43,11 +44,32 @@ def test_report_regenerates(tmp_path: object) -> None:
         [sys.executable, "-m", "bench.report", "--quick", "--no-service", "--out", str(tmp_path)],
         check=True, capture_output=True, text=True, timeout=600,
     ).stdout  # fmt: skip
-    assert "10 figures" in out
+    assert "11 figures" in out
     from pathlib import Path
 
     report = (Path(str(tmp_path)) / "report.md").read_text()
     for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
-                    "Exact counts: discrete Laplace", "Running totals",
+                    "Exact counts: discrete Laplace", "Running totals", "Histogram streams",
                     "RAPPOR", "social network", "Speed of the samplers"):  # fmt: skip
         assert section in report
+
+
+@pytest.mark.slow
+def test_one_section_is_regenerated_in_place(tmp_path: object) -> None:
+    """``--only`` rewrites the chosen section and leaves every other byte of the report."""
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "report.md"
+    before = "# Results report\n\nhead\n\n## Factorization mechanism: prefix sums\n\nold\n"
+    path.write_text(before + "\n## Service throughput and latency (same broker)\n\nkept\n")
+    subprocess.run(
+        [sys.executable, "-m", "bench.report", "--quick", "--out", str(tmp_path), "--only",
+         "Histogram streams"],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    text = path.read_text()
+    assert text.startswith("# Results report\n\nhead\n\n## Histogram streams")
+    assert "\n## Factorization mechanism: prefix sums\n\nold\n\n" in text  # untouched
+    assert "## Histogram streams" not in before and "## Histogram streams" in text
+    assert text.index("## Histogram streams") < text.index("## Factorization")  # in its place
+    assert text.endswith("## Service throughput and latency (same broker)\n\nkept\n")

@@ -18,7 +18,10 @@ def test_noise_benchmark_runs() -> None:
         timeout=300,
     ).stdout
     assert "| laplace | relax |" in out
-    assert "| histogram | vs a Gaussian vector of as many numbers |" in out
+    for row in ("top of 4 steps vs SparseHistogramRelease, 4 rounds",
+                "the same, plus building the stream's survival law",
+                "vs a Gaussian vector of as many numbers", "domain 2^60 vs 2^20"):  # fmt: skip
+        assert f"| histogram | {row} |" in out
     assert "## Memory per stored value" in out
 
 
@@ -50,8 +53,11 @@ def test_report_regenerates(tmp_path: object) -> None:
     report = (Path(str(tmp_path)) / "report.md").read_text()
     for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
                     "Exact counts: discrete Laplace", "Running totals", "Histogram streams",
-                    "RAPPOR", "social network", "Speed of the samplers"):  # fmt: skip
+                    "RAPPOR", "social network", "Speed of the samplers",
+                    "Speed of histogram releases"):  # fmt: skip
         assert section in report
+    assert "| histogram | top of 4 steps vs SparseHistogramRelease" in report
+    assert report.index("## Speed of the samplers") < report.index("## Speed of histogram")
 
 
 @pytest.mark.slow

@@ -352,13 +352,17 @@ def propagate(
         mass = np.diff(special.ndtr(edges / sd))
     else:
         hx = grid[1] - grid[0] if grid.size > 1 else 1.0
-        xl, xr = (grid - hx / 2)[None, :], (grid + hx / 2)[None, :]
-        yl, yr = edges[:-1, None], edges[1:, None]
-        moved = (
-            _phi_integral((yr - xl) / sd)
-            - _phi_integral((yl - xl) / sd)
-            - _phi_integral((yr - xr) / sd)
-            + _phi_integral((yl - xr) / sd)
-        )
+        old = np.append(grid - hx / 2, grid[-1] + hx / 2)  # the old cells' edges
+        t = (edges[:, None] - old[None, :]) / sd  # one argument per pair of edges
+        # G(t) = max(t, 0) + G(−|t|): the ramps' double difference is exactly 0 between a new
+        # cell and an old cell wholly below it, so it is set to 0 there rather than computed
+        # as the cancellation of four large numbers (whose rounding, times the bulk's mass,
+        # would swamp the tiny masses near the threshold that decide which keys show)
+        left = _phi_integral(-np.abs(t))
+        ramp = np.maximum(t, 0.0)
+        moved = left[1:, :-1] - left[:-1, :-1] - left[1:, 1:] + left[:-1, 1:]
+        ramps = ramp[1:, :-1] - ramp[:-1, :-1] - ramp[1:, 1:] + ramp[:-1, 1:]
+        above = edges[:-1, None] >= old[None, 1:]
+        moved += np.where(above, 0.0, ramps)
         mass = (np.maximum(moved, 0.0) @ density) * (sd / hx)
     return y, np.maximum(mass, 0.0)

@@ -42,7 +42,7 @@ import itertools
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,8 +72,9 @@ __all__ = [
 
 DOMAIN = b"emarket-histogram-v1"
 """Domain separation of the histogram chain's keyed randomness."""
-GRID = 256
-"""Cells of the survival density (the stream's, computed once per chain)."""
+GRID = 512
+"""Cells of the survival density (the stream's, computed once per chain, and on half as many
+cells for the Richardson step)."""
 MAX_DOMAIN = 2**62
 """Largest domain: keys are below 2⁶² (string keys are hashed into it)."""
 MAX_LEVELS = 16
@@ -246,7 +247,23 @@ class HistogramChain:
 
     def _survival(self) -> tuple[_Round, ...]:
         """Each step's exceedance probability and the law of ``S_{s−1}`` of the zero counts
-        that first exceed at it: the same for every value of the stream."""
+        that first exceed at it: the same for every value of the stream.
+
+        The density is uniform within cells, which makes the probabilities wrong by O(h²)
+        (2 % for levels 1.25× apart on 512 cells, 5 % for 1.01× apart); the same law on half
+        the cells is wrong by four times as much, so ``(4·p_fine − p_coarse)/3`` cancels the
+        leading term (Richardson): within 0.5 % of a 4,096-cell law for levels 1.01× apart,
+        0.01 % for the usual ladders. The starts are drawn from the fine grid.
+        """
+        fine = self._walk_survival(self.grid)
+        coarse = self._walk_survival(self.grid // 2)
+        rounds = []
+        for f, c in zip(fine, coarse, strict=True):
+            p = (4 * f.p - c.p) / 3
+            rounds.append(replace(f, p=min(1.0, p if p > 0 else f.p)))
+        return tuple(rounds)
+
+    def _walk_survival(self, cells: int) -> list[_Round]:
         rounds: list[_Round] = []
         grid: NDArray[np.float64] | None = None
         density: NDArray[np.float64] | None = None
@@ -254,20 +271,18 @@ class HistogramChain:
         for lvl, tau in zip(self.levels, self.thresholds, strict=True):
             sd = self.sensitivity * math.sqrt((lvl - prev) / 2.0)
             a = lvl * tau
-            p, cells, weights = exceed_probability(grid, density, a, sd)
+            p, at, weights = exceed_probability(grid, density, a, sd)
             cdf = None
-            if cells is not None and weights is not None and weights.sum() > 0:
+            if at is not None and weights is not None and weights.sum() > 0:
                 cdf = np.cumsum(weights)
                 cdf /= cdf[-1]
             sigma = self.sensitivity / math.sqrt(2.0 * lvl)
-            rounds.append(
-                _Round(lvl, tau, sd, a, sigma, p, cells if cdf is not None else None, cdf)
-            )
+            rounds.append(_Round(lvl, tau, sd, a, sigma, p, at if cdf is not None else None, cdf))
             grid, density = propagate(
-                grid, density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0), self.grid
+                grid, density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0), cells
             )
             prev = lvl
-        return tuple(rounds)
+        return rounds
 
     def __len__(self) -> int:
         return len(self.levels)

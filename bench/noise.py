@@ -39,7 +39,7 @@ from market.baselines import CompositionRelease, DoublingRelease
 from market.chain import ReleaseChain
 from market.codec import encode_state
 from market.histogram import SparseHistogramRelease
-from market.histogram_chain import HistogramChain
+from market.histogram_chain import GRID, HistogramChain
 from market.rng import KeyedRngFactory
 
 
@@ -181,7 +181,7 @@ def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, st
     * The top of 4 steps of a 1,000-key histogram over 2^40 keys, recomputed from step 0 by
       the keyed :class:`HistogramChain` (a pure function of the request, nothing cached),
       against the library's stateful :class:`SparseHistogramRelease` doing the same 4 rounds
-      (same counts, levels and thresholds, a survival grid of 256 cells for both).
+      (same counts, levels and thresholds, the same survival grid for both).
     * The same, plus building the chain (its survival law, once per stream and worker):
       what the first release of a stream costs.
     * Against the vector product's release of as many numbers (a Gaussian ReleaseChain,
@@ -247,17 +247,16 @@ def histogram_markdown(repeat: int, runs: int) -> str:
         "release at the top level by HistogramChain: keyed, every step recomputed from step 0, "
         "a pure function of the request (its survival law is the stream's, built beforehand, "
         "except in the second row). Baselines: the library's stateful SparseHistogramRelease "
-        "doing the same 4 rounds (same thresholds, survival grid of 256 cells for both: it "
+        f"doing the same 4 rounds (same thresholds, survival grid of {GRID} cells for both: it "
         "propagates its survival law in every round, which is most of its time); a Gaussian "
         "vector of as many numbers released at the top level from scratch; the chain on 2^20 "
         f"keys. Each run takes {repeat} samples of every comparison, ours and the baseline "
         f"called in turn ({_HIST_BATCH} releases under a millisecond per sample, {2 * _HIST_BATCH} "
         "on each domain, the others once), and keeps the medians. Ratio = ours / "
         f"baseline within a run ({what}); ms per release are medians. Against the vector, "
-        "most of a histogram release's time (over half, in a profile) goes to placing the "
-        "zero counts that first exceed a threshold (about one per value at m = 1: 64 "
-        "bisections each, in market.histogram.sample_starts), which a vector has no "
-        "counterpart of.",
+        "much of a histogram release's time goes to placing the zero counts that first exceed "
+        "a threshold (about one per value at m = 1: a Newton inversion of ∫Φ inside its cell, "
+        "in market.histogram.sample_starts), which a vector has no counterpart of.",
         "",
         "| product | comparison | baseline ms | ours ms | ratio | goal |",
         "|---|---|---|---|---|---|",

@@ -27,7 +27,7 @@ def run(kind: str, reps: int, seed: int) -> list[list[tuple[np.ndarray, np.ndarr
         if kind == "dense":
             m: DenseHistogramRelease | SparseHistogramRelease = DenseHistogramRelease(hist, rng=rng)
         else:
-            m = SparseHistogramRelease(SUPPORT, COUNTS, dimension=D, rng=rng, grid=512)
+            m = SparseHistogramRelease(SUPPORT, COUNTS, dimension=D, rng=rng, grid=256)
         out.append([m.release(r, t) for r, t in ROUNDS])
     return out
 

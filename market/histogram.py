@@ -362,7 +362,15 @@ def propagate(
     edges = np.linspace(lo, a, size + 1)
     y = (edges[:-1] + edges[1:]) / 2
     if grid is None or density is None:  # S_{r-1} = 0 exactly
-        mass = np.diff(special.ndtr(edges / sd))
+        # cell masses of N(0, sd²); above 0 as differences of the upper tail, whose values
+        # keep their precision out there (Φ itself rounds to 1 beyond ~8 sd, and the cells
+        # just below a threshold 9 sd up would all get mass 0)
+        lo_e, hi_e = edges[:-1] / sd, edges[1:] / sd
+        mass = np.where(
+            lo_e >= 0,
+            special.ndtr(-lo_e) - special.ndtr(-hi_e),
+            special.ndtr(hi_e) - special.ndtr(lo_e),
+        )
     else:
         hx = grid[1] - grid[0] if grid.size > 1 else 1.0
         old = np.append(grid - hx / 2, grid[-1] + hx / 2)  # the old cells' edges

@@ -386,6 +386,13 @@ class StreamRegistration(_Signed):
                 f"a histogram stream sells at most {MAX_HISTOGRAM_LEVELS} levels (its steps and "
                 f"the cap), got {levels}: each is a step of the survival law every worker builds"
             )
+        sold = [*self.steps, *([self.cap] if self.cap > self.steps[-1] else [])]
+        if any(b < 1.01 * a for a, b in itertools.pairwise(sold)):
+            raise ValueError(
+                "consecutive levels of a histogram stream (its steps and the cap) must be at "
+                "least 1 % apart: closer ones are finer than the survival law that decides when "
+                "a key with a zero count first shows"
+            )
         if spec.domain < self.dimension:
             raise ValueError(
                 f"dimension {self.dimension} (the most keys of one value) exceeds the domain's "

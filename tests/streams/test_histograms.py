@@ -75,6 +75,7 @@ def hashed(*words: str) -> list[str]:
         ({**WORDS, "histogram": {"key_space": "strings", "false_keys": 1001}}, "less than or"),
         ({**WORDS, "histogram": {"key_space": "strings", "false_keys": 1e-300}}, "greater than"),
         ({**WORDS, "steps": [float(x) for x in range(1, 17)], "cap": 17.0}, "at most 16"),
+        ({**WORDS, "steps": [1.0, 1.001], "cap": 2.0}, "1 % apart"),
     ],
 )
 def test_registrations_that_cannot_be_histograms_are_refused(fields: Any, says: str) -> None:
@@ -328,3 +329,15 @@ def test_a_sealed_delivery_shows_the_number_of_keys_only_to_a_factor_of_two() ->
         assert len(opened.releases[0].keys or []) == n
         sizes.append(len(ev.sealed.ciphertext))
     assert sizes[0] == sizes[1]
+
+
+def test_huge_counts_reach_buyers_as_numbers() -> None:
+    """A count near the largest double is released as it is (its snap is itself), never as
+    inf (JSON null, which no buyer could parse, also in a paid purchase)."""
+    c = new_core()
+    stream(c)
+    c.handle(T.purchases, purchase("h", "alice", "a0"))
+    (ev,) = inbox(publish(c, "d", {"berlin": 1e300, "paris": 1e298, "rome": 80.0}), "alice")
+    assert isinstance(ev, ValueReleased) and 1e300 in ev.releases[0].values
+    (bought,) = inbox(c.handle(T.purchases, purchase("h", "bob", "b0")), "bob")
+    assert isinstance(bought, PurchaseFulfilled) and bought.releases == ev.releases

@@ -364,7 +364,7 @@ def _release_histograms(
                                     chain.release(value, step, ident, ctx.rngs)))  # fmt: skip
     if st.window:
         st.spent = max(st.spent, level)
-    return releases, len(releases) * (step + 1)
+    return releases, sum(e.level < level for e in st.window)  # levels not released before
 
 
 def _charge(st: StreamState, req: PurchaseRequest, plan: StepPlan) -> Holder:

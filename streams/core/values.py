@@ -290,17 +290,20 @@ def held_releases(
     state: ChainState | HistogramValue,
     ident: tuple[str, ...],
     levels: set[float],
+    released_before: float = 0.0,
 ) -> tuple[dict[float, Release], int]:
     """The value released at each of ``levels`` (held by the stream's holders, admitted by
     its privacy window); and the new steps drawn.
 
     One walk along the chain computes them all: up to the most accurate level on an open
-    chain, down to the least accurate on a sealed one. Nothing above ``levels`` is drawn.
+    chain, down to the least accurate on a sealed one. Nothing above ``levels`` is drawn. A
+    histogram is recomputed from its counts every time: what counts as new there is a level
+    above ``released_before`` (the most accurate released of it so far), so a resend adds none.
     """
     if isinstance(state, HistogramValue):
         assert terms.histogram is not None
-        by_level, drawn = released(terms.histogram, state, ident, levels, ctx.rngs)
-        return dict(by_level), drawn
+        by_level, _ = released(terms.histogram, state, ident, levels, ctx.rngs)
+        return dict(by_level), sum(lv > released_before for lv in by_level)
     chain = terms.chain
     steps = {chain.step_of(lv) for lv in levels}
     if not steps:
@@ -373,7 +376,7 @@ def _resent(
         ident = value_identity(st.registration.stream_id, value_id, digest)
         held, levels = _admitted(st, entry.published_at_ms, entry.level)
         by_level, new_noise = held_releases(ctx, st, ctx.terms(st.registration), known, ident,
-                                            levels)  # fmt: skip
+                                            levels, entry.level)  # fmt: skip
         entry.level = max(entry.level, *by_level, 0.0)
         st.spent = max(st.spent, entry.level)
         released = _deliver(ctx, st, entry, seq, by_level, held)

@@ -341,3 +341,16 @@ def test_huge_counts_reach_buyers_as_numbers() -> None:
     assert isinstance(ev, ValueReleased) and 1e300 in ev.releases[0].values
     (bought,) = inbox(c.handle(T.purchases, purchase("h", "bob", "b0")), "bob")
     assert isinstance(bought, PurchaseFulfilled) and bought.releases == ev.releases
+
+
+def test_new_noise_counts_new_levels_and_a_resend_adds_none() -> None:
+    """``emarket_noise_draws_total`` counts levels released for the first time; a histogram is
+    recomputed on every request, but a resend or a level already released is not new."""
+    c = new_core()
+    stream(c)
+    c.handle(T.purchases, purchase("h", "alice", "a0"))
+    assert publish(c, "d", CITIES).new_noise == 1
+    assert publish(c, "d", CITIES).new_noise == 0  # a resend: the same bytes, nothing new
+    assert c.handle(T.purchases, purchase("h", "bob", "b0")).new_noise == 0  # held level
+    assert c.handle(T.purchases, purchase("h", "bob", "b1")).new_noise == 1  # a level up
+    assert c.handle(T.purchases, purchase("h", "alice", "a1")).new_noise == 0  # bob's level

@@ -215,9 +215,11 @@ def discrete_laplace(out: Path, n: int) -> str:
     )
 
 
-def _service_totals(height: int, dim: int, rho: float) -> dict[int, float]:
-    """RMS error of each running total a subscriber at ``rho`` receives from the market core
-    (the service's own code path), over ``dim`` coordinates of zero increments."""
+def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
+    """An in-process market core (the service's own code path) with a seller, a buyer and one
+    Gaussian stream registered by the seller with ``registration``; returns the seller, the
+    buyer and ``send(kind, signer, **fields)``: sign a ``values`` batch or a ``purchase``,
+    apply it, and return the events it put in the buyer's inbox."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from streams.clients.keys import Party
@@ -239,24 +241,37 @@ def _service_totals(height: int, dim: int, rho: float) -> dict[int, float]:
     seller, buyer = Party.generate("seller", sealing=False), Party.generate("buyer", sealing=False)
     for p in (seller, buyer):
         core.handle(topics.accounts, p.open_account("r", opened_at_ms=1).model_dump_json().encode())
-    reg = seller.sign(StreamRegistration, "r", stream_id="tot", seller_id="seller",
-                      mechanism="gaussian", sensitivity=1.0, dimension=dim, steps=[rho], cap=rho,
-                      retain_last=1, product="running_totals", tree_height=height,
-                      pricing=LinearLevelSpec(rate_per_level=1.0))  # fmt: skip
+    reg = seller.sign(StreamRegistration, "r", stream_id=stream_id, seller_id="seller",
+                      mechanism="gaussian", sensitivity=1.0,
+                      pricing=LinearLevelSpec(rate_per_level=1.0), **registration)  # fmt: skip
     core.handle(topics.registrations, reg.model_dump_json().encode())
-    buy = buyer.sign(PurchaseRequest, "r", purchase_id="p", buyer_id="buyer", stream_id="tot",
-                     max_price_minor=10**6, requested_at_ms=1)  # fmt: skip
-    core.handle(topics.purchases, buy.model_dump_json().encode())
+    kinds = {"values": (ValueBatch, topics.values), "purchase": (PurchaseRequest, topics.purchases)}
+
+    def send(kind: str, signer: Any, **fields: Any) -> list[Any]:
+        model, topic = kinds[kind]
+        raw = signer.sign(model, "r", **fields).model_dump_json().encode()
+        return [INBOX_EVENT.validate_json(o.value) for o in core.handle(topic, raw).outputs
+                if o.topic == topics.inbox("buyer")]  # fmt: skip
+
+    return seller, buyer, send
+
+
+def _service_totals(height: int, dim: int, rho: float) -> dict[int, float]:
+    """RMS error of each running total a subscriber at ``rho`` receives from the market core
+    (the service's own code path), over ``dim`` coordinates of zero increments."""
+    seller, buyer, send = _report_market("tot", dimension=dim, steps=[rho], cap=rho,
+                                         retain_last=1, product="running_totals",
+                                         tree_height=height)  # fmt: skip
+    send("purchase", buyer, purchase_id="p", buyer_id="buyer", stream_id="tot",
+         max_price_minor=10**6, requested_at_ms=1)  # fmt: skip
     rmse: dict[int, float] = {}
     zero = [0.0] * dim
     for b in range(0, 1 << height, 16):
         items = [{"value_id": f"v{i}", "values": zero, "published_at_ms": 1}
                  for i in range(b, b + 16)]  # fmt: skip
-        batch = seller.sign(ValueBatch, "r", stream_id="tot", seller_id="seller", items=items)
-        for o in core.handle(topics.values, batch.model_dump_json().encode()).outputs:
-            if o.topic == topics.inbox("buyer"):
-                for r in INBOX_EVENT.validate_json(o.value).releases:  # type: ignore[union-attr]
-                    rmse[r.seq + 1] = float(np.sqrt(np.mean(np.square(r.values))))
+        for ev in send("values", seller, stream_id="tot", seller_id="seller", items=items):
+            for r in ev.releases:
+                rmse[r.seq + 1] = float(np.sqrt(np.mean(np.square(r.values))))
     return rmse
 
 
@@ -310,47 +325,20 @@ def _service_histograms(
     """What one buyer gets from the market core (the service's own code path) when it buys
     each level in turn of a histogram stream holding ``values`` copies of ``counts`` (each
     under its own value id, so with its own noise): level → releases (keys, noisy counts)."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from streams.clients.keys import Party
-    from streams.core import MarketCore, MarketKeys, Stores
-    from streams.core.context import Limits
-    from streams.wire.events import (
-        INBOX_EVENT,
-        LinearLevelSpec,
-        PurchaseRequest,
-        StreamRegistration,
-        ValueBatch,
-    )
-    from streams.wire.topics import Topics
-
-    topics = Topics("r")
-    keys = MarketKeys(Ed25519PrivateKey.generate(), b"report" * 6)
-    core = MarketCore(Stores(), keys, topics, clock=lambda: 1_000,
-                      limits=Limits(max_message_bytes=64 << 20))  # fmt: skip
-    seller, buyer = Party.generate("seller", sealing=False), Party.generate("buyer", sealing=False)
-    for p in (seller, buyer):
-        core.handle(topics.accounts, p.open_account("r", opened_at_ms=1).model_dump_json().encode())
-    reg = seller.sign(StreamRegistration, "r", stream_id="h", seller_id="seller",
-                      mechanism="gaussian", sensitivity=1.0, dimension=len(counts),
-                      steps=levels, cap=levels[-1], retain_last=values, product="histogram",
-                      histogram={"key_space": "integers", "domain_size": 2**40,
-                                 "false_keys": 1.0},
-                      pricing=LinearLevelSpec(rate_per_level=1.0))  # fmt: skip
-    core.handle(topics.registrations, reg.model_dump_json().encode())
+    seller, buyer, send = _report_market(
+        "h", dimension=len(counts), steps=levels, cap=levels[-1], retain_last=values,
+        product="histogram",
+        histogram={"key_space": "integers", "domain_size": 2**40, "false_keys": 1.0},
+    )  # fmt: skip
     for b in range(0, values, 50):
         items = [{"value_id": f"v{i}", "keys": list(counts), "values": list(counts.values()),
                   "published_at_ms": 1} for i in range(b, min(values, b + 50))]  # fmt: skip
-        batch = seller.sign(ValueBatch, "r", stream_id="h", seller_id="seller", items=items)
-        core.handle(topics.values, batch.model_dump_json().encode())
+        send("values", seller, stream_id="h", seller_id="seller", items=items)
     out: dict[float, list[tuple[list[str], list[float]]]] = {}
     for i, lvl in enumerate(levels):
-        buy = buyer.sign(PurchaseRequest, "r", purchase_id=f"p{i}", buyer_id="buyer",
-                         stream_id="h", target_level=lvl, max_price_minor=10**6,
-                         requested_at_ms=1)  # fmt: skip
-        (o,) = core.handle(topics.purchases, buy.model_dump_json().encode()).outputs
-        ev = INBOX_EVENT.validate_json(o.value)
-        out[lvl] = [(r.keys or [], r.values) for r in ev.releases]  # type: ignore[union-attr]
+        (ev,) = send("purchase", buyer, purchase_id=f"p{i}", buyer_id="buyer", stream_id="h",
+                     target_level=lvl, max_price_minor=10**6, requested_at_ms=1)  # fmt: skip
+        out[lvl] = [(r.keys or [], r.values) for r in ev.releases]
     return out
 
 

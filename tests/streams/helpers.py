@@ -12,8 +12,10 @@ import json
 import time
 from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from pydantic import ValidationError
 
 from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
@@ -77,6 +79,18 @@ def registration(stream_id: str = "temp", market: str = MARKET, **kw: Any) -> by
     signer = party(kw.pop("signer", None) or body["seller_id"])
     body.pop("signer", None)
     return _signed(StreamRegistration, market, signer, body)
+
+
+def assert_registration_refused(core: MarketCore, fields: dict[str, Any], says: str) -> None:
+    """A registration with ``fields`` is refused by the market (``invalid_event``) and by the
+    wire model itself, with a message that contains ``says`` (a regular expression)."""
+    raw = registration("bad", **fields)
+    out = core.handle(Topics(MARKET).registrations, raw)
+    assert (out.status, out.reason) == ("rejected", "invalid_event")
+    body = {k: v for k, v in json.loads(raw).items() if k not in ("key_id", "signature")}
+    with pytest.raises(ValidationError, match=says):
+        StreamRegistration.model_validate({**body, "key_id": "0" * 16,
+                                           "signature": "A" * 86 + "=="})  # fmt: skip
 
 
 def value(stream_id: str, value_id: str, values: list[float], market: str = MARKET,

@@ -27,7 +27,6 @@ coalition of buyers learns only its best member's step.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 import math
@@ -39,8 +38,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import InvalidValueError, LevelNotForSaleError, SealedStateError
-from .levels import canonical_level
+from .errors import InvalidValueError, SealedStateError
+from .levels import canonical_level, step_of
 from .mechanisms import Anchor, Mechanism
 from .rng import Identity, KeyedRngFactory
 
@@ -113,15 +112,7 @@ class ReleaseChain:
         LevelNotForSaleError
             ``level`` is not one of the chain's levels (the message lists them).
         """
-        lvl = canonical_level(level)
-        k = bisect.bisect_left(self.levels, lvl)
-        if k == len(self.levels) or self.levels[k] != lvl:
-            sells = ", ".join(f"{x:g}" for x in self.levels)
-            unit = self.mechanism.level_unit
-            raise LevelNotForSaleError(
-                f"level {lvl:g} is not sold here; the levels for sale ({unit}) are {sells}"
-            )
-        return k
+        return step_of(self.levels, level, unit=self.mechanism.level_unit)
 
     # -- states ---------------------------------------------------------------------------
     def open(self, value: Any) -> ChainState:

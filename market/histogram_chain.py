@@ -36,12 +36,10 @@ exact law (``tests/market/test_histogram_chain.py`` compares it with the dense a
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 import math
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,9 +47,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-from .errors import InvalidLevelError, InvalidValueError, LevelNotForSaleError, MarketError
+from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import exceed_probability, propagate, sample_starts
-from .levels import canonical_level
+from .levels import canonical_level, step_of
 from .rng import Identity, KeyedRngFactory
 
 __all__ = [
@@ -305,16 +303,7 @@ class HistogramChain:
         LevelNotForSaleError
             ``level`` is not one of the chain's levels.
         """
-        lvl = canonical_level(level, name="rho")
-        k = bisect.bisect_left(self.levels, lvl)
-        if k == len(self.levels) or self.levels[k] != lvl:
-            sells = ", ".join(f"{x:g}" for x in self.levels)
-            raise LevelNotForSaleError(f"level {lvl:g} is not sold here; the levels are {sells}")
-        return k
-
-    def threshold(self, k: int) -> float:
-        """τ of step ``k``: only keys whose noisy count exceeds it are released."""
-        return self.thresholds[k]
+        return step_of(self.levels, level, unit="rho")
 
     def value(self, keys: Any, counts: Any) -> HistogramValue:
         """Validate a histogram: distinct keys in ``[0, d)``, finite counts; sorted by key.
@@ -385,16 +374,6 @@ class HistogramChain:
             if s in steps:
                 out[s] = _above(self._rounds[s], tracked, counts, walk)
         return out
-
-    def release_many(
-        self,
-        values: Sequence[HistogramValue],
-        k: int,
-        identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
-    ) -> list[HistogramRelease]:
-        """:meth:`release` of each value (each draws exactly what it would draw alone)."""
-        return [self.release(v, k, i, rngs) for v, i in zip(values, identities, strict=True)]
 
     def _step(
         self,

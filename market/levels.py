@@ -9,13 +9,20 @@ level survives a JSON round trip in any language unchanged.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
+from .errors import (
+    DimensionMismatchError,
+    InvalidLevelError,
+    InvalidValueError,
+    LevelNotForSaleError,
+)
 
 __all__ = [
     "MAX_DIMENSION",
@@ -25,6 +32,7 @@ __all__ = [
     "as_float_vector",
     "as_integer_vector",
     "canonical_level",
+    "step_of",
 ]
 
 MAX_DIMENSION = 10**7
@@ -225,3 +233,34 @@ def as_integer_vector(
             f"{what} must be at most 2**53 in magnitude; coordinate {bad} is {int(arr[bad])}"
         )
     return arr.astype(np.int64)
+
+
+def step_of(levels: Sequence[float], level: Any, *, unit: str) -> int:
+    """The step at which ``level`` is sold on a chain of ``levels``.
+
+    Parameters
+    ----------
+    levels : sequence of float
+        The chain's levels, canonical and strictly increasing.
+    level : float
+        The level asked for (canonicalised here).
+    unit : str
+        The levels' unit, for the message.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    LevelNotForSaleError
+        ``level`` is not one of ``levels`` (the message lists them).
+    """
+    lvl = canonical_level(level)
+    k = bisect.bisect_left(levels, lvl)
+    if k == len(levels) or levels[k] != lvl:
+        sells = ", ".join(f"{x:g}" for x in levels)
+        raise LevelNotForSaleError(
+            f"level {lvl:g} is not sold here; the levels for sale ({unit}) are {sells}"
+        )
+    return k

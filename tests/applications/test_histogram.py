@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -18,7 +19,12 @@ COUNTS = np.array([5.0, 1.0, 12.0, 2.0, 3.0])
 ROUNDS = [(0.5, 1.9), (1.0, 1.7), (2.0, 1.3), (4.0, 1.0)]  # (rho, tau): exceedance ~1-5 %
 
 
-def run(kind: str, reps: int, seed: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+Runs = list[list[tuple[np.ndarray, np.ndarray]]]
+
+
+def run(kind: str, reps: int, seed: int, rounds: Sequence[tuple[float, float]] = ROUNDS) -> Runs:
+    """``reps`` histograms (SUPPORT, COUNTS over D) released by the dense or the sparse
+    algorithm at ``rounds`` (rho, tau)."""
     rng = default_rng(seed)
     out = []
     hist = np.zeros(D)
@@ -28,7 +34,7 @@ def run(kind: str, reps: int, seed: int) -> list[list[tuple[np.ndarray, np.ndarr
             m: DenseHistogramRelease | SparseHistogramRelease = DenseHistogramRelease(hist, rng=rng)
         else:
             m = SparseHistogramRelease(SUPPORT, COUNTS, dimension=D, rng=rng, grid=256)
-        out.append([m.release(r, t) for r, t in ROUNDS])
+        out.append([m.release(r, t) for r, t in rounds])
     return out
 
 
@@ -51,18 +57,21 @@ def summaries(runs: list[list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, np.n
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-@pytest.mark.slow
-def test_sparse_matches_dense_in_law() -> None:
-    dense = summaries(run("dense", 600, 1))
-    sparse = summaries(run("sparse", 600, 2))
-    for key in dense:
-        a, b = dense[key], sparse[key]
+def assert_same_law(want: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+    """Two sets of :func:`summaries` have the same law: counts by a z-test of their means
+    (Poisson-like dispersion), values by a two-sample KS test."""
+    for key, a in want.items():
+        b = got[key]
         if key.startswith(("n", "again")):
-            # counts: compare means with a z-test (Poisson-like dispersion)
             se = np.sqrt(a.var() / a.size + b.var() / b.size) + 1e-12
             assert abs(a.mean() - b.mean()) < 4.5 * se, (key, a.mean(), b.mean())
         else:
             assert stats.ks_2samp(a, b).pvalue > 1e-3, (key, a.mean(), b.mean())
+
+
+@pytest.mark.slow
+def test_sparse_matches_dense_in_law() -> None:
+    assert_same_law(summaries(run("dense", 600, 1)), summaries(run("sparse", 600, 2)))
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import pytest
 from scipy import special, stats
 
 from market.errors import InvalidLevelError, InvalidValueError
-from market.histogram import DenseHistogramRelease
 from market.histogram_chain import (
     GRID,
     HistogramChain,
@@ -18,13 +17,12 @@ from market.histogram_chain import (
     string_key,
 )
 from market.rng import KeyedRngFactory, default_rng
-from tests.applications.test_histogram import COUNTS, SUPPORT, summaries
+from tests.applications.test_histogram import COUNTS, SUPPORT, Runs, assert_same_law, run, summaries
 
 from .stats import assert_close_z, covariance_se
 
 D = 400
 LEVELS = (0.5, 1.0, 2.0, 4.0)
-Runs = list[list[tuple[np.ndarray, np.ndarray]]]
 RNGS = KeyedRngFactory(b"histogram chain test secret 0001")
 
 
@@ -41,17 +39,6 @@ def chain_runs(ch: HistogramChain, reps: int, tag: str) -> Runs:
     ]
 
 
-def dense_runs(ch: HistogramChain, reps: int, seed: int) -> Runs:
-    rng = default_rng(seed)
-    hist = np.zeros(D)
-    hist[SUPPORT] = COUNTS
-    out = []
-    for _ in range(reps):
-        m = DenseHistogramRelease(hist, rng=rng)
-        out.append([m.release(r, t) for r, t in zip(ch.levels, ch.thresholds, strict=True)])
-    return out
-
-
 def test_thresholds_follow_the_false_key_tolerance() -> None:
     ch = chain(false_keys=2.0, domain=2**40)
     z = -special.ndtri(2.0 / (2**40 * 4))
@@ -65,16 +52,9 @@ def test_the_chain_has_the_dense_algorithms_law() -> None:
     """Per step: how many zero counts are released, their values, the support's values, and
     how many zero counts of one step are released again at the next (the joint law)."""
     ch = chain()
-    dense = summaries(dense_runs(ch, 600, 11))
-    keyed = summaries(chain_runs(ch, 600, "law"))
+    dense = summaries(run("dense", 600, 11, list(zip(ch.levels, ch.thresholds, strict=True))))
     assert dense["n0"].mean() > 5  # zero counts are released at every step: the test has power
-    for key in dense:
-        a, b = dense[key], keyed[key]
-        if key.startswith(("n", "again")):
-            se = np.sqrt(a.var() / a.size + b.var() / b.size) + 1e-12
-            assert abs(a.mean() - b.mean()) < 4.5 * se, (key, a.mean(), b.mean())
-        else:
-            assert stats.ks_2samp(a, b).pvalue > 1e-3, (key, a.mean(), b.mean())
+    assert_same_law(dense, summaries(chain_runs(ch, 600, "law")))
 
 
 def test_a_wrong_first_release_law_is_caught() -> None:

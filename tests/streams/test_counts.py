@@ -3,9 +3,12 @@ and the market identity's check of the discrete sampler."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from market.chain import noise_check_discrete
+from market.histogram_chain import noise_check_histogram
 from streams.wire.events import MarketIdentity, ValueItem
 from streams.wire.topics import Topics
 from streams.worker.identity import MarketIdentityError, _compare
@@ -50,10 +53,26 @@ def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
     assert not ok.inexact_integer and ok.values == [2.0**53, 1e20]
 
 
-def test_the_market_identity_checks_the_discrete_sampler_when_recorded() -> None:
+@pytest.mark.parametrize(
+    ("field", "check", "which", "pinned"),
+    [
+        ("noise_check_discrete", noise_check_discrete, "discrete Laplace check",
+         "5f883d8a10b631021039c2cc8f555e328d2a1d07a03e44e52f7a4fa2dd2acc9c"),
+        ("noise_check_histogram", noise_check_histogram, "histogram check",
+         "155db6e4162a19c8c28eda45839b2d6e17efba01842e60365d6b0d97e02b037a"),
+    ],
+)  # fmt: skip
+def test_the_market_identity_checks_each_newer_sampler_when_recorded(
+    field: str, check: Any, which: str, pinned: str
+) -> None:
     ours = MarketIdentity(noise_secret_fingerprint="f", noise_derivation="d", noise_check="c",
-                          noise_check_discrete=noise_check_discrete(), market_key_id="k",
-                          created_at_ms=1)  # fmt: skip
+                          market_key_id="k", created_at_ms=1, **{field: check()})  # fmt: skip
+    _compare(ours, ours, "t.market")
+    _compare(ours, ours.model_copy(update={field: None}), "t.market")  # a market made before it
+    with pytest.raises(MarketIdentityError, match=f"other noise.*{which}"):
+        _compare(ours, ours.model_copy(update={field: "0" * 64}), "t.market")
+    # pinned: a platform that draws other noise from the same key fails here first
+    assert check() == pinned
     _compare(ours, ours, "t.market")
     _compare(ours, ours.model_copy(update={"noise_check_discrete": None}), "t.market")  # older
     other = ours.model_copy(update={"noise_check_discrete": "0" * 64})

@@ -228,6 +228,16 @@ def decode_state(data: bytes) -> ReleaseState:
     return ReleaseState._restore(mech, dimension=dim, exact=exact, cap=cap_level, releases=releases)
 
 
+def _framed(data: bytes, magic: bytes, header: int, what: str) -> bytes:
+    """The body of a record framed as ``magic · header · … · crc32``, checked."""
+    if len(data) < header + 4 or data[:4] != magic:
+        raise StateFormatError(f"not a {what} (bad magic bytes or too short)")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if zlib.crc32(body) != crc:
+        raise StateFormatError(f"{what} is corrupt (checksum mismatch)")
+    return body
+
+
 # -- chain states ---------------------------------------------------------------------------
 CHAIN_FORMAT_VERSION = 1
 _CHAIN_MAGIC = b"EMCS"
@@ -295,11 +305,7 @@ def decode_chain_state(data: bytes) -> ChainState:
     StateFormatError
         Truncated, corrupt, of another version, or implausible.
     """
-    if len(data) < _CHAIN_HEADER.size + 4 or data[:4] != _CHAIN_MAGIC:
-        raise StateFormatError("not a chain state (bad magic bytes or too short)")
-    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
-    if zlib.crc32(body) != crc:
-        raise StateFormatError("chain state is corrupt (checksum mismatch)")
+    body = _framed(data, _CHAIN_MAGIC, _CHAIN_HEADER.size, "chain state")
     r = _Reader(body)
     _m, version, flags, _r, count, dim = _CHAIN_HEADER.unpack(r.take(_CHAIN_HEADER.size))
     if version != CHAIN_FORMAT_VERSION:
@@ -366,11 +372,7 @@ def decode_histogram_value(data: bytes) -> HistogramValue:
     StateFormatError
         Truncated, corrupt, of another version, or not a valid histogram.
     """
-    if len(data) < _HIST_HEADER.size + 4 or data[:4] != _HIST_MAGIC:
-        raise StateFormatError("not a histogram value (bad magic bytes or too short)")
-    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
-    if zlib.crc32(body) != crc:
-        raise StateFormatError("histogram value is corrupt (checksum mismatch)")
+    body = _framed(data, _HIST_MAGIC, _HIST_HEADER.size, "histogram value")
     r = _Reader(body)
     _m, version, _r1, _r2, n = _HIST_HEADER.unpack(r.take(_HIST_HEADER.size))
     if version != HISTOGRAM_FORMAT_VERSION:

@@ -29,6 +29,7 @@ from market.histogram_chain import (
 )
 
 from ..wire.events import ReleasedValue, StreamRegistration, ValueItem
+from .delivery import listed
 from .outputs import Reject
 
 __all__ = [
@@ -135,8 +136,8 @@ def released(
 def as_released(
     value_id: str, seq: int, level: float, release: HistogramRelease
 ) -> ReleasedValue:
-    """One histogram release on the wire: keys as decimal text (exact in every language)."""
-    keys, counts = release
-    return ReleasedValue.model_construct(value_id=value_id, seq=seq, level=level,
-                                         values=counts.tolist(),
-                                         keys=[str(k) for k in keys.tolist()])  # fmt: skip
+    """One histogram release on the wire, listed as deliveries list it
+    (:func:`~streams.core.delivery.listed`: keys as decimal text, exact in every language)."""
+    values, keys = listed(release)
+    return ReleasedValue.model_construct(value_id=value_id, seq=seq, level=level, values=values,
+                                         keys=keys)  # fmt: skip

@@ -27,6 +27,7 @@ Ready shapes:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -446,7 +447,14 @@ def sellable_levels(steps: Sequence[float], cap: float) -> list[float]:
         chain (:class:`market.chain.ReleaseChain`): a level between two of them is not for
         sale, so that every release is one step of one chain.
     """
-    return sorted({canonical_level(x) for x in (*steps, cap)})
+    return list(_sellable(tuple(steps), cap))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sellable(steps: tuple[float, ...], cap: float) -> tuple[float, ...]:
+    # every purchase asks three times for its stream's levels: canonicalising 17 numbers each
+    # time was a tenth of a purchase's CPU (the arguments are hashable and a stream's are fixed)
+    return tuple(sorted({canonical_level(x) for x in (*steps, cap)}))
 
 
 @dataclass(frozen=True)

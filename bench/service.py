@@ -7,7 +7,8 @@ measures, in one run:
 * **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
   framework's own per-event cost), :mod:`bench.passthrough`;
 * **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
-* **market fan-out** — values in on a stream with 16 holders, 16 releases out per value;
+* **market fan-out** — values in on a stream with 16 holders, 16 releases out per value,
+  counted as deliveries (values × holders) per second;
 * **market purchase** — purchases in, each buying the next step of a 16-step schedule on one of
   many streams (so every purchase draws new noise on its stream's 4 retained values), releases
   sealed to the buyer's key (as the deployment requires) and a signed receipt out.
@@ -38,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from aiokafka import AIOKafkaProducer
 
 from streams.broker.admin import ensure_topics
@@ -183,27 +185,6 @@ async def _wait_forwarding(bootstrap: str, src: str, dst: str) -> None:
         await reader.stop()
 
 
-def market_paths(broker: EmbeddedBroker, n: int, lat_n: int, workdir: Path) -> list[Row]:
-    tag = uuid.uuid4().hex[:6]
-    settings = replace(
-        Settings(
-            broker=broker.url,
-            app_id=f"bench-m-{tag}",
-            prefix=f"bench{tag}",
-            data_dir=workdir / "data",
-            web_port=find_free_port(),
-            log_level="warn",
-        ).for_tansu(),
-        fetch_max_wait_ms=FETCH_WAIT_MS,
-    )
-    worker = ChildWorker(settings, log_path=workdir / "market.log").start()
-    try:
-        worker.wait_healthy(90)
-        return asyncio.run(_market(settings, n, lat_n))
-    finally:
-        worker.stop()
-
-
 @dataclass
 class _Bench:
     """One market under load: its topics, a client, a raw producer, the readers to stop."""
@@ -237,7 +218,51 @@ def _registration(stream: str, steps: list[float], cap: float) -> dict[str, obje
     )  # fmt: skip
 
 
-async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
+@dataclass
+class Run:
+    """One run's measurements: the throughput rows, then the paced-latency rows."""
+
+    rows: list[Row]
+    paced: list[Paced]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Events per measurement: open-loop throughput, closed-loop latency, paced latency."""
+
+    n: int
+    lat_n: int
+    paced_slow: int  # purchases at PACED_RATE per second
+    paced_busy: int  # purchases at half the measured purchase rate
+
+
+PACED_RATE = 10.0
+FULL = Sizes(5000, 300, 300, 1000)
+QUICK = Sizes(400, 40, 40, 100)
+
+
+def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
+    tag = uuid.uuid4().hex[:6]
+    settings = replace(
+        Settings(
+            broker=broker.url,
+            app_id=f"bench-m-{tag}",
+            prefix=f"bench{tag}",
+            data_dir=workdir / "data",
+            web_port=find_free_port(),
+            log_level="warn",
+        ).for_tansu(),
+        fetch_max_wait_ms=FETCH_WAIT_MS,
+    )
+    worker = ChildWorker(settings, log_path=workdir / "market.log").start()
+    try:
+        worker.wait_healthy(90)
+        return asyncio.run(_market(settings, sizes))
+    finally:
+        worker.stop()
+
+
+async def _market(settings: Settings, sizes: Sizes) -> Run:
     topics = Topics(settings.prefix, settings.partitions)
     async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
         await c.open_account(SELLER, timeout=60)
@@ -245,9 +270,15 @@ async def _market(settings: Settings, n: int, lat_n: int) -> list[Row]:
             bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=262144
         )
         await prod.start()
-        b = _Bench(topics, settings.bootstrap, c, prod, [], n, lat_n)
+        b = _Bench(topics, settings.bootstrap, c, prod, [], sizes.n, sizes.lat_n)
         try:
-            return [await _ingest(b), await _fanout(b), await _purchases(b)]
+            rows = [await _ingest(b), await _fanout(b), await _purchases(b)]
+            busy = rows[-1].rate / 2
+            paced = [
+                await _paced_purchases(b, PACED_RATE, sizes.paced_slow, f"{PACED_RATE:g}/s"),
+                await _paced_purchases(b, busy, sizes.paced_busy, "50% of the measured max"),
+            ]
+            return Run(rows, paced)
         finally:
             await prod.stop()
             for r in b.readers:
@@ -284,14 +315,13 @@ async def _ingest(b: _Bench) -> Row:
     return Row("market ingest (value → 2 releases)", rate, _pct(lat, 0.5), _pct(lat, 0.99))
 
 
-async def _purchases(b: _Bench) -> Row:
-    """Many streams with a 16-step schedule; each purchase buys the next step of one stream
-    (new noise on its 4 retained values) for one of 64 buyers."""
-    steps = 16
-    n_streams = max(1, b.n // steps)
-    lat_streams = max(1, -(-b.lat_n // steps))
-    names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
-    levels = [round(0.25 * (k + 1), 2) for k in range(steps)]
+STEPS = 16
+"""Steps of every purchase-benchmark stream: each purchase buys the next one."""
+
+
+async def _purchase_streams(b: _Bench, names: list[str]) -> None:
+    """Register streams with a :data:`STEPS`-step schedule, 4 values each (not waited for)."""
+    levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
     market = b.topics.prefix
     for name in names:
         reg = SELLER.sign(StreamRegistration, market, seller_id=SELLER.account_id,
@@ -299,6 +329,25 @@ async def _purchases(b: _Bench) -> Row:
         await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
         for i in range(4):
             await b.client.send(b.topics.values, name, _value_payload(i, market, name))
+
+
+def _purchase(market: str, buyer: Party, stream: str, k: int) -> bytes:
+    """A signed purchase of the next step of ``stream`` (its ``k``-th), signed before timing."""
+    req = buyer.sign(PurchaseRequest, market, purchase_id=f"{stream}-{k}",
+                     buyer_id=buyer.account_id, stream_id=stream, max_price_minor=0,
+                     requested_at_ms=now_ms())  # fmt: skip
+    return req.model_dump_json().encode()
+
+
+async def _purchases(b: _Bench) -> Row:
+    """Many streams with a 16-step schedule; each purchase buys the next step of one stream
+    (new noise on its 4 retained values) for one of 64 buyers."""
+    steps = STEPS
+    n_streams = max(1, b.n // steps)
+    lat_streams = max(1, -(-b.lat_n // steps))
+    names = [f"p{i}" for i in range(n_streams)] + [f"lat{i}" for i in range(lat_streams)]
+    market = b.topics.prefix
+    await _purchase_streams(b, names)
     # buyers with sealing keys, as the deployment requires (EMARKET_REQUIRE_ENCRYPTION=1):
     # every purchase seals its releases (X25519 + ChaCha20-Poly1305) besides signing a receipt
     buyers = [Party.generate(f"buyer{i}") for i in range(min(64, n_streams))]
@@ -312,13 +361,7 @@ async def _purchases(b: _Bench) -> Row:
     await _drain([lat_reader], 1, 5)
     await asyncio.sleep(2.0)  # let the registrations and values land
 
-    def purchase(buyer: Party, stream: str, k: int) -> bytes:
-        req = buyer.sign(PurchaseRequest, market, purchase_id=f"{stream}-{k}",
-                         buyer_id=buyer.account_id, stream_id=stream, max_price_minor=0,
-                         requested_at_ms=now_ms())  # fmt: skip
-        return req.model_dump_json().encode()
-
-    payloads = [(purchase(buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
+    payloads = [(_purchase(market, buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
                 for k in range(steps) for i in range(n_streams)]  # fmt: skip
     b.mark()
     t0 = time.perf_counter()
@@ -328,7 +371,7 @@ async def _purchases(b: _Bench) -> Row:
     b.mark()
     rate = got / (time.perf_counter() - t0)
 
-    lat_payloads = [purchase(lat, f"lat{i // steps}", i % steps) for i in range(b.lat_n)]
+    lat_payloads = [_purchase(market, lat, f"lat{i // steps}", i % steps) for i in range(b.lat_n)]
 
     async def send_purchase(i: int) -> None:
         stream = f"lat{i // steps}"
@@ -337,6 +380,74 @@ async def _purchases(b: _Bench) -> Row:
     lat_ms = await _closed_loop(send_purchase, [lat_reader], b.lat_n, 1)
     return Row("market purchase (next step → 4 sealed releases + receipt)", rate,
                _pct(lat_ms, 0.5), _pct(lat_ms, 0.99))  # fmt: skip
+
+
+PACED_SEED = 20261124
+"""Seed of the paced runs' arrival times (timing only; no noise comes from it)."""
+
+
+@dataclass
+class Paced:
+    """Purchase → release latency at an offered rate (open loop, Poisson arrivals)."""
+
+    name: str
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    samples: int
+
+
+async def _paced_purchases(b: _Bench, rate: float, n: int, name: str) -> Paced:
+    """Purchases arriving at ``rate`` per second (exponential gaps) for one sealed buyer, each
+    buying the next step of one of many streams; latency = her send → her outcome's arrival.
+
+    Open loop, unlike the closed-loop columns: a purchase does not wait for the one before, so
+    queueing behind a busy worker shows. Sent as a buyer's client sends them (no linger).
+    """
+    tag = f"pace{len(b.readers)}"
+    streams = [f"{tag}s{i}" for i in range(max(1, -(-n // STEPS)))]
+    await _purchase_streams(b, streams)
+    buyer = Party.generate(tag)
+    await b.client.open_account(buyer, timeout=60)
+    reader = await b.reader(b.topics.inbox(buyer.account_id))
+    await _drain([reader], 1, 5)  # the account's confirmation
+    await asyncio.sleep(2.0)  # let the registrations and values land
+    market = b.topics.prefix
+    jobs = [(f"{streams[i % len(streams)]}-{i // len(streams)}",
+             _purchase(market, buyer, streams[i % len(streams)], i // len(streams)),
+             streams[i % len(streams)].encode()) for i in range(n)]  # fmt: skip
+    gaps = np.random.default_rng(PACED_SEED).exponential(1.0 / rate, n)
+    prod = AIOKafkaProducer(bootstrap_servers=b.boot, linger_ms=0, acks="all")
+    await prod.start()
+    sent: dict[str, float] = {}
+    got: dict[str, float] = {}
+
+    async def sender() -> None:
+        due, acks = time.perf_counter(), []
+        for (pid, payload, key), gap in zip(jobs, gaps, strict=True):
+            due += float(gap)
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            sent[pid] = time.perf_counter()
+            acks.append(await prod.send(b.topics.purchases, payload, key=key))
+        await asyncio.gather(*acks)
+
+    task = asyncio.create_task(sender())
+    try:
+        deadline = time.monotonic() + n / rate + 120
+        while len(got) < n and time.monotonic() < deadline:
+            for _, raw in await reader.poll(0.05):
+                outcome = json.loads(raw)
+                if outcome.get("type") != "purchase_fulfilled":  # never time a rejection
+                    raise RuntimeError(f"paced purchases: unexpected outcome {raw[:300]!r}")
+                got.setdefault(outcome["purchase_id"], time.perf_counter())
+        await task
+    finally:
+        task.cancel()
+        await prod.stop()
+    if len(got) < n:
+        raise RuntimeError(f"paced purchases: {n - len(got)} of {n} outcomes never arrived")
+    lat = [got[pid] - sent[pid] for pid, _, _ in jobs]
+    return Paced(name, rate, _pct(lat, 0.5), _pct(lat, 0.99), n)
 
 
 async def _fanout(b: _Bench) -> Row:
@@ -358,26 +469,31 @@ async def _fanout(b: _Bench) -> Row:
     await asyncio.gather(*futs)
     got = await _drain([reader], n * len(holders), 600)
     b.mark()
-    rate = got / len(holders) / (time.perf_counter() - t0)
+    rate = got / (time.perf_counter() - t0)  # deliveries: values × holders
 
     async def send_value(i: int) -> None:
         await b.prod.send_and_wait(b.topics.values, payloads[n + i], key=b"fan")
 
     lat = await _closed_loop(send_value, [reader], b.lat_n, len(holders))
-    return Row(f"market fan-out (value → {FANOUT_HOLDERS} releases)", rate, _pct(lat, 0.5),
-               _pct(lat, 0.99))  # fmt: skip
+    name = f"market fan-out (deliveries/s: value → {FANOUT_HOLDERS} holders)"
+    return Row(name, rate, _pct(lat, 0.5), _pct(lat, 0.99))
 
 
-GOAL_RATIO, GOAL_P99_MS = 0.7, 50.0
+GOAL_RATIO = {"market ingest": 1.0, "market purchase": 0.7}
+"""Throughput goals (issue #15), the median against the same run's pass-through."""
+GOAL_P99_MS = 50.0
+"""Closed-loop p99 goal for every market path."""
+GOAL_PACED_P99_MS = {f"{PACED_RATE:g}/s": 25.0, "50% of the measured max": 50.0}
 
 
-def one_run(n: int, lat_n: int, workdir: Path) -> list[Row]:
+def one_run(sizes: Sizes, workdir: Path) -> tuple[list[Row], Run]:
     """Every path once, on a fresh embedded broker: raw, pass-through, then the market's."""
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        raw = asyncio.run(raw_round_trip(broker.bootstrap, n, lat_n))
-        faust_row = faust_passthrough(broker, n, lat_n, workdir)
-        return [raw, faust_row, *market_paths(broker, n, lat_n, workdir)]
+        raw = asyncio.run(raw_round_trip(broker.bootstrap, sizes.n, sizes.lat_n))
+        faust_row = faust_passthrough(broker, sizes.n, sizes.lat_n, workdir)
+        market = market_paths(broker, sizes, workdir)
+        return [raw, faust_row, *market.rows], market
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -388,8 +504,12 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{lo:{fmt}} / {mid:{fmt}} / {hi:{fmt}}"
 
 
-def render(runs: list[list[Row]]) -> str:
-    """The table and the goals, from every run; ratios are taken within a run, then spread."""
+def _verdict(ok: bool) -> str:
+    return "ok" if ok else "MISS"
+
+
+def render(runs: list[list[Row]], paced: list[list[Paced]] | None = None) -> str:
+    """The tables and the goals, from every run; ratios are taken within a run, then spread."""
     lines = [
         "| path | events/s | p50 ms | p99 ms | vs Faust pass-through | vs raw round trip |",
         "|---|---|---|---|---|---|",
@@ -405,16 +525,32 @@ def render(runs: list[list[Row]]) -> str:
             f"| {_spread(vs_faust, '.2f')}x | {_spread(vs_raw, '.3f')}x |"
         )
         if i >= 2:
+            path = row.name.split(" (")[0]
             ratio, p99 = statistics.median(vs_faust), statistics.median([r.p99_ms for r in rs])
-            verdicts.append(
-                f"  {row.name.split(' (')[0]}: >= {GOAL_RATIO}x pass-through: "
-                f"{'ok' if ratio >= GOAL_RATIO else 'MISS'} ({ratio:.2f}x); p99 < {GOAL_P99_MS:g} "
-                f"ms: {'ok' if p99 < GOAL_P99_MS else 'MISS'} ({p99:.1f} ms)"
-            )
+            goal = GOAL_RATIO.get(path)
+            throughput = (f">= {goal}x pass-through: {_verdict(ratio >= goal)} ({ratio:.2f}x)"
+                          if goal else f"{ratio:.2f}x pass-through (no goal)")  # fmt: skip
+            verdicts.append(f"  {path}: {throughput}; closed-loop p99 < {GOAL_P99_MS:g} ms: "
+                            f"{_verdict(p99 < GOAL_P99_MS)} ({p99:.1f} ms)")  # fmt: skip
     what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
-    head = f"Each cell: {what}; ratios are taken within a run.\n"
-    goals = "goals (the median of each market path against its own run's pass-through):"
-    return "\n".join([head, *lines, "", goals, *verdicts])
+    out = [f"Each cell: {what}; ratios are taken within a run.\n", *lines]
+    if paced:
+        out += ["", "Purchase → release latency under paced load (open loop, Poisson arrivals, "
+                "sealed releases; one buyer's client):", "",
+                "| offered rate | purchases/s | samples | p50 ms | p99 ms | goal |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
+        for i, first in enumerate(paced[0]):
+            ps = [run[i] for run in paced]
+            p99 = statistics.median([p.p99_ms for p in ps])
+            goal = GOAL_PACED_P99_MS[first.name]
+            out.append(f"| {first.name} | {_spread([p.rate for p in ps], ',.0f')} | "
+                       f"{first.samples} | {_spread([p.p50_ms for p in ps], '.1f')} | "
+                       f"{_spread([p.p99_ms for p in ps], '.1f')} | p99 < {goal:g} ms: "
+                       f"{_verdict(p99 < goal)} |")  # fmt: skip
+            verdicts.append(f"  purchase latency at {first.name}: p99 < {goal:g} ms: "
+                            f"{_verdict(p99 < goal)} ({p99:.1f} ms)")  # fmt: skip
+    goals = "goals (the median over runs; throughput against its own run's pass-through):"
+    return "\n".join([*out, "", goals, *verdicts])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -422,13 +558,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
     p.add_argument("--runs", type=int, default=None, help="independent runs (default 3; quick 1)")
     args = p.parse_args(argv)
-    n, lat_n = (400, 40) if args.quick else (5000, 300)
+    sizes = QUICK if args.quick else FULL
     runs = args.runs or (1 if args.quick else 3)
     workdir = Path(tempfile.mkdtemp(prefix="emarket-bench-"))
-    results = [one_run(n, lat_n, workdir / f"run{i}") for i in range(runs)]
-    print(f"## Service on the embedded broker ({n:,} events per throughput run, "
-          f"{lat_n} closed-loop latency samples, {os.cpu_count()} cores)\n")  # fmt: skip
-    print(render(results))
+    results = [one_run(sizes, workdir / f"run{i}") for i in range(runs)]
+    print(f"## Service on the embedded broker ({sizes.n:,} events per throughput run, "
+          f"{sizes.lat_n} closed-loop latency samples, {os.cpu_count()} cores)\n")  # fmt: skip
+    print(render([rows for rows, _ in results], [m.paced for _, m in results]))
     print(f"(logs: {workdir})")
     return 0
 

@@ -38,7 +38,12 @@ def test_service_benchmark_runs() -> None:
     for row in ("raw aiokafka round trip", "Faust pass-through agent", "market ingest",
                 "market purchase"):  # fmt: skip
         assert f"| {row}" in out
-    assert "market ingest: >= 0.7x pass-through: " in out  # a goal per path, with its ratio
+    assert "market ingest: >= 1.0x pass-through: " in out  # a goal per path, with its ratio
+    assert "market purchase: >= 0.7x pass-through: " in out
+    # open-loop purchases at 10/s and at half the measured rate, each with its p99 goal
+    assert "| 10/s | 10 | 40 |" in out
+    assert "purchase latency at 10/s: p99 < 25 ms: " in out
+    assert "purchase latency at 50% of the measured max: p99 < 50 ms: " in out
 
 
 @pytest.mark.slow

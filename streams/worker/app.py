@@ -87,6 +87,7 @@ class MarketWorker:
             profile=settings.profile_batches,
         )
         self._started = time.time()
+        self._vectors = web.VectorBytes()
         self._wire()
 
     def _app(self) -> faust.App:
@@ -201,7 +202,7 @@ class MarketWorker:
 
     def refresh_gauges(self) -> None:
         web.refresh_gauges(self.metrics, self.stores, self._consumer(), self.topics,
-                           self.settings.stall_seconds, self._started)  # fmt: skip
+                           self.settings.stall_seconds, self._started, self._vectors)  # fmt: skip
 
     def _consumer(self) -> Any:
         try:

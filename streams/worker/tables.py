@@ -101,6 +101,8 @@ class WriteBackTable(MutableMapping[str, Any]):
         return iter(keys - deleted)
 
     def __len__(self) -> int:
+        if not self._pending:  # between batches (the gauges' case): the store's own count
+            return len(self.table)
         return sum(1 for _ in self)
 
     def drain(self, stream: Any) -> list[Record]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -47,6 +48,12 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     keys = load_or_create_keys(settings.data_dir)
     asyncio.run(_prepare(settings, keys))
     worker = MarketWorker(settings, keys)
+    # Everything built so far (faust, aiokafka, pydantic's schemas, numpy, scipy: ~120,000
+    # objects) lives as long as the process. Left to the cyclic collector, each full collection
+    # scanned them all: 40-90 ms with the event loop stopped, every purchase then in flight
+    # waiting it out (the p99 at 10 purchases/s). Frozen, they are never scanned again; the
+    # state's own objects are still collected as usual.
+    gc.freeze()
 
     class _Worker(faust.Worker):
         """Faust's worker, with a deadline on its graceful stop."""

@@ -593,6 +593,16 @@ def histogram_speed(quick: bool) -> str:
     return noise.histogram_markdown(repeat, runs)
 
 
+def core_cost(quick: bool) -> str:
+    from bench import core
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):  # exactly what `python -m bench.core` prints
+        core.main(["--quick"] if quick else [])
+    head, table = buf.getvalue().split("\n", 1)
+    return f"`python -m bench.core`: {head.removeprefix('## ')}.\n\n{table.strip()}"
+
+
 def service(quick: bool) -> str:
     from bench import service as svc
 
@@ -656,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         ("Speed of the samplers against numpy (same run)", lambda: speed(q)),
         ("Speed of histogram releases against the library (same run)",
          lambda: histogram_speed(q)),
+        ("Market core per event against its cryptographic floor (same run)",
+         lambda: core_cost(q)),
         ("Service throughput and latency (same broker)", lambda: service(q)),
     ]  # fmt: skip
     if args.only:

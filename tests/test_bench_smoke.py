@@ -25,6 +25,16 @@ def test_noise_benchmark_runs() -> None:
     assert "## Memory per stored value" in out
 
 
+def test_core_benchmark_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.core", "--quick"],
+        check=True, capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    for row in ("purchase (next step, 4 values, sealed, receipt)", "value (8 numbers, 2 holders)"):
+        assert f"| {row} |" in out
+    assert "| core µs/event | crypto floor µs | core / floor |" in out
+
+
 @pytest.mark.slow
 @pytest.mark.broker
 def test_service_benchmark_runs() -> None:
@@ -60,7 +70,7 @@ def test_report_regenerates(tmp_path: object) -> None:
     for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
                     "Exact counts: discrete Laplace", "Running totals", "Histogram streams",
                     "RAPPOR", "social network", "Speed of the samplers",
-                    "Speed of histogram releases"):  # fmt: skip
+                    "Speed of histogram releases", "Market core per event"):  # fmt: skip
         assert section in report
     assert "| histogram | top of 4 steps vs SparseHistogramRelease" in report
     assert report.index("## Speed of the samplers") < report.index("## Speed of histogram")

@@ -1,0 +1,195 @@
+"""Core benchmark: what one event costs the market core, in process, against its crypto floor.
+
+Run ``python -m bench.core`` (``--quick`` for a smoke run). No broker and no framework:
+:meth:`MarketCore.handle` on plain dict stores, every event signed beforehand, so the numbers
+are the core's own and barely move with the machine's load. For each path it times, in the
+same run, the cryptography the path cannot skip — its **floor**:
+
+* **purchase** — the next step of a 16-step stream with 4 retained values of 8 numbers,
+  sealed to the buyer's key, with a signed receipt. Floor: Ed25519 verification of the
+  request, the X25519 + ChaCha20-Poly1305 seal of the releases, the Ed25519 receipt signature.
+* **value** — one value of 8 numbers in a signed batch, released to 2 subscribed holders.
+  Floor: the Ed25519 verification of the batch.
+
+Ratio = core / floor, per run; min / median / max over ``--runs``. The keyed noise generators
+(an HMAC and an AES re-key per value and step, :class:`market.rng.KeyedRngFactory`) are shown
+apart: they are a cost of keeping noise a pure function of the request, not of the protocol.
+What a worker adds per event on top (consumer, changelog records, outputs) is what
+``python -m bench.scale`` measures as events per worker CPU-second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bench.service import SELLER, STEPS, _purchase, _registration, _value_payload
+from market.envelope import seal
+from market.rng import KeyedRngFactory
+from streams.clients.keys import Party
+from streams.core import MarketCore, MarketKeys, Stores
+from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
+from streams.wire.signing import canonical_bytes
+from streams.wire.topics import Topics
+
+MARKET = "benchcore"
+RETAINED = 4
+"""Values each purchase stream keeps (what a purchase releases)."""
+
+
+@dataclass
+class Measure:
+    """One path in one run: µs per event of the core, of its floor, of its keyed generators."""
+
+    path: str
+    core_us: float
+    floor_us: float
+    keyed_us: float
+
+
+def _core(*parties: Party) -> tuple[MarketCore, Topics]:
+    keys = MarketKeys(signing_key=Ed25519PrivateKey.generate(), noise_secret=os.urandom(32))
+    topics = Topics(MARKET)
+    core = MarketCore(Stores(), keys, topics)
+    for who in (SELLER, *parties):
+        out = core.handle(topics.accounts, who.open_account(MARKET).model_dump_json().encode())
+        assert out.status == "accepted", out.reason
+    return core, topics
+
+
+def _check(out: object, status: str) -> None:
+    got = getattr(out, "status", None)
+    if got != status:  # a benchmark that times rejections measures nothing
+        raise RuntimeError(f"expected {status}, got {got}: {getattr(out, 'reason', '')}")
+
+
+def _timed(fn: Callable[[], None], n: int) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _best(fn: Callable[[], object], reps: int) -> float:
+    """Median µs of ``reps`` calls (the floor's primitives, each timed alone)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def purchases(n_streams: int) -> Measure:
+    """Every stream's 16 steps bought in turn, each by a sealed buyer, in one core batch."""
+    buyer = Party.generate("buyer")
+    core, t = _core(buyer)
+    levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
+    for s in range(n_streams):
+        reg = SELLER.sign(StreamRegistration, MARKET, seller_id=SELLER.account_id,
+                          **_registration(f"p{s}", levels, levels[-1]))  # fmt: skip
+        _check(core.handle(t.registrations, reg.model_dump_json().encode()), "accepted")
+        for i in range(RETAINED):
+            _check(core.handle(t.values, _value_payload(i, MARKET, f"p{s}")), "accepted")
+    reqs = [_purchase(MARKET, buyer, f"p{s}", k) for k in range(STEPS) for s in range(n_streams)]
+
+    def run() -> None:
+        with core.batch():
+            for raw in reqs:
+                _check(core.handle(t.purchases, raw), "fulfilled")
+
+    core_us = _timed(run, len(reqs))
+    req = PurchaseRequest.model_validate_json(reqs[0])
+    signed = canonical_bytes(MARKET, req)
+    verify = buyer.signing_key.public_key().verify
+    sig = buyer.signing_key.sign(signed)
+    market_key = Ed25519PrivateKey.generate()
+    receipt = b"r" * 420  # a receipt's canonical bytes are about this long
+    releases = b"x" * 1500  # 4 releases of 8 numbers as JSON
+    to = buyer.sealing_public_key
+    assert to is not None
+    reps = 200
+    floor = (_best(lambda: verify(sig, signed), reps)
+             + _best(lambda: seal(to, releases, b"aad", seed=os.urandom(32)), reps)
+             + _best(lambda: market_key.sign(receipt), reps))  # fmt: skip
+    rngs = KeyedRngFactory(os.urandom(32))
+    keyed = RETAINED * _best(lambda: rngs("emarket-v1", "fpr", "stream", "value-id", 1.25), reps)
+    return Measure("purchase (next step, 4 values, sealed, receipt)", core_us, floor, keyed)
+
+
+def values(n: int) -> Measure:
+    """``n`` values, one per signed batch, on a stream with 2 holders; core batches of 100."""
+    subs = [Party.generate(f"sub{i}", sealing=False) for i in range(2)]
+    core, t = _core(*subs)
+    _check(core.handle(t.registrations, SELLER.sign(
+        StreamRegistration, MARKET, seller_id=SELLER.account_id,
+        **_registration("v", [0.5, 1.0], 1e6)).model_dump_json().encode()), "accepted")  # fmt: skip
+    for i in range(RETAINED):
+        _check(core.handle(t.values, _value_payload(i, MARKET, "v")), "accepted")
+    for sub in subs:
+        _check(core.handle(t.purchases, _purchase(MARKET, sub, "v", 0)), "fulfilled")
+    raws = [_value_payload(RETAINED + i, MARKET, "v") for i in range(n)]
+
+    def run() -> None:
+        for start in range(0, n, 100):
+            with core.batch() as deliveries:
+                for raw in raws[start : start + 100]:
+                    _check(core.handle(t.values, raw), "accepted")
+            assert len(deliveries) == 2  # one event per holder for the batch's values
+
+    core_us = _timed(run, n)
+    batch = ValueBatch.model_validate_json(raws[0])
+    signed = canonical_bytes(MARKET, batch)
+    sig = SELLER.signing_key.sign(signed)
+    verify = SELLER.signing_key.public_key().verify
+    floor = _best(lambda: verify(sig, signed), 200)
+    rngs = KeyedRngFactory(os.urandom(32))
+    keyed = 2 * _best(lambda: rngs("emarket-v1", "fpr", "stream", "value-id", 1.25), 200)
+    return Measure("value (8 numbers, 2 holders)", core_us, floor, keyed)
+
+
+def _spread(xs: list[float], fmt: str) -> str:
+    if len(xs) == 1:
+        return format(xs[0], fmt)
+    return f"{min(xs):{fmt}} / {statistics.median(xs):{fmt}} / {max(xs):{fmt}}"
+
+
+def render(runs: list[list[Measure]]) -> str:
+    """The table: µs per event (medians over runs), ratios taken within each run."""
+    lines = [
+        "| path | core µs/event | crypto floor µs | core / floor | keyed generators µs |",
+        "|---|---|---|---|---|",
+    ]
+    for i, first in enumerate(runs[0]):
+        ms = [run[i] for run in runs]
+        lines.append(
+            f"| {first.path} | {_spread([m.core_us for m in ms], ',.0f')} | "
+            f"{_spread([m.floor_us for m in ms], ',.0f')} | "
+            f"{_spread([m.core_us / m.floor_us for m in ms], '.2f')}x | "
+            f"{_spread([m.keyed_us for m in ms], ',.0f')} |"
+        )
+    what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
+    return f"Each cell: {what}; ratios are taken within a run.\n\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    p.add_argument("--runs", type=int, default=None, help="independent runs (default 3)")
+    args = p.parse_args(argv)
+    n_streams, n_values = (10, 200) if args.quick else (100, 2000)
+    runs = [[purchases(n_streams), values(n_values)]
+            for _ in range(args.runs or (1 if args.quick else 3))]  # fmt: skip
+    print(f"## Market core per event ({n_streams * STEPS:,} purchases, {n_values:,} values "
+          f"per run, in process, {os.cpu_count()} cores)\n")  # fmt: skip
+    print(render(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,17 +21,21 @@ What a worker adds per event on top (consumer, changelog records, outputs) is wh
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.service import SELLER, STEPS, _purchase, _registration, _value_payload
+from market import ChainState
 from market.envelope import seal
 from market.rng import KeyedRngFactory
+from streams.clients.client import now_ms
 from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
@@ -153,13 +157,49 @@ def values(n: int) -> Measure:
     return Measure("value (8 numbers, 2 holders)", core_us, floor, keyed)
 
 
+MEMORY_GOAL = 1000
+"""Heap bytes one stored value may take (dimension 8, three levels held; issue #15)."""
+
+
+def memory(n: int) -> tuple[float, float]:
+    """Heap bytes per stored value (tracemalloc) and the bytes of its vectors: ``n`` values of
+    8 numbers on a stream whose 3 holders hold 3 levels, so each value keeps 3 releases."""
+    subs = [Party.generate(f"mem{i}", sealing=False) for i in range(3)]
+    core, t = _core(*subs)
+    reg = _registration("m", [0.5, 1.0, 2.0], 2.0) | {"retain_last": n + 1}
+    _check(core.handle(t.registrations, SELLER.sign(
+        StreamRegistration, MARKET, seller_id=SELLER.account_id, **reg,
+    ).model_dump_json().encode()), "accepted")  # fmt: skip
+    _check(core.handle(t.values, _value_payload(0, MARKET, "m")), "accepted")
+    for level, sub in zip((0.5, 1.0, 2.0), subs, strict=True):
+        req = sub.sign(PurchaseRequest, MARKET, purchase_id="m", buyer_id=sub.account_id,
+                       stream_id="m", max_price_minor=0, target_level=level,
+                       requested_at_ms=now_ms())  # fmt: skip
+        _check(core.handle(t.purchases, req.model_dump_json().encode()), "fulfilled")
+    raws = [_value_payload(1 + i, MARKET, "m") for i in range(n)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for start in range(0, n, 100):
+        with core.batch() as deliveries:
+            for raw in raws[start : start + 100]:
+                _check(core.handle(t.values, raw), "accepted")
+        del deliveries
+    gc.collect()
+    heap = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    state = core.stores.releases[f"m/v{n:07d}"]
+    assert isinstance(state, ChainState) and len(state.steps) == 3
+    return heap, float(state.nbytes)
+
+
 def _spread(xs: list[float], fmt: str) -> str:
     if len(xs) == 1:
         return format(xs[0], fmt)
     return f"{min(xs):{fmt}} / {statistics.median(xs):{fmt}} / {max(xs):{fmt}}"
 
 
-def render(runs: list[list[Measure]]) -> str:
+def render(runs: list[list[Measure]], mem: list[tuple[float, float]] | None = None) -> str:
     """The table: µs per event (medians over runs), ratios taken within each run."""
     lines = [
         "| path | core µs/event | crypto floor µs | core / floor | keyed generators µs |",
@@ -174,7 +214,17 @@ def render(runs: list[list[Measure]]) -> str:
             f"{_spread([m.keyed_us for m in ms], ',.0f')} |"
         )
     what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
-    return f"Each cell: {what}; ratios are taken within a run.\n\n" + "\n".join(lines)
+    out = f"Each cell: {what}; ratios are taken within a run.\n\n" + "\n".join(lines)
+    if mem:
+        heap = statistics.median(h for h, _ in mem)
+        ok = "ok" if heap <= MEMORY_GOAL else "MISS"
+        out += (
+            "\n\nMemory per stored value (dimension 8, 3 levels held, heap by tracemalloc):\n\n"
+            "| heap bytes | its vectors' bytes | heap / vectors | goal |\n|---|---|---|---|\n"
+            f"| {_spread([h for h, _ in mem], ',.0f')} | {_spread([v for _, v in mem], ',.0f')} "
+            f"| {_spread([h / v for h, v in mem], '.2f')}x | <= {MEMORY_GOAL:,} B: {ok} |"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="independent runs (default 3)")
     args = p.parse_args(argv)
     n_streams, n_values = (10, 200) if args.quick else (100, 2000)
-    runs = [[purchases(n_streams), values(n_values)]
-            for _ in range(args.runs or (1 if args.quick else 3))]  # fmt: skip
+    runs, mem = [], []
+    for _ in range(args.runs or (1 if args.quick else 3)):
+        runs.append([purchases(n_streams), values(n_values)])
+        mem.append(memory(min(n_values, 999)))  # a stream retains at most 1,000 values
     print(f"## Market core per event ({n_streams * STEPS:,} purchases, {n_values:,} values "
           f"per run, in process, {os.cpu_count()} cores)\n")  # fmt: skip
-    print(render(runs))
+    print(render(runs, mem))
     return 0
 
 

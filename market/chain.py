@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import operator
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,28 +252,109 @@ def _bottom_above(st: ChainState, k: int) -> int:
     return min(above)
 
 
-@dataclass(eq=False, slots=True)  # no per-instance __dict__: one per stored value
 class ChainState:
     """What is known of one value's chain: a cache that may be dropped at any time.
+
+    Parameters
+    ----------
+    exact : ndarray or None
+        The exact value (read-only); ``None`` on a sealed chain.
+    steps : mapping of int to ndarray, optional
+        Steps already computed (read-only vectors).
 
     Attributes
     ----------
     exact : ndarray or None
-        The exact value (read-only); ``None`` on a sealed chain.
-    steps : dict of int to ndarray
+    steps : MutableMapping of int to ndarray
         The steps computed so far (read-only vectors). On a sealed chain the top step is the
         value's only root and must be kept (or recomputed from a resend of the exact value).
+
+    Notes
+    -----
+    A market keeps one of these per retained value, so its size at rest is what a worker's
+    memory grows with. :meth:`pack` moves the exact value and the steps into one read-only 2-D
+    array (exact first, then the steps in order): separate small vectors in a dict took ~1 kB
+    of heap for an exact value and 3 steps of 8 numbers, the packed rows ~0.4 kB. Steps added
+    later wait in a small dict until the next :meth:`pack` (appending to the packed rows would
+    copy them on every step). The bits never change: vectors of different types are never
+    packed together.
     """
 
-    exact: Vector | None
-    steps: dict[int, Vector]
+    __slots__ = ("_mask", "_new", "_rows", "_x", "_xrow")
+
+    def __init__(self, exact: Vector | None, steps: Mapping[int, Vector] | None = None) -> None:
+        self._x = exact  # the exact value, unless it is row 0 of _rows (_xrow)
+        self._xrow = False
+        self._rows: Vector | None = None
+        self._mask = 0  # bit k set: step k is a row of _rows (rows in increasing k)
+        self._new: dict[int, Vector] | None = dict(steps) if steps else None
+
+    def __repr__(self) -> str:
+        return f"ChainState(exact={self.exact!r}, steps={dict(self.steps.items())!r})"
+
+    @property
+    def exact(self) -> Vector | None:
+        if self._xrow:
+            assert self._rows is not None
+            row: Vector = self._rows[0]  # a read-only view
+            return row
+        return self._x
+
+    @property
+    def steps(self) -> _Steps:
+        return _Steps(self)
+
+    @steps.setter
+    def steps(self, value: Mapping[int, Vector]) -> None:
+        self._forget_rows()
+        self._new = dict(value) or None
+
+    def _forget_rows(self) -> None:
+        """Drop the packed rows, keeping the exact value (copied out: no view keeps them)."""
+        if self._xrow and self._rows is not None:
+            self._x = _frozen(self._rows[0].copy())
+        self._rows, self._mask, self._xrow = None, 0, False
+
+    def pack(self) -> None:
+        """Store the exact value and every step in one read-only 2-D array (the state at rest;
+        see Notes)."""
+        if not self._new:
+            return
+        merged = self._unpacked()
+        ids = tuple(sorted(merged))
+        if not 0 <= ids[0] <= ids[-1] < 1024:
+            return
+        vectors = [merged[k] for k in ids]
+        exact = self._x
+        rows = vectors if exact is None else [exact, *vectors]
+        if len({(v.dtype, v.shape) for v in rows}) > 1:  # never converted to a common type:
+            rows, exact = vectors, None  # the bits stay as released (exact kept apart)
+            if len({(v.dtype, v.shape) for v in rows}) > 1:
+                return
+        mask = sum(1 << k for k in ids)  # a small int: cached by Python up to 256 (steps 0-7)
+        self._rows, self._mask, self._new = _frozen(np.stack(rows)), mask, None
+        if exact is not None:
+            self._x, self._xrow = None, True
+
+    def _unpacked(self) -> dict[int, Vector]:
+        """Every step in a dict (packed rows as views), after which nothing is packed."""
+        out: dict[int, Vector] = {}
+        if self._rows is not None:
+            first = 1 if self._xrow else 0
+            if self._xrow:  # copied out: a view would keep every old row alive
+                self._x = _frozen(self._rows[0].copy())
+            out = {k: self._rows[first + j] for j, k in enumerate(_bits(self._mask))}
+        out.update(self._new or {})
+        self._rows, self._mask, self._xrow, self._new = None, 0, False, (out or None)
+        return out
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the vectors of this state."""
-        return sum(v.nbytes for v in self.steps.values()) + (
-            0 if self.exact is None else self.exact.nbytes
-        )
+        packed = 0 if self._rows is None else self._rows.nbytes
+        new = sum(v.nbytes for v in (self._new or {}).values())
+        apart = 0 if self._xrow or self._x is None else self._x.nbytes
+        return packed + new + apart
 
     def trim(self, max_bytes: int) -> None:
         """Drop cached steps until the vectors take at most ``max_bytes`` (roots are kept).
@@ -289,7 +371,7 @@ class ChainState:
         """Forget every step that can be recomputed (all of them on an open chain)."""
         if self.exact is not None:
             self.steps.clear()
-        elif self.steps:
+        elif len(self.steps):
             top = max(self.steps)
             self.steps = {top: self.steps[top]}
 
@@ -304,6 +386,79 @@ class ChainState:
         ):
             return False
         return all(self.steps[k].tobytes() == other.steps[k].tobytes() for k in self.steps)
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """The positions of the set bits of ``mask``, increasing."""
+    k = 0
+    while mask:
+        if mask & 1:
+            yield k
+        mask >>= 1
+        k += 1
+
+
+def _has(mask: int, k: object) -> bool:
+    """Whether step ``k`` (any integer type, as a dict key would match) is a bit of ``mask``."""
+    try:
+        i = operator.index(k)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return 0 <= i < 1024 and bool(mask >> i & 1)
+
+
+class _Steps(MutableMapping[int, Vector]):
+    """The steps of a :class:`ChainState` as a mapping, over its packed rows and new steps."""
+
+    __slots__ = ("_st",)
+
+    def __init__(self, state: ChainState) -> None:
+        self._st = state
+
+    def __getitem__(self, k: int) -> Vector:
+        st = self._st
+        if st._new is not None and k in st._new:
+            return st._new[k]
+        if st._rows is not None and _has(st._mask, k):
+            below = st._mask & ((1 << operator.index(k)) - 1)
+            row: Vector = st._rows[st._xrow + below.bit_count()]  # a read-only view of its row
+            return row
+        raise KeyError(k)
+
+    def __setitem__(self, k: int, v: Vector) -> None:
+        st = self._st
+        if _has(st._mask, k):
+            st._unpacked()
+        if st._new is None:
+            st._new = {}
+        st._new[k] = v
+
+    def __delitem__(self, k: int) -> None:
+        st = self._st
+        if k not in self:
+            raise KeyError(k)
+        steps = st._unpacked()
+        del steps[k]
+        st._new = steps or None
+
+    def __contains__(self, k: object) -> bool:
+        st = self._st
+        return _has(st._mask, k) or (st._new is not None and k in st._new)
+
+    def __iter__(self) -> Iterator[int]:
+        st = self._st
+        yield from _bits(st._mask)
+        if st._new is not None:
+            yield from list(st._new)
+
+    def __len__(self) -> int:
+        st = self._st
+        return st._mask.bit_count() + len(st._new or {})
+
+    def clear(self) -> None:
+        st = self._st
+        st._forget_rows()
+        st._new = None
 
 
 _CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"

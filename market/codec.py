@@ -333,7 +333,9 @@ def decode_chain_state(data: bytes) -> ChainState:
         exact.setflags(write=False)
     elif not cached:
         raise StateFormatError("a chain state needs its exact value or a cached step")
-    return ChainState(exact, cached)
+    state = ChainState(exact, cached)
+    state.pack()  # a decoded state is at rest
+    return state
 
 
 # -- histogram values ------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def totals_for(
     if new_noise:
         for n, s in zip(nodes, states, strict=True):
             s.trim(ctx.limits.max_message_bytes // 2)
+            s.pack()
             ctx.stores.releases[node_key(sid, n)] = s
     dim = st.registration.dimension
     out = []

@@ -276,10 +276,11 @@ def _deliver(
 
 
 def store_state(ctx: Context, key: str, state: ChainState | HistogramValue) -> None:
-    """Store a value's chain state, its cache trimmed so the record fits in one message (a
-    histogram value is only its counts: nothing to trim)."""
+    """Store a value's chain state, its cache trimmed so the record fits in one message and
+    packed (a histogram value is only its counts: nothing to trim)."""
     if isinstance(state, ChainState):
         state.trim(ctx.limits.max_message_bytes // 2)
+        state.pack()  # at rest: one array for its steps (market.chain.ChainState, Notes)
     ctx.stores.releases[key] = state
 
 

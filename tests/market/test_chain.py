@@ -142,3 +142,46 @@ def test_chain_state_codec_round_trip_and_corruption() -> None:
 def test_cache_states_are_plain_data() -> None:
     st = ChainState(None, {})
     assert st.nbytes == 0
+
+
+@pytest.mark.parametrize("mech", [Laplace(1.0), Gaussian(1.0), Poisson(1.0)])
+def test_packed_states_hold_the_same_bits_and_behave_as_the_dict_did(mech: object) -> None:
+    """A state at rest keeps its steps in one array (memory), with exactly the bits released;
+    steps added, dropped, trimmed or cleared afterwards behave as with a plain dict."""
+    chain = ReleaseChain(mech, (0.5, 1.0, 2.0, 4.0))  # type: ignore[arg-type]
+    x = np.arange(8) if isinstance(mech, Poisson) else np.linspace(-1, 1, 8)
+    st = chain.open(x)
+    first = [chain.release([st], k, [("v",)], rngs())[0].copy() for k in (0, 1)]
+    exact = st.exact.copy()  # type: ignore[union-attr]
+    st.pack()
+    assert st.exact.tobytes() == exact.tobytes() and not st.exact.flags.writeable  # type: ignore[union-attr]
+    assert sorted(st.steps) == [0, 1] and len(st.steps) == 2 and np.int64(1) in st.steps
+    for k, y in enumerate(first):
+        assert st.steps[k].tobytes() == y.tobytes() and st.steps[np.int64(k)].dtype == y.dtype
+        assert not st.steps[k].flags.writeable
+    assert st.nbytes == 3 * first[0].nbytes
+    top = chain.release([st], 3, [("v",)], rngs())[0]  # a relaxation on top of packed steps
+    fresh = chain.open(x)
+    assert top.tobytes() == chain.release([fresh], 3, [("v",)], rngs())[0].tobytes()
+    assert sorted(st.steps) == [0, 1, 2, 3] and len(st.steps) == 4
+    st.pack()
+    assert st.equals(fresh) and decode_chain_state(encode_chain_state(st)).equals(fresh)
+    del st.steps[1]
+    assert sorted(st.steps) == [0, 2, 3] and st.steps[2].tobytes() == fresh.steps[2].tobytes()
+    with pytest.raises(KeyError):
+        del st.steps[1]
+    st.steps[2] = fresh.steps[2]  # replacing a packed step
+    st.pack()
+    st.trim(2 * x.nbytes)
+    assert sorted(st.steps) == [3]  # keeps the most accurate step longest
+    st.drop_cache()  # the exact value, packed with the steps, survives them
+    assert len(st.steps) == 0 and st.nbytes == exact.nbytes
+    assert st.exact.tobytes() == exact.tobytes() and st.exact.base is None  # type: ignore[union-attr]
+    assert "steps={}" in repr(st)
+
+
+def test_a_state_whose_steps_differ_in_type_is_never_packed_into_one() -> None:
+    st = ChainState(None, {0: np.zeros(3, dtype=np.int64), 1: np.full(3, 0.5)})
+    st.pack()
+    assert st.steps[0].dtype == np.int64 and st.steps[1].dtype == np.float64
+    assert sorted(st.steps) == [0, 1] and st.steps[1].tobytes() == np.full(3, 0.5).tobytes()

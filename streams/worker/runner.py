@@ -50,9 +50,11 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     worker = MarketWorker(settings, keys)
     # Everything built so far (faust, aiokafka, pydantic's schemas, numpy, scipy: ~120,000
     # objects) lives as long as the process. Left to the cyclic collector, each full collection
-    # scanned them all: 40-90 ms with the event loop stopped, every purchase then in flight
-    # waiting it out (the p99 at 10 purchases/s). Frozen, they are never scanned again; the
-    # state's own objects are still collected as usual.
+    # scanned them all: 40-90 ms with the event loop stopped (measured with py-spy on a worker
+    # under load), every event then in flight waiting it out. Frozen, they are never scanned
+    # again (a full collection takes ~10 ms); the state's own objects are still collected as
+    # usual. How much of the latency tail this removes is not proven: the tail also comes from
+    # the consumer thread and CPU contention (docs/operations.md, sizing).
     gc.freeze()
 
     class _Worker(faust.Worker):

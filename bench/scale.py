@@ -35,6 +35,7 @@ from bench.service import (
     _drain,
     _purchases,
     _registration,
+    _stop_readers,
     _value_payload,
 )
 from streams.broker.embedded import EmbeddedBroker, find_free_port
@@ -119,10 +120,10 @@ async def _run_paths(settings: Settings, n: int, pids: list[int], workers: int) 
                     rate = (await _purchases(b)).rate
                 (cpu0, t0), (cpu1, t1) = stamps[:2]
                 out.append(Measure(name, workers, rate, cpu1 - cpu0, t1 - t0))
+                await _stop_readers(b)  # idle readers would poll through the next path
         finally:
             await prod.stop()
-            for r in b.readers:
-                await r.stop()
+            await _stop_readers(b)
     return out
 
 

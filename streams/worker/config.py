@@ -58,7 +58,8 @@ class Settings:
     #: Seconds a value or purchase is remembered for deduplication; older ones are refused.
     #: Match the values topic's retention (see :data:`streams.wire.topics.DEDUP_HORIZON_MS`).
     dedup_horizon: float = DEDUP_HORIZON_MS / 1000
-    #: Log the time each batch spends processing, persisting state and sending outputs.
+    #: Log, per batch part, how long its oldest event waited since it was produced, and the
+    #: time spent processing, persisting state and sending outputs.
     profile_batches: bool = False
     #: The broker's maximum message size (Kafka's message.max.bytes): no output exceeds it and
     #: larger inputs are refused unread.

@@ -208,6 +208,8 @@ class _Bench:
     lat_n: int
     #: called when an open-loop measurement starts and ends (bench.scale reads CPU time there)
     marks: list[Callable[[], None]] = field(default_factory=list)
+    #: paced runs so far: each has its own streams and buyer
+    paced_runs: int = 0
 
     def mark(self) -> None:
         for fn in self.marks:
@@ -488,7 +490,8 @@ def _value_id(raw: bytes) -> str:
 async def _paced_purchases(b: _Bench, rate: float, n: int, name: str) -> Paced:
     """Purchases at ``rate`` per second for one sealed buyer, each buying the next step of one
     of many streams; latency = her send → her outcome's arrival."""
-    tag = f"pace{len(b.readers)}"
+    b.paced_runs += 1
+    tag = f"pace{b.paced_runs}"  # its own streams and buyer
     streams = [f"{tag}s{i}" for i in range(max(1, -(-n // STEPS)))]
     await _purchase_streams(b, streams)
     buyer = Party.generate(tag)

@@ -389,13 +389,12 @@ class ChainState:
 
 
 def _bits(mask: int) -> Iterator[int]:
-    """The positions of the set bits of ``mask``, increasing."""
-    k = 0
+    """The positions of the set bits of ``mask``, increasing (one turn per set bit: a chain
+    holds a few steps, often high ones)."""
     while mask:
-        if mask & 1:
-            yield k
-        mask >>= 1
-        k += 1
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 def _has(mask: int, k: object) -> bool:

@@ -28,10 +28,26 @@ def test_backoff_follows_the_fetch_wait_up_to_aiokafkas_default() -> None:
     assert prefetch_backoff(1500) == pytest.approx(0.1)  # Kafka's setting: aiokafka's default
 
 
+def _restore_patches_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker built in process patches Faust and aiokafka process-wide: put them back after."""
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from faust.tables.manager import TableManager
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from streams.worker import compat
+
+    for owner, name in ((AIOKafkaConsumerThread, "_create_worker_consumer"),
+                        (AIOKafkaConsumerThread, "_highwaters"),
+                        (GroupCoordinator, "_maybe_leave_group"),
+                        (TableManager, "on_start"), (compat, "_installed")):  # fmt: skip
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+
+
 @pytest.mark.broker
 def test_a_workers_consumer_fetches_with_the_tuned_wait_and_backoff(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _restore_patches_after(monkeypatch)
     settings = replace(
         Settings(broker=broker.url, app_id="fetch-tuning", prefix="fetchtuning",
                  data_dir=tmp_path, web_port=find_free_port()).for_tansu(),

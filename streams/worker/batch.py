@@ -45,6 +45,13 @@ class _Part:
 log = logging.getLogger("emarket.worker")
 
 
+def _waited_ms(events: list[Any]) -> float:
+    """How long the oldest of ``events`` has waited since its producer stamped it (broker,
+    fetch and the framework's dispatch): the batch profile's first column."""
+    stamps = [ev.message.timestamp for ev in events if ev.message.timestamp]
+    return (time.time() - min(stamps)) * 1e3 if stamps else 0.0
+
+
 class BatchProcessor:
     """Applies batches of events to the core and makes their effects durable, then visible."""
 
@@ -86,11 +93,7 @@ class BatchProcessor:
     async def _part(self, stream: Any, events: list[Any], started: float) -> list[Any]:
         """Apply, persist, then send a prefix of ``events``; return the events left over."""
         t_start = time.perf_counter()
-        # how long the part's oldest event waited since its producer stamped it (broker, fetch
-        # and the framework's dispatch): the profile's first column
-        waited = 0.0
-        if self.profile:
-            waited = (time.time() - min(e.message.timestamp for e in events)) * 1e3
+        waited = _waited_ms(events) if self.profile else 0.0
         part = await self._apply(stream, events, started)
         t_proc = time.perf_counter()
         state = [r for tbl in self.tables for r in tbl.drain(stream)]

@@ -53,8 +53,8 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     # scanned them all: 40-90 ms with the event loop stopped (measured with py-spy on a worker
     # under load), every event then in flight waiting it out. Frozen, they are never scanned
     # again (a full collection takes ~10 ms); the state's own objects are still collected as
-    # usual. How much of the latency tail this removes is not proven: the tail also comes from
-    # the consumer thread and CPU contention (docs/operations.md, sizing).
+    # usual. How much of the latency tail this removed is not measured: most of the tail came
+    # from aiokafka's prefetch backoff (compat.prefetch_backoff) and CPU contention.
     gc.freeze()
 
     class _Worker(faust.Worker):

@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from ..wire.topics import Topics, TopicSpec
 
-__all__ = ["ensure_topics", "wait_for_broker"]
+__all__ = ["PartitionCountError", "check_input_partitions", "ensure_topics", "wait_for_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +58,35 @@ async def ensure_topics(
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+class PartitionCountError(RuntimeError):
+    """An input topic has another partition count than the market is configured with."""
+
+
+async def check_input_partitions(bootstrap: str, topics: Topics, **auth: Any) -> None:
+    """Raise :class:`PartitionCountError` unless every input topic has ``topics.partitions``.
+
+    The market refuses an event that is not on the partition Kafka's default partitioner gives
+    its id (:meth:`Topics.partition_of`, computed with ``topics.partitions``). Input topics made
+    beforehand with another count would have every event refused; stop at start-up instead,
+    saying what to change.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **auth)
+    await admin.start()
+    try:
+        cluster = await admin._client.fetch_all_metadata()
+    finally:
+        await admin.close()
+    wrong = {
+        name: len(parts)
+        for name in topics.inputs()
+        if (parts := cluster.partitions_for_topic(name)) and len(parts) != topics.partitions
+    }
+    if wrong:
+        found = ", ".join(f"{name} has {n}" for name, n in sorted(wrong.items()))
+        raise PartitionCountError(
+            f"the market is configured with {topics.partitions} partitions per input topic but "
+            f"{found}: start the workers with EMARKET_PARTITIONS (--partitions) equal to the "
+            "topics' count (every worker and client of a market must agree on it)"
+        )

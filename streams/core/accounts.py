@@ -21,16 +21,32 @@ from ..wire.events import ACCOUNTS_EVENT, AccountState, OpenAccount, RotateKeys
 from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Outcome, Output, Reject, dump
+from .placement import check_partition
+from .rejections import Source
 
 __all__ = ["handle_account"]
 
 
-def handle_account(ctx: Context, raw: bytes) -> Outcome:
+def handle_account(ctx: Context, src: Source) -> Outcome:
     """Apply one ``open_account`` or ``rotate_keys`` event."""
-    ev = ACCOUNTS_EVENT.validate_json(raw)
+    ev = ACCOUNTS_EVENT.validate_json(src[3])
+    try:
+        check_partition(ctx, src, ev.account_id)
+    except Reject as rej:
+        rej.claimed = ev.account_id
+        rej.sender = _signed_by_owner(ctx, ev)
+        raise
     if isinstance(ev, OpenAccount):
         return _open(ctx, ev)
     return _rotate(ctx, ev)
+
+
+def _signed_by_owner(ctx: Context, ev: OpenAccount | RotateKeys) -> str | None:
+    """``ev.account_id`` if the account exists and its current key signed ``ev``, else None."""
+    acct = ctx.directory.get(ev.account_id)
+    if acct is None or ev.key_id != acct.key_id:
+        return None
+    return ev.account_id if verify(ctx.topics.prefix, ev, acct.signing_key) else None
 
 
 def _open(ctx: Context, ev: OpenAccount) -> Outcome:

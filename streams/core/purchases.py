@@ -46,6 +46,7 @@ from .context import Context
 from .histograms import as_released
 from .horizon import UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
+from .placement import check_partition
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
 from .totals import is_totals, release_totals, worst_total_factor
@@ -63,10 +64,11 @@ def fingerprint(req: PurchaseRequest) -> str:
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
-def quote(ctx: Context, req: QuoteRequest, *, final: bool = True) -> Outcome:
+def quote(ctx: Context, req: QuoteRequest, src: Source, *, final: bool = True) -> Outcome:
     """Answer what a purchase would cost, without buying."""
     authenticate(ctx, req, req.buyer_id, final=final)
     with acting_for(req.buyer_id, req.stream_id):
+        check_partition(ctx, src, req.stream_id)
         return _quote(ctx, req)
 
 
@@ -106,6 +108,7 @@ def purchase(ctx: Context, req: PurchaseRequest, src: Source, *, final: bool = T
     """Apply one signed ``purchase``: replay a stored outcome, or fulfil or refuse and store it."""
     account = authenticate(ctx, req, req.buyer_id, final=final)
     with acting_for(req.buyer_id, req.stream_id):
+        check_partition(ctx, src, req.stream_id)  # before any state is read or written
         return _purchase(ctx, req, src, account)
 
 

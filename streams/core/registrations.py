@@ -17,6 +17,8 @@ from .context import Context
 from .delivery import release_bytes
 from .histograms import work_width
 from .outputs import Outcome, Output, Reject, dump
+from .placement import check_partition
+from .rejections import Source
 from .state import StreamState, stream_record_bound
 from .totals import chains_walked
 
@@ -26,11 +28,12 @@ EPSILON_DELTA = 1e-6
 """δ at which catalog entries state ε for Gaussian and Poisson streams."""
 
 
-def register(ctx: Context, raw: bytes, *, final: bool = True) -> Outcome:
+def register(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
     """Apply one ``register_stream`` event."""
-    reg = StreamRegistration.model_validate_json(raw)
+    reg = StreamRegistration.model_validate_json(src[3])
     authenticate(ctx, reg, reg.seller_id, final=final)
     with acting_for(reg.seller_id, reg.stream_id):
+        check_partition(ctx, src, reg.stream_id)
         return _register(ctx, reg)
 
 

@@ -117,8 +117,8 @@ class MarketCore:
                 f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
             ))  # fmt: skip
         handlers: dict[str, Callable[[], Outcome]] = {
-            t.accounts: lambda: accounts.handle_account(ctx, raw),
-            t.registrations: lambda: registrations.register(ctx, raw, final=final),
+            t.accounts: lambda: accounts.handle_account(ctx, src),
+            t.registrations: lambda: registrations.register(ctx, src, final=final),
             t.values: lambda: values.ingest_batch(ctx, src, final=final),
             t.purchases: lambda: self._purchases(src, final),
         }
@@ -130,7 +130,8 @@ class MarketCore:
     def _purchases(self, src: Source, final: bool) -> Outcome:
         req = PURCHASES_EVENT.validate_json(src[3])
         if isinstance(req, QuoteRequest):
-            return self._guard("quote", src, lambda: purchases.quote(self.ctx, req, final=final))
+            ctx = self.ctx
+            return self._guard("quote", src, lambda: purchases.quote(ctx, req, src, final=final))
         return purchases.purchase(self.ctx, req, src, final=final)
 
     def _guard(self, kind: Kind, src: Source, fn: Callable[[], Outcome]) -> Outcome:

@@ -37,6 +37,7 @@ from .context import Context, Terms
 from .delivery import Release, release_bytes
 from .histograms import histogram_value, released, work_width
 from .outputs import Outcome, Output, Reject, dump
+from .placement import check_partition
 from .rejections import Source, rejection
 from .state import EvictedValue, StreamState, ValueEntry, ValueState, record_key
 from .totals import (
@@ -78,6 +79,7 @@ def ingest_batch(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
     batch = ValueBatch.model_validate_json(src[3])
     authenticate(ctx, batch, batch.seller_id, final=final)
     with acting_for(batch.seller_id, batch.stream_id):
+        check_partition(ctx, src, batch.stream_id)
         st = ctx.stream(batch.stream_id)
         if st.registration.seller_id != batch.seller_id:
             raise Reject(

@@ -29,13 +29,21 @@ topic                      key          partitions   retention / cleanup
 Topic names are built, never parsed: ids match ``[A-Za-z0-9_-]{1,64}`` (no dots), so
 ``<p>.inbox.<id>`` is injective. The embedded Tansu broker stores the retention and cleanup
 configs but enforces neither.
+
+**Partition = murmur2(key) mod P**, Kafka's default partitioner (the Java client's, aiokafka's and
+librdkafka's ``murmur2_random``; *not* librdkafka's own default, ``consistent_random``). The
+market recomputes it from the id *in the payload* and refuses an event found on any other
+partition (``wrong_partition``): a table entry lives in the changelog partition of the event that
+wrote it, so an event on a foreign partition would write a second copy of an account or stream
+that another worker (or, after a rebalance, the replica of every worker) might read instead of
+the real one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "TopicSpec", "Topics"]
+__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "TopicSpec", "Topics", "murmur2"]
 
 DAY_MS = 86_400_000
 DEDUP_HORIZON_MS = 7 * DAY_MS
@@ -44,6 +52,24 @@ DEDUP_HORIZON_MS = 7 * DAY_MS
 It equals the retention of the registrations and values topics: anything older can no longer be
 replayed from the broker, so its dedup markers may be forgotten. Workers take it as their
 default (``EMARKET_DEDUP_HORIZON``); the events' timestamps are measured against it."""
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of ``data`` (``org.apache.kafka.common.utils.Utils.murmur2``), as an
+    unsigned 32-bit int: the hash every Kafka client's default partitioner uses for keys."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    n = len(data)
+    h = (0x9747B28C ^ n) & mask
+    for i in range(0, n - n % 4, 4):
+        k = (int.from_bytes(data[i : i + 4], "little") * m) & mask
+        k = ((k ^ (k >> 24)) * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[n - n % 4 :]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * m) & mask
+    h = ((h ^ (h >> 13)) * m) & mask
+    return h ^ (h >> 15)
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,11 @@ class Topics:
     def inbox(self, account_id: str) -> str:
         """The topic where the market writes to one party (its only readable topic of its own)."""
         return f"{self.prefix}.inbox.{account_id}"
+
+    def partition_of(self, key: str) -> int:
+        """The input partition of events keyed by ``key`` (an account or stream id): Kafka's
+        default partitioner, ``(murmur2(key) & 0x7fffffff) % partitions``."""
+        return (murmur2(key.encode()) & 0x7FFFFFFF) % self.partitions
 
     def inputs(self) -> tuple[str, str, str, str]:
         return (self.accounts, self.registrations, self.values, self.purchases)

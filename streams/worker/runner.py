@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..broker.admin import ensure_topics, wait_for_broker
+from ..broker.admin import check_input_partitions, ensure_topics, wait_for_broker
 from ..core.keys import MarketKeys
 from ..wire.topics import Topics
 from .config import Settings
@@ -118,6 +118,7 @@ async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     topics = Topics(settings.prefix, settings.partitions)
     await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
+    await check_input_partitions(settings.bootstrap, topics, **auth)
     await check_identity(settings.bootstrap, topics, keys, **auth)
 
 

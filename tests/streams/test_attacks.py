@@ -2,6 +2,7 @@
 
 * buying as someone else, rotating someone else's keys;
 * publishing into someone else's stream;
+* events written to a partition their id does not map to;
 * messages that stopped the market (a 3 MB id of control bytes, a 20 MB input, a normal burst to
   a wide stream), followed by a purchase that must be answered, with no message over the limit
   anywhere;
@@ -132,6 +133,50 @@ def test_publishing_into_someone_elses_stream_is_refused(market: Market) -> None
     assert market.ledger()["temp"]["values_ingested"] == 0
     bob = market.run(lambda c: read_all(c, c.topics.inbox("bob")))
     assert not [v for v in bob if b"value_released" in v]  # nothing delivered to the holder
+
+
+def test_events_written_to_a_foreign_partition_are_refused(market: Market) -> None:
+    """A producer picks any partition it likes; the market applies an event only on the one its
+    id maps to (a second "alice" or a second stream could otherwise be written on another
+    worker: ``tests/streams/test_placement.py``)."""
+    market.start_worker()
+    market.open_accounts("seller1", "alice", "eve")
+    t, m = market.topics, market.topics.prefix
+    mallory_as_alice = party("eve").sign(
+        type(party("alice").open_account(m)), m, account_id="alice",
+        signing_key=party("eve").public_key, sealing_key=None, opened_at_ms=now_ms())  # fmt: skip
+    eve_buys = helpers.purchase("temp", "eve", "elsewhere", max_price=10**6, market=m,
+                                target_level=4.0, requested_at_ms=now_ms())  # fmt: skip
+
+    async def go(c: MarketClient) -> list[Any]:
+        await c.register(reg())
+        await c.publish("temp", [1.0, 2.0, 3.0], value_id="v0")
+        market.wait_ingested("temp", 1)
+        prod = AIOKafkaProducer(bootstrap_servers=c.bootstrap)
+        await prod.start()
+        try:
+            for topic, key, payload in (
+                (t.accounts, "alice", mallory_as_alice.model_dump_json().encode()),
+                (t.purchases, "temp", eve_buys),
+            ):
+                foreign = (t.partition_of(key) + 1) % t.partitions
+                await prod.send_and_wait(topic, payload, key=key.encode(), partition=foreign)
+        finally:
+            await prod.stop()
+        return await rejections(c, "wrong_partition", 2)
+
+    refused = market.run(go)
+    by_topic = {r.source_topic: r for r in refused}
+    assert by_topic[t.accounts].claimed_id == "alice" and by_topic[t.accounts].sender_id is None
+    assert by_topic[t.purchases].sender_id == "eve"
+    assert all(r.details["expected_partition"] != r.source_partition for r in refused)
+    eve = market.run(lambda c: read_all(c, t.inbox("eve")))
+    assert any(b"wrong_partition" in v for v in eve)  # eve sees why, in her own inbox
+    ledger = market.ledger()["temp"]
+    assert "eve" not in ledger["holders"] and ledger["revenue_minor"] == 0
+    # the same purchase on its own partition is applied: honest clients are never refused
+    out = market.run(lambda c: buy(c, "eve", "temp", max_price_minor=10**6, target_level=4.0))
+    assert isinstance(out, PurchaseFulfilled)
 
 
 def test_oversized_messages_cannot_stop_the_market(market: Market) -> None:

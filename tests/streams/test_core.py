@@ -10,6 +10,7 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
+from streams.core.rejections import best_effort_ids
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
@@ -166,12 +167,15 @@ def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
 def test_bad_input_becomes_a_rejection_with_reason(
     core: MarketCore, topic: str, payload: bytes, reason: str
 ) -> None:
-    out = core.handle(topic, payload, partition=2, offset=7)
+    ids = best_effort_ids(payload)  # on the partition its id maps to, as a client sends it
+    routing = ids.get("stream_id") if topic != T.accounts else ids.get("account_id")
+    partition = T.partition_of(routing) if routing else 2
+    out = core.handle(topic, payload, partition=partition, offset=7)
     assert (out.status, out.reason) == ("rejected", reason)
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert out.outputs[0].topic == T.rejections
     assert rej.reason == reason and rej.message
-    assert (rej.source_partition, rej.source_offset) == (2, 7)
+    assert (rej.source_partition, rej.source_offset) == (partition, 7)
     original = (
         rej.payload.encode()
         if rej.payload_encoding == "utf-8"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from streams.clients import cli
 from streams.core import MarketCore, Stores
+from streams.core.rejections import best_effort_ids
 from streams.wire.events import INBOX_EVENT, MAX_DIMENSION, Rejection
 from streams.wire.topics import Topics
 
@@ -36,7 +37,7 @@ REASONS = {
     "value_from_the_future", "request_too_old", "request_from_the_future", "bad_signature",
     "unknown_account", "not_your_stream", "too_large", "stream_too_large", "account_exists",
     "stale_key_version", "too_many_accounts", "accuracy_not_for_sale", "privacy_window_full",
-    "privacy_window_closed", "stream_full",
+    "privacy_window_closed", "stream_full", "wrong_partition",
 }  # fmt: skip
 TOPICS = [T.accounts, T.registrations, T.values, T.purchases]
 M = {"market": "f"}
@@ -61,9 +62,17 @@ def snapshot(core: MarketCore) -> tuple[Any, ...]:
     )
 
 
+def _partition(topic: str, payload: bytes) -> int:
+    """Where a client would have written ``payload``: the partition of its id (else 0), so
+    the fuzzing reaches the rules behind the placement check."""
+    ids = best_effort_ids(payload)
+    key = ids.get("account_id") if topic == T.accounts else ids.get("stream_id")
+    return T.partition_of(key) if key else 0
+
+
 def check(core: MarketCore, topic: str, payload: bytes) -> None:
     before = snapshot(core)
-    out = core.handle(topic, payload, partition=0, offset=1)
+    out = core.handle(topic, payload, partition=_partition(topic, payload), offset=1)
     if out.status == "rejected":
         assert out.reason in REASONS, out.reason
         rej = Rejection.model_validate_json(out.outputs[0].value)

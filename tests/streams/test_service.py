@@ -137,7 +137,7 @@ def test_bad_events_on_every_topic_are_rejected_and_worker_survives(market: Mark
 
     async def go(c: MarketClient) -> list[Rejection]:
         for topic, payload in bad:
-            await c.send(topic, "k", payload)
+            await c.send(topic, "nope", payload)  # keyed as a client keys it
         reader = TopicReader(c.bootstrap, t.rejections)
         await reader.start()
         got: list[Rejection] = []

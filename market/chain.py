@@ -64,7 +64,8 @@ class ReleaseChain:
     Parameters
     ----------
     mechanism : Mechanism
-        The noise family.
+        The noise family; the chain keeps its :meth:`~market.Mechanism.stable` form, whose
+        draws never change between versions of this package.
     levels : sequence of float
         The sellable levels, strictly increasing after canonicalisation (at least one).
     sealed : bool, default False
@@ -98,6 +99,8 @@ class ReleaseChain:
         if not lv or any(b <= a for a, b in itertools.pairwise(lv)):
             raise InvalidValueError(f"chain levels must be strictly increasing, got {lv}")
         object.__setattr__(self, "levels", lv)
+        # the chain's noise is a pure function of its key across versions: stable samplers only
+        object.__setattr__(self, "mechanism", self.mechanism.stable())
         mech = self.mechanism
         desc = struct.pack(f"<BBd{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity, *lv)
         object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])

@@ -73,7 +73,7 @@ def thin(
     if method == "numpy" or n.size < ALIAS_MIN_SIZE or not 0.0 < p < 1.0:
         return rng.binomial(n, p)
     nmax = int(n.max())
-    if nmax > MAX_N:
+    if nmax > MAX_N or int(n.min()) < 0:  # numpy refuses a negative count with an error
         return rng.binomial(n, p)
     accept, alias = alias_tables(nmax, p)
     word = rng.integers(0, np.iinfo(np.uint64).max, size=n.size, dtype=np.uint64, endpoint=True)

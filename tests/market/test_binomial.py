@@ -89,3 +89,10 @@ def test_release_state_relaxes_through_the_tables_and_chains_keep_numpys_draws()
 def test_an_unknown_thinning_is_refused() -> None:
     with pytest.raises(InvalidValueError, match="thinning"):
         Poisson(1.0, thinning="fast")  # type: ignore[arg-type]
+
+
+def test_a_negative_count_is_an_error_as_in_numpy() -> None:
+    n = np.arange(ALIAS_MIN_SIZE) % 20
+    n[7] = -1
+    with pytest.raises(ValueError, match="n < 0"):
+        thin(default_rng(1), n, 0.3)

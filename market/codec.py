@@ -5,7 +5,8 @@ Layout of format version 1 (all integers little-endian)::
     magic      4s   b"EMRS"
     version    u8   1
     mechanism  u8   Mechanism.code (1 laplace, 2 gaussian, 3 poisson)
-    flags      u8   bit 0: exact value present, bit 1: cap present
+    flags      u8   bit 0: exact value present, bit 1: cap present, bit 2: the mechanism's
+                    stable samplers (``Poisson(thinning="numpy")``: :meth:`Mechanism.stable`)
     reserved   u8   0
     dimension  u32
     sensitivity f64
@@ -60,6 +61,9 @@ _MAGIC = b"EMRS"
 _HEADER = struct.Struct("<4sBBBBIddI")
 _BY_CODE = {cls.code: cls for cls in MECHANISMS.values()}
 _DENSE, _SPARSE = 0, 1
+_STABLE = 4
+"""Flag bit: the state's mechanism draws with its stable samplers (its default does not)."""
+_KNOWN_FLAGS = 1 | 2 | _STABLE
 
 
 def _item(mech: Mechanism) -> np.dtype[Any]:
@@ -84,6 +88,8 @@ def encode_state(state: ReleaseState) -> bytes:
     item = _item(mech)
     exact = state.exact
     flags = (1 if exact is not None else 0) | (2 if state.cap is not None else 0)
+    if mech != type(mech)(sensitivity=mech.sensitivity) and mech == mech.stable():
+        flags |= _STABLE  # later draws must come from the same samplers after a round trip
     levels = state.levels
     parts: list[bytes] = [
         _HEADER.pack(
@@ -166,8 +172,12 @@ def _header(r: _Reader) -> tuple[Mechanism, int, int, float | None, list[float]]
         raise StateFormatError(f"unknown mechanism code {code}")
     if not 0 < dim <= MAX_DIMENSION:
         raise StateFormatError(f"implausible dimension {dim}")
+    if flags & ~_KNOWN_FLAGS:
+        raise StateFormatError(f"unknown flags {flags:#04x} in the release state header")
     try:
         mech = _BY_CODE[code](sensitivity=sens)
+        if flags & _STABLE:
+            mech = mech.stable()
         cap_level = canonical_level(cap, name="cap") if flags & 2 else None
         levels = [canonical_level(x) for x in r.array(m, "<f8").tolist()]
     except MarketError as exc:

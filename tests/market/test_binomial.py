@@ -57,6 +57,26 @@ def test_the_check_has_power_against_a_slightly_wrong_sampler() -> None:
     assert min(_chi_square_pvalues(wrong, n, 0.5)) < 1e-6
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [23, 30, 47, 62, MAX_N])
+def test_large_counts_are_drawn_from_their_own_row(count: int) -> None:
+    """The mixed-count check above sees rows up to ~22 only: every count up to MAX_N must be
+    drawn from its own row (a lookup capped or shifted by one row fails here)."""
+    n = np.full(50_000, count)
+    n[:: 7] = np.arange(n[:: 7].size) % (MAX_N + 1)  # other rows in the same table
+    pvalues = _chi_square_pvalues(thin(default_rng(5), n, 0.37), n, 0.37)
+    assert min(pvalues) > 1e-4 / len(pvalues), pvalues
+    wrong = thin(default_rng(5), np.minimum(n, count - 1), 0.37)  # the row below
+    assert min(_chi_square_pvalues(wrong, n, 0.37)) < 1e-6
+
+
+def test_the_tables_serve_exactly_from_the_size_and_count_limits() -> None:
+    at_size = np.arange(ALIAS_MIN_SIZE) % 20  # exactly the shortest vector
+    at_count = np.full(ALIAS_MIN_SIZE, MAX_N)  # exactly the largest count
+    for n in (at_size, at_count):
+        assert thin(default_rng(3), n, 0.3).tobytes() != default_rng(3).binomial(n, 0.3).tobytes()
+
+
 def test_short_vectors_large_counts_and_numpy_thinning_draw_numpys_bits() -> None:
     short = np.arange(ALIAS_MIN_SIZE - 1) % 20
     large = np.full(ALIAS_MIN_SIZE, MAX_N + 1)

@@ -63,7 +63,7 @@ def test_large_counts_are_drawn_from_their_own_row(count: int) -> None:
     """The mixed-count check above sees rows up to ~22 only: every count up to MAX_N must be
     drawn from its own row (a lookup capped or shifted by one row fails here)."""
     n = np.full(50_000, count)
-    n[:: 7] = np.arange(n[:: 7].size) % (MAX_N + 1)  # other rows in the same table
+    n[::7] = np.arange(n[::7].size) % (MAX_N + 1)  # other rows in the same table
     pvalues = _chi_square_pvalues(thin(default_rng(5), n, 0.37), n, 0.37)
     assert min(pvalues) > 1e-4 / len(pvalues), pvalues
     wrong = thin(default_rng(5), np.minimum(n, count - 1), 0.37)  # the row below

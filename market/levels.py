@@ -113,7 +113,11 @@ def _as_vector(value: Any, dimension: int | None, what: str) -> NDArray[Any]:
 def as_float_vector(
     value: Any, *, dimension: int | None = None, what: str = "value"
 ) -> NDArray[np.float64]:
-    """A finite float64 copy of ``value`` as a 1-D vector.
+    """A finite float64 copy of ``value`` as a 1-D vector, every zero spelled ``0.0``.
+
+    A value's bytes key its noise in the service (a digest of the exact numbers), so a number
+    must have one spelling: ``-0.0`` (equal to ``0.0``) would otherwise buy a second,
+    independent sample of the same value.
 
     Parameters
     ----------
@@ -137,6 +141,7 @@ def as_float_vector(
         Wrong length.
     """
     arr = _as_vector(value, dimension, what).astype(np.float64, copy=True)
+    arr += 0.0  # -0.0 becomes 0.0: one number, one spelling, one digest (and so one noise)
     finite = np.isfinite(arr)
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])

@@ -94,8 +94,11 @@ def test_buying_in_another_order_gives_the_same_releases() -> None:
     assert direct and all(steps[k] == v for k, v in direct.items())
 
 
-def attack(c: MarketCore, dim: int) -> tuple[dict[Any, bytes], dict[Any, bytes], float]:
-    """The seller's attack of issue #12: make the market forget V, then publish V again."""
+def attack(
+    c: MarketCore, dim: int, resent: list[float] | None = None
+) -> tuple[dict[Any, bytes], dict[Any, bytes], float]:
+    """The seller's attack of issue #12: make the market forget V, then publish V again
+    (``resent``: the same numbers spelled otherwise)."""
     x = list(np.linspace(-1, 1, dim))
     c.handle(T.registrations, registration("s", dimension=dim, steps=[1.0, 2.0, 4.0], cap=4.0,
                                             retain_last=1))  # fmt: skip
@@ -105,7 +108,7 @@ def attack(c: MarketCore, dim: int) -> tuple[dict[Any, bytes], dict[Any, bytes],
     c.handle(T.values, value("s", "W", [0.0] * dim, published_at_ms=NOW + 3_000_000))
     assert "s/V" not in c.stores.releases  # V and its marker are gone
     spent = c.stores.streams["s"].spent
-    again = releases(c.handle(T.values, value("s", "V", x, published_at_ms=NOW)))
+    again = releases(c.handle(T.values, value("s", "V", resent or x, published_at_ms=NOW)))
     return first, again, spent
 
 
@@ -114,6 +117,17 @@ def test_a_forgotten_value_sent_again_gets_the_same_release_not_fresh_noise() ->
     first, again, spent = attack(c, 2000)
     assert again[("V", 2.0)] == first[("V", 2.0)]
     assert c.stores.streams["s"].spent == spent == 2.0
+
+
+def test_a_forgotten_zero_sent_again_as_minus_zero_gets_the_same_release() -> None:
+    """-0.0 and 0.0 are one number: spelled either way, a value has one digest, so one noise
+    (the red team's finding: the sign bit of a zero bought a fresh sample after the market
+    forgot the value)."""
+    c = core()
+    x = list(np.linspace(-1, 1, 2001))  # holds an exact 0.0
+    zero = x.index(0.0)
+    first, again, _ = attack(c, 2001, resent=[*x[:zero], -0.0, *x[zero + 1 :]])
+    assert again[("V", 2.0)] == first[("V", 2.0)]
 
 
 def test_different_numbers_under_one_id_get_independent_noise(

@@ -140,6 +140,9 @@ def test_security_setup_script_is_valid_and_least_privilege() -> None:
     assert "prefixed" not in party_block
     assert "--operation Read" in party_block
     assert "rejections" not in party_block and "deadletters" not in party_block
+    # the worker moves a misplaced signed event to its own input partition: it writes inputs
+    worker_inputs = text.split("for t in accounts registrations values purchases; do", 1)[1]
+    assert "--operation Write" in worker_inputs.split("done", 1)[0]
     # the admin connection authenticates; nothing runs as an anonymous principal
     assert "--command-config" in text and "ANONYMOUS" not in text
 

@@ -5,9 +5,10 @@
 #
 # Principals (Kafka ACLs are the second layer: every event is also signed by its account's key,
 # and the market checks the signature whoever wrote it):
-#   market-worker  reads the input topics, owns its consumer group and Faust's internal topics,
-#                  writes the catalog, rejections, dead letters, its identity record and every
-#                  inbox (it creates them when accounts are opened)
+#   market-worker  reads the input topics (and writes them: a signed event a producer put on
+#                  another partition than its id's is moved to its own), owns its consumer group
+#                  and Faust's internal topics, writes the catalog, rejections, dead letters, its
+#                  identity record and every inbox (it creates them when accounts are opened)
 #   operator       reads the rejections and dead letters (`epsilon-market rejections`)
 #   <seller>       one principal per seller: writes accounts, registrations and values, reads the
 #                  catalog and ONLY its own inbox <prefix>.inbox.<seller>
@@ -80,7 +81,7 @@ topic "$PREFIX.market" 1 --config retention.ms=-1
 scram market-worker "$WORKER_PASSWORD"
 W=(--allow-principal User:market-worker)
 for t in accounts registrations values purchases; do
-  acl "${W[@]}" --operation Read --operation Describe --topic "$PREFIX.$t"
+  acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.$t"
 done
 for t in catalog rejections deadletters; do
   acl "${W[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"

@@ -21,7 +21,7 @@ from ..wire.events import ACCOUNTS_EVENT, AccountState, OpenAccount, RotateKeys
 from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Outcome, Output, Reject, dump
-from .placement import check_partition
+from .placement import Misplaced, check_partition, refuse_misplaced
 from .rejections import Source
 
 __all__ = ["handle_account"]
@@ -32,10 +32,13 @@ def handle_account(ctx: Context, src: Source) -> Outcome:
     ev = ACCOUNTS_EVENT.validate_json(src[3])
     try:
         check_partition(ctx, src, ev.account_id)
-    except Reject as rej:
+    except Misplaced as where:  # forwarded only if its signature proves who sent it
+        proven = _self_signed(ctx, ev) if isinstance(ev, OpenAccount) else _signed_by_owner(ctx, ev)
+        if proven:
+            raise
+        rej = refuse_misplaced(ctx, src, where)
         rej.claimed = ev.account_id
-        rej.sender = _signed_by_owner(ctx, ev)
-        raise
+        raise rej from None
     if isinstance(ev, OpenAccount):
         return _open(ctx, ev)
     return _rotate(ctx, ev)
@@ -49,9 +52,13 @@ def _signed_by_owner(ctx: Context, ev: OpenAccount | RotateKeys) -> str | None:
     return ev.account_id if verify(ctx.topics.prefix, ev, acct.signing_key) else None
 
 
+def _self_signed(ctx: Context, ev: OpenAccount) -> bool:
+    """Whether ``ev`` is signed with the key it pins (its proof of possession)."""
+    return ev.key_id == key_id_of(ev.signing_key) and verify(ctx.topics.prefix, ev, ev.signing_key)
+
+
 def _open(ctx: Context, ev: OpenAccount) -> Outcome:
-    market = ctx.topics.prefix
-    if ev.key_id != key_id_of(ev.signing_key) or not verify(market, ev, ev.signing_key):
+    if not _self_signed(ctx, ev):
         raise Reject(
             "bad_signature",
             f"open_account for {ev.account_id!r} must be signed with the key it pins "

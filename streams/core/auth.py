@@ -19,7 +19,7 @@ from market import MarketError
 from ..wire.events import AccountState
 from ..wire.signing import verify
 from .context import Context
-from .outputs import Defer, Reject
+from .outputs import Defer, Misplaced, Reject
 
 __all__ = ["acting_for", "authenticate"]
 
@@ -86,6 +86,8 @@ def acting_for(account_id: str, stream_id: str | None = None) -> Iterator[None]:
         raise
     except MarketError as exc:
         raise Reject(exc.code, exc.message, sender=account_id, stream=stream_id) from None
+    except Misplaced:  # not a refusal: the event is forwarded to its own partition
+        raise
     except Exception as exc:  # a bug must not stop the market: reject, log, carry on
         log.exception("internal error while processing an event of %s", account_id)
         raise Reject(

@@ -14,19 +14,25 @@ from pydantic import BaseModel
 
 from ..wire.topics import TopicSpec
 
-__all__ = ["Defer", "Kind", "Outcome", "Output", "Reject", "Status", "StreamFigures", "dump"]
+__all__ = [
+    "Defer", "Kind", "Misplaced", "Outcome", "Output", "Reject", "Status", "StreamFigures", "dump",
+]
 
 Kind = Literal["account", "registration", "value", "purchase", "quote", "unknown"]
-Status = Literal["accepted", "fulfilled", "rejected", "duplicate", "answered", "deferred"]
+Status = Literal[
+    "accepted", "fulfilled", "rejected", "duplicate", "answered", "deferred", "forwarded"
+]
 
 
 @dataclass(frozen=True)
 class Output:
-    """One message to produce: a topic, a key and the exact bytes."""
+    """One message to produce: a topic, a key and the exact bytes (and a partition, for an
+    event forwarded to the input partition it belongs on; else the key's)."""
 
     topic: str
     key: bytes | None
     value: bytes
+    partition: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,12 @@ class Defer(Exception):
 def dump(model: BaseModel) -> bytes:
     """The wire bytes of an event: its model's JSON, the one encoding of every format."""
     return model.model_dump_json().encode("utf-8")
+
+
+class Misplaced(Exception):
+    """A proven sender's event on another input partition than its id's: the router forwards
+    it there (:func:`streams.core.placement.forward`). Like :class:`Defer`, not a refusal."""
+
+    def __init__(self, key: str, partition: int) -> None:
+        super().__init__(key)
+        self.key, self.partition = key, partition

@@ -40,6 +40,7 @@ from .directory import Directory, DirectoryReplica
 from .horizon import DedupHorizon
 from .keys import MarketKeys
 from .outputs import Defer, Kind, Outcome, Output, Reject
+from .placement import Misplaced, forward
 from .rejections import Source, rejection
 from .state import Stores
 
@@ -139,6 +140,8 @@ class MarketCore:
             return fn()
         except Defer as wait:
             return Outcome(kind, "deferred", waiting_for=wait.account_id)
+        except Misplaced as where:  # a proven sender's event, moved to its own partition
+            return forward(kind, src, where, None if kind == "account" else where.key)
         except Reject as rej:
             return rejection(self.ctx, kind, src, rej)
         except MarketError as exc:  # e.g. parameters the engine refuses

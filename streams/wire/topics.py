@@ -32,11 +32,12 @@ configs but enforces neither.
 
 **Partition = murmur2(key) mod P**, Kafka's default partitioner (the Java client's, aiokafka's and
 librdkafka's ``murmur2_random``; *not* librdkafka's own default, ``consistent_random``). The
-market recomputes it from the id *in the payload* and refuses an event found on any other
-partition (``wrong_partition``): a table entry lives in the changelog partition of the event that
-wrote it, so an event on a foreign partition would write a second copy of an account or stream
-that another worker (or, after a rebalance, the replica of every worker) might read instead of
-the real one.
+market recomputes it from the id *in the payload* and applies an event only there: a table entry
+lives in the changelog partition of the event that wrote it, so an event on a foreign partition
+would write a second copy of an account or stream that another worker (or, after a rebalance,
+the replica of every worker) might read instead of the real one. A proven sender's event found
+elsewhere is moved, byte for byte, to its own partition; any other is refused
+(``wrong_partition``; :mod:`streams.core.placement`).
 """
 
 from __future__ import annotations

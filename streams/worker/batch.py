@@ -133,7 +133,9 @@ class BatchProcessor:
                     await self.replica.caught_up_after(started)
                     synced = True
                     outcome = self._handle(ev, final=True)
-                part.outputs.extend(Record(o.topic, o.key, o.value) for o in outcome.outputs)
+                part.outputs.extend(
+                    Record(o.topic, o.key, o.value, o.partition) for o in outcome.outputs
+                )
                 part.topics.extend(outcome.create_topics)
                 if outcome.kind == "purchase" and ev.message.timestamp:
                     part.purchase_times.append(float(ev.message.timestamp))

@@ -35,6 +35,7 @@ class Metrics:
     values: Counter
     purchases: Counter
     quotes: Counter
+    forwarded: Counter
     registrations: Counter
     accounts: Counter
     releases: Counter
@@ -62,6 +63,9 @@ class Metrics:
 
     def record(self, o: Outcome) -> None:
         """Count one event's outcome."""
+        if o.status == "forwarded":  # counted once more where it lands, by its outcome there
+            self.forwarded.labels(o.kind).inc()
+            return
         # one refusal counts once: a value batch's refusals are its values' (a batch whose
         # values are all refused is "rejected" too, with the first value's reason); an event
         # refused as a whole has no items
@@ -145,6 +149,10 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                     ["mechanism"], {}),
     "rejections": (Counter, "rejections", "Events refused (to the rejections topic), by reason",
                    ["reason"], {}),
+    "forwarded": (Counter, "events_forwarded",
+                  "Events a producer wrote to another input partition than their id's, moved "
+                  "to their own (kind: account, registration, value, purchase, quote)",
+                  ["kind"], {}),
     "dead_letters": (Counter, "dead_letters",
                      "Outputs the broker refused for good (to <p>.deadletters), by kind of "
                      "error (too_large, unauthorized, unknown_topic, other)",

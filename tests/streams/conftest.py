@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
@@ -91,6 +92,17 @@ class Market:
             if w.alive():
                 out.update(w.get("/ledger")["streams"])
         return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sample ``name`` with ``labels`` summed over the live workers' /metrics pages."""
+        total = 0.0
+        for w in self.workers:
+            if w.alive():
+                for fam in text_string_to_metric_families(w.get("/metrics")):
+                    for s in fam.samples:
+                        if s.name == name and labels.items() <= s.labels.items():
+                            total += s.value
+        return total
 
     def wait_ingested(self, stream: str, n: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

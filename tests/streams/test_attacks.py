@@ -135,18 +135,20 @@ def test_publishing_into_someone_elses_stream_is_refused(market: Market) -> None
     assert not [v for v in bob if b"value_released" in v]  # nothing delivered to the holder
 
 
-def test_events_written_to_a_foreign_partition_are_refused(market: Market) -> None:
+def test_events_written_to_a_foreign_partition_are_moved_and_have_one_fate(market: Market) -> None:
     """A producer picks any partition it likes; the market applies an event only on the one its
     id maps to (a second "alice" or a second stream could otherwise be written on another
-    worker: ``tests/streams/test_placement.py``)."""
+    worker: ``tests/streams/test_placement.py``), and moves a proven sender's event there. The
+    red team's replay — a purchase refused on the wrong partition, bought again by its buyer
+    under a new id, then its signed bytes copied onto the right partition — charges once."""
     market.start_worker()
     market.open_accounts("seller1", "alice", "eve")
     t, m = market.topics, market.topics.prefix
     mallory_as_alice = party("eve").sign(
         type(party("alice").open_account(m)), m, account_id="alice",
         signing_key=party("eve").public_key, sealing_key=None, opened_at_ms=now_ms())  # fmt: skip
-    eve_buys = helpers.purchase("temp", "eve", "elsewhere", max_price=10**6, market=m,
-                                target_level=4.0, requested_at_ms=now_ms())  # fmt: skip
+    alice_buys = helpers.purchase("temp", "alice", "misplaced", max_price=10**6, market=m,
+                                  requested_at_ms=now_ms())  # the next step, no target  # fmt: skip
 
     async def go(c: MarketClient) -> list[Any]:
         await c.register(reg())
@@ -157,26 +159,31 @@ def test_events_written_to_a_foreign_partition_are_refused(market: Market) -> No
         try:
             for topic, key, payload in (
                 (t.accounts, "alice", mallory_as_alice.model_dump_json().encode()),
-                (t.purchases, "temp", eve_buys),
+                (t.purchases, "temp", alice_buys),
             ):
                 foreign = (t.partition_of(key) + 1) % t.partitions
                 await prod.send_and_wait(topic, payload, key=key.encode(), partition=foreign)
+            got = await helpers.inbox_until(c, "alice", lambda evs: any(
+                getattr(e, "purchase_id", None) == "misplaced" for e in evs))  # fmt: skip
+            # a stranger copies alice's signed bytes onto the partition they belong on
+            await prod.send_and_wait(t.purchases, alice_buys, key=b"temp")
         finally:
             await prod.stop()
-        return await rejections(c, "wrong_partition", 2)
+        return [e for e in got if getattr(e, "purchase_id", None) == "misplaced"]
 
-    refused = market.run(go)
-    by_topic = {r.source_topic: r for r in refused}
-    assert by_topic[t.accounts].claimed_id == "alice" and by_topic[t.accounts].sender_id is None
-    assert by_topic[t.purchases].sender_id == "eve"
-    assert all(r.details["expected_partition"] != r.source_partition for r in refused)
-    eve = market.run(lambda c: read_all(c, t.inbox("eve")))
-    assert any(b"wrong_partition" in v for v in eve)  # eve sees why, in her own inbox
-    ledger = market.ledger()["temp"]
-    assert "eve" not in ledger["holders"] and ledger["revenue_minor"] == 0
-    # the same purchase on its own partition is applied: honest clients are never refused
-    out = market.run(lambda c: buy(c, "eve", "temp", max_price_minor=10**6, target_level=4.0))
-    assert isinstance(out, PurchaseFulfilled)
+    [outcome] = market.run(go)
+    assert isinstance(outcome, PurchaseFulfilled) and outcome.level_after == 0.5
+    taken = market.run(lambda c: rejections(c, "account_exists"))  # decided where alice lives
+    assert taken[0].claimed_id == "alice" and taken[0].sender_id is None
+    assert market.run(lambda c: buy(c, "alice", "temp", max_price_minor=10**6)).level_after == 1.0
+    market.wait_ingested("temp", 1)
+    for _ in range(20):  # the copy is a duplicate: one purchase charged for the misplaced one
+        ledger = market.ledger()["temp"]
+        assert ledger["holders"]["alice"]["purchases"] == 2 and ledger["revenue_minor"] == 100
+        time.sleep(0.25)
+    assert market.metric("emarket_events_forwarded_total", kind="purchase") == 1
+    assert market.metric("emarket_events_forwarded_total", kind="account") == 1
+    assert market.metric("emarket_purchases_total", outcome="duplicate") >= 1
 
 
 def test_oversized_messages_cannot_stop_the_market(market: Market) -> None:

@@ -1,10 +1,13 @@
-"""An event is applied only on the input partition its id maps to (``wrong_partition``).
+"""An event is applied only on the input partition its id maps to; elsewhere it is moved there.
 
 A producer may write to any partition it likes. Each worker holds only its partitions' table
 entries, so an account or stream event on a foreign partition would land on a worker that does
 not know the real entry and would write a second one — a second ``alice`` pinned to mallory's
-key, which every worker's account replica may then read last. Two cores with separate stores
-stand in for two workers here, as they do in a deployment: each sees only its own writes.
+key, which every worker's account replica may then read last. The core forwards such an event,
+when its signature proves its sender, byte for byte to the partition of its id (where the owner
+decides, once and on the record), and refuses it otherwise (``wrong_partition``). Two cores with
+separate stores stand in for two workers here, as they do in a deployment: each sees only its
+own writes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,19 @@ def _rejection(out: Any) -> Rejection:
     return Rejection.model_validate_json(out.outputs[0].value)
 
 
+def _stores(core: MarketCore) -> dict[str, dict[str, Any]]:
+    return {name: dict(store.items()) for name, store in vars(core.stores).items()}
+
+
+def _forwarded(out: Any, topic: str, raw: bytes, key: str) -> tuple[int, bytes]:
+    """The one message a forwarded event produces: its bytes, unchanged, to its own partition."""
+    assert (out.status, out.reason) == ("forwarded", None)
+    [fwd] = out.outputs
+    assert (fwd.topic, fwd.key, fwd.value) == (topic, key.encode(), raw)
+    assert fwd.partition == T.partition_of(key)
+    return fwd.partition, fwd.value
+
+
 def test_the_partition_is_kafkas_default_partitioner() -> None:
     # aiokafka's partitioner is Java's (Utils.murmur2, toPositive, mod): ours must agree on every
     # length, including the 1-3 byte tails
@@ -62,23 +78,40 @@ def test_an_account_opened_on_a_foreign_partition_cannot_take_an_id() -> None:
     mallory_as_alice = Party("alice", party("mallory").signing_key)
     raw = mallory_as_alice.open_account(MARKET, opened_at_ms=1_000).model_dump_json().encode()
     out = foreign.handle(T.accounts, raw, partition=_other("alice"), offset=3)
-    assert (out.status, out.reason) == ("rejected", "wrong_partition")
-    assert len(foreign.stores.accounts) == 0
-    rej = _rejection(out)
-    assert rej.details["expected_partition"] == alice and "partition" in rej.message
-    assert [o.topic for o in out.outputs] == [T.rejections]  # nobody proved who sent it
+    partition, fwd = _forwarded(out, T.accounts, raw, "alice")  # moved to alice's partition,
+    assert len(foreign.stores.accounts) == 0  # nothing written where it was
+    there = home.handle(T.accounts, fwd, partition=partition, offset=4)  # where alice is known
+    assert (there.status, there.reason) == ("rejected", "account_exists")
+    assert home.stores.accounts["alice"].signing_key == party("alice").public_key
 
 
-def test_a_rotation_on_a_foreign_partition_is_refused_and_shown_to_its_owner() -> None:
+def test_an_unproven_account_event_on_a_foreign_partition_is_refused_not_forwarded() -> None:
     core = _worker()
     assert core.handle(T.accounts, account("bob"), partition=T.partition_of("bob")).status == (
         "accepted"
     )
-    rot = party("bob").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
-    out = core.handle(T.accounts, rot.model_dump_json().encode(), partition=_other("bob"))
+    forged = party("mallory").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    raw = forged.model_dump_json().encode().replace(b'"mallory"', b'"bob"')
+    out = core.handle(T.accounts, raw, partition=_other("bob"), offset=5)
     assert (out.status, out.reason) == ("rejected", "wrong_partition")
+    assert [o.topic for o in out.outputs] == [T.rejections]  # nobody proved who sent it
+    rej = _rejection(out)
+    assert rej.details["expected_partition"] == T.partition_of("bob")
+    assert rej.claimed_id == "bob" and rej.sender_id is None
     assert core.stores.accounts["bob"].version == 1
-    assert T.inbox("bob") in [o.topic for o in out.outputs]  # bob's key signed it: he sees why
+
+
+def test_a_rotation_on_a_foreign_partition_is_forwarded_and_applied_at_home() -> None:
+    core = _worker()
+    home = T.partition_of("bob")
+    assert core.handle(T.accounts, account("bob"), partition=home).status == "accepted"
+    raw = party("bob").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    raw_bytes = raw.model_dump_json().encode()
+    out = core.handle(T.accounts, raw_bytes, partition=_other("bob"))
+    partition, fwd = _forwarded(out, T.accounts, raw_bytes, "bob")
+    assert core.stores.accounts["bob"].version == 1
+    assert core.handle(T.accounts, fwd, partition=partition).status == "accepted"
+    assert core.stores.accounts["bob"].version == 2
 
 
 def _opened(*names: str) -> MarketCore:
@@ -99,7 +132,7 @@ def _opened(*names: str) -> MarketCore:
     ],
     ids=["registration", "value", "purchase", "quote"],
 )
-def test_stream_events_on_a_foreign_partition_change_nothing(
+def test_stream_events_on_a_foreign_partition_are_forwarded_unchanged(
     topic: str, event: Any, sender: str
 ) -> None:
     core = _opened("seller1", "buyer1")
@@ -112,16 +145,42 @@ def test_stream_events_on_a_foreign_partition_change_nothing(
         assert core.handle(T.values, value("s1", "v1", [1.0, 2.0, 3.0]), partition=home).status == (
             "accepted"
         )
-    before = {name: dict(store.items()) for name, store in vars(core.stores).items()}
-    out = core.handle(topic, event(), partition=_other("s1"), offset=9)
-    assert (out.status, out.reason) == ("rejected", "wrong_partition")
-    assert {name: dict(store.items()) for name, store in vars(core.stores).items()} == before
-    assert sorted(o.topic for o in out.outputs) == sorted([T.rejections, T.inbox(sender)])
-    rej = _rejection(out)
-    assert (rej.sender_id, rej.stream_id, rej.source_partition) == (sender, "s1", _other("s1"))
-    # the same event where a client's default partitioner puts it is applied
-    again = core.handle(topic, event(), partition=home, offset=10)
-    assert again.status in ("accepted", "fulfilled", "answered"), again.reason
+    before = _stores(core)
+    raw = event()
+    out = core.handle(topic, raw, partition=_other("s1"), offset=9)
+    partition, fwd = _forwarded(out, topic, raw, "s1")
+    assert out.stream_id == "s1"
+    assert _stores(core) == before  # nothing read or written where it was
+    # where it was moved to, it is applied like any event a client sent there
+    there = core.handle(topic, fwd, partition=partition, offset=10)
+    assert there.status in ("accepted", "fulfilled", "answered"), there.reason
+    assert all(o.topic in (T.inbox(sender), T.catalog) for o in there.outputs)
+
+
+def test_an_unsigned_stream_event_on_a_foreign_partition_is_refused_not_forwarded() -> None:
+    core = _opened("seller1", "buyer1")
+    raw = purchase("s1", "buyer1", "p1", target_level=0.5).replace(b'"buyer1"', b'"seller1"', 1)
+    out = core.handle(T.purchases, raw, partition=_other("s1"), offset=9)
+    assert out.status == "rejected" and out.reason in ("bad_signature", "invalid_event")
+    assert all(o.partition is None for o in out.outputs)
+
+
+def test_a_purchase_forwarded_and_copied_has_one_fate() -> None:
+    """The red team's replay: a purchase on the wrong partition used to be refused without a
+    record, so the same signed bytes copied onto the right partition later — after the buyer
+    had bought again under a new id — charged her twice. Forwarded, every copy is the one
+    purchase."""
+    core = _opened("seller1", "buyer1")
+    home = T.partition_of("s1")
+    core.handle(T.registrations, registration("s1"), partition=home)
+    core.handle(T.values, value("s1", "v1", [1.0, 2.0, 3.0]), partition=home)
+    raw = purchase("s1", "buyer1", "p1")  # the next step, no target
+    partition, fwd = _forwarded(core.handle(T.purchases, raw, partition=_other("s1")),
+                                T.purchases, raw, "s1")  # fmt: skip
+    assert core.handle(T.purchases, fwd, partition=partition).status == "fulfilled"
+    for copy in (raw, fwd):  # a stranger's copy, straight to the right partition
+        assert core.handle(T.purchases, copy, partition=home).status == "duplicate"
+    assert core.stores.streams["s1"].holders["buyer1"].purchases == 1
 
 
 @pytest.mark.broker

@@ -12,6 +12,16 @@ time of a purchase, and:
   (``*_from_the_future``), or it could push the watermark forward and make the market forget
   records that honest resends still need.
 
+A purchase is also refused when it is older than the market's *clock* minus the horizon. Its
+refusal may be recorded where no watermark guards it — on a stream nobody has registered yet
+(:data:`UNKNOWN_STREAM`, forgotten by the clock) or one registered after it (watermark 0) — and
+without this rule the same signed bytes, sent again once that record was gone, would be
+fulfilled: a purchase its buyer had been told was refused, on a stream someone registered in
+the meantime, at the price it allowed (the red team's replay). A purchase from the future is
+refused *and recorded* (:meth:`DedupHorizon.recordable`), so a copy sent once the clock has
+caught up meets its refusal, not a fulfilment; one dated beyond the horizon ahead is refused
+without a record, which memory could not bound.
+
 Which records are due is found with an in-memory heap per stream and kind, rebuilt from the
 stores by one scan after a restart or a rebalance (:meth:`DedupHorizon.invalidate`).
 """
@@ -37,7 +47,8 @@ HorizonKind = Literal["value", "purchase"]
 
 @dataclass(frozen=True)
 class _Words:
-    """How refusals of one kind of event read."""
+    """How refusals of one kind of event read, and whether the market's clock also bounds its
+    age (for a kind whose records may be kept where no watermark guards them)."""
 
     noun: str
     stamped: str
@@ -46,17 +57,19 @@ class _Words:
     future: str
     too_old_advice: str
     whose_clock: str
+    aged_by_clock: bool
 
 
 _WORDS: dict[HorizonKind, _Words] = {
     "value": _Words(
         "value", "was published at", "the newest value of stream", "value_too_old",
         "value_from_the_future", "the market no longer accepts or replays it", "seller's",
+        False,
     ),
     "purchase": _Words(
         "purchase", "was requested at", "the newest purchase on stream", "request_too_old",
         "request_from_the_future", "resend it with a new purchase id and a current time",
-        "buyer's",
+        "buyer's", True,
     ),
 }  # fmt: skip
 
@@ -73,11 +86,21 @@ class DedupHorizon:
     def admit(
         self, kind: HorizonKind, ts: int, watermark: int | None, ident: str, stream_id: str
     ) -> None:
-        """Raise :class:`Reject` if an event stamped ``ts`` must be refused.
+        """Raise :class:`Reject` if an event stamped ``ts`` must be refused: too old
+        (:meth:`admit_age`) or from the future (:meth:`admit_time`).
 
         ``watermark`` is the stream's newest timestamp of this kind (``None`` for a stream the
         market does not know, whose events are only checked against the clock).
         """
+        self.admit_age(kind, ts, watermark, ident, stream_id)
+        self.admit_time(kind, ts, ident)
+
+    def admit_age(
+        self, kind: HorizonKind, ts: int, watermark: int | None, ident: str, stream_id: str
+    ) -> None:
+        """Raise ``*_too_old`` if no record can be needed to recognise an event stamped ``ts``:
+        it is older than the horizon before its stream's watermark (or, for a purchase, before
+        the market's clock)."""
         w = _WORDS[kind]
         if watermark is not None and ts < watermark - self.horizon_ms:
             raise Reject(
@@ -86,12 +109,30 @@ class DedupHorizon:
                 f"({self.horizon_ms} ms) before {w.newest} {stream_id!r} ({watermark} ms); "
                 f"{w.too_old_advice}",
             )
+        now = self.clock()
+        if w.aged_by_clock and ts < now - self.horizon_ms:
+            raise Reject(
+                w.too_old,
+                f"{w.noun} {ident!r} {w.stamped} {ts} ms, more than the dedup horizon "
+                f"({self.horizon_ms} ms) before the market's clock ({now} ms); "
+                f"{w.too_old_advice}",
+            )
+
+    def admit_time(self, kind: HorizonKind, ts: int, ident: str) -> None:
+        """Raise ``*_from_the_future`` if ``ts`` is more than :data:`MAX_CLOCK_SKEW_MS` ahead
+        of the market's clock."""
+        w = _WORDS[kind]
         if ts > self.clock() + MAX_CLOCK_SKEW_MS:
             raise Reject(
                 w.future,
                 f"{w.noun} {ident!r} claims a time of {ts} ms, more than {MAX_CLOCK_SKEW_MS} ms "
                 f"ahead of the market's clock; check the {w.whose_clock} clock",
             )
+
+    def recordable(self, ts: int) -> bool:
+        """Whether a refusal stamped ``ts`` may be recorded: its record is kept until the
+        horizon has passed ``ts``, so at most twice the horizon from now."""
+        return ts <= self.clock() + self.horizon_ms
 
     def remember(self, kind: HorizonKind, stream_id: str, ts: int, key: str) -> None:
         """Note that the record ``key`` of ``stream_id`` expires with timestamp ``ts``."""

@@ -44,7 +44,7 @@ from .accuracy import error_info, offer_accuracy, threshold
 from .auth import acting_for, authenticate
 from .context import Context
 from .histograms import as_released
-from .horizon import UNKNOWN_STREAM
+from .horizon import MAX_CLOCK_SKEW_MS, UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .placement import check_partition
 from .rejections import Source, rejection
@@ -118,24 +118,31 @@ def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountS
     topic = ctx.topics.inbox(req.buyer_id)
     st = ctx.stores.streams.get(req.stream_id)
     watermark = None if st is None else st.purchase_watermark_ms
-    ctx.horizon.admit(
-        "purchase", req.requested_at_ms, watermark, req.purchase_id, req.stream_id
-    )
+    ts = req.requested_at_ms
+    # too old: no record can be needed to recognise it (nor may one exist)
+    ctx.horizon.admit_age("purchase", ts, watermark, req.purchase_id, req.stream_id)
     record = ctx.stores.purchases.get(rec_key)
     if record is not None:
         return _replay(ctx, req, record, fp, topic)
     try:
+        ctx.horizon.admit_time("purchase", ts, req.purchase_id)  # a refusal, recorded below
         outcome = fulfil(ctx, req, fp, account)
     except (Reject, MarketError) as exc:
         rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
         rej.sender = req.buyer_id
+        if not ctx.horizon.recordable(ts):  # too far ahead to keep a record of until then
+            rej.message += (
+                "; this refusal is not recorded (the request is dated more than the dedup "
+                "horizon ahead): do not let these signed bytes be sent again"
+            )
+            return rejection(ctx, "purchase", src, rej)
         outcome = rejection(ctx, "purchase", src, rej)
         ctx.stores.purchases[rec_key] = PurchaseRecord(
             fingerprint=fp,
             status="rejected",
             stream_id=req.stream_id,
             payload=outcome.outputs[0].value.decode(),
-            requested_at_ms=req.requested_at_ms,
+            requested_at_ms=ts,
         )
     _advance_watermark(ctx, req, rec_key)
     return outcome
@@ -159,7 +166,9 @@ def _replay(
 
 
 def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None:
-    """Move the stream's purchase watermark and forget outcomes beyond the horizon."""
+    """Remember the outcome until the horizon passes its request time, move the stream's
+    purchase watermark (never to a time from the future: that refusal's only effect is its
+    record) and forget outcomes beyond the horizon."""
     st = ctx.stores.streams.get(req.stream_id)
     ts = req.requested_at_ms
     if st is None:  # no stream watermark: refusals of unknown streams expire by the clock
@@ -167,7 +176,7 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
         ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock(), ctx.stores.purchases)
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
-    if ts > st.purchase_watermark_ms:
+    if st.purchase_watermark_ms < ts <= ctx.clock() + MAX_CLOCK_SKEW_MS:
         st.purchase_watermark_ms = ts
         ctx.stores.streams[req.stream_id] = st
     ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)

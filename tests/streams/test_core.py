@@ -342,10 +342,12 @@ def test_dedup_horizon_forgets_markers_and_refuses_old_values() -> None:
 
 
 def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
-    c = new_core(clock=lambda: 10**9, dedup_horizon_ms=1000)
+    now = [0]
+    c = new_core(clock=lambda: now[0], dedup_horizon_ms=1000)
     c.handle(T.registrations, registration("temp"))
     c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
-    for i, lv in enumerate([0.5, 1.0, 2.0, 4.0]):  # requested 600 ms apart
+    for i, lv in enumerate([0.5, 1.0, 2.0, 4.0]):  # requested 600 ms apart, as they happen
+        now[0] = 600 * i
         c.handle(T.purchases, purchase("temp", "alice", f"p{i}", target_level=lv,
                                        requested_at_ms=600 * i))  # fmt: skip
     assert sorted(c.stores.purchases) == ["alice/p2", "alice/p3"]  # p0, p1 forgotten
@@ -356,6 +358,63 @@ def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
                                            requested_at_ms=1200))  # fmt: skip
     assert again.status == "duplicate"
     assert c.stores.streams["temp"].holders["alice"].paid_minor == 400  # ledger kept
+
+
+DAY = 86_400_000
+
+
+def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> None:
+    """The red team's replay: a purchase refused on a stream nobody had registered was
+    recorded under the market's clock only; a week later mallory registered the stream at
+    exactly alice's maximum price and replayed her signed bytes, and alice paid. A purchase
+    older than the horizon before the market's clock is now refused, whatever the stream."""
+    now = [10 * DAY]
+    c = new_core(clock=lambda: now[0])
+    alice_req = purchase("weather", "alice", "p1", max_price=5000, requested_at_ms=now[0])
+    assert c.handle(T.purchases, alice_req).reason == "unknown_stream"
+    assert c.handle(T.purchases, alice_req).status == "duplicate"  # its refusal, recorded
+    now[0] += 7 * DAY + 1000
+    c.handle(T.purchases, purchase("nothing", "bob", "x", requested_at_ms=now[0]))  # expires it
+    assert "alice/p1" not in c.stores.purchases
+    reg = registration("weather", steps=[1.0], cap=1.0,
+                       pricing={"kind": "linear_level", "rate_per_level": 5000})  # fmt: skip
+    assert c.handle(T.registrations, reg).status == "accepted"
+    c.handle(T.values, value("weather", "v", [0.0, 0.0, 0.0], published_at_ms=now[0]))
+    out = c.handle(T.purchases, alice_req)
+    assert (out.status, out.reason) == ("rejected", "request_too_old")
+    assert "market's clock" in Rejection.model_validate_json(out.outputs[0].value).message
+    assert c.stores.streams["weather"].holders == {} and out.price_minor == 0
+
+
+def test_a_purchase_from_the_future_is_refused_for_good() -> None:
+    """A refusal as from the future used to leave no record: once the clock caught up, the
+    same signed bytes were fulfilled — after the buyer, told to fix her clock, had bought again
+    under a new id. Now the refusal is recorded, and does not move the stream's watermark."""
+    now = [10 * DAY]
+    c = new_core(clock=lambda: now[0])
+    c.handle(T.registrations, registration("temp"))
+    c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
+    ahead = purchase("temp", "bob", "b1", requested_at_ms=now[0] + 2 * 3_600_000)
+    assert c.handle(T.purchases, ahead).reason == "request_from_the_future"
+    assert c.stores.streams["temp"].purchase_watermark_ms == 0
+    assert c.handle(T.purchases, purchase("temp", "bob", "b2", requested_at_ms=now[0])).status == (
+        "fulfilled"
+    )
+    now[0] += 3 * 3_600_000  # the clock has caught up: the copy meets its refusal
+    again = c.handle(T.purchases, ahead)
+    assert (again.status, again.price_minor) == ("duplicate", 0)
+    assert b"request_from_the_future" in again.outputs[0].value
+    assert c.stores.streams["temp"].holders["bob"].purchases == 1
+
+
+def test_a_purchase_dated_beyond_the_horizon_ahead_is_refused_without_a_record() -> None:
+    """Its record would have to outlive the horizon: memory could not bound a flood of them."""
+    c = new_core(clock=lambda: 10 * DAY)
+    c.handle(T.registrations, registration("temp"))
+    far = purchase("temp", "bob", "b1", requested_at_ms=10 * DAY + 8 * DAY)
+    out = c.handle(T.purchases, far)
+    assert out.reason == "request_from_the_future" and "bob/b1" not in c.stores.purchases
+    assert "not recorded" in Rejection.model_validate_json(out.outputs[0].value).message
 
 
 def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
@@ -372,7 +431,8 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
 
     stores = Stores()
     stores.releases = CountingLadders()
-    first = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    now = [0]  # the market's clock: purchases are requested as they happen
+    first = MarketCore(stores, TEST_KEYS, T, clock=lambda: now[0], dedup_horizon_ms=1000)
     open_accounts(first, "seller1", "alice")
     streams = [f"s{j}" for j in range(5)]
     for sid in streams:
@@ -380,9 +440,10 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
         for i in range(4):  # leaves markers for v1 and v2 (v0 is already beyond the horizon)
             first.handle(T.values, value(sid, f"v{i}", [1.0, 2.0, 3.0], published_at_ms=500 * i))
         first.handle(T.purchases, purchase(sid, "alice", f"{sid}-p0", requested_at_ms=0))
-    second = MarketCore(stores, TEST_KEYS, T, clock=lambda: 10**9, dedup_horizon_ms=1000)
+    second = MarketCore(stores, TEST_KEYS, T, clock=lambda: now[0], dedup_horizon_ms=1000)
     first.invalidate_indexes()  # what the app does on every rebalance
     for core, late in ((second, 4000), (first, 6000)):  # `second` writes what `first` never saw
+        now[0] = late
         CountingLadders.scans = 0
         for sid in streams:
             core.handle(T.values, value(sid, f"w{late}", [1.0, 2.0, 3.0], published_at_ms=late))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from market.receipts import verify_receipt
-from streams.clients.client import MarketClient, TopicReader
+from streams.clients.client import MarketClient, TopicReader, now_ms
 from streams.core.keys import public_key_from_b64
 from streams.wire.events import (
     SCHEMAS,
@@ -132,7 +132,7 @@ def test_bad_events_on_every_topic_are_rejected_and_worker_survives(market: Mark
         (t.values, b"\x00\xff"),
         (t.values, value("nope", "a", [1.0], **m)),  # signed, for a stream that does not exist
         (t.purchases, b"[]"),
-        (t.purchases, purchase("nope", "eve", "p", max_price=1, **m)),
+        (t.purchases, purchase("nope", "eve", "p", max_price=1, requested_at_ms=now_ms(), **m)),
     ]  # fmt: skip
 
     async def go(c: MarketClient) -> list[Rejection]:

@@ -243,7 +243,7 @@ def test_a_retained_increment_stays_known_after_a_restart_forgot_its_mark() -> N
     stores = Stores()
     c = market_core("seller1", "alice", now=100_000, stores=stores, dedup_horizon_ms=10_000)
     totals_stream(c, dimension=1)
-    c.handle(T.purchases, purchase("tot", "alice", "a0"))
+    c.handle(T.purchases, purchase("tot", "alice", "a0", requested_at_ms=100_000))
     first = c.handle(T.values, value("tot", "v0", [1.0], published_at_ms=1_000))
     c.handle(T.values, value("tot", "v1", [1.0], published_at_ms=20_000))
     restarted = MarketCore(stores, TEST_KEYS, T, clock=lambda: 100_000, dedup_horizon_ms=10_000)

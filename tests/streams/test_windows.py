@@ -23,11 +23,11 @@ from streams.wire.events import (
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
 
+from . import helpers
 from .helpers import (
     TEST_KEYS,
     assert_registration_refused,
     market_core,
-    purchase,
     quote,
     registration,
     value,
@@ -37,6 +37,12 @@ T = Topics("t")
 W = 60_000  # one-minute windows
 NOW = 10**9  # the market's clock: windows 0 … 16,666 are in the past
 WINDOWED = {"privacy_unit": "window", "window": {"duration_ms": W, "cap": 2.5}}
+
+
+def purchase(stream_id: str, buyer: str, pid: str, **kw: Any) -> bytes:
+    """A signed purchase requested now (the market refuses one older than its horizon)."""
+    kw.setdefault("requested_at_ms", NOW)
+    return helpers.purchase(stream_id, buyer, pid, **kw)
 
 
 def new_core(**kw: Any) -> MarketCore:

@@ -16,6 +16,7 @@ from market.rng import KeyedRngFactory
 
 from ..wire.events import UNIT_OF, StreamRegistration
 from ..wire.topics import Topics
+from .census import StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .histograms import histogram_chain
@@ -48,8 +49,10 @@ def terms_of(reg: StreamRegistration) -> Terms:
 
 
 MAX_CACHED_TERMS = 4096
-"""Streams whose terms a worker keeps built (a histogram stream's hold its survival law, about
-300 kB at 16 levels); beyond it the least recently used are rebuilt when next needed."""
+"""Streams whose terms a worker keeps built at least (a histogram stream's hold its survival law,
+about 300 kB at 16 levels, shared by streams with the same parameters); the cache holds
+``Limits.max_streams`` if that is more, so a worker holding every stream the market may have
+never rebuilds one (a quote on an evicted histogram stream cost a 0.5 s rebuild)."""
 
 VALUE_STEP_OVERHEAD = 2_000
 """Work units one value-step costs beyond its coordinates (see :meth:`Limits.work`)."""
@@ -64,6 +67,10 @@ class Limits:
     max_message_bytes: int = 1_048_576
     #: accounts the market will hold (each has an inbox topic)
     max_accounts: int = 100_000
+    #: streams the market will hold, and of those histogram streams (each keeps a survival
+    #: law of ~300 kB in memory): split evenly over the input partitions (core/census.py)
+    max_streams: int = 4096
+    max_histogram_streams: int = 512
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)
@@ -103,10 +110,12 @@ class Context:
     limits: Limits = field(default_factory=Limits)
     require_encryption: bool = False
     rngs: KeyedRngFactory = field(init=False)
+    census: StreamCensus = field(init=False)
     _terms: dict[str, tuple[StreamRegistration, Terms]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
+        self.census = StreamCensus(self.topics, self.stores.streams)
 
     def stream(self, stream_id: str) -> StreamState:
         """The stream's state, or a ``unknown_stream`` rejection."""
@@ -131,13 +140,14 @@ class Context:
 
         Cached by stream id together with the registration they were built from, so a stream
         id that another worker registered differently is never served from a stale entry; at
-        most :data:`MAX_CACHED_TERMS` of them (least recently used dropped).
+        most :data:`MAX_CACHED_TERMS` (or ``Limits.max_streams``) of them, the least recently
+        used dropped.
         """
         cached = self._terms.pop(reg.stream_id, None)
         if cached is None or cached[0] != reg:
             cached = (reg, terms_of(reg))
         self._terms[reg.stream_id] = cached  # newest last: the least recently used go first
-        while len(self._terms) > MAX_CACHED_TERMS:
+        while len(self._terms) > max(MAX_CACHED_TERMS, self.limits.max_streams):
             del self._terms[next(iter(self._terms))]
         return cached[1]
 

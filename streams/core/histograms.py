@@ -17,6 +17,7 @@ privacy windows, deliveries, purchases and receipts — is the path every stream
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -51,12 +52,19 @@ def is_histogram(reg: StreamRegistration) -> bool:
 
 def histogram_chain(reg: StreamRegistration, levels: tuple[float, ...]) -> HistogramChain | None:
     """The stream's histogram chain (``None`` on other streams); its survival law is computed
-    here, once per registration and worker."""
+    here, once per set of parameters and worker: streams that share them share the chain (it is
+    immutable, and a value's noise is keyed by its stream and id, not by the chain object)."""
     spec = reg.histogram
     if spec is None:
         return None
-    return HistogramChain(levels, sensitivity=reg.sensitivity, domain=spec.domain,
-                          false_keys=spec.false_keys)  # fmt: skip
+    return _shared_chain(levels, float(reg.sensitivity), spec.domain, float(spec.false_keys))
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_chain(
+    levels: tuple[float, ...], sensitivity: float, domain: int, false_keys: float
+) -> HistogramChain:
+    return HistogramChain(levels, sensitivity=sensitivity, domain=domain, false_keys=false_keys)
 
 
 def work_width(reg: StreamRegistration) -> int:

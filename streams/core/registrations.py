@@ -43,6 +43,7 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         return _again(ctx, reg, existing)
     # the cheap bounds first: a histogram stream's terms cost a survival law to build
     _check_purchase_cost(ctx, reg, len(sellable_levels(reg.steps, reg.cap)))
+    ctx.census.check_room(reg, ctx.limits.max_streams, ctx.limits.max_histogram_streams)
     terms = ctx.terms(reg)
     for level in terms.chain.levels:  # every level for sale can be released
         terms.mechanism.check_level(level)
@@ -78,6 +79,7 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         accepted_at_ms=now,
         catalog_payload=payload.decode(),
     )
+    ctx.census.added(reg)
     return Outcome(
         "registration",
         "accepted",

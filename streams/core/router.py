@@ -182,6 +182,7 @@ class MarketCore:
     def invalidate_indexes(self) -> None:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""
         self.ctx.horizon.invalidate()
+        self.ctx.census.invalidate()
 
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:

@@ -68,6 +68,8 @@ class MarketWorker:
             limits=Limits(
                 max_message_bytes=settings.max_message_bytes,
                 max_accounts=settings.max_accounts,
+                max_streams=settings.max_streams,
+                max_histogram_streams=settings.max_histogram_streams,
                 max_holders=settings.max_holders,
                 max_event_output_bytes=settings.max_event_output_bytes,
                 max_event_work=settings.max_event_work,

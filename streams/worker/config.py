@@ -66,6 +66,10 @@ class Settings:
     max_message_bytes: int = 1_048_576
     #: Accounts the market holds at most (each has an inbox topic).
     max_accounts: int = 100_000
+    #: Streams the market holds at most, and of those histogram streams (split evenly over
+    #: the input partitions; see core.census).
+    max_streams: int = 4096
+    max_histogram_streams: int = 512
     #: Buyers holding a level on one stream at most (its record must fit in one message).
     max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
@@ -104,6 +108,8 @@ class Settings:
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
             max_message_bytes=_env("MAX_MESSAGE_BYTES", cls.max_message_bytes, int),
             max_accounts=_env("MAX_ACCOUNTS", cls.max_accounts, int),
+            max_streams=_env("MAX_STREAMS", cls.max_streams, int),
+            max_histogram_streams=_env("MAX_HISTOGRAM_STREAMS", cls.max_histogram_streams, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),

@@ -4,9 +4,13 @@ Streams are never deleted (their records answer resends and carry the ledger), s
 bound a seller — or many accounts, which cost nothing to open — could register streams until a
 worker's memory ran out, each histogram stream also costing a survival law to build and keep.
 The market therefore holds at most ``Limits.max_streams`` streams, of which at most
-``Limits.max_histogram_streams`` sell histograms, split evenly over the input partitions: a
-partition holds at most its share, whichever worker owns it, so the bound holds however the
-partitions are spread over workers and after every rebalance.
+``Limits.max_histogram_streams`` sell histograms, and one seller at most
+``Limits.max_streams_per_seller`` (``max_histogram_streams_per_seller``), so that one account
+cannot fill the market for everyone (the red team did, with one free account). Each bound is
+split evenly over the input partitions: a partition holds at most its share, whichever worker
+owns it, so the bounds hold however the partitions are spread over workers and after every
+rebalance. (A seller whose share of one partition is full can still register a stream whose id
+belongs to another.)
 
 The counts live in the data: they are rebuilt from the streams table by one scan after a
 restart or a rebalance (:meth:`StreamCensus.invalidate`), then kept up to date as streams are
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..wire.events import StreamRegistration
@@ -24,60 +29,87 @@ from ..wire.topics import Topics
 from .histograms import is_histogram
 from .outputs import Reject
 
-__all__ = ["StreamCensus"]
+__all__ = ["Quota", "StreamCensus"]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """How many streams (and histogram streams) may exist, in the whole market and per seller."""
+
+    streams: int
+    histograms: int
+    streams_per_seller: int
+    histograms_per_seller: int
+
+
+_WHAT = {
+    ("market", False): ("streams", "EMARKET_MAX_STREAMS"),
+    ("market", True): ("histogram streams", "EMARKET_MAX_HISTOGRAM_STREAMS"),
+    ("seller", False): ("streams of one seller", "EMARKET_MAX_STREAMS_PER_SELLER"),
+    ("seller", True): (
+        "histogram streams of one seller", "EMARKET_MAX_HISTOGRAM_STREAMS_PER_SELLER"
+    ),
+}
 
 
 class StreamCensus:
-    """Streams and histogram streams per input partition, on this worker's partitions."""
+    """Streams and histogram streams per input partition, in all and per seller, on this
+    worker's partitions."""
 
     def __init__(self, topics: Topics, streams: Mapping[str, Any]) -> None:
         self._topics = topics
         self._streams = streams
-        self._counts: dict[int, list[int]] | None = None
+        self._counts: dict[tuple[int, str | None], list[int]] | None = None
 
-    def check_room(self, reg: StreamRegistration, max_streams: int, max_histograms: int) -> None:
-        """Raise ``too_many_streams`` unless ``reg``'s partition has room for one more stream
-        (of its kind)."""
+    def check_room(self, reg: StreamRegistration, quota: Quota) -> None:
+        """Raise ``too_many_streams`` unless ``reg``'s partition has room for one more stream of
+        its kind, in all and for its seller."""
         partition = self._topics.partition_of(reg.stream_id)
-        held, histograms = self._count(partition)
-        parts = self._topics.partitions
-        share = math.ceil(max_streams / parts)
-        if held >= share:
-            raise Reject(
-                "too_many_streams",
-                f"the market holds its maximum of {max_streams} streams ({share} on each of its "
-                f"{parts} partitions, and partition {partition} of stream id "
-                f"{reg.stream_id!r} is full); ask the operators (EMARKET_MAX_STREAMS)",
-                max_streams=max_streams,
-            )
-        hshare = math.ceil(max_histograms / parts)
-        if is_histogram(reg) and histograms >= hshare:
-            raise Reject(
-                "too_many_streams",
-                f"the market holds its maximum of {max_histograms} histogram streams ({hshare} "
-                f"on each of its {parts} partitions, and partition {partition} of stream id "
-                f"{reg.stream_id!r} is full); ask the operators (EMARKET_MAX_HISTOGRAM_STREAMS)",
-                max_streams=max_histograms,
-            )
+        histogram = is_histogram(reg)
+        for who, held, limits in (
+            ("market", self._count(partition, None), (quota.streams, quota.histograms)),
+            ("seller", self._count(partition, reg.seller_id),
+             (quota.streams_per_seller, quota.histograms_per_seller)),
+        ):  # fmt: skip
+            for kind, count, limit in ((False, held[0], limits[0]), (True, held[1], limits[1])):
+                share = math.ceil(limit / self._topics.partitions)
+                if (kind and not histogram) or count < share:
+                    continue
+                noun, setting = _WHAT[(who, kind)]
+                elsewhere = "another stream id may belong to a partition with room; " * (
+                    who == "seller"
+                )
+                raise Reject(
+                    "too_many_streams",
+                    f"the market holds at most {limit} {noun} ({share} on each of its "
+                    f"{self._topics.partitions} input partitions), and partition {partition}, "
+                    f"where stream id {reg.stream_id!r} belongs, holds its share; {elsewhere}"
+                    f"ask the operators to raise {setting}",
+                    max_streams=limit,
+                )
 
     def added(self, reg: StreamRegistration) -> None:
         """Count a stream just registered."""
-        counts = self._count(self._topics.partition_of(reg.stream_id))
-        counts[0] += 1
-        counts[1] += int(is_histogram(reg))
+        partition = self._topics.partition_of(reg.stream_id)
+        for who in (None, reg.seller_id):
+            counts = self._count(partition, who)
+            counts[0] += 1
+            counts[1] += int(is_histogram(reg))
 
     def invalidate(self) -> None:
         """Forget the counts; the next registration recounts the table in one scan (needed
         after every rebalance: the table may then hold partitions another worker filled)."""
         self._counts = None
 
-    def _count(self, partition: int) -> list[int]:
+    def _count(self, partition: int, seller: str | None) -> list[int]:
         if self._counts is None:
-            counts: dict[int, list[int]] = {}
+            counts: dict[tuple[int, str | None], list[int]] = {}
             for sid in list(self._streams):
-                st = self._streams[sid]
-                c = counts.setdefault(self._topics.partition_of(sid), [0, 0])
-                c[0] += 1
-                c[1] += int(is_histogram(st.registration))
+                reg = self._streams[sid].registration
+                p = self._topics.partition_of(sid)
+                for who in (None, reg.seller_id):
+                    c = counts.setdefault((p, who), [0, 0])
+                    c[0] += 1
+                    c[1] += int(is_histogram(reg))
             self._counts = counts
-        return self._counts.setdefault(partition, [0, 0])
+        return self._counts.setdefault((partition, seller), [0, 0])

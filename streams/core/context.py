@@ -16,7 +16,7 @@ from market.rng import KeyedRngFactory
 
 from ..wire.events import UNIT_OF, StreamRegistration
 from ..wire.topics import Topics
-from .census import StreamCensus
+from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .histograms import histogram_chain
@@ -40,12 +40,14 @@ class Terms:
     histogram: HistogramChain | None = None
 
 
-def terms_of(reg: StreamRegistration) -> Terms:
-    """Build a registration's terms (raises :class:`market.MarketError` if they are invalid)."""
+def terms_of(reg: StreamRegistration, *, histogram: bool = True) -> Terms:
+    """Build a registration's terms (raises :class:`market.MarketError` if they are invalid);
+    with ``histogram`` False, all but a histogram stream's chain, whose survival law is the one
+    costly part (a registration checks everything else first)."""
     mech = mechanism(reg.mechanism, reg.release_sensitivity())
     chain = ReleaseChain(mech, tuple(sellable_levels(reg.steps, reg.cap)), sealed=reg.sealed)
     return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain,
-                 histogram_chain(reg, chain.levels))  # fmt: skip
+                 histogram_chain(reg, chain.levels) if histogram else None)  # fmt: skip
 
 
 MAX_CACHED_TERMS = 4096
@@ -68,9 +70,12 @@ class Limits:
     #: accounts the market will hold (each has an inbox topic)
     max_accounts: int = 100_000
     #: streams the market will hold, and of those histogram streams (each keeps a survival
-    #: law of ~300 kB in memory): split evenly over the input partitions (core/census.py)
+    #: law of ~300 kB in memory); and both for one seller: split evenly over the input
+    #: partitions (core/census.py)
     max_streams: int = 4096
     max_histogram_streams: int = 512
+    max_streams_per_seller: int = 256
+    max_histogram_streams_per_seller: int = 32
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)
@@ -89,6 +94,12 @@ class Limits:
         Python overhead), which dominates at small dimensions (measured: 1,000 values of
         dimension 23 up 65 steps take as long as one value of dimension 2·10⁶)."""
         return values * steps * (dimension + VALUE_STEP_OVERHEAD)
+
+    @property
+    def stream_quota(self) -> Quota:
+        """The bounds on the streams table (:mod:`streams.core.census`)."""
+        return Quota(self.max_streams, self.max_histogram_streams, self.max_streams_per_seller,
+                     self.max_histogram_streams_per_seller)  # fmt: skip
 
     def holder_limit(self, dimension: int) -> int:
         """Most holders a stream of ``dimension`` may have: one value reaches them all."""
@@ -144,12 +155,17 @@ class Context:
         used dropped.
         """
         cached = self._terms.pop(reg.stream_id, None)
-        if cached is None or cached[0] != reg:
-            cached = (reg, terms_of(reg))
-        self._terms[reg.stream_id] = cached  # newest last: the least recently used go first
+        terms = terms_of(reg) if cached is None or cached[0] != reg else cached[1]
+        self.keep_terms(reg, terms)
+        return terms
+
+    def keep_terms(self, reg: StreamRegistration, terms: Terms) -> None:
+        """Cache a registered stream's terms (only a stored stream's: a refused registration's
+        would crowd out the streams the market holds)."""
+        self._terms.pop(reg.stream_id, None)
+        self._terms[reg.stream_id] = (reg, terms)  # newest last: the least recently used go first
         while len(self._terms) > max(MAX_CACHED_TERMS, self.limits.max_streams):
             del self._terms[next(iter(self._terms))]
-        return cached[1]
 
     @staticmethod
     def figures(st: StreamState) -> StreamFigures:

@@ -9,13 +9,15 @@ must fit in one message) are checked before anything is stored.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from market.pricing import price_list, sellable_levels
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
 from .auth import acting_for, authenticate
-from .context import Context
+from .context import Context, terms_of
 from .delivery import release_bytes
-from .histograms import work_width
+from .histograms import histogram_chain, work_width
 from .outputs import Outcome, Output, Reject, dump
 from .placement import check_partition
 from .rejections import Source
@@ -41,10 +43,10 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
     existing = ctx.stores.streams.get(reg.stream_id)
     if existing is not None:
         return _again(ctx, reg, existing)
-    # the cheap bounds first: a histogram stream's terms cost a survival law to build
+    # every check before a histogram stream's survival law, the one costly part, is built
     _check_purchase_cost(ctx, reg, len(sellable_levels(reg.steps, reg.cap)))
-    ctx.census.check_room(reg, ctx.limits.max_streams, ctx.limits.max_histogram_streams)
-    terms = ctx.terms(reg)
+    ctx.census.check_room(reg, ctx.limits.stream_quota)
+    terms = terms_of(reg, histogram=False)
     for level in terms.chain.levels:  # every level for sale can be released
         terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
@@ -73,6 +75,7 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
             f"{record} bytes, but a message may have at most {ctx.limits.max_message_bytes}; "
             "lower retain_last or shorten the description and price table",
         )
+    terms = replace(terms, histogram=histogram_chain(reg, terms.chain.levels))
     ctx.stores.streams[reg.stream_id] = StreamState(
         registration=reg,
         secret_fingerprint=ctx.keys.noise_fingerprint,
@@ -80,6 +83,7 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         catalog_payload=payload.decode(),
     )
     ctx.census.added(reg)
+    ctx.keep_terms(reg, terms)
     return Outcome(
         "registration",
         "accepted",

@@ -70,6 +70,8 @@ class MarketWorker:
                 max_accounts=settings.max_accounts,
                 max_streams=settings.max_streams,
                 max_histogram_streams=settings.max_histogram_streams,
+                max_streams_per_seller=settings.max_streams_per_seller,
+                max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
                 max_holders=settings.max_holders,
                 max_event_output_bytes=settings.max_event_output_bytes,
                 max_event_work=settings.max_event_work,

@@ -70,6 +70,9 @@ class Settings:
     #: the input partitions; see core.census).
     max_streams: int = 4096
     max_histogram_streams: int = 512
+    #: ... and of one seller
+    max_streams_per_seller: int = 256
+    max_histogram_streams_per_seller: int = 32
     #: Buyers holding a level on one stream at most (its record must fit in one message).
     max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
@@ -110,6 +113,10 @@ class Settings:
             max_accounts=_env("MAX_ACCOUNTS", cls.max_accounts, int),
             max_streams=_env("MAX_STREAMS", cls.max_streams, int),
             max_histogram_streams=_env("MAX_HISTOGRAM_STREAMS", cls.max_histogram_streams, int),
+            max_streams_per_seller=_env("MAX_STREAMS_PER_SELLER", cls.max_streams_per_seller, int),
+            max_histogram_streams_per_seller=_env(
+                "MAX_HISTOGRAM_STREAMS_PER_SELLER", cls.max_histogram_streams_per_seller, int
+            ),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),

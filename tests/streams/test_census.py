@@ -56,6 +56,48 @@ def test_histogram_streams_have_their_own_smaller_share() -> None:
     assert _register(c, ids[2]).status == "accepted"  # a vector stream still fits
 
 
+def test_one_seller_holds_at_most_its_share_so_one_account_cannot_fill_the_market() -> None:
+    """The red team filled every histogram slot of a partition from one free account; other
+    sellers could then register none there."""
+    limits = Limits(max_streams_per_seller=8, max_histogram_streams_per_seller=4)
+    c = market_core("seller1", "seller2", limits=limits)
+    ids = _ids(4, 1)
+    for sid in ids[:2]:
+        assert _register(c, sid, seller_id="seller2").status == "accepted"
+    out = _register(c, ids[2], seller_id="seller2")
+    assert (out.status, out.reason) == ("rejected", "too_many_streams")
+    message = out.outputs[0].value.decode()
+    assert "EMARKET_MAX_STREAMS_PER_SELLER" in message and "another stream id" in message
+    assert _register(c, ids[2]).status == "accepted"  # seller1's share of it is untouched
+    assert _register(c, _ids(1, 2)[0], seller_id="seller2").status == "accepted"  # elsewhere
+    h = _ids(6, 3)
+    assert _register(c, h[0], seller_id="seller2", **HISTOGRAM).status == "accepted"
+    assert _register(c, h[1], seller_id="seller2", **HISTOGRAM).reason == "too_many_streams"
+
+
+def test_a_refused_registration_builds_no_survival_law_and_caches_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registration refused by a cheap check (here its price schedule) used to build its
+    histogram chain first and keep it cached: ~0.3 s and ~0.3 MB each, without bound."""
+    from market.histogram_chain import HistogramChain
+
+    from streams.core import histograms
+
+    histograms._shared_chain.cache_clear()  # no chain built by an earlier test
+    built: list[Any] = []
+    survival = HistogramChain._survival
+    monkeypatch.setattr(HistogramChain, "_survival",
+                        lambda self: built.append(self) or survival(self))  # fmt: skip
+    c = market_core("seller1")
+    bad = {**HISTOGRAM, "pricing": {"kind": "table", "prices": {"0.5": 100}}}  # no price at 1.0
+    out = _register(c, "h1", **bad)
+    assert out.status == "rejected" and out.reason != "too_many_streams", out.reason
+    assert built == [] and c.ctx._terms == {}
+    assert _register(c, "h2", **HISTOGRAM).status == "accepted"
+    assert len(built) == 1 and list(c.ctx._terms) == ["h2"]
+
+
 def test_the_counts_live_in_the_table_across_restarts_and_rebalances() -> None:
     stores = Stores()
     limits = Limits(max_streams=8)
@@ -95,4 +137,4 @@ def test_a_worker_holding_every_stream_keeps_every_stream_built(
     built = dict(c.ctx._terms)
     for sid in ids:
         assert c.handle(T.purchases, quote(sid, "alice", f"q{sid}")).status == "answered"
-    assert all(c.ctx._terms[s] is built[s] for s in ids)  # the same objects: nothing rebuilt
+    assert all(c.ctx._terms[s][1] is built[s][1] for s in ids)  # the same: nothing rebuilt

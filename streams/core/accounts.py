@@ -20,15 +20,21 @@ from market.envelope import EnvelopeError, validate_public_key
 from ..wire.events import ACCOUNTS_EVENT, AccountState, OpenAccount, RotateKeys
 from ..wire.signing import key_id_of, verify
 from .context import Context
-from .outputs import Outcome, Output, Reject, dump
+from .outputs import Defer, Outcome, Output, Reject, dump
 from .placement import Misplaced, check_partition, refuse_misplaced
 from .rejections import Source
 
 __all__ = ["handle_account"]
 
 
-def handle_account(ctx: Context, src: Source) -> Outcome:
-    """Apply one ``open_account`` or ``rotate_keys`` event."""
+def handle_account(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
+    """Apply one ``open_account`` or ``rotate_keys`` event.
+
+    With ``final`` False, a rotation on a foreign partition whose signature this worker cannot
+    prove yet (its replica of the accounts may lag) is *deferred*, as every other event naming
+    an account the directory has not read is: refused unproven, no record of it would remain,
+    and a copy on its own partition would later be applied (red team, second round).
+    """
     ev = ACCOUNTS_EVENT.validate_json(src[3])
     try:
         check_partition(ctx, src, ev.account_id)
@@ -36,6 +42,8 @@ def handle_account(ctx: Context, src: Source) -> Outcome:
         proven = _self_signed(ctx, ev) if isinstance(ev, OpenAccount) else _signed_by_owner(ctx, ev)
         if proven:
             raise
+        if not final and isinstance(ev, RotateKeys):
+            raise Defer(ev.account_id) from None
         rej = refuse_misplaced(ctx, src, where)
         rej.claimed = ev.account_id
         raise rej from None

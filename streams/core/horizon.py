@@ -17,10 +17,15 @@ refusal may be recorded where no watermark guards it — on a stream nobody has 
 (:data:`UNKNOWN_STREAM`, forgotten by the clock) or one registered after it (watermark 0) — and
 without this rule the same signed bytes, sent again once that record was gone, would be
 fulfilled: a purchase its buyer had been told was refused, on a stream someone registered in
-the meantime, at the price it allowed (the red team's replay). A purchase from the future is
-refused *and recorded* (:meth:`DedupHorizon.recordable`), so a copy sent once the clock has
-caught up meets its refusal, not a fulfilment; one dated beyond the horizon ahead is refused
-without a record, which memory could not bound.
+the meantime, at the price it allowed (the red team's replay). Such records are forgotten only
+:data:`MAX_CLOCK_SKEW_MS` after that, so a worker whose clock is behind the one that forgot
+them still refuses the copy.
+
+A purchase from the future is refused *and recorded*, so a copy sent once the clock has caught
+up meets its refusal, not a fulfilment. Its record lives until the horizon has passed its
+request time: for one dated more than the horizon ahead, longer than any other record, so each
+buyer may hold at most :data:`MAX_FAR_FUTURE_RECORDS` of those on a partition
+(:meth:`DedupHorizon.recordable`); beyond, a refusal cannot be kept, and says so.
 
 Which records are due is found with an in-memory heap per stream and kind, rebuilt from the
 stores by one scan after a restart or a rebalance (:meth:`DedupHorizon.invalidate`).
@@ -39,6 +44,9 @@ from .state import EvictedValue, Stores
 __all__ = ["MAX_CLOCK_SKEW_MS", "UNKNOWN_STREAM", "DedupHorizon", "HorizonKind"]
 
 MAX_CLOCK_SKEW_MS = 3_600_000
+MAX_FAR_FUTURE_RECORDS = 8
+"""Refusals of purchases dated more than the horizon ahead one buyer may have on record on one
+partition (each kept until the horizon passes its date: memory must bound them per buyer)."""
 UNKNOWN_STREAM = ""
 """Where records of events on streams the market does not know are indexed: they have no
 stream watermark, so they expire by the market's clock (``forget(..., clock())``)."""
@@ -82,6 +90,7 @@ class DedupHorizon:
         self.clock = clock
         self._stores = stores
         self._heaps: dict[HorizonKind, dict[str, list[tuple[int, str]]]] = {}
+        self._far: dict[str, list[int]] = {}  # buyer → request times of far-future refusals
 
     def admit(
         self, kind: HorizonKind, ts: int, watermark: int | None, ident: str, stream_id: str
@@ -129,10 +138,20 @@ class DedupHorizon:
                 f"ahead of the market's clock; check the {w.whose_clock} clock",
             )
 
-    def recordable(self, ts: int) -> bool:
-        """Whether a refusal stamped ``ts`` may be recorded: its record is kept until the
-        horizon has passed ``ts``, so at most twice the horizon from now."""
-        return ts <= self.clock() + self.horizon_ms
+    def recordable(self, ts: int, buyer: str) -> bool:
+        """Whether the refusal of ``buyer``'s purchase stamped ``ts`` may be recorded: always
+        within the horizon ahead of the clock; beyond it (its record outlives every other)
+        while the buyer holds fewer than :data:`MAX_FAR_FUTURE_RECORDS` such records here."""
+        far = self.clock() + self.horizon_ms
+        if ts <= far:
+            return True
+        if not self._heaps:
+            self._index()
+        held = [t for t in self._far.get(buyer, []) if t > far]  # the others are near now
+        if len(held) >= MAX_FAR_FUTURE_RECORDS:
+            return False
+        self._far[buyer] = [*held, ts]
+        return True
 
     def remember(self, kind: HorizonKind, stream_id: str, ts: int, key: str) -> None:
         """Note that the record ``key`` of ``stream_id`` expires with timestamp ``ts``."""
@@ -154,6 +173,7 @@ class DedupHorizon:
         Needed after every rebalance: the stores may then hold records another worker wrote.
         """
         self._heaps.clear()
+        self._far.clear()
 
     def _heap(self, kind: HorizonKind, stream_id: str) -> list[tuple[int, str]]:
         if not self._heaps:
@@ -168,9 +188,13 @@ class DedupHorizon:
                 values.setdefault(k.rsplit("/", 1)[0], []).append((v.published_at_ms, k))
         purchases: dict[str, list[tuple[int, str]]] = {}
         streams = self._stores.streams
+        far = self.clock() + self.horizon_ms
+        self._far = {}
         for k, r in self._stores.purchases.items():
             sid = r.stream_id if r.stream_id in streams else UNKNOWN_STREAM
             purchases.setdefault(sid, []).append((r.requested_at_ms, k))
+            if r.requested_at_ms > far:
+                self._far.setdefault(k.split("/", 1)[0], []).append(r.requested_at_ms)
         for heap in (*values.values(), *purchases.values()):
             heapq.heapify(heap)
         self._heaps = {"value": values, "purchase": purchases}

@@ -44,7 +44,7 @@ from .accuracy import error_info, offer_accuracy, threshold
 from .auth import acting_for, authenticate
 from .context import Context
 from .histograms import as_released
-from .horizon import MAX_CLOCK_SKEW_MS, UNKNOWN_STREAM
+from .horizon import MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS, UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .placement import check_partition
 from .rejections import Source, rejection
@@ -125,17 +125,23 @@ def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountS
     if record is not None:
         return _replay(ctx, req, record, fp, topic)
     try:
-        ctx.horizon.admit_time("purchase", ts, req.purchase_id)  # a refusal, recorded below
+        try:
+            ctx.horizon.admit_time("purchase", ts, req.purchase_id)
+        except Reject as ahead:  # recorded below, unless no record of it can be kept
+            if not ctx.horizon.recordable(ts, req.buyer_id):
+                ahead.sender = req.buyer_id
+                ahead.message += (
+                    f"; this refusal is not recorded (buyer {req.buyer_id!r} has "
+                    f"{MAX_FAR_FUTURE_RECORDS} refusals of purchases dated this far ahead on "
+                    "record): these signed bytes would be applied if sent again once the "
+                    "market's clock reaches their date"
+                )
+                return rejection(ctx, "purchase", src, ahead)
+            raise
         outcome = fulfil(ctx, req, fp, account)
-    except (Reject, MarketError) as exc:
+    except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is recorded
         rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
         rej.sender = req.buyer_id
-        if not ctx.horizon.recordable(ts):  # too far ahead to keep a record of until then
-            rej.message += (
-                "; this refusal is not recorded (the request is dated more than the dedup "
-                "horizon ahead): do not let these signed bytes be sent again"
-            )
-            return rejection(ctx, "purchase", src, rej)
         outcome = rejection(ctx, "purchase", src, rej)
         ctx.stores.purchases[rec_key] = PurchaseRecord(
             fingerprint=fp,
@@ -171,9 +177,11 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
     record) and forget outcomes beyond the horizon."""
     st = ctx.stores.streams.get(req.stream_id)
     ts = req.requested_at_ms
-    if st is None:  # no stream watermark: refusals of unknown streams expire by the clock
+    if st is None:  # no stream watermark: refusals of unknown streams expire by the clock,
+        # a skew later than the clock refuses their copies (another worker's may be behind)
         ctx.horizon.remember("purchase", UNKNOWN_STREAM, ts, rec_key)
-        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock(), ctx.stores.purchases)
+        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock() - MAX_CLOCK_SKEW_MS,
+                           ctx.stores.purchases)  # fmt: skip
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
     if st.purchase_watermark_ms < ts <= ctx.clock() + MAX_CLOCK_SKEW_MS:

@@ -118,7 +118,7 @@ class MarketCore:
                 f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
             ))  # fmt: skip
         handlers: dict[str, Callable[[], Outcome]] = {
-            t.accounts: lambda: accounts.handle_account(ctx, src),
+            t.accounts: lambda: accounts.handle_account(ctx, src, final=final),
             t.registrations: lambda: registrations.register(ctx, src, final=final),
             t.values: lambda: values.ingest_batch(ctx, src, final=final),
             t.purchases: lambda: self._purchases(src, final),

@@ -81,7 +81,6 @@ def test_a_refused_registration_builds_no_survival_law_and_caches_nothing(
     """A registration refused by a cheap check (here its price schedule) used to build its
     histogram chain first and keep it cached: ~0.3 s and ~0.3 MB each, without bound."""
     from market.histogram_chain import HistogramChain
-
     from streams.core import histograms
 
     histograms._shared_chain.cache_clear()  # no chain built by an earlier test

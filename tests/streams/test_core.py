@@ -10,6 +10,7 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
+from streams.core.horizon import MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS
 from streams.core.rejections import best_effort_ids
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
@@ -367,19 +368,25 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     """The red team's replay: a purchase refused on a stream nobody had registered was
     recorded under the market's clock only; a week later mallory registered the stream at
     exactly alice's maximum price and replayed her signed bytes, and alice paid. A purchase
-    older than the horizon before the market's clock is now refused, whatever the stream."""
+    older than the horizon before the market's clock is now refused, whatever the stream; and
+    the record is kept a clock skew longer, for a worker whose clock is behind (second round:
+    the worker that forgot it was 2 s ahead of the one the copy reached)."""
     now = [10 * DAY]
     c = new_core(clock=lambda: now[0])
     alice_req = purchase("weather", "alice", "p1", max_price=5000, requested_at_ms=now[0])
     assert c.handle(T.purchases, alice_req).reason == "unknown_stream"
     assert c.handle(T.purchases, alice_req).status == "duplicate"  # its refusal, recorded
     now[0] += 7 * DAY + 1000
-    c.handle(T.purchases, purchase("nothing", "bob", "x", requested_at_ms=now[0]))  # expires it
-    assert "alice/p1" not in c.stores.purchases
+    c.handle(T.purchases, purchase("nothing", "bob", "x", requested_at_ms=now[0]))
     reg = registration("weather", steps=[1.0], cap=1.0,
                        pricing={"kind": "linear_level", "rate_per_level": 5000})  # fmt: skip
     assert c.handle(T.registrations, reg).status == "accepted"
     c.handle(T.values, value("weather", "v", [0.0, 0.0, 0.0], published_at_ms=now[0]))
+    behind = MarketCore(c.stores, TEST_KEYS, T, clock=lambda: now[0] - 2000)  # a slower clock
+    assert behind.handle(T.purchases, alice_req).status == "duplicate"  # the record is there
+    now[0] += MAX_CLOCK_SKEW_MS
+    c.handle(T.purchases, purchase("nothing", "bob", "y", requested_at_ms=now[0]))  # expires it
+    assert "alice/p1" not in c.stores.purchases
     out = c.handle(T.purchases, alice_req)
     assert (out.status, out.reason) == ("rejected", "request_too_old")
     assert "market's clock" in Rejection.model_validate_json(out.outputs[0].value).message
@@ -407,14 +414,48 @@ def test_a_purchase_from_the_future_is_refused_for_good() -> None:
     assert c.stores.streams["temp"].holders["bob"].purchases == 1
 
 
-def test_a_purchase_dated_beyond_the_horizon_ahead_is_refused_without_a_record() -> None:
-    """Its record would have to outlive the horizon: memory could not bound a flood of them."""
-    c = new_core(clock=lambda: 10 * DAY)
+def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded() -> None:
+    """Second round: a purchase dated between clock + horizon and clock + skew passed the
+    future check, was refused for an ordinary reason and left no record; mallory registered
+    the stream and replayed it (EMARKET_DEDUP_HORIZON 30 s, alice's clock 60 s fast)."""
+    now = [10 * DAY]
+    c = new_core(clock=lambda: now[0], dedup_horizon_ms=30_000)
+    req = purchase("weather", "alice", "p1", max_price=5000, requested_at_ms=now[0] + 60_000)
+    assert c.handle(T.purchases, req).reason == "unknown_stream"
+    assert "alice/p1" in c.stores.purchases
+    reg = registration("weather", steps=[1.0], cap=1.0,
+                       pricing={"kind": "linear_level", "rate_per_level": 5000})  # fmt: skip
+    assert c.handle(T.registrations, reg).status == "accepted"
+    c.handle(T.values, value("weather", "v", [0.0, 0.0, 0.0], published_at_ms=now[0]))
+    now[0] += 60_000
+    assert c.handle(T.purchases, req).status == "duplicate"
+
+
+def test_purchases_dated_beyond_the_horizon_ahead_are_recorded_up_to_a_quota() -> None:
+    """Their records outlive every other, so each buyer may have a few of them on record; a
+    copy of a recorded one meets its refusal once the clock reaches its date (second round: it
+    was refused without a record, and fulfilled when replayed a week later)."""
+    now = [10 * DAY]
+    c = new_core(clock=lambda: now[0])
     c.handle(T.registrations, registration("temp"))
-    far = purchase("temp", "bob", "b1", requested_at_ms=10 * DAY + 8 * DAY)
-    out = c.handle(T.purchases, far)
-    assert out.reason == "request_from_the_future" and "bob/b1" not in c.stores.purchases
+    c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
+    far = [purchase("temp", "bob", f"b{i}", requested_at_ms=now[0] + 8 * DAY + i)
+           for i in range(MAX_FAR_FUTURE_RECORDS + 1)]  # fmt: skip
+    for raw in far[:-1]:
+        assert c.handle(T.purchases, raw).reason == "request_from_the_future"
+    assert len(c.stores.purchases) == MAX_FAR_FUTURE_RECORDS
+    out = c.handle(T.purchases, far[-1])  # over the quota: refused, and it says it is not kept
+    assert out.reason == "request_from_the_future" and len(c.stores.purchases) == 8
     assert "not recorded" in Rejection.model_validate_json(out.outputs[0].value).message
+    other = purchase("temp", "alice", "a", requested_at_ms=now[0] + 8 * DAY)  # her own quota
+    assert c.handle(T.purchases, other).reason == "request_from_the_future"
+    assert "alice/a" in c.stores.purchases
+    now[0] += 8 * DAY  # the clock reaches their date: every recorded copy meets its refusal
+    again = c.handle(T.purchases, far[0])
+    assert (again.status, again.price_minor) == ("duplicate", 0)
+    restarted = MarketCore(c.stores, TEST_KEYS, T, clock=lambda: 10 * DAY)  # quota from the table
+    assert "not recorded" in Rejection.model_validate_json(
+        restarted.handle(T.purchases, far[-1]).outputs[0].value).message  # fmt: skip
 
 
 def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
@@ -588,9 +629,12 @@ def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
                                              requested_at_ms=now[0]))  # fmt: skip
         assert out.reason == "unknown_stream"
     assert len(c.stores.purchases) == 200  # a resend within the horizon is recognised
-    now[0] += 61_000
+    now[0] += 61_000  # a clock skew later: another worker's clock may be that far behind
+    c.handle(T.purchases, purchase("nowhere", "alice", "soon", requested_at_ms=now[0]))
+    assert len(c.stores.purchases) == 201
+    now[0] += MAX_CLOCK_SKEW_MS
     c.handle(T.purchases, purchase("nowhere", "alice", "late", requested_at_ms=now[0]))
-    assert len(c.stores.purchases) == 1
+    assert sorted(c.stores.purchases) == ["alice/late", "alice/soon"]  # the 200 are gone
 
 
 def test_one_event_has_bounded_output_and_work() -> None:

@@ -101,6 +101,30 @@ def test_an_unproven_account_event_on_a_foreign_partition_is_refused_not_forward
     assert core.stores.accounts["bob"].version == 1
 
 
+def test_a_rotation_the_directory_cannot_prove_yet_waits_for_it_then_is_forwarded() -> None:
+    """Second round: on a worker whose replica of the accounts lagged, bob's rotation on a
+    foreign partition was refused unproven (no record anywhere), and a copy on his partition
+    applied later. Now it is deferred like any event naming an account not read yet."""
+    home = _worker()
+    assert home.handle(T.accounts, account("bob"), partition=T.partition_of("bob")).status == (
+        "accepted"
+    )
+
+    class Replica(dict[str, Any]):  # what the worker's replica of the accounts has read so far
+        def owner_of_key(self, key_id: str) -> str | None:
+            return next((a for a, st in self.items() if st.key_id == key_id), None)
+
+    replica = Replica()
+    lagging = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000, replica=replica)
+    raw = party("bob").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    raw_bytes = raw.model_dump_json().encode()
+    out = lagging.handle(T.accounts, raw_bytes, partition=_other("bob"), final=False)
+    assert (out.status, out.waiting_for, out.outputs) == ("deferred", "bob", [])
+    replica["bob"] = home.stores.accounts["bob"]  # the replica has caught up
+    _forwarded(lagging.handle(T.accounts, raw_bytes, partition=_other("bob")), T.accounts,
+               raw_bytes, "bob")  # fmt: skip
+
+
 def test_a_rotation_on_a_foreign_partition_is_forwarded_and_applied_at_home() -> None:
     core = _worker()
     home = T.partition_of("bob")

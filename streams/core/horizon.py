@@ -85,12 +85,20 @@ _WORDS: dict[HorizonKind, _Words] = {
 class DedupHorizon:
     """Admits events by their timestamps and forgets records the horizon no longer needs."""
 
-    def __init__(self, horizon_ms: int, clock: Callable[[], int], stores: Stores) -> None:
+    def __init__(
+        self,
+        horizon_ms: int,
+        clock: Callable[[], int],
+        stores: Stores,
+        partition_of: Callable[[str], int] = lambda stream_id: 0,
+    ) -> None:
         self.horizon_ms = horizon_ms
         self.clock = clock
         self._stores = stores
+        self._partition_of = partition_of
         self._heaps: dict[HorizonKind, dict[str, list[tuple[int, str]]]] = {}
-        self._far: dict[str, list[int]] = {}  # buyer → request times of far-future refusals
+        # (buyer, input partition) → request times of its far-future refusals on record
+        self._far: dict[tuple[str, int], list[int]] = {}
 
     def admit(
         self, kind: HorizonKind, ts: int, watermark: int | None, ident: str, stream_id: str
@@ -138,19 +146,21 @@ class DedupHorizon:
                 f"ahead of the market's clock; check the {w.whose_clock} clock",
             )
 
-    def recordable(self, ts: int, buyer: str) -> bool:
-        """Whether the refusal of ``buyer``'s purchase stamped ``ts`` may be recorded: always
-        within the horizon ahead of the clock; beyond it (its record outlives every other)
-        while the buyer holds fewer than :data:`MAX_FAR_FUTURE_RECORDS` such records here."""
+    def recordable(self, ts: int, buyer: str, stream_id: str) -> bool:
+        """Whether the refusal of ``buyer``'s purchase on ``stream_id`` stamped ``ts`` may be
+        recorded: always within the horizon ahead of the clock; beyond it (its record outlives
+        every other) while the buyer holds fewer than :data:`MAX_FAR_FUTURE_RECORDS` such
+        records on the stream's input partition."""
         far = self.clock() + self.horizon_ms
         if ts <= far:
             return True
         if not self._heaps:
             self._index()
-        held = [t for t in self._far.get(buyer, []) if t > far]  # the others are near now
+        slot = (buyer, self._partition_of(stream_id))
+        held = [t for t in self._far.get(slot, []) if t > far]  # the others are near now
         if len(held) >= MAX_FAR_FUTURE_RECORDS:
             return False
-        self._far[buyer] = [*held, ts]
+        self._far[slot] = [*held, ts]
         return True
 
     def remember(self, kind: HorizonKind, stream_id: str, ts: int, key: str) -> None:
@@ -194,7 +204,8 @@ class DedupHorizon:
             sid = r.stream_id if r.stream_id in streams else UNKNOWN_STREAM
             purchases.setdefault(sid, []).append((r.requested_at_ms, k))
             if r.requested_at_ms > far:
-                self._far.setdefault(k.split("/", 1)[0], []).append(r.requested_at_ms)
+                slot = (k.split("/", 1)[0], self._partition_of(r.stream_id))
+                self._far.setdefault(slot, []).append(r.requested_at_ms)
         for heap in (*values.values(), *purchases.values()):
             heapq.heapify(heap)
         self._heaps = {"value": values, "purchase": purchases}

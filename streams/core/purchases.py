@@ -128,7 +128,7 @@ def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountS
         try:
             ctx.horizon.admit_time("purchase", ts, req.purchase_id)
         except Reject as ahead:  # recorded below, unless no record of it can be kept
-            if not ctx.horizon.recordable(ts, req.buyer_id):
+            if not ctx.horizon.recordable(ts, req.buyer_id, req.stream_id):
                 ahead.sender = req.buyer_id
                 ahead.message += (
                     f"; this refusal is not recorded (buyer {req.buyer_id!r} has "

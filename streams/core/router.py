@@ -75,7 +75,7 @@ class MarketCore:
             keys=keys,
             topics=topics,
             clock=clock,
-            horizon=DedupHorizon(dedup_horizon_ms, clock, stores),
+            horizon=DedupHorizon(dedup_horizon_ms, clock, stores, topics.partition_of),
             deliveries=Deliveries(topics, keys.noise_secret, directory, limits.max_message_bytes),
             directory=directory,
             limits=limits,

@@ -12,14 +12,15 @@ time of a purchase, and:
   (``*_from_the_future``), or it could push the watermark forward and make the market forget
   records that honest resends still need.
 
-A purchase is also refused when it is older than the market's *clock* minus the horizon. Its
+A purchase is also refused when it is older than the market's *clock* minus the horizon and
+the allowed clock skew (a worker behind on a backlog shorter than that refuses nothing). Its
 refusal may be recorded where no watermark guards it — on a stream nobody has registered yet
 (:data:`UNKNOWN_STREAM`, forgotten by the clock) or one registered after it (watermark 0) — and
 without this rule the same signed bytes, sent again once that record was gone, would be
 fulfilled: a purchase its buyer had been told was refused, on a stream someone registered in
 the meantime, at the price it allowed (the red team's replay). Such records are forgotten only
-:data:`MAX_CLOCK_SKEW_MS` after that, so a worker whose clock is behind the one that forgot
-them still refuses the copy.
+another :data:`MAX_CLOCK_SKEW_MS` after that (:data:`CLOCK_RECORD_MS`), so a worker whose
+clock is behind the one that forgot them still refuses the copy.
 
 A purchase from the future is refused *and recorded*, so a copy sent once the clock has caught
 up meets its refusal, not a fulfilment. Its record lives until the horizon has passed its
@@ -41,9 +42,16 @@ from typing import Any, Literal
 from .outputs import Reject
 from .state import EvictedValue, Stores
 
-__all__ = ["MAX_CLOCK_SKEW_MS", "UNKNOWN_STREAM", "DedupHorizon", "HorizonKind"]
+__all__ = [
+    "CLOCK_RECORD_MS", "MAX_CLOCK_SKEW_MS", "UNKNOWN_STREAM", "DedupHorizon", "HorizonKind",
+]
 
 MAX_CLOCK_SKEW_MS = 3_600_000
+CLOCK_REFUSE_MS = MAX_CLOCK_SKEW_MS
+"""Beyond the horizon, how much older than the market's clock a purchase may be."""
+CLOCK_RECORD_MS = CLOCK_REFUSE_MS + MAX_CLOCK_SKEW_MS
+"""Beyond the horizon, how long a record kept by the clock outlives its request time: a skew
+longer than a purchase is admitted, for a worker whose clock is behind."""
 MAX_FAR_FUTURE_RECORDS = 8
 """Refusals of purchases dated more than the horizon ahead one buyer may have on record on one
 partition (each kept until the horizon passes its date: memory must bound them per buyer)."""
@@ -127,12 +135,12 @@ class DedupHorizon:
                 f"{w.too_old_advice}",
             )
         now = self.clock()
-        if w.aged_by_clock and ts < now - self.horizon_ms:
+        if w.aged_by_clock and ts < now - self.horizon_ms - CLOCK_REFUSE_MS:
             raise Reject(
                 w.too_old,
                 f"{w.noun} {ident!r} {w.stamped} {ts} ms, more than the dedup horizon "
-                f"({self.horizon_ms} ms) before the market's clock ({now} ms); "
-                f"{w.too_old_advice}",
+                f"({self.horizon_ms} ms) and the allowed clock skew ({CLOCK_REFUSE_MS} ms) "
+                f"before the market's clock ({now} ms); {w.too_old_advice}",
             )
 
     def admit_time(self, kind: HorizonKind, ts: int, ident: str) -> None:

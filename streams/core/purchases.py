@@ -44,7 +44,7 @@ from .accuracy import error_info, offer_accuracy, threshold
 from .auth import acting_for, authenticate
 from .context import Context
 from .histograms import as_released
-from .horizon import MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS, UNKNOWN_STREAM
+from .horizon import CLOCK_RECORD_MS, MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS, UNKNOWN_STREAM
 from .outputs import Outcome, Output, Reject, dump
 from .placement import check_partition
 from .rejections import Source, rejection
@@ -178,9 +178,9 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
     st = ctx.stores.streams.get(req.stream_id)
     ts = req.requested_at_ms
     if st is None:  # no stream watermark: refusals of unknown streams expire by the clock,
-        # a skew later than the clock refuses their copies (another worker's may be behind)
+        # a skew after it refuses their copies (another worker's clock may be behind)
         ctx.horizon.remember("purchase", UNKNOWN_STREAM, ts, rec_key)
-        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock() - MAX_CLOCK_SKEW_MS,
+        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock() - CLOCK_RECORD_MS,
                            ctx.stores.purchases)  # fmt: skip
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)

@@ -10,7 +10,7 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
-from streams.core.horizon import MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS
+from streams.core.horizon import CLOCK_RECORD_MS, MAX_FAR_FUTURE_RECORDS
 from streams.core.rejections import best_effort_ids
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
@@ -384,13 +384,15 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     c.handle(T.values, value("weather", "v", [0.0, 0.0, 0.0], published_at_ms=now[0]))
     behind = MarketCore(c.stores, TEST_KEYS, T, clock=lambda: now[0] - 2000)  # a slower clock
     assert behind.handle(T.purchases, alice_req).status == "duplicate"  # the record is there
-    now[0] += MAX_CLOCK_SKEW_MS
+    now[0] += CLOCK_RECORD_MS
     c.handle(T.purchases, purchase("nothing", "bob", "y", requested_at_ms=now[0]))  # expires it
     assert "alice/p1" not in c.stores.purchases
     out = c.handle(T.purchases, alice_req)
     assert (out.status, out.reason) == ("rejected", "request_too_old")
     assert "market's clock" in Rejection.model_validate_json(out.outputs[0].value).message
     assert c.stores.streams["weather"].holders == {} and out.price_minor == 0
+    behind.ctx.horizon.invalidate()
+    assert behind.handle(T.purchases, alice_req).reason == "request_too_old"  # there too
 
 
 def test_a_purchase_from_the_future_is_refused_for_good() -> None:
@@ -629,10 +631,10 @@ def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
                                              requested_at_ms=now[0]))  # fmt: skip
         assert out.reason == "unknown_stream"
     assert len(c.stores.purchases) == 200  # a resend within the horizon is recognised
-    now[0] += 61_000  # a clock skew later: another worker's clock may be that far behind
+    now[0] += 61_000  # kept longer than the horizon: another worker's clock may be behind
     c.handle(T.purchases, purchase("nowhere", "alice", "soon", requested_at_ms=now[0]))
     assert len(c.stores.purchases) == 201
-    now[0] += MAX_CLOCK_SKEW_MS
+    now[0] += CLOCK_RECORD_MS
     c.handle(T.purchases, purchase("nowhere", "alice", "late", requested_at_ms=now[0]))
     assert sorted(c.stores.purchases) == ["alice/late", "alice/soon"]  # the 200 are gone
 

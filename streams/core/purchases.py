@@ -1,8 +1,9 @@
 """A buyer's purchase → plan, release, charge, receipt; and quotes, which only plan.
 
-A purchase is keyed by ``(buyer_id, purchase_id)``: its outcome, fulfilment or refusal, is stored
-with the exact bytes sent, and a resend re-emits those bytes without charging again (a resend
-with other parameters is refused, ``idempotency_key_reused``). A fulfilment releases the level
+A purchase is keyed by ``(buyer_id, stream_id, purchase_id)``: its outcome, fulfilment or
+refusal, is stored with the exact bytes sent, and a resend re-emits those bytes without
+charging again (a resend with other parameters is refused, ``idempotency_key_reused``). A
+fulfilment releases the level
 bought on every value in the stream's window, charges ``P(new) − P(held)``, and carries an
 Ed25519-signed receipt that binds the released numbers (and their envelope, when sealed).
 """
@@ -112,16 +113,37 @@ def purchase(ctx: Context, req: PurchaseRequest, src: Source, *, final: bool = T
         return _purchase(ctx, req, src, account)
 
 
+def purchase_key(req: PurchaseRequest) -> str:
+    """Where a purchase's outcome is recorded: under its buyer, stream and id. The record lives
+    in the stream's changelog partition, so the key names the stream: keyed by buyer and id
+    alone, one id used on two streams was two records under one key, and the partition a
+    worker restored last decided which it kept (red team, third round)."""
+    return record_key(req.buyer_id, req.stream_id, req.purchase_id)
+
+
+def _recorded(ctx: Context, req: PurchaseRequest) -> PurchaseRecord | None:
+    """The purchase's stored outcome: under its key, or under the ``buyer/purchase_id`` key of
+    records written before purchase keys named the stream (if it is this stream's)."""
+    record = ctx.stores.purchases.get(purchase_key(req))
+    if record is None:
+        legacy = ctx.stores.purchases.get(record_key(req.buyer_id, req.purchase_id))
+        if legacy is not None and legacy.stream_id == req.stream_id:
+            record = legacy
+    return record
+
+
 def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountState) -> Outcome:
-    rec_key = record_key(req.buyer_id, req.purchase_id)
+    rec_key = purchase_key(req)
     fp = fingerprint(req)
     topic = ctx.topics.inbox(req.buyer_id)
     st = ctx.stores.streams.get(req.stream_id)
-    watermark = None if st is None else st.purchase_watermark_ms
     ts = req.requested_at_ms
+    if st is not None:
+        _floor_watermark(ctx, st)
+    watermark = None if st is None else st.purchase_watermark_ms
     # too old: no record can be needed to recognise it (nor may one exist)
     ctx.horizon.admit_age("purchase", ts, watermark, req.purchase_id, req.stream_id)
-    record = ctx.stores.purchases.get(rec_key)
+    record = _recorded(ctx, req)
     if record is not None:
         return _replay(ctx, req, record, fp, topic)
     try:
@@ -173,8 +195,10 @@ def _replay(
 
 def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None:
     """Remember the outcome until the horizon passes its request time, move the stream's
-    purchase watermark (never to a time from the future: that refusal's only effect is its
-    record) and forget outcomes beyond the horizon."""
+    purchase watermark to its request time but never past the market's clock (a purchase dated
+    an hour ahead, refused at no cost, moved it an hour ahead: honest resends near the horizon
+    lost their records, and with a short horizon every purchase was too old; red team, third
+    round), and forget outcomes beyond the horizon."""
     st = ctx.stores.streams.get(req.stream_id)
     ts = req.requested_at_ms
     if st is None:  # no stream watermark: refusals of unknown streams expire by the clock,
@@ -184,10 +208,26 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
                            ctx.stores.purchases)  # fmt: skip
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
-    if st.purchase_watermark_ms < ts <= ctx.clock() + MAX_CLOCK_SKEW_MS:
-        st.purchase_watermark_ms = ts
+    moved = min(ts, ctx.clock())  # never ahead of the clock, whatever the request claims
+    if moved > st.purchase_watermark_ms:
+        st.purchase_watermark_ms = moved
         ctx.stores.streams[req.stream_id] = st
     ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)
+
+
+def _floor_watermark(ctx: Context, st: StreamState) -> None:
+    """Raise the stream's purchase watermark to the market's clock minus the allowed skew.
+
+    The clock refuses a purchase older than the horizon and the skew; stored in the stream, that
+    verdict is every worker's: a copy reaching a worker whose clock is behind is refused by the
+    watermark, where its own clock would have let it in (red team, third round). Records the
+    watermark then lets go are those the clock refuses anyway.
+    """
+    floor = ctx.clock() - MAX_CLOCK_SKEW_MS
+    if st.purchase_watermark_ms < floor:
+        st.purchase_watermark_ms = floor
+        ctx.stores.streams[st.registration.stream_id] = st
+        ctx.horizon.forget("purchase", st.registration.stream_id, floor, ctx.stores.purchases)
 
 
 def _target(
@@ -311,7 +351,7 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
     _charge(st, req, plan)
     charge_purchase(st, plan.after)
     ctx.stores.streams[reg.stream_id] = st
-    ctx.stores.purchases[record_key(req.buyer_id, req.purchase_id)] = PurchaseRecord(
+    ctx.stores.purchases[purchase_key(req)] = PurchaseRecord(
         fingerprint=fp,
         status="fulfilled",
         stream_id=reg.stream_id,

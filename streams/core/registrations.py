@@ -81,6 +81,9 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         secret_fingerprint=ctx.keys.noise_fingerprint,
         accepted_at_ms=now,
         catalog_payload=payload.decode(),
+        # purchases older than the horizon before it were refused by the clock: the watermark
+        # keeps refusing them on every worker, whatever its clock
+        purchase_watermark_ms=now,
     )
     ctx.census.added(reg)
     ctx.keep_terms(reg, terms)

@@ -351,7 +351,7 @@ def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
         now[0] = 600 * i
         c.handle(T.purchases, purchase("temp", "alice", f"p{i}", target_level=lv,
                                        requested_at_ms=600 * i))  # fmt: skip
-    assert sorted(c.stores.purchases) == ["alice/p2", "alice/p3"]  # p0, p1 forgotten
+    assert sorted(c.stores.purchases) == ["alice/temp/p2", "alice/temp/p3"]  # p0, p1 gone
     old = c.handle(T.purchases, purchase("temp", "alice", "p0", target_level=0.5,
                                          requested_at_ms=0))  # fmt: skip
     assert old.reason == "request_too_old"
@@ -383,14 +383,18 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     assert c.handle(T.registrations, reg).status == "accepted"
     c.handle(T.values, value("weather", "v", [0.0, 0.0, 0.0], published_at_ms=now[0]))
     behind = MarketCore(c.stores, TEST_KEYS, T, clock=lambda: now[0] - 2000)  # a slower clock
-    assert behind.handle(T.purchases, alice_req).status == "duplicate"  # the record is there
+    late = behind.handle(T.purchases, alice_req)  # the stream's watermark (its registration
+    assert (late.status, late.price_minor) == ("rejected", 0)  # time) refuses it everywhere
+    assert c.stores.purchases["alice/weather/p1"].status == "rejected"  # and its record is kept
     now[0] += CLOCK_RECORD_MS
     c.handle(T.purchases, purchase("nothing", "bob", "y", requested_at_ms=now[0]))  # expires it
-    assert "alice/p1" not in c.stores.purchases
+    assert "alice/weather/p1" not in c.stores.purchases
     out = c.handle(T.purchases, alice_req)
     assert (out.status, out.reason) == ("rejected", "request_too_old")
-    assert "market's clock" in Rejection.model_validate_json(out.outputs[0].value).message
     assert c.stores.streams["weather"].holders == {} and out.price_minor == 0
+    elsewhere = purchase("nowhere", "alice", "p2", requested_at_ms=10 * DAY)  # no stream: clock
+    message = Rejection.model_validate_json(c.handle(T.purchases, elsewhere).outputs[0].value)
+    assert message.reason == "request_too_old" and "market's clock" in message.message
     behind.ctx.horizon.invalidate()
     assert behind.handle(T.purchases, alice_req).reason == "request_too_old"  # there too
 
@@ -398,14 +402,15 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
 def test_a_purchase_from_the_future_is_refused_for_good() -> None:
     """A refusal as from the future used to leave no record: once the clock caught up, the
     same signed bytes were fulfilled — after the buyer, told to fix her clock, had bought again
-    under a new id. Now the refusal is recorded, and does not move the stream's watermark."""
+    under a new id. Now the refusal is recorded, and moves the stream's watermark no further
+    than the market's clock (third round: an hour ahead, it made honest resends too old)."""
     now = [10 * DAY]
     c = new_core(clock=lambda: now[0])
     c.handle(T.registrations, registration("temp"))
     c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
     ahead = purchase("temp", "bob", "b1", requested_at_ms=now[0] + 2 * 3_600_000)
     assert c.handle(T.purchases, ahead).reason == "request_from_the_future"
-    assert c.stores.streams["temp"].purchase_watermark_ms == 0
+    assert c.stores.streams["temp"].purchase_watermark_ms == now[0]
     assert c.handle(T.purchases, purchase("temp", "bob", "b2", requested_at_ms=now[0])).status == (
         "fulfilled"
     )
@@ -416,6 +421,71 @@ def test_a_purchase_from_the_future_is_refused_for_good() -> None:
     assert c.stores.streams["temp"].holders["bob"].purchases == 1
 
 
+def test_a_free_purchase_dated_an_hour_ahead_moves_the_watermark_no_further_than_the_clock() -> (
+    None
+):
+    """Third round: mallory's purchase dated clock + 1 h, refused at no cost, moved the stream's
+    watermark an hour ahead: alice's resend near the horizon's edge lost its record, and with a
+    short horizon every honest purchase was too old for an hour."""
+    now = [10 * DAY]
+    c = new_core(clock=lambda: now[0])
+    c.handle(T.registrations, registration("temp"))
+    c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
+    mine = purchase("temp", "alice", "a1", requested_at_ms=now[0])
+    assert c.handle(T.purchases, mine).status == "fulfilled"
+    now[0] += 7 * DAY - 30 * 60_000
+    free = purchase("temp", "bob", "m", max_price=0, requested_at_ms=now[0] + 3_600_000)
+    assert c.handle(T.purchases, free).reason == "price_too_high"
+    assert c.stores.streams["temp"].purchase_watermark_ms == now[0]
+    assert c.handle(T.purchases, mine).status == "duplicate"  # her record is still there
+    short = new_core(clock=lambda: now[0], dedup_horizon_ms=10_000)
+    short.handle(T.registrations, registration("temp"))
+    short.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
+    assert short.handle(T.purchases, free).reason == "price_too_high"
+    honest = purchase("temp", "alice", "a2", requested_at_ms=now[0])
+    assert short.handle(T.purchases, honest).status == "fulfilled"
+
+
+def test_a_purchase_too_old_by_one_clock_is_too_old_on_every_worker() -> None:
+    """Third round: refused as too old by the clock (nothing recorded), the same bytes were
+    fulfilled by a worker whose clock was 30 min behind. The stream's watermark now carries
+    the clock's verdict."""
+    stores = Stores()
+    now = [100 * DAY]
+    fast = MarketCore(stores, TEST_KEYS, T, clock=lambda: now[0])
+    open_accounts(fast, *PARTIES)
+    fast.handle(T.registrations, registration("temp"))
+    fast.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0], published_at_ms=now[0]))
+    stores.streams["temp"].purchase_watermark_ms = 0  # as stored before watermarks had a floor
+    late = purchase("temp", "alice", "p1", target_level=2.0,
+                    requested_at_ms=now[0] - 7 * DAY - 3_600_000 - 60_000)  # fmt: skip
+    assert fast.handle(T.purchases, late).reason == "request_too_old"
+    now[0] += 5 * 60_000
+    slow = MarketCore(stores, TEST_KEYS, T, clock=lambda: now[0] - 30 * 60_000)
+    again = slow.handle(T.purchases, late)
+    assert (again.reason, again.price_minor) == ("request_too_old", 0)
+    assert "alice" not in stores.streams["temp"].holders
+
+
+def test_one_purchase_id_on_two_streams_is_two_purchases_wherever_they_are_kept() -> None:
+    """Third round: records were keyed by buyer and purchase id but kept in their stream's
+    partition, so one id on two streams was two records under one key; a worker restoring both
+    partitions kept one, and the other purchase was fulfilled again. Keys now name the stream;
+    records written before (``buyer/purchase_id``) are still found for their stream."""
+    c = new_core()
+    for sid in ("s1", "s4"):
+        c.handle(T.registrations, registration(sid))
+        c.handle(T.values, value(sid, "v0", [1.0, 2.0, 3.0]))
+    first, second = (purchase(sid, "alice", "order-1") for sid in ("s1", "s4"))
+    assert [c.handle(T.purchases, p).status for p in (first, second)] == ["fulfilled"] * 2
+    assert sorted(c.stores.purchases) == ["alice/s1/order-1", "alice/s4/order-1"]
+    assert [c.handle(T.purchases, p).status for p in (first, second)] == ["duplicate"] * 2
+    legacy = c.stores.purchases.pop("alice/s1/order-1")  # as an older version stored it
+    c.stores.purchases["alice/order-1"] = legacy
+    assert c.handle(T.purchases, first).status == "duplicate"
+    assert c.stores.streams["s1"].holders["alice"].purchases == 1
+
+
 def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded() -> None:
     """Second round: a purchase dated between clock + horizon and clock + skew passed the
     future check, was refused for an ordinary reason and left no record; mallory registered
@@ -424,7 +494,7 @@ def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded
     c = new_core(clock=lambda: now[0], dedup_horizon_ms=30_000)
     req = purchase("weather", "alice", "p1", max_price=5000, requested_at_ms=now[0] + 60_000)
     assert c.handle(T.purchases, req).reason == "unknown_stream"
-    assert "alice/p1" in c.stores.purchases
+    assert "alice/weather/p1" in c.stores.purchases
     reg = registration("weather", steps=[1.0], cap=1.0,
                        pricing={"kind": "linear_level", "rate_per_level": 5000})  # fmt: skip
     assert c.handle(T.registrations, reg).status == "accepted"
@@ -451,7 +521,7 @@ def test_purchases_dated_beyond_the_horizon_ahead_are_recorded_up_to_a_quota() -
     assert "not recorded" in Rejection.model_validate_json(out.outputs[0].value).message
     other = purchase("temp", "alice", "a", requested_at_ms=now[0] + 8 * DAY)  # her own quota
     assert c.handle(T.purchases, other).reason == "request_from_the_future"
-    assert "alice/a" in c.stores.purchases
+    assert "alice/temp/a" in c.stores.purchases
     now[0] += 8 * DAY  # the clock reaches their date: every recorded copy meets its refusal
     again = c.handle(T.purchases, far[0])
     assert (again.status, again.price_minor) == ("duplicate", 0)
@@ -497,7 +567,7 @@ def test_expiry_survives_restart_and_rebalance_with_one_scan() -> None:
             assert sorted(k for k in stores.releases if k.startswith(f"{sid}/")) == [
                 f"{sid}/w{late}"
             ]
-        assert sorted(stores.purchases) == sorted(f"alice/{sid}-q{late}" for sid in streams)
+        assert sorted(stores.purchases) == sorted(f"alice/{sid}/{sid}-q{late}" for sid in streams)
 
 
 def test_catalog_states_poisson_epsilon_for_the_stream_dimension(core: MarketCore) -> None:
@@ -636,7 +706,7 @@ def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
     assert len(c.stores.purchases) == 201
     now[0] += CLOCK_RECORD_MS
     c.handle(T.purchases, purchase("nowhere", "alice", "late", requested_at_ms=now[0]))
-    assert sorted(c.stores.purchases) == ["alice/late", "alice/soon"]  # the 200 are gone
+    assert sorted(c.stores.purchases) == ["alice/nowhere/late", "alice/nowhere/soon"]
 
 
 def test_one_event_has_bounded_output_and_work() -> None:

@@ -15,12 +15,15 @@ time of a purchase, and:
 A purchase is also refused when it is older than the market's *clock* minus the horizon and
 the allowed clock skew (a worker behind on a backlog shorter than that refuses nothing). Its
 refusal may be recorded where no watermark guards it — on a stream nobody has registered yet
-(:data:`UNKNOWN_STREAM`, forgotten by the clock) or one registered after it (watermark 0) — and
-without this rule the same signed bytes, sent again once that record was gone, would be
-fulfilled: a purchase its buyer had been told was refused, on a stream someone registered in
-the meantime, at the price it allowed (the red team's replay). Such records are forgotten only
-another :data:`MAX_CLOCK_SKEW_MS` after that (:data:`CLOCK_RECORD_MS`), so a worker whose
-clock is behind the one that forgot them still refuses the copy.
+(:data:`UNKNOWN_STREAM`, forgotten by the clock) — and without this rule the same signed bytes,
+sent again once that record was gone, would be fulfilled: a purchase its buyer had been told
+was refused, on a stream someone registered in the meantime, at the price it allowed (the red
+team's replay). Such records are forgotten only another :data:`MAX_CLOCK_SKEW_MS` after that
+(:data:`CLOCK_RECORD_MS`), so a worker whose clock is behind the one that forgot them still
+refuses the copy. On a registered stream the clock's verdict is also kept in the data: the
+purchase watermark starts at the registration time and is raised to the clock less the skew
+on every purchase (:mod:`streams.core.purchases`), so a worker whose clock is behind refuses
+by the watermark what another refused by its clock.
 
 A purchase from the future is refused *and recorded*, so a copy sent once the clock has caught
 up meets its refusal, not a fulfilment. Its record lives until the horizon has passed its
@@ -98,7 +101,7 @@ class DedupHorizon:
         horizon_ms: int,
         clock: Callable[[], int],
         stores: Stores,
-        partition_of: Callable[[str], int] = lambda stream_id: 0,
+        partition_of: Callable[[str], int],
     ) -> None:
         self.horizon_ms = horizon_ms
         self.clock = clock

@@ -3,9 +3,9 @@
 A purchase is keyed by ``(buyer_id, stream_id, purchase_id)``: its outcome, fulfilment or
 refusal, is stored with the exact bytes sent, and a resend re-emits those bytes without
 charging again (a resend with other parameters is refused, ``idempotency_key_reused``). A
-fulfilment releases the level
-bought on every value in the stream's window, charges ``P(new) − P(held)``, and carries an
-Ed25519-signed receipt that binds the released numbers (and their envelope, when sealed).
+fulfilment releases the level bought on every value in the stream's window, charges
+``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers
+(and their envelope, when sealed).
 """
 
 from __future__ import annotations

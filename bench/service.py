@@ -93,9 +93,12 @@ def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> byte
 
 
 def _count(raw: bytes) -> int:
-    """Events carried by one message: subscription deliveries group several values."""
+    """Events carried by one message: subscription deliveries group several values. A
+    rejection stops the run: a benchmark that counts refusals as work measures nothing."""
     if raw.startswith(b'{"schema_version":1,"type":"value_released"'):
         return len(json.loads(raw)["releases"])
+    if raw.startswith(b'{"schema_version":1,"type":"rejection"'):
+        raise RuntimeError(f"the benchmark's events were refused: {raw[:300]!r}")
     return 1
 
 

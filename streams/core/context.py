@@ -74,8 +74,8 @@ class Limits:
     #: partitions (core/census.py)
     max_streams: int = 4096
     max_histogram_streams: int = 512
-    max_streams_per_seller: int = 256
-    max_histogram_streams_per_seller: int = 32
+    max_streams_per_seller: int = 1024
+    max_histogram_streams_per_seller: int = 128
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)

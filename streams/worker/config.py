@@ -71,8 +71,8 @@ class Settings:
     max_streams: int = 4096
     max_histogram_streams: int = 512
     #: ... and of one seller
-    max_streams_per_seller: int = 256
-    max_histogram_streams_per_seller: int = 32
+    max_streams_per_seller: int = 1024
+    max_histogram_streams_per_seller: int = 128
     #: Buyers holding a level on one stream at most (its record must fit in one message).
     max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.

@@ -45,7 +45,7 @@ from .accuracy import error_info, offer_accuracy, threshold
 from .auth import acting_for, authenticate
 from .context import Context
 from .histograms import as_released
-from .horizon import CLOCK_RECORD_MS, MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS, UNKNOWN_STREAM
+from .horizon import CLOCK_RECORD_MS, MAX_CLOCK_SKEW_MS, MAX_FAR_FUTURE_RECORDS
 from .outputs import Outcome, Output, Reject, dump
 from .placement import check_partition
 from .rejections import Source, rejection
@@ -129,6 +129,14 @@ def _recorded(ctx: Context, req: PurchaseRequest) -> PurchaseRecord | None:
         legacy = ctx.stores.purchases.get(record_key(req.buyer_id, req.purchase_id))
         if legacy is not None and legacy.stream_id == req.stream_id:
             record = legacy
+        elif legacy is not None:  # a legacy key held one record of several streams (one id
+            # on two streams, their partitions restored by one worker): this stream's may be
+            # the one lost, so never fulfil under it, as before (red team, fourth round)
+            raise Reject(
+                "idempotency_key_reused",
+                f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} "
+                f"on stream {legacy.stream_id!r}; use a new purchase id",
+            )
     return record
 
 
@@ -203,8 +211,9 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
     ts = req.requested_at_ms
     if st is None:  # no stream watermark: refusals of unknown streams expire by the clock,
         # a skew after it refuses their copies (another worker's clock may be behind)
-        ctx.horizon.remember("purchase", UNKNOWN_STREAM, ts, rec_key)
-        ctx.horizon.forget("purchase", UNKNOWN_STREAM, ctx.clock() - CLOCK_RECORD_MS,
+        unknown = ctx.horizon.unknown(req.stream_id)
+        ctx.horizon.remember("purchase", unknown, ts, rec_key)
+        ctx.horizon.forget("purchase", unknown, ctx.clock() - CLOCK_RECORD_MS,
                            ctx.stores.purchases)  # fmt: skip
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
@@ -213,6 +222,11 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
         st.purchase_watermark_ms = moved
         ctx.stores.streams[req.stream_id] = st
     ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)
+
+
+FLOOR_STEP_MS = 60_000
+"""How far beyond the floor a raised watermark goes: the stream record is written by
+:func:`_floor_watermark` at most once per step, however often a purchase is replayed."""
 
 
 def _floor_watermark(ctx: Context, st: StreamState) -> None:
@@ -225,7 +239,10 @@ def _floor_watermark(ctx: Context, st: StreamState) -> None:
     """
     floor = ctx.clock() - MAX_CLOCK_SKEW_MS
     if st.purchase_watermark_ms < floor:
-        st.purchase_watermark_ms = floor
+        # a step beyond the floor (still an hour less a step behind the clock): one signed
+        # purchase replayed a thousand times wrote the stream record a thousand times
+        # (red team, fourth round)
+        st.purchase_watermark_ms = floor = floor + FLOOR_STEP_MS
         ctx.stores.streams[st.registration.stream_id] = st
         ctx.horizon.forget("purchase", st.registration.stream_id, floor, ctx.stores.purchases)
 

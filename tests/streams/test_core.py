@@ -364,6 +364,12 @@ def test_purchase_outcomes_expire_beyond_the_horizon() -> None:
 DAY = 86_400_000
 
 
+def _on_partition_of(stream_id: str, n: int = 1) -> list[str]:
+    """``n`` other stream ids on the input partition of ``stream_id``."""
+    home = T.partition_of(stream_id)
+    return [s for s in (f"x{i}" for i in range(10_000)) if T.partition_of(s) == home][:n]
+
+
 def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> None:
     """The red team's replay: a purchase refused on a stream nobody had registered was
     recorded under the market's clock only; a week later mallory registered the stream at
@@ -376,8 +382,9 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     alice_req = purchase("weather", "alice", "p1", max_price=5000, requested_at_ms=now[0])
     assert c.handle(T.purchases, alice_req).reason == "unknown_stream"
     assert c.handle(T.purchases, alice_req).status == "duplicate"  # its refusal, recorded
+    nothing = _on_partition_of("weather")[0]  # records are forgotten partition by partition
     now[0] += 7 * DAY + 1000
-    c.handle(T.purchases, purchase("nothing", "bob", "x", requested_at_ms=now[0]))
+    c.handle(T.purchases, purchase(nothing, "bob", "x", requested_at_ms=now[0]))
     reg = registration("weather", steps=[1.0], cap=1.0,
                        pricing={"kind": "linear_level", "rate_per_level": 5000})  # fmt: skip
     assert c.handle(T.registrations, reg).status == "accepted"
@@ -387,7 +394,7 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     assert (late.status, late.price_minor) == ("rejected", 0)  # time) refuses it everywhere
     assert c.stores.purchases["alice/weather/p1"].status == "rejected"  # and its record is kept
     now[0] += CLOCK_RECORD_MS
-    c.handle(T.purchases, purchase("nothing", "bob", "y", requested_at_ms=now[0]))  # expires it
+    c.handle(T.purchases, purchase(nothing, "bob", "y", requested_at_ms=now[0]))  # expires it
     assert "alice/weather/p1" not in c.stores.purchases
     out = c.handle(T.purchases, alice_req)
     assert (out.status, out.reason) == ("rejected", "request_too_old")
@@ -484,6 +491,43 @@ def test_one_purchase_id_on_two_streams_is_two_purchases_wherever_they_are_kept(
     c.stores.purchases["alice/order-1"] = legacy
     assert c.handle(T.purchases, first).status == "duplicate"
     assert c.stores.streams["s1"].holders["alice"].purchases == 1
+    # fourth round: an older version kept one id on two streams as one key; a worker restoring
+    # both partitions kept s4's, and s1's resend was fulfilled again. It is refused, as before.
+    c.stores.purchases["alice/order-1"] = c.stores.purchases.pop("alice/s4/order-1")
+    out = c.handle(T.purchases, first)
+    assert (out.reason, out.price_minor) == ("idempotency_key_reused", 0)
+    assert c.stores.streams["s1"].holders["alice"].purchases == 1
+
+
+def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:
+    """Fourth round: the watermark's floor (the clock less the skew) was raised to exactly
+    the floor, so one signed purchase, refused as too old and replayed every millisecond on a
+    quiet stream, rewrote the stream's whole record every time (51 MB for 1,000 copies)."""
+    from streams.core.purchases import FLOOR_STEP_MS
+
+    class Writes(dict[str, Any]):
+        count = 0
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            Writes.count += 1
+            super().__setitem__(key, value)
+
+    stores = Stores()
+    stores.streams = Writes()
+    now = [100 * DAY]
+    c = MarketCore(stores, TEST_KEYS, T, clock=lambda: now[0])
+    open_accounts(c, *PARTIES)
+    c.handle(T.registrations, registration("temp"))
+    now[0] += 2 * 3_600_000  # an idle stream: its watermark is behind the floor
+    old = purchase("temp", "alice", "old", requested_at_ms=now[0] - 8 * DAY)
+    Writes.count = 0
+    for _ in range(1_000):
+        now[0] += 1
+        assert c.handle(T.purchases, old).reason == "request_too_old"
+    assert Writes.count == 1
+    now[0] += FLOOR_STEP_MS
+    c.handle(T.purchases, old)
+    assert Writes.count == 2
 
 
 def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded() -> None:
@@ -696,9 +740,8 @@ def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
     """Purchases naming streams that do not exist used to be stored forever (review F5)."""
     now = [10_000_000]
     c = new_core(clock=lambda: now[0], dedup_horizon_ms=60_000)
-    for i in range(200):
-        out = c.handle(T.purchases, purchase(f"nowhere{i}", "alice", f"p{i}",
-                                             requested_at_ms=now[0]))  # fmt: skip
+    for i, sid in enumerate(_on_partition_of("nowhere", 200)):
+        out = c.handle(T.purchases, purchase(sid, "alice", f"p{i}", requested_at_ms=now[0]))
         assert out.reason == "unknown_stream"
     assert len(c.stores.purchases) == 200  # a resend within the horizon is recognised
     now[0] += 61_000  # kept longer than the horizon: another worker's clock may be behind
@@ -707,6 +750,25 @@ def test_refusals_on_unknown_streams_expire_with_the_horizon() -> None:
     now[0] += CLOCK_RECORD_MS
     c.handle(T.purchases, purchase("nowhere", "alice", "late", requested_at_ms=now[0]))
     assert sorted(c.stores.purchases) == ["alice/nowhere/late", "alice/nowhere/soon"]
+
+
+def test_refusals_on_unknown_streams_are_forgotten_only_on_their_own_partition() -> None:
+    """Fourth round: one heap held every partition's, so an event of one partition forgot
+    records of the others, and the worker sent those deletions to the changelog partition of
+    the event: a restore brought the records back, without end."""
+    now = [10_000_000]
+    c = new_core(clock=lambda: now[0], dedup_horizon_ms=60_000)
+    here, there = "nowhere", next(s for s in (f"y{i}" for i in range(100))
+                                  if T.partition_of(s) != T.partition_of("nowhere"))  # fmt: skip
+    for sid in (here, there):
+        c.handle(T.purchases, purchase(sid, "alice", f"p-{sid}", requested_at_ms=now[0]))
+    now[0] += 61_000 + CLOCK_RECORD_MS
+    c.handle(T.purchases, purchase(_on_partition_of(here)[0], "bob", "q", requested_at_ms=now[0]))
+    assert f"alice/{here}/p-{here}" not in c.stores.purchases  # forgotten with its partition's
+    assert f"alice/{there}/p-{there}" in c.stores.purchases  # kept until an event of its own
+    c.handle(T.purchases, purchase(_on_partition_of(there)[0], "bob", "r",
+                                   requested_at_ms=now[0]))  # fmt: skip
+    assert f"alice/{there}/p-{there}" not in c.stores.purchases
 
 
 def test_one_event_has_bounded_output_and_work() -> None:

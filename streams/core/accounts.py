@@ -155,8 +155,9 @@ def _check_sealing_key(key: str | None, **who: str) -> None:
 
 
 def _store(ctx: Context, state: AccountState, status: str) -> Outcome:
+    replaced = ctx.stores.accounts.get(state.account_id)
     ctx.stores.accounts[state.account_id] = state
-    ctx.directory.learn(state)
+    ctx.directory.learn(state, replaced)
     return _confirm(ctx, state, "accepted")
 
 

@@ -52,8 +52,11 @@ class Directory:
             owner = self.replica.owner_of_key(key_id)
         return owner
 
-    def learn(self, state: AccountState) -> None:
-        """Index an account this worker just wrote (the replica sees it a little later)."""
+    def learn(self, state: AccountState, replaced: AccountState | None = None) -> None:
+        """Index an account this worker just wrote (the replica sees it a little later), and
+        forget the key it ``replaced`` (each rotation left one entry behind, for ever)."""
+        if replaced is not None and self._keys.get(replaced.key_id) == replaced.account_id:
+            del self._keys[replaced.key_id]
         self._keys[state.key_id] = state.account_id
 
     def __len__(self) -> int:

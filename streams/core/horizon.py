@@ -55,6 +55,10 @@ CLOCK_REFUSE_MS = MAX_CLOCK_SKEW_MS
 CLOCK_RECORD_MS = CLOCK_REFUSE_MS + MAX_CLOCK_SKEW_MS
 """Beyond the horizon, how long a record kept by the clock outlives its request time: a skew
 longer than a purchase is admitted, for a worker whose clock is behind."""
+WATERMARK_STEP_MS = 60_000
+"""The purchase watermark moves in steps of this much at most (a 64th of the horizon if that is
+less): forward to a whole step, or a step past its floor. The stream record, which carries it,
+is then written for it at most once a step, however many purchases are refused or replayed."""
 MAX_FAR_FUTURE_RECORDS = 8
 """Refusals of purchases dated more than the horizon ahead one buyer may have on record on one
 partition (each kept until the horizon passes its date: memory must bound them per buyer)."""
@@ -105,6 +109,7 @@ class DedupHorizon:
         partition_of: Callable[[str], int],
     ) -> None:
         self.horizon_ms = horizon_ms
+        self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
         self._stores = stores
         self._partition_of = partition_of

@@ -129,15 +129,22 @@ def _recorded(ctx: Context, req: PurchaseRequest) -> PurchaseRecord | None:
         legacy = ctx.stores.purchases.get(record_key(req.buyer_id, req.purchase_id))
         if legacy is not None and legacy.stream_id == req.stream_id:
             record = legacy
-        elif legacy is not None:  # a legacy key held one record of several streams (one id
-            # on two streams, their partitions restored by one worker): this stream's may be
-            # the one lost, so never fulfil under it, as before (red team, fourth round)
-            raise Reject(
-                "idempotency_key_reused",
-                f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} "
-                f"on stream {legacy.stream_id!r}; use a new purchase id",
-            )
     return record
+
+
+def _check_legacy(ctx: Context, req: PurchaseRequest) -> None:
+    """Refuse an id a record written before purchase keys named the stream holds for another
+    stream: that key held one record of several streams (one id on two streams, their
+    partitions restored by one worker), and this stream's may be the one lost, so never fulfil
+    under it, as before the change (red team, fourth round). The refusal is recorded like any
+    other (fifth round: unrecorded, a worker without the legacy record fulfilled the copy)."""
+    legacy = ctx.stores.purchases.get(record_key(req.buyer_id, req.purchase_id))
+    if legacy is not None and legacy.stream_id != req.stream_id:
+        raise Reject(
+            "idempotency_key_reused",
+            f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} on "
+            f"stream {legacy.stream_id!r}; use a new purchase id",
+        )
 
 
 def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountState) -> Outcome:
@@ -155,6 +162,7 @@ def _purchase(ctx: Context, req: PurchaseRequest, src: Source, account: AccountS
     if record is not None:
         return _replay(ctx, req, record, fp, topic)
     try:
+        _check_legacy(ctx, req)
         try:
             ctx.horizon.admit_time("purchase", ts, req.purchase_id)
         except Reject as ahead:  # recorded below, unless no record of it can be kept
@@ -217,16 +225,15 @@ def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None
                            ctx.stores.purchases)  # fmt: skip
         return
     ctx.horizon.remember("purchase", req.stream_id, ts, rec_key)
-    moved = min(ts, ctx.clock())  # never ahead of the clock, whatever the request claims
+    # never ahead of the clock, whatever the request claims; and in whole steps, so that
+    # purchases refused at no cost rewrite the stream's record at most once a step (one per
+    # millisecond of request time rewrote it on every event: red team, fifth round)
+    step = ctx.horizon.step_ms
+    moved = min(ts, ctx.clock()) // step * step
     if moved > st.purchase_watermark_ms:
         st.purchase_watermark_ms = moved
         ctx.stores.streams[req.stream_id] = st
     ctx.horizon.forget("purchase", req.stream_id, st.purchase_watermark_ms, ctx.stores.purchases)
-
-
-FLOOR_STEP_MS = 60_000
-"""How far beyond the floor a raised watermark goes: the stream record is written by
-:func:`_floor_watermark` at most once per step, however often a purchase is replayed."""
 
 
 def _floor_watermark(ctx: Context, st: StreamState) -> None:
@@ -242,7 +249,7 @@ def _floor_watermark(ctx: Context, st: StreamState) -> None:
         # a step beyond the floor (still an hour less a step behind the clock): one signed
         # purchase replayed a thousand times wrote the stream record a thousand times
         # (red team, fourth round)
-        st.purchase_watermark_ms = floor = floor + FLOOR_STEP_MS
+        st.purchase_watermark_ms = floor = floor + ctx.horizon.step_ms
         ctx.stores.streams[st.registration.stream_id] = st
         ctx.horizon.forget("purchase", st.registration.stream_id, floor, ctx.stores.purchases)
 
@@ -345,6 +352,16 @@ def fulfil(ctx: Context, req: PurchaseRequest, fp: str, account: AccountState) -
     reg = st.registration
     _check_terms(ctx, req, st, account)
     plan = _plan(ctx, st, req.buyer_id, _target(ctx, st, req.buyer_id, req))
+    if plan.after <= plan.held:
+        # nothing to buy: each such request stored the whole window's outcome (up to a
+        # message, ~1 MiB) for the horizon and sent it again, at no cost (red team, fifth round)
+        raise Reject(
+            "already_held",
+            f"you hold level {plan.held:g} on stream {reg.stream_id!r}, as accurate as level "
+            f"{plan.target:g} or more: its releases are in your inbox (resending the purchase "
+            "that bought it sends them again); buy a level above it, or quote what is for sale",
+            held_level=plan.held,
+        )
     if plan.price_minor > req.max_price_minor:
         raise Reject(
             "price_too_high",

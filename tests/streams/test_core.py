@@ -127,12 +127,24 @@ def test_quote_does_not_buy(core: MarketCore) -> None:
     assert "alice" not in core.stores.streams["temp"].holders
 
 
-def test_downgrade_is_free_and_returns_held_release(core: MarketCore) -> None:
+def test_a_purchase_of_no_more_than_the_level_held_is_refused_with_what_to_do(
+    core: MarketCore,
+) -> None:
+    """It used to be fulfilled at no cost with the held release: each such request stored the
+    window's whole outcome (up to ~1 MiB) for the horizon and sent it again (red team, fifth
+    round). Its releases are in the buyer's inbox, and the purchase that bought them resends
+    them."""
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
-    hi = buyer_events(core.handle(T.purchases, purchase("temp", "alice", "a", target_level=2.0)))[0]
-    lo = buyer_events(core.handle(T.purchases, purchase("temp", "alice", "b", target_level=0.5)))[0]
-    assert lo.price_minor == 0 and lo.level_after == 2.0
-    assert lo.releases[0].values == hi.releases[0].values
+    bought = purchase("temp", "alice", "a", target_level=2.0)
+    hi = buyer_events(core.handle(T.purchases, bought))[0]
+    for pid, level in (("b", 0.5), ("c", 2.0)):
+        out = core.handle(T.purchases, purchase("temp", "alice", pid, target_level=level))
+        assert (out.status, out.reason, out.price_minor) == ("rejected", "already_held", 0)
+        rej = Rejection.model_validate_json(out.outputs[0].value)
+        assert rej.details["held_level"] == 2.0 and "inbox" in rej.message
+        assert len(out.outputs[0].value) < 4096  # what is stored for it is small
+    again = buyer_events(core.handle(T.purchases, bought))[0]
+    assert again.releases[0].values == hi.releases[0].values
 
 
 @pytest.mark.parametrize(
@@ -494,17 +506,21 @@ def test_one_purchase_id_on_two_streams_is_two_purchases_wherever_they_are_kept(
     # fourth round: an older version kept one id on two streams as one key; a worker restoring
     # both partitions kept s4's, and s1's resend was fulfilled again. It is refused, as before.
     c.stores.purchases["alice/order-1"] = c.stores.purchases.pop("alice/s4/order-1")
+    c.stores.purchases.pop("alice/s1/order-1", None)
     out = c.handle(T.purchases, first)
     assert (out.reason, out.price_minor) == ("idempotency_key_reused", 0)
     assert c.stores.streams["s1"].holders["alice"].purchases == 1
+    # fifth round: that refusal is recorded in s1's own partition, so a worker that holds s1
+    # but not the legacy record refuses the copy too
+    assert c.stores.purchases["alice/s1/order-1"].status == "rejected"
+    del c.stores.purchases["alice/order-1"]
+    assert c.handle(T.purchases, first).status == "duplicate"
 
 
 def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:
     """Fourth round: the watermark's floor (the clock less the skew) was raised to exactly
     the floor, so one signed purchase, refused as too old and replayed every millisecond on a
     quiet stream, rewrote the stream's whole record every time (51 MB for 1,000 copies)."""
-    from streams.core.purchases import FLOOR_STEP_MS
-
     class Writes(dict[str, Any]):
         count = 0
 
@@ -525,9 +541,17 @@ def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:
         now[0] += 1
         assert c.handle(T.purchases, old).reason == "request_too_old"
     assert Writes.count == 1
-    now[0] += FLOOR_STEP_MS
+    now[0] += c.ctx.horizon.step_ms
     c.handle(T.purchases, old)
     assert Writes.count == 2
+    # fifth round: purchases refused at no cost, each a millisecond later than the last, moved
+    # the watermark, and so rewrote the record, every time; it moves in whole steps now
+    Writes.count = 0
+    for i in range(1_000):
+        now[0] += 1
+        free = purchase("temp", "bob", f"f{i}", max_price=0, requested_at_ms=now[0])
+        assert c.handle(T.purchases, free).reason == "price_too_high"
+    assert Writes.count <= 1 + 1_000 // c.ctx.horizon.step_ms
 
 
 def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded() -> None:
@@ -771,6 +795,22 @@ def test_refusals_on_unknown_streams_are_forgotten_only_on_their_own_partition()
     assert f"alice/{there}/p-{there}" not in c.stores.purchases
 
 
+def test_rotations_leave_no_key_behind_in_the_directory() -> None:
+    """Fifth round: each rotation left its old key id in the core's index of keys, for ever."""
+    from streams.clients.keys import Party
+
+    c = new_core()
+    before = len(c.ctx.directory._keys)
+    current = party("alice")
+    for version in range(2, 52):
+        new = party(f"k{version}")
+        rot = Party("alice", current.signing_key).rotate_to(new, "t", version, rotated_at_ms=2_000)
+        assert c.handle(T.accounts, rot.model_dump_json().encode()).status == "accepted"
+        current = new
+    assert len(c.ctx.directory._keys) == before
+    assert c.ctx.directory.owner_of_key(c.stores.accounts["alice"].key_id) == "alice"
+
+
 def test_one_event_has_bounded_output_and_work() -> None:
     """Sybil holders and long batches used to make one value event cost gigabytes and
     seconds (review F3, F4): a stream's holders and a batch's length are bounded."""
@@ -821,10 +861,9 @@ def test_an_accuracy_order_buys_the_cheapest_level_that_meets_it(core: MarketCor
     assert isinstance(ev, PurchaseFulfilled) and ev.level_after == 2.0 and ev.price_minor == 200
     assert ev.error_model is not None and ev.error_model.std == pytest.approx(2**0.5 / 2)
     assert ev.error_model.half_widths["95"] == pytest.approx(0.5 * np.log(20.0))
-    # already accurate enough: nothing more to pay, the held release again
+    # already accurate enough: nothing more to buy
     again = core.handle(T.purchases, purchase("temp", "alice", "p2", accuracy={"rmse": 2.0}))
-    (ev2,) = buyer_events(again)
-    assert ev2.level_after == 2.0 and ev2.price_minor == 0
+    assert (again.reason, again.price_minor) == ("already_held", 0)
 
 
 def test_an_impossible_accuracy_is_refused_with_the_best_offer(core: MarketCore) -> None:

@@ -37,7 +37,7 @@ REASONS = {
     "value_from_the_future", "request_too_old", "request_from_the_future", "bad_signature",
     "unknown_account", "not_your_stream", "too_large", "stream_too_large", "account_exists",
     "stale_key_version", "too_many_accounts", "accuracy_not_for_sale", "privacy_window_full",
-    "privacy_window_closed", "stream_full", "wrong_partition",
+    "privacy_window_closed", "stream_full", "wrong_partition", "already_held", "too_many_streams",
 }  # fmt: skip
 TOPICS = [T.accounts, T.registrations, T.values, T.purchases]
 M = {"market": "f"}
@@ -153,7 +153,7 @@ def test_mutated_valid_events(case: tuple[str, bytes]) -> None:
     [
         (value("s", "huge", [1.0] * (MAX_DIMENSION + 1), **M), "invalid_event"),
         (value("s", "long", [1.0] * 4, **M), "wrong_dimension"),
-        (purchase("s", "alice", "down", target_level=0.5, **M), None),  # a step down is free
+        (purchase("s", "alice", "down", target_level=0.5, **M), "already_held"),  # a step down
         (purchase("s", "nobody", "p", target_level=4.5, **M), "level_above_cap"),
         (purchase("zz", "alice", "p", **M), "unknown_stream"),
         (purchase("s", "alice", "p9", signer="bob", **M), "bad_signature"),  # bob as alice

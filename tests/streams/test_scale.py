@@ -68,13 +68,21 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
         return results
 
     results = market.run(race)
+    asked = [(f"u{b}", s, t) for b in range(3) for s in STREAMS for t in targets]
     fulfilled = [r for r in results if isinstance(r, PurchaseFulfilled)]
     rejected = [r for r in results if isinstance(r, Rejection)]
     assert len(fulfilled) + len(rejected) == len(results)
     reasons = collections.Counter(r.reason for r in rejected)
-    assert set(reasons) == {"level_above_cap", "level_not_for_sale"}
+    assert set(reasons) <= {"level_above_cap", "level_not_for_sale", "already_held"}, reasons
     assert reasons["level_above_cap"] == 3 * len(STREAMS) * 3  # the three targets above the cap
     assert reasons["level_not_for_sale"] == 3 * len(STREAMS)  # 1.5 is not a step
+    # the steps of one buyer race each other: a step that arrives after a higher one was
+    # fulfilled is refused as already held (never charged), and says what the buyer holds
+    for (_, _, target), r in zip(asked, results, strict=True):
+        if isinstance(r, Rejection) and r.reason == "already_held":
+            assert target in (0.5, 1.0, CAP) and r.details["held_level"] >= target, (target, r)
+    top = {(r.buyer_id, r.stream_id) for r in fulfilled if r.level_after == CAP}
+    assert top == {(b, s) for b, s, _ in asked}  # every buyer reached the cap on every stream
     assert max(r.level_after for r in fulfilled) == CAP
     assert all(rel.level <= CAP for r in fulfilled for rel in r.releases)
     ledger = w2.get("/ledger")["streams"]

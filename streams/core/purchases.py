@@ -51,7 +51,7 @@ from .placement import check_partition
 from .rejections import Source, rejection
 from .state import Holder, PurchaseRecord, StreamState, record_key
 from .totals import is_totals, release_totals, worst_total_factor
-from .values import store_state, value_identity
+from .values import settle_evictions, store_state, value_identity
 from .windows import charge_purchase, check_purchase, fitting_levels, latest_status
 
 __all__ = ["fingerprint", "fulfil", "purchase", "quote"]
@@ -202,11 +202,35 @@ def _replay(
             f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} for a "
             "different request; use a new purchase id",
         )
+    if record.status == "fulfilled":
+        _restore_charge(ctx, req, record)
     payload = record.payload.encode()
     outputs = [Output(topic, req.purchase_id.encode(), payload)]
     if record.status == "rejected":
         outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
+
+
+def _restore_charge(ctx: Context, req: PurchaseRequest, record: PurchaseRecord) -> None:
+    """Apply a fulfilled purchase's charge again if its stream's record does not show it.
+
+    A batch's records (this outcome among them) are acknowledged before its streams' records
+    (:mod:`streams.worker.batch`): a worker that dies between the two leaves the outcome durable
+    and the charge, holding and privacy spent lost. The batch is replayed, this purchase meets
+    its record, and the stored outcome says what was bought and paid: applied here, once (the
+    holder then holds the level, and a later replay changes nothing).
+    """
+    st = ctx.stores.streams.get(req.stream_id)
+    done = PurchaseFulfilled.model_validate_json(record.payload)
+    holder = None if st is None else st.holders.get(req.buyer_id)
+    if st is None or (holder is not None and holder.level >= done.level_after):
+        return
+    plan = StepPlan(done.level_before, done.level_after, done.level_after, done.price_minor)
+    _charge(st, req, plan)
+    charge_purchase(st, plan.after)
+    if st.window:
+        st.spent = max(st.spent, plan.after)
+    ctx.stores.streams[req.stream_id] = st
 
 
 def _advance_watermark(ctx: Context, req: PurchaseRequest, rec_key: str) -> None:
@@ -418,6 +442,7 @@ def _release_window(
         if st.window:
             st.spent = max(st.spent, level)
         return releases, new_noise
+    settle_evictions(ctx, st)
     hist = ctx.terms(st.registration).histogram
     if hist is not None:
         return _release_histograms(ctx, st, hist, level)

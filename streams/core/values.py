@@ -55,6 +55,7 @@ __all__ = [
     "held_releases",
     "ingest_batch",
     "ingest_value",
+    "settle_evictions",
     "store_state",
     "value_identity",
 ]
@@ -161,6 +162,8 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
                       reg.stream_id)  # fmt: skip
     key = record_key(reg.stream_id, item.value_id)
     known = ctx.stores.releases.get(key)
+    if known is not None and _ahead_of_stream(st, item.value_id, known):
+        known = None  # written by a batch whose stream record was lost: ingested again
     if known is None and is_totals(reg):  # a retained increment is known by its window entry
         entry = next((e for e in st.window if e.value_id == item.value_id), None)
         if entry is not None:  # (its mark may have been forgotten by a rebuilt horizon index)
@@ -191,6 +194,39 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
     store_state(ctx, key, state)
     released = _deliver(ctx, st, item, seq, by_level, held)
     return "accepted", released, new_noise
+
+
+def _ahead_of_stream(st: StreamState, value_id: str, known: ValueState) -> bool:
+    """Whether a value's record was written by a batch whose stream record is not durable.
+
+    A batch's records are acknowledged before its streams' records (:mod:`streams.worker.batch`):
+    a worker that dies between the two leaves a value's state (or its mark) stored while its
+    stream does not count it — not in the window, or numbered at or after the next arrival. The
+    batch is replayed, and the value is ingested again, not taken for a resend (its noise is a
+    pure function of the request: the same releases).
+    """
+    if isinstance(known, EvictedValue):
+        return known.seq >= st.next_seq
+    return all(e.value_id != value_id for e in st.window)
+
+
+def settle_evictions(ctx: Context, st: StreamState) -> None:
+    """Drop from the window the values a batch whose stream record was lost had evicted.
+
+    That batch's records are durable (:mod:`streams.worker.batch`): a value it evicted has its
+    eviction mark, not its state, while the stream's window still lists it. It would leave the
+    window when the evicting value is ingested again; a purchase that comes first completes
+    the eviction instead (the evicting value then finds the window one shorter, and evicts
+    nothing more). Running totals keep a mark for every increment: nothing to settle there.
+    """
+    if is_totals(st.registration):
+        return
+    sid = st.registration.stream_id
+    kept = [e for e in st.window
+            if not isinstance(ctx.stores.releases.get(record_key(sid, e.value_id)), EvictedValue)]
+    if len(kept) < len(st.window):
+        st.window = kept
+        ctx.stores.streams[sid] = st
 
 
 def _exact(

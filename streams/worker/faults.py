@@ -8,6 +8,7 @@ no cleanup, no offset commit, no flush, exactly like SIGKILL. Points:
 
 * ``before_state`` — a batch was taken, nothing applied;
 * ``mid_batch`` — half the batch applied in memory, nothing persisted;
+* ``mid_state`` — the records of values, purchases and accounts durable, the streams' not;
 * ``after_state`` — state durable (changelog acknowledged), no output sent;
 * ``mid_output`` — state durable, half the outputs sent;
 * ``after_output`` — everything sent, offsets not yet committed.
@@ -23,7 +24,7 @@ import numpy as np
 
 __all__ = ["POINTS", "FaultInjector"]
 
-POINTS = ("before_state", "mid_batch", "after_state", "mid_output", "after_output")
+POINTS = ("before_state", "mid_batch", "mid_state", "after_state", "mid_output", "after_output")
 log = logging.getLogger(__name__)
 
 

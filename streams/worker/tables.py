@@ -63,9 +63,10 @@ class WriteBackTable(MutableMapping[str, Any]):
 
     _DELETED = object()
 
-    def __init__(self, table: Any, dumps: Callable[[Any], bytes]) -> None:
+    def __init__(self, table: Any, dumps: Callable[[Any], bytes], name: str = "") -> None:
         self.table = table
         self._dumps = dumps
+        self.name = name
         self._pending: dict[str, tuple[Any, Any]] = {}
 
     @classmethod
@@ -77,7 +78,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         # changelog topic, which recovery would decode with: rebuild it.
         tbl.key_serializer, tbl.value_serializer = "em_str", codec_name(store)
         tbl.changelog_topic = tbl._new_changelog_topic()
-        return cls(tbl, CODECS[store][0])
+        return cls(tbl, CODECS[store][0], store)
 
     def __getitem__(self, key: str) -> Any:
         hit = self._pending.get(key)

@@ -1,0 +1,98 @@
+"""A batch whose records are durable but whose streams' records are not, replayed.
+
+The worker acknowledges a batch's records (values' states, purchase outcomes, accounts) before
+its streams' records (``streams.worker.batch``; the ``mid_state`` fail point dies in between).
+Written in the other order, or all at once, a crash could leave a purchase's charge durable
+without its stored outcome, and the replay charged it again (red team, fifth round). These
+tests build the stores such a crash leaves — the streams table as before the batch, every
+other table as after it — and replay the batch on a fresh core (a restarted worker): it must
+end in the state the batch would have left, charging nobody twice and releasing nothing new.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from streams.core import MarketCore, Stores
+from streams.wire.events import INBOX_EVENT, PurchaseFulfilled
+from streams.wire.topics import Topics
+
+from .helpers import TEST_KEYS, market_core, purchase, registration, value
+
+T = Topics("t")
+NOW = 10**12
+
+
+def _snapshot(c: MarketCore) -> dict[str, dict[str, Any]]:
+    return copy.deepcopy({n: dict(getattr(c.stores, n)) for n in vars(c.stores)})
+
+
+def _crashed(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> MarketCore:
+    """A restarted worker over what a crash between the two sends left durable."""
+    tables = {n: dict(after[n]) for n in after} | {"streams": dict(before["streams"])}
+    return MarketCore(Stores(**tables), TEST_KEYS, T, clock=lambda: NOW)
+
+
+def _core(**reg: Any) -> MarketCore:
+    c = market_core("seller1", "alice", "bob", now=NOW)
+    assert c.handle(T.registrations, registration("s", **reg)).status == "accepted"
+    for i in range(3):
+        c.handle(T.values, value("s", f"v{i}", [1.0 + i, 2.0, 3.0], published_at_ms=NOW))
+    return c
+
+
+def test_a_purchase_whose_charge_was_lost_is_charged_once_on_replay() -> None:
+    c = _core()
+    before = _snapshot(c)
+    raw = purchase("s", "alice", "p1", requested_at_ms=NOW)  # the next step
+    first = c.handle(T.purchases, raw)
+    assert first.status == "fulfilled" and first.price_minor == 50
+    held = c.stores.streams["s"]
+    restarted = _crashed(before, _snapshot(c))
+    assert "alice" not in restarted.stores.streams["s"].holders  # the charge was lost
+    again = restarted.handle(T.purchases, raw)
+    assert again.status == "duplicate" and again.outputs[0].value == first.outputs[0].value
+    st = restarted.stores.streams["s"]
+    assert st.holders["alice"] == held.holders["alice"]  # level 0.5, paid 50, one purchase
+    assert (st.revenue_minor, st.spent) == (held.revenue_minor, held.spent)
+    restarted.handle(T.purchases, raw)  # any later copy changes nothing
+    assert restarted.stores.streams["s"].holders["alice"].paid_minor == 50
+    nxt = restarted.handle(T.purchases, purchase("s", "alice", "p2", requested_at_ms=NOW))
+    assert isinstance(INBOX_EVENT.validate_json(nxt.outputs[0].value), PurchaseFulfilled)
+    assert (nxt.price_minor, restarted.stores.streams["s"].holders["alice"].level) == (50, 1.0)
+
+
+def test_a_value_whose_stream_record_was_lost_is_ingested_again() -> None:
+    c = _core(retain_last=2)
+    c.handle(T.purchases, purchase("s", "bob", "b", requested_at_ms=NOW))  # a holder of 0.5
+    before = _snapshot(c)
+    raw = value("s", "v3", [9.0, 2.0, 3.0], published_at_ms=NOW)  # evicts v1
+    first = c.handle(T.values, raw)
+    assert first.status == "accepted"
+    restarted = _crashed(before, _snapshot(c))
+    again = restarted.handle(T.values, raw)
+    assert again.status == "accepted"  # not taken for a resend: its stream never counted it
+    assert [e.value_id for e in restarted.stores.streams["s"].window] == ["v2", "v3"]
+    delivered = [o.value for o in first.outputs if o.topic == T.inbox("bob")]
+    assert [o.value for o in again.outputs if o.topic == T.inbox("bob")] == delivered
+    out = restarted.handle(T.purchases, purchase("s", "alice", "a", requested_at_ms=NOW))
+    assert out.status == "fulfilled", out.reason  # every window entry has its state
+
+
+def test_an_increment_whose_stream_record_was_lost_is_added_once() -> None:
+    c = market_core("seller1", "alice", now=NOW)
+    totals = {"mechanism": "gaussian", "product": "running_totals", "tree_height": 10,
+              "steps": [0.5, 1.0], "cap": 1.0, "dimension": 2, "retain_last": 4}  # fmt: skip
+    assert c.handle(T.registrations, registration("s", **totals)).status == "accepted"
+    c.handle(T.purchases, purchase("s", "alice", "a", requested_at_ms=NOW))
+    for i in range(3):
+        c.handle(T.values, value("s", f"v{i}", [1.0, 1.0], published_at_ms=NOW))
+    before = _snapshot(c)
+    raw = value("s", "v3", [1.0, 1.0], published_at_ms=NOW)
+    first = c.handle(T.values, raw)
+    restarted = _crashed(before, _snapshot(c))
+    again = restarted.handle(T.values, raw)
+    assert again.status == "accepted" and restarted.stores.streams["s"].next_seq == 4
+    total = [o.value for o in first.outputs if o.topic == T.inbox("alice")]
+    assert [o.value for o in again.outputs if o.topic == T.inbox("alice")] == total

@@ -2,9 +2,9 @@
 
 One agent (concurrency 1) consumes registrations, values and purchases together, so the events
 of a stream are applied strictly in order; the three topics are co-partitioned by ``stream_id``
-and Faust assigns the same partition numbers of all three to the same worker. The agent batches
-events itself and hands each batch to :class:`~streams.worker.batch.BatchProcessor`, then
-acknowledges them.
+and Faust assigns the same partition numbers of all three to the same worker. The consumer
+hands the agent whole fetched batches (:mod:`streams.worker.intake`); the agent gives each to
+:class:`~streams.worker.batch.BatchProcessor`, then acknowledges its records.
 """
 
 from __future__ import annotations
@@ -20,10 +20,17 @@ from ..core.context import Limits
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
-from .compat import install_tansu_compat, quiet_libraries, skip_table_settle, tune_fetch_wait
+from .compat import (
+    install_batched_intake,
+    install_tansu_compat,
+    quiet_libraries,
+    skip_table_settle,
+    tune_fetch_wait,
+)
 from .config import Settings
 from .directory import AccountReplica
 from .faults import FaultInjector
+from .intake import Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
 from .secrets import load_or_create_keys
@@ -43,11 +50,14 @@ class MarketWorker:
             install_tansu_compat()
         tune_fetch_wait(settings.fetch_max_wait_ms)
         skip_table_settle()
+        install_batched_intake()
         register_codecs()
         self.topics = Topics(settings.prefix, settings.partitions)
         self.keys = keys or load_or_create_keys(settings.data_dir)
         self.metrics: Metrics = build_metrics()
         self.app = self._app()
+        self.intake = Intake(self.app, set(self.topics.inputs()))
+        self.app.emarket_intake = self.intake  # type: ignore[attr-defined]  # compat reads it
         self.tables = {
             name: WriteBackTable.create(self.app, name, settings.partitions)
             for name in ("streams", "releases", "purchases", "accounts")
@@ -136,20 +146,16 @@ class MarketWorker:
 
         @app.agent(inputs, name="market", concurrency=1)
         async def market(stream: Any) -> None:
-            # Our own batching, not Stream.take_events: under load take_events pairs a value
-            # with the wrong event object when its timeout fires while an event is being
-            # buffered, so one event is processed twice and its neighbour never (seen here as a
-            # duplicated offset and a lost one, and a committed offset stuck behind the gap).
-            # Events are acknowledged by hand, after their batch's outputs are acknowledged.
-            manual = stream.noack()
-            batch: list[Any] = []
-            async for event in manual.events():
-                batch.append(event)
-                if len(batch) >= settings.batch_max or manual.channel.empty():
-                    await worker.batches.process(manual, batch)
-                    for done in batch:
-                        await manual.ack(done)
-                    batch = []
+            # The agent subscribes the input topics (the group assigns their partitions and
+            # the tables' with them), but its records come a fetched batch at a time through
+            # the intake, not event by event through the stream (streams/worker/intake.py).
+            # Subscribing is what iterating the stream would have done first.
+            app.topics.add(stream.channel.clone(is_iterator=True))
+            intake = worker.intake
+            while True:
+                events = await intake.take(settings.batch_max)
+                await worker.batches.process(events)
+                intake.ack(events)  # after the batch's outputs are acknowledged
 
         self._agent = market
         self._pages()

@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..core import MarketCore, Outcome
 from ..wire.topics import TopicSpec
+from .compat import set_current_event
 from .directory import AccountReplica
 from .faults import FaultInjector
+from .intake import InputEvent
 from .metrics import Metrics
 from .producer import Producer
 from .tables import Record, WriteBackTable
@@ -44,12 +45,12 @@ class _Part:
     outputs: list[Record] = field(default_factory=list)
     topics: list[TopicSpec] = field(default_factory=list)
     purchase_times: list[float] = field(default_factory=list)
-    rest: list[Any] = field(default_factory=list)
+    rest: list[InputEvent] = field(default_factory=list)
 
 log = logging.getLogger("emarket.worker")
 
 
-def _waited_ms(events: list[Any]) -> float:
+def _waited_ms(events: list[InputEvent]) -> float:
     """How long the oldest of ``events`` has waited since its producer stamped it (broker,
     fetch and the framework's dispatch): the batch profile's first column."""
     stamps = [ev.message.timestamp for ev in events if ev.message.timestamp]
@@ -78,8 +79,8 @@ class BatchProcessor:
         self.replica = replica
         self.profile = profile
 
-    async def process(self, stream: Any, events: list[Any]) -> None:
-        """Process ``events`` (Faust events of ``stream``); return once outputs are acked.
+    async def process(self, events: list[InputEvent]) -> None:
+        """Process ``events`` (records of the input topics); return once outputs are acked.
 
         A batch whose outputs would pass :attr:`Limits.max_event_output_bytes` is cut into
         parts, each applied, persisted and sent in turn, so a worker's memory is bounded by
@@ -90,17 +91,17 @@ class BatchProcessor:
         self.faults.hit("before_state")
         rest = events
         while rest:
-            rest = await self._part(stream, rest, started)
+            rest = await self._part(rest, started)
         self.metrics.batch_size.observe(len(events))
         self.metrics.batch_done(time.time())
 
-    async def _part(self, stream: Any, events: list[Any], started: float) -> list[Any]:
+    async def _part(self, events: list[InputEvent], started: float) -> list[InputEvent]:
         """Apply, persist, then send a prefix of ``events``; return the events left over."""
         t_start = time.perf_counter()
         waited = _waited_ms(events) if self.profile else 0.0
-        part = await self._apply(stream, events, started)
+        part = await self._apply(events, started)
         t_proc = time.perf_counter()
-        drained = {tbl.name: tbl.drain(stream) for tbl in self.tables}
+        drained = {tbl.name: tbl.drain() for tbl in self.tables}
         last = drained.pop("streams", [])
         await self.producer.send_all([r for rs in drained.values() for r in rs], dead_letter=False)
         self.faults.hit("mid_state")
@@ -122,7 +123,7 @@ class BatchProcessor:
             self.metrics.purchase_latency.observe(max(0.0, now - ts))
         return part.rest
 
-    async def _apply(self, stream: Any, events: list[Any], started: float) -> _Part:
+    async def _apply(self, events: list[InputEvent], started: float) -> _Part:
         """Run events through the core until the outputs reach the budget; return the part."""
         part = _Part()
         synced = self.replica is None
@@ -132,7 +133,7 @@ class BatchProcessor:
             for i, ev in enumerate(events):
                 if i == len(events) // 2:
                     self.faults.hit("mid_batch")
-                stream._set_current_event(ev)
+                set_current_event(ev)
                 await self.faults.hang(ev.value)
                 outcome = self._handle(ev, final=synced)
                 if outcome.status == "deferred":
@@ -155,7 +156,7 @@ class BatchProcessor:
         part.outputs.extend(Record(o.topic, o.key, o.value) for o in deliveries)
         return part
 
-    def _handle(self, ev: Any, *, final: bool) -> Outcome:
+    def _handle(self, ev: InputEvent, *, final: bool) -> Outcome:
         """One event through the core, its outcome counted; nothing here may stop the batch."""
         msg = ev.message
         try:

@@ -7,6 +7,10 @@
 * :func:`skip_table_settle` — Faust's table manager sleeps 1 s at start so that tables
   declared late can register; ours are all declared with the app, so the sleep only delays
   every start (any broker).
+* :func:`install_batched_intake` — the consumer hands the input topics' records to the
+  market's :class:`~streams.worker.intake.Intake` a fetched batch at a time instead of one by
+  one through Faust's channels and streams (any broker); :func:`set_current_event` sets the
+  "current event" Faust's table stores read, which a stream would have set.
 * :func:`install_tansu_compat` — workarounds for the embedded Tansu broker, installed only when
   the worker runs against it:
 
@@ -30,14 +34,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 __all__ = [
+    "install_batched_intake",
     "install_tansu_compat",
     "quiet_libraries",
+    "set_current_event",
     "skip_table_settle",
     "true_highwaters",
     "tune_fetch_wait",
@@ -192,3 +199,114 @@ def skip_table_settle() -> None:
 
     on_start._emarket = True  # type: ignore[attr-defined]
     TableManager.on_start = on_start  # type: ignore[method-assign]
+
+
+def set_current_event(event: Any) -> None:
+    """Make ``event`` Faust's "current event" (what a stream sets for each event it yields):
+    the RocksDB store picks the partition of a table write from it."""
+    from faust.streams import _current_event  # noqa: PLC0415
+
+    _current_event.set(None if event is None else weakref.ref(event))
+
+
+def install_batched_intake() -> None:
+    """Let a Faust consumer deliver its app's intake topics a fetched batch at a time.
+
+    Replaces ``Consumer._drain_messages`` (the loop that takes each ``getmany`` result and
+    delivers it record by record) with :func:`_drain_batches` for an app that has an
+    ``emarket_intake`` (:class:`streams.worker.intake.Intake`); any other app keeps Faust's
+    loop. Idempotent, process-wide.
+    """
+    from faust.transport.consumer import Consumer  # noqa: PLC0415
+
+    if getattr(Consumer._drain_messages, "_emarket", False):
+        return
+    original = Consumer._drain_messages
+
+    async def _drain_messages(self: Any, fetcher: Any) -> None:
+        intake = getattr(self.app, "emarket_intake", None)
+        if intake is None:
+            await original(self, fetcher)
+        else:
+            await _drain_batches(self, fetcher, intake)
+
+    _drain_messages._emarket = True  # type: ignore[attr-defined]
+    Consumer._drain_messages = _drain_messages  # type: ignore[method-assign]
+
+
+async def _drain_batches(consumer: Any, fetcher: Any, intake: Any) -> None:
+    """Faust's ``Consumer._drain_messages`` (faust-streaming 0.15.3), one list per fetch.
+
+    Kept from it, line for line in effect: the wait for the flow to resume, the active
+    partitions, the generation check, the read offsets and the gaps they reveal (so commits
+    pass records a compacted topic no longer has), the commit every ``commit_every`` acks, the
+    seek back to the committed offsets when a fetch returns while the flow is suspended, and
+    the delivery raced against the flow's suspension. Changed: the records of the intake's
+    topics are gathered and put into the intake once per fetch; other topics' records are
+    delivered one by one as before.
+    """
+    from faust.transport.consumer import CONSUMER_FETCHING  # noqa: PLC0415
+
+    consumer_should_stop = consumer._stopped.is_set
+    fetcher_should_stop = fetcher._stopped.is_set
+    try:
+        while not (consumer_should_stop() or fetcher_should_stop()):
+            consumer.diag.set_flag(CONSUMER_FETCHING)
+            records, active = await consumer._wait_next_records(1.0)
+            await consumer.sleep(0)
+            if records is not None and not consumer.should_stop:
+                if consumer.flow_active:
+                    await _deliver(consumer, records, active, intake)
+                else:
+                    try:
+                        await consumer.perform_seek()
+                    except Exception as exc:  # as Faust: logged, the next fetch tries again
+                        log.warning("exception performing seek when flow not active %r", exc)
+            consumer.diag.unset_flag(CONSUMER_FETCHING)
+    except consumer.consumer_stopped_errors:
+        if consumer.transport.app.should_stop:
+            return
+        raise
+    except asyncio.CancelledError:
+        if consumer.transport.app.should_stop:
+            return
+        raise
+    finally:
+        consumer.diag.unset_flag(CONSUMER_FETCHING)
+
+
+async def _deliver(consumer: Any, records: Mapping[Any, Any], active: Any, intake: Any) -> None:
+    """One fetch's records: the intake's as one list, the others one by one."""
+    app = consumer.app
+    generation = app.consumer_generation_id
+    read_offset = consumer._read_offset
+    acks_enabled_for = app.topics.acks_enabled_for
+    commit_every = consumer._commit_every
+    to_message = consumer._to_message
+    batch: list[Any] = []
+    for tp, tp_records in records.items():
+        if not consumer.flow_active or app.consumer_generation_id != generation:
+            break
+        if active is not None and tp not in active and tp not in consumer._buffered_partitions:
+            continue
+        app.monitor.track_tp_end_offset(tp, consumer.highwater(tp))
+        mine = tp.topic in intake.topics
+        for record in tp_records:
+            offset = record.offset
+            r_offset = read_offset[tp]
+            if r_offset is not None and offset < r_offset:
+                continue  # read before (Faust drops it the same way)
+            if r_offset and offset - r_offset > 1 and acks_enabled_for(tp.topic):
+                await consumer._add_gap(tp, r_offset + 1, offset)
+            if commit_every is not None and consumer._n_acked >= commit_every:
+                consumer._n_acked = 0
+                await consumer.commit()
+            message = to_message(tp, record)
+            if mine:
+                batch.append(message)
+            else:
+                await consumer.wait_first(consumer.callback(message),
+                                          consumer.suspend_flow.wait())  # fmt: skip
+            read_offset[tp] = offset
+    if batch:
+        await consumer.wait_first(intake.put(batch), consumer.suspend_flow.wait())

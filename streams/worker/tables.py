@@ -20,6 +20,7 @@ from faust.serializers import codecs
 from faust.streams import current_event
 
 from ..core.codecs import CODECS
+from .compat import set_current_event
 
 __all__ = ["Record", "WriteBackTable", "register_codecs"]
 
@@ -106,14 +107,14 @@ class WriteBackTable(MutableMapping[str, Any]):
             return len(self.table)
         return sum(1 for _ in self)
 
-    def drain(self, stream: Any) -> list[Record]:
+    def drain(self) -> list[Record]:
         """Apply the batch's writes to the store; return the changelog records to send."""
         store = self.table.data
         key_partition = getattr(store, "_key_partition", None)
         topic = self.table.changelog_topic.get_topic_name()
         records = []
         for key, (event, value) in self._pending.items():
-            stream._set_current_event(event)  # the RocksDB store picks its partition from it
+            set_current_event(event)  # the RocksDB store picks its partition from it
             partition = event.message.partition
             if value is self._DELETED:
                 store.pop(key, None)

@@ -1,0 +1,150 @@
+"""The intake: fetched batches in order, stale records dropped unacknowledged, acks to Faust.
+
+A real Faust app (not started: no broker is needed for its consumer's bookkeeping and its flow
+control) and real consumer messages; the broker tests run the intake under a live worker
+(tests/streams/test_recovery.py, test_chaos.py, test_scale.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.drivers.aiokafka import ConsumerMessage
+from faust.types import TP
+
+from streams.worker.compat import install_batched_intake
+from streams.worker.intake import MAX_LISTS, Intake
+
+TOPIC = "t.values"
+
+
+_APPS: list[Any] = []
+
+
+def _app() -> Any:
+    app = faust.App("test-intake", broker="kafka://127.0.0.1:9", web_enabled=False)
+    app.flow_control.resume()
+    _APPS.append(app)
+    return app
+
+
+@pytest.fixture(autouse=True)
+def _close_consumer_loops() -> Iterator[None]:
+    """A Faust consumer builds its thread's event loop when created: close what was built."""
+    yield
+    while _APPS:
+        thread = getattr(_APPS.pop()._consumer, "_thread", None)
+        if thread is not None:
+            thread.thread_loop.close()
+
+
+def _messages(app: Any, offsets: range, partition: int = 0) -> list[Any]:
+    tp = TP(TOPIC, partition)
+    gen = app.consumer_generation_id
+    fields = (0.0, 0, None, b"k", b"v", None, 1, 1, tp)
+    return [ConsumerMessage(TOPIC, partition, o, *fields, generation_id=gen) for o in offsets]
+
+
+def test_batches_come_out_in_order_up_to_the_limit() -> None:
+    async def run() -> list[list[int]]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        await intake.put(_messages(app, range(0, 5)))
+        await intake.put(_messages(app, range(5, 12)))
+        taken = []
+        while intake.pending():
+            taken.append([ev.message.offset for ev in await intake.take(4)])
+        return taken
+
+    assert asyncio.run(run()) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_records_a_rebalance_overtook_are_dropped_unacknowledged() -> None:
+    async def run() -> tuple[list[int], int]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        stale = _messages(app, range(0, 3))
+        await intake.put(stale)
+        app.consumer_generation_id += 1  # the group moved on: these belong to the last one
+        await intake.put(_messages(app, range(3, 5)))
+        got = await intake.take(10)
+        assert all(m not in app.consumer._unacked_messages for m in stale)
+        return [ev.message.offset for ev in got], intake.dropped
+
+    assert asyncio.run(run()) == ([3, 4], 3)
+
+
+def test_a_suspended_flow_clears_the_queue_and_takes_nothing() -> None:
+    async def run() -> list[int]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        await intake.put(_messages(app, range(0, 3)))
+        app.flow_control.suspend()  # a rebalance starts
+        app.flow_control.resume()  # and ends: what was queued belongs to the old assignment
+        assert intake.pending() == 0
+        await intake.put(_messages(app, range(7, 9)))
+        return [ev.message.offset for ev in await intake.take(10)]
+
+    assert asyncio.run(run()) == [7, 8]
+
+
+def test_a_full_intake_holds_the_consumer_back() -> None:
+    async def run() -> bool:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        for i in range(MAX_LISTS):
+            await intake.put(_messages(app, range(i, i + 1)))
+        try:
+            await asyncio.wait_for(intake.put(_messages(app, range(9, 10))), 0.05)
+        except TimeoutError:
+            return True
+        return False
+
+    assert asyncio.run(run()), "a full intake took another batch"
+
+
+def test_acknowledged_records_are_what_faust_commits() -> None:
+    async def run() -> None:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        app.topics.acking_topics.add(TOPIC)
+        await intake.put(_messages(app, range(0, 4)))
+        events = await intake.take(10)
+        assert len(app.consumer._unacked_messages) == 4
+        intake.ack(events)
+        assert sorted(app.consumer._acked[TP(TOPIC, 0)]) == [0, 1, 2, 3]
+        assert not app.consumer._unacked_messages
+
+    asyncio.run(run())
+
+
+def test_the_drain_patch_is_installed_once_and_leaves_other_apps_alone() -> None:
+    from faust.transport.consumer import Consumer
+
+    install_batched_intake()
+    patched = Consumer._drain_messages
+    install_batched_intake()
+    assert Consumer._drain_messages is patched and getattr(patched, "_emarket", False)
+
+    async def plain() -> Any:
+        return getattr(_app(), "emarket_intake", None)
+
+    assert asyncio.run(plain()) is None  # an app without an intake keeps Faust's own loop
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_small_limit_carries_the_rest_of_a_batch(limit: int) -> None:
+    async def run() -> list[int]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        await intake.put(_messages(app, range(0, 5)))
+        out: list[int] = []
+        while len(out) < 5:
+            out += [ev.message.offset for ev in await intake.take(limit)]
+        return out
+
+    assert asyncio.run(run()) == [0, 1, 2, 3, 4]

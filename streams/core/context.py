@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from market import Mechanism, ReleaseChain, mechanism
+from market.envelope import Sealer
 from market.histogram_chain import HistogramChain
 from market.pricing import PriceSchedule, schedule_from_spec, sellable_levels
 from market.rng import KeyedRngFactory
@@ -118,6 +119,7 @@ class Context:
     horizon: DedupHorizon
     deliveries: Deliveries
     directory: Directory
+    sealer: Sealer
     limits: Limits = field(default_factory=Limits)
     require_encryption: bool = False
     rngs: KeyedRngFactory = field(init=False)

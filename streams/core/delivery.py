@@ -18,6 +18,8 @@ from typing import Any
 
 from numpy.typing import NDArray
 
+from market.envelope import Sealer
+
 from ..wire.events import UNIT_OF, DeliveriesWithheld, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
@@ -72,10 +74,10 @@ class Deliveries:
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
     def __init__(
-        self, topics: Topics, seal_secret: bytes, directory: Directory, max_message_bytes: int
+        self, topics: Topics, sealer: Sealer, directory: Directory, max_message_bytes: int
     ) -> None:
         self._topics = topics
-        self._seal_secret = seal_secret
+        self._sealer = sealer
         self._directory = directory
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
         #: (buyer, stream, window index, level held) → value ids withheld
@@ -207,7 +209,7 @@ class Deliveries:
         sid = reg.stream_id
         sealed = None
         if key is not None:
-            sealed = seal_releases(key, chunk, delivery_aad(sid, buyer), self._seal_secret)
+            sealed = seal_releases(self._sealer, key, chunk, delivery_aad(sid, buyer))
         event = ValueReleased.model_construct(
             buyer_id=buyer, stream_id=sid, level_unit=UNIT_OF[reg.mechanism],
             releases=[] if sealed else chunk, sealed=sealed,

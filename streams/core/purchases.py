@@ -518,9 +518,7 @@ def _fulfilled(
     reg = st.registration
     sealed: Envelope | None = None
     if sealing_key:
-        sealed = seal_releases(
-            sealing_key, releases, purchase_aad(req.purchase_id), ctx.keys.noise_secret
-        )
+        sealed = seal_releases(ctx.sealer, sealing_key, releases, purchase_aad(req.purchase_id))
     receipt = Receipt(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from market import MarketError
+from market.envelope import Sealer
 
 from ..wire.events import PURCHASES_EVENT, QuoteRequest
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
@@ -70,13 +71,15 @@ class MarketCore:
     ) -> None:
         directory = Directory(stores.accounts, replica)
         limits = limits or Limits()
+        sealer = Sealer(keys.noise_secret)  # one sender key per buyer, for purchases and deliveries
         self.ctx = Context(
             stores=stores,
             keys=keys,
             topics=topics,
             clock=clock,
             horizon=DedupHorizon(dedup_horizon_ms, clock, stores, topics.partition_of),
-            deliveries=Deliveries(topics, keys.noise_secret, directory, limits.max_message_bytes),
+            deliveries=Deliveries(topics, sealer, directory, limits.max_message_bytes),
+            sealer=sealer,
             directory=directory,
             limits=limits,
             require_encryption=require_encryption,

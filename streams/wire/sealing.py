@@ -18,8 +18,6 @@ The worker seals with :func:`seal_releases`, clients open with :func:`open_event
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Sequence
 from typing import TypeVar, cast
@@ -27,7 +25,7 @@ from typing import TypeVar, cast
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel, TypeAdapter
 
-from market.envelope import open_envelope, seal
+from market.envelope import Sealer, open_envelope
 
 from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueReleased
 
@@ -79,25 +77,20 @@ def padded(plaintext: bytes) -> bytes:
 
 
 def seal_releases(
-    public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes, secret: bytes
+    sealer: Sealer, public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes
 ) -> Envelope:
     """Seal ``releases`` for the holder of ``public_key_b64`` under ``aad`` (see :func:`aad_of`).
 
-    Histogram releases are :func:`padded` first. The ephemeral key and nonce are derived from
-    ``secret`` (the market's noise secret) and a
-    hash of the recipient, the AAD and the plaintext: the same message is sealed into the same
+    Histogram releases are :func:`padded` first. The ``sealer`` (:class:`market.envelope.Sealer`,
+    over the market's noise secret) keeps a sender key per buyer and derives each envelope's
+    nonce from the buyer, the AAD and the plaintext: the same message is sealed into the same
     bytes every time it is produced (replays stay byte-identical), and two different messages
-    never share a key.
+    never share a nonce.
     """
     plaintext = releases_json(releases)
     if any(r.keys is not None for r in releases):
         plaintext = padded(plaintext)
-    material = b"".join(
-        len(p).to_bytes(4, "big") + p
-        for p in (public_key_b64.encode(), aad, hashlib.sha256(plaintext).digest())
-    )
-    seed = hmac.digest(secret, b"emarket seal v1" + material, "sha256")
-    return Envelope.model_validate(seal(public_key_b64, plaintext, aad=aad, seed=seed))
+    return Envelope.model_validate(sealer.seal(public_key_b64, plaintext, aad))
 
 
 def open_event(event: E, key: X25519PrivateKey) -> E:

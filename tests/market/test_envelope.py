@@ -8,6 +8,7 @@ import pytest
 
 from market.envelope import (
     EnvelopeError,
+    Sealer,
     ciphertext_digest,
     generate_keypair,
     open_envelope,
@@ -51,3 +52,41 @@ def test_malformed_inputs() -> None:
         open_envelope(key, {"alg": "rot13"})
     with pytest.raises(EnvelopeError, match="base64"):
         open_envelope(key, {**seal(pub, b"x"), "nonce": "!!"})
+
+
+SECRET = b"s" * 32
+
+
+def test_a_sealer_opens_with_the_recipients_key_only_and_binds_the_aad() -> None:
+    key, pub = generate_keypair()
+    other, _ = generate_keypair()
+    env = Sealer(SECRET).seal(pub, b"releases", aad=b"p1")
+    assert open_envelope(key, env, aad=b"p1") == b"releases"
+    with pytest.raises(EnvelopeError, match="someone else"):
+        open_envelope(other, env, aad=b"p1")
+    with pytest.raises(EnvelopeError):
+        open_envelope(key, env, aad=b"p2")
+
+
+def test_a_sealer_is_a_function_of_the_message_with_a_nonce_per_message() -> None:
+    key, pub = generate_keypair()
+    _, pub2 = generate_keypair()
+    sealer = Sealer(SECRET, maxsize=1)
+    a = sealer.seal(pub, b"m1", aad=b"p1")
+    sealer.seal(pub2, b"m1", aad=b"p1")  # pushes pub's key out of the cache
+    assert Sealer(SECRET).seal(pub, b"m1", aad=b"p1") == a == sealer.seal(pub, b"m1", aad=b"p1")
+    others = [sealer.seal(pub, b"m2", aad=b"p1"), sealer.seal(pub, b"m1", aad=b"p2")]
+    assert {e["epk"] for e in others} == {a["epk"]}  # one sender key per recipient
+    assert len({e["nonce"] for e in [a, *others]}) == 3  # every message its own nonce
+    assert sealer.seal(pub2, b"m1", aad=b"p1")["epk"] != a["epk"]
+    assert Sealer(b"t" * 32).seal(pub, b"m1", aad=b"p1")["epk"] != a["epk"]
+    assert open_envelope(key, others[1], aad=b"p2") == b"m1"
+
+
+def test_a_sealer_refuses_keys_nothing_can_be_sealed_for() -> None:
+    with pytest.raises(EnvelopeError, match="at least 32"):
+        Sealer(b"short")
+    with pytest.raises(EnvelopeError, match="low-order"):
+        Sealer(SECRET).seal(base64.b64encode(bytes(32)).decode(), b"x")
+    with pytest.raises(EnvelopeError, match="32 bytes"):
+        Sealer(SECRET).seal(base64.b64encode(b"short").decode(), b"x")

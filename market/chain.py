@@ -179,10 +179,9 @@ class ReleaseChain:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
         if k in state.steps:
             return 0
-        known = [j for j in state.steps if (j > k if self.sealed else j < k)]
         if self.sealed:
-            return min(known) - k
-        return k - (max(known) if known else -1)
+            return _bottom_above(state, k) - k
+        return k - _top_below(state, k)
 
     def _relax_to(
         self,
@@ -243,16 +242,15 @@ class ReleaseChain:
 
 def _top_below(st: ChainState, k: int) -> int:
     """The highest cached step at or below ``k`` (−1 for none): where relaxation restarts."""
-    below = [j for j in st.steps if j <= k]
-    return max(below) if below else -1
+    return st.highest_at_most(k)
 
 
 def _bottom_above(st: ChainState, k: int) -> int:
     """The lowest cached step at or above ``k``: where tightening restarts."""
-    above = [j for j in st.steps if j >= k]
-    if not above:
+    low = st.lowest_at_least(k)
+    if low is None:
         raise SealedStateError("a sealed chain state lost its top release")
-    return min(above)
+    return low
 
 
 class ChainState:
@@ -318,10 +316,30 @@ class ChainState:
             self._x = _frozen(self._rows[0].copy())
         self._rows, self._mask, self._xrow = None, 0, False
 
+    def highest_at_most(self, k: int) -> int:
+        """The highest cached step at or below ``k`` (−1 for none), without walking the steps."""
+        packed = self._mask & ((2 << k) - 1) if k >= 0 else 0
+        best = packed.bit_length() - 1
+        if self._new:
+            best = max(best, *(j for j in self._new if j <= k), -1)
+        return best
+
+    def lowest_at_least(self, k: int) -> int | None:
+        """The lowest cached step at or above ``k`` (``None`` for none)."""
+        packed = self._mask >> max(k, 0) << max(k, 0)
+        low = (packed & -packed).bit_length() - 1 if packed else None
+        if self._new:
+            above = [j for j in self._new if j >= k]
+            if above:
+                low = min(above) if low is None else min(low, *above)
+        return low
+
     def pack(self) -> None:
         """Store the exact value and every step in one read-only 2-D array (the state at rest;
         see Notes)."""
         if not self._new:
+            return
+        if self._append():
             return
         merged = self._unpacked()
         ids = tuple(sorted(merged))
@@ -338,6 +356,23 @@ class ChainState:
         self._rows, self._mask, self._new = _frozen(np.stack(rows)), mask, None
         if exact is not None:
             self._x, self._xrow = None, True
+
+    def _append(self) -> bool:
+        """Pack new steps that all follow the packed ones (a relaxation's case) by appending
+        their rows, without unpacking; ``False`` when they do not (the general path)."""
+        rows, new = self._rows, self._new
+        if rows is None or not new:
+            return False
+        ids = sorted(new)
+        if ids[0] <= self._mask.bit_length() - 1 or ids[-1] >= 1024:
+            return False
+        vectors = [new[k] for k in ids]
+        if any(v.dtype != rows.dtype or v.shape != rows.shape[1:] for v in vectors):
+            return False
+        self._rows = _frozen(np.concatenate([rows, np.stack(vectors)]))
+        self._mask |= sum(1 << k for k in ids)
+        self._new = None
+        return True
 
     def _unpacked(self) -> dict[int, Vector]:
         """Every step in a dict (packed rows as views), after which nothing is packed."""
@@ -364,6 +399,8 @@ class ChainState:
 
         Keeps the most accurate cached step longest: it is where the next relaxation starts.
         """
+        if self.nbytes <= max_bytes:  # the usual case: nothing to walk
+            return
         droppable = sorted(self.steps)
         if self.exact is None and droppable:
             droppable = droppable[:-1]  # a sealed chain's top step is its root

@@ -27,6 +27,7 @@ import hmac
 import math
 import os
 import struct
+from functools import lru_cache
 
 import numpy as np
 from randomgen import AESCounter
@@ -70,24 +71,34 @@ def identity_bytes(*parts: IdentityPart) -> bytes:
     can never collide. Floats are encoded by their IEEE-754 bits (levels are canonicalised
     before they reach here, see :func:`market.levels.canonical_level`).
     """
-    out = bytearray()
-    for part in parts:
-        if isinstance(part, bytes):
-            tag, data = b"b", part
-        elif isinstance(part, str):
-            tag, data = b"s", part.encode("utf-8")
-        elif isinstance(part, bool):
-            raise TypeError("booleans are not valid identity parts")
-        elif isinstance(part, int):
-            tag, data = b"i", str(part).encode("ascii")
-        elif isinstance(part, float):
-            if not math.isfinite(part):
-                raise ValueError(f"identity part must be finite, got {part!r}")
-            tag, data = b"f", struct.pack(">d", part)
-        else:
-            raise TypeError(f"unsupported identity part type {type(part).__name__}")
-        out += tag + struct.pack(">I", len(data)) + data
-    return bytes(out)
+    return b"".join([_part(part) for part in parts])
+
+
+@lru_cache(maxsize=65_536)
+def _text(part: str) -> bytes:
+    """A string part's encoding (cached: a value's identity repeats at every step)."""
+    data = part.encode("utf-8")
+    return b"s" + struct.pack(">I", len(data)) + data
+
+
+def _part(part: IdentityPart) -> bytes:
+    if type(part) is str:
+        return _text(part)
+    if isinstance(part, bytes):
+        tag, data = b"b", part
+    elif isinstance(part, str):
+        tag, data = b"s", part.encode("utf-8")
+    elif isinstance(part, bool):
+        raise TypeError("booleans are not valid identity parts")
+    elif isinstance(part, int):
+        tag, data = b"i", str(part).encode("ascii")
+    elif isinstance(part, float):
+        if not math.isfinite(part):
+            raise ValueError(f"identity part must be finite, got {part!r}")
+        tag, data = b"f", struct.pack(">d", part)
+    else:
+        raise TypeError(f"unsupported identity part type {type(part).__name__}")
+    return tag + struct.pack(">I", len(data)) + data
 
 
 def keyed_rng(secret: bytes, *identity: IdentityPart) -> np.random.Generator:
@@ -145,7 +156,7 @@ class KeyedRngFactory:
         self._gen = np.random.Generator(self._bits)
 
     def __call__(self, *identity: IdentityPart) -> np.random.Generator:
-        digest = hmac.new(self._secret, identity_bytes(*identity), hashlib.sha256).digest()
+        digest = hmac.digest(self._secret, identity_bytes(*identity), "sha256")
         self._bits.seed(key=int.from_bytes(digest[:16], "little"))
         return self._gen
 

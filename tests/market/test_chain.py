@@ -185,3 +185,37 @@ def test_a_state_whose_steps_differ_in_type_is_never_packed_into_one() -> None:
     st.pack()
     assert st.steps[0].dtype == np.int64 and st.steps[1].dtype == np.float64
     assert sorted(st.steps) == [0, 1] and st.steps[1].tobytes() == np.full(3, 0.5).tobytes()
+
+
+def test_appended_steps_pack_as_the_general_path_does_and_bounds_match_a_walk() -> None:
+    """Steps relaxed on top of packed ones are appended to the rows (no unpacking); the
+    result, and the nearest cached steps above and below any k, are what walking the steps
+    gives, whether a step is packed or waiting to be."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        ids = sorted(rng.choice(40, size=rng.integers(1, 8), replace=False).tolist())
+        cut = int(rng.integers(0, len(ids) + 1))
+        vec = {k: np.full(3, float(k)) for k in ids}
+        appended = ChainState(np.zeros(3), {k: vec[k] for k in ids[:cut]})
+        appended.pack()
+        for k in ids[cut:]:
+            appended.steps[k] = vec[k]
+        if rng.random() < 0.5:
+            appended.pack()  # appends: every new step is above the packed ones
+        general = ChainState(np.zeros(3), vec)
+        general.pack()
+        assert appended.equals(general) and sorted(appended.steps) == ids
+        assert appended.nbytes == general.nbytes
+        for k in range(-1, 42):
+            below = [j for j in ids if j <= k]
+            above = [j for j in ids if j >= k]
+            assert appended.highest_at_most(k) == (max(below) if below else -1)
+            assert appended.lowest_at_least(k) == (min(above) if above else None)
+
+
+def test_the_chains_noise_is_pinned() -> None:
+    """A change that draws other noise from the same key (an encoding of the identity, a
+    sampler) fails here first: markets refuse to start on it (streams.worker.identity)."""
+    from market.chain import noise_check
+
+    assert noise_check() == "80c4c2ca8082ba43c6581aabd623242bb36bda0edd5aee804cb8a6587b21c499"

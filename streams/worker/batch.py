@@ -100,6 +100,7 @@ class BatchProcessor:
         t_start = time.perf_counter()
         waited = _waited_ms(events) if self.profile else 0.0
         part = await self._apply(events, started)
+        self.metrics.flush()  # counted before anything of the part is visible
         t_proc = time.perf_counter()
         drained = {tbl.name: tbl.drain() for tbl in self.tables}
         last = drained.pop("streams", [])

@@ -60,56 +60,88 @@ class Metrics:
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
+    _counts: dict[tuple[int, tuple[str, ...]], tuple[Counter, tuple[str, ...], float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _gauges: dict[tuple[int, tuple[str, ...]], tuple[Gauge, tuple[str, ...], float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def record(self, o: Outcome) -> None:
-        """Count one event's outcome."""
+        """Count one event's outcome: held until :meth:`flush` (once per batch).
+
+        A batch's events share a few label sets (a purchase's status, its stream's ledger):
+        adding them up in a dict and updating each child once per batch saves most of the
+        per-event ``labels()`` lookups and locks of prometheus-client.
+        """
+        inc = self._inc
         if o.status == "forwarded":  # counted once more where it lands, by its outcome there
-            self.forwarded.labels(o.kind).inc()
+            inc(self.forwarded, (o.kind,))
             return
         # one refusal counts once: a value batch's refusals are its values' (a batch whose
         # values are all refused is "rejected" too, with the first value's reason); an event
         # refused as a whole has no items
         if o.status == "rejected" and not o.items:
-            self.rejections.labels(o.reason or "unknown").inc()
-        for status, reason in o.items:  # the values of a batch, one by one
-            self.values.labels(o.mechanism or "unknown", status).inc()
-            if reason:
-                self.rejections.labels(reason).inc()
+            inc(self.rejections, (o.reason or "unknown",))
         mech = o.mechanism or "unknown"
+        for status, reason in o.items:  # the values of a batch, one by one
+            inc(self.values, (mech, status))
+            if reason:
+                inc(self.rejections, (reason,))
         replay = o.status == "duplicate"
         if o.kind == "value":
             if not o.items:  # refused as a whole (bad signature, unknown stream, ...)
-                self.values.labels(mech, o.status).inc()
-            self.releases.labels("replay" if replay else "subscription").inc(o.releases)
+                inc(self.values, (mech, o.status))
+            inc(self.releases, ("replay" if replay else "subscription",), o.releases)
         elif o.kind == "purchase":
-            self.purchases.labels(o.status).inc()
-            self.releases.labels("replay" if replay else "purchase").inc(o.releases)
+            inc(self.purchases, (o.status,))
+            inc(self.releases, ("replay" if replay else "purchase",), o.releases)
         elif o.kind == "quote":
-            self.quotes.inc()
+            inc(self.quotes, (), 1)
         elif o.kind == "registration":
-            self.registrations.labels(o.status).inc()
+            inc(self.registrations, (o.status,))
         elif o.kind == "account":
-            self.accounts.labels(o.status).inc()
+            inc(self.accounts, (o.status,))
         if o.new_noise:
-            self.noise_draws.labels(mech).inc(o.new_noise)
+            inc(self.noise_draws, (mech,), o.new_noise)
         self._ledger(o)
+
+    def _inc(self, metric: Counter, labels: tuple[str, ...], amount: float = 1) -> None:
+        key = (id(metric), labels)
+        held = self._counts.get(key)
+        self._counts[key] = (metric, labels, amount if held is None else held[2] + amount)
 
     def _ledger(self, o: Outcome) -> None:
         """The stream's privacy and revenue figures after the event."""
         if o.withheld and o.stream_id:
-            self.withheld.labels(o.stream_id).inc(o.withheld)
+            self._inc(self.withheld, (o.stream_id,), o.withheld)
         f = o.figures
         if f is None:
             return
         labels = (f.stream_id, f.mechanism, f.level_unit)
-        self.privacy_spent.labels(*labels).set(f.spent)
-        self.privacy_cap.labels(*labels).set(f.cap)
+        gauges = self._gauges
+        gauges[(id(self.privacy_spent), labels)] = (self.privacy_spent, labels, f.spent)
+        gauges[(id(self.privacy_cap), labels)] = (self.privacy_cap, labels, f.cap)
         if f.window_cap is not None and f.window_spent is not None:
-            self.window_spent.labels(*labels).set(f.window_spent)
-            self.window_cap.labels(*labels).set(f.window_cap)
-            self.window_headroom.labels(*labels).set(max(0.0, f.window_cap - f.window_spent))
+            headroom = max(0.0, f.window_cap - f.window_spent)
+            for gauge, value in ((self.window_spent, f.window_spent),
+                                 (self.window_cap, f.window_cap),
+                                 (self.window_headroom, headroom)):  # fmt: skip
+                gauges[(id(gauge), labels)] = (gauge, labels, value)
         if o.price_minor > 0:
-            self.revenue.labels(f.stream_id, f.currency).inc(o.price_minor)
+            self._inc(self.revenue, (f.stream_id, f.currency), o.price_minor)
+
+    def flush(self) -> None:
+        """Apply what :meth:`record` held: each counter child incremented once, each gauge set
+        to the last value the batch gave it (the worker calls this before a batch's outputs
+        are sent, so whoever sees an output sees it counted)."""
+        counts, gauges = self._counts, self._gauges
+        self._counts, self._gauges = {}, {}
+        for metric, labels, amount in counts.values():
+            if amount:
+                (metric.labels(*labels) if labels else metric).inc(amount)
+        for gauge, labels, value in gauges.values():
+            gauge.labels(*labels).set(value)
 
     def set_broker_up(self, ok: bool) -> bool:
         """Record whether the broker answered; return True when that changed."""

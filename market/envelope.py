@@ -136,8 +136,8 @@ def seal(
         At least 32 secret bytes that determine the ephemeral key and the nonce, making the
         envelope a function of its inputs (a replayed message is sealed into the same bytes).
         It must be unique per plaintext: derive it from a secret and a hash of everything
-        sealed (:func:`streams.wire.sealing.seal_releases` does). Without it, both are fresh
-        random.
+        sealed. Without it, both are fresh random. (A service sealing many messages for the
+        same recipients uses a :class:`Sealer`, one sender key per recipient.)
 
     Returns
     -------

@@ -30,7 +30,7 @@ from .compat import (
 from .config import Settings
 from .directory import AccountReplica
 from .faults import FaultInjector
-from .intake import Intake
+from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
 from .secrets import load_or_create_keys
@@ -131,6 +131,9 @@ class MarketWorker:
             consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.max_message_bytes),
             # stop at once on SIGTERM: never wait for a stream to drain
             stream_wait_empty=False,
+            # a fetched batch is handed to the intake whole: bound it (Faust's default is the
+            # whole fetch, up to 50 MB)
+            broker_max_poll_records=POLL_RECORDS,
         )
 
     def _wire(self) -> None:
@@ -154,7 +157,16 @@ class MarketWorker:
             intake = worker.intake
             while True:
                 events = await intake.take(settings.batch_max)
-                await worker.batches.process(events)
+                try:
+                    await worker.batches.process(events)
+                except Exception as exc:  # a bug outside the core's guard (it never raises)
+                    # Not restarted: a restarted agent would go on with later records, and
+                    # Faust could then commit past these. The worker stops; its partitions'
+                    # records are read again from the committed offsets.
+                    log.critical("a batch failed outside the core; stopping the worker so "
+                                 "that it is processed again", exc_info=exc)  # fmt: skip
+                    await app.crash(exc)
+                    return
                 intake.ack(events)  # after the batch's outputs are acknowledged
 
         self._agent = market

@@ -100,7 +100,11 @@ class BatchProcessor:
         t_start = time.perf_counter()
         waited = _waited_ms(events) if self.profile else 0.0
         part = await self._apply(events, started)
-        self.metrics.flush()  # counted before anything of the part is visible
+        self.faults.broken([ev.value for ev in events])
+        try:
+            self.metrics.flush()  # counted before anything of the part is visible
+        except Exception:  # a metric must never cost the batch its outcomes
+            log.exception("could not count a batch's outcomes")
         t_proc = time.perf_counter()
         drained = {tbl.name: tbl.drain() for tbl in self.tables}
         last = drained.pop("streams", [])

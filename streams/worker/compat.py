@@ -276,7 +276,13 @@ async def _drain_batches(consumer: Any, fetcher: Any, intake: Any) -> None:
 
 
 async def _deliver(consumer: Any, records: Mapping[Any, Any], active: Any, intake: Any) -> None:
-    """One fetch's records: the intake's as one list, the others one by one."""
+    """One fetch's records: the intake's as one list, the others one by one.
+
+    The intake's records carry the consumer generation of the fetch (not the one current when
+    each was converted: a commit or a gap awaited in between may span a rebalance), the batch
+    is put only if that generation is still current and the flow active, and their read offsets
+    move only once the batch is queued (:meth:`Intake.put` calls back, with no await between).
+    """
     app = consumer.app
     generation = app.consumer_generation_id
     read_offset = consumer._read_offset
@@ -284,6 +290,7 @@ async def _deliver(consumer: Any, records: Mapping[Any, Any], active: Any, intak
     commit_every = consumer._commit_every
     to_message = consumer._to_message
     batch: list[Any] = []
+    last: dict[Any, int] = {}  # the intake's read offsets, once the batch is queued
     for tp, tp_records in records.items():
         if not consumer.flow_active or app.consumer_generation_id != generation:
             break
@@ -293,7 +300,7 @@ async def _deliver(consumer: Any, records: Mapping[Any, Any], active: Any, intak
         mine = tp.topic in intake.topics
         for record in tp_records:
             offset = record.offset
-            r_offset = read_offset[tp]
+            r_offset = last.get(tp, read_offset[tp])
             if r_offset is not None and offset < r_offset:
                 continue  # read before (Faust drops it the same way)
             if r_offset and offset - r_offset > 1 and acks_enabled_for(tp.topic):
@@ -303,10 +310,19 @@ async def _deliver(consumer: Any, records: Mapping[Any, Any], active: Any, intak
                 await consumer.commit()
             message = to_message(tp, record)
             if mine:
+                message.generation_id = generation
                 batch.append(message)
+                last[tp] = offset
             else:
                 await consumer.wait_first(consumer.callback(message),
                                           consumer.suspend_flow.wait())  # fmt: skip
-            read_offset[tp] = offset
-    if batch:
-        await consumer.wait_first(intake.put(batch), consumer.suspend_flow.wait())
+                read_offset[tp] = offset
+    if not batch or not consumer.flow_active or app.consumer_generation_id != generation:
+        return  # overtaken by a rebalance: the next owner reads these from the committed offset
+
+    def queued() -> None:
+        if app.consumer_generation_id == generation:
+            read_offset.update(last)
+
+    await consumer.wait_first(intake.put(batch, queued), consumer.suspend_flow.wait())
+

@@ -38,6 +38,7 @@ class FaultInjector:
         self.probabilities = probabilities
         self.poison_marker = poison
         self.hang_marker = os.environ.get("EMARKET_HANG", "").encode()
+        self.break_marker = os.environ.get("EMARKET_BREAK", "").encode()
         self._rng = np.random.default_rng(seed)  # test-only chaos, not privacy noise
 
     @classmethod
@@ -57,6 +58,12 @@ class FaultInjector:
         """Raise inside the handling of an event carrying the poison marker (crash tests)."""
         if self.poison_marker and value and self.poison_marker in value:
             raise RuntimeError("fault injection: poisoned event")
+
+    def broken(self, values: list[bytes]) -> None:
+        """Raise outside the core's guard, after a batch carrying the ``EMARKET_BREAK`` marker
+        was applied in memory and before anything is sent: a bug in the worker's own code."""
+        if self.break_marker and any(self.break_marker in v for v in values if v):
+            raise RuntimeError("fault injection: a batch broke outside the core")
 
     async def hang(self, value: bytes | None) -> None:
         """Block (until cancelled) on an event carrying the ``EMARKET_HANG`` marker: a worker

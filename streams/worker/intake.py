@@ -22,21 +22,43 @@ Guarantees kept from Faust's stream:
   (the partition's next owner reads it from the committed offset);
 * a record is acknowledged only by :meth:`Intake.ack`, after its batch's outputs are
   acknowledged by the broker; Faust commits the acknowledged offsets on its interval;
-* memory is bounded: the queue holds at most :data:`MAX_LISTS` fetched batches (each at most
-  the consumer's ``max_poll_records``); while it is full the consumer fetches nothing more.
+* memory is bounded: the queue holds at most :data:`MAX_LISTS` fetched batches, each at most
+  the consumer's ``max_poll_records`` records (:data:`POLL_RECORDS`, set on the app; Faust's
+  default is the whole fetch, up to 50 MB), plus the records carried from the last one taken;
+  while it is full the consumer waits and aiokafka fetches ahead only its own buffer.
 """
 
 from __future__ import annotations
 
 import collections
+import time
+from collections.abc import Callable
 from typing import Any
 
 from mode.utils.queues import FlowControlQueue
 
-__all__ = ["MAX_LISTS", "InputEvent", "Intake"]
+__all__ = ["MAX_LISTS", "POLL_RECORDS", "InputEvent", "Intake"]
 
 MAX_LISTS = 4
 """Fetched batches the intake holds before the consumer waits (backpressure)."""
+
+POLL_RECORDS = 1000
+"""Records one fetched batch holds at most (Faust's ``broker_max_poll_records``): with
+:data:`MAX_LISTS`, at most ~5,000 records wait in a worker, about what Faust's own stream
+buffer held (4,096 events)."""
+
+
+class _Queue(FlowControlQueue[list[Any]]):
+    """The fetched batches; cleared with the records carried from them when the flow resumes
+    after a rebalance (Faust clears every flow-controlled queue then)."""
+
+    def __init__(self, maxsize: int, *, carry: collections.deque[Any], **kwargs: Any) -> None:
+        super().__init__(maxsize, **kwargs)
+        self._carry = carry
+
+    def clear(self) -> None:
+        super().clear()
+        self._carry.clear()
 
 
 class InputEvent:
@@ -69,26 +91,26 @@ class Intake:
     def __init__(self, app: Any, topics: set[str]) -> None:
         self.app = app
         self.topics = frozenset(topics)
-        self._queue: FlowControlQueue[list[Any]] = FlowControlQueue(
-            MAX_LISTS, flow_control=app.flow_control, clear_on_resume=True
-        )
         self._carry: collections.deque[Any] = collections.deque()
+        self._queue = _Queue(MAX_LISTS, flow_control=app.flow_control, clear_on_resume=True,
+                             carry=self._carry)  # fmt: skip
         self.dropped = 0
         """Records dropped because a rebalance overtook them (their next owner reads them)."""
 
-    async def put(self, messages: list[Any]) -> None:
-        """Queue one fetched batch (the consumer's drain loop calls this; waits while full)."""
-        consumer = self.app.consumer
-        unacked = consumer._unacked_messages
+    async def put(self, messages: list[Any], queued: Callable[[], None] | None = None) -> None:
+        """Queue one fetched batch (the consumer's drain loop calls this; waits while full).
+
+        ``queued`` is called as soon as the batch is in the queue, before anything else can run
+        (the drain loop moves the read offsets there). Cancelled while waiting for room (a
+        rebalance), nothing of the batch is queued or tracked.
+        """
+        await self._queue.put(messages)
+        unacked = self.app.consumer._unacked_messages
         for m in messages:  # Consumer.track_message without the sensors: acked by Intake.ack
             m.tracked = True
             unacked.add(m)
-        try:
-            await self._queue.put(messages)
-        except BaseException:  # a rebalance overtook the put: nothing of it is pending
-            for m in messages:
-                unacked.discard(m)
-            raise
+        if queued is not None:
+            queued()
 
     async def take(self, limit: int) -> list[InputEvent]:
         """Wait for records, then return every queued one up to ``limit``, oldest first.
@@ -111,6 +133,8 @@ class Intake:
         app = self.app
         generation = app.consumer_generation_id
         active = app.flow_control.is_active()
+        if not active:
+            self._carry.clear()  # what was fetched before the rebalance is cleared on resume
         live = [m for m in messages if active and m.generation_id == generation]
         if len(live) < len(messages):
             unacked = app.consumer._unacked_messages
@@ -118,6 +142,11 @@ class Intake:
                 if not active or m.generation_id != generation:
                     unacked.discard(m)
             self.dropped += len(messages) - len(live)
+        if live:  # what Faust's stream sensor records: its stall check reads it
+            inbound = app.monitor.stream_inbound_time
+            now = time.monotonic()
+            for tp in {m.tp for m in live}:
+                inbound[tp] = now
         return live
 
     def ack(self, events: list[InputEvent]) -> None:

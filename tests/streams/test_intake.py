@@ -13,10 +13,11 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers.aiokafka import ConsumerMessage
 from faust.types import TP
 
-from streams.worker.compat import install_batched_intake
+from streams.worker.compat import _deliver, install_batched_intake
 from streams.worker.intake import MAX_LISTS, Intake
 
 TOPIC = "t.values"
@@ -148,3 +149,76 @@ def test_a_small_limit_carries_the_rest_of_a_batch(limit: int) -> None:
         return out
 
     assert asyncio.run(run()) == [0, 1, 2, 3, 4]
+
+
+def test_carried_records_are_cleared_when_the_flow_resumes() -> None:
+    async def run() -> tuple[list[int], int]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        await intake.put(_messages(app, range(0, 10)))
+        first = [ev.message.offset for ev in await intake.take(3)]  # 7 carried
+        app.flow_control.suspend()  # a rebalance, the generation unchanged (as Tansu's can)
+        app.flow_control.resume()
+        return first, intake.pending()
+
+    assert asyncio.run(run()) == ([0, 1, 2], 0)
+
+
+def test_a_put_cancelled_by_a_rebalance_leaves_nothing_tracked_and_moves_no_offset() -> None:
+    async def run() -> None:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        for i in range(MAX_LISTS):
+            await intake.put(_messages(app, range(i, i + 1)))
+        moved: list[bool] = []
+        late = _messages(app, range(9, 10))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(intake.put(late, lambda: moved.append(True)), 0.05)
+        assert not moved and late[0] not in app.consumer._unacked_messages
+        taken = await intake.take(100)
+        assert app.monitor.stream_inbound_time[taken[0].message.tp] > 0  # Faust's stall check
+
+    asyncio.run(run())
+
+
+def _records(offsets: list[int]) -> dict[Any, list[ConsumerRecord[bytes, bytes]]]:
+    return {TP(TOPIC, 0): [ConsumerRecord(TOPIC, 0, o, 0, 0, b"k", b"v", None, 1, 1, [])
+                           for o in offsets]}  # fmt: skip
+
+
+def test_a_fetch_is_queued_whole_with_its_generation_and_its_read_offsets() -> None:
+    async def run() -> tuple[list[int], Any]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        consumer = app.consumer
+        consumer.flow_active = True
+        consumer.highwater = lambda tp: 0  # monitoring only; the consumer is not started
+        await _deliver(consumer, _records([0, 1, 2, 3]), None, intake)
+        await _deliver(consumer, _records([2, 3, 4]), None, intake)  # 2 and 3 were read: skipped
+        got = [ev.message.offset for ev in await intake.take(100)]
+        return got, consumer._read_offset[TP(TOPIC, 0)]
+
+    assert asyncio.run(run()) == ([0, 1, 2, 3, 3, 4], 4)  # Faust's rule: the last read again
+
+
+def test_a_fetch_a_rebalance_overtook_is_not_queued_and_moves_no_read_offset() -> None:
+    async def run() -> tuple[int, Any]:
+        app = _app()
+        intake = Intake(app, {TOPIC})
+        consumer = app.consumer
+        consumer.flow_active = True
+        consumer.highwater = lambda tp: 0
+        app.topics.acking_topics.add(TOPIC)  # gaps are recorded for acknowledged topics
+        await _deliver(consumer, _records([5]), None, intake)
+        assert len(await intake.take(10)) == 1
+        gap = consumer._add_gap
+
+        async def rebalance_meanwhile(tp: Any, start: int, end: int) -> None:
+            await gap(tp, start, end)
+            app.consumer_generation_id += 1  # the group moved on while the gap was recorded
+
+        consumer._add_gap = rebalance_meanwhile
+        await _deliver(consumer, _records([8, 9]), None, intake)  # 6-7 missing: a gap
+        return intake.pending(), consumer._read_offset[TP(TOPIC, 0)]
+
+    assert asyncio.run(run()) == (0, 5)

@@ -251,3 +251,24 @@ def test_whole_topics_replayed_from_earliest(market: Market) -> None:
         assert len(by_id) == 3 and all(len(v) == 1 for v in by_id.values())
         assert sum(1 for raw in msgs if b'"purchase_fulfilled"' in raw) == 6  # re-emitted
         assert all(len(v) == 1 for v in releases.values())
+
+
+def test_a_batch_failing_outside_the_core_stops_the_worker_and_is_processed_again(
+    market: Market,
+) -> None:
+    """A bug in the worker's own code (not the core's, which turns every error into a
+    rejection) stops the worker instead of letting its agent go on with later records, which
+    Faust could then commit past: the records are read again from the committed offset."""
+    w1 = market.start_worker_env({"EMARKET_BREAK": "breaks-here"})
+    market.open_accounts("seller1")
+
+    async def setup(c: MarketClient) -> None:
+        await c.register(reg("s"))
+        await c.publish("s", [1.0, 2.0, 3.0], value_id="v0")
+        await c.publish("s", [1.0, 2.0, 3.0], value_id="breaks-here", wait=False)
+
+    market.run(setup)
+    assert w1.proc is not None and w1.proc.wait(60) != 0, "the worker went on"
+    market.start_worker()
+    market.wait_ingested("s", 2)
+    assert market.ledger()["s"]["values_ingested"] == 2

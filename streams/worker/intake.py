@@ -156,6 +156,6 @@ class Intake:
             ack(ev.message)
 
     def pending(self) -> int:
-        """Records queued or carried, not yet taken (a gauge for operators)."""
+        """Records queued or carried, not yet taken (tests, diagnostics)."""
         queued: collections.deque[list[Any]] = self._queue._queue  # type: ignore[attr-defined]
         return len(self._carry) + sum(len(b) for b in list(queued))

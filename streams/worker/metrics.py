@@ -60,10 +60,10 @@ class Metrics:
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
-    _counts: dict[tuple[int, tuple[str, ...]], tuple[Counter, tuple[str, ...], float]] = field(
+    _counts: dict[tuple[Counter, tuple[str, ...]], float] = field(
         default_factory=dict, init=False, repr=False
     )
-    _gauges: dict[tuple[int, tuple[str, ...]], tuple[Gauge, tuple[str, ...], float]] = field(
+    _gauges: dict[tuple[Gauge, tuple[str, ...]], float] = field(
         default_factory=dict, init=False, repr=False
     )
 
@@ -107,9 +107,8 @@ class Metrics:
         self._ledger(o)
 
     def _inc(self, metric: Counter, labels: tuple[str, ...], amount: float = 1) -> None:
-        key = (id(metric), labels)
-        held = self._counts.get(key)
-        self._counts[key] = (metric, labels, amount if held is None else held[2] + amount)
+        key = (metric, labels)
+        self._counts[key] = self._counts.get(key, 0) + amount
 
     def _ledger(self, o: Outcome) -> None:
         """The stream's privacy and revenue figures after the event."""
@@ -120,14 +119,14 @@ class Metrics:
             return
         labels = (f.stream_id, f.mechanism, f.level_unit)
         gauges = self._gauges
-        gauges[(id(self.privacy_spent), labels)] = (self.privacy_spent, labels, f.spent)
-        gauges[(id(self.privacy_cap), labels)] = (self.privacy_cap, labels, f.cap)
+        gauges[self.privacy_spent, labels] = f.spent
+        gauges[self.privacy_cap, labels] = f.cap
         if f.window_cap is not None and f.window_spent is not None:
             headroom = max(0.0, f.window_cap - f.window_spent)
             for gauge, value in ((self.window_spent, f.window_spent),
                                  (self.window_cap, f.window_cap),
                                  (self.window_headroom, headroom)):  # fmt: skip
-                gauges[(id(gauge), labels)] = (gauge, labels, value)
+                gauges[gauge, labels] = value
         if o.price_minor > 0:
             self._inc(self.revenue, (f.stream_id, f.currency), o.price_minor)
 
@@ -137,10 +136,10 @@ class Metrics:
         are sent, so whoever sees an output sees it counted)."""
         counts, gauges = self._counts, self._gauges
         self._counts, self._gauges = {}, {}
-        for metric, labels, amount in counts.values():
+        for (metric, labels), amount in counts.items():
             if amount:
                 (metric.labels(*labels) if labels else metric).inc(amount)
-        for gauge, labels, value in gauges.values():
+        for (gauge, labels), value in gauges.items():
             gauge.labels(*labels).set(value)
 
     def set_broker_up(self, ok: bool) -> bool:

@@ -50,6 +50,12 @@ def _messages(app: Any, offsets: range, partition: int = 0) -> list[Any]:
     return [ConsumerMessage(TOPIC, partition, o, *fields, generation_id=gen) for o in offsets]
 
 
+async def _fill(app: Any, intake: Intake) -> None:
+    """Queue as many one-record batches as the intake holds."""
+    for i in range(MAX_LISTS):
+        await intake.put(_messages(app, range(i, i + 1)))
+
+
 def test_batches_come_out_in_order_up_to_the_limit() -> None:
     async def run() -> list[list[int]]:
         app = _app()
@@ -97,8 +103,7 @@ def test_a_full_intake_holds_the_consumer_back() -> None:
     async def run() -> bool:
         app = _app()
         intake = Intake(app, {TOPIC})
-        for i in range(MAX_LISTS):
-            await intake.put(_messages(app, range(i, i + 1)))
+        await _fill(app, intake)
         try:
             await asyncio.wait_for(intake.put(_messages(app, range(9, 10))), 0.05)
         except TimeoutError:
@@ -168,8 +173,7 @@ def test_a_put_cancelled_by_a_rebalance_leaves_nothing_tracked_and_moves_no_offs
     async def run() -> None:
         app = _app()
         intake = Intake(app, {TOPIC})
-        for i in range(MAX_LISTS):
-            await intake.put(_messages(app, range(i, i + 1)))
+        await _fill(app, intake)
         moved: list[bool] = []
         late = _messages(app, range(9, 10))
         with pytest.raises(TimeoutError):

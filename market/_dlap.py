@@ -12,26 +12,26 @@ the noise ``j`` added to the more accurate neighbour ``U`` and ``t = |L − U|``
 
 where ``P(G ≥ g) = ratio^g`` and every constant is a function of ``p = exp(−ε/Δ)`` of the levels
 involved (:func:`float_constants`, :func:`_exact_constants`). One uniform ``U1`` picks the part
-by inversion and one uniform ``U2`` gives ``G = floor(−log(1 − U2) / s)`` with
-``ratio = exp(−s)``: ``s`` is an exact rational (``ε/Δ`` sums and differences).
+by inversion and ``G`` is drawn by inversion too, ``G = floor(−log(1 − U2) / s)`` with
+``ratio = exp(−s)`` (``s`` an exact rational: ``ε/Δ`` sums and differences), split into
+independent digit groups with one uniform each when ``s`` is tiny (:class:`Plan`: the noise of a
+fine grid).
 
-**Exactness.** The outcome is defined as that of the inverse CDF applied to *infinitely
-precise* uniforms ``U1, U2``; nothing else. Each is drawn as a 53-bit prefix (numpy's
-``random()``), which pins it to an interval of width 2^-53. The float pass decides a coordinate
-only when the whole interval lies, with a safety margin far above the float rounding errors
-(2^-32 of the total weight for the part, 2^-40 relative for ``G``; the formulas are accurate to
-better than 2^-41), on one side of every threshold. The rare undecided coordinate (probability
-about 10^-9) goes to :func:`exact_noise`, which extends the uniforms with more random bits and
-compares them with rational interval enclosures of the thresholds (:class:`_Iv`: exact
-:class:`~fractions.Fraction` arithmetic rounded outwards) at increasing precision until the
-comparison is certain. Either way the result is the exact inverse-CDF outcome, so the float
-path never changes an outcome: forcing every coordinate through the exact path gives the same
-vector bit for bit (tested).
-
-The extra bits of coordinate ``i`` come from AES-CTR keyed by 128 bits drawn from the caller's
-generator once per call, at counter ``(2 i + stage) · 2^64``: a call always consumes exactly
-``2n`` uniforms and one key from the caller's generator, and a coordinate's outcome does not
-depend on which other coordinates needed the exact path.
+**Exactness.** The outcome is defined as that of the inverse CDFs applied to *infinitely
+precise* uniforms; nothing else. Each uniform's first 64 bits are a word of the request's draws
+(:mod:`market._draws`); the float pass uses their 53-bit prefixes, which pin each to an interval
+of width 2^-53, and decides a coordinate only when the whole interval lies, with a safety margin
+far above the float rounding errors (2^-32 of the total weight for the part, 2^-40 relative for
+``G``; the formulas are accurate to better than 2^-41), on one side of every threshold. The rare
+undecided coordinate (probability about 10^-9) goes to :func:`exact_noise`, which extends its
+uniforms with their extension words and compares them with rational interval enclosures of the
+thresholds (:class:`_Iv`: exact :class:`~fractions.Fraction` arithmetic rounded outwards) at
+increasing precision until the comparison is certain. Either way the result is the exact
+inverse-CDF outcome, so the float path never changes an outcome: forcing every coordinate
+through the exact path gives the same vector bit for bit (tested). Slot 0 of a coordinate is its
+part uniform, slots 1… its geometric's (:func:`slots`): a law reads the same words whatever the
+data, and a coordinate's outcome does not depend on which other coordinates needed the exact
+path.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
-from randomgen import AESCounter
+
+from ._draws import Draws, LazyUniform, to_unit
 
 BLOCK = 16384
 MARGIN = 2.0**-32
@@ -141,52 +142,94 @@ def float_constants(law: Law) -> Constants:
     )
 
 
+# ---------------------------------------------------------------------- geometric plans
+S_DIRECT = Fraction(1, 2**20)
+"""Smallest ``s`` whose geometric is drawn from one uniform: ``E/s`` needs ``log₂(1/s) + 40``
+good bits to be decided, and a uniform has 53 (see :class:`Plan`)."""
+CHUNK_BITS = 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How ``G ~ Geom(e^{−s})`` is drawn: ``G = 2^M·H + Σ_i 2^{m_i}·R_i``, one uniform each.
+
+    ``P(G = g) ∝ e^{−sg}`` factorises over the digits of ``g`` in any mixed radix, so
+    ``H ~ Geom(e^{−s·2^M})`` and ``R_i`` (the digits of width ``b_i`` at ``m_i``) ~ the
+    geometric of ratio ``e^{−s·2^{m_i}}`` truncated to ``[0, 2^{b_i})`` are independent. ``M``
+    is the least with ``s·2^M ≥ 2⁻²⁰`` and the ``b_i ≤ 20`` split it: each part then needs
+    at most ~40 bits of its uniform beyond its margins, whatever ``s`` (the noise of a fine
+    grid has ``s`` near 2⁻⁴⁸).
+    """
+
+    s: Fraction
+    top: Fraction
+    chunks: tuple[tuple[int, int], ...]
+
+    @property
+    def slots(self) -> int:
+        return 1 + len(self.chunks)
+
+    @property
+    def shift(self) -> int:
+        return sum(b for _, b in self.chunks)
+
+
+@functools.lru_cache(maxsize=256)
+def plan(s: Fraction) -> Plan:
+    """The :class:`Plan` of ``Geom(e^{−s})`` (a function of ``s`` alone, hence public)."""
+    if s >= S_DIRECT:
+        return Plan(s, s, ())
+    m = 0
+    while s * 2**m < S_DIRECT:
+        m += 1
+    count = -(-m // CHUNK_BITS)
+    widths = [m // count + (1 if i < m % count else 0) for i in range(count)]
+    starts = [sum(widths[:i]) for i in range(count)]
+    return Plan(s, s * 2**m, tuple(zip(starts, widths, strict=True)))
+
+
+def slots(law: Law) -> int:
+    """Uniforms per coordinate a law reads: the part, then the geometric's (the middle part's
+    plan may need more than the outer parts'; a coordinate uses the ones its part needs)."""
+    need = plan(law.s_q).slots
+    if law.a_l is not None:
+        need = max(need, plan(law.s_r).slots)
+    return 1 + need
+
+
 # ------------------------------------------------------------------------------ fast path
 def sample_into(
     out: NDArray[np.int64],
     upper: NDArray[np.int64],
     lower: NDArray[np.int64] | None,
     law: Law,
-    rng: np.random.Generator,
+    draws: Draws,
     margin: float = MARGIN,
     eta: float = ETA,
 ) -> None:
     """Write a sample of the conditional law into ``out`` (int64, length of ``upper``).
 
-    ``margin`` and ``eta`` are test hooks: large ones send coordinates through the exact
-    path, which must not change any outcome.
+    ``draws`` must have ``n = len(upper)`` and :func:`slots` slots. ``margin`` and ``eta`` are
+    test hooks: large ones send coordinates through the exact path, which must not change any
+    outcome.
     """
-    key = int.from_bytes(rng.bytes(16), "little")
-    cst = float_constants(law)
     n = int(out.shape[0])
+    if draws.n != n or draws.slots != slots(law):
+        raise ValueError(f"draws of {draws.n}x{draws.slots}, law needs {n}x{slots(law)}")
+    cst = float_constants(law)
     for start in range(0, n, BLOCK):
         sl = slice(start, min(start + BLOCK, n))
-        r = rng.random(2 * (sl.stop - start))
+        words = [draws.slot(k)[sl] for k in range(draws.slots)]
         lo = None if lower is None else lower[sl]
-        _block(out[sl], upper[sl], lo, law, cst, r, (margin, eta))
+        _block(out[sl], upper[sl], lo, law, cst, words, (margin, eta))
         for i in np.flatnonzero(out[sl] == _UNDECIDED):
-            _exact_coordinate(out, upper, lower, law, r, key, start, int(i))
+            k = start + int(i)
+            diff = 0 if lower is None else int(lower[k]) - int(upper[k])
+            j = exact_noise(law, abs(diff), draws, k)
+            out[k] = int(upper[k]) + (-j if diff < 0 else j)
 
 
 _UNDECIDED = np.iinfo(np.int64).min  # marker of coordinates left to the exact path
-
-
-def _exact_coordinate(
-    out: NDArray[np.int64],
-    upper: NDArray[np.int64],
-    lower: NDArray[np.int64] | None,
-    law: Law,
-    r: NDArray[np.float64],
-    key: int,
-    start: int,
-    i: int,
-) -> None:
-    """Fill the undecided coordinate ``start + i`` from the exact path."""
-    b = r.shape[0] // 2
-    k = start + i
-    diff = 0 if lower is None else int(lower[k]) - int(upper[k])
-    j = exact_noise(law, abs(diff), float(r[i]), float(r[b + i]), key, k)
-    out[k] = int(upper[k]) + (-j if diff < 0 else j)
 
 
 def _block(
@@ -195,16 +238,14 @@ def _block(
     lo: NDArray[np.int64] | None,
     law: Law,
     cst: Constants,
-    r: NDArray[np.float64],
+    words: list[NDArray[np.uint64]],
     margins: tuple[float, float],
 ) -> None:
     """One block of :func:`sample_into`; undecided coordinates get :data:`_UNDECIDED`.
 
     The same numpy operations run for every coordinate whichever part it falls in; the only
-    Python branch is on the (public) presence of a lower neighbour.
+    Python branches are on public facts (a lower neighbour, the laws' plans).
     """
-    b = int(o.shape[0])
-    u1, u2 = r[:b], r[b:]
     t: NDArray[np.int64] | int = 0
     sgn: NDArray[np.int64] | int = 1
     total: float | NDArray[np.float64]
@@ -215,18 +256,20 @@ def _block(
         sgn = np.where(diff < 0, -1, 1)
         t = tt = np.abs(diff)
         cums, total = _bridge_cums(cst, tt)
-    part, undecided = _choose_part(u1, cums, total, margins[0])
-    g, und_g = _geometric(u2, part, cst, law.a_l is not None, margins[1])
+    part, undecided = _choose_part(to_unit(words[0]), cums, total, margins[0])
+    g, und_g = _geometric(words[1:], plan(law.s_q), margins[1])
+    if lo is not None:
+        mid = part == PART_M
+        g_r, und_r = _geometric(words[1:], plan(law.s_r), margins[1])
+        g = np.where(mid, g_r, g)
+        und_g = np.where(mid, und_r, und_g)
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
-    g1 = g.astype(np.int64)
-    g1 += 1  # 1 + G: the distance of the outer parts from their atoms
+    g1 = g + 1  # 1 + G: the distance of the outer parts from their atoms
     # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
     j = (part == PART_R) * g1
     j -= (part == PART_L) * g1
     if lo is not None:
-        g1 -= 1
-        g1 %= t + 1
-        j += (part == PART_M) * g1
+        j += (part == PART_M) * (g % (t + 1))
         j += (part >= PART_AT) * t
         j *= sgn
     np.add(up, j, out=o)
@@ -280,13 +323,31 @@ def _choose_part(
 
 
 def _geometric(
-    u2: NDArray[np.float64], part: NDArray[np.int8], cst: Constants, bridge: bool, eta: float
+    words: list[NDArray[np.uint64]], pl: Plan, eta: float
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """``G`` of :class:`Plan` ``pl`` from its uniforms, and where it is not certain."""
+    g, undecided = _floor_exponential(to_unit(words[0]), float(pl.top), None, eta)
+    out = g.astype(np.int64) << pl.shift
+    for k, (m, b) in enumerate(pl.chunks, start=1):
+        sigma = pl.s * 2**m
+        r, und = _floor_exponential(to_unit(words[k]), float(sigma), float(sigma * 2**b), eta)
+        undecided |= und | (r >= 2**b)
+        out += np.minimum(r, 2**b - 1).astype(np.int64) << m
+    return out, undecided
+
+
+def _floor_exponential(
+    u: NDArray[np.float64], s: float, span: float | None, eta: float
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """``G = floor(E / s)``, ``E = −log(1 − U2)``, and where that floor is not certain."""
-    e = np.log1p(-u2)
+    """``⌊E/s⌋`` for ``E = −log(1 − U·y)`` (``y = 1`` for a geometric, ``1 − e^{−span}`` for
+    one truncated to ``span/s`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain."""
+    y = 1.0 if span is None else -math.expm1(-span)
+    arg = u * y
+    e = np.log1p(-arg)
     e *= -1.0
-    de = np.divide(2.0 * _U53, 1.0 - u2)  # E(u2 + 2^-53) − E(u2) ≤ de when 1 − u2 ≥ 2^-52
-    inv_s = np.where(part == PART_M, cst.inv_s_r, cst.inv_s_q) if bridge else cst.inv_s_q
+    # E(u + 2⁻⁵³) − E(u) ≤ 2·2⁻⁵³·y / (1 − u·y) when 1 − u·y ≥ 2⁻⁵²
+    de = np.divide(2.0 * _U53 * y, 1.0 - arg)
+    inv_s = 1.0 / s
     x_lo = e * inv_s
     x_lo *= 1.0 - eta
     x_hi = e + de
@@ -296,7 +357,7 @@ def _geometric(
     g = np.floor(x_lo)
     undecided = np.floor(x_hi) != g
     undecided |= x_hi >= _G_MAX
-    undecided |= u2 > 1.0 - 2.0 * _U53
+    undecided |= arg > 1.0 - 2.0 * _U53
     return g, undecided
 
 
@@ -369,26 +430,6 @@ def exp_neg(y: Fraction, w: int) -> _Iv:
     return _Iv(_down(iv.lo, w), _up(iv.hi, w))
 
 
-class _LazyUniform:
-    """A uniform in [0, 1) known to ``bits`` binary digits, extended on demand."""
-
-    def __init__(self, prefix: float, key: int, stream: int) -> None:
-        self.num, self.bits = int(prefix * 2.0**53), 53
-        self._key, self._stream = key, stream
-        self._gen: AESCounter | None = None
-
-    def bounds(self) -> tuple[Fraction, Fraction]:
-        """``[lo, hi)`` holding the uniform."""
-        return Fraction(self.num, 1 << self.bits), Fraction(self.num + 1, 1 << self.bits)
-
-    def refine(self) -> None:
-        """Draw 64 more bits (from this coordinate's own AES-CTR stream)."""
-        if self._gen is None:
-            self._gen = AESCounter(key=self._key, counter=self._stream << 64)
-        self.num = (self.num << 64) | int(self._gen.random_raw())
-        self.bits += 64
-
-
 def _w0_iv(a1: Fraction, a2: Fraction, w: int) -> tuple[_Iv, _Iv]:
     """Enclosures of (w0, 1 − w0) of the step from ``a2`` to ``a1 < a2``."""
     f = exp_neg(a1, w).complement().div(exp_neg(a2, w).complement(), w)
@@ -440,7 +481,7 @@ def _exact_cums(law: Law, t: int, w: int) -> tuple[list[_Iv], _Iv]:
     return [k_l, c2, c3, c4], c4 + k_r.mul(rt, w)
 
 
-def _exact_part(law: Law, t: int, u: _LazyUniform) -> int:
+def _exact_part(law: Law, t: int, u: LazyUniform) -> int:
     """The part ``U1`` selects: the number of thresholds ``c_i / total`` it is above."""
     w = 64
     for _ in range(_MAX_ROUNDS):
@@ -462,43 +503,69 @@ def _exact_part(law: Law, t: int, u: _LazyUniform) -> int:
     raise RuntimeError("the exact discrete Laplace path did not converge")  # pragma: no cover
 
 
-def _at_least(g: int, s: Fraction, u: _LazyUniform) -> bool:
-    """Whether ``G ≥ g``, i.e. ``1 − U2 ≤ exp(−g s)``, decided exactly."""
+def _at_least(g: int, s: Fraction, span: Fraction | None, u: LazyUniform) -> bool:
+    """Whether ``⌊E/s⌋ ≥ g`` for ``E = −log(1 − U·Y)``, ``Y = 1 − e^{−span}`` (``Y = 1``
+    without a span), i.e. ``U·Y ≥ 1 − e^{−g s}``, decided exactly."""
     w = 64
     for _ in range(_MAX_ROUNDS):
-        e = exp_neg(g * s, w)
+        thr = exp_neg(g * s, w).complement()
+        y = _Iv.exact(1) if span is None else exp_neg(span, w).complement()
         u_lo, u_hi = u.bounds()
-        if 1 - u_lo <= e.lo:
+        if u_lo * y.lo >= thr.hi:
             return True
-        if 1 - u_hi >= e.hi:
+        if u_hi * y.hi <= thr.lo:
             return False
         u.refine()
         w += 64
     raise RuntimeError("the exact discrete Laplace path did not converge")  # pragma: no cover
 
 
-def _exact_geometric(s: Fraction, u: _LazyUniform, guess: int) -> int:
-    """The largest ``g`` with ``G ≥ g``: gallop from the float guess, then bisect."""
+def _exact_floor(s: Fraction, span: Fraction | None, u: LazyUniform, guess: int) -> int:
+    """The largest ``g`` with ``⌊E/s⌋ ≥ g`` (see :func:`_at_least`): gallop from the float
+    guess, then bisect."""
+    top = None if span is None else int(span / s)  # a truncated one is below span / s
+
+    def at_least(g: int) -> bool:
+        return (top is None or g < top) and _at_least(g, s, span, u)
+
     lo, hi, step = 0, None, 1
-    g = max(0, guess)
-    if _at_least(g, s, u):
+    g = max(0, guess if top is None else min(guess, top - 1))
+    if at_least(g):
         lo = g
-        while _at_least(lo + step, s, u):
+        while at_least(lo + step):
             lo, step = lo + step, 2 * step
         hi = lo + step
     else:
         hi = g
-        while g - step > 0 and not _at_least(g - step, s, u):
+        while g - step > 0 and not at_least(g - step):
             hi, step = g - step, 2 * step
         lo = max(0, g - step)
     while hi - lo > 1:  # G ≥ lo is certain, G ≥ hi is not
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _at_least(mid, s, u) else (lo, mid)
+        lo, hi = (mid, hi) if at_least(mid) else (lo, mid)
     return lo
 
 
-def exact_noise(law: Law, t: int, u1: float, u2: float, key: int, index: int) -> int:
-    """The noise of one coordinate, decided exactly from the uniforms' 53-bit prefixes.
+def _guess(u: LazyUniform, s: Fraction, span: Fraction | None) -> int:
+    """The float estimate of ``⌊E/s⌋`` the exact search starts from."""
+    y = 1.0 if span is None else -math.expm1(-float(span))
+    x = -math.log1p(-min(u.num / 2.0**u.bits * y, 1.0 - 2.0**-53)) / float(s)
+    return math.floor(min(x, _G_MAX))
+
+
+def exact_geometric(pl: Plan, uniforms: list[LazyUniform]) -> int:
+    """``G`` of :class:`Plan` ``pl`` decided exactly from its uniforms."""
+    h = _exact_floor(pl.top, None, uniforms[0], _guess(uniforms[0], pl.top, None))
+    g = h << pl.shift
+    for u, (m, b) in zip(uniforms[1:], pl.chunks, strict=False):
+        sigma = pl.s * 2**m
+        span = sigma * 2**b
+        g += _exact_floor(sigma, span, u, _guess(u, sigma, span)) << m
+    return g
+
+
+def exact_noise(law: Law, t: int, draws: Draws, index: int) -> int:
+    """The noise of one coordinate, decided exactly from its uniforms (extended as needed).
 
     Parameters
     ----------
@@ -506,12 +573,10 @@ def exact_noise(law: Law, t: int, u1: float, u2: float, key: int, index: int) ->
         The conditional law.
     t : int
         ``|L − U|`` of the coordinate (0 with no lower neighbour).
-    u1, u2 : float
-        The 53-bit prefixes of the part and geometric uniforms.
-    key : int
-        The call's 128-bit key of the extension streams.
+    draws : Draws
+        The call's draws (their key selects the extension streams).
     index : int
-        The coordinate's index in the call (selects its extension streams).
+        The coordinate's index in the call.
 
     Returns
     -------
@@ -519,12 +584,11 @@ def exact_noise(law: Law, t: int, u1: float, u2: float, key: int, index: int) ->
         The noise ``j`` (before mirroring for ``L < U``), as the float path would give it
         whenever that path is certain.
     """
-    part = _exact_part(law, t, _LazyUniform(u1, key, 2 * index))
+    part = _exact_part(law, t, draws.lazy(0, index))
     if part in (PART_A0, PART_AT):
         return 0 if part == PART_A0 else t
-    s = law.s_r if part == PART_M else law.s_q
-    guess = math.floor(min(-math.log1p(-u2) / float(s), _G_MAX))
-    g = _exact_geometric(s, _LazyUniform(u2, key, 2 * index + 1), guess)
+    pl = plan(law.s_r if part == PART_M else law.s_q)
+    g = exact_geometric(pl, [draws.lazy(k, index) for k in range(1, 1 + pl.slots)])
     j = -1 - g if part == PART_L else (g % (t + 1) if part == PART_M else t + 1 + g)
     if abs(j) > LIMIT:  # pragma: no cover - probability below exp(-2^40)
         raise OverflowError("discrete Laplace noise beyond 2^62")

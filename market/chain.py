@@ -2,27 +2,34 @@
 
 A market sells each stream at a fixed, increasing set of levels ``l_0 < l_1 < … < l_{K−1}``
 (the seller's steps and the cap, fixed at registration). :class:`ReleaseChain` defines the
-release of a value at step ``k`` as one path of the lossless process, computed step by step:
+release of a value at step ``k`` as one path of the lossless process, built **from the top
+down**: the release at the most accurate level ``l_{K−1}`` is a fresh release, and each lower
+step adds independent noise to the step above it, ``Y_k = Y_{k+1} + W_k`` with
+``W_k ~ C(l_{k+1} → l_k)`` (the convolution preorder, ``docs/math.md`` §1). That is the forward
+construction of the lossless process (Andersson et al., eq. 1), so its joint law is the one every
+relaxation and bridge reproduces, and any set of releases is a post-processing of the most
+accurate one: a coalition of buyers learns only its best member's step.
 
-* **open chain** (the exact value is kept): ``y_0`` is a fresh release at ``l_0`` and each
-  ``y_k`` is one Markov relaxation of ``y_{k−1}`` towards the exact value (Koufogiannis et al.
-  Alg. 1 for Laplace, the Brownian and binomial analogues for Gaussian and Poisson);
-* **sealed chain** (Andersson et al. Lemma A.2): ``y_{K−1}`` is a fresh release at the top and
-  each ``y_k`` a tightening of ``y_{k+1}``; the exact value is erased once ``y_{K−1}`` exists.
+Top-down, every step needs only *unconditional* draws (a fresh release and the tightening
+steps), each from its own request key ``keys(DOMAIN, fingerprint, *identity, k)``
+(:class:`~market.rng.NoiseKeys`), where the identity names the value (the service uses stream,
+value id and a digest of the exact numbers). So the release at a step is a **deterministic
+function** of the secret, the chain, the value's identity and numbers, and the step: the same
+bytes whatever was released before, in whatever order, by whichever process, on whichever
+machine (noise format v2: ``docs/protocol.md``). :class:`ChainState` — the exact value and the
+steps computed so far — is therefore only a cache: dropping it costs computation, never privacy.
+(Different numbers under one identity must not share noise, or their difference would be
+revealed exactly: keep a digest of the numbers in the identity.)
 
-Step ``k`` draws its randomness from ``rngs(domain, chain fingerprint, *identity, k)``, where the
-identity names the value (the service uses stream, value id and a digest of the exact numbers).
-So the release at a step is a **deterministic function** of the secret behind ``rngs``, the
-chain, the value's identity and numbers, and the step: the same bytes whatever was released
-before, in whatever order, by whichever process, and whether or not anything was stored.
-:class:`ChainState` — the exact value and the steps computed so far — is therefore only a
-cache: dropping it costs computation, never privacy. (Different numbers under one identity
-must not share noise, or their difference would be revealed exactly: keep a digest of the
-numbers in the identity.)
+* **Lattice families** (Laplace, discrete Laplace, Poisson): a step is the integer vector
+  ``Y_k`` on the family's grid; ``Y_{K−1} = encode(x) + W_{K−1}``.
+* **Gaussian**: ``Y_k`` rounds ``x + Z_k`` to its level's grid, where ``Z_k = Σ_{j ≥ k}
+  √(v_j − v_{j+1})·N_j`` is the real Brownian noise (``v_K = 0``): the rounding is
+  post-processing, decided exactly (:mod:`market._normal`).
 
-The joint law of ``(y_0, …, y_{K−1})`` is that of the lossless process (each step is the exact
-conditional law), so any set of releases is a post-processing of the most accurate one: a
-coalition of buyers learns only its best member's step.
+A **sealed** chain keeps no exact value: it computes what it needs from it when the value
+arrives — the top step (lattice families, whose lower steps follow from it exactly), or every
+step (Gaussian: the real noise a rounded release came from cannot be stored) — and erases it.
 """
 
 from __future__ import annotations
@@ -34,20 +41,31 @@ import operator
 import struct
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _normal
+from ._draws import Draws
 from .errors import InvalidValueError, SealedStateError
 from .levels import canonical_level, step_of
-from .mechanisms import Anchor, Mechanism
-from .rng import Identity, KeyedRngFactory
+from .mechanisms import Anchor, Gaussian, Laplace, Mechanism
+from .rng import Identity, NoiseKeys
 
-__all__ = ["DOMAIN", "ChainState", "ReleaseChain", "noise_check", "noise_check_discrete"]
+__all__ = [
+    "DOMAIN",
+    "FORMAT",
+    "ChainState",
+    "ReleaseChain",
+    "noise_check",
+]
 
-DOMAIN = b"emarket-chain-v1"
-"""Domain separation of the chain's keyed randomness (changing it changes every release)."""
+DOMAIN = b"emarket-chain-v2"
+"""Domain separation of the chain's request keys (changing it changes every release)."""
+FORMAT = 2
+"""The noise format this module implements (``docs/protocol.md``)."""
 
 Vector = NDArray[Any]
 
@@ -64,28 +82,29 @@ class ReleaseChain:
     Parameters
     ----------
     mechanism : Mechanism
-        The noise family; the chain keeps its :meth:`~market.Mechanism.stable` form, whose
-        draws never change between versions of this package.
+        The noise family.
     levels : sequence of float
         The sellable levels, strictly increasing after canonicalisation (at least one).
     sealed : bool, default False
-        Chain downward from the top level and keep no exact value (see the module docstring).
+        Compute from the exact value at arrival and keep none of it (see the module docstring).
 
     Raises
     ------
     InvalidValueError
         No levels, or levels not strictly increasing.
+    InvalidLevelError
+        A level the family cannot release (:meth:`Mechanism.check_level`).
 
     Examples
     --------
     >>> from market import Laplace
-    >>> from market.rng import KeyedRngFactory
-    >>> chain = ReleaseChain(Laplace(), [0.5, 1.0, 2.0])
-    >>> rngs = KeyedRngFactory(b"s" * 32)
+    >>> from market.rng import NoiseKeys
+    >>> chain = ReleaseChain(Laplace(dimension=2), [0.5, 1.0, 2.0])
+    >>> keys = NoiseKeys(b"s" * 32)
     >>> a = chain.open([20.1, 19.8])
-    >>> y2 = chain.release([a], 2, [("v1",)], rngs)[0]          # computes steps 0, 1, 2
+    >>> y0 = chain.release([a], 0, [("v1",)], keys)[0]          # computes steps 2, 1, 0
     >>> b = chain.open([20.1, 19.8])                              # nothing cached
-    >>> bool((chain.release([b], 2, [("v1",)], rngs)[0] == y2).all())
+    >>> bool((chain.release([b], 0, [("v1",)], keys)[0] == y0).all())
     True
     """
 
@@ -98,11 +117,13 @@ class ReleaseChain:
         lv = tuple(canonical_level(x) for x in self.levels)
         if not lv or any(b <= a for a, b in itertools.pairwise(lv)):
             raise InvalidValueError(f"chain levels must be strictly increasing, got {lv}")
+        for x in lv:
+            self.mechanism.check_level(x)
         object.__setattr__(self, "levels", lv)
-        # the chain's noise is a pure function of its key across versions: stable samplers only
-        object.__setattr__(self, "mechanism", self.mechanism.stable())
         mech = self.mechanism
-        desc = struct.pack(f"<BBd{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity, *lv)
+        dim = mech.dimension if isinstance(mech, Laplace) else 0
+        desc = struct.pack(f"<BBdI{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity,
+                           dim, *lv)  # fmt: skip
         object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])
 
     def __len__(self) -> int:
@@ -118,6 +139,10 @@ class ReleaseChain:
         """
         return step_of(self.levels, level, unit=self.mechanism.level_unit)
 
+    def key(self, keys: NoiseKeys, identity: Identity, s: int) -> bytes:
+        """The request key of step ``s`` of a value."""
+        return keys(DOMAIN, self.fingerprint, *identity, s)
+
     # -- states ---------------------------------------------------------------------------
     def open(self, value: Any) -> ChainState:
         """The state of a new value on an open chain: its exact numbers, nothing computed."""
@@ -125,16 +150,16 @@ class ReleaseChain:
             raise SealedStateError("a sealed chain keeps no exact value: use ReleaseChain.seal")
         return ChainState(_frozen(self.mechanism.validate_value(value)), {})
 
-    def seal(self, value: Any, identity: Identity, rngs: KeyedRngFactory) -> ChainState:
-        """The state of a new value on a sealed chain: its top release only (exact erased)."""
+    def seal(self, value: Any, identity: Identity, keys: NoiseKeys) -> ChainState:
+        """The state of a new value on a sealed chain: the steps it needs, exact value erased."""
         if not self.sealed:
             raise SealedStateError("ReleaseChain.seal needs a chain declared sealed")
-        exact = _frozen(self.mechanism.validate_value(value))
-        top = len(self.levels) - 1
-        y = self.mechanism.conditional(
-            self.levels[top], Anchor(math.inf, exact), None, self._rng(rngs, identity, top)
-        )
-        return ChainState(None, {top: _frozen(y)})
+        full = ChainState(_frozen(self.mechanism.validate_value(value)), {})
+        gauss = isinstance(self.mechanism, Gaussian)
+        for k in range(len(self.levels) - 1, -1, -1) if gauss else [len(self.levels) - 1]:
+            self._descend([full], k, [identity], keys)
+        steps = {k: full.steps[k] for k in full.steps}
+        return ChainState(None, steps, pinned=gauss)
 
     # -- releasing ------------------------------------------------------------------------
     def release(
@@ -142,7 +167,7 @@ class ReleaseChain:
         states: Sequence[ChainState],
         k: int,
         identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
+        keys: NoiseKeys,
     ) -> list[Vector]:
         """Step ``k`` of each value, computing (and caching) the steps it depends on.
 
@@ -154,14 +179,15 @@ class ReleaseChain:
             The step, ``0 <= k < len(self)``.
         identities : sequence of tuple
             One identity per value: its randomness is keyed by it (see the module docstring).
-        rngs : KeyedRngFactory
-            Keyed randomness holding the secret.
+        keys : NoiseKeys
+            Request keys from the secret.
 
         Returns
         -------
         list of ndarray
-            Read-only releases in the order of ``states``. Values that need the same step share
-            one vectorised kernel call; each draws exactly what it would draw alone.
+            Read-only releases in the order of ``states`` (floats on the grid for Laplace and
+            Gaussian, integers otherwise). Values that need the same step share one vectorised
+            kernel call; each reads exactly the words it would read alone.
         """
         if not 0 <= k < len(self.levels):
             raise IndexError(f"step {k} outside a chain of {len(self.levels)} levels")
@@ -169,87 +195,111 @@ class ReleaseChain:
             raise ValueError(f"{len(states)} states but {len(identities)} identities")
         if not states:
             return []
-        if self.sealed:
-            self._tighten_to(states, k, identities, rngs)
-        else:
-            self._relax_to(states, k, identities, rngs)
-        return [st.steps[k] for st in states]
+        self._descend(states, k, identities, keys)
+        lvl = self.levels[k]
+        return [_frozen(self.mechanism.decode(Anchor(lvl, st.steps[k]))) for st in states]
 
     def new_steps(self, state: ChainState, k: int) -> int:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
         if k in state.steps:
             return 0
-        if self.sealed:
-            return _bottom_above(state, k) - k
-        return k - _top_below(state, k)
+        return _start(state, k, len(self.levels)) - k
 
-    def _relax_to(
+    def _descend(
         self,
         states: Sequence[ChainState],
         k: int,
         identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
+        keys: NoiseKeys,
     ) -> None:
-        tops = [_top_below(st, k) for st in states]
-        for s in range(min(tops) + 1, k + 1):
-            todo = [i for i, t in enumerate(tops) if t < s]
-            if not todo:
-                continue
-            anchors: list[tuple[Anchor, Anchor | None]] = []
-            for i in todo:
-                exact = states[i].exact
-                if exact is None:
-                    raise SealedStateError("an open chain state lost its exact value")
-                prev = states[i].steps.get(s - 1) if s > 0 else None
-                lower = None if prev is None else Anchor(self.levels[s - 1], prev)
-                anchors.append((Anchor(math.inf, exact), lower))
-            self._sample(states, todo, s, anchors, identities, rngs)
+        todo = [i for i, st in enumerate(states) if k not in st.steps]
+        if not todo:
+            return
+        if isinstance(self.mechanism, Gaussian):
+            self._descend_gaussian([states[i] for i in todo], k,
+                                   [identities[i] for i in todo], keys)  # fmt: skip
+            return
+        starts = [_start(states[i], k, len(self.levels)) for i in todo]
+        for s in range(max(starts) - 1, k - 1, -1):
+            batch = [i for i, b in zip(todo, starts, strict=True) if b > s]
+            self._lattice_step([states[i] for i in batch], s, [identities[i] for i in batch],
+                               keys)  # fmt: skip
 
-    def _tighten_to(
-        self,
-        states: Sequence[ChainState],
-        k: int,
-        identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
+    def _lattice_step(
+        self, states: list[ChainState], s: int, identities: list[Identity], keys: NoiseKeys
     ) -> None:
-        bottoms = [_bottom_above(st, k) for st in states]
-        for s in range(max(bottoms) - 1, k - 1, -1):
-            todo = [i for i, b in enumerate(bottoms) if b > s]
-            if not todo:
-                continue
-            anchors: list[tuple[Anchor, Anchor | None]] = [
-                (Anchor(self.levels[s + 1], states[i].steps[s + 1]), None) for i in todo
-            ]
-            self._sample(states, todo, s, anchors, identities, rngs)
+        """Step ``s`` of every state from step ``s + 1`` (or the exact value at the top)."""
+        mech, top = self.mechanism, len(self.levels) - 1
+        upper_level = math.inf if s == top else self.levels[s + 1]
+        uppers = []
+        for st in states:
+            if s == top:
+                if st.exact is None:
+                    raise SealedStateError("a sealed chain state lost its top release")
+                uppers.append(mech.origin(st.exact).values)
+            else:
+                uppers.append(st.steps[s + 1])
+        slots = mech.slots(self.levels[s], upper_level, None)
+        draws = Draws.joined([Draws(self.key(keys, ident, s), int(u.shape[0]), slots)
+                              for ident, u in zip(identities, uppers, strict=True)])  # fmt: skip
+        upper = Anchor(upper_level, np.concatenate(uppers))
+        out = mech.conditional(self.levels[s], upper, None, draws, upper.values).values
+        start = 0
+        for st, u in zip(states, uppers, strict=True):
+            st.steps[s] = _frozen(out[start : start + u.shape[0]].copy())
+            start += int(u.shape[0])
 
-    def _sample(
-        self,
-        states: Sequence[ChainState],
-        todo: list[int],
-        s: int,
-        anchors: list[tuple[Anchor, Anchor | None]],
-        identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
+    def _descend_gaussian(
+        self, states: list[ChainState], k: int, identities: list[Identity], keys: NoiseKeys
     ) -> None:
-        keyed = [(DOMAIN, self.fingerprint, *identities[i], s) for i in todo]
-        out = self.mechanism.conditional_many(self.levels[s], anchors, keyed, rngs)
-        for i, y in zip(todo, out, strict=True):
-            states[i].steps[s] = _frozen(y)
+        """Step ``k`` of open Gaussian states: the real noise from the top down, rounded."""
+        mech = self.mechanism
+        assert isinstance(mech, Gaussian)
+        top = len(self.levels) - 1
+        paths = [self._path(ident, k, keys) for ident in identities]
+        for st in states:
+            if st.exact is None:
+                raise SealedStateError("a sealed Gaussian chain state lost a step")
+        sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
+        h = _normal.Hidden(np.zeros(sum(sizes)), np.zeros(sum(sizes)))
+        for s in range(top, k - 1, -1):
+            draws = Draws.joined([Draws(p[top - s].key, n, _normal.SLOTS)
+                                  for p, n in zip(paths, sizes, strict=True)])  # fmt: skip
+            h = _normal.add(h, paths[0][top - s].coefficient(), _normal.normals(draws))
+        base = np.concatenate([st.exact for st in states if st.exact is not None])
+        offsets = list(itertools.accumulate(sizes, initial=0))
+        grid = mech.grid_exponent(self.levels[k])
 
-    def _rng(self, rngs: KeyedRngFactory, identity: Identity, s: int) -> np.random.Generator:
-        return rngs(DOMAIN, self.fingerprint, *identity, s)
+        def settle(i: int) -> int:
+            v = next(j for j in range(len(sizes)) if offsets[j + 1] > i)
+            local = i - offsets[v]
+            return _normal.exact_snap(float(base[i]), paths[v], sizes[v], local, grid)
+
+        out = _normal.snap(base, h, grid, settle)
+        for v, st in enumerate(states):
+            st.steps[k] = _frozen(out[offsets[v] : offsets[v + 1]].copy())
+
+    def _path(self, identity: Identity, k: int, keys: NoiseKeys) -> tuple[_normal.Term, ...]:
+        """The real noise of step ``k``: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top term first."""
+        mech = self.mechanism
+        assert isinstance(mech, Gaussian)
+        top = len(self.levels) - 1
+        terms = []
+        for j in range(top, k - 1, -1):
+            above = Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1])
+            terms.append(_normal.Term(self.key(keys, identity, j), Fraction(1),
+                                      mech.exact_variance(self.levels[j]) - above))  # fmt: skip
+        return tuple(terms)
 
 
-def _top_below(st: ChainState, k: int) -> int:
-    """The highest cached step at or below ``k`` (−1 for none): where relaxation restarts."""
-    return st.highest_at_most(k)
-
-
-def _bottom_above(st: ChainState, k: int) -> int:
-    """The lowest cached step at or above ``k``: where tightening restarts."""
+def _start(st: ChainState, k: int, count: int) -> int:
+    """The lowest cached step above ``k`` (``count``, the exact value, when none is cached):
+    where the descent to ``k`` starts."""
     low = st.lowest_at_least(k)
     if low is None:
-        raise SealedStateError("a sealed chain state lost its top release")
+        if st.exact is None:
+            raise SealedStateError("a sealed chain state lost its top release")
+        return count
     return low
 
 
@@ -261,14 +311,17 @@ class ChainState:
     exact : ndarray or None
         The exact value (read-only); ``None`` on a sealed chain.
     steps : mapping of int to ndarray, optional
-        Steps already computed (read-only vectors).
+        Steps already computed (read-only int64 lattice vectors).
+    pinned : bool, default False
+        Every step is a root (a sealed Gaussian value: no step can be recomputed).
 
     Attributes
     ----------
     exact : ndarray or None
     steps : MutableMapping of int to ndarray
-        The steps computed so far (read-only vectors). On a sealed chain the top step is the
-        value's only root and must be kept (or recomputed from a resend of the exact value).
+        The steps computed so far (read-only lattice vectors). On a sealed chain the top step is
+        the value's root and must be kept (or recomputed from a resend of the exact value).
+    pinned : bool
 
     Notes
     -----
@@ -281,9 +334,16 @@ class ChainState:
     packed together.
     """
 
-    __slots__ = ("_mask", "_new", "_rows", "_x", "_xrow")
+    __slots__ = ("_mask", "_new", "_rows", "_x", "_xrow", "pinned")
 
-    def __init__(self, exact: Vector | None, steps: Mapping[int, Vector] | None = None) -> None:
+    def __init__(
+        self,
+        exact: Vector | None,
+        steps: Mapping[int, Vector] | None = None,
+        *,
+        pinned: bool = False,
+    ) -> None:
+        self.pinned = pinned
         self._x = exact  # the exact value, unless it is row 0 of _rows (_xrow)
         self._xrow = False
         self._rows: Vector | None = None
@@ -399,7 +459,7 @@ class ChainState:
 
         Keeps the most accurate cached step longest: it is where the next relaxation starts.
         """
-        if self.nbytes <= max_bytes:  # the usual case: nothing to walk
+        if self.nbytes <= max_bytes or self.pinned:  # the usual case: nothing to walk
             return
         droppable = sorted(self.steps)
         if self.exact is None and droppable:
@@ -409,6 +469,8 @@ class ChainState:
 
     def drop_cache(self) -> None:
         """Forget every step that can be recomputed (all of them on an open chain)."""
+        if self.pinned:
+            return
         if self.exact is not None:
             self.steps.clear()
         elif len(self.steps):
@@ -418,6 +480,8 @@ class ChainState:
     def equals(self, other: ChainState) -> bool:
         """Bitwise equality of the exact value and every cached step."""
         if (self.exact is None) != (other.exact is None) or set(self.steps) != set(other.steps):
+            return False
+        if self.pinned != other.pinned:
             return False
         if (
             self.exact is not None
@@ -504,48 +568,30 @@ _CHECK_SECRET = b"emarket noise check: a public test key, never used for real no
 
 
 def noise_check() -> str:
-    """A known-answer digest of the chain's noise on this platform.
+    """A known-answer digest of the chains' noise (noise format v2).
 
-    Releases every step of open and sealed chains of all three mechanisms for a fixed, public
-    test key and hashes them. The result changes exactly when this platform derives different
-    noise from the same key (e.g. a numpy release that changed its normal or Poisson sampler):
-    a market compares it with the digest its state was made with and refuses to run on a
-    platform that would re-noise released levels.
+    Releases every step of open and sealed chains of every family for a fixed, public test key
+    and hashes them. Noise format v2 draws the same bytes on every platform, so this digest is
+    a constant of the format (``docs/protocol.md`` lists it, and a test recomputes it with an
+    independent implementation): a worker that computed another would re-noise released levels,
+    and refuses to start.
     """
-    from .mechanisms import Gaussian, Laplace, Poisson  # noqa: PLC0415
+    from .mechanisms import DiscreteLaplace, Gaussian, Laplace, Poisson  # noqa: PLC0415
 
-    rngs = KeyedRngFactory(_CHECK_SECRET)
+    keys = NoiseKeys(_CHECK_SECRET)
     h = hashlib.sha256(DOMAIN)
+    grid = np.linspace(-3.0, 3.0, 16)
     cases: list[tuple[Mechanism, tuple[float, ...], Vector]] = [
-        (Laplace(1.0), (0.5, 1.0, 2.0), np.linspace(-3.0, 3.0, 64)),
-        (Gaussian(1.0), (0.5, 1.0, 2.0), np.linspace(-3.0, 3.0, 64)),
-        (Poisson(1.0), (0.01, 0.1, 1.0), np.arange(64, dtype=np.int64)),
+        (Laplace(1.0, dimension=16), (0.5, 1.0, 2.0), grid),
+        (Gaussian(1.0), (0.5, 1.0, 2.0), grid),
+        (Poisson(1.0), (0.01, 0.1, 1.0), np.arange(16, dtype=np.int64)),
+        (DiscreteLaplace(1.0), (0.25, 1.0, 4.0), np.arange(-8, 8, dtype=np.int64)),
     ]
     for mech, levels, x in cases:
         for sealed in (False, True):
             chain = ReleaseChain(mech, levels, sealed=sealed)
             ident = ("check",)
-            st = chain.seal(x, ident, rngs) if sealed else chain.open(x)
+            st = chain.seal(x, ident, keys) if sealed else chain.open(x)
             for k in range(len(levels)):
-                h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
-    return h.hexdigest()
-
-
-def noise_check_discrete() -> str:
-    """The same known-answer digest for the discrete Laplace chains (open and sealed).
-
-    Kept apart from :func:`noise_check`, whose value markets made before the mechanism existed
-    have recorded: a market compares this one when its record has it.
-    """
-    from .mechanisms import DiscreteLaplace  # noqa: PLC0415
-
-    rngs = KeyedRngFactory(_CHECK_SECRET)
-    h = hashlib.sha256(DOMAIN + b"discrete_laplace")
-    x = np.arange(-32, 32, dtype=np.int64)
-    for sealed in (False, True):
-        chain = ReleaseChain(DiscreteLaplace(1.0), (0.25, 1.0, 4.0), sealed=sealed)
-        ident = ("check",)
-        st = chain.seal(x, ident, rngs) if sealed else chain.open(x)
-        for k in range(len(chain.levels)):
-            h.update(chain.release([st], k, [ident], rngs)[0].tobytes())
+                h.update(chain.release([st], k, [ident], keys)[0].tobytes())
     return h.hexdigest()

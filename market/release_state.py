@@ -29,17 +29,31 @@ leaked state is only cap-level private.
 
 Released vectors are returned as read-only arrays: nothing outside this class can change what a
 buyer was given, and there is deliberately no way to redraw a level.
+
+Noise format v2: every new release reads the random words of one request key
+(:mod:`market._draws`), drawn from the caller's generator (``rng``) or given (``key``), and is
+decided exactly, so a release is a function of the state and that key on every machine. A
+:class:`~market.Laplace` mechanism is calibrated to the value's dimension (its grid depends on
+it): the state keeps ``Laplace(Δ, dimension=len(value))``. A Gaussian state keeps, for each
+release, the real noise it rounds (as a linear form in keyed normals), and conditions later
+releases on it; a *sealed* Gaussian state cannot (the exact value is gone), so it tightens from
+the rounded cap-level release: still post-processing of it, but its law differs from a fresh
+release's by that rounding (at most 2⁻¹⁷ standard deviations).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
+from . import _normal
+from ._draws import Draws, key_from
 from .errors import (
     DimensionMismatchError,
     InvalidLevelError,
@@ -47,8 +61,8 @@ from .errors import (
     SealedStateError,
 )
 from .levels import canonical_level
-from .mechanisms import Anchor, Mechanism
-from .rng import Identity, KeyedRngFactory, RngLike, default_rng
+from .mechanisms import Anchor, Gaussian, Laplace, Mechanism
+from .rng import Identity, NoiseKeys, RngLike, default_rng
 
 __all__ = ["ReleaseState"]
 
@@ -60,14 +74,20 @@ def _frozen(arr: Vector) -> Vector:
     return arr
 
 
+def bound(mechanism: Mechanism, dimension: int) -> Mechanism:
+    """``mechanism`` calibrated for values of ``dimension`` coordinates (Laplace's grid)."""
+    if isinstance(mechanism, Laplace) and mechanism.dimension != dimension:
+        return dataclasses.replace(mechanism, dimension=dimension)
+    return mechanism
+
+
 class ReleaseState:
     """All releases of one value under one mechanism, at any levels, in any order.
 
     Parameters
     ----------
     mechanism : Mechanism
-        The noise family (:class:`~market.Laplace`, :class:`~market.Gaussian`,
-        :class:`~market.Poisson`).
+        The noise family (a :class:`~market.Laplace` is calibrated to the value's dimension).
     value : array_like
         The exact value, validated and copied (see :meth:`Mechanism.validate_value`).
     cap : float, optional
@@ -89,7 +109,8 @@ class ReleaseState:
     True
     """
 
-    __slots__ = ("_cap", "_dimension", "_exact", "_levels", "_mechanism", "_releases")
+    __slots__ = ("_base", "_cap", "_dimension", "_exact", "_levels", "_mechanism", "_points",
+                 "_releases")  # fmt: skip
 
     def __init__(
         self,
@@ -99,12 +120,16 @@ class ReleaseState:
         cap: float | None = None,
     ) -> None:
         """Open state keeping the exact ``value`` (see the class docstring)."""
-        exact = mechanism.validate_value(value)
-        self._mechanism = mechanism
+        exact = _frozen(mechanism.validate_value(value))
+        self._mechanism = bound(mechanism, int(exact.shape[0]))
         self._dimension = int(exact.shape[0])
-        self._exact: Vector | None = _frozen(exact)
+        self._exact: Vector | None = exact
+        self._base: Vector = exact
         self._cap = None if cap is None else canonical_level(cap, name="cap")
+        if self._cap is not None:
+            self._mechanism.check_level(self._cap)
         self._levels: list[float] = []
+        self._points: dict[float, Anchor] = {}
         self._releases: dict[float, Vector] = {}
 
     # -- construction --------------------------------------------------------------------------
@@ -126,7 +151,7 @@ class ReleaseState:
         cap : float
             The only level released from the exact value, and the most accurate ever.
         rng : Generator, int or None
-            Randomness of the cap-level release (see :func:`market.rng.default_rng`).
+            Draws the request key of the cap-level release (:func:`market.rng.default_rng`).
 
         Returns
         -------
@@ -135,8 +160,14 @@ class ReleaseState:
         """
         state = cls(mechanism, value, cap=cap)
         assert state._cap is not None
-        state.release(state._cap, rng=rng)
+        top = state.release(state._cap, rng=rng)
         state._exact = None
+        if isinstance(state._mechanism, Gaussian):  # re-rooted at the rounded release
+            state._base = top
+            point = state._points[state._cap]
+            n = state._dimension
+            state._points[state._cap] = Anchor(point.level, point.values, (),
+                                               _normal.Hidden(np.zeros(n), np.zeros(n)))  # fmt: skip
         return state
 
     @classmethod
@@ -146,17 +177,28 @@ class ReleaseState:
         *,
         dimension: int,
         exact: Vector | None,
+        base: Vector | None,
         cap: float | None,
-        releases: dict[float, Vector],
+        points: dict[float, Anchor],
     ) -> ReleaseState:
         """Rebuild a state from trusted parts (used by :mod:`market.codec`)."""
         state = cls.__new__(cls)
-        state._mechanism = mechanism
+        state._mechanism = bound(mechanism, dimension)
         state._dimension = dimension
         state._exact = None if exact is None else _frozen(exact)
         state._cap = cap
-        state._levels = sorted(releases)
-        state._releases = {lvl: _frozen(v) for lvl, v in releases.items()}
+        state._levels = sorted(points)
+        state._points = dict(points)
+        state._releases = {}
+        if base is not None:
+            state._base = base
+        elif state._exact is not None:
+            state._base = state._exact
+        else:  # a sealed state: its base (Gaussian) is the rounded cap release
+            top = state._levels[-1]
+            state._base = state._mechanism.decode(points[top])
+        for lvl, point in points.items():
+            state._releases[lvl] = _frozen(state._mechanism.decode(point))
         return state
 
     # -- inspection ----------------------------------------------------------------------------
@@ -259,7 +301,7 @@ class ReleaseState:
             )
         return lvl
 
-    def release(self, level: Any, *, rng: RngLike = None) -> Vector:
+    def release(self, level: Any, *, rng: RngLike = None, key: bytes | None = None) -> Vector:
         """The release at ``level``: the stored one if it exists, else sampled losslessly.
 
         Parameters
@@ -267,8 +309,10 @@ class ReleaseState:
         level : float
             The level, in the mechanism's unit.
         rng : Generator, int or None
-            Consumed only when a new level is sampled. A generator from
+            Draws the request key of a new level (32 bytes). A generator from
             :func:`market.rng.keyed_rng` makes the sample a function of the request.
+        key : bytes, optional
+            The request key itself (32 bytes), instead of ``rng``.
 
         Returns
         -------
@@ -287,18 +331,23 @@ class ReleaseState:
         if stored is not None:
             return stored
         pos, upper, lower = self._anchors(lvl)
-        values = self._mechanism.conditional(lvl, upper, lower, default_rng(rng))
-        self._insert(pos, lvl, values)
-        return values
+        if key is None:
+            key = key_from(default_rng(rng))
+        slots = self._mechanism.slots(lvl, upper.level, None if lower is None else lower.level)
+        point = self._mechanism.conditional(
+            lvl, upper, lower, Draws(key, self._dimension, slots), self._base
+        )
+        self._insert(pos, lvl, point)
+        return self._releases[lvl]
 
     @staticmethod
     def release_across(
         states: Sequence[ReleaseState],
         level: Any,
         identities: Sequence[Identity],
-        rngs: KeyedRngFactory,
+        keys: NoiseKeys,
     ) -> list[Vector]:
-        """The release at ``level`` of each of several values, sampled together.
+        """The release at ``level`` of each of several values.
 
         Parameters
         ----------
@@ -307,60 +356,55 @@ class ReleaseState:
         level : float
             The level to release on every value.
         identities : sequence of tuple
-            One request identity per state: a new sample of ``states[i]`` draws from
-            ``rngs(*identities[i])``, so it is a deterministic function of that identity.
-        rngs : KeyedRngFactory
-            The keyed randomness (it holds the secret; callers hand over only identities).
+            One request identity per state: a new sample of ``states[i]`` reads the draws of
+            ``keys(*identities[i])``, so it is a deterministic function of that identity.
+        keys : NoiseKeys
+            Request keys from the secret (callers hand over only identities).
 
         Returns
         -------
         list of ndarray
             The read-only releases, in the order of ``states``; equal bit for bit to
-            ``[s.release(level, rng=keyed_rng(secret, *identities[i])) ...]``.
+            ``[s.release(level, key=keys(*identities[i])) ...]``.
 
         Notes
         -----
-        Values whose neighbours sit at the same levels share one vectorised kernel call: a
-        purchase releases one level on every value of a stream's window, and for short vectors
-        the per-call overhead dominates the arithmetic. Every state is checked (cap, sealing)
-        before anything is sampled, so an error leaves all states unchanged.
+        Every state is checked (cap, sealing) before anything is sampled, so an error leaves
+        all states unchanged.
         """
         lvl = canonical_level(level)
         if len(identities) != len(states):
             raise ValueError(f"{len(states)} states but {len(identities)} identities")
         for st in states:
             st.check(lvl)
-        results: list[Vector | None] = [st._releases.get(lvl) for st in states]
-        todo = [i for i, r in enumerate(results) if r is None]
-        by_mech: dict[Mechanism, list[int]] = {}
-        for i in todo:
-            by_mech.setdefault(states[i]._mechanism, []).append(i)
-        for mech, idx in by_mech.items():
-            anchors = [states[i]._anchors(lvl) for i in idx]
-            sampled = mech.conditional_many(
-                lvl, [a[1:] for a in anchors], [identities[i] for i in idx], rngs
-            )
-            for i, (pos, _, _), values in zip(idx, anchors, sampled, strict=True):
-                states[i]._insert(pos, lvl, values)
-                results[i] = states[i]._releases[lvl]
-        return [r for r in results if r is not None]
+        return [st.release(lvl, key=keys(*ident))
+                for st, ident in zip(states, identities, strict=True)]  # fmt: skip
 
     def _anchors(self, lvl: float) -> tuple[int, Anchor, Anchor | None]:
         """(insertion index, upper neighbour, lower neighbour) of a new level."""
         i = bisect.bisect_left(self._levels, lvl)
         if i < len(self._levels):
-            upper = Anchor(self._levels[i], self._releases[self._levels[i]])
+            upper = self._points[self._levels[i]]
         else:
             assert self._exact is not None  # guaranteed by check()
-            upper = Anchor(math.inf, self._exact)
-        lower = None
-        if i > 0:
-            lower = Anchor(self._levels[i - 1], self._releases[self._levels[i - 1]])
+            upper = self._mechanism.origin(self._exact)
+        lower = self._points[self._levels[i - 1]] if i > 0 else None
         return i, upper, lower
 
-    def _insert(self, pos: int, lvl: float, values: Vector) -> None:
+    def _insert(self, pos: int, lvl: float, point: Anchor) -> None:
         self._levels.insert(pos, lvl)
-        self._releases[lvl] = _frozen(values)
+        self._points[lvl] = dataclasses.replace(point, values=_frozen(point.values))
+        self._releases[lvl] = _frozen(self._mechanism.decode(point))
+
+    def point(self, level: float) -> Anchor:
+        """The stored point of a released level: its lattice integers (and, for the Gaussian,
+        the real noise it rounds). Used by :mod:`market.codec`."""
+        return self._points[canonical_level(level)]
+
+    @property
+    def base(self) -> Vector:
+        """What Gaussian noise is added to: the exact value, or a sealed state's rounded root."""
+        return self._base
 
     def check_dimension(self, dimension: int) -> None:
         """Raise :class:`DimensionMismatchError` unless the value has ``dimension`` coordinates."""
@@ -385,6 +429,9 @@ class ReleaseState:
             and self._exact.tobytes() != other._exact.tobytes()
         ):
             return False
+        mine, theirs = self._points, other._points
         return all(
-            self._releases[lv].tobytes() == other._releases[lv].tobytes() for lv in self._levels
+            mine[lv].values.tobytes() == theirs[lv].values.tobytes()
+            and mine[lv].path == theirs[lv].path
+            for lv in self._levels
         )

@@ -2,28 +2,22 @@
 
 Two rules shape this module:
 
-* **Noise must come from a cryptographically strong stream.** A statistical PRNG such as PCG64 or
-  the Mersenne Twister is predictable from its outputs; anyone who can reconstruct the stream can
-  subtract the noise. We therefore drive numpy's :class:`numpy.random.Generator` with
-  :class:`randomgen.AESCounter` (AES-128 in counter mode, the construction behind NIST's
-  CTR_DRBG), keyed from the operating system's CSPRNG. With AES-NI it is as fast as PCG64, so
-  every numpy sampler (Laplace, normal, Poisson, binomial) is available at full speed.
-* **Replays must reproduce releases bit for bit.** :func:`keyed_rng` derives the AES key with
-  HMAC-SHA256 from a long-term secret and the identity of the request (stream, value, level), so
-  re-running the same request against the same stored state yields the identical release. The
-  secret is as sensitive as the exact values: whoever holds it and the state can recompute noise.
+* **Noise must come from a cryptographically strong stream.** Every sampler reads the ChaCha20
+  keystream of a 32-byte *request key* (:mod:`market._draws`): a statistical PRNG such as PCG64
+  or the Mersenne Twister is predictable from its outputs, and whoever reconstructs the stream
+  can subtract the noise. A library caller's :class:`numpy.random.Generator` only supplies the
+  request key; by default it runs AES-128 in counter mode keyed from the operating system's
+  CSPRNG (:func:`secure_rng`).
+* **Replays must reproduce releases bit for bit.** :class:`NoiseKeys` derives request keys
+  from a long-term secret and the identity of the request (stream, value, level) with SHAKE256,
+  so re-running the same request yields the identical release, on any machine. The secret is as
+  sensitive as the exact values: whoever holds it and the values can recompute the noise.
 
 Tests pass explicit integer seeds (:func:`default_rng`); the service never does.
-
-Note that numpy does not promise a stable bit stream across versions. Nothing here is meant to
-*regenerate* an old release from a seed later: the release state stores every released vector,
-and :func:`keyed_rng` only matters for re-running a request whose result was never stored.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import os
 import struct
@@ -32,9 +26,12 @@ from functools import lru_cache
 import numpy as np
 from randomgen import AESCounter
 
+from ._draws import request_key
+
 __all__ = [
     "Identity",
     "KeyedRngFactory",
+    "NoiseKeys",
     "RngLike",
     "default_rng",
     "identity_bytes",
@@ -101,38 +98,42 @@ def _part(part: IdentityPart) -> bytes:
     return tag + struct.pack(">I", len(data)) + data
 
 
-def keyed_rng(secret: bytes, *identity: IdentityPart) -> np.random.Generator:
-    """A generator whose stream is a deterministic function of ``secret`` and ``identity``.
+class NoiseKeys:
+    """Request keys as a function of a secret and the request's identity.
 
     Parameters
     ----------
     secret : bytes
-        At least 16 secret bytes; as sensitive as the exact values (with it, noise can be
-        recomputed).
-    *identity : str, bytes, int or float
-        The request's identity, encoded by :func:`identity_bytes`.
+        At least 16 secret bytes; as sensitive as the exact values.
 
-    Returns
-    -------
-    numpy.random.Generator
-        AES-128-CTR keyed with ``HMAC-SHA256(secret, identity)`` truncated to 128 bits. HMAC is
-        a PRF, so different identities give independent-looking streams and the secret cannot
-        be recovered from the noise.
+    Notes
+    -----
+    ``keys(*identity)`` is :func:`market._draws.request_key` of the secret and
+    :func:`identity_bytes` of the identity: ``SHAKE256("emarket-noise-v2\\0" ‖ u32be(len) ‖
+    secret ‖ identity)``, first 32 bytes (``docs/protocol.md``, "Noise format v2"). SHAKE256
+    keyed by a prefix is a pseudo-random function, so different identities get independent
+    keys and the noise reveals nothing of the secret.
 
     Examples
     --------
-    >>> a = keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
-    >>> a == keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
+    >>> keys = NoiseKeys(b"s" * 32)
+    >>> keys("stream", "value", 1.0) == keys("stream", "value", 1.0) != keys("stream", "v2", 1.0)
     True
     """
-    if len(secret) < 16:
-        raise ValueError("the noise secret must be at least 16 bytes")
-    digest = hmac.new(secret, identity_bytes(*identity), hashlib.sha256).digest()
-    return np.random.Generator(AESCounter(key=int.from_bytes(digest[:16], "little")))
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 16:
+            raise ValueError("the noise secret must be at least 16 bytes")
+        self._secret = secret
+
+    def __call__(self, *identity: IdentityPart) -> bytes:
+        return request_key(self._secret, identity_bytes(*identity))
 
 
 class KeyedRngFactory:
-    """:func:`keyed_rng` without the cost of building a generator per request.
+    """numpy generators keyed by request keys: :func:`keyed_rng` without building one per call.
 
     Parameters
     ----------
@@ -141,24 +142,37 @@ class KeyedRngFactory:
 
     Notes
     -----
-    Re-keys one AES-CTR bit generator in place (about 3x faster than constructing one), which
-    matters when every released value needs its own deterministic stream. The generator returned
-    by a call is the same object each time: draw from it before the next call. That is why only
-    :mod:`market` calls it, item by item (:meth:`ReleaseState.release_across`); callers hand
-    over identities, never a callback. Not thread-safe.
+    For samplers that still draw through a numpy generator (the histogram chains). Re-keys one
+    AES-CTR bit generator in place with the first 16 bytes of the request key; the generator
+    returned by a call is the same object each time: draw from it before the next call. Not
+    thread-safe.
     """
 
     def __init__(self, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise ValueError("the noise secret must be at least 16 bytes")
-        self._secret = secret
+        self._keys = NoiseKeys(secret)
         self._bits = AESCounter(key=0)
         self._gen = np.random.Generator(self._bits)
 
     def __call__(self, *identity: IdentityPart) -> np.random.Generator:
-        digest = hmac.digest(self._secret, identity_bytes(*identity), "sha256")
-        self._bits.seed(key=int.from_bytes(digest[:16], "little"))
+        self._bits.seed(key=int.from_bytes(self._keys(*identity)[:16], "little"))
         return self._gen
+
+
+def keyed_rng(secret: bytes, *identity: IdentityPart) -> np.random.Generator:
+    """A generator whose stream is a deterministic function of ``secret`` and ``identity``.
+
+    For library callers who want :meth:`ReleaseState.release` to be a function of the request:
+    it draws its request key from this generator. AES-128-CTR keyed with the first 16 bytes of
+    the request key :class:`NoiseKeys` derives.
+
+    Examples
+    --------
+    >>> a = keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
+    >>> a == keyed_rng(b"s" * 32, "stream", "value", 1.0).random()
+    True
+    """
+    key = NoiseKeys(secret)(*identity)
+    return np.random.Generator(AESCounter(key=int.from_bytes(key[:16], "little")))
 
 
 def default_rng(rng: RngLike = None) -> np.random.Generator:

@@ -593,5 +593,6 @@ def noise_check() -> str:
             ident = ("check",)
             st = chain.seal(x, ident, keys) if sealed else chain.open(x)
             for k in range(len(levels)):
-                h.update(chain.release([st], k, [ident], keys)[0].tobytes())
+                y = chain.release([st], k, [ident], keys)[0]
+                h.update(y.astype(y.dtype.newbyteorder("<")).tobytes())
     return h.hexdigest()

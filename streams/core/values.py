@@ -62,8 +62,9 @@ __all__ = [
 
 
 def digest_values(arr: np.ndarray[Any, Any]) -> str:
-    """SHA-256 of a value's exact numbers, as stored (what makes a resend identical)."""
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    """SHA-256 of a value's exact numbers as little-endian f64 or i64 (what makes a resend
+    identical, and part of its noise's identity: ``docs/protocol.md`` §1.3)."""
+    return hashlib.sha256(np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
 def value_identity(stream_id: str, value_id: str, digest: str) -> tuple[str, str, str]:

@@ -1,0 +1,115 @@
+"""The test vectors of ``docs/protocol.md`` §1 (noise format v2), as this implementation makes them.
+
+``python -m tests.market.protocol_vectors`` prints them as the JSON block the document carries;
+``tests/market/test_protocol_vectors.py`` checks that the document's block equals what the code
+computes now, and that an independent implementation written from the document alone
+(``tests/market/reference_noise.py``) computes the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson
+from market._draws import Draws, LazyUniform, request_key
+from market.chain import ReleaseChain, noise_check
+from market.rng import NoiseKeys, identity_bytes
+
+SECRET = bytes(range(32))
+FLOATS = [20.1, 19.8, 21.0, 20.4]
+
+CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
+    ("laplace", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), False, FLOATS),
+    ("laplace, sealed", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), True, FLOATS),
+    ("laplace, a fine grid (a chunked geometric)", Laplace(1.0, dimension=4), (1e-6, 1e-3),
+     False, FLOATS),
+    ("discrete_laplace", DiscreteLaplace(2.0), (0.25, 1.0, 4.0), False, [3, -4, 0, 250]),
+    ("gaussian", Gaussian(1.0), (0.5, 1.0, 2.0), False, FLOATS),
+    ("gaussian, sealed", Gaussian(3.0), (0.5, 1.0, 2.0), True, FLOATS),
+    ("poisson", Poisson(1.0), (0.01, 0.1, 1.0), False, [3, 0, 17, 250]),
+]  # fmt: skip
+
+
+def _identity_json(parts: tuple[Any, ...]) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for p in parts:
+        if isinstance(p, bytes):
+            out.append(["bytes", p.hex()])
+        elif isinstance(p, str):
+            out.append(["text", p])
+        elif isinstance(p, int):
+            out.append(["integer", p])
+        else:
+            out.append(["double", float(p).hex()])
+    return out
+
+
+def digest(values: np.ndarray[Any, Any]) -> str:
+    """The value digest of §1.3: SHA-256 of the little-endian numbers, lowercase hex."""
+    return hashlib.sha256(values.astype(values.dtype.newbyteorder("<")).tobytes()).hexdigest()
+
+
+def _chain(name: str, mech: Mechanism, levels: tuple[float, ...], sealed: bool,
+           value: list[Any]) -> dict[str, Any]:  # fmt: skip
+    chain = ReleaseChain(mech, levels, sealed=sealed)
+    keys = NoiseKeys(SECRET)
+    exact = mech.validate_value(value)
+    ident = ("stream-1", "value-1", digest(exact))
+    st = chain.seal(exact, ident, keys) if sealed else chain.open(exact)
+    releases = [chain.release([st], k, [ident], keys)[0] for k in range(len(levels))]
+    entry: dict[str, Any] = {
+        "name": name,
+        "family": mech.name,
+        "sensitivity": mech.sensitivity.hex(),
+        "dimension": len(value),
+        "levels": [float(x).hex() for x in chain.levels],
+        "sealed": sealed,
+        "value": [float(v).hex() for v in exact] if exact.dtype.kind == "f" else exact.tolist(),
+        "identity": _identity_json(ident),
+        "fingerprint": chain.fingerprint.hex(),
+        "step_keys": [chain.key(keys, ident, k).hex() for k in range(len(levels))],
+        "integers": [st.steps[k].tolist() for k in range(len(levels))],
+        "releases": [[float(v).hex() for v in y] if y.dtype.kind == "f" else y.tolist()
+                     for y in releases],
+    }  # fmt: skip
+    if isinstance(mech, Laplace):
+        entry["grid_exponent"] = mech.grid_exponent
+        entry["D"] = mech.units()
+    if isinstance(mech, Gaussian):
+        entry["grid_exponents"] = [mech.grid_exponent(x) for x in chain.levels]
+    return entry
+
+
+def generate() -> dict[str, Any]:
+    """Every vector of §1.8."""
+    ident = ("stream", "v1", 3, b"\x00\xff", -0.5)
+    key = request_key(SECRET, identity_bytes(*ident))
+    draws = Draws(key, 3, 2)
+    ext = LazyUniform(int(draws.slot(1)[2]), key, 1, 2)
+    ext.refine()
+    ext.refine()
+    return {
+        "secret": SECRET.hex(),
+        "request_key": {
+            "identity": _identity_json(ident),
+            "encoding": identity_bytes(*ident).hex(),
+            "key": key.hex(),
+        },
+        "draws": {
+            "key": key.hex(),
+            "n": 3,
+            "slots": 2,
+            "main_words": [str(int(w)) for s in range(2) for w in draws.slot(s)],
+            "extension_slot_1_index_2": [str(ext.num >> 64 & (2**64 - 1)), str(ext.num & (2**64 - 1))],
+        },
+        "chains": [_chain(*case) for case in CHAINS],
+        "noise_check": noise_check(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(generate(), indent=1))

@@ -42,6 +42,7 @@ __all__ = [
     "Term",
     "add",
     "combine",
+    "floor_log2",
     "grid_exponent",
     "hidden",
     "mix",
@@ -156,12 +157,23 @@ def mix(a: Hidden, wa: Fraction, b: Hidden, wb: Fraction) -> Hidden:
     return Hidden(z, err)
 
 
-def grid_exponent(variance: float) -> int:
-    """``e`` of the grid ``2^e`` of a release whose noise has this variance: 2⁻¹⁶ of its standard
-    deviation, rounded down to a power of two (``frexp`` and ``sqrt`` are exact operations, so
-    the grid is the same on every platform)."""
-    _, e = math.frexp(math.sqrt(variance))
-    return e - 1 - 16
+def floor_log2(x: Fraction) -> int:
+    """``⌊log₂ x⌋`` of a positive rational, exactly."""
+    num, den = x.numerator, x.denominator
+    e = num.bit_length() - den.bit_length()  # 2^(e−1) < x < 2^(e+1)
+    if (num << max(0, -e)) < (den << max(0, e)):
+        e -= 1
+    return e
+
+
+GRID_BITS = 16
+
+
+def grid_exponent(variance: Fraction) -> int:
+    """``k`` of the grid ``2^k`` of a release whose noise has this (exact) variance:
+    ``⌊log₂ σ⌋ − 16``, so the grid is between 2⁻¹⁷ and 2⁻¹⁶ of the standard deviation
+    (``⌊log₂ σ⌋ = ⌊⌊log₂ v⌋ / 2⌋``: exact, the same everywhere)."""
+    return floor_log2(variance) // 2 - GRID_BITS
 
 
 def snap(

@@ -74,11 +74,17 @@ class ErrorModel:
         In the mechanism's unit (``unit``: epsilon, rho or omega).
     unit : str
     scale : float
-        Laplace b, Gaussian σ, Poisson λ, discrete Laplace b = Δ/ε (its p is e^{−1/b}).
+        Laplace b = g·D/ε (its noise is g·DLap(e^{−g/b})), Gaussian σ, Poisson λ, discrete
+        Laplace b = Δ/ε (its p is e^{−1/b}).
     std : float
-        Standard deviation of the noise: the RMS error of the estimate ``release - offset``.
+        Standard deviation of the noise: the RMS error of the estimate ``release - offset``
+        (besides the rounding to the grid, at most ``grid/2``).
     offset : float
         Mean of the noise (λ for Poisson, 0 otherwise): subtract it for an unbiased estimate.
+    grid : float
+        The release's grid ``g`` (Laplace: the value is rounded to it before the noise is
+        added; Gaussian: the noisy value is rounded to it); 0 for the integer families, whose
+        releases are exact integers.
     """
 
     mechanism: str
@@ -87,6 +93,7 @@ class ErrorModel:
     scale: float
     std: float
     offset: float
+    grid: float = 0.0
 
     def half_width(self, confidence: float) -> float:
         """Smallest t with P(|noise − offset| ≤ t) ≥ ``confidence`` (exact for the law).
@@ -104,11 +111,14 @@ class ErrorModel:
         if self.scale == 0.0:
             return 0.0
         if self.mechanism == "laplace":
-            return -self.scale * math.log1p(-c)  # accurate for c near 0 and near 1
+            # g·DLap noise added to the value rounded to g: whole grid steps of noise, and half
+            # a step of rounding
+            return (_discrete_laplace_half_width(self.scale / self.grid, c) + 0.5) * self.grid
         if self.mechanism == "gaussian":
             # Φ⁻¹((1+c)/2) = −Φ⁻¹((1−c)/2), accurate for c near 1 (scipy.stats costs 0.8 s
-            # of import for a worker that needs this one function)
-            return self.scale * float(-special.ndtri((1.0 - c) / 2.0))
+            # of import for a worker that needs this one function); plus half a grid step of
+            # rounding
+            return self.scale * float(-special.ndtri((1.0 - c) / 2.0)) + self.grid / 2.0
         if self.mechanism == "discrete_laplace":
             return _discrete_laplace_half_width(self.scale, c)
         return _poisson_half_width(self.scale, c)
@@ -184,22 +194,26 @@ def error_model(mechanism: Mechanism, level: float) -> ErrorModel:
     --------
     >>> from market import Laplace
     >>> m = error_model(Laplace(1.0), 1.0)
-    >>> round(m.std, 4), round(m.half_width(0.95), 4)   # sqrt(2) b, b ln 20
-    (1.4142, 2.9957)
+    >>> round(m.std, 4), round(m.half_width(0.95), 4)   # ≈ sqrt(2) b, b ln 20 (b = 1 + 2⁻¹²)
+    (1.4146, 2.9967)
     """
     lvl = canonical_level(level)
     var = mechanism.variance(lvl)
+    grid = 0.0
     if isinstance(mechanism, Laplace):
         scale, offset = mechanism.scale(lvl), 0.0
+        grid = math.ldexp(1.0, mechanism.grid_exponent)
     elif isinstance(mechanism, Gaussian):
         scale, offset = math.sqrt(var), 0.0
+        grid = math.ldexp(1.0, mechanism.grid_exponent(lvl))
     elif isinstance(mechanism, Poisson):
         scale = offset = mechanism.rate(lvl)
     elif isinstance(mechanism, DiscreteLaplace):
         scale, offset = mechanism.sensitivity / lvl, 0.0
     else:  # pragma: no cover - the three families are all there is
         raise TypeError(f"no error model for {type(mechanism).__name__}")
-    return ErrorModel(mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset)
+    return ErrorModel(mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset,
+                      grid)  # fmt: skip
 
 
 def cheapest_level(

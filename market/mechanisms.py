@@ -335,10 +335,8 @@ class Laplace(_LatticeLaplace):
 
     @property
     def grid_exponent(self) -> int:
-        """``k`` of the grid ``2^k``: ``⌊log₂(Δ/d)⌋ − 12`` (``frexp`` of the correctly rounded
-        quotient: the same on every platform)."""
-        _, e = math.frexp(self.sensitivity / self.dimension)
-        return e - 1 - self.GRID_BITS
+        """``k`` of the grid ``2^k``: ``⌊log₂(Δ/d)⌋ − 12``, of the exact rational ``Δ/d``."""
+        return _normal.floor_log2(Fraction(self.sensitivity) / self.dimension) - self.GRID_BITS
 
     def units(self) -> int:
         return math.floor(math.ldexp(self.sensitivity, -self.grid_exponent)) + self.dimension
@@ -427,7 +425,8 @@ class Gaussian(Mechanism):
     """ρ-zCDP Gaussian mechanism for ℓ2 sensitivity Δ: noise N(0, Δ²/(2ρ)), released rounded.
 
     A release at level ρ is ``x + Z`` rounded to the grid ``2^k`` of that level (2⁻¹⁶ of its
-    standard deviation, :func:`market._normal.grid_exponent`), where ``Z`` is the *real*
+    standard deviation, rounded down to a power of two: :func:`market._normal.grid_exponent`),
+    where ``Z`` is the *real*
     Gaussian noise of the lossless Brownian process (Koufogiannis Thm. 14; Andersson et al.'s
     Algorithm 1 for any order). Rounding is post-processing: a release is **exactly ρ-zCDP**,
     and any set of releases is a post-processing of the real process at its highest level. The
@@ -471,7 +470,7 @@ class Gaussian(Mechanism):
 
     def grid_exponent(self, level: float) -> int:
         """``k`` of the grid ``2^k`` a release at ``level`` is rounded to."""
-        return _normal.grid_exponent(self.variance(level))
+        return _normal.grid_exponent(self.exact_variance(level))
 
     def decode(self, anchor: Anchor) -> Vector:
         return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent(anchor.level))

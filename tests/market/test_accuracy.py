@@ -172,11 +172,21 @@ def test_discrete_laplace_half_width_is_the_smallest_whole_number_that_covers(
 
 
 def test_laplace_and_gaussian_half_widths_match_their_closed_forms() -> None:
-    lap = error_model(Laplace(2.0), 0.5)  # b = 4
-    assert lap.scale == 4.0 and lap.std == pytest.approx(4.0 * math.sqrt(2.0))
-    assert lap.half_width(0.95) == pytest.approx(4.0 * math.log(20.0))
-    gau = error_model(Gaussian(1.0), 0.5)  # σ² = 1
-    assert gau.std == pytest.approx(1.0) and gau.half_width(0.95) == pytest.approx(1.959964)
+    """Laplace on its grid g = 2^-11 (Δ = 2, d = 1): noise g·DLap(e^{−ε/D}), D = 4097, and the
+    value rounded by at most g/2; the Gaussian's own grid adds at most half a step."""
+    lap = error_model(Laplace(2.0), 0.5)  # b = g·D/ε ≈ 4
+    g, a = 2.0**-11, Fraction(1, 2) / 4097
+    assert lap.grid == g and lap.scale == 4097 * g / 0.5
+    assert lap.std == pytest.approx(4.0 * math.sqrt(2.0), rel=1e-3)
+    p = math.exp(-float(a))  # smallest whole t with P(|J| > t) = 2p^{t+1}/(1+p) ≤ 5 %
+    t = next(t for t in range(10**6) if 2 * p ** (t + 1) / (1 + p) <= 0.05)
+    assert lap.half_width(0.95) == pytest.approx((t + 0.5) * g, abs=1e-12)
+    assert lap.half_width(0.95) == pytest.approx(4.0 * math.log(20.0), rel=1e-3)
+    gau = error_model(Gaussian(1.0), 0.5)  # σ² = 1, grid 2^-16
+    assert gau.grid == 2.0**-16
+    assert gau.std == pytest.approx(1.0) and gau.half_width(0.95) == pytest.approx(
+        1.959964 + 2.0**-17, abs=1e-6
+    )
     assert set(gau.standard_half_widths()) == {"90", "95", "99"}
     with pytest.raises(ValueError, match="confidence"):
         gau.half_width(1.0)
@@ -189,7 +199,8 @@ def test_cheapest_level_meets_the_target_or_names_the_best_offer() -> None:
     assert cheapest_level(mech, steps, half_width=1.5, confidence=0.9) == 2.0  # ln 10 / ε
     with pytest.raises(AccuracyNotForSaleError) as err:
         cheapest_level(mech, steps, half_width=0.5, confidence=0.95)
-    assert err.value.best == 4.0 and err.value.error == pytest.approx(math.log(20.0) / 4.0)
+    assert err.value.best == 4.0
+    assert err.value.error == pytest.approx(math.log(20.0) / 4.0, rel=1e-3)
     assert "4 (epsilon)" in str(err.value)
     with pytest.raises(ValueError, match="exactly one"):
         cheapest_level(mech, steps)

@@ -21,7 +21,7 @@ from market import (
     default_rng,
     keyed_rng,
 )
-from market.rng import KeyedRngFactory
+from market.rng import NoiseKeys
 
 from .stats import assert_proportion, laplace_cdf
 
@@ -177,12 +177,10 @@ def test_release_across_equals_one_by_one_bit_for_bit(mech: object) -> None:
         return states
 
     a, b = build(), build()
-    # the factory re-keys one generator per call: each value must draw from its own key before
-    # the next is requested
-    factory = KeyedRngFactory(secret)
+    keys = NoiseKeys(secret)
     identities = [("v", i, 2.0) for i in range(len(a))]
-    together = ReleaseState.release_across(a, 2.0, identities, factory)
-    alone = [st.release(2.0, rng=keyed_rng(secret, "v", i, 2.0)) for i, st in enumerate(b)]
+    together = ReleaseState.release_across(a, 2.0, identities, keys)
+    alone = [st.release(2.0, key=keys("v", i, 2.0)) for i, st in enumerate(b)]
     for x, y, sa, sb in zip(together, alone, a, b, strict=True):
         assert x.tobytes() == y.tobytes()
         assert sa.equals(sb)
@@ -191,5 +189,5 @@ def test_release_across_equals_one_by_one_bit_for_bit(mech: object) -> None:
 def test_release_across_checks_every_value_first() -> None:
     states = [ReleaseState(Laplace(), [1.0], cap=c) for c in (4.0, 1.0)]
     with pytest.raises(LevelAboveCapError):
-        ReleaseState.release_across(states, 2.0, [("a",), ("b",)], KeyedRngFactory(b"s" * 32))
+        ReleaseState.release_across(states, 2.0, [("a",), ("b",)], NoiseKeys(b"s" * 32))
     assert all(len(s) == 0 for s in states)

@@ -238,7 +238,7 @@ def exact_snap(x: float, terms: Sequence[Term], n: int, i: int, grid_exp: int) -
             half = iv.Iv.of(Fraction(1, 2), prec)
             lo, hi = total.lo + half.lo, total.hi + half.hi
             if math.floor(lo) == math.floor(hi):
-                return int(math.floor(lo))
+                return math.floor(lo)
         except ValueError:  # a uniform's known bits do not yet keep it away from 0
             pass
         for u1, u2 in us:

@@ -51,7 +51,7 @@ from . import _normal
 from ._draws import Draws
 from .errors import InvalidValueError, SealedStateError
 from .levels import canonical_level, step_of
-from .mechanisms import Anchor, Gaussian, Laplace, Mechanism
+from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, check_range
 from .rng import Identity, NoiseKeys
 
 __all__ = [
@@ -139,6 +139,18 @@ class ReleaseChain:
         """
         return step_of(self.levels, level, unit=self.mechanism.level_unit)
 
+    @property
+    def value_limit(self) -> float:
+        """The largest magnitude a value may have: every level's release must hold it
+        (:meth:`Mechanism.value_limit`; the finest grid is the most accurate level's)."""
+        return min(self.mechanism.value_limit(x) for x in self.levels)
+
+    def validate(self, value: Any) -> Vector:
+        """The exact value checked for this chain (its family's rules and :attr:`value_limit`)."""
+        exact = self.mechanism.validate_value(value)
+        check_range(exact, self.value_limit)
+        return _frozen(exact)
+
     def key(self, keys: NoiseKeys, identity: Identity, s: int) -> bytes:
         """The request key of step ``s`` of a value."""
         return keys(DOMAIN, self.fingerprint, *identity, s)
@@ -148,13 +160,13 @@ class ReleaseChain:
         """The state of a new value on an open chain: its exact numbers, nothing computed."""
         if self.sealed:
             raise SealedStateError("a sealed chain keeps no exact value: use ReleaseChain.seal")
-        return ChainState(_frozen(self.mechanism.validate_value(value)), {})
+        return ChainState(self.validate(value), {})
 
     def seal(self, value: Any, identity: Identity, keys: NoiseKeys) -> ChainState:
         """The state of a new value on a sealed chain: the steps it needs, exact value erased."""
         if not self.sealed:
             raise SealedStateError("ReleaseChain.seal needs a chain declared sealed")
-        full = ChainState(_frozen(self.mechanism.validate_value(value)), {})
+        full = ChainState(self.validate(value), {})
         gauss = isinstance(self.mechanism, Gaussian)
         for k in range(len(self.levels) - 1, -1, -1) if gauss else [len(self.levels) - 1]:
             self._descend([full], k, [identity], keys)
@@ -580,7 +592,7 @@ def noise_check() -> str:
 
     keys = NoiseKeys(_CHECK_SECRET)
     h = hashlib.sha256(DOMAIN)
-    grid = np.linspace(-3.0, 3.0, 16)
+    grid = (np.arange(16) * 3 - 24) / 8.0  # −3 + 3i/8: exact doubles
     cases: list[tuple[Mechanism, tuple[float, ...], Vector]] = [
         (Laplace(1.0, dimension=16), (0.5, 1.0, 2.0), grid),
         (Gaussian(1.0), (0.5, 1.0, 2.0), grid),

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ._normal import Term
 from .chain import ChainState
 from .errors import MarketError, StateFormatError
 from .histogram_chain import HistogramValue
 from .levels import MAX_DIMENSION, canonical_level
-from ._normal import Term
 from .mechanisms import MECHANISMS, Anchor, Gaussian, Mechanism, mechanism
 from .release_state import ReleaseState
 

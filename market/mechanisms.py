@@ -144,6 +144,12 @@ class Mechanism(ABC):
         """The exact value as the anchor at level ``inf`` (lattice integers, or the floats)."""
         return Anchor(math.inf, exact)
 
+    def value_limit(self, level: float) -> float:
+        """The largest magnitude of a value a release at ``level`` can hold: ``2⁶¹`` grid steps
+        (its lattice integers stay in int64 with the noise; the integer families' values are
+        bounded by 2⁵³ anyway)."""
+        return 2.0**61
+
     def decode(self, anchor: Anchor) -> Vector:
         """The release of an anchor: its integers (integer families) or ``n·2^k`` as floats."""
         return anchor.values
@@ -223,6 +229,18 @@ class Mechanism(ABC):
         draws = Draws(key_from(default_rng(rng)), int(exact.shape[0]),
                       self.slots(lvl, math.inf, None))  # fmt: skip
         return self.decode(self.conditional(lvl, self.origin(exact), None, draws, exact))
+
+
+def check_range(value: Vector, limit: float) -> None:
+    """Raise :class:`InvalidValueError` if a coordinate of ``value`` exceeds ``limit`` in
+    magnitude (:meth:`Mechanism.value_limit`), naming the first."""
+    big = np.abs(value) > limit
+    if bool(big.any()):
+        i = int(np.flatnonzero(big)[0])
+        raise InvalidValueError(
+            f"value too large for its release grid: coordinate {i} is {float(value[i]):g}, the "
+            f"most a release on this grid can hold is {limit:g} in magnitude"
+        )
 
 
 def _ratio(a: float, b: float) -> Fraction | None:
@@ -343,12 +361,11 @@ class Laplace(_LatticeLaplace):
 
     def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
         x = as_float_vector(value, dimension=dimension)
-        if bool(np.any(np.abs(np.ldexp(x, -self.grid_exponent)) > 2.0**61)):
-            raise InvalidValueError(
-                f"value too large for its grid: |x| must be at most 2^61 grid steps of "
-                f"2^{self.grid_exponent} ({math.ldexp(1.0, 61 + self.grid_exponent):g})"
-            )
+        check_range(x, self.value_limit(0.0))
         return x
+
+    def value_limit(self, level: float) -> float:
+        return math.ldexp(1.0, 61 + self.grid_exponent)
 
     def origin(self, exact: Vector) -> Anchor:
         """The value rounded to the grid (half to even; an exact IEEE operation)."""
@@ -450,10 +467,10 @@ class Gaussian(Mechanism):
         object.__setattr__(self, "sensitivity", float(self.sensitivity))
 
     def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
-        x = as_float_vector(value, dimension=dimension)
-        if bool(np.any(np.abs(x) > 2.0**52 * self.sensitivity)):
-            raise InvalidValueError("value too large: |x| must be at most 2^52 Δ")
-        return x
+        return as_float_vector(value, dimension=dimension)
+
+    def value_limit(self, level: float) -> float:
+        return math.ldexp(1.0, 61 + self.grid_exponent(level))
 
     def origin(self, exact: Vector) -> Anchor:
         n = int(exact.shape[0])
@@ -504,6 +521,7 @@ class Gaussian(Mechanism):
         path = (*path, new)
         h = _normal.add(h, new.coefficient(), _normal.normals(draws))
         grid = self.grid_exponent(level)
+        check_range(base, self.value_limit(level))
 
         def settle(i: int) -> int:
             return _normal.exact_snap(float(base[i]), path, n, i, grid)

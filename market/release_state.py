@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -166,8 +165,8 @@ class ReleaseState:
             state._base = top
             point = state._points[state._cap]
             n = state._dimension
-            state._points[state._cap] = Anchor(point.level, point.values, (),
-                                               _normal.Hidden(np.zeros(n), np.zeros(n)))  # fmt: skip
+            zero = _normal.Hidden(np.zeros(n), np.zeros(n))
+            state._points[state._cap] = Anchor(point.level, point.values, (), zero)
         return state
 
     @classmethod

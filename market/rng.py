@@ -162,8 +162,20 @@ def keyed_rng(secret: bytes, *identity: IdentityPart) -> np.random.Generator:
     """A generator whose stream is a deterministic function of ``secret`` and ``identity``.
 
     For library callers who want :meth:`ReleaseState.release` to be a function of the request:
-    it draws its request key from this generator. AES-128-CTR keyed with the first 16 bytes of
-    the request key :class:`NoiseKeys` derives.
+    it draws its request key from this generator.
+
+    Parameters
+    ----------
+    secret : bytes
+        At least 16 secret bytes.
+    *identity : str, bytes, int or float
+        The request's identity (:func:`identity_bytes`).
+
+    Returns
+    -------
+    numpy.random.Generator
+        AES-128-CTR keyed with the first 16 bytes of the request key :class:`NoiseKeys`
+        derives.
 
     Examples
     --------

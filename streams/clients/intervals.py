@@ -25,7 +25,8 @@ def model_of(event: Any) -> ErrorModel:
     info = event.error_model
     if info is None:
         raise ValueError("this event carries no error model (no level was released)")
-    return ErrorModel(info.mechanism, info.level, info.unit, info.scale, info.std, info.offset)
+    return ErrorModel(info.mechanism, info.level, info.unit, info.scale, info.std, info.offset,
+                      info.grid)  # fmt: skip
 
 
 def intervals(
@@ -36,8 +37,11 @@ def intervals(
     out = {}
     for r in event.releases:
         lo, hi = model.interval(r.values, confidence)
-        if r.terms:  # a running total: the sum of `terms` independent Gaussian node noises
-            mid, half = (lo + hi) / 2, (hi - lo) / 2 * np.sqrt(r.terms)
+        if r.terms:  # a running total: the sum of `terms` independent Gaussian node noises,
+            # each rounded to the grid (the roundings add up, at most half a step each)
+            noise = model.half_width(confidence) - model.grid / 2
+            half = noise * np.sqrt(r.terms) + r.terms * model.grid / 2
+            mid = (lo + hi) / 2
             lo, hi = mid - half, mid + half
         out[r.value_id] = (lo, hi)
     return out

@@ -24,7 +24,7 @@ def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
     level)."""
     if level <= 0:
         return None
-    info = _info(reg.mechanism, reg.release_sensitivity(), float(level))
+    info = _info(reg.mechanism, reg.release_sensitivity(), reg.dimension, float(level))
     tau = threshold(reg, level)
     return info if tau is None else info.model_copy(update={"threshold": tau})
 
@@ -41,17 +41,19 @@ def threshold(reg: StreamRegistration, level: float) -> float | None:
 
 
 @lru_cache(maxsize=4096)
-def _info(name: MechanismName, sensitivity: float, level: float) -> ErrorModelInfo:
-    m = error_model(mechanism(name, sensitivity), level)
+def _info(name: MechanismName, sensitivity: float, dimension: int, level: float) -> ErrorModelInfo:
+    m = error_model(mechanism(name, sensitivity, dimension), level)
     return ErrorModelInfo.model_construct(
         mechanism=name, level=m.level, unit=UNIT_OF[name], scale=m.scale, std=m.std,
-        offset=m.offset, half_widths=m.standard_half_widths(),
+        offset=m.offset, half_widths=m.standard_half_widths(), grid=m.grid,
     )  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
-def offer_accuracy(name: MechanismName, sensitivity: float, level: float) -> tuple[float, float]:
+def offer_accuracy(
+    name: MechanismName, sensitivity: float, dimension: int, level: float
+) -> tuple[float, float]:
     """RMS error and 95 % half-width of a level, for a quote's offers (one half-width, not
     three: a quote lists every level of the stream)."""
-    m = error_model(mechanism(name, sensitivity), level)
+    m = error_model(mechanism(name, sensitivity, dimension), level)
     return m.std, m.half_width(0.95)

@@ -13,7 +13,7 @@ from market import Mechanism, ReleaseChain, mechanism
 from market.envelope import Sealer
 from market.histogram_chain import HistogramChain
 from market.pricing import PriceSchedule, schedule_from_spec, sellable_levels
-from market.rng import KeyedRngFactory
+from market.rng import KeyedRngFactory, NoiseKeys
 
 from ..wire.events import UNIT_OF, StreamRegistration
 from ..wire.topics import Topics
@@ -45,7 +45,7 @@ def terms_of(reg: StreamRegistration, *, histogram: bool = True) -> Terms:
     """Build a registration's terms (raises :class:`market.MarketError` if they are invalid);
     with ``histogram`` False, all but a histogram stream's chain, whose survival law is the one
     costly part (a registration checks everything else first)."""
-    mech = mechanism(reg.mechanism, reg.release_sensitivity())
+    mech = mechanism(reg.mechanism, reg.release_sensitivity(), reg.dimension)
     chain = ReleaseChain(mech, tuple(sellable_levels(reg.steps, reg.cap)), sealed=reg.sealed)
     return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain,
                  histogram_chain(reg, chain.levels) if histogram else None)  # fmt: skip
@@ -122,11 +122,13 @@ class Context:
     sealer: Sealer
     limits: Limits = field(default_factory=Limits)
     require_encryption: bool = False
-    rngs: KeyedRngFactory = field(init=False)
+    noise: NoiseKeys = field(init=False)
+    rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
     _terms: dict[str, tuple[StreamRegistration, Terms]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores.streams)
 

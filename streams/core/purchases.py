@@ -332,7 +332,7 @@ def _offers(ctx: Context, st: StreamState, held: float) -> list[Offer]:
     window = reg.window is not None
     # a level at or below the one held is answered with the held level's release
     for lv, fits in zip(levels, fitting_levels(st, [max(lv, held) for lv in levels]), strict=True):
-        rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), lv)  # cached
+        rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)
         factor = worst_total_factor(reg)  # running totals: the least accurate total's
         rmse, hw95 = rmse * factor, hw95 * factor
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
@@ -454,7 +454,7 @@ def _release_window(
         states.append(state)
     new_noise = sum(chain.new_steps(s, step) for s in states)
     identities = [value_identity(sid, e.value_id, e.digest) for e in st.window]
-    vectors = chain.release(states, step, identities, ctx.rngs)
+    vectors = chain.release(states, step, identities, ctx.noise)
     if new_noise:
         for k, state in zip(keys, states, strict=True):
             store_state(ctx, k, state)

@@ -108,10 +108,6 @@ def _identity(stream_id: str, node: Node, exact: NDArray[Any]) -> tuple[str, str
     return (stream_id, f".{node[0]}.{node[1]}", digest_values(exact))
 
 
-MAX_TOTAL = 2.0**1000
-"""Largest running total (and tree node) a stream takes: far from overflowing, with its noise."""
-
-
 def _exact_of(ctx: Context, stream_id: str, node: Node) -> NDArray[Any]:
     return _exact(_state(ctx, stream_id, node))
 
@@ -156,11 +152,12 @@ def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[An
     total = np.zeros(reg.dimension)
     for n in decomposition(i + 1):
         total += made[n] if n in made else _exact_of(ctx, sid, n)
-    if not np.all(np.abs(total) <= MAX_TOTAL):  # also catches inf and NaN
+    limit = terms.chain.value_limit  # every node is released on the chain's grids
+    if not all(np.all(np.abs(v) <= limit) for v in (total, *made.values())):  # and inf, NaN
         raise Reject(
             "invalid_value",
             f"with this increment the running total of stream {sid!r} would exceed "
-            f"{MAX_TOTAL:g} in magnitude (or overflow); the stream cannot take it",
+            f"{limit:g} in magnitude (or overflow): the most its release grid can hold",
         )
     # only the top node is ever read again (every node a total or a parent reads has an even
     # index; the lower ones just closed are right children, merged into it); nothing is stored
@@ -181,7 +178,7 @@ def totals_for(
     states = [_state(ctx, sid, n) for n in nodes]
     new_noise = sum(chain.new_steps(s, step) for s in states)
     idents = [_identity(sid, n, _exact(s)) for n, s in zip(nodes, states, strict=True)]
-    released = dict(zip(nodes, chain.release(states, step, idents, ctx.rngs), strict=True))
+    released = dict(zip(nodes, chain.release(states, step, idents, ctx.noise), strict=True))
     if new_noise:
         for n, s in zip(nodes, states, strict=True):
             s.trim(ctx.limits.max_message_bytes // 2)

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from market import ChainState
 from market.histogram_chain import HistogramValue
+from market.mechanisms import check_range
 
 from ..wire.events import (
     MAX_BATCH,
@@ -64,7 +65,8 @@ __all__ = [
 def digest_values(arr: np.ndarray[Any, Any]) -> str:
     """SHA-256 of a value's exact numbers as little-endian f64 or i64 (what makes a resend
     identical, and part of its noise's identity: ``docs/protocol.md`` §1.3)."""
-    return hashlib.sha256(np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes()).hexdigest()
+    little = np.ascontiguousarray(arr, arr.dtype.newbyteorder("<"))
+    return hashlib.sha256(little.tobytes()).hexdigest()
 
 
 def value_identity(stream_id: str, value_id: str, digest: str) -> tuple[str, str, str]:
@@ -180,7 +182,7 @@ def ingest_value(ctx: Context, st: StreamState, item: ValueItem) -> tuple[str, i
         return _increment(ctx, st, terms, item, exact, digest)
     elif reg.sealed:
         state = terms.chain.seal(exact, value_identity(reg.stream_id, item.value_id, digest),
-                                 ctx.rngs)  # fmt: skip
+                                 ctx.noise)  # fmt: skip
     else:
         state = terms.chain.open(exact)
     held, levels = _admitted(st, item.published_at_ms, 0.0)
@@ -251,6 +253,8 @@ def _exact(
             "most 2**53 in magnitude",
         )
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
+    if not is_totals(reg):  # a running total's bound is its nodes' (streams.core.totals)
+        check_range(exact, terms.chain.value_limit)
     return exact, digest_values(exact)
 
 
@@ -335,10 +339,10 @@ def held_releases(
     """The value released at each of ``levels`` (held by the stream's holders, admitted by
     its privacy window); and the new steps drawn.
 
-    One walk along the chain computes them all: up to the most accurate level on an open
-    chain, down to the least accurate on a sealed one. Nothing above ``levels`` is drawn. A
-    histogram is recomputed from its counts every time: what counts as new there is a level
-    above ``released_before`` (the most accurate released of it so far), so a resend adds none.
+    One walk down the chain computes them all: from the most accurate level (or the most
+    accurate step cached) down to the least accurate of ``levels``. A histogram is recomputed
+    from its counts every time: what counts as new there is a level above ``released_before``
+    (the most accurate released of it so far), so a resend adds none.
     """
     if isinstance(state, HistogramValue):
         assert terms.histogram is not None
@@ -348,12 +352,9 @@ def held_releases(
     steps = {chain.step_of(lv) for lv in levels}
     if not steps:
         return {}, 0
-    far = min(steps) if chain.sealed else max(steps)
-    new_noise = chain.new_steps(state, far)
-    chain.release([state], far, [ident], ctx.rngs)
-    for k in steps:  # cached by the walk unless a state lost its cache in between
-        chain.release([state], k, [ident], ctx.rngs)
-    return {chain.levels[k]: state.steps[k] for k in steps}, new_noise
+    new_noise = chain.new_steps(state, min(steps))
+    return {chain.levels[k]: chain.release([state], k, [ident], ctx.noise)[0]
+            for k in sorted(steps)}, new_noise  # fmt: skip
 
 
 def _append(ctx: Context, st: StreamState, ev: ValueItem, digest: str, level: float) -> int:

@@ -668,7 +668,8 @@ class ErrorModelInfo(BaseModel):
     """The noise of every coordinate of a release at ``level`` (exact for the mechanism):
     subtract ``offset`` for an unbiased estimate; its RMS error is ``std``; the true value lies
     within ``half_widths[c]`` of the estimate with probability at least c % ("90", "95", "99").
-    ``scale`` is the Laplace b, the Gaussian σ or the Poisson λ."""
+    ``scale`` is the Laplace b, the Gaussian σ or the Poisson λ; ``grid`` the release's grid
+    (Laplace and Gaussian releases are multiples of it; 0 for the integer mechanisms)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     mechanism: MechanismName
@@ -678,6 +679,11 @@ class ErrorModelInfo(BaseModel):
     std: float
     offset: float
     half_widths: dict[str, float]
+    grid: float = Field(
+        0.0,
+        description="Laplace: the value is rounded to this power of two before the noise (a "
+        "multiple of it) is added; Gaussian: the noisy value is rounded to it; 0: integers",
+    )
     threshold: float | None = Field(
         None,
         exclude_if=_is_none,
@@ -889,21 +895,26 @@ class DeadLetter(_Event):
 class MarketIdentity(_Event):
     """Which noise secret a market's state is made with (``<p>.market``, first record wins).
 
-    A worker whose secret has another fingerprint, or whose platform computes other noise for
-    the same key (a numpy or randomgen upgrade that changed a sampler), refuses to start: it
-    would re-noise levels already released.
+    A worker whose secret has another fingerprint, or which implements another noise format, or
+    computes other noise for the same key under the same format, refuses to start: it would
+    re-noise levels already released.
     """
 
     type: Literal["market_identity"] = "market_identity"
     noise_secret_fingerprint: str = Field(description="HMAC of a fixed label under the secret")
     noise_derivation: str = Field(description="version of the keyed chain derivation")
+    noise_format: int | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the noise format (docs/protocol.md §1); absent in markets made with v1",
+    )
     noise_check: str = Field(
-        description="SHA-256 of releases computed for a fixed test key on this platform"
+        description="SHA-256 of releases computed for a fixed test key (docs/protocol.md §1.7)"
     )
     noise_check_discrete: str | None = Field(
         None,
         exclude_if=_is_none,
-        description="the same for discrete Laplace chains (absent in markets made before it)",
+        description="noise format v1 only: the same for discrete Laplace chains",
     )
     noise_check_histogram: str | None = Field(
         None,

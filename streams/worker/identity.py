@@ -1,13 +1,19 @@
 """The market's identity: a worker refuses to start with a noise secret its state was not made with.
 
 Every release is a pure function of the noise secret (:mod:`market.chain`). A worker started with
-another secret — or on a platform whose samplers turned the same key into other numbers — would
-compute *different* noise for levels already released, which is exactly the re-noising the
-market promises never to do. So the first worker of a market writes a
-:class:`~streams.wire.events.MarketIdentity` (the secret's fingerprint and a known-answer digest
-of the noise) to ``<p>.market``, and every worker reads the topic's **first** record before it
-starts: if it does not match, the worker stops with an error saying what differs. Two workers
-starting at once on an empty market both write; the earlier record wins and the other refuses.
+another secret — or one implementing another noise format — would compute *different* noise for
+levels already released, which is exactly the re-noising the market promises never to do. So the
+first worker of a market writes a :class:`~streams.wire.events.MarketIdentity` (the secret's
+fingerprint, the noise format and its known-answer digests) to ``<p>.market``, and every worker
+reads the topic's **first** record before it starts: if it does not match, the worker stops with
+an error saying what differs and what to do. Two workers starting at once on an empty market both
+write; the earlier record wins and the other refuses.
+
+Noise format v2 draws the same bytes on every machine (``docs/protocol.md`` §1), so the digests
+are constants of the format: a market moves between CPUs, operating systems and numpy versions
+freely. A market made with noise format v1 (whose bytes depended on the CPU's SIMD path) is
+refused, not served: this version no longer has v1's samplers, and serving it with v2's would
+re-noise every level it sold.
 
 Stream records carry the same fingerprint (``StreamState.secret_fingerprint``), a second line of
 defence the core checks on every event.
@@ -22,7 +28,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from market.chain import DOMAIN, noise_check, noise_check_discrete
+from market.chain import DOMAIN, FORMAT, noise_check
 from market.histogram_chain import noise_check_histogram
 
 from ..core import MarketKeys
@@ -43,8 +49,8 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
     return MarketIdentity(
         noise_secret_fingerprint=keys.noise_fingerprint,
         noise_derivation=DOMAIN.decode(),
+        noise_format=FORMAT,
         noise_check=noise_check(),
-        noise_check_discrete=noise_check_discrete(),
         noise_check_histogram=noise_check_histogram(),
         market_key_id=keys.key_id,
         created_at_ms=time.time_ns() // 1_000_000,
@@ -82,25 +88,28 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
             "new market"
         )
+    if theirs.noise_format != ours.noise_format:
+        made = f"noise format v{theirs.noise_format or 1}"
+        raise MarketIdentityError(
+            f"this market was made with {made} (recorded in {topic}); this worker draws noise "
+            f"format v{ours.noise_format}, which gives other bytes for the same request, so "
+            "serving it would re-noise every level already sold. Start a new market with a new "
+            "--prefix (its accounts, streams and holdings do not carry over), or keep serving "
+            "this one with the epsilon-market release that made it (0.1.x for format v1)"
+        )
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
         ("check", ours.noise_check, theirs.noise_check),
-        ("discrete Laplace check", ours.noise_check_discrete, theirs.noise_check_discrete),
         ("histogram check", ours.noise_check_histogram, theirs.noise_check_histogram),
     ]
-    for which, _, recorded in checks[2:]:
-        if recorded is None:  # a market made before the sampler existed
-            log.warning("this market's identity has no %s (it predates that sampler): a "
-                        "platform that drew other noise with it would not be refused; start a "
-                        "new market (--prefix) to have it checked", which)  # fmt: skip
     differ = [f"{which} {str(a)[:16]} vs {str(b)[:16]}"
               for which, a, b in checks if b is not None and a != b]  # fmt: skip
     if differ:
         raise MarketIdentityError(
-            f"this platform derives other noise from the same key than the one that made this "
-            f"market's state ({'; '.join(differ)}, this worker's first): a numpy or randomgen "
-            "upgrade changed a sampler. Run the versions the market was made with (see "
-            "pyproject.toml) or start a new market with a new --prefix"
+            f"this worker derives other noise from the same key than the one that made this "
+            f"market's state ({'; '.join(differ)}, this worker's first), under the same noise "
+            "format: one of the two implementations is wrong (docs/protocol.md §1.7 states the "
+            "format's check). Report it; do not serve this market with this worker"
         )
 
 

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from decimal import Decimal, getcontext
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson
+from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _poisson
 from market._draws import Draws, LazyUniform, request_key
 from market.chain import ReleaseChain, noise_check
 from market.rng import NoiseKeys, identity_bytes
 
 SECRET = bytes(range(32))
+MASK = 2**64 - 1
 FLOATS = [20.1, 19.8, 21.0, 20.4]
 
 CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
@@ -27,6 +31,8 @@ CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
     ("laplace, sealed", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), True, FLOATS),
     ("laplace, a fine grid (a chunked geometric)", Laplace(1.0, dimension=4), (1e-6, 1e-3),
      False, FLOATS),
+    ("laplace, a finer grid (two chunks)", Laplace(1.0, dimension=4), (1e-8, 1e-7), False,
+     FLOATS),
     ("discrete_laplace", DiscreteLaplace(2.0), (0.25, 1.0, 4.0), False, [3, -4, 0, 250]),
     ("gaussian", Gaussian(1.0), (0.5, 1.0, 2.0), False, FLOATS),
     ("gaussian, sealed", Gaussian(3.0), (0.5, 1.0, 2.0), True, FLOATS),
@@ -84,6 +90,52 @@ def _chain(name: str, mech: Mechanism, levels: tuple[float, ...], sealed: bool,
     return entry
 
 
+def _planted(key: bytes, slots: int, words: dict[int, int]) -> Draws:
+    """The draws of ``key`` for one coordinate, with some of its main words replaced: a word
+    that straddles a threshold makes the outcome depend on the extension words."""
+    draws = Draws(key, 1, slots)
+    planted = draws._words.copy()
+    for s, w in words.items():
+        planted[s, 0] = w
+    draws._words = planted
+    return draws
+
+
+def _word_at(x: Decimal) -> int:
+    """The 64-bit word whose interval [w, w + 1)·2⁻⁶⁴ holds ``x``."""
+    return int(x * Decimal(2**64))
+
+
+def _straddles() -> list[dict[str, Any]]:
+    """Outcomes whose first 64 bits do not decide them (§1.2's extension words at work)."""
+    getcontext().prec = 60
+    out = []
+    a = Fraction(1, 2)
+    q = Decimal("-0.5").exp()
+    k_l = (1 - q) / (1 + q) * q / (1 - q)  # the fresh law's K_L = c·q/(1 − q)
+    law = _dlap.Law(a, None, None)
+    cases = [("discrete Laplace part: U₁ at K_L", {0: _word_at(k_l)}),
+             ("discrete Laplace geometric: U at 1 − e^{−3a}, in the right part",
+              {0: 2**64 - 1, 1: _word_at(1 - Decimal("-1.5").exp())})]  # fmt: skip
+    for i, (name, words) in enumerate(cases):
+        key = request_key(SECRET, identity_bytes("straddle", i))
+        draws = _planted(key, _dlap.slots(law), words)
+        got = np.zeros(1, dtype=np.int64)
+        _dlap.sample_into(got, np.zeros(1, dtype=np.int64), None, law, draws)
+        out.append({"name": name, "family": "discrete_laplace", "a": "1/2", "key": key.hex(),
+                    "words": {str(s): str(w) for s, w in words.items()},
+                    "outcome": int(got[0])})  # fmt: skip
+    mu = Fraction(20)
+    cdf = sum(Decimal(20) ** j / Decimal(math.factorial(j)) for j in range(21)) * Decimal(-20).exp()
+    key = request_key(SECRET, identity_bytes("straddle", 2))
+    draws = _planted(key, 1, {0: _word_at(cdf)})
+    got_p = _poisson.sample([_poisson.Poisson(mu)], np.zeros(1, dtype=np.intp), draws)
+    out.append({"name": "Poisson: U at F(20), μ = 20", "family": "poisson", "mu": "20",
+                "key": key.hex(), "words": {"0": str(_word_at(cdf))},
+                "outcome": int(got_p[0])})  # fmt: skip
+    return out
+
+
 def generate() -> dict[str, Any]:
     """Every vector of §1.8."""
     ident = ("stream", "v1", 3, b"\x00\xff", -0.5)
@@ -104,9 +156,10 @@ def generate() -> dict[str, Any]:
             "n": 3,
             "slots": 2,
             "main_words": [str(int(w)) for s in range(2) for w in draws.slot(s)],
-            "extension_slot_1_index_2": [str(ext.num >> 64 & (2**64 - 1)), str(ext.num & (2**64 - 1))],
+            "extension_slot_1_index_2": [str(ext.num >> 64 & MASK), str(ext.num & MASK)],
         },
         "chains": [_chain(*case) for case in CHAINS],
+        "straddles": _straddles(),
         "noise_check": noise_check(),
     }
 

@@ -67,7 +67,8 @@ def test_a_changed_secret_or_level_changes_the_vectors() -> None:
         assert st.steps[0].tolist() != doc["integers"][0], ints
 
 
-_RUN = "import json; from tests.market.protocol_vectors import generate; print(json.dumps(generate()))"
+_RUN = ("import json; from tests.market.protocol_vectors import generate; "
+        "print(json.dumps(generate()))")
 
 _PERTURB = """
 import math, sys
@@ -148,8 +149,8 @@ def test_the_oldest_supported_numpy_draws_the_documented_noise(tmp_path: Path) -
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
     pins = [f"numpy=={_oldest_numpy()}.*", "cryptography", "randomgen==2.5.1"]
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              *pins], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins]
+    install = subprocess.run(pip, capture_output=True, text=True, timeout=600, check=False)
     if install.returncode != 0:
         pytest.skip(f"could not install {pins} from the package index: {install.stderr[-300:]}")
     version = subprocess.run([python, "-c", "import numpy; print(numpy.__version__)"],

@@ -3,29 +3,27 @@ and the market identity's check of the discrete sampler."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from market.chain import noise_check_discrete
+from market.chain import noise_check
 from market.histogram_chain import noise_check_histogram
-from streams.wire.events import MarketIdentity, ValueItem
+from streams.wire.events import ValueItem
 from streams.wire.topics import Topics
-from streams.worker.identity import MarketIdentityError, _compare
+from streams.worker.identity import MarketIdentityError, _compare, identity_of
 
-from .helpers import market_core, registration, value
+from .helpers import TEST_KEYS, market_core, registration, value
 
 T = Topics("t")
 
 
 @pytest.mark.parametrize(
     ("steps", "sensitivity"),
-    [([2.0**-21, 1.0], 1.0), ([1.0, 746.0], 1.0), ([10.0**9], 10.0**6 / 10.0**3)],
+    [([1e-9, 1.0], 2.0**20), ([1.0, 746.0], 1.0), ([10.0**9], 10.0**6 / 10.0**3)],
 )
 def test_levels_the_sampler_cannot_serve_are_refused_at_registration(
     steps: list[float], sensitivity: float
 ) -> None:
-    """A bottom step below ε/Δ = 2^-20 used to be sold and then refuse every value; ε/Δ above
+    """A bottom step below ε/Δ = 2^-48 (noise that might not fit int64) is refused; ε/Δ above
     ~745 made the price schedule divide by a zero variance (internal_error)."""
     c = market_core("seller1")
     out = c.handle(T.registrations, registration(
@@ -40,7 +38,8 @@ def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
     c = market_core("seller1")
     c.handle(T.registrations, registration("n", mechanism="discrete_laplace", dimension=1,
                                             steps=[1.0], cap=1.0))  # fmt: skip
-    c.handle(T.registrations, registration("r", dimension=1, steps=[1.0], cap=1.0))
+    c.handle(T.registrations, registration("r", dimension=1, sensitivity=1024.0, steps=[1.0],
+                                            cap=1.0))  # a grid of 2^-2: it holds 2^53  # fmt: skip
     for sid, status in (("n", "rejected"), ("r", "accepted")):
         # the signature covers the double 2**53, which the JSON integer 2**53 + 1 also reads as
         raw = value(sid, "x", [2.0**53]).replace(b"9007199254740992.0", b"9007199254740993")
@@ -53,31 +52,19 @@ def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
     assert not ok.inexact_integer and ok.values == [2.0**53, 1e20]
 
 
-@pytest.mark.parametrize(
-    ("field", "check", "which", "pinned"),
-    [
-        ("noise_check_discrete", noise_check_discrete, "discrete Laplace check",
-         "5f883d8a10b631021039c2cc8f555e328d2a1d07a03e44e52f7a4fa2dd2acc9c"),
-        ("noise_check_histogram", noise_check_histogram, "histogram check",
-         "155db6e4162a19c8c28eda45839b2d6e17efba01842e60365d6b0d97e02b037a"),
-    ],
-)  # fmt: skip
-def test_the_market_identity_checks_each_newer_sampler_when_recorded(
-    field: str, check: Any, which: str, pinned: str
-) -> None:
-    ours = MarketIdentity(noise_secret_fingerprint="f", noise_derivation="d", noise_check="c",
-                          market_key_id="k", created_at_ms=1, **{field: check()})  # fmt: skip
+def test_the_market_identity_refuses_another_format_or_check_with_what_to_do() -> None:
+    """A market made with noise format v1 (no ``noise_format``) is refused with what to do; under
+    the same format, a worker whose check or histogram check differs is refused too."""
+    ours = identity_of(TEST_KEYS)
+    assert ours.noise_format == 2 and ours.noise_check == noise_check()
     _compare(ours, ours, "t.market")
-    _compare(ours, ours.model_copy(update={field: None}), "t.market")  # a market made before it
-    with pytest.raises(MarketIdentityError, match=f"other noise.*{which}"):
-        _compare(ours, ours.model_copy(update={field: "0" * 64}), "t.market")
-    # pinned: a platform that draws other noise from the same key fails here first
-    assert check() == pinned
-    _compare(ours, ours, "t.market")
-    _compare(ours, ours.model_copy(update={"noise_check_discrete": None}), "t.market")  # older
-    other = ours.model_copy(update={"noise_check_discrete": "0" * 64})
-    with pytest.raises(MarketIdentityError, match="other noise"):
-        _compare(ours, other, "t.market")
-    # pinned: a platform that draws other discrete noise from the same key fails here first
-    assert noise_check_discrete() == (
-        "5f883d8a10b631021039c2cc8f555e328d2a1d07a03e44e52f7a4fa2dd2acc9c")  # fmt: skip
+    v1 = ours.model_copy(update={"noise_format": None, "noise_derivation": "emarket-chain-v1",
+                                 "noise_check_discrete": "5f88" + "0" * 60})  # fmt: skip
+    with pytest.raises(MarketIdentityError, match=r"noise format v1.*new market.*--prefix"):
+        _compare(ours, v1, "t.market")
+    for field in ("noise_check", "noise_check_histogram"):
+        with pytest.raises(MarketIdentityError, match="other noise"):
+            _compare(ours, ours.model_copy(update={field: "0" * 64}), "t.market")
+    # pinned: the histogram chains draw through a keyed generator; a change fails here first
+    assert noise_check_histogram() == (
+        "4d8ebc6078f6aaa5b6eb1f248006f2ef5723ab5c3606b1458044c854695eabcd")  # fmt: skip

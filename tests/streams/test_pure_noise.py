@@ -147,7 +147,8 @@ def test_different_numbers_under_one_id_get_independent_noise(
         r2 = releases(c.handle(T.values, value("s", "V", list(y), published_at_ms=NOW)))
         n1 = np.frombuffer(r1[("V", 1.0)]) - x
         n2 = np.frombuffer(r2[("V", 1.0)]) - y
-        return float(np.mean(np.isclose(n1, n2, rtol=0, atol=1e-9)))
+        # the same lattice noise on either value: equal up to the rounding of x to the grid
+        return float(np.mean(np.isclose(n1, n2, rtol=0, atol=1e-6)))
 
     assert noise_overlap() < 0.01
     without_digest = lambda sid, vid, digest: (sid, vid)  # noqa: E731

@@ -231,8 +231,9 @@ def test_accuracy_orders_and_intervals_are_for_the_totals() -> None:
 def test_a_total_that_would_overflow_is_refused_and_leaves_nothing() -> None:
     c = new_core()
     totals_stream(c, dimension=1)
-    assert c.handle(T.values, value("tot", "a", [1e300])).status == "accepted"
-    out = c.handle(T.values, value("tot", "b", [1.7e308]))  # finite, but the total is not
+    limit = c.ctx.terms(c.stores.streams["tot"].registration).chain.value_limit
+    assert c.handle(T.values, value("tot", "a", [0.75 * limit])).status == "accepted"
+    out = c.handle(T.values, value("tot", "b", [0.5 * limit]))  # each fits, the total does not
     assert out.reason == "invalid_value" and node_keys(c) == ["tot/.0.0"]
     assert c.stores.streams["tot"].next_seq == 1
 

@@ -13,9 +13,10 @@ same run, the cryptography the path cannot skip — its **floor**:
 * **value** — one value of 8 numbers in a signed batch, released to 2 subscribed holders.
   Floor: the Ed25519 verification of the batch.
 
-Ratio = core / floor, per run; min / median / max over ``--runs``. The keyed noise generators
-(an HMAC and an AES re-key per value and step, :class:`market.rng.KeyedRngFactory`) are shown
-apart: they are a cost of keeping noise a pure function of the request, not of the protocol.
+Ratio = core / floor, per run; min / median / max over ``--runs``. The keyed randomness (one
+SHAKE256 request key and one ChaCha20 keystream per value and step: :class:`market.rng.NoiseKeys`,
+:class:`market._draws.Draws`) is shown apart: it is a cost of keeping noise a pure function of
+the request, not of the protocol.
 What a worker adds per event on top (consumer, changelog records, outputs) is what
 ``python -m bench.scale`` measures as events per worker CPU-second.
 """
@@ -36,7 +37,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bench.service import SELLER, STEPS, _purchase, _registration, _value_payload
 from market import ChainState
 from market.envelope import Sealer
-from market.rng import KeyedRngFactory
+from market._draws import Draws
+from market.rng import NoiseKeys
 from streams.clients.client import now_ms
 from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
@@ -125,9 +127,15 @@ def purchases(n_streams: int) -> Measure:
     floor = (_best(lambda: verify(sig, signed), reps)
              + _best(lambda: sealer.seal(to, releases, b"aad"), reps)
              + _best(lambda: market_key.sign(receipt), reps))  # fmt: skip
-    rngs = KeyedRngFactory(os.urandom(32))
-    keyed = RETAINED * _best(lambda: rngs("emarket-v1", "fpr", "stream", "value-id", 1.25), reps)
+    keyed = RETAINED * _best(_keyed_draw(), reps)
     return Measure("purchase (next step, 4 values, sealed, receipt)", core_us, floor, keyed)
+
+
+def _keyed_draw() -> Callable[[], object]:
+    """One value-step's randomness: its request key and the words of 8 coordinates (3 slots,
+    the discrete Laplace's usual count)."""
+    keys = NoiseKeys(os.urandom(32))
+    return lambda: Draws(keys(b"emarket-chain-v2", b"f" * 16, "stream", "value-id", "d", 3), 8, 3)
 
 
 def values(n: int) -> Measure:
@@ -156,8 +164,7 @@ def values(n: int) -> Measure:
     sig = SELLER.signing_key.sign(signed)
     verify = SELLER.signing_key.public_key().verify
     floor = _best(lambda: verify(sig, signed), 200)
-    rngs = KeyedRngFactory(os.urandom(32))
-    keyed = 2 * _best(lambda: rngs("emarket-v1", "fpr", "stream", "value-id", 1.25), 200)
+    keyed = 2 * _best(_keyed_draw(), 200)
     return Measure("value (8 numbers, 2 holders)", core_us, floor, keyed)
 
 

@@ -41,7 +41,7 @@ from market.chain import ReleaseChain
 from market.codec import encode_state
 from market.histogram import SparseHistogramRelease
 from market.histogram_chain import GRID, HistogramChain
-from market.rng import KeyedRngFactory
+from market.rng import KeyedRngFactory, NoiseKeys
 
 
 def _median_time(fn: Callable[[], Any], repeat: int) -> float:
@@ -192,6 +192,7 @@ def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, st
     * The chain at 2^60 keys against 2^20 keys (the same counts).
     """
     rngs = KeyedRngFactory(b"bench histogram secret 000000000")
+    noise = NoiseKeys(b"bench histogram secret 000000000")
     calls = iter(range(10**9))
     top = len(HIST_LEVELS) - 1
     chain, value, keys, counts = _histogram_case(2**40, 5)
@@ -211,7 +212,7 @@ def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, st
         ch.release(ch.value(keys, counts), top, ("s", f"f{next(calls)}", "d"), rngs)
 
     def dense() -> None:
-        vector.release([vector.open(counts)], top, [("s", f"w{next(calls)}")], rngs)
+        vector.release([vector.open(counts)], top, [("s", f"w{next(calls)}")], noise)
 
     small, v_small, _, _ = _histogram_case(2**20, 6)
     large, v_large, _, _ = _histogram_case(2**60, 6)

@@ -30,6 +30,7 @@ import numpy as np
 
 from bench import noise
 from market import DiscreteLaplace, Gaussian, Laplace, ReleaseState, default_rng
+from market._draws import Draws, key_from
 from market.factorization import (
     FactorizationRelease,
     prefix_sum_identity,
@@ -136,9 +137,15 @@ def conditional(out: Path, n: int) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     rows = []
     for ax, x in zip(axes, (0.5, 2.0), strict=True):
-        # V1 = x fixed, V2 drawn by the relaxation step (exact value 0, so releases are noise)
-        upper, lower = Anchor(math.inf, np.zeros(n)), Anchor(e1, np.full(n, x))
-        y = np.asarray(Laplace(1.0).conditional(e2, upper, lower, default_rng(13)))
+        # V1 = x fixed, V2 drawn by the relaxation step (exact value 0, so releases are noise);
+        # on the lattice of Laplace(1, dimension n), whose law is the continuous one's limit
+        mech = Laplace(1.0, dimension=n)
+        g = math.ldexp(1.0, mech.grid_exponent)
+        upper = mech.origin(np.zeros(n))
+        lower = Anchor(e1, np.full(n, round(x / g), dtype=np.int64))
+        draws = Draws(key_from(default_rng(13)), n, mech.slots(e2, math.inf, e1))
+        point = mech.conditional(e2, upper, lower, draws, np.zeros(n))
+        y = np.asarray(mech.decode(point))
         atom = float(np.mean(y == x))
         moved = y[y != x]
         ax.hist(moved, bins=200, range=(-3, 4), density=True, alpha=0.5,

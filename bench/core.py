@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.service import SELLER, STEPS, _purchase, _registration, _value_payload
 from market import ChainState
-from market.envelope import Sealer
 from market._draws import Draws
+from market.envelope import Sealer
 from market.rng import NoiseKeys
 from streams.clients.client import now_ms
 from streams.clients.keys import Party

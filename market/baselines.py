@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from .errors import InvalidLevelError
 from .levels import canonical_level
-from .mechanisms import Mechanism
+from .mechanisms import Mechanism, calibrated
 from .rng import RngLike, default_rng
 
 __all__ = ["CompositionRelease", "DoublingRelease"]
@@ -52,8 +52,8 @@ class CompositionRelease:
     def __init__(
         self, mechanism: Mechanism, value: Any, *, combine: bool = False, rng: RngLike = None
     ) -> None:
-        self._mechanism = mechanism
-        self._exact = mechanism.validate_value(value)
+        self._mechanism = calibrated(mechanism, value)  # a Laplace grid fits the value
+        self._exact = self._mechanism.validate_value(value)
         self._combine = combine
         self._rng = default_rng(rng)
         self._spent = 0.0
@@ -101,8 +101,8 @@ class DoublingRelease:
     def __init__(
         self, mechanism: Mechanism, value: Any, *, base: float, rng: RngLike = None
     ) -> None:
-        self._mechanism = mechanism
-        self._exact = mechanism.validate_value(value)
+        self._mechanism = calibrated(mechanism, value)  # a Laplace grid fits the value
+        self._exact = self._mechanism.validate_value(value)
         self._base = canonical_level(base, name="base")
         self._rng = default_rng(rng)
         self._releases: dict[int, NDArray[Any]] = {}

@@ -24,6 +24,7 @@ integers and, for the Gaussian, the hidden real noise it rounds) or the exact va
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from numpy.typing import NDArray
 
 from . import _dlap, _normal, _poisson
 from ._draws import Draws, key_from
-from .errors import InvalidLevelError, InvalidValueError
+from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
 from .levels import (
     MAX_LEVEL,
     MIN_LEVEL,
@@ -54,6 +55,7 @@ __all__ = [
     "Laplace",
     "Mechanism",
     "Poisson",
+    "calibrated",
     "mechanism",
 ]
 
@@ -222,13 +224,19 @@ class Mechanism(ABC):
         rng : Generator, int or None
             Draws the request key (:func:`market.rng.default_rng`; ``None``: fresh secure
             randomness).
+
+        Notes
+        -----
+        A :class:`Laplace` mechanism is calibrated to the value's dimension first
+        (:func:`calibrated`).
         """
+        mech = calibrated(self, value)
         lvl = canonical_level(level)
-        self.check_level(lvl)
-        exact = self.validate_value(value)
+        mech.check_level(lvl)
+        exact = mech.validate_value(value)
         draws = Draws(key_from(default_rng(rng)), int(exact.shape[0]),
-                      self.slots(lvl, math.inf, None))  # fmt: skip
-        return self.decode(self.conditional(lvl, self.origin(exact), None, draws, exact))
+                      mech.slots(lvl, math.inf, None))  # fmt: skip
+        return mech.decode(mech.conditional(lvl, mech.origin(exact), None, draws, exact))
 
 
 def check_range(value: Vector, limit: float) -> None:
@@ -360,7 +368,16 @@ class Laplace(_LatticeLaplace):
         return math.floor(math.ldexp(self.sensitivity, -self.grid_exponent)) + self.dimension
 
     def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
+        """As :meth:`Mechanism.validate_value`; the value must also have at most
+        :attr:`dimension` coordinates: the grid's sensitivity ``D`` counts one rounding per
+        coordinate, so a longer vector would be released above its ε."""
         x = as_float_vector(value, dimension=dimension)
+        if x.shape[0] > self.dimension:
+            raise DimensionMismatchError(
+                f"a vector of {x.shape[0]} coordinates for a Laplace mechanism calibrated for "
+                f"{self.dimension}: use Laplace({self.sensitivity:g}, dimension={x.shape[0]}) "
+                "(its rounding to the grid adds one step of sensitivity per coordinate)"
+            )
         check_range(x, self.value_limit(0.0))
         return x
 
@@ -616,6 +633,26 @@ class Poisson(Mechanism):
         laws = [_poisson.binomial(int(c), p) for c in distinct]
         thinned: Vector = _poisson.sample(laws, which.astype(np.intp), draws)
         return Anchor(level, up + thinned)
+
+
+def calibrated(mechanism: Mechanism, value: Any) -> Mechanism:
+    """``mechanism`` calibrated for ``value``: a :class:`Laplace` takes the value's dimension (its
+    grid and sensitivity in grid steps depend on it); every other family is returned as is.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+    value : array_like
+        A value (a number or a 1-D vector; anything else is left to validation to refuse).
+    """
+    if not isinstance(mechanism, Laplace):
+        return mechanism
+    try:
+        shape = np.shape(value)
+    except (TypeError, ValueError):
+        return mechanism
+    n = int(shape[0]) if len(shape) == 1 and shape[0] > 0 else 1
+    return mechanism if mechanism.dimension == n else dataclasses.replace(mechanism, dimension=n)
 
 
 MECHANISMS: dict[str, type[Laplace] | type[Gaussian] | type[Poisson] | type[DiscreteLaplace]] = {

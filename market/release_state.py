@@ -60,7 +60,7 @@ from .errors import (
     SealedStateError,
 )
 from .levels import canonical_level
-from .mechanisms import Anchor, Gaussian, Laplace, Mechanism
+from .mechanisms import Anchor, Gaussian, Mechanism, calibrated
 from .rng import Identity, NoiseKeys, RngLike, default_rng
 
 __all__ = ["ReleaseState"]
@@ -71,13 +71,6 @@ Vector = NDArray[Any]
 def _frozen(arr: Vector) -> Vector:
     arr.setflags(write=False)
     return arr
-
-
-def bound(mechanism: Mechanism, dimension: int) -> Mechanism:
-    """``mechanism`` calibrated for values of ``dimension`` coordinates (Laplace's grid)."""
-    if isinstance(mechanism, Laplace) and mechanism.dimension != dimension:
-        return dataclasses.replace(mechanism, dimension=dimension)
-    return mechanism
 
 
 class ReleaseState:
@@ -119,8 +112,8 @@ class ReleaseState:
         cap: float | None = None,
     ) -> None:
         """Open state keeping the exact ``value`` (see the class docstring)."""
-        exact = _frozen(mechanism.validate_value(value))
-        self._mechanism = bound(mechanism, int(exact.shape[0]))
+        self._mechanism = calibrated(mechanism, value)
+        exact = _frozen(self._mechanism.validate_value(value))
         self._dimension = int(exact.shape[0])
         self._exact: Vector | None = exact
         self._base: Vector = exact
@@ -182,7 +175,7 @@ class ReleaseState:
     ) -> ReleaseState:
         """Rebuild a state from trusted parts (used by :mod:`market.codec`)."""
         state = cls.__new__(cls)
-        state._mechanism = bound(mechanism, dimension)
+        state._mechanism = calibrated(mechanism, np.zeros(dimension))
         state._dimension = dimension
         state._exact = None if exact is None else _frozen(exact)
         state._cap = cap

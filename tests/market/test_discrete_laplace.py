@@ -9,6 +9,7 @@ path agrees with the float path bit for bit, and decides boundary cases correctl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal, getcontext
 from fractions import Fraction
 
@@ -27,11 +28,12 @@ from market import (
     default_rng,
     mechanism,
 )
+from market._draws import Draws, LazyUniform, key_from
 from market.codec import decode_state, encode_state
 from market.mechanisms import Anchor
-from market.rng import KeyedRngFactory
+from market.rng import NoiseKeys
 
-from .stats import assert_proportion
+from .stats import assert_proportion, binned_p, law_edges, sample
 
 N = 200_000
 
@@ -100,7 +102,9 @@ def test_closed_form_conditional_sums_to_the_step_law(
 ) -> None:
     """Exact rational check of docs §4.5: the five parts' masses (K·geometric sums) times
     p_l^t add up to P(W1 + W2 = k), the law of the whole step U → L, for every k; and each part
-    equals the brute-force sum of P(W1 = j) P(W2 = k − j) over its range."""
+    equals the brute-force sum of P(W1 = j) P(W2 = k − j) over its range. The atoms paired as
+    printed in Andersson et al.'s Lemma F.5 (``μ_b`` on ``W1``, ``μ_a`` on ``W2``) do not even
+    add up to the step law: the erratum of docs §4.3, on the lattice, in exact arithmetic."""
     c, c_l = (1 - p) / (1 + p), (1 - p_l) / (1 + p_l)
 
     def w0(pn: Fraction, pa: Fraction) -> Fraction:
@@ -118,6 +122,7 @@ def test_closed_form_conditional_sums_to_the_step_law(
     def pw2(j: int) -> Fraction:
         return mu_b * (j == 0) + (1 - mu_b) * c_l * p_l ** abs(j)
 
+    mismatch = []
     for t in (0, 1, 2, 7):
         parts = [
             cc * _geo(q),
@@ -128,12 +133,21 @@ def test_closed_form_conditional_sums_to_the_step_law(
         ]
         step = whole * (t == 0) + (1 - whole) * c_l * p_l**t
         assert sum(parts) * p_l**t == step
+        lemma_f5 = [
+            parts[0],
+            mu_b * (1 - mu_a) * c_l + mu_a * mu_b * (t == 0),
+            parts[2],
+            (1 - mu_b) * mu_a * c * r**t,
+            parts[4],
+        ]
+        mismatch.append(sum(lemma_f5) * p_l**t != step)
         # brute force (floats: the tails are geometric, 400 terms are plenty)
         brute = [float(pw1(j) * pw2(t - j)) for j in range(-400, 401)]
         left = sum(brute[:400])
         assert math.isclose(left, float(parts[0] * p_l**t), rel_tol=1e-12)
         right = sum(brute[400 + t + 1 :])
         assert math.isclose(right, float(parts[4] * p_l**t), rel_tol=1e-12, abs_tol=1e-300)
+    assert any(mismatch)  # (the totals can coincide at one t: c·r^t = c_l at t = 1, case 1)
 
 
 def test_characteristic_function_identity() -> None:
@@ -224,9 +238,8 @@ def test_conditional_given_difference(k: int, upper_level: float) -> None:
     p, p_l = p_of(e), p_of(e_l)
     p_u = None if math.isinf(upper_level) else p_of(upper_level)
     u = np.full(N, 5, dtype=np.int64)
-    out = DiscreteLaplace(1).conditional(
-        e, Anchor(upper_level, u), Anchor(e_l, u + k), default_rng(8 + k)
-    )
+    new = sample(DiscreteLaplace(1), e, Anchor(upper_level, u), Anchor(e_l, u + k), seed=8 + k)
+    out = np.asarray(new.values)
     j = np.arange(-400, 401)
     w = step_pmf(p, p_u, j) * step_pmf(p_l, p, k - j)
     support = np.arange(min(k, 0) - 30, max(k, 0) + 31)
@@ -265,7 +278,7 @@ def test_equal_neighbours_keep_atom_atom_mass() -> None:
     """Unlike the continuous bridge, k = 0 between two releases does not pin the new release:
     the atom-atom event competes with the other parts at the same order."""
     u = np.zeros(N, dtype=np.int64)
-    out = DiscreteLaplace(1).conditional(1.0, Anchor(2.0, u), Anchor(0.5, u), default_rng(11))
+    out = np.asarray(sample(DiscreteLaplace(1), 1.0, Anchor(2.0, u), Anchor(0.5, u), 11).values)
     p, p_u, p_l = p_of(1.0), p_of(2.0), p_of(0.5)
     j = np.arange(-400, 401)
     w = step_pmf(p, p_u, j) * step_pmf(p_l, p, -j)
@@ -318,25 +331,33 @@ def test_joint_privacy_of_two_releases() -> None:
 
 # ------------------------------------------------------------------------------ exactness
 @pytest.mark.parametrize(
-    ("level", "upper", "lower"),
-    [(1.0, math.inf, None), (0.4, 3.0, None), (1.5, math.inf, 0.7), (1.0, 3.0, 0.25)],
-    ids=["fresh", "tighten", "relax", "bridge"],
+    ("level", "upper", "lower", "sens"),
+    [
+        (1.0, math.inf, None, 1),
+        (0.4, 3.0, None, 1),
+        (1.5, math.inf, 0.7, 1),
+        (1.0, 3.0, 0.25, 1),
+        (2.5, 7.0, 0.5, 3),
+        (650.0, math.inf, 0.5, 1),
+    ],
+    ids=["fresh", "tighten", "relax", "bridge", "bridge-sens3", "relax-extreme"],
 )
 def test_exact_path_agrees_bit_for_bit(
-    level: float, upper: float, lower: float | None, monkeypatch: pytest.MonkeyPatch
+    level: float,
+    upper: float,
+    lower: float | None,
+    sens: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Forcing (nearly) every coordinate through the rational path changes no outcome: the
-    float path only decides what is certain, and both compute the same inverse CDF."""
+    float path only decides what is certain, and both compute the same inverse CDF (also at
+    ε/Δ near the largest allowed, 700, where e^{−a} is near the bottom of the doubles)."""
     n = 1500
     g = default_rng(12)
     u = g.integers(-50, 50, n)
     lo = None if lower is None else u + g.integers(-6, 7, n)
-    law = DiscreteLaplace(1)
-    m = _dlap.Law(
-        law._ratio(level),
-        None if math.isinf(upper) else law._ratio(upper),
-        None if lower is None else law._ratio(lower),
-    )
+    law = DiscreteLaplace(sens)._law(level, upper, lower)
+    draws = Draws(key_from(default_rng(13)), n, _dlap.slots(law))
     calls = []
     exact = _dlap.exact_noise
 
@@ -345,9 +366,9 @@ def test_exact_path_agrees_bit_for_bit(
         return exact(*args)  # type: ignore[arg-type]
 
     fast, forced = np.empty(n, np.int64), np.empty(n, np.int64)
-    _dlap.sample_into(fast, u, lo, m, default_rng(13))
+    _dlap.sample_into(fast, u, lo, law, draws)
     monkeypatch.setattr(_dlap, "exact_noise", counting)
-    _dlap.sample_into(forced, u, lo, m, default_rng(13), margin=1.0, eta=1.0)
+    _dlap.sample_into(forced, u, lo, law, draws, margin=1.0, eta=1.0)
     assert len(calls) > 0.9 * n
     assert np.array_equal(fast, forced)
 
@@ -370,43 +391,113 @@ def test_exp_enclosures_against_decimal() -> None:
 
 
 def test_undecided_geometric_is_decided_exactly() -> None:
-    """A 53-bit uniform whose interval straddles a threshold 1 − e^{−g s}: the float path
-    refuses to decide, the exact path extends the uniform and returns floor(−log(1 − U)/s) for
-    the extended U (checked with 120-digit decimals)."""
+    """A uniform whose 64-bit word straddles a threshold 1 − e^{−g s}: the float pass refuses
+    to decide, the exact path extends the uniform with its extension words and returns
+    floor(−log(1 − U)/s) of the extended U (checked with 120-digit decimals), which is g − 1 or
+    g depending on those further bits (both occur over twenty keys)."""
     getcontext().prec = 120
     s, g = Fraction(3, 10), 7
     thr = _dlap.exp_neg(g * s, 200).complement()  # encloses 1 − e^{−g s} within 2^-200
-    u2 = math.floor(thr.lo * 2**53) / 2**53
-    assert u2 <= thr.lo < thr.hi < u2 + 2.0**-53  # the prefix interval straddles it
-    _, und = _dlap._geometric(
-        np.array([u2]),
-        np.array([_dlap.PART_R], np.int8),
-        _dlap.float_constants(_dlap.Law(s, None, None)),
-        False,
-        _dlap.ETA,
-    )
+    word = math.floor(thr.lo * 2**64)
+    assert Fraction(word, 2**64) <= thr.lo < thr.hi < Fraction(word + 1, 2**64)
+    pl = _dlap.plan(s)
+    _, und = _dlap._geometric([np.array([word], dtype=np.uint64)], pl, _dlap.ETA)
     assert und[0]
+    seen = set()
     for key in range(20):
-        lazy = _dlap._LazyUniform(u2, key, 0)
-        got = _dlap._exact_geometric(s, lazy, 0)
-        assert lazy.bits > 53  # more bits were needed
+        lazy = LazyUniform(word, bytes([key]) * 32, 1, 0)
+        got = _dlap.exact_geometric(pl, [lazy])
+        assert lazy.bits > 64  # more bits were needed
         lo, hi = lazy.bounds()
         for bound in (lo, hi - Fraction(1, 2**400)):
             e = -(1 - Decimal(bound.numerator) / Decimal(bound.denominator)).ln()
             assert int(e / (Decimal(s.numerator) / Decimal(s.denominator))) == got
-        assert got in (g - 1, g)
+        seen.add(got)
+    assert seen == {g - 1, g}
 
 
-def test_same_draws_whatever_the_data() -> None:
-    """Every call consumes 2n uniforms and one key, whichever parts the coordinates fall in."""
-    n, m = 40_000, DiscreteLaplace(1)
-    states = []
-    for k in (0, 50, -3):
-        g = default_rng(14)
-        u = np.zeros(n, dtype=np.int64)
-        m.conditional(1.0, Anchor(math.inf, u), Anchor(0.5, u + k), g)
-        states.append(g.random())
-    assert states[0] == states[1] == states[2]
+def test_digit_groups_of_a_tiny_geometric() -> None:
+    """For ``s < 2⁻²⁰`` (a fine grid) ``G = 2^M·H + Σ_i 2^{m_i}·R_i``, one uniform each
+    (docs/protocol.md §1.4): ``G`` has the law Geom(e^{−s}), ``H`` is Geom(e^{−s·2^M}), each
+    digit group is the truncated geometric of ratio ``e^{−s·2^{m_i}}``, and the groups are
+    independent. Digit groups drawn from one shared uniform (a plausible slot mix-up) have the
+    same marginals but are rejected by the independence test."""
+    s = Fraction(3, 2**47)
+    pl = _dlap.plan(s)
+    assert len(pl.chunks) == 2
+    (m0, b0), (m1, b1) = pl.chunks
+    assert m0 == 0 and m1 == b0 and pl.shift == b0 + b1
+    draws = Draws(key_from(default_rng(15)), N, pl.slots)
+    words = [draws.slot(k) for k in range(pl.slots)]
+
+    def digits(ws: list[NDArray[np.uint64]]) -> tuple[NDArray[np.int64], ...]:
+        g, und = _dlap._geometric(ws, pl, _dlap.ETA)
+        assert int(und.sum()) < 10
+        g = g[~und]
+        return g, g & (2**b0 - 1), (g >> m1) & (2**b1 - 1), g >> pl.shift
+
+    def geom_cdf(ratio: float, span: float | None = None) -> Callable[..., NDArray[np.float64]]:
+        norm = 1.0 if span is None else -math.expm1(-span)
+
+        def cdf(e: NDArray[np.int64]) -> NDArray[np.float64]:
+            x = -np.expm1(-ratio * (np.asarray(e, np.float64) + 1.0)) / norm
+            return np.clip(np.where(np.asarray(e) < 0, 0.0, x), 0.0, 1.0)
+
+        return cdf
+
+    g, r0, r1, h = digits(words)
+    for x, cdf in (
+        (g, geom_cdf(float(s))),
+        (h, geom_cdf(float(s * 2**pl.shift))),
+        (r0, geom_cdf(float(s), float(s * 2**b0))),
+        (r1, geom_cdf(float(s * 2**m1), float(s * 2**m1 * 2**b1))),
+    ):
+        assert binned_p(x, law_edges(cdf, 32), cdf) > 1e-3
+
+    def independence_p(a: NDArray[np.int64], b: NDArray[np.int64]) -> float:
+        """Contingency test on 8 x 8 cells (octiles of each)."""
+        cells = [np.searchsorted(np.quantile(x, np.arange(1, 8) / 8), x) for x in (a, b)]
+        table = np.zeros((8, 8))
+        np.add.at(table, (cells[0], cells[1]), 1)
+        return float(stats.chi2_contingency(table)[1])
+
+    assert independence_p(r0, r1) > 1e-3
+    assert independence_p(r1, h) > 1e-3
+    _, shared0, shared1, _ = digits([words[0], words[1], words[1]])
+    assert independence_p(shared0, shared1) < 1e-10
+
+
+def test_each_coordinate_reads_only_its_own_words() -> None:
+    """A coordinate's noise is a function of its own words and data: changing the other
+    coordinates' data changes nothing else, and the joined draws of several requests (the
+    chain's batches) give each request exactly its own release, on the float path and on the
+    forced exact path (which reads each coordinate's extension words by its own key)."""
+    m, n = DiscreteLaplace(1), 4000
+    law = m._law(1.0, math.inf, 0.5)
+    g = default_rng(14)
+    u = np.zeros(n, dtype=np.int64)
+    lo = g.integers(-5, 6, n)
+    draws = Draws(key_from(g), n, _dlap.slots(law))
+    out0, out1 = np.empty(n, np.int64), np.empty(n, np.int64)
+    _dlap.sample_into(out0, u, lo, law, draws)
+    lo2 = lo.copy()
+    lo2[::2] += 50  # far: other parts for the even coordinates
+    _dlap.sample_into(out1, u, lo2, law, draws)
+    assert np.array_equal(out0[1::2], out1[1::2])
+    assert not np.array_equal(out0[::2], out1[::2])
+    sizes = [700, 1, 1300]
+    keys = [key_from(g) for _ in sizes]
+    parts = [Draws(k, s, _dlap.slots(law)) for k, s in zip(keys, sizes, strict=True)]
+    joined = Draws.joined(parts)
+    cut = np.cumsum([0, *sizes])
+    lo3 = lo[: cut[-1]]
+    for margins in ((_dlap.MARGIN, _dlap.ETA), (1.0, 1.0)):
+        together = np.empty(cut[-1], np.int64)
+        _dlap.sample_into(together, u[: cut[-1]], lo3, law, joined, *margins)
+        for i, d in enumerate(parts):
+            alone = np.empty(sizes[i], np.int64)
+            _dlap.sample_into(alone, u[cut[i] : cut[i + 1]], lo3[cut[i] : cut[i + 1]], law, d)
+            assert np.array_equal(together[cut[i] : cut[i + 1]], alone), (i, margins)
 
 
 # --------------------------------------------------------------------------- integration
@@ -414,10 +505,10 @@ def test_chain_codec_and_registry() -> None:
     m = mechanism("discrete_laplace", 2)
     assert isinstance(m, DiscreteLaplace) and m == DiscreteLaplace(2.0)
     chain = ReleaseChain(m, [0.5, 1.0, 2.0])
-    rngs = KeyedRngFactory(b"s" * 32)
+    keys = NoiseKeys(b"s" * 32)
     a, b = chain.open([3, -4, 0]), chain.open([3, -4, 0])
-    y2 = chain.release([a], 2, [("v",)], rngs)[0]
-    assert np.array_equal(chain.release([b], 2, [("v",)], rngs)[0], y2)
+    y2 = chain.release([a], 2, [("v",)], keys)[0]
+    assert np.array_equal(chain.release([b], 2, [("v",)], keys)[0], y2)
     assert y2.dtype == np.int64
     st = ReleaseState(m, [3, -4, 0])
     st.release(1.0, rng=1)
@@ -426,6 +517,7 @@ def test_chain_codec_and_registry() -> None:
 
 
 def test_validation() -> None:
+    """Integer sensitivities and values only; levels with 2^-48 ≤ ε/Δ ≤ 700."""
     with pytest.raises(InvalidValueError):
         DiscreteLaplace(1.5)
     with pytest.raises(InvalidValueError):
@@ -433,6 +525,9 @@ def test_validation() -> None:
     with pytest.raises(InvalidValueError):
         DiscreteLaplace(1).release([2**60], 1.0, rng=1)
     with pytest.raises(InvalidLevelError):
-        DiscreteLaplace(1000).release([1], 1e-4, rng=1)  # ε/Δ < 2^-20
-    assert DiscreteLaplace(1).release([1.0, -2.0], 1e9, rng=1).tolist() == [1, -2]
+        DiscreteLaplace(10**6).release([1], 1e-9, rng=1)  # ε/Δ = 10^-15 < 2^-48
+    with pytest.raises(InvalidLevelError):
+        DiscreteLaplace(1).release([1], 701.0, rng=1)  # ε/Δ > 700
+    assert DiscreteLaplace(1).release([1, -2], 700.0, rng=1).tolist() == [1, -2]
+    assert DiscreteLaplace(10**9).release([0], 4e-6, rng=1).dtype == np.int64  # ε/Δ ≈ 2^-47.8
     assert math.isclose(DiscreteLaplace(1).variance(1.0), 2 * math.e / (math.e - 1) ** 2)

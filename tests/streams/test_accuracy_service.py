@@ -107,8 +107,9 @@ def test_the_cli_quotes_a_table_and_buys_by_accuracy(market: Market, tmp_path: P
     assert r.returncode == 0, r.stderr
     table = r.stderr.splitlines()
     assert table[0].split()[:4] == ["level", "(epsilon)", "RMS", "error"], r.stderr
-    assert table[3].split()[:4] == ["2", "0.7071", "1.498", "held"], r.stderr
-    assert table[4].split()[:5] == ["4", "0.3536", "0.7489", "2.00", "EUR"], r.stderr
+    # the lattice Laplace's noise scale is (1 + 2^-12)·Δ/ε, plus half a grid step of rounding
+    assert table[3].split()[:4] == ["2", "0.7073", "1.498", "held"], r.stderr
+    assert table[4].split()[:5] == ["4", "0.3536", "0.7491", "2.00", "EUR"], r.stderr
     r = cli(*pre, "buy", *bob, "--stream", "temp", "--half-width", "0.1", "--max-price", "5")
     assert r.returncode == 1 and "accuracy_not_for_sale" in r.stderr
     assert "target_level 4" in r.stderr

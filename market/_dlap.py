@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -78,6 +78,14 @@ class Law:
     a: Fraction
     a_u: Fraction | None
     a_l: Fraction | None
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a law is a cache key on every call: hashing its Fractions each time cost ~15 µs
+        object.__setattr__(self, "_hash", hash((self.a, self.a_u, self.a_l)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def s_q(self) -> Fraction:
@@ -88,6 +96,11 @@ class Law:
     def s_r(self) -> Fraction:
         """``−log r`` of the middle part (``r = p / p_l``); 1 when there is no middle part."""
         return Fraction(1) if self.a_l is None else self.a - self.a_l
+
+    @functools.cached_property
+    def plans(self) -> tuple[Plan, Plan | None]:
+        """The geometric plans of the outer parts and (with a lower neighbour) of the middle."""
+        return plan(self.s_q), (None if self.a_l is None else plan(self.s_r))
 
 
 class Constants(NamedTuple):
@@ -117,6 +130,7 @@ def _q_over(s: Fraction) -> float:
     return math.exp(-float(s)) / -math.expm1(-float(s))
 
 
+@functools.lru_cache(maxsize=1024)
 def float_constants(law: Law) -> Constants:
     """The part weights' constants in floats (each within a few ulps of the exact value)."""
     c = math.tanh(float(law.a) / 2.0)
@@ -191,10 +205,8 @@ def plan(s: Fraction) -> Plan:
 def slots(law: Law) -> int:
     """Uniforms per coordinate a law reads: the part, then the geometric's (the middle part's
     plan may need more than the outer parts'; a coordinate uses the ones its part needs)."""
-    need = plan(law.s_q).slots
-    if law.a_l is not None:
-        need = max(need, plan(law.s_r).slots)
-    return 1 + need
+    plan_q, plan_r = law.plans
+    return 1 + max(plan_q.slots, 0 if plan_r is None else plan_r.slots)
 
 
 # ------------------------------------------------------------------------------ fast path
@@ -257,10 +269,12 @@ def _block(
         t = tt = np.abs(diff)
         cums, total = _bridge_cums(cst, tt)
     part, undecided = _choose_part(to_unit(words[0]), cums, total, margins[0])
-    g, und_g = _geometric(words[1:], plan(law.s_q), margins[1])
+    plan_q, plan_r = law.plans
+    g, und_g = _geometric(words[1:], plan_q, margins[1])
     if lo is not None:
+        assert plan_r is not None
         mid = part == PART_M
-        g_r, und_r = _geometric(words[1:], plan(law.s_r), margins[1])
+        g_r, und_r = _geometric(words[1:], plan_r, margins[1])
         g = np.where(mid, g_r, g)
         und_g = np.where(mid, und_r, und_g)
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
@@ -280,9 +294,11 @@ Cums = tuple[float | NDArray[np.float64], ...]
 
 
 def _fresh_cums(cst: Constants) -> tuple[Cums, float]:
+    """Without a lower neighbour there are three parts (L, A0, R): two thresholds, the second
+    counting for the three parts above it (M and At are empty)."""
     c1 = cst.k_l
     c2 = c1 + cst.k_0
-    return (c1, c2, c2, c2), c2 + cst.k_r
+    return (c1, c2), c2 + cst.k_r
 
 
 def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np.float64]]:
@@ -316,9 +332,11 @@ def _choose_part(
     hi = x + (m + np.multiply(total, _U53))
     part = np.zeros(u1.shape[0], dtype=np.int8)
     part_hi = np.zeros(u1.shape[0], dtype=np.int8)
-    for c in cums:
-        part += lo >= c  # U1 ≥ c / total for certain
-        part_hi += hi > c  # U1 < c / total is not certain
+    step = 3 if len(cums) == 2 else 1  # three parts: the second threshold leads to R
+    for i, c in enumerate(cums):
+        w = step if i == 1 else 1
+        part += w * (lo >= c)  # U1 ≥ c / total for certain
+        part_hi += w * (hi > c)  # U1 < c / total is not certain
     return part, part != part_hi
 
 

@@ -25,6 +25,7 @@ integers and, for the Gaussian, the hidden real noise it rounds) or the exact va
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -257,6 +258,19 @@ def _ratio(a: float, b: float) -> Fraction | None:
 
 
 # ---------------------------------------------------------------------------- Laplace family
+@functools.lru_cache(maxsize=4096)
+def _lattice_law(
+    mech: _LatticeLaplace, level: float, upper: float, lower: float | None
+) -> _dlap.Law:
+    """The exact law of a lattice Laplace release between its neighbours' levels (checked;
+    cached: a stream's few levels are asked for again and again)."""
+    for lv in (level, upper, lower):
+        if lv is not None and not math.isinf(lv):
+            mech.check_level(lv)
+    a_u = None if math.isinf(upper) else mech.ratio(upper)
+    return _dlap.Law(mech.ratio(level), a_u, None if lower is None else mech.ratio(lower))
+
+
 class _LatticeLaplace(Mechanism):
     """The discrete Laplace law on a grid ``2^k·ℤ`` at ``a = ε/D`` (``D`` the sensitivity in
     grid units): the exact sampler of :mod:`market._dlap` for every conditional law."""
@@ -283,11 +297,7 @@ class _LatticeLaplace(Mechanism):
             )
 
     def _law(self, level: float, upper: float, lower: float | None) -> _dlap.Law:
-        for lv in (level, upper, lower):
-            if lv is not None and not math.isinf(lv):
-                self.check_level(lv)
-        a_u = None if math.isinf(upper) else self.ratio(upper)
-        return _dlap.Law(self.ratio(level), a_u, None if lower is None else self.ratio(lower))
+        return _lattice_law(self, level, upper, lower)
 
     def lattice_variance(self, level: float) -> float:
         """Variance of ``DLap(e^{−a})`` in grid units: ``2p/(1 − p)²``."""
@@ -359,13 +369,17 @@ class Laplace(_LatticeLaplace):
             raise InvalidValueError(f"dimension must be 1 … 10^7, got {self.dimension!r}")
         object.__setattr__(self, "sensitivity", float(self.sensitivity))
 
-    @property
+    @functools.cached_property
     def grid_exponent(self) -> int:
         """``k`` of the grid ``2^k``: ``⌊log₂(Δ/d)⌋ − 12``, of the exact rational ``Δ/d``."""
         return _normal.floor_log2(Fraction(self.sensitivity) / self.dimension) - self.GRID_BITS
 
-    def units(self) -> int:
+    @functools.cached_property
+    def _units(self) -> int:
         return math.floor(math.ldexp(self.sensitivity, -self.grid_exponent)) + self.dimension
+
+    def units(self) -> int:
+        return self._units
 
     def validate_value(self, value: Any, *, dimension: int | None = None) -> Vector:
         """As :meth:`Mechanism.validate_value`; the value must also have at most
@@ -504,7 +518,7 @@ class Gaussian(Mechanism):
 
     def grid_exponent(self, level: float) -> int:
         """``k`` of the grid ``2^k`` a release at ``level`` is rounded to."""
-        return _normal.grid_exponent(self.exact_variance(level))
+        return _gaussian_grid(self.sensitivity, level)
 
     def decode(self, anchor: Anchor) -> Vector:
         return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent(anchor.level))
@@ -544,6 +558,11 @@ class Gaussian(Mechanism):
             return _normal.exact_snap(float(base[i]), path, n, i, grid)
 
         return Anchor(level, _normal.snap(base, h, grid, settle), path, h)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gaussian_grid(sensitivity: float, level: float) -> int:
+    return _normal.grid_exponent(Fraction(sensitivity) ** 2 / (2 * Fraction(level)))
 
 
 # ----------------------------------------------------------------------------------- Poisson

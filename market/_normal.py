@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _interval as iv
-from ._draws import Draws, LazyUniform, lazy_at, to_unit, unit_bounds
+from ._draws import Draws, LazyUniform, lazy_at
 
 __all__ = [
     "SLOTS",
@@ -54,6 +54,8 @@ TAU = 2.0**-46
 """Relative error trusted of a platform ``log``, ``sqrt`` or ``cos`` result (64 ulps)."""
 SLOTS = 2
 _EPS = 2.0**-53
+_U64 = 2.0**-64
+BLOCK = 16384
 _TWO_PI = 2.0 * math.pi
 _MAX_ROUNDS = 60
 
@@ -84,33 +86,52 @@ class Hidden(NamedTuple):
 
 
 def normals(draws: Draws) -> Hidden:
-    """The standard normals of a request key, with per-coordinate error bounds.
+    """The standard normals of the draws (slots 0 and 1), with per-coordinate error bounds.
 
-    ``R = √(−2 ln U₁)`` is bracketed from one logarithm: with ``U₁ ∈ [lo, hi)``,
-    ``R(lo)² − R(hi)² = 2 ln(hi/lo) ≤ D = 2(hi − lo)/lo``. ``cos(2π U₂)`` moves by at most
-    ``2π·2⁻⁵³`` over the 53-bit prefix of ``U₂``.
+    A word ``w`` is read as the signed ``s ≡ w (mod 2⁶⁴)`` (numpy converts signed integers to
+    floats several times faster): ``U = s·2⁻⁶⁴``, plus 1 when ``s < 0``. Then ``u`` is within
+    ``ρ = 2⁻⁵² + 2⁻⁶⁴/u`` relative of the ideal ``U₁``, so ``|ln U₁ − ln u| ≤ 2ρ`` and
+    ``R² = −2 ln U₁`` is known to ``dR² = 2⁻⁴⁸ + 2⁻⁶⁰/u + 2τR²`` (the platform's ``log`` trusted
+    to ``τ``); then ``|R − √R²_f| ≤ dR²/R_f``. ``cos(2πU₂) = cos(2π s₂ 2⁻⁶⁴)`` (one period) moves by
+    at most ``2⁻⁴⁸`` over ``U₂``'s interval and the roundings of ``2π s₂ 2⁻⁶⁴``, and is trusted to
+    ``τ``. A coordinate whose bound is not finite (``U₁``'s word is 0, or ``u`` rounds to 1) is
+    left to the exact path.
     """
-    lo, hi = unit_bounds(draws.slot(0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r2 = np.log(lo)
-        r2 *= -2.0
-        r2 *= 1.0 + 2.0 * TAU  # an upper bound of −2 ln lo (the true ln within TAU)
-        d = hi - lo
-        d /= lo
-        d *= 2.0 * (1.0 + 4.0 * _EPS)
-    r_hi = np.sqrt(r2)
-    r_lo = np.sqrt(np.maximum(r2 - d - 4.0 * TAU * r2, 0.0))
-    c = np.cos(to_unit(draws.slot(1)) * _TWO_PI)
-    z = r_hi + r_lo
-    z *= 0.5
-    z *= c
-    err = r_hi - r_lo
-    err *= 0.5
-    err += r_hi * (2.0**-48 + 2.0 * TAU)  # U₂'s prefix, 2π's rounding, cos's and sqrt's errors
-    err += np.abs(z) * (4.0 * _EPS)
-    bad = ~np.isfinite(err)  # U₁'s prefix reaches 0: leave it to the exact path
-    z[bad], err[bad] = 0.0, np.inf
+    n = draws.n
+    z, err = np.empty(n), np.empty(n)
+    w1, w2 = draws.slot(0).view(np.int64), draws.slot(1).view(np.int64)
+    for start in range(0, n, BLOCK):  # blocks that stay in cache (temporaries cost page faults)
+        sl = slice(start, min(start + BLOCK, n))
+        z[sl], err[sl] = _normals_block(w1[sl], w2[sl])
+    bad = ~np.isfinite(err)
+    if bool(bad.any()):
+        z[bad], err[bad] = 0.0, np.inf
     return Hidden(z, err)
+
+
+def _normals_block(
+    w1: NDArray[np.int64], w2: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """:func:`normals` on one block of words (read as signed integers)."""
+    u = w1.astype(np.float64)
+    u *= _U64
+    u += u < 0.0  # w ≥ 2⁶³: U = 1 + s·2⁻⁶⁴
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.log(u)
+        r2 *= -2.0
+        d_r2 = np.divide(2.0**-60, u)
+        d_r2 += 2.0**-48
+        d_r2 += r2 * (2.0 * TAU)
+        r = np.sqrt(r2)
+        err = np.divide(d_r2, r)
+    err *= 1.0 + 2.0**-50
+    theta = w2.astype(np.float64)
+    theta *= _TWO_PI * _U64
+    z = np.cos(theta)
+    z *= r
+    err += r * (2.0**-48 + 2.0 * TAU + _EPS)  # cos(2πU₂)'s error, and sqrt's rounding
+    err += np.abs(z) * (2.0 * _EPS)
+    return z, err
 
 
 def hidden(terms: Sequence[Term], n: int, start: Hidden | None = None) -> Hidden:
@@ -123,11 +144,16 @@ def hidden(terms: Sequence[Term], n: int, start: Hidden | None = None) -> Hidden
 
 def add(h: Hidden, c: float, nz: Hidden) -> Hidden:
     """The float pass of ``h + c·N`` from that of the normals ``N`` (``c`` within 2⁻⁵⁰)."""
-    prod = nz.z * c
-    err = h.err + abs(c) * (1.0 + 2.0**-49) * nz.err
-    err += np.abs(prod) * 2.0**-49
-    z = h.z + prod
-    err += np.abs(z) * _EPS  # the addition's rounding
+    z = np.multiply(nz.z, c)
+    err = np.multiply(nz.err, abs(c) * (1.0 + 2.0**-49))
+    tmp = np.abs(z)
+    tmp *= 2.0**-49  # the coefficient's and the product's rounding
+    err += tmp
+    err += h.err
+    z += h.z
+    np.abs(z, out=tmp)
+    tmp *= _EPS  # the addition's rounding
+    err += tmp
     return Hidden(z, err)
 
 
@@ -201,22 +227,43 @@ def snap(
     ndarray of int64
         The release on the grid, in units of ``g`` (``x/g`` must stay below 2⁶² in magnitude).
     """
-    q = np.ldexp(exact, -grid_exp)  # exact: a power-of-two scaling
+    scale = math.ldexp(1.0, -grid_exp)  # a power of two: products by it are exact
+    n = int(exact.shape[0])
+    out = np.empty(n, dtype=np.int64)
+    undecided = np.zeros(n, dtype=bool)
+    for start in range(0, n, BLOCK):
+        sl = slice(start, min(start + BLOCK, n))
+        out[sl], undecided[sl] = _snap_block(exact[sl], h.z[sl], h.err[sl], scale)
+    for i in np.flatnonzero(undecided):
+        out[i] = settle(int(i))
+    return out
+
+
+def _snap_block(
+    x: NDArray[np.float64], z: NDArray[np.float64], err: NDArray[np.float64], scale: float
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """:func:`snap` on one block: the integers, and where they are not certain."""
+    q = x * scale
     if not bool(np.all(np.abs(q) < 2.0**62)):
         raise OverflowError("a value is too large for its release grid")
     xi = np.floor(q)
     t = q - xi  # in [0, 1), within 2⁻⁵³
-    t += np.ldexp(h.z, -grid_exp)
-    margin = np.ldexp(h.err, -grid_exp)
-    margin += (np.abs(t) + 2.0) * (2.0 * _EPS)
-    f = np.floor(t + 0.5)
-    dist = t + 0.5 - f  # in [0, 1): where t sits between two half-integers
-    undecided = (dist <= margin) | (dist >= 1.0 - margin) | ~np.isfinite(margin)
+    t += z * scale
+    margin = np.abs(t)
+    margin += 2.0
+    margin *= 2.0 * _EPS
+    margin += err * scale
+    f = t + 0.5
+    np.floor(f, out=f)
+    dist = t + 0.5
+    dist -= f  # in [0, 1): where t sits between two half-integers
+    undecided = dist <= margin
+    undecided |= dist >= 1.0 - margin
+    undecided |= ~np.isfinite(margin)
     f[undecided] = 0.0
-    out = xi.astype(np.int64) + f.astype(np.int64)
-    for i in np.flatnonzero(undecided):
-        out[i] = settle(int(i))
-    return out
+    ints = xi.astype(np.int64)
+    ints += f.astype(np.int64)
+    return ints, undecided
 
 
 def exact_snap(x: float, terms: Sequence[Term], n: int, i: int, grid_exp: int) -> int:

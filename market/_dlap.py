@@ -345,6 +345,8 @@ def _geometric(
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
     """``G`` of :class:`Plan` ``pl`` from its uniforms, and where it is not certain."""
     g, undecided = _floor_exponential(to_unit(words[0]), float(pl.top), None, eta)
+    undecided |= g >= 2.0 ** (61 - pl.shift)  # G ≥ 2⁶¹ would wrap int64: the exact path
+    g[undecided] = 0.0
     out = g.astype(np.int64) << pl.shift
     for k, (m, b) in enumerate(pl.chunks, start=1):
         sigma = pl.s * 2**m

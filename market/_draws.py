@@ -105,7 +105,7 @@ def _words(key: bytes, count: int) -> NDArray[np.uint64]:
     out = np.empty(count + 2, dtype="<u8")  # update_into needs 15 bytes of slack
     enc = Cipher(algorithms.ChaCha20(key, _MAIN_NONCE), None).encryptor()
     enc.update_into(_zeros(8 * count), out.view(np.uint8).data)
-    words: NDArray[np.uint64] = out[:count].view(np.uint64)
+    words: NDArray[np.uint64] = np.asarray(out[:count], dtype=np.uint64)  # native order
     return words
 
 

@@ -282,10 +282,9 @@ def exact_snap(x: float, terms: Sequence[Term], n: int, i: int, grid_exp: int) -
                 coef = iv.Iv.of(t.q, prec) * iv.sqrt(iv.Iv.of(t.r, prec))
                 z = z + coef * _normal_iv(u1, u2, prec)
             total = (iv.Iv.of(Fraction(x), prec) + z) * iv.Iv.of(scale, prec)
-            half = iv.Iv.of(Fraction(1, 2), prec)
-            lo, hi = total.lo + half.lo, total.hi + half.hi
-            if math.floor(lo) == math.floor(hi):
-                return math.floor(lo)
+            shifted = total + iv.Iv.of(Fraction(1, 2), prec)  # outward, never the thread's context
+            if math.floor(shifted.lo) == math.floor(shifted.hi):
+                return math.floor(shifted.lo)
         except ValueError:  # a uniform's known bits do not yet keep it away from 0
             pass
         for u1, u2 in us:

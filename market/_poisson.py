@@ -7,7 +7,7 @@ and ``p`` are exact rationals (functions of the levels' doubles), so the law is 
 no float result can change an outcome:
 
 * **float pass**: a table of ``F`` over the window where the law has its mass (the mode
-  ``± 40·sd + 40``), built from the probability at the mode, computed once in
+  ``± 12·sd + 12``), built from the probability at the mode, computed once in
   :mod:`market._interval` arithmetic and correctly rounded, by the ratios of consecutive
   probabilities (only ``× ÷ +`` in a fixed order: the same table on every platform). Its error
   is bounded (:attr:`Table.margin`); a coordinate is decided when ``U``'s 53-bit prefix interval
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -40,8 +41,11 @@ __all__ = ["MAX_RATE", "Binomial", "Poisson", "Table", "binomial", "poisson", "s
 MAX_RATE = Fraction(2**24)
 """Largest Poisson rate (and binomial count) a sampler accepts."""
 _EPS = 2.0**-53
-_TAIL_SDS = 40
+_TAIL_SDS = 12  # the mass beyond 12 sd + 12 is below 2⁻¹⁰⁰: left to the exact path
 _BLOCK = 256
+_CACHE_BYTES = 256 << 20
+"""Tables kept (a chain cycles through its step laws: a cache smaller than a stream's ladder
+would rebuild every one every time)."""
 _MAX_ROUNDS = 200
 
 
@@ -86,9 +90,11 @@ class _Law:
         """The float CDF over the window (see the module docstring).
 
         Probabilities are anchored every :data:`_BLOCK` outcomes (each anchor correctly rounded
-        from an interval) and carried between anchors by the float ratios, so each is within
-        ``(3·_BLOCK + 2)·2⁻⁵³`` relative; prefix sums run within blocks, then over the blocks'
-        totals, so the sums add at most ``(_BLOCK + N/_BLOCK + 2)·2⁻⁵³``.
+        from an interval) and carried between anchors by the float ratios, the anchor multiplied
+        in first (so no partial product overflows), so each is within ``(4·_BLOCK + 2)·2⁻⁵³``
+        relative (a binomial ratio is four roundings) or below 2⁻¹⁰⁰⁰ absolute where it
+        underflows; prefix sums run within blocks, then over the blocks' totals, so the sums add
+        at most ``(_BLOCK + N/_BLOCK + 2)·2⁻⁵³``.
         """
         lo, hi = self.window()
         starts = np.arange(lo, hi + 1, _BLOCK)
@@ -99,12 +105,14 @@ class _Law:
         pmf = np.empty(size)
         for b, start in enumerate(range(0, size, _BLOCK)):
             stop = min(start + _BLOCK, size)
-            pmf[start] = anchors[b]
-            pmf[start + 1 : stop] = anchors[b] * np.cumprod(ratios[start : stop - 1])
+            pmf[start:stop] = np.cumprod(np.concatenate([anchors[b : b + 1],
+                                                         ratios[start : stop - 1]]))  # fmt: skip
         blocks = [np.cumsum(pmf[k : k + _BLOCK]) for k in range(0, size, _BLOCK)]
         offsets = np.concatenate([[0.0], np.cumsum([blk[-1] for blk in blocks])[:-1]])
         cdf = np.concatenate([blk + off for blk, off in zip(blocks, offsets, strict=True)])
-        margin = (4 * _BLOCK + size / _BLOCK + 8) * _EPS
+        if not bool(np.all(np.isfinite(cdf))):  # pragma: no cover - the products stay ≤ 1
+            raise ArithmeticError("a Poisson or binomial table is not finite")
+        margin = (5 * _BLOCK + size / _BLOCK + 8) * _EPS + 2.0**-1000
         return Table(lo, cdf, margin)
 
     def cdf_iv(self, k: int, prec: int) -> iv.Iv:
@@ -215,20 +223,39 @@ class Binomial(_Law):
         return pa * iv.Iv.of(rho / (1 - rho), pa.prec)
 
 
-@functools.lru_cache(maxsize=64)
-def _poisson(mu: Fraction) -> Poisson:
-    return Poisson(mu)
+_LAWS: OrderedDict[tuple[int, Fraction], _Law] = OrderedDict()
+_LAW_BYTES = [0]
+
+
+def _cached(key: tuple[int, Fraction], make: Callable[[], _Law]) -> _Law:
+    """A law from the cache, or made, tabled and kept; the least recently used tables go when
+    they hold more than :data:`_CACHE_BYTES` (a stream's ladder of up to 65 laws always fits:
+    a table holds at most ~100,000 numbers)."""
+    law = _LAWS.get(key)
+    if law is not None:
+        _LAWS.move_to_end(key)
+        return law
+    law = make()
+    _LAWS[key] = law
+    _LAW_BYTES[0] += law.table.cdf.nbytes
+    while _LAW_BYTES[0] > _CACHE_BYTES and len(_LAWS) > 1:
+        _, old = _LAWS.popitem(last=False)
+        _LAW_BYTES[0] -= old.table.cdf.nbytes
+    return law
 
 
 def poisson(mu: Fraction) -> Poisson:
     """The (cached) law ``Poi(μ)``: its table is built once per rate."""
-    return _poisson(mu)
+    law = _cached((-1, mu), lambda: Poisson(mu))
+    assert isinstance(law, Poisson)
+    return law
 
 
-@functools.lru_cache(maxsize=1024)
 def binomial(n: int, p: Fraction) -> Binomial:
     """The (cached) law ``Bin(n, p)``."""
-    return Binomial(n, p)
+    law = _cached((n, p), lambda: Binomial(n, p))
+    assert isinstance(law, Binomial)
+    return law
 
 
 def sample(laws: Sequence[_Law], which: NDArray[np.intp], draws: Draws) -> NDArray[np.int64]:
@@ -274,8 +301,10 @@ def _dec(x: Fraction, prec: int, *, up: bool) -> Decimal:
 
 
 def exact_outcome(law: _Law, u: LazyUniform, guess: int) -> int:
-    """The least ``k`` with ``U < F(k)``, searched from the float guess."""
-    k = max(guess, 0)
+    """The least ``k`` with ``U < F(k)``, searched from the float guess (the mode when the
+    guess is off the window)."""
+    lo, hi = law.window()
+    k = guess if lo <= guess <= hi else law.mode()
     while not _below(law, k, u):
         k += 1
     while k > 0 and _below(law, k - 1, u):

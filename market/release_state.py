@@ -60,7 +60,7 @@ from .errors import (
     SealedStateError,
 )
 from .levels import canonical_level
-from .mechanisms import Anchor, Gaussian, Mechanism, calibrated
+from .mechanisms import Anchor, Gaussian, Mechanism, calibrated, check_range
 from .rng import Identity, NoiseKeys, RngLike, default_rng
 
 __all__ = ["ReleaseState"]
@@ -286,6 +286,8 @@ class ReleaseState:
             raise LevelAboveCapError(
                 f"level {lvl:g} exceeds the cap {self._cap:g} set for this value"
             )
+        self._mechanism.check_level(lvl)
+        check_range(self._base, self._mechanism.value_limit(lvl))  # before any state changes
         if self._exact is None and (not self._levels or lvl > self._levels[-1]):
             raise SealedStateError(
                 f"level {lvl:g} is above the most accurate release ({self.spent:g}) of a "

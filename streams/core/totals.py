@@ -152,12 +152,15 @@ def add_increment(ctx: Context, st: StreamState, terms: Terms, exact: NDArray[An
     total = np.zeros(reg.dimension)
     for n in decomposition(i + 1):
         total += made[n] if n in made else _exact_of(ctx, sid, n)
-    limit = terms.chain.value_limit  # every node is released on the chain's grids
+    # every node is released on the chain's grids, and its float sum must round by a fraction
+    # of the sensitivity (the bound the release sensitivity allows for)
+    limit = min(terms.chain.value_limit, reg.totals_limit())
     if not all(np.all(np.abs(v) <= limit) for v in (total, *made.values())):  # and inf, NaN
         raise Reject(
             "invalid_value",
             f"with this increment the running total of stream {sid!r} would exceed "
-            f"{limit:g} in magnitude (or overflow): the most its release grid can hold",
+            f"{limit:g} in magnitude (or overflow): the most its tree can hold exactly enough "
+            "(2^40 × sensitivity / ((tree_height + 1) × √dimension), and its release grid)",
         )
     # only the top node is ever read again (every node a total or a parent reads has an even
     # index; the lower ones just closed are right children, merged into it); nothing is stored

@@ -416,10 +416,19 @@ class StreamRegistration(_Signed):
     def release_sensitivity(self) -> float:
         """Sensitivity of what is noised: each value; on ``running_totals`` one tree node, whose
         vector of all nodes changes by ``sensitivity × sqrt(tree_height + 1)`` in ℓ2 when one
-        increment does (it is in one node per tree level)."""
+        increment does (it is in one node per tree level), times ``1 + 2⁻¹²`` for the rounding
+        of the nodes' float sums (bounded by :meth:`totals_limit`; docs/math.md §10)."""
         if self.tree_height is None:
             return self.sensitivity
-        return self.sensitivity * math.sqrt(self.tree_height + 1)
+        return self.sensitivity * math.sqrt(self.tree_height + 1) * (1.0 + 2.0**-12)
+
+    def totals_limit(self) -> float:
+        """On ``running_totals``: the largest magnitude a node (a sum of increments) may reach,
+        ``2⁴⁰·Δ/((h + 1)·√d)``: each float addition of a node rounds by at most 2⁻⁵³ of it, so
+        two neighbours' computed nodes differ by at most ``Δ(1 + 2⁻¹²)`` in ℓ2 below it."""
+        assert self.tree_height is not None
+        return math.ldexp(self.sensitivity, 40) / ((self.tree_height + 1)
+                                                    * math.sqrt(self.dimension))  # fmt: skip
 
     def _check_totals(self) -> None:
         if self.mechanism != "gaussian":

@@ -531,3 +531,21 @@ def test_validation() -> None:
     assert DiscreteLaplace(1).release([1, -2], 700.0, rng=1).tolist() == [1, -2]
     assert DiscreteLaplace(10**9).release([0], 4e-6, rng=1).dtype == np.int64  # ε/Δ ≈ 2^-47.8
     assert math.isclose(DiscreteLaplace(1).variance(1.0), 2 * math.e / (math.e - 1) ** 2)
+
+
+def test_a_middle_part_geometric_beyond_int64_goes_to_the_exact_path() -> None:
+    """Relaxing between levels 2⁻⁷⁰ apart (ε/D near 2⁻⁴⁰) plans the middle part's geometric in
+    M = 50 digits: the float pass built ``H << M`` in int64 and wrapped. Such coordinates are now
+    left to the exact path (found by the review of noise format v2)."""
+    from market._draws import Draws
+
+    a_l = Fraction(1, 2**40)
+    law = _dlap.Law(a_l + Fraction(1, 2**70), None, a_l)
+    n, t = 4000, 2**60
+    upper, lower = np.zeros(n, dtype=np.int64), np.full(n, t, dtype=np.int64)
+    draws = Draws(bytes(range(32)), n, _dlap.slots(law))
+    fast = np.empty(n, dtype=np.int64)
+    _dlap.sample_into(fast, upper, lower, law, draws)
+    middle = [i for i in range(n) if _dlap._exact_part(law, t, draws.lazy(0, i)) == _dlap.PART_M]
+    assert middle  # the case is exercised
+    assert all(int(fast[i]) == _dlap.exact_noise(law, t, draws, i) for i in middle)

@@ -274,3 +274,61 @@ def test_repeat_release_is_bitwise_identical(mech: Gaussian | Poisson) -> None:
     a = st.release(1.0, rng=default_rng(1))
     b = st.release(1.0, rng=default_rng(2))
     assert a is b and a.tobytes() == b.tobytes()
+
+
+# ------------------------------------------------ found by the review of noise format v2
+def test_the_exact_rounding_ignores_the_threads_decimal_context() -> None:
+    """The exact path once added ½ in the thread's default decimal context (28 digits, half to
+    even): an outcome 3·10⁻¹⁰ below an integer at |x/g| = 2⁶⁰ was rounded onto it, and a thread
+    whose context had 12 digits released other bytes. Built as the review did: a term whose
+    weight puts x + Z + ½ just below an integer."""
+    import decimal
+
+    from market import _interval as iv
+    from market._draws import lazy_at
+
+    key, r = bytes(range(32)), Fraction(2**32)  # σ = 2^16, grid 1
+    u1, u2 = lazy_at(key, 1, 0, 0), lazy_at(key, 1, 1, 0)
+    for _ in range(3):
+        u1.refine()
+        u2.refine()
+    normal = _normal._normal_iv(u1, u2, 90)
+    mid = (Fraction(normal.lo) + Fraction(normal.hi)) / 2
+    x = 2.0**60
+    target = round(2**16 * mid) + Fraction(1, 2) - Fraction(3, 10**10)
+    term = _normal.Term(key, Fraction(target / (2**16 * mid)).limit_denominator(10**60), r)
+    z = iv.Iv.of(term.q, 90) * iv.sqrt(iv.Iv.of(r, 90)) * normal
+    truth = iv.Iv.of(Fraction(x), 90) + z + iv.Iv.of(Fraction(1, 2), 90)
+    assert math.floor(truth.lo) == math.floor(truth.hi)
+    for prec in (28, 12):
+        with decimal.localcontext() as ctx:
+            ctx.prec = prec
+            assert _normal.exact_snap(x, [term], 1, 0, 0) == math.floor(truth.lo)
+
+
+@pytest.mark.parametrize("rate", [1540.5, 1600, 1691.5])
+def test_poisson_tables_stay_finite_where_the_window_starts_at_zero(rate: float) -> None:
+    """Rates 1540–1692: the window starts at 0, e^{−μ} underflows and the bare product
+    μ²⁵⁵/255! overflowed: 0·inf made the table NaN and every coordinate took the 1.2 s exact
+    path. The anchor is now multiplied in first."""
+    law = _poisson.Poisson(Fraction(rate))
+    assert bool(np.all(np.isfinite(law.table.cdf)))
+    draws = Draws(key_from(default_rng(3)), 500, 1)
+    u = _draws_unit(draws)
+    k = np.searchsorted(law.table.cdf, u, side="right")
+    decided = (u >= np.where(k > 0, law.table.cdf[np.maximum(k - 1, 0)], 0.0) + law.table.margin)
+    assert float(np.mean(decided)) > 0.99
+
+
+def _draws_unit(draws: Draws) -> NDArray[np.float64]:
+    from market._draws import to_unit
+
+    return to_unit(draws.slot(0))
+
+
+def test_a_ladder_of_65_poisson_laws_is_tabled_once() -> None:
+    """A chain cycles through its step laws; a cache of 64 laws made a 65-level stream rebuild
+    every table every time (2.4 s a value)."""
+    rates = [Fraction(250_000 + 7 * i) for i in range(65)]
+    first = [_poisson.poisson(mu) for mu in rates]
+    assert all(_poisson.poisson(mu) is law for mu, law in zip(rates, first, strict=True))

@@ -191,3 +191,15 @@ def test_release_across_checks_every_value_first() -> None:
     with pytest.raises(LevelAboveCapError):
         ReleaseState.release_across(states, 2.0, [("a",), ("b",)], NoiseKeys(b"s" * 32))
     assert all(len(s) == 0 for s in states)
+
+
+def test_release_across_refuses_a_value_beyond_the_grid_before_releasing_any() -> None:
+    """A Gaussian value too large for the level's grid was refused only while sampling, after
+    the states before it had been released (found by the review of noise format v2)."""
+    from market import InvalidValueError
+
+    small = ReleaseState(Gaussian(1.0), [1.0, 2.0])
+    big = ReleaseState(Gaussian(1.0), [2.0**50])
+    with pytest.raises(InvalidValueError, match="too large for its release grid"):
+        ReleaseState.release_across([small, big], 100.0, [("a",), ("b",)], NoiseKeys(b"r" * 32))
+    assert small.levels == () and big.levels == ()

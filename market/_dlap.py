@@ -326,6 +326,8 @@ def _choose_part(
     u1: NDArray[np.float64], cums: Cums, total: float | NDArray[np.float64], margin: float
 ) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
     """The part chosen by ``U1 ∈ [u1, u1 + 2^-53)``, and where that is not certain."""
+    if len(cums) == 2 and not isinstance(total, np.ndarray):  # fresh or tightening: 3 parts
+        return _choose_of_three(u1, (float(cums[0]), float(cums[1])), total, margin)
     x = u1 * total
     m = np.multiply(total, margin)
     lo = x - m
@@ -338,6 +340,21 @@ def _choose_part(
         part += w * (lo >= c)  # U1 ≥ c / total for certain
         part_hi += w * (hi > c)  # U1 < c / total is not certain
     return part, part != part_hi
+
+
+_OF_THREE = np.array([PART_L, PART_A0, PART_R], dtype=np.int8)
+
+
+def _choose_of_three(
+    u1: NDArray[np.float64], cums: tuple[float, float], total: float, margin: float
+) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
+    """:func:`_choose_part` for the fresh and tightening laws (scalar thresholds L | A0 | R):
+    the same comparisons, as two searches of the thresholds scaled to the uniform."""
+    edges = np.array([c / total for c in cums])  # U1 ≥ c/total ⟺ U1·total ≥ c, with margins
+    slack = margin + _U53
+    lo = np.searchsorted(edges + margin, u1, side="right")  # thresholds certainly passed
+    hi = np.searchsorted(edges - slack, u1, side="left")  # thresholds possibly passed
+    return _OF_THREE[lo], lo != hi
 
 
 def _geometric(

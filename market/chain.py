@@ -346,7 +346,7 @@ class ChainState:
     packed together.
     """
 
-    __slots__ = ("_mask", "_new", "_rows", "_x", "_xrow", "pinned")
+    __slots__ = ("_mask", "_new", "_rows", "_x", "_xdtype", "_xrow", "pinned")
 
     def __init__(
         self,
@@ -358,6 +358,7 @@ class ChainState:
         self.pinned = pinned
         self._x = exact  # the exact value, unless it is row 0 of _rows (_xrow)
         self._xrow = False
+        self._xdtype: np.dtype[Any] | None = None  # its type in row 0 (floats ride as int64 bits)
         self._rows: Vector | None = None
         self._mask = 0  # bit k set: step k is a row of _rows (rows in increasing k)
         self._new: dict[int, Vector] | None = dict(steps) if steps else None
@@ -369,7 +370,7 @@ class ChainState:
     def exact(self) -> Vector | None:
         if self._xrow:
             assert self._rows is not None
-            row: Vector = self._rows[0]  # a read-only view
+            row: Vector = self._rows[0].view(self._xdtype)  # a read-only view
             return row
         return self._x
 
@@ -385,7 +386,7 @@ class ChainState:
     def _forget_rows(self) -> None:
         """Drop the packed rows, keeping the exact value (copied out: no view keeps them)."""
         if self._xrow and self._rows is not None:
-            self._x = _frozen(self._rows[0].copy())
+            self._x = _frozen(self._rows[0].view(self._xdtype).copy())
         self._rows, self._mask, self._xrow = None, 0, False
 
     def highest_at_most(self, k: int) -> int:
@@ -419,7 +420,7 @@ class ChainState:
             return
         vectors = [merged[k] for k in ids]
         exact = self._x
-        rows = vectors if exact is None else [exact, *vectors]
+        rows = vectors if exact is None else [_row_of(exact, vectors[0]), *vectors]
         if len({(v.dtype, v.shape) for v in rows}) > 1:  # never converted to a common type:
             rows, exact = vectors, None  # the bits stay as released (exact kept apart)
             if len({(v.dtype, v.shape) for v in rows}) > 1:
@@ -427,7 +428,7 @@ class ChainState:
         mask = sum(1 << k for k in ids)  # a small int: cached by Python up to 256 (steps 0-7)
         self._rows, self._mask, self._new = _frozen(np.stack(rows)), mask, None
         if exact is not None:
-            self._x, self._xrow = None, True
+            self._x, self._xrow, self._xdtype = None, True, exact.dtype
 
     def _append(self) -> bool:
         """Pack new steps that all follow the packed ones (a relaxation's case) by appending
@@ -452,7 +453,7 @@ class ChainState:
         if self._rows is not None:
             first = 1 if self._xrow else 0
             if self._xrow:  # copied out: a view would keep every old row alive
-                self._x = _frozen(self._rows[0].copy())
+                self._x = _frozen(self._rows[0].view(self._xdtype).copy())
             out = {k: self._rows[first + j] for j, k in enumerate(_bits(self._mask))}
         out.update(self._new or {})
         self._rows, self._mask, self._xrow, self._new = None, 0, False, (out or None)
@@ -502,6 +503,14 @@ class ChainState:
         ):
             return False
         return all(self.steps[k].tobytes() == other.steps[k].tobytes() for k in self.steps)
+
+
+def _row_of(exact: Vector, step: Vector) -> Vector:
+    """The exact value as a row beside the (int64) steps: float64 numbers ride as their bits,
+    so one array holds them all, bit for bit (a value's heap shrinks by an object)."""
+    if exact.dtype != step.dtype and exact.dtype.itemsize == step.dtype.itemsize:
+        return exact.view(step.dtype)
+    return exact
 
 
 def _bits(mask: int) -> Iterator[int]:

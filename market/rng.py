@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import struct
-from functools import lru_cache
 
 import numpy as np
 from randomgen import AESCounter
@@ -71,9 +70,9 @@ def identity_bytes(*parts: IdentityPart) -> bytes:
     return b"".join([_part(part) for part in parts])
 
 
-@lru_cache(maxsize=65_536)
 def _text(part: str) -> bytes:
-    """A string part's encoding (cached: a value's identity repeats at every step)."""
+    """A string part's encoding (not cached: value ids and digests are unique, and a cache of
+    them grew every worker by ~300 bytes a value until it filled)."""
     data = part.encode("utf-8")
     return b"s" + struct.pack(">I", len(data)) + data
 

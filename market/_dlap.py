@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import NamedTuple
@@ -244,6 +245,38 @@ def sample_into(
 _UNDECIDED = np.iinfo(np.int64).min  # marker of coordinates left to the exact path
 
 
+def batchable(laws: Sequence[Law]) -> bool:
+    """Whether :func:`sample_segments` can draw these laws in one pass: fresh or tightening
+    laws (three parts, scalar thresholds) whose geometrics take one uniform each."""
+    return all(law.a_l is None and not law.plans[0].chunks for law in laws)
+
+
+def sample_segments(
+    laws: Sequence[Law], sizes: Sequence[int], draws: Draws, eta: float = ETA
+) -> NDArray[np.int64]:
+    """The noise ``J`` of several :func:`batchable` laws at once: segment ``i`` (``sizes[i]``
+    coordinates, in order) follows ``laws[i]``, reading the joined ``draws`` exactly as
+    :func:`sample_into` would for it alone (two slots; the same decisions, per coordinate
+    constants): a chain's steps, or several values' steps, in one vectorised pass."""
+    if not batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
+        raise ValueError("sample_segments needs batchable laws and their two-slot draws")
+    consts = [float_constants(law) for law in laws]
+    per = np.repeat(np.arange(len(laws)), sizes)
+    k_l = np.array([c.k_l for c in consts])[per]
+    c2 = k_l + np.array([c.k_0 for c in consts])[per]
+    total = c2 + k_l
+    inv_s = np.array([c.inv_s_q for c in consts])[per]
+    part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, MARGIN)
+    g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta, inverse=True)
+    undecided |= und_g & (part != PART_A0)
+    g1 = g.astype(np.int64) + 1
+    out: NDArray[np.int64] = (part == PART_R) * g1
+    out -= (part == PART_L) * g1
+    for i in np.flatnonzero(undecided):
+        out[i] = exact_noise(laws[int(per[i])], 0, draws, int(i))
+    return out
+
+
 def _block(
     o: NDArray[np.int64],
     up: NDArray[np.int64],
@@ -374,17 +407,23 @@ def _geometric(
 
 
 def _floor_exponential(
-    u: NDArray[np.float64], s: float, span: float | None, eta: float
+    u: NDArray[np.float64],
+    s: float | NDArray[np.float64],
+    span: float | None,
+    eta: float,
+    *,
+    inverse: bool = False,
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """``⌊E/s⌋`` for ``E = −log(1 − U·y)`` (``y = 1`` for a geometric, ``1 − e^{−span}`` for
-    one truncated to ``span/s`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain."""
+    one truncated to ``span/s`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain
+    (``s`` given as ``1/s``, per coordinate, when ``inverse``)."""
     y = 1.0 if span is None else -math.expm1(-span)
     arg = u * y
     e = np.log1p(-arg)
     e *= -1.0
     # E(u + 2⁻⁵³) − E(u) ≤ 2·2⁻⁵³·y / (1 − u·y) when 1 − u·y ≥ 2⁻⁵²
     de = np.divide(2.0 * _U53 * y, 1.0 - arg)
-    inv_s = 1.0 / s
+    inv_s = s if inverse else 1.0 / s
     x_lo = e * inv_s
     x_lo *= 1.0 - eta
     x_hi = e + de

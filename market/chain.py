@@ -232,10 +232,53 @@ class ReleaseChain:
                                    [identities[i] for i in todo], keys)  # fmt: skip
             return
         starts = [_start(states[i], k, len(self.levels)) for i in todo]
+        if self._descend_at_once([states[i] for i in todo], starts, k,
+                                 [identities[i] for i in todo], keys):  # fmt: skip
+            return
         for s in range(max(starts) - 1, k - 1, -1):
             batch = [i for i, b in zip(todo, starts, strict=True) if b > s]
             self._lattice_step([states[i] for i in batch], s, [identities[i] for i in batch],
                                keys)  # fmt: skip
+
+    def _descend_at_once(
+        self,
+        states: list[ChainState],
+        starts: list[int],
+        k: int,
+        identities: list[Identity],
+        keys: NoiseKeys,
+    ) -> bool:
+        """Every step from each state's ``start − 1`` down to ``k`` in one vectorised draw of
+        their noises (independent of the values: ``Y_s = Y_{s+1} + W_s``), when the family
+        batches them (:meth:`Mechanism.increments`); the same integers as step by step."""
+        mech, top = self.mechanism, len(self.levels) - 1
+        pairs = [(i, s) for i, b in enumerate(starts) for s in range(b - 1, k - 1, -1)]
+        if len(pairs) < 2:
+            return False
+        bases: list[Vector] = []
+        for st, b in zip(states, starts, strict=True):
+            base = mech.origin(st.exact).values if b > top and st.exact is not None else None
+            base = st.steps.get(b) if base is None else base
+            if base is None:
+                return False
+            bases.append(base)
+        steps = [(self.levels[s], math.inf if s == top else self.levels[s + 1]) for _, s in pairs]
+        slots = {mech.slots(level, upper, None) for level, upper in steps}
+        if len(slots) != 1:
+            return False
+        (m,) = slots
+        sizes = [int(bases[i].shape[0]) for i, _ in pairs]
+        draws = Draws.joined([Draws(self.key(keys, identities[i], s), n, m)
+                              for (i, s), n in zip(pairs, sizes, strict=True)])  # fmt: skip
+        noise = mech.increments(steps, sizes, draws)
+        if noise is None:
+            return False
+        at = 0
+        for (i, s), n in zip(pairs, sizes, strict=True):
+            bases[i] = _frozen(bases[i] + noise[at : at + n])
+            states[i].steps[s] = bases[i]
+            at += n
+        return True
 
     def _lattice_step(
         self, states: list[ChainState], s: int, identities: list[Identity], keys: NoiseKeys

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -181,6 +182,15 @@ class Mechanism(ABC):
     def slots(self, level: float, upper: float, lower: float | None) -> int:
         """Random words per coordinate :meth:`conditional` reads (public: levels only)."""
 
+    def increments(
+        self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
+    ) -> Vector | None:
+        """The noise added by several unconditional steps at once (a chain's descent): segment
+        ``i`` of ``draws`` (``sizes[i]`` coordinates) takes the step from ``steps[i] = (level,
+        upper level)``, exactly the integers :meth:`conditional` would add for it alone; ``None``
+        when this family does not batch those steps (the caller then goes step by step)."""
+        return None
+
     @abstractmethod
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector
@@ -309,6 +319,14 @@ class _LatticeLaplace(Mechanism):
 
     def slots(self, level: float, upper: float, lower: float | None) -> int:
         return _dlap.slots(self._law(level, upper, lower))
+
+    def increments(
+        self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
+    ) -> Vector | None:
+        laws = [self._law(level, upper, None) for level, upper in steps]
+        if not _dlap.batchable(laws):
+            return None
+        return _dlap.sample_segments(laws, sizes, draws)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector
@@ -631,6 +649,17 @@ class Poisson(Mechanism):
 
     def slots(self, level: float, upper: float, lower: float | None) -> int:
         return 1
+
+    def increments(
+        self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
+    ) -> Vector | None:
+        for level, _ in steps:
+            self.check_level(level)
+        laws = [_poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
+                for level, upper in steps]  # fmt: skip
+        which = np.repeat(np.arange(len(laws), dtype=np.intp), sizes)
+        noise: Vector = _poisson.sample(laws, which, draws)
+        return noise
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector

@@ -264,3 +264,25 @@ def test_the_chains_noise_is_the_constant_the_protocol_states() -> None:
     stated = re.search(r"noise_check = ([0-9a-f]{64})", doc)
     assert stated is not None
     assert noise_check() == stated.group(1)
+
+
+@pytest.mark.parametrize("mech", [Laplace(1.0, dimension=50), DiscreteLaplace(2.0),
+                                  Poisson(1.0)])  # fmt: skip
+def test_a_descent_in_one_pass_draws_what_step_by_step_does(
+    mech: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain draws all the steps a value needs in one vectorised pass when its family
+    batches them; forcing it step by step (no batching) gives the same integers."""
+    chain = ReleaseChain(mech, (0.05, 0.2, 0.5, 1.0, 2.0))  # type: ignore[arg-type]
+    ints = isinstance(mech, (Poisson, DiscreteLaplace))
+    xs = [np.arange(50) * i if ints else np.linspace(-1, 1, 50) * i for i in range(3)]
+    ids = [("s", f"v{i}") for i in range(3)]
+    at_once = [chain.open(x) for x in xs]
+    chain.release([at_once[1]], 3, [ids[1]], rngs())  # some steps already cached
+    chain.release(at_once, 0, ids, rngs())
+    monkeypatch.setattr(type(mech), "increments", lambda *a, **k: None)
+    one_by_one = [chain.open(x) for x in xs]
+    chain.release([one_by_one[1]], 3, [ids[1]], rngs())
+    chain.release(one_by_one, 0, ids, rngs())
+    for a, b in zip(at_once, one_by_one, strict=True):
+        assert a.equals(b)

@@ -194,3 +194,27 @@ def sample(
     slots = mech.slots(level, upper.level, None if lower is None else lower.level)
     draws = Draws(key_from(default_rng(seed)), n, slots)
     return mech.conditional(level, upper, lower, draws, upper.values if base is None else base)
+
+
+def assert_forced_exact_agrees(
+    law: Any, upper: NDArray[np.int64], lower: NDArray[np.int64] | None, draws: Any,
+    monkeypatch: Any,
+) -> None:
+    """Forcing (nearly) every coordinate of a lattice law through the exact path changes no
+    outcome: the float path decides only what is certain (market._dlap)."""
+    from market import _dlap
+
+    n = int(upper.shape[0])
+    calls: list[object] = []
+    exact = _dlap.exact_noise
+
+    def counting(*args: Any) -> int:
+        calls.append(args)
+        return exact(*args)
+
+    fast, forced = np.empty(n, np.int64), np.empty(n, np.int64)
+    _dlap.sample_into(fast, upper, lower, law, draws)
+    monkeypatch.setattr(_dlap, "exact_noise", counting)
+    _dlap.sample_into(forced, upper, lower, law, draws, margin=1.0, eta=1.0)
+    assert len(calls) > 0.9 * n
+    assert np.array_equal(fast, forced)

@@ -33,7 +33,7 @@ from market.codec import decode_state, encode_state
 from market.mechanisms import Anchor
 from market.rng import NoiseKeys
 
-from .stats import assert_proportion, binned_p, law_edges, sample
+from .stats import assert_forced_exact_agrees, assert_proportion, binned_p, law_edges, sample
 
 N = 200_000
 
@@ -358,19 +358,7 @@ def test_exact_path_agrees_bit_for_bit(
     lo = None if lower is None else u + g.integers(-6, 7, n)
     law = DiscreteLaplace(sens)._law(level, upper, lower)
     draws = Draws(key_from(default_rng(13)), n, _dlap.slots(law))
-    calls = []
-    exact = _dlap.exact_noise
-
-    def counting(*args: object) -> int:
-        calls.append(args)
-        return exact(*args)  # type: ignore[arg-type]
-
-    fast, forced = np.empty(n, np.int64), np.empty(n, np.int64)
-    _dlap.sample_into(fast, u, lo, law, draws)
-    monkeypatch.setattr(_dlap, "exact_noise", counting)
-    _dlap.sample_into(forced, u, lo, law, draws, margin=1.0, eta=1.0)
-    assert len(calls) > 0.9 * n
-    assert np.array_equal(fast, forced)
+    assert_forced_exact_agrees(law, u, lo, draws, monkeypatch)
 
 
 def test_exp_enclosures_against_decimal() -> None:

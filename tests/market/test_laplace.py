@@ -31,6 +31,7 @@ from market.mechanisms import Anchor, Mechanism, _LatticeLaplace
 
 from .stats import (
     assert_close_z,
+    assert_forced_exact_agrees,
     assert_proportion,
     binned_p,
     conditional_cdf,
@@ -405,19 +406,7 @@ def test_exact_path_agrees_bit_for_bit(
     u = g.integers(-50, 50, n)
     lo = None if lower is None else u + np.rint(g.laplace(0, sd, n)).astype(np.int64)
     draws = Draws(key_from(g), n, _dlap.slots(law))
-    calls: list[object] = []
-    exact = _dlap.exact_noise
-
-    def counting(*args: object) -> int:
-        calls.append(args)
-        return exact(*args)  # type: ignore[arg-type]
-
-    fast, forced = np.empty(n, np.int64), np.empty(n, np.int64)
-    _dlap.sample_into(fast, u, lo, law, draws)
-    monkeypatch.setattr(_dlap, "exact_noise", counting)
-    _dlap.sample_into(forced, u, lo, law, draws, margin=1.0, eta=1.0)
-    assert len(calls) > 0.9 * n
-    assert np.array_equal(fast, forced)
+    assert_forced_exact_agrees(law, u, lo, draws, monkeypatch)
 
 
 # ------------------------------------------------------------------------- joint privacy

@@ -43,7 +43,6 @@ __all__ = [
     "lazy_at",
     "request_key",
     "to_unit",
-    "unit_bounds",
     "word_at",
 ]
 
@@ -51,7 +50,6 @@ KEY_LABEL = b"emarket-noise-v2\x00"
 """Domain separation of request keys (changing it changes every release)."""
 _MAIN_NONCE = bytes(16)  # cryptography's ChaCha20 nonce: u32le block counter ‖ 96-bit nonce
 _U53 = 2.0**-53
-_U64 = 2.0**-64
 
 
 def request_key(secret: bytes, seed: bytes) -> bytes:
@@ -236,21 +234,6 @@ class LazyUniform:
 def to_unit(words: NDArray[np.uint64]) -> NDArray[np.float64]:
     """The 53-bit prefixes ``⌊w / 2¹¹⌋·2⁻⁵³`` of uniforms, exactly, as floats in [0, 1).
 
-    The ideal uniform lies in ``[u, u + 2⁻⁵³)`` (:func:`unit_bounds` gives tighter bounds
-    near 0, where floats are denser).
+    The ideal uniform lies in ``[u, u + 2⁻⁵³)``.
     """
     return (words >> np.uint64(11)).astype(np.float64) * _U53
-
-
-def unit_bounds(words: NDArray[np.uint64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Float bounds ``lo ≤ U < hi`` of the ideal uniforms whose first 64 bits are ``words``.
-
-    ``lo = w·2⁻⁶⁴`` rounded down and ``hi = (w + 1)·2⁻⁶⁴`` rounded up, each within one part in
-    2⁵² of the true bound: near 0 the interval is as narrow as 2⁻⁶⁴, which the Gaussian tail
-    needs (``−ln U`` of a uniform known to 53 bits is coarse when ``U`` is tiny).
-    """
-    w = words.astype(np.float64)  # correctly rounded: within 2⁻⁵³ relative of the integer
-    lo = w * (_U64 * (1.0 - 2.0**-52))
-    hi = (w + 1.0) * (_U64 * (1.0 + 2.0**-52))
-    np.minimum(hi, 1.0, out=hi)
-    return lo, hi

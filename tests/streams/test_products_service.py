@@ -120,8 +120,10 @@ def test_running_totals_end_to_end(market: Market) -> None:
         verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env)
         assert [r.value_id for r in ev.releases] == ["d1", "d2", "d3", "d4"]  # the retained
         assert [r.terms for r in ev.releases] == [1, 2, 1, 2]  # popcount of 2, 3, 4, 5
-        assert ev.error_model is not None  # a node's: σ² = 9/(2ρ)
-        assert ev.error_model.std == pytest.approx(np.sqrt(9 / (2 * ev.level_after)))
+        assert ev.error_model is not None  # a node's: σ² = 9/(2ρ), times 1 + 2^-12 (float sums)
+        assert ev.error_model.std == pytest.approx(
+            np.sqrt(9 / (2 * ev.level_after)) * (1 + 2.0**-12)
+        )
         for r, true in zip(ev.releases, sums[1:], strict=True):
             sd = ev.error_model.std * np.sqrt(r.terms or 0)
             assert np.all(np.abs(np.asarray(r.values) - true) < 6 * sd)

@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     print("## Memory per stored value (Laplace, levels spaced 1.0..1.5)\n")
     _print(
         ["mechanism", "dimension", "releases", "heap bytes", "vector bytes", "encoded bytes"],
-        memory_table(500 if args.quick else 3_000),
+        memory_table(100 if args.quick else 3_000),
         ["{}", "{}", "{}", "{:.0f}", "{:.0f}", "{:.0f}"],
     )
     return 0

@@ -42,8 +42,8 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import special
 
+from . import _special as special
 from .errors import MarketError
 from .levels import canonical_level
 from .mechanisms import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import special
 
+from . import _special as special
 from .errors import InvalidLevelError, InvalidValueError
 from .levels import canonical_level
 from .rng import RngLike, default_rng

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import special
 
+from . import _special as special
 from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import (
     exceed_probability,

@@ -50,7 +50,34 @@ def tansu_binary() -> Path:
     return path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; the IANA range elsewhere)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 49152, 65535
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, chosen *below* the kernel's ephemeral range.
+
+    A port is picked here and bound later by another process. Port 0 would pick from the
+    ephemeral range, where every outgoing connection (a Kafka client's, say) also takes its
+    local port, so under load the port was taken by such a connection before the worker bound
+    it (``EADDRINUSE``, seen in the crash-anywhere test). Below that range only another
+    explicit bind can take it, and the random choice makes that rare.
+    """
+    low, _ = _ephemeral_range()
+    span = range(max(1024, low - 12_000), low) if low > 2048 else range(0)
+    candidates = [int.from_bytes(os.urandom(2), "big") % len(span) + span.start
+                  for _ in range(64)] if len(span) else []  # fmt: skip
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -28,6 +29,7 @@ from .compat import (
     tune_fetch_wait,
 )
 from .config import Settings
+from .deadline import STOP_DEADLINE_S, exit_after
 from .directory import AccountReplica
 from .faults import FaultInjector
 from .intake import POLL_RECORDS, Intake
@@ -46,6 +48,8 @@ class MarketWorker:
 
     def __init__(self, settings: Settings, keys: MarketKeys | None = None) -> None:
         self.settings = settings
+        #: run before a stop that overran its deadline is forced (set by the runner)
+        self.on_forced_exit: Callable[[], None] | None = None
         if settings.tansu:
             install_tansu_compat()
         tune_fetch_wait(settings.fetch_max_wait_ms)
@@ -165,6 +169,7 @@ class MarketWorker:
                     # records are read again from the committed offsets.
                     log.critical("a batch failed outside the core; stopping the worker so "
                                  "that it is processed again", exc_info=exc)  # fmt: skip
+                    exit_after(STOP_DEADLINE_S, worker.on_forced_exit)
                     await app.crash(exc)
                     return
                 intake.ack(events)  # after the batch's outputs are acknowledged

@@ -11,12 +11,10 @@ import asyncio
 import contextlib
 import gc
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from ..broker.admin import check_input_partitions, ensure_topics, wait_for_broke
 from ..core.keys import MarketKeys
 from ..wire.topics import Topics
 from .config import Settings
+from .deadline import STOP_DEADLINE_S, exit_after
 
 __all__ = ["ChildWorker", "run_worker", "settings_args"]
 
@@ -48,6 +47,7 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     keys = load_or_create_keys(settings.data_dir)
     asyncio.run(_prepare(settings, keys))
     worker = MarketWorker(settings, keys)
+    worker.on_forced_exit = on_forced_exit
     # Everything built so far (faust, aiokafka, pydantic's schemas, numpy, scipy: ~120,000
     # objects) lives as long as the process. Left to the cyclic collector, each full collection
     # scanned them all: 40-90 ms with the event loop stopped (measured with py-spy on a worker
@@ -66,11 +66,11 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
                 self.spinner = None
 
         def _on_sigterm(self) -> None:
-            _exit_after(STOP_DEADLINE_S, on_forced_exit)
+            exit_after(STOP_DEADLINE_S, on_forced_exit)
             super()._on_sigterm()
 
         def _on_sigint(self) -> None:
-            _exit_after(STOP_DEADLINE_S, on_forced_exit)
+            exit_after(STOP_DEADLINE_S, on_forced_exit)
             super()._on_sigint()
 
         async def _sentinel_task(self) -> None:  # mode sleeps 1 s here before closing the loop
@@ -82,32 +82,6 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
         quiet=True,
         redirect_stdouts=False,
     ).execute_from_commandline()
-
-
-#: a worker asked to stop is gone this many seconds later, whatever it was doing
-STOP_DEADLINE_S = 8.0
-
-
-def _exit_after(seconds: float, cleanup: Callable[[], None] | None = None) -> None:
-    """Exit the process ``seconds`` from now if the graceful stop has not finished by then.
-
-    A graceful stop can wait on a broker that does not answer (a final commit, a producer
-    flush) or on an event that never completes. Exiting without them is safe: nothing is
-    committed that was not processed, and replays are harmless (docs/architecture.md).
-    """
-
-    def deadline() -> None:
-        time.sleep(seconds)
-        logging.getLogger(__name__).error(
-            "graceful stop did not finish in %.0fs: exiting now", seconds
-        )
-        if cleanup is not None:
-            with contextlib.suppress(Exception):
-                cleanup()
-        logging.shutdown()
-        os._exit(1)
-
-    threading.Thread(target=deadline, name="stop-deadline", daemon=True).start()
 
 
 async def _prepare(settings: Settings, keys: MarketKeys) -> None:

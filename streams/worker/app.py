@@ -48,8 +48,7 @@ class MarketWorker:
 
     def __init__(self, settings: Settings, keys: MarketKeys | None = None) -> None:
         self.settings = settings
-        #: run before a stop that overran its deadline is forced (set by the runner)
-        self.on_forced_exit: Callable[[], None] | None = None
+        self.on_forced_exit: Callable[[], None] | None = None  # before a forced exit (runner)
         if settings.tansu:
             install_tansu_compat()
         tune_fetch_wait(settings.fetch_max_wait_ms)

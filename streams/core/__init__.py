@@ -1,17 +1,24 @@
-"""The market's logic over events, without Kafka: one module per step of the event path.
+"""The market's logic over events, without Kafka: the event path reads from the file names.
 
-==================  ==============================================================
-``router``          :class:`MarketCore`: one event in → its handler; errors → rejections
-``registrations``   a seller's registration → stream state and catalog entry
-``values``          a value → its release state, the window, eviction
-``delivery``        subscription deliveries, batched per buyer and stream
-``purchases``       a purchase → plan, release, charge, receipt; quotes
-``rejections``      a refused event → a ``Rejection`` its sender can act on
-``horizon``         the dedup horizon shared by values and purchases
-``state``           the stored records and their stores; ``codecs`` their bytes
-``context``         what the handlers share; ``outputs`` what they return
-``keys``            the market's signing key and noise secret
-==================  ==============================================================
+======================  =========================================================================
+``router``              :class:`MarketCore`: read, authenticate and place each event once, then
+                        call its handler; errors → rejections
+``accounts``            ``open_account`` / ``rotate_keys`` → account, inbox topic
+``registrations``       ``register_stream`` → stream, catalog entry
+``values``              a value batch → each value kept and released by its stream's product
+``purchases``           a purchase → recall, then fulfil or refuse, then keep
+``quotes``              a quote → what a purchase would cost (``planning``: the step and price)
+``rejections``          a refused event → a ``Rejection`` its sender can act on
+``stream``              :class:`~.stream.Stream`: a stream's record, terms, product and ledger;
+                        ``stream_store`` loads it once per event and saves it in one place
+``ledger``              the privacy ledger: the one writer of values' losses and window sums
+``products/``           what a stream sells (vectors, histograms, running totals), one protocol
+``replay/``             recall, keep, forget; time admission; watermarks; repair; legacy keys
+``delivery``            subscription deliveries, batched per buyer and stream
+``state``               the stored records and their stores; ``codecs`` their bytes
+``context``             the services every handler shares; ``outputs`` what handlers return
+``keys``                the market's signing key and noise secret
+======================  =========================================================================
 
 Nothing here imports Faust, aiokafka or the broker: the worker (:mod:`streams.worker`) feeds
 events in and sends the outputs.

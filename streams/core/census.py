@@ -26,7 +26,6 @@ from typing import Any
 
 from ..wire.events import StreamRegistration
 from ..wire.topics import Topics
-from .histograms import is_histogram
 from .outputs import Reject
 
 __all__ = ["Quota", "StreamCensus"]
@@ -65,7 +64,7 @@ class StreamCensus:
         """Raise ``too_many_streams`` unless ``reg``'s partition has room for one more stream of
         its kind, in all and for its seller."""
         partition = self._topics.partition_of(reg.stream_id)
-        histogram = is_histogram(reg)
+        histogram = (reg.product == "histogram")
         for who, held, limits in (
             ("market", self._count(partition, None), (quota.streams, quota.histograms)),
             ("seller", self._count(partition, reg.seller_id),
@@ -94,7 +93,7 @@ class StreamCensus:
         for who in (None, reg.seller_id):
             counts = self._count(partition, who)
             counts[0] += 1
-            counts[1] += int(is_histogram(reg))
+            counts[1] += int(reg.product == "histogram")
 
     def invalidate(self) -> None:
         """Forget the counts; the next registration recounts the table in one scan (needed
@@ -110,6 +109,6 @@ class StreamCensus:
                 for who in (None, reg.seller_id):
                     c = counts.setdefault((p, who), [0, 0])
                     c[0] += 1
-                    c[1] += int(is_histogram(reg))
+                    c[1] += int(reg.product == "histogram")
             self._counts = counts
         return self._counts.setdefault((partition, seller), [0, 0])

@@ -9,53 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from market import Mechanism, ReleaseChain, mechanism
 from market.envelope import Sealer
-from market.histogram_chain import HistogramChain
-from market.pricing import PriceSchedule, schedule_from_spec, sellable_levels
 from market.rng import KeyedRngFactory, NoiseKeys
 
-from ..wire.events import UNIT_OF, StreamRegistration
 from ..wire.topics import Topics
 from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
-from .histograms import histogram_chain
-from .horizon import DedupHorizon
 from .keys import MarketKeys
-from .outputs import Reject, StreamFigures
-from .state import Stores, StreamState
-from .windows import latest_status
+from .replay import Admission, Records
+from .state import Stores
 
-__all__ = ["Context", "Limits", "Terms"]
+__all__ = ["Context", "Limits"]
 
-
-@dataclass(frozen=True)
-class Terms:
-    """What a registration fixes for good: the noise family, the prices, the release chain."""
-
-    mechanism: Mechanism
-    schedule: PriceSchedule
-    chain: ReleaseChain
-    #: on a histogram stream, the chain its values are released on (same levels as ``chain``)
-    histogram: HistogramChain | None = None
-
-
-def terms_of(reg: StreamRegistration, *, histogram: bool = True) -> Terms:
-    """Build a registration's terms (raises :class:`market.MarketError` if they are invalid);
-    with ``histogram`` False, all but a histogram stream's chain, whose survival law is the one
-    costly part (a registration checks everything else first)."""
-    mech = mechanism(reg.mechanism, reg.release_sensitivity(), reg.dimension)
-    chain = ReleaseChain(mech, tuple(sellable_levels(reg.steps, reg.cap)), sealed=reg.sealed)
-    return Terms(mech, schedule_from_spec(reg.pricing.model_dump()), chain,
-                 histogram_chain(reg, chain.levels) if histogram else None)  # fmt: skip
-
-
-MAX_CACHED_TERMS = 4096
-"""Streams whose terms a worker keeps built at least (a histogram stream's hold its survival law,
-about 300 kB at 16 levels, shared by streams with the same parameters); the cache holds
-``Limits.max_streams`` if that is more, so a worker holding every stream the market may have
-never rebuilds one (a quote on an evicted histogram stream cost a 0.5 s rebuild)."""
 
 VALUE_STEP_OVERHEAD = 2_000
 """Work units one value-step costs beyond its coordinates (see :meth:`Limits.work`)."""
@@ -110,13 +76,15 @@ class Limits:
 
 @dataclass
 class Context:
-    """The market's state and rules, as the handlers see them."""
+    """The market's services, as the handlers and products see them: the stores, the secrets,
+    the clock, the rules, the replay records and the deliveries."""
 
     stores: Stores
     keys: MarketKeys
     topics: Topics
     clock: Callable[[], int]
-    horizon: DedupHorizon
+    records: Records
+    admission: Admission
     deliveries: Deliveries
     directory: Directory
     sealer: Sealer
@@ -125,58 +93,8 @@ class Context:
     noise: NoiseKeys = field(init=False)
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
-    _terms: dict[str, tuple[StreamRegistration, Terms]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores.streams)
-
-    def stream(self, stream_id: str) -> StreamState:
-        """The stream's state, or a ``unknown_stream`` rejection."""
-        state = self.stores.streams.get(stream_id)
-        if state is None:
-            raise Reject(
-                "unknown_stream",
-                f"stream {stream_id!r} is not registered; check the catalog for available streams",
-            )
-        if state.secret_fingerprint != self.keys.noise_fingerprint:
-            raise Reject(
-                "market_secret_mismatch",
-                f"stream {stream_id!r} was registered by a market whose noise secret has "
-                f"fingerprint {state.secret_fingerprint}, but this worker's is "
-                f"{self.keys.noise_fingerprint}; serving it would re-noise released levels. "
-                "Operators: start the worker with the market's EMARKET_NOISE_SECRET",
-            )
-        return state
-
-    def terms(self, reg: StreamRegistration) -> Terms:
-        """The stream's terms, built once per registration and worker.
-
-        Cached by stream id together with the registration they were built from, so a stream
-        id that another worker registered differently is never served from a stale entry; at
-        most :data:`MAX_CACHED_TERMS` (or ``Limits.max_streams``) of them, the least recently
-        used dropped.
-        """
-        cached = self._terms.pop(reg.stream_id, None)
-        terms = terms_of(reg) if cached is None or cached[0] != reg else cached[1]
-        self.keep_terms(reg, terms)
-        return terms
-
-    def keep_terms(self, reg: StreamRegistration, terms: Terms) -> None:
-        """Cache a registered stream's terms (only a stored stream's: a refused registration's
-        would crowd out the streams the market holds)."""
-        self._terms.pop(reg.stream_id, None)
-        self._terms[reg.stream_id] = (reg, terms)  # newest last: the least recently used go first
-        while len(self._terms) > max(MAX_CACHED_TERMS, self.limits.max_streams):
-            del self._terms[next(iter(self._terms))]
-
-    @staticmethod
-    def figures(st: StreamState) -> StreamFigures:
-        """The stream's ledger figures for the worker's gauges."""
-        reg = st.registration
-        ws = latest_status(st)
-        return StreamFigures(
-            reg.stream_id, reg.mechanism, UNIT_OF[reg.mechanism], st.spent, reg.cap, reg.currency,
-            None if ws is None else ws.spent, None if ws is None else ws.cap,
-        )  # fmt: skip

@@ -25,9 +25,9 @@ from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
 from .accuracy import error_info
 from .directory import Directory
+from .ledger import describe, status
 from .outputs import Output, dump
 from .state import StreamState
-from .windows import describe, status
 
 __all__ = ["BYTES_PER_NUMBER", "Deliveries", "Release", "release_bytes"]
 
@@ -80,6 +80,8 @@ class Deliveries:
         self._sealer = sealer
         self._directory = directory
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
+        #: the record of every stream with something queued, as it was when it was queued
+        self._streams: dict[str, StreamState] = {}
         #: (buyer, stream, window index, level held) → value ids withheld
         self._withheld: dict[tuple[str, str, int, float], list[str]] = {}
         self._batching = False
@@ -100,6 +102,7 @@ class Deliveries:
         """Queue ``value_id``'s release for each holder whose level is in ``by_level``;
         return how many."""
         sid = st.registration.stream_id
+        self._streams[sid] = st
         lists = {lvl: listed(v) for lvl, v in by_level.items()}
         self.pending_bytes += len(st.holders) * release_bytes(st.registration.release_width(), True)
         queued = 0
@@ -119,6 +122,7 @@ class Deliveries:
         """Note that ``value_id`` (of privacy window ``window``) is withheld from every holder
         whose level is not in ``released``."""
         sid = st.registration.stream_id
+        self._streams[sid] = st
         for buyer, holder in st.holders.items():
             if holder.level not in released:
                 group = (buyer, sid, window, holder.level)
@@ -130,7 +134,7 @@ class Deliveries:
                 self.withheld_total += 1
 
     @contextlib.contextmanager
-    def batch(self, streams: Mapping[str, StreamState]) -> Iterator[list[Output]]:
+    def batch(self) -> Iterator[list[Output]]:
         """Hold deliveries back while the block runs; on exit append them to the yielded list."""
         outputs: list[Output] = []
         self._batching = True
@@ -138,12 +142,12 @@ class Deliveries:
             yield outputs
         finally:
             self._batching = False
-            outputs.extend(self.drain(streams))
+            outputs.extend(self.drain())
 
-    def drain_unless_batching(self, streams: Mapping[str, StreamState]) -> list[Output]:
-        return [] if self._batching else self.drain(streams)
+    def drain_unless_batching(self) -> list[Output]:
+        return [] if self._batching else self.drain()
 
-    def drain(self, streams: Mapping[str, StreamState]) -> list[Output]:
+    def drain(self) -> list[Output]:
         """``value_released`` events for everything queued, each under the size limit.
 
         One holder's delivery failing (it cannot: sealing keys are validated when accepted,
@@ -151,6 +155,7 @@ class Deliveries:
         always emptied, so nothing of it leaks into the next batch.
         """
         outputs: list[Output] = []
+        streams = self._streams
         try:
             for (buyer, sid), releases in self._pending.items():
                 try:
@@ -167,6 +172,7 @@ class Deliveries:
         finally:
             self._pending.clear()
             self._withheld.clear()
+            self._streams = {}
             self.pending_bytes = 0
         return outputs
 

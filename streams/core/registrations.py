@@ -9,20 +9,17 @@ must fit in one message) are checked before anything is stored.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from market.pricing import price_list, sellable_levels
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
-from .auth import acting_for, authenticate
-from .context import Context, terms_of
+from .context import Context
 from .delivery import release_bytes
-from .histograms import histogram_chain, work_width
+from .incoming import Incoming
 from .outputs import Outcome, Output, Reject, dump
-from .placement import check_partition
-from .rejections import Source
+from .products import product_class
 from .state import StreamState, stream_record_bound
-from .totals import chains_walked
+from .stream_store import Streams
+from .terms import terms_of
 
 __all__ = ["EPSILON_DELTA", "register"]
 
@@ -30,24 +27,17 @@ EPSILON_DELTA = 1e-6
 """δ at which catalog entries state ε for Gaussian and Poisson streams."""
 
 
-def register(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
-    """Apply one ``register_stream`` event."""
-    reg = StreamRegistration.model_validate_json(src[3])
-    authenticate(ctx, reg, reg.seller_id, final=final)
-    with acting_for(reg.seller_id, reg.stream_id):
-        check_partition(ctx, src, reg.stream_id)
-        return _register(ctx, reg)
-
-
-def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
-    existing = ctx.stores.streams.get(reg.stream_id)
+def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) -> Outcome:
+    """Apply one ``register_stream`` event: a new stream, or its catalog entry again."""
+    reg = inc.event
+    existing = streams.record(reg.stream_id)
     if existing is not None:
         return _again(ctx, reg, existing)
     # every check before a histogram stream's survival law, the one costly part, is built
     _check_purchase_cost(ctx, reg, len(sellable_levels(reg.steps, reg.cap)))
     ctx.census.check_room(reg, ctx.limits.stream_quota)
-    terms = terms_of(reg, histogram=False)
-    for level in terms.chain.levels:  # every level for sale can be released
+    terms = terms_of(reg)
+    for level in terms.levels:  # every level for sale can be released
         terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
     prices = price_list(
@@ -55,7 +45,7 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         delta=EPSILON_DELTA,
     )  # fmt: skip
     now = ctx.clock()
-    entry_model = CatalogEntry(
+    payload = dump(CatalogEntry(
         registration=reg,
         level_unit=UNIT_OF[reg.mechanism],
         accepted_at_ms=now,
@@ -63,20 +53,9 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         market_public_key=ctx.keys.public_key_b64,
         prices=[PriceLevel(level=p.level, price_minor=p.price_minor, epsilon=p.epsilon)
                 for p in prices],
-    )  # fmt: skip
-    payload = dump(entry_model)
-    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, len(payload),
-                                 windowed=reg.window is not None)  # fmt: skip
-    if record > ctx.limits.max_message_bytes:
-        raise Reject(
-            "stream_too_large",
-            f"this stream's record (window of {reg.retain_last}, up to "
-            f"{ctx.limits.max_holders} holders, a {len(payload)}-byte catalog entry) may take "
-            f"{record} bytes, but a message may have at most {ctx.limits.max_message_bytes}; "
-            "lower retain_last or shorten the description and price table",
-        )
-    terms = replace(terms, histogram=histogram_chain(reg, terms.chain.levels))
-    ctx.stores.streams[reg.stream_id] = StreamState(
+    ))  # fmt: skip
+    _check_record_size(ctx, reg, len(payload))
+    streams.create(StreamState(
         registration=reg,
         secret_fingerprint=ctx.keys.noise_fingerprint,
         accepted_at_ms=now,
@@ -84,9 +63,8 @@ def _register(ctx: Context, reg: StreamRegistration) -> Outcome:
         # purchases older than the horizon before it were refused by the clock: the watermark
         # keeps refusing them on every worker, whatever its clock
         purchase_watermark_ms=now,
-    )
+    ), terms)  # fmt: skip
     ctx.census.added(reg)
-    ctx.keep_terms(reg, terms)
     return Outcome(
         "registration",
         "accepted",
@@ -115,6 +93,20 @@ def _again(ctx: Context, reg: StreamRegistration, existing: StreamState) -> Outc
     )
 
 
+def _check_record_size(ctx: Context, reg: StreamRegistration, catalog_bytes: int) -> None:
+    """The stream's record must always fit in one message, however full it gets."""
+    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, catalog_bytes,
+                                 windowed=reg.window is not None)  # fmt: skip
+    if record > ctx.limits.max_message_bytes:
+        raise Reject(
+            "stream_too_large",
+            f"this stream's record (window of {reg.retain_last}, up to "
+            f"{ctx.limits.max_holders} holders, a {catalog_bytes}-byte catalog entry) may take "
+            f"{record} bytes, but a message may have at most {ctx.limits.max_message_bytes}; "
+            "lower retain_last or shorten the description and price table",
+        )
+
+
 def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> None:
     """A purchase returns the whole window, drawn up the whole chain: both must stay bounded."""
     worst = reg.retain_last * release_bytes(reg.release_width(), sealed=True) + 8192
@@ -125,7 +117,9 @@ def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> 
             f"numbers, up to {worst} bytes, but a message may have at most "
             f"{ctx.limits.max_message_bytes}; lower retain_last or the dimension",
         )
-    work = ctx.limits.work(chains_walked(reg, reg.retain_last), levels, work_width(reg))
+    product = product_class(reg)
+    work = ctx.limits.work(product.chains_walked(reg, reg.retain_last), levels,
+                           product.work_width(reg))  # fmt: skip
     if work > ctx.limits.max_event_work:
         raise Reject(
             "stream_too_large",

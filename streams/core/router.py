@@ -1,22 +1,30 @@
-"""Routing one event to its handler, and turning whatever goes wrong into a rejection.
+"""Routing one event: read it once, prove its sender, place it, hand it to its handler.
 
 :class:`MarketCore` is the market's business logic without Kafka: raw bytes from an input topic
-in, an :class:`~streams.core.outputs.Outcome` (state changes made, messages to send) out. It never
-raises for bad input: a refusal (:class:`~streams.core.outputs.Reject`), an engine error
-(:class:`market.MarketError`), an invalid payload (pydantic's ``ValidationError``) and even a bug
-each become a ``Rejection`` of that one event, and the next event is processed as usual.
+in, an :class:`~streams.core.outputs.Outcome` (state changes made, messages to send) out. For
+every event the router alone:
+
+1. bounds it (``too_large``) and parses it as the event of its topic (``invalid_event``);
+2. authenticates it: the account it names must have signed it (:mod:`.auth`), and from then on
+   every refusal is shown to that account;
+3. places it: an event on another partition than its stream's is forwarded there
+   (:mod:`.placement`), before any state is read;
+4. calls its handler with an :class:`~streams.core.incoming.Incoming`, inside one scope of
+   :class:`~streams.core.stream_store.Streams`, which saves the streams the event changed.
+
+It never raises for bad input: a refusal, an engine error, an invalid payload and even a bug each
+become a ``Rejection`` of that one event, and the next event is processed as usual.
 
 The event path, one module per step::
 
     router  ──► accounts       (open_account | rotate_keys → account, inbox topic)
-            ──► auth           (every other event: the named account's key signed it)
-            ──► registrations  (register_stream → stream state, catalog entry)
-            ──► values         (value batch → chain states, window, eviction) ──► delivery
-            ──► purchases      (quote | purchase → plan, release, charge, receipt)
+            ──► registrations  (register_stream → stream, catalog entry)
+            ──► values         (value batch → the product keeps and releases each value)
+            ──► purchases      (purchase → recall, then fulfil or refuse, then keep)
+            ──► quotes         (quote → what a purchase would cost)
             ──► rejections     (anything refused, to the operators and the proven sender)
 
-Replay safety: see ``docs/architecture.md``. Releases are state, state is durable before the
-worker sends outputs, outcomes are idempotent, and new noise is keyed by the request identity.
+Replay safety lives in :mod:`streams.core.replay`; see also ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -27,23 +35,26 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from market import MarketError
 from market.envelope import Sealer
 
-from ..wire.events import PURCHASES_EVENT, QuoteRequest
+from ..wire.events import PURCHASES_EVENT, QuoteRequest, StreamRegistration, ValueBatch
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
-from . import accounts, purchases, registrations, values
+from . import accounts, purchases, quotes, registrations, values
+from .auth import acting_for, authenticate
 from .context import Context, Limits
 from .delivery import Deliveries
 from .directory import Directory, DirectoryReplica
-from .horizon import DedupHorizon
+from .incoming import Incoming
 from .keys import MarketKeys
 from .outputs import Defer, Kind, Outcome, Output, Reject
-from .placement import Misplaced, forward
+from .placement import Misplaced, check_partition, forward
 from .rejections import Source, rejection
+from .replay import Admission, Records
 from .state import Stores
+from .stream_store import Streams
 
 __all__ = ["MarketCore", "now_ms"]
 
@@ -52,6 +63,17 @@ log = logging.getLogger("emarket.core")
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+Handler = Callable[[Context, Streams, Incoming[Any]], Outcome]
+
+#: what each signed event is, who it names as its sender, and what applies it
+_ROUTES: dict[Kind, tuple[str, Handler]] = {
+    "registration": ("seller_id", registrations.register),
+    "value": ("seller_id", values.ingest),
+    "purchase": ("buyer_id", purchases.purchase),
+    "quote": ("buyer_id", quotes.quote),
+}
 
 
 class MarketCore:
@@ -77,13 +99,15 @@ class MarketCore:
             keys=keys,
             topics=topics,
             clock=clock,
-            horizon=DedupHorizon(dedup_horizon_ms, clock, stores, topics.partition_of),
+            records=Records(dedup_horizon_ms, clock, stores, topics.partition_of),
+            admission=Admission(dedup_horizon_ms, clock),
             deliveries=Deliveries(topics, sealer, directory, limits.max_message_bytes),
             sealer=sealer,
             directory=directory,
             limits=limits,
             require_encryption=require_encryption,
         )
+        self.streams = Streams(stores, keys, limits.max_streams)
 
     @property
     def stores(self) -> Stores:
@@ -120,23 +144,29 @@ class MarketCore:
                 f"the event is {len(raw)} bytes; the market accepts at most "
                 f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
             ))  # fmt: skip
-        handlers: dict[str, Callable[[], Outcome]] = {
-            t.accounts: lambda: accounts.handle_account(ctx, src, final=final),
-            t.registrations: lambda: registrations.register(ctx, src, final=final),
-            t.values: lambda: values.ingest_batch(ctx, src, final=final),
-            t.purchases: lambda: self._purchases(src, final),
-        }
-        if topic not in handlers:
+        if kind == "unknown":
             unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
             return rejection(ctx, "unknown", src, unknown)
-        return self._guard(kind, src, handlers[topic])
+        if kind == "account":
+            return self._guard(kind, src, lambda: accounts.handle_account(ctx, src, final=final))
+        return self._guard(kind, src, lambda: self._signed(kind, src, final))
 
-    def _purchases(self, src: Source, final: bool) -> Outcome:
-        req = PURCHASES_EVENT.validate_json(src[3])
-        if isinstance(req, QuoteRequest):
-            ctx = self.ctx
-            return self._guard("quote", src, lambda: purchases.quote(ctx, req, src, final=final))
-        return purchases.purchase(self.ctx, req, src, final=final)
+    def _signed(self, kind: Kind, src: Source, final: bool) -> Outcome:
+        """Parse a signed event of its topic; a quote is routed (and refused) as a quote."""
+        event = _parse(kind, src[3])
+        if isinstance(event, QuoteRequest):
+            return self._guard("quote", src, lambda: self._apply("quote", event, src, final))
+        return self._apply(kind, event, src, final)
+
+    def _apply(self, kind: Kind, event: Any, src: Source, final: bool) -> Outcome:
+        """Authenticate, place, then apply ``event`` in one scope of the streams."""
+        field, handler = _ROUTES[kind]
+        sender: str = getattr(event, field)
+        account = authenticate(self.ctx, event, sender, final=final)
+        with acting_for(sender, event.stream_id):
+            check_partition(self.ctx, src, event.stream_id)  # before any state is read
+            with self.streams.event():
+                return handler(self.ctx, self.streams, Incoming(event, account, src))
 
     def _guard(self, kind: Kind, src: Source, fn: Callable[[], Outcome]) -> Outcome:
         try:
@@ -179,13 +209,23 @@ class MarketCore:
         yielded to the caller receives one ``value_released`` event per (buyer, stream) holding
         every release of the batch, in arrival order.
         """
-        with self.ctx.deliveries.batch(self.ctx.stores.streams) as outputs:
+        with self.ctx.deliveries.batch() as outputs:
             yield outputs
 
     def invalidate_indexes(self) -> None:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""
-        self.ctx.horizon.invalidate()
+        self.ctx.records.invalidate()
         self.ctx.census.invalidate()
+
+
+def _parse(kind: Kind, raw: bytes) -> BaseModel:
+    """The event of a signed topic (pydantic's ``ValidationError`` if it is not one)."""
+    if kind == "registration":
+        return StreamRegistration.model_validate_json(raw)
+    if kind == "value":
+        return ValueBatch.model_validate_json(raw)
+    parsed: BaseModel = PURCHASES_EVENT.validate_json(raw)
+    return parsed
 
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from market import ChainState
 
 from ..core import MarketKeys, Stores
-from ..core.windows import latest_status
+from ..core.ledger import latest_status
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
 from .config import Settings

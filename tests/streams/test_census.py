@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from streams.core import MarketCore, Stores, context
+from streams.core import MarketCore, Stores, stream_store
 from streams.core.context import Limits
 from streams.wire.topics import Topics
 
@@ -81,9 +81,9 @@ def test_a_refused_registration_builds_no_survival_law_and_caches_nothing(
     """A registration refused by a cheap check (here its price schedule) used to build its
     histogram chain first and keep it cached: ~0.3 s and ~0.3 MB each, without bound."""
     from market.histogram_chain import HistogramChain
-    from streams.core import histograms
+    from streams.core.products import histograms
 
-    histograms._shared_chain.cache_clear()  # no chain built by an earlier test
+    histograms.shared_chain.cache_clear()  # no chain built by an earlier test
     built: list[Any] = []
     survival = HistogramChain._survival
     monkeypatch.setattr(HistogramChain, "_survival",
@@ -92,9 +92,9 @@ def test_a_refused_registration_builds_no_survival_law_and_caches_nothing(
     bad = {**HISTOGRAM, "pricing": {"kind": "table", "prices": {"0.5": 100}}}  # no price at 1.0
     out = _register(c, "h1", **bad)
     assert out.status == "rejected" and out.reason != "too_many_streams", out.reason
-    assert built == [] and c.ctx._terms == {}
+    assert built == [] and c.streams.cached() == {}
     assert _register(c, "h2", **HISTOGRAM).status == "accepted"
-    assert len(built) == 1 and list(c.ctx._terms) == ["h2"]
+    assert len(built) == 1 and list(c.streams.cached()) == ["h2"]
 
 
 def test_the_counts_live_in_the_table_across_restarts_and_rebalances() -> None:
@@ -119,7 +119,7 @@ def test_streams_with_the_same_histogram_parameters_share_one_survival_law() -> 
     for sid in ("h1", "h2"):
         assert _register(c, sid, **HISTOGRAM).status == "accepted"
     regs = [c.stores.streams[s].registration for s in ("h1", "h2")]
-    a, b = (c.ctx.terms(r).histogram for r in regs)
+    a, b = (c.streams.built(r)[2].chain for r in regs)  # type: ignore[attr-defined]
     assert a is not None and a is b
 
 
@@ -128,12 +128,12 @@ def test_a_worker_holding_every_stream_keeps_every_stream_built(
 ) -> None:
     """Quotes never rebuild terms while the market is within its bounds (they were evicted
     beyond 4,096 streams, and a histogram stream's cost 0.5 s to rebuild on every quote)."""
-    monkeypatch.setattr(context, "MAX_CACHED_TERMS", 2)
+    monkeypatch.setattr(stream_store, "MAX_CACHED_TERMS", 2)
     c = market_core("seller1", "alice", limits=Limits(max_streams=12))
     ids = [s for p in range(T.partitions) for s in _ids(math.ceil(12 / T.partitions), p)]
     for sid in ids:
         assert _register(c, sid).status == "accepted"
-    built = dict(c.ctx._terms)
+    built = c.streams.cached()
     for sid in ids:
         assert c.handle(T.purchases, quote(sid, "alice", f"q{sid}")).status == "answered"
-    assert all(c.ctx._terms[s][1] is built[s][1] for s in ids)  # the same: nothing rebuilt
+    assert all(c.streams.cached()[s][1] is built[s][1] for s in ids)  # the same: nothing rebuilt

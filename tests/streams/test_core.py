@@ -10,8 +10,8 @@ import pytest
 
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
-from streams.core.horizon import CLOCK_RECORD_MS, MAX_FAR_FUTURE_RECORDS
 from streams.core.rejections import best_effort_ids
+from streams.core.replay.records import CLOCK_RECORD_MS, MAX_FAR_FUTURE_RECORDS
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
@@ -276,7 +276,7 @@ def stored_release(core: MarketCore, sid: str, vid: str, step: int) -> np.ndarra
     """What the market holds of a value at a step: its lattice integers, as released."""
     from market import Anchor
 
-    chain = core.ctx.terms(core.stores.streams[sid].registration).chain
+    chain = core.streams.built(core.stores.streams[sid].registration)[1].chain
     ints = core.stores.releases[f"{sid}/{vid}"].steps[step]
     out: np.ndarray = chain.mechanism.decode(Anchor(chain.levels[step], ints))
     return out
@@ -339,7 +339,7 @@ def test_internal_errors_become_rejections(
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(purchases, "fulfil", boom)
+    monkeypatch.setattr(purchases, "_fulfil", boom)
     out = core.handle(T.purchases, purchase("temp", "alice", "p1"))
     assert out.reason == "internal_error" and "RuntimeError" in out.outputs[0].value.decode()
     monkeypatch.undo()
@@ -424,7 +424,7 @@ def test_a_refused_purchase_replayed_after_its_record_expired_is_too_old() -> No
     elsewhere = purchase("nowhere", "alice", "p2", requested_at_ms=10 * DAY)  # no stream: clock
     message = Rejection.model_validate_json(c.handle(T.purchases, elsewhere).outputs[0].value)
     assert message.reason == "request_too_old" and "market's clock" in message.message
-    behind.ctx.horizon.invalidate()
+    behind.ctx.records.invalidate()
     assert behind.handle(T.purchases, alice_req).reason == "request_too_old"  # there too
 
 
@@ -551,7 +551,7 @@ def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:
         now[0] += 1
         assert c.handle(T.purchases, old).reason == "request_too_old"
     assert Writes.count == 1
-    now[0] += c.ctx.horizon.step_ms
+    now[0] += c.ctx.records.step_ms
     c.handle(T.purchases, old)
     assert Writes.count == 2
     # fifth round: purchases refused at no cost, each a millisecond later than the last, moved
@@ -561,7 +561,7 @@ def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:
         now[0] += 1
         free = purchase("temp", "bob", f"f{i}", max_price=0, requested_at_ms=now[0])
         assert c.handle(T.purchases, free).reason == "price_too_high"
-    assert Writes.count <= 1 + 1_000 // c.ctx.horizon.step_ms
+    assert Writes.count <= 1 + 1_000 // c.ctx.records.step_ms
 
 
 def test_with_a_horizon_shorter_than_the_skew_every_admitted_refusal_is_recorded() -> None:

@@ -1,5 +1,5 @@
 """Histogram streams on MarketCore (plain dicts): sparse count maps in, the keys above each
-level's threshold out, recomputed from the counts (streams/core/histograms.py)."""
+level's threshold out, recomputed from the counts (streams/core/products/histograms.py)."""
 
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def test_a_refused_registration_builds_no_survival_law() -> None:
     big = {**WORDS, "dimension": 50_000, "retain_last": 1000, "steps": [0.5 * 2**i for i in
                                                                          range(15)], "cap": 2**15}
     out = c.handle(T.registrations, registration("big", **big))
-    assert out.reason == "stream_too_large" and "big" not in c.ctx._terms
+    assert out.reason == "stream_too_large" and "big" not in c.streams.cached()
 
 
 def test_a_sealed_delivery_shows_the_number_of_keys_only_to_a_factor_of_two() -> None:

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from streams.core import MarketCore, Stores, purchases, values
+from streams.core import MarketCore, Stores
 from streams.core.context import Limits
+from streams.core.products import retained, vectors
 from streams.wire.events import INBOX_EVENT
 from streams.wire.topics import Topics
 
@@ -152,8 +153,8 @@ def test_different_numbers_under_one_id_get_independent_noise(
 
     assert noise_overlap() < 0.01
     without_digest = lambda sid, vid, digest: (sid, vid)  # noqa: E731
-    monkeypatch.setattr(values, "value_identity", without_digest)
-    monkeypatch.setattr(purchases, "value_identity", without_digest)
+    monkeypatch.setattr(retained, "value_identity", without_digest)
+    monkeypatch.setattr(vectors, "value_identity", without_digest)
     assert noise_overlap() > 0.99
 
 

@@ -1,5 +1,5 @@
 """Running totals on MarketCore (plain dicts): increments in, running sums out, through a binary
-tree of lossless Gaussian node releases (streams/core/totals.py)."""
+tree of lossless Gaussian node releases (streams/core/products/totals.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from scipy import stats
 
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.core.totals import completed_by, decomposition
+from streams.core.products.totals import completed_by, decomposition
 from streams.wire.events import (
     INBOX_EVENT,
     PurchaseFulfilled,
@@ -233,7 +233,7 @@ def test_a_total_that_would_overflow_is_refused_and_leaves_nothing() -> None:
     c = new_core()
     totals_stream(c, dimension=1)
     reg = c.stores.streams["tot"].registration
-    limit = min(c.ctx.terms(reg).chain.value_limit, reg.totals_limit())
+    limit = min(c.streams.built(reg)[1].chain.value_limit, reg.totals_limit())
     assert c.handle(T.values, value("tot", "a", [0.75 * limit])).status == "accepted"
     out = c.handle(T.values, value("tot", "b", [0.5 * limit]))  # each fits, the total does not
     assert out.reason == "invalid_value" and node_keys(c) == ["tot/.0.0"]

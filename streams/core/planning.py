@@ -1,0 +1,94 @@
+"""What a buyer's request buys: the level it names, the step from what it holds, and the price.
+
+A purchase and a quote plan alike; a quote stops here. A request names its level explicitly, as
+an accuracy (the cheapest level that meets it), or as "the most accurate level my price buys";
+without any, it buys the next step above what the buyer holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from market.accuracy import AccuracyNotForSaleError, cheapest_level
+from market.pricing import StepPlan, plan_step
+
+from ..wire.events import Offer, PurchaseRequest, QuoteRequest
+from .accuracy import offer_accuracy, threshold
+from .outputs import Reject
+from .products import Product
+from .stream import Stream
+
+__all__ = ["offers", "plan", "target"]
+
+
+def target(stream: Stream[Product], buyer_id: str,
+           req: PurchaseRequest | QuoteRequest) -> float | None:  # fmt: skip
+    """The level a request names; ``None`` for the next step."""
+    if req.accuracy is None and not getattr(req, "most_accurate", False):
+        return req.target_level
+    if req.accuracy is not None:
+        return _for_accuracy(stream, req)
+    held = stream.held(buyer_id)
+    budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
+    above = [lv for lv in stream.terms.levels if lv > held]
+    fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above])
+    price = stream.terms.schedule.step_price
+    mech = stream.terms.mechanism
+    affordable = [lv for lv, ok in zip(above, fits, strict=True)
+                  if ok and price(mech, held, lv) <= budget]  # fmt: skip
+    if affordable:
+        return max(affordable)
+    # nothing affordable: the next level up is refused as too dear (saying what it costs);
+    # nothing above at all: the next step is refused as "no higher step"
+    return above[0] if above else None
+
+
+def _for_accuracy(stream: Stream[Product], req: PurchaseRequest | QuoteRequest) -> float:
+    """The cheapest level whose error meets the request's accuracy (on running totals, for the
+    least accurate total)."""
+    reg = stream.registration
+    acc = req.accuracy
+    assert acc is not None
+    per = type(stream.product).error_factor(reg)
+    rmse = None if acc.rmse is None else acc.rmse / per
+    hw = None if acc.half_width is None else acc.half_width / per
+    try:
+        return cheapest_level(stream.terms.mechanism, list(stream.terms.levels), rmse=rmse,
+                              half_width=hw, confidence=acc.confidence)  # fmt: skip
+    except AccuracyNotForSaleError as exc:
+        msg = f"{exc}; buy that level with target_level {exc.best:g}"
+        if per != 1.0:
+            msg = (f"no level for sale makes every running total that accurate: the best, "
+                   f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
+                   f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}")
+        raise Reject("accuracy_not_for_sale", msg, best_level=exc.best,
+                     best_error=exc.error * per) from None  # fmt: skip
+    except ValueError as exc:  # a target the model cannot meet at all (wire-validated)
+        raise Reject("invalid_event", f"accuracy target: {exc}") from None
+
+
+def plan(stream: Stream[Any], buyer_id: str, level: float | None) -> StepPlan:
+    """The step from what ``buyer_id`` holds to ``level`` (``None``: the next step), priced."""
+    reg = stream.registration
+    terms = stream.terms
+    return plan_step(terms.schedule, terms.mechanism, list(reg.steps), reg.cap,
+                     stream.held(buyer_id), level, stream=reg.stream_id)  # fmt: skip
+
+
+def offers(stream: Stream[Product], held: float) -> list[Offer]:
+    """Every level for sale with its accuracy and what it costs the buyer from ``held``."""
+    reg = stream.registration
+    terms = stream.terms
+    levels = list(terms.levels)
+    window = reg.window is not None
+    factor = type(stream.product).error_factor(reg)  # running totals: the least accurate total's
+    # a level at or below the one held is answered with the held level's release
+    fits = stream.ledger.fitting_purchase([stream.ledger.level(max(lv, held)) for lv in levels])
+    out = []
+    for lv, ok in zip(levels, fits, strict=True):
+        rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)
+        price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
+        out.append(Offer(level=lv, rmse=rmse * factor, half_width_95=hw95 * factor,
+                         price_minor=price, held=lv <= held, fits_window=ok if window else None,
+                         threshold=threshold(reg, lv)))  # fmt: skip
+    return out

@@ -1,0 +1,187 @@
+"""What every product shares: the protocol a product implements, and the steps all take.
+
+A *product* is what a stream sells of its values (:mod:`streams.core.products`). The handlers
+drive every product through the same few calls — read a value, recognise a resend, ingest,
+re-release, release the window for a purchase — and the steps every product takes in the same
+way (a value's identity, retiring old values, storing a state, delivering) live here once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from market import ChainState
+from market.histogram_chain import HistogramValue
+from market.mechanisms import check_range
+from market.receipts import RECEIPT_VERSION
+
+from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ..context import Context
+from ..delivery import Release
+from ..ledger import Level
+from ..outputs import Reject
+from ..replay.repair import ahead_of_stream
+from ..state import EvictedValue, ValueEntry, ValueState, record_key
+from ..stream import Stream
+from ..terms import Terms
+
+__all__ = [
+    "Exact",
+    "Product",
+    "deliver",
+    "digest_values",
+    "numbers",
+    "retire",
+    "store_state",
+    "value_identity",
+]
+
+Identity = tuple[str, str, str]
+
+
+def digest_values(arr: np.ndarray[Any, Any]) -> str:
+    """SHA-256 of a value's exact numbers as little-endian f64 or i64 (what makes a resend
+    identical, and part of its noise's identity: ``docs/protocol.md`` §1.3)."""
+    little = np.ascontiguousarray(arr, arr.dtype.newbyteorder("<"))
+    return hashlib.sha256(little.tobytes()).hexdigest()
+
+
+def value_identity(stream_id: str, value_id: str, digest: str) -> Identity:
+    """What a value's noise is keyed by: other numbers under the same id get other noise."""
+    return (stream_id, value_id, digest)
+
+
+@dataclass(frozen=True)
+class Exact:
+    """A value as published, checked: its exact numbers (or counts) and their digest."""
+
+    value: NDArray[Any] | HistogramValue
+    digest: str
+
+
+class Product(ABC):
+    """What one kind of stream sells: how its values are read, kept and released.
+
+    One instance per registered stream (built with its terms, cached with them); the class
+    methods answer what a registration costs before anything is built.
+    """
+
+    name: ClassVar[str]
+    #: the receipt format of a purchase (a keyed product's digest covers its keys)
+    receipt_version: ClassVar[int] = RECEIPT_VERSION
+
+    def __init__(self, reg: StreamRegistration, terms: Terms) -> None:
+        self.reg = reg
+        self.terms = terms
+
+    # -- what a registration costs --------------------------------------------------------------
+    @classmethod
+    def chains_walked(cls, reg: StreamRegistration, values: int) -> int:
+        """How many chains releasing ``values`` consecutive values walks at most."""
+        return values
+
+    @classmethod
+    def work_width(cls, reg: StreamRegistration) -> int:
+        """Work units per value-step beyond the fixed overhead: the numbers a release carries."""
+        return reg.release_width()
+
+    @classmethod
+    def error_factor(cls, reg: StreamRegistration) -> float:
+        """What one chain's error is multiplied by in the least accurate release sold."""
+        return 1.0
+
+    # -- values ---------------------------------------------------------------------------------
+    @abstractmethod
+    def exact(self, item: ValueItem) -> Exact:
+        """The value's exact numbers and digest, or a refusal saying what is wrong with it."""
+
+    def known(self, ctx: Context, stream: Stream[Any], value_id: str) -> ValueState | None:
+        """What the market keeps of a value it has seen (its state or mark), ``None`` if it is
+        new; a record its stream does not count was left by a lost batch: the value is new."""
+        known = ctx.records.value(record_key(stream.id, value_id))
+        if known is not None and ahead_of_stream(stream, value_id, known):
+            return None
+        return known
+
+    @abstractmethod
+    def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
+               exact: Exact) -> tuple[int, int]:  # fmt: skip
+        """Keep a new value and release it to the holders; return (releases queued, new chain
+        steps computed)."""
+
+    @abstractmethod
+    def resend(self, ctx: Context, stream: Stream[Any], value_id: str,
+               known: ValueState) -> tuple[int, int]:  # fmt: skip
+        """A value sent again with the same numbers: its releases again (the same bytes), to
+        the holders it is still retained for; return (releases queued, new steps computed)."""
+
+    # -- purchases ------------------------------------------------------------------------------
+    @abstractmethod
+    def release_window(
+        self, ctx: Context, stream: Stream[Any], level: float
+    ) -> tuple[list[ReleasedValue], int]:
+        """Every retained value released at ``level`` (what a purchase returns), and the new
+        chain steps computed."""
+
+
+def numbers(terms: Terms, reg: StreamRegistration, item: ValueItem, *,
+            bounded: bool = True) -> Exact:  # fmt: skip
+    """A value of numbers (not keys), checked for the stream's noise family; ``bounded``: its
+    magnitude within what the release grids hold (a running total bounds its nodes instead)."""
+    if item.keys is not None:
+        raise Reject(
+            "invalid_value",
+            f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
+            "stream: send its numbers in `values` only",
+        )
+    if item.inexact_integer and np.issubdtype(terms.mechanism.dtype, np.integer):
+        raise Reject(
+            "invalid_value",
+            f"value {item.value_id!r} holds an integer beyond 2**53, which cannot be read exactly "
+            f"(it would become another count); counts on stream {reg.stream_id!r} must be at "
+            "most 2**53 in magnitude",
+        )
+    exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
+    if bounded:
+        check_range(exact, terms.chain.value_limit)
+    return Exact(exact, digest_values(exact))
+
+
+def retire(ctx: Context, stream: Stream[Any]) -> None:
+    """Keep the newest ``retain_last`` values: an older one leaves a mark until the horizon;
+    forget the marks and window sums the horizon no longer needs."""
+    sid = stream.id
+    for old in stream.evict():
+        mark = EvictedValue(old.seq, old.digest, old.published_at_ms)
+        ctx.records.mark_value(sid, record_key(sid, old.value_id), mark, expires=True)
+    ctx.records.forget_values(sid, stream.state.watermark_ms)
+    stream.ledger.prune(ctx.records.horizon_ms)
+
+
+def store_state(ctx: Context, key: str, state: ChainState | HistogramValue) -> None:
+    """Store a value's state: a chain state with its cache trimmed so the record fits in one
+    message, and packed (a histogram value is only its counts)."""
+    if isinstance(state, ChainState):
+        state.trim(ctx.limits.max_message_bytes // 2)
+        state.pack()  # at rest: one array for its steps (market.chain.ChainState, Notes)
+    ctx.stores.releases[key] = state
+
+
+def deliver(ctx: Context, stream: Stream[Any], entry: ValueEntry,
+            by_level: Mapping[float, Release], held: set[Level]) -> int:  # fmt: skip
+    """Queue the value's releases for the holders whose level is in ``by_level``; tell the
+    others (only a privacy window withholds) it is withheld. Return the releases queued."""
+    released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, by_level)
+    missing = {lv for lv in held if lv.value not in by_level}
+    if missing:
+        assert stream.ledger.windowed, f"levels held but not released: {missing}"
+        window = stream.ledger.window_of(entry.published_at_ms)
+        ctx.deliveries.withhold(stream.state, entry.value_id, window, set(by_level))
+    return released

@@ -1,0 +1,55 @@
+"""A buyer's quote: what a purchase would cost and buy, without buying.
+
+The answer lists every level for sale with its accuracy, its price from what the buyer holds and
+whether a privacy window has room for it, and the level a purchase with the same terms would
+buy. A quote changes nothing: it is answered, never recorded.
+"""
+
+from __future__ import annotations
+
+from market.errors import NoHigherStepError
+from market.pricing import StepPlan
+
+from ..wire.events import UNIT_OF, QuoteAnswer, QuoteRequest
+from .accuracy import error_info
+from .context import Context
+from .incoming import Incoming
+from .ledger import latest_status
+from .outputs import Outcome, Output, dump
+from .planning import offers, plan, target
+from .stream_store import Streams
+
+__all__ = ["quote"]
+
+
+def quote(ctx: Context, streams: Streams, inc: Incoming[QuoteRequest]) -> Outcome:
+    """Answer what a purchase would cost, without buying."""
+    req = inc.event
+    stream = streams.load(req.stream_id)
+    level = target(stream, req.buyer_id, req)
+    try:
+        step = plan(stream, req.buyer_id, level)
+    except NoHigherStepError:  # the top step is held: the quote still lists what is for sale
+        held = stream.held(req.buyer_id)
+        step = StepPlan(held, held, held, 0)
+    reg = stream.registration
+    answer = QuoteAnswer(
+        quote_id=req.quote_id,
+        buyer_id=req.buyer_id,
+        stream_id=req.stream_id,
+        level_unit=UNIT_OF[reg.mechanism],
+        level_before=step.held,
+        level_after=step.after,
+        price_minor=step.price_minor,
+        currency=reg.currency,
+        error_model=error_info(reg, step.after),
+        offers=offers(stream, step.held),
+        privacy_window=latest_status(stream.state),
+    )
+    return Outcome(
+        "quote",
+        "answered",
+        [Output(ctx.topics.inbox(req.buyer_id), req.quote_id.encode(), dump(answer))],
+        stream_id=req.stream_id,
+        price_minor=step.price_minor,
+    )

@@ -1,0 +1,40 @@
+"""Purchase outcomes kept under the keys of an earlier version, and when this module can go.
+
+Earlier versions kept a purchase's outcome under ``buyer/purchase_id``; one id used on two
+streams was then two records under one key, and the partition a worker restored last decided
+which it kept. Outcomes are now kept under ``buyer/stream/purchase_id``
+(:func:`~.records.purchase_key`). An outcome under an old key is still recalled for its own
+stream, and it still refuses the id on every other stream (that stream's record may be the one
+lost): never fulfilled under it. Such a refusal is kept like any other.
+
+When to delete this module: old keys are records like any other, forgotten with the dedup
+horizon. One horizon (``EMARKET_DEDUP_HORIZON``, 7 days by default) after every worker runs a
+version that writes the new keys, no old key is left; a store restored from a changelog cannot
+bring one back once the changelog has compacted its tombstones.
+"""
+
+from __future__ import annotations
+
+from ...wire.events import PurchaseRequest
+from ..outputs import Reject
+from ..state import PurchaseRecord, record_key
+from .records import Records
+
+__all__ = ["check_id", "recall"]
+
+
+def recall(records: Records, req: PurchaseRequest) -> PurchaseRecord | None:
+    """The outcome kept under the purchase's old key, if it is this stream's."""
+    old = records.purchase(record_key(req.buyer_id, req.purchase_id))
+    return old if old is not None and old.stream_id == req.stream_id else None
+
+
+def check_id(records: Records, req: PurchaseRequest) -> None:
+    """Refuse an id an old key holds for another stream (``idempotency_key_reused``)."""
+    old = records.purchase(record_key(req.buyer_id, req.purchase_id))
+    if old is not None and old.stream_id != req.stream_id:
+        raise Reject(
+            "idempotency_key_reused",
+            f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} on "
+            f"stream {old.stream_id!r}; use a new purchase id",
+        )

@@ -1,0 +1,184 @@
+"""Replay records: recall, keep, forget. The one writer of purchase outcomes and value marks.
+
+A purchase's outcome is kept under its buyer, stream and id, with the exact bytes sent, so a
+resend is answered with the same bytes and never charged twice. A value that left its stream's
+window keeps a mark (:class:`~streams.core.state.EvictedValue`: its arrival number and digest) so
+a resend is recognised. Keeping either for ever would grow without bound, so each stream's
+records are forgotten once they are older than the dedup horizon before its watermark
+(:mod:`.watermarks`); events that old are refused (:mod:`.admission`), so no record can be
+needed by then. Refusals of purchases on a stream nobody has registered have no watermark:
+they are forgotten by the clock, :data:`CLOCK_RECORD_MS` late, on their input partition.
+
+A refusal of a purchase dated more than the horizon ahead outlives every other record, so one
+buyer may have at most :data:`MAX_FAR_FUTURE_RECORDS` of them on a partition
+(:meth:`Records.recordable`); beyond that a refusal cannot be kept, and says so.
+
+Which records are due is found with an in-memory heap per stream and kind, rebuilt from the
+stores by one scan after a restart or a rebalance (:meth:`Records.invalidate`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from ..state import EvictedValue, PurchaseRecord, Stores, ValueState, record_key
+from .admission import CLOCK_REFUSE_MS, MAX_CLOCK_SKEW_MS, HorizonKind
+
+__all__ = [
+    "CLOCK_RECORD_MS",
+    "MAX_FAR_FUTURE_RECORDS",
+    "UNKNOWN_STREAM",
+    "WATERMARK_STEP_MS",
+    "Records",
+    "purchase_key",
+]
+
+CLOCK_RECORD_MS = CLOCK_REFUSE_MS + MAX_CLOCK_SKEW_MS
+"""Beyond the horizon, how long a record kept by the clock outlives its request time: a skew
+longer than a purchase is admitted, for a worker whose clock is behind."""
+WATERMARK_STEP_MS = 60_000
+"""The purchase watermark moves in steps of this much at most (a 64th of the horizon if that is
+less), so the stream record that carries it is written for it at most once a step."""
+MAX_FAR_FUTURE_RECORDS = 8
+"""Refusals of purchases dated more than the horizon ahead one buyer may have on record on one
+partition."""
+UNKNOWN_STREAM = "?"
+"""Where records of purchases on streams the market does not know are indexed (one heap per
+input partition): ``?`` is in no id, so no stream's heap is named so."""
+
+
+def purchase_key(buyer_id: str, stream_id: str, purchase_id: str) -> str:
+    """Where a purchase's outcome is kept: under its buyer, stream and id (the record lives in
+    the stream's changelog partition, so the key names the stream)."""
+    return record_key(buyer_id, stream_id, purchase_id)
+
+
+class Records:
+    """The purchase outcomes and value marks of this worker's partitions, and when each may go.
+
+    Parameters
+    ----------
+    horizon_ms : int
+        The dedup horizon.
+    clock : callable
+        The market's clock (Unix ms).
+    stores : Stores
+        Where the records live (``purchases``; marks in ``releases``).
+    partition_of : callable
+        The input partition of a stream id.
+    """
+
+    def __init__(
+        self,
+        horizon_ms: int,
+        clock: Callable[[], int],
+        stores: Stores,
+        partition_of: Callable[[str], int],
+    ) -> None:
+        self.horizon_ms = horizon_ms
+        self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
+        self.clock = clock
+        self._stores = stores
+        self._partition_of = partition_of
+        self._heaps: dict[HorizonKind, dict[str, list[tuple[int, str]]]] = {}
+        # (buyer, input partition) → request times of its far-future refusals on record
+        self._far: dict[tuple[str, int], list[int]] = {}
+
+    # -- purchases ------------------------------------------------------------------------------
+    def purchase(self, key: str) -> PurchaseRecord | None:
+        """The outcome kept under ``key``, if any."""
+        return self._stores.purchases.get(key)
+
+    def keep_purchase(self, key: str, record: PurchaseRecord, heap: str) -> None:
+        """Keep a purchase's outcome until the horizon passes its request time (``heap``: its
+        stream, or :meth:`unknown` of it)."""
+        self._stores.purchases[key] = record
+        self._remember("purchase", heap, record.requested_at_ms, key)
+
+    def forget_purchases(self, heap: str, watermark: int) -> None:
+        """Forget the outcomes of ``heap`` older than ``watermark`` minus the horizon."""
+        self._forget("purchase", heap, watermark, self._stores.purchases)
+
+    def unknown(self, stream_id: str) -> str:
+        """The heap of records of unknown streams on ``stream_id``'s input partition: they are
+        forgotten only while an event of that partition is handled, so the tombstones reach
+        the changelog partition that holds the records."""
+        return f"{UNKNOWN_STREAM}{self._partition_of(stream_id)}"
+
+    def recordable(self, ts: int, buyer: str, stream_id: str) -> bool:
+        """Whether the refusal of ``buyer``'s purchase on ``stream_id`` stamped ``ts`` may be
+        kept: always within the horizon ahead of the clock; beyond it while the buyer holds
+        fewer than :data:`MAX_FAR_FUTURE_RECORDS` such records on the stream's partition."""
+        far = self.clock() + self.horizon_ms
+        if ts <= far:
+            return True
+        if not self._heaps:
+            self._index()
+        slot = (buyer, self._partition_of(stream_id))
+        held = [t for t in self._far.get(slot, []) if t > far]  # the others are near now
+        if len(held) >= MAX_FAR_FUTURE_RECORDS:
+            return False
+        self._far[slot] = [*held, ts]
+        return True
+
+    # -- values ---------------------------------------------------------------------------------
+    def value(self, key: str) -> ValueState | None:
+        """What is stored under a value's key: its state, or its mark once evicted."""
+        return self._stores.releases.get(key)
+
+    def mark_value(self, stream_id: str, key: str, mark: EvictedValue, *, expires: bool) -> None:
+        """Leave ``mark`` for a value (``expires``: forgotten with the horizon; a running
+        total's increments are marked on arrival and expire once evicted)."""
+        self._stores.releases[key] = mark
+        if expires:
+            self._remember("value", stream_id, mark.published_at_ms, key)
+
+    def forget_values(self, stream_id: str, watermark: int) -> None:
+        """Forget the marks of ``stream_id`` older than ``watermark`` minus the horizon."""
+        self._forget("value", stream_id, watermark, self._stores.releases)
+
+    # -- the heaps ------------------------------------------------------------------------------
+    def invalidate(self) -> None:
+        """Forget the heaps; the next use rebuilds them from the stores in one scan (needed
+        after every rebalance: the stores may then hold records another worker wrote)."""
+        self._heaps.clear()
+        self._far.clear()
+
+    def _remember(self, kind: HorizonKind, heap: str, ts: int, key: str) -> None:
+        heapq.heappush(self._heap(kind, heap), (ts, key))
+
+    def _forget(
+        self, kind: HorizonKind, heap_id: str, watermark: int, store: MutableMapping[str, Any]
+    ) -> None:
+        heap = self._heap(kind, heap_id)
+        low = watermark - self.horizon_ms
+        while heap and heap[0][0] < low:
+            _, key = heapq.heappop(heap)
+            store.pop(key, None)
+
+    def _heap(self, kind: HorizonKind, heap: str) -> list[tuple[int, str]]:
+        if not self._heaps:
+            self._index()
+        return self._heaps[kind].setdefault(heap, [])
+
+    def _index(self) -> None:
+        """One pass over both stores builds the heaps of every stream at once."""
+        values: dict[str, list[tuple[int, str]]] = {}
+        for k, v in self._stores.releases.items():
+            if isinstance(v, EvictedValue):
+                values.setdefault(k.rsplit("/", 1)[0], []).append((v.published_at_ms, k))
+        purchases: dict[str, list[tuple[int, str]]] = {}
+        streams = self._stores.streams
+        far = self.clock() + self.horizon_ms
+        self._far = {}
+        for k, r in self._stores.purchases.items():
+            sid = r.stream_id if r.stream_id in streams else self.unknown(r.stream_id)
+            purchases.setdefault(sid, []).append((r.requested_at_ms, k))
+            if r.requested_at_ms > far:
+                slot = (k.split("/", 1)[0], self._partition_of(r.stream_id))
+                self._far.setdefault(slot, []).append(r.requested_at_ms)
+        for heap in (*values.values(), *purchases.values()):
+            heapq.heapify(heap)
+        self._heaps = {"value": values, "purchase": purchases}

@@ -1,0 +1,120 @@
+"""A stream as one event sees it: its record, its terms, what it sells and its privacy ledger.
+
+:class:`Stream` is loaded once per event (:class:`streams.core.stream_store.Streams`) and saved
+in one place, at the end of the event, if anything changed it. Everything that changes a
+stream's record goes through here or its :class:`~streams.core.ledger.PrivacyLedger`, which mark
+it changed; the record is never written to its store anywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from ..wire.events import UNIT_OF, StreamRegistration, ValueItem
+from .ledger import Level, PrivacyLedger, latest_status
+from .outputs import StreamFigures
+from .state import Holder, StreamState, ValueEntry
+from .terms import Terms
+
+__all__ = ["Stream"]
+
+P = TypeVar("P")
+
+
+@dataclass(eq=False)
+class Stream(Generic[P]):
+    """One stream: its stored record (``state``), its terms, its product (``P``: what it sells,
+    :mod:`streams.core.products`) and its ledger.
+
+    Attributes
+    ----------
+    changed : bool
+        Whether this event changed the record (it is then saved when the event ends).
+    """
+
+    state: StreamState
+    terms: Terms
+    product: P
+    ledger: PrivacyLedger = field(init=False)
+    changed: bool = False
+
+    def __post_init__(self) -> None:
+        self.ledger = PrivacyLedger(self.state, self.touch)
+
+    def touch(self) -> None:
+        """Note that the record changed (saved when the event ends)."""
+        self.changed = True
+
+    @property
+    def id(self) -> str:
+        return self.state.registration.stream_id
+
+    @property
+    def registration(self) -> StreamRegistration:
+        return self.state.registration
+
+    def figures(self) -> StreamFigures:
+        """The stream's ledger figures for the worker's gauges."""
+        reg = self.state.registration
+        ws = latest_status(self.state)
+        return StreamFigures(
+            reg.stream_id, reg.mechanism, UNIT_OF[reg.mechanism], self.state.spent, reg.cap,
+            reg.currency, None if ws is None else ws.spent, None if ws is None else ws.cap,
+        )  # fmt: skip
+
+    # -- holders --------------------------------------------------------------------------------
+    def held(self, buyer_id: str) -> float:
+        """The level ``buyer_id`` holds (0 if none)."""
+        holder = self.state.holders.get(buyer_id)
+        return holder.level if holder else 0.0
+
+    def held_levels(self) -> set[Level]:
+        """The levels the stream's holders hold."""
+        return {self.ledger.level(h.level) for h in self.state.holders.values()}
+
+    def charge(self, buyer_id: str, level: float, price_minor: int) -> Holder:
+        """``buyer_id`` now holds ``level`` and has paid ``price_minor`` more for it."""
+        st = self.state
+        holder = st.holders.get(buyer_id) or Holder(level=level)
+        holder.level = level
+        holder.paid_minor += price_minor
+        holder.purchases += 1
+        st.holders[buyer_id] = holder
+        st.revenue_minor += price_minor
+        self.touch()
+        return holder
+
+    # -- the window of retained values ----------------------------------------------------------
+    def entry(self, value_id: str) -> ValueEntry | None:
+        """The retained value ``value_id``, if it is in the window."""
+        return next((e for e in self.state.window if e.value_id == value_id), None)
+
+    def append(self, item: ValueItem, digest: str, received_at_ms: int) -> ValueEntry:
+        """Add a value to the window (newest last), numbered by its arrival; its loss is
+        recorded by the ledger once it is released."""
+        st = self.state
+        entry = ValueEntry(value_id=item.value_id, seq=st.next_seq, digest=digest,
+                           received_at_ms=received_at_ms, published_at_ms=item.published_at_ms,
+                           level=0.0)  # fmt: skip
+        st.window.append(entry)
+        st.next_seq += 1
+        st.values_ingested += 1
+        self.touch()
+        return entry
+
+    def evict(self) -> list[ValueEntry]:
+        """Drop the values beyond the newest ``retain_last``; return them, oldest first."""
+        st = self.state
+        excess = len(st.window) - st.registration.retain_last
+        if excess <= 0:
+            return []
+        gone, st.window = st.window[:excess], st.window[excess:]
+        self.touch()
+        return gone
+
+    def keep_only(self, entries: list[ValueEntry]) -> None:
+        """Replace the window by ``entries`` (a subset of it, in order)."""
+        if len(entries) != len(self.state.window):
+            self.state.window = entries
+            self.touch()

@@ -35,6 +35,19 @@ def test_core_benchmark_runs() -> None:
     assert "| core µs/event | crypto floor µs | core / floor |" in out
 
 
+def test_trace_counts_the_same_path_twice() -> None:
+    """``bench.trace`` runs, finds both paths in the core, and its warm-up reaches the steady
+    state (no warning: each event's twin took the same path)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.trace"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.stderr == "" and run.stdout.count("| module | entries | calls |") == 2
+    for module in ("streams.wire.signing", "market.chain"):  # outside the core: stable names
+        assert f"| {module} |" in run.stdout
+    assert run.stdout.count("\ncalls ") == 2
+
+
 @pytest.mark.slow
 @pytest.mark.broker
 def test_service_benchmark_runs() -> None:

@@ -20,12 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("streams", "market")
-KNOWN = {("streams.core.totals", "streams.core.values")}
-"""The circles there are today (their modules, sorted), until the #28 restructure."""
 
 
 @dataclass(frozen=True)
@@ -220,17 +216,6 @@ def test_the_graph_of_the_project_is_read() -> None:
     assert any(e.deferred for e in edges)  # the commands' imports are deferred: they are seen
 
 
-def test_no_circle_but_the_known_one() -> None:
-    """A new circle fails at once; the known one is left to the test below (its xfail)."""
-    edges = import_graph(ROOT)
-    found = cycles((e.source, e.target) for e in edges)
-    new = [c for c in found if tuple(sorted(c)) not in KNOWN]
-    assert not new, "import circles:\n" + _report(edges, new)
-
-
-@pytest.mark.xfail(
-    strict=True, reason="streams/core/totals.py <-> values.py: removed by the #28 restructure"
-)
 def test_streams_and_market_import_no_circle() -> None:
     """No circle at all, through imports inside functions too (listed with their lines)."""
     edges = import_graph(ROOT)

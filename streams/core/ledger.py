@@ -127,12 +127,17 @@ class PrivacyLedger:
     ----------
     state : StreamState
         The stream's record, whose ledger fields this writes.
+    levels : sequence of float
+        The levels for sale, in this stream's unit (what a refusal says still fits).
     changed : callable
         Called after every write (the stream is then saved at the end of the event).
     """
 
-    def __init__(self, state: StreamState, changed: Callable[[], None]) -> None:
+    def __init__(
+        self, state: StreamState, levels: Sequence[float], changed: Callable[[], None]
+    ) -> None:
         self._st = state
+        self._levels = levels
         self._changed = changed
         self.unit: Unit = UNIT_OF[state.registration.mechanism]
         window = state.registration.window
@@ -218,7 +223,7 @@ class PrivacyLedger:
         ok: NDArray[np.bool_] = np.all(room, axis=1)
         return [bool(x) for x in ok.tolist()]
 
-    def check_purchase(self, level: Level, sellable: Sequence[Level]) -> None:
+    def check_purchase(self, level: Level) -> None:
         """Refuse (``privacy_window_full``) a purchase releasing ``level`` on the retained
         values if that would overspend a window; say by how much, what fits and when it frees."""
         st = self._st
@@ -232,6 +237,7 @@ class PrivacyLedger:
         k = int(windows[j])
         ws = status(st, k)
         n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == k)
+        sellable = [self.level(lv) for lv in self._levels]
         fits = [lv for lv, ok in zip(sellable, self.fitting_purchase(sellable), strict=True) if ok]
         best = f"the most accurate level that fits now is {max(fits).value:g}" if fits else (
             "no level fits now")  # fmt: skip

@@ -203,8 +203,7 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     step = plan(stream, req.buyer_id, target(stream, req.buyer_id, req))
     _check_step(ctx, req, stream, step)
     ledger = stream.ledger
-    ledger.check_purchase(ledger.level(step.after),
-                          [ledger.level(lv) for lv in stream.terms.levels])  # fmt: skip
+    ledger.check_purchase(ledger.level(step.after))
     releases, new_noise = stream.product.release_window(ctx, stream, step.after)
     # the outcome (sealed, signed) is built before anything is charged: if building it failed,
     # the buyer would otherwise hold and pay for a level with no kept outcome

@@ -36,23 +36,20 @@ class Stream(Generic[P]):
     state: StreamState
     terms: Terms
     product: P
-    ledger: PrivacyLedger = field(init=False)
     changed: bool = False
+    #: the stream's id and registration (fixed for good when it was registered)
+    id: str = field(init=False)
+    registration: StreamRegistration = field(init=False)
+    ledger: PrivacyLedger = field(init=False)
 
     def __post_init__(self) -> None:
-        self.ledger = PrivacyLedger(self.state, self.touch)
+        self.registration = self.state.registration
+        self.id = self.registration.stream_id
+        self.ledger = PrivacyLedger(self.state, self.terms.levels, self.touch)
 
     def touch(self) -> None:
         """Note that the record changed (saved when the event ends)."""
         self.changed = True
-
-    @property
-    def id(self) -> str:
-        return self.state.registration.stream_id
-
-    @property
-    def registration(self) -> StreamRegistration:
-        return self.state.registration
 
     def figures(self) -> StreamFigures:
         """The stream's ledger figures for the worker's gauges."""

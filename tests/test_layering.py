@@ -109,3 +109,94 @@ def test_market_public_api_has_numpydoc_docstrings() -> None:
             if not doc or (undocumented and not is_error):
                 missing.append(f"market.{info.name}.{name}")
     assert not missing, missing
+
+
+# -- owners: each store and each part of a stream's record has one writer ------------------------
+CORE = ROOT / "streams" / "core"
+STORE_OWNERS = {
+    "streams": {"stream_store.py"},
+    "purchases": {"replay/records.py"},
+    "accounts": {"accounts.py"},
+    "releases": {"replay/records.py", "products/base.py"},
+}
+"""Which modules of ``streams/core`` may write each store (the rest only read)."""
+RECORD_FIELDS = {
+    "window", "holders", "spent", "window_spent", "window_floor", "next_seq", "values_ingested",
+    "revenue_minor", "watermark_ms", "purchase_watermark_ms", "level", "paid_minor", "purchases",
+}
+"""Fields of a stream's record (and of its window entries and holders)."""
+RECORD_OWNERS = {"stream.py", "ledger.py", "replay/watermarks.py", "state.py"}
+"""The modules that may change a stream's record (every change marks the stream changed), and
+the one that defines the records (its constructors)."""
+_MUTATORS = {"pop", "popitem", "setdefault", "update", "clear", "append", "extend", "insert",
+             "remove"}  # fmt: skip
+
+
+def _target_name(node: ast.expr) -> str | None:
+    """``x.a`` or ``x.a[k]`` → ``a`` (what an assignment or a mutating call writes)."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _store_of(node: ast.expr) -> str | None:
+    """``stores.releases`` / ``self._stores.releases`` (possibly subscripted) → ``releases``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute) and node.attr in STORE_OWNERS:
+        owner = node.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        if name in {"stores", "_stores"}:
+            return node.attr
+    return None
+
+
+def writes(source: str) -> list[tuple[str, str, int]]:
+    """Every write in ``source``: (``store``/``field``, name, line) for assignments, augmented
+    assignments, deletions and mutating calls on a store or a record field."""
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _MUTATORS):  # fmt: skip
+            targets = [node.func.value]
+        for t in targets:
+            for el in t.elts if isinstance(t, ast.Tuple) else [t]:
+                store = _store_of(el)
+                if store is not None:
+                    found.append(("store", store, node.lineno))
+                elif (name := _target_name(el)) in RECORD_FIELDS:
+                    found.append(("field", str(name), node.lineno))
+    return found
+
+
+def test_the_owner_finder_sees_every_kind_of_write() -> None:
+    snippet = (
+        "ctx.stores.releases[k] = v\nself._stores.streams[k] = s\nctx.stores.purchases.pop(k)\n"
+        "del ctx.stores.accounts[k]\nst.spent = 1\nst.window.append(e)\ne.level += 1\n"
+        "st.holders[b] = h\na, st.next_seq = 1, 2\nx = ctx.stores.releases.get(k)\n"
+    )
+    assert sorted(writes(snippet), key=lambda w: w[2]) == [
+        ("store", "releases", 1), ("store", "streams", 2), ("store", "purchases", 3),
+        ("store", "accounts", 4), ("field", "spent", 5), ("field", "window", 6),
+        ("field", "level", 7), ("field", "holders", 8), ("field", "next_seq", 9),
+    ]  # fmt: skip
+
+
+def test_each_store_and_the_stream_record_have_one_writer() -> None:
+    """A store is written only by its owner, a stream's record only by the stream, its ledger
+    and its watermarks: an invariant kept in one place, not by convention in every handler."""
+    wrong = []
+    for path in sorted(CORE.rglob("*.py")):
+        rel = path.relative_to(CORE).as_posix()
+        for kind, name, line in writes(path.read_text()):
+            owners = STORE_OWNERS[name] if kind == "store" else RECORD_OWNERS
+            if rel not in owners:
+                wrong.append(f"streams/core/{rel}:{line} writes {kind} {name!r}")
+    assert not wrong, "\n".join(wrong)

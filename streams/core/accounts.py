@@ -33,7 +33,7 @@ def handle_account(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
     With ``final`` False, a rotation on a foreign partition whose signature this worker cannot
     prove yet (its replica of the accounts may lag) is *deferred*, as every other event naming
     an account the directory has not read is: refused unproven, no record of it would remain,
-    and a copy on its own partition would later be applied (red team, second round).
+    and a copy on its own partition would later be applied.
     """
     ev = ACCOUNTS_EVENT.validate_json(src[3])
     try:

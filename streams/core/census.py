@@ -6,7 +6,7 @@ worker's memory ran out, each histogram stream also costing a survival law to bu
 The market therefore holds at most ``Limits.max_streams`` streams, of which at most
 ``Limits.max_histogram_streams`` sell histograms, and one seller at most
 ``Limits.max_streams_per_seller`` (``max_histogram_streams_per_seller``), so that one account
-cannot fill the market for everyone (the red team did, with one free account). Each bound is
+cannot fill the market for everyone. Each bound is
 split evenly over the input partitions: a partition holds at most its share, whichever worker
 owns it, so the bounds hold however the partitions are spread over workers and after every
 rebalance. (A seller whose share of one partition is full can still register a stream whose id

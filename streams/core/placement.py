@@ -13,8 +13,8 @@ A misplaced event whose sender is proven is **forwarded**, byte for byte, to the
 belongs on, where the worker owning the real entries applies it like any other event. Refusing
 it instead would leave no record anywhere (the worker that saw it may not write one), so the same
 signed bytes copied onto the right partition later, by anyone who read them, would still be
-applied — after the sender had been told "refused" and had perhaps bought again under a new id
-(the red team's replay). Forwarded, the event has one fate: its outcome, which the owner records
+applied — after the sender had been told "refused" and had perhaps bought again under a new
+id. Forwarded, the event has one fate: its outcome, which the owner records
 and every later copy only repeats. An event whose sender is not proven is refused
 (``wrong_partition``): it would be refused at home too, and forwarding it would let strangers
 double the market's work for free.

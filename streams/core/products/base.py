@@ -37,6 +37,7 @@ __all__ = [
     "Product",
     "deliver",
     "digest_values",
+    "drop_state",
     "numbers",
     "retire",
     "store_state",
@@ -172,6 +173,11 @@ def store_state(ctx: Context, key: str, state: ChainState | HistogramValue) -> N
         state.trim(ctx.limits.max_message_bytes // 2)
         state.pack()  # at rest: one array for its steps (market.chain.ChainState, Notes)
     ctx.stores.releases[key] = state
+
+
+def drop_state(ctx: Context, key: str) -> None:
+    """Forget a state no release needs any more (a running total's merged tree node)."""
+    ctx.stores.releases.pop(key, None)
 
 
 def deliver(ctx: Context, stream: Stream[Any], entry: ValueEntry,

@@ -41,7 +41,7 @@ from ..outputs import Reject
 from ..replay.watermarks import saw_value
 from ..state import EvictedValue, ValueState, record_key
 from ..stream import Stream
-from .base import Exact, Product, digest_values, numbers, retire, store_state
+from .base import Exact, Product, digest_values, drop_state, numbers, retire, store_state
 
 __all__ = ["Totals", "completed_by", "decomposition", "terms_of"]
 
@@ -207,7 +207,7 @@ class Totals(Product):
         # only the top node is ever read again (every node a total or a parent reads has an
         # even index; the lower ones just closed are right children, merged into it)
         top = max(made)
-        ctx.stores.releases[_node_key(sid, top)] = self.terms.chain.open(made[top])
+        store_state(ctx, _node_key(sid, top), self.terms.chain.open(made[top]))
 
     def _totals(
         self, ctx: Context, stream: Stream[Any], counts: list[int], level: float
@@ -258,7 +258,7 @@ class Totals(Product):
             candidates.update(decomposition(count))
         for n in candidates:
             if not _needed(n, lo, hi):
-                ctx.stores.releases.pop(_node_key(sid, n), None)
+                drop_state(ctx, _node_key(sid, n))
 
 
 def _node_key(stream_id: str, node: Node) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from market.envelope import EnvelopeError, validate_public_key
 
-from ..wire.events import ACCOUNTS_EVENT, AccountState, OpenAccount, RotateKeys
+from ..wire.events import AccountState, OpenAccount, RotateKeys
 from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
@@ -27,15 +27,17 @@ from .rejections import Source
 __all__ = ["handle_account"]
 
 
-def handle_account(ctx: Context, src: Source, *, final: bool = True) -> Outcome:
-    """Apply one ``open_account`` or ``rotate_keys`` event.
+def handle_account(
+    ctx: Context, ev: OpenAccount | RotateKeys, src: Source, *, final: bool = True
+) -> Outcome:
+    """Apply one ``open_account`` or ``rotate_keys`` event (parsed by the router; proved and
+    placed here, by the rules of accounts: an opening proves possession of the key it pins).
 
     With ``final`` False, a rotation on a foreign partition whose signature this worker cannot
     prove yet (its replica of the accounts may lag) is *deferred*, as every other event naming
     an account the directory has not read is: refused unproven, no record of it would remain,
     and a copy on its own partition would later be applied.
     """
-    ev = ACCOUNTS_EVENT.validate_json(src[3])
     try:
         check_partition(ctx, src, ev.account_id)
     except Misplaced as where:  # forwarded only if its signature proves who sent it

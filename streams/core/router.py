@@ -8,7 +8,8 @@ every event the router alone:
 2. authenticates it: the account it names must have signed it (:mod:`.auth`), and from then on
    every refusal is shown to that account;
 3. places it: an event on another partition than its stream's is forwarded there
-   (:mod:`.placement`), before any state is read;
+   (:mod:`.placement`), before any state is read (an account event proves and places itself
+   by the rules of accounts: an opening is signed by the key it pins);
 4. calls its handler with an :class:`~streams.core.incoming.Incoming`, inside one scope of
    :class:`~streams.core.stream_store.Streams`, which saves the streams the event changed.
 
@@ -40,7 +41,15 @@ from pydantic import BaseModel, ValidationError
 from market import MarketError
 from market.envelope import Sealer
 
-from ..wire.events import PURCHASES_EVENT, QuoteRequest, StreamRegistration, ValueBatch
+from ..wire.events import (
+    ACCOUNTS_EVENT,
+    PURCHASES_EVENT,
+    OpenAccount,
+    QuoteRequest,
+    RotateKeys,
+    StreamRegistration,
+    ValueBatch,
+)
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from . import accounts, purchases, quotes, registrations, values
 from .auth import acting_for, authenticate
@@ -147,13 +156,14 @@ class MarketCore:
         if kind == "unknown":
             unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
             return rejection(ctx, "unknown", src, unknown)
-        if kind == "account":
-            return self._guard(kind, src, lambda: accounts.handle_account(ctx, src, final=final))
         return self._guard(kind, src, lambda: self._signed(kind, src, final))
 
     def _signed(self, kind: Kind, src: Source, final: bool) -> Outcome:
-        """Parse a signed event of its topic; a quote is routed (and refused) as a quote."""
+        """Parse a signed event of its topic; a quote is routed (and refused) as a quote, an
+        account event proves itself by the rules of accounts."""
         event = _parse(kind, src[3])
+        if isinstance(event, OpenAccount | RotateKeys):
+            return accounts.handle_account(self.ctx, event, src, final=final)
         if isinstance(event, QuoteRequest):
             return self._guard("quote", src, lambda: self._apply("quote", event, src, final))
         return self._apply(kind, event, src, final)
@@ -224,6 +234,9 @@ def _parse(kind: Kind, raw: bytes) -> BaseModel:
         return StreamRegistration.model_validate_json(raw)
     if kind == "value":
         return ValueBatch.model_validate_json(raw)
+    if kind == "account":
+        account: BaseModel = ACCOUNTS_EVENT.validate_json(raw)
+        return account
     parsed: BaseModel = PURCHASES_EVENT.validate_json(raw)
     return parsed
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from ..core import MarketCore, Outcome
 from ..wire.topics import TopicSpec
-from .compat import set_current_event
 from .directory import AccountReplica
 from .faults import FaultInjector
+from .faust_internals import set_current_event
 from .intake import InputEvent
 from .metrics import Metrics
 from .producer import Producer

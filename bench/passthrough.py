@@ -13,7 +13,7 @@ from typing import Any
 
 import faust
 
-from streams.worker.compat import tune_fetch_wait
+from streams.worker.faust_internals import tune_fetch_wait
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     p.add_argument("--fetch-max-wait-ms", type=int, default=20)
     p.add_argument("--web-port", type=int, default=0)
     args = p.parse_args()
-    from streams.worker.compat import install_tansu_compat
+    from streams.worker.faust_internals import install_tansu_compat
 
     install_tansu_compat()
     tune_fetch_wait(args.fetch_max_wait_ms)

@@ -100,7 +100,7 @@ class StreamState(BaseModel):
     #: the same for purchases: outcomes older than it minus the horizon are forgotten
     purchase_watermark_ms: int = 0
     #: on a ``window`` stream: window index → sum over its values of their largest level
-    #: (:mod:`streams.core.windows`); windows no value can join or be re-released into are
+    #: (:mod:`streams.core.ledger`); windows no value can join or be re-released into are
     #: dropped, at most ``MAX_RECENT_WINDOWS`` beyond those of the values in ``window``
     window_spent: dict[int, float] = {}
     #: windows at or below this index without an entry in ``window_spent`` are closed: their

@@ -21,17 +21,18 @@ from ..core.context import Limits
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
-from .compat import (
+from .config import Settings
+from .deadline import STOP_DEADLINE_S, exit_after
+from .directory import AccountReplica
+from .faults import FaultInjector
+from .faust_internals import (
+    attach_intake,
     install_batched_intake,
     install_tansu_compat,
     quiet_libraries,
     skip_table_settle,
     tune_fetch_wait,
 )
-from .config import Settings
-from .deadline import STOP_DEADLINE_S, exit_after
-from .directory import AccountReplica
-from .faults import FaultInjector
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -60,7 +61,7 @@ class MarketWorker:
         self.metrics: Metrics = build_metrics()
         self.app = self._app()
         self.intake = Intake(self.app, set(self.topics.inputs()))
-        self.app.emarket_intake = self.intake  # type: ignore[attr-defined]  # compat reads it
+        attach_intake(self.app, self.intake)
         self.tables = {
             name: WriteBackTable.create(self.app, name, settings.partitions)
             for name in ("streams", "releases", "purchases", "accounts")
@@ -103,7 +104,7 @@ class MarketWorker:
             self.replica,
             profile=settings.profile_batches,
         )
-        self._started = time.time()
+        self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
 
@@ -189,8 +190,8 @@ class MarketWorker:
 
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
-            pending = sum(web.input_lag(worker._consumer(), worker.topics).values())
-            body = web.health(worker.metrics, settings, worker.keys, worker._started, pending)
+            pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
+            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending)
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -227,10 +228,11 @@ class MarketWorker:
         app.on_rebalance_complete.connect(rebalanced)
 
     def refresh_gauges(self) -> None:
-        web.refresh_gauges(self.metrics, self.stores, self._consumer(), self.topics,
-                           self.settings.stall_seconds, self._started, self._vectors)  # fmt: skip
+        web.refresh_gauges(self.metrics, self.stores, self.consumer(), self.topics,
+                           self.settings.stall_seconds, self.started_at, self._vectors)  # fmt: skip
 
-    def _consumer(self) -> Any:
+    def consumer(self) -> Any:
+        """Faust's consumer of the app, or None before the app has built it."""
         try:
             return self.app.consumer
         except Exception:  # not started yet

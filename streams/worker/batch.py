@@ -6,8 +6,8 @@
 2. the batch's state (every changed table key, once) is sent and **acknowledged** by the broker:
    the records of values, purchases and accounts first, the streams' records last, so that a
    stream's record is never durable without the records it counts (a purchase's charge without
-   its stored outcome was fulfilled again after a crash between the two: red team, fifth
-   round); the core repairs the other way round when a batch is replayed;
+   its stored outcome would be fulfilled again after a crash between the two); the core repairs
+   the other way round when a batch is replayed;
 3. the inboxes of accounts opened in the batch are created, then the outputs (releases,
    receipts, rejections, catalog entries) are sent and acknowledged — or dead-lettered if the
    broker refuses one for good; the agent acknowledges the events afterwards, and Faust commits
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from ..core import MarketCore, Outcome
 from ..wire.topics import TopicSpec
-from .compat import set_current_event
 from .directory import AccountReplica
 from .faults import FaultInjector
+from .faust_internals import set_current_event
 from .intake import InputEvent
 from .metrics import Metrics
 from .producer import Producer

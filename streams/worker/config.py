@@ -27,7 +27,8 @@ class Settings:
     """Everything a worker needs. Defaults suit the embedded broker; see docs/operations.md."""
 
     broker: str = "kafka://127.0.0.1:9092"
-    #: True when the broker is the embedded Tansu: installs :mod:`streams.compat`.
+    #: True when the broker is the embedded Tansu: installs its workarounds
+    #: (:func:`streams.worker.faust_internals.install_tansu_compat`).
     tansu: bool = False
     app_id: str = "epsilon-market"
     prefix: str = "emarket"

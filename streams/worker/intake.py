@@ -7,10 +7,11 @@ forwards its records spends ~270 µs of worker CPU on each; aiokafka's own batch
 ``getmany`` and ``send`` forward the same records for ~20 µs each (both measured here, 2026-11-26,
 ``bench/service.py``'s pass-through against a raw aiokafka loop). The market works in batches
 anyway (:mod:`streams.worker.batch`), so it takes the records where Faust's consumer fetched
-them: :func:`streams.worker.compat.install_batched_intake` lets the consumer put each fetched
-batch of the input topics into an :class:`Intake` as one list, and the agent takes lists from
-it. Everything else stays Faust's: group membership and partition assignment, the read-offset
-and gap bookkeeping, acknowledgements and offset commits, table recovery, flow control.
+them: :func:`streams.worker.faust_internals.install_batched_intake` lets the consumer put each
+fetched batch of the input topics into an :class:`Intake` as one list, and the agent takes lists
+from it. Everything else stays Faust's: group membership and partition assignment, the
+read-offset and gap bookkeeping, acknowledgements and offset commits, table recovery, flow
+control.
 
 Guarantees kept from Faust's stream:
 
@@ -22,6 +23,13 @@ Guarantees kept from Faust's stream:
   (the partition's next owner reads it from the committed offset);
 * a record is acknowledged only by :meth:`Intake.ack`, after its batch's outputs are
   acknowledged by the broker; Faust commits the acknowledged offsets on its interval;
+* Faust never commits past a record taken but not yet acknowledged: :meth:`Intake.ack` hands
+  Faust each partition's acknowledgements in the order its records were taken, holding back
+  any that overtake an earlier record. Faust's commit rule (``Consumer._new_offset``, 0.15.3)
+  commits the first consecutive run of acknowledged offsets and so, when acknowledgements come
+  out of order, can commit past a record still in flight (faust-streaming issue #606,
+  concurrency > 1); the market's agent is sequential, and this keeps the guarantee whoever
+  acknowledges (``tests/test_faust_boundary.py``);
 * memory is bounded: the queue holds at most :data:`MAX_LISTS` fetched batches, each at most
   the consumer's ``max_poll_records`` records (:data:`POLL_RECORDS`, set on the app; Faust's
   default is the whole fetch, up to 50 MB), plus the records carried from the last one taken;
@@ -36,6 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mode.utils.queues import FlowControlQueue
+
+from .faust_internals import track_unacked, untrack_unacked
 
 __all__ = ["MAX_LISTS", "POLL_RECORDS", "InputEvent", "Intake"]
 
@@ -55,24 +65,29 @@ class _Queue(FlowControlQueue[list[Any]]):
     def __init__(self, maxsize: int, *, carry: collections.deque[Any], **kwargs: Any) -> None:
         super().__init__(maxsize, **kwargs)
         self._carry = carry
+        self.records = 0
+        """Records in the queued batches (:meth:`Intake.pending`)."""
 
     def clear(self) -> None:
         super().clear()
         self._carry.clear()
+        self.records = 0
 
 
 class InputEvent:
     """One input record as the batch processor sees it: Faust's message and its value.
 
     Faust's table stores find the partition of a write from the "current event"
-    (:func:`streams.worker.compat.set_current_event`), which must be weakly referenceable.
+    (:func:`streams.worker.faust_internals.set_current_event`), which must be weakly
+    referenceable.
     """
 
-    __slots__ = ("__weakref__", "message", "value")
+    __slots__ = ("__weakref__", "acked", "message", "value")
 
     def __init__(self, message: Any) -> None:
         self.message = message
         self.value: bytes = message.value
+        self.acked = False
 
 
 class Intake:
@@ -96,6 +111,8 @@ class Intake:
                              carry=self._carry)  # fmt: skip
         self.dropped = 0
         """Records dropped because a rebalance overtook them (their next owner reads them)."""
+        self._taken: dict[Any, collections.deque[InputEvent]] = {}
+        """Each partition's records taken and not yet acknowledged to Faust, in taken order."""
 
     async def put(self, messages: list[Any], queued: Callable[[], None] | None = None) -> None:
         """Queue one fetched batch (the consumer's drain loop calls this; waits while full).
@@ -105,10 +122,8 @@ class Intake:
         rebalance), nothing of the batch is queued or tracked.
         """
         await self._queue.put(messages)
-        unacked = self.app.consumer._unacked_messages
-        for m in messages:  # Consumer.track_message without the sensors: acked by Intake.ack
-            m.tracked = True
-            unacked.add(m)
+        self._queue.records += len(messages)
+        track_unacked(self.app.consumer, messages)  # until Intake.ack (or dropped)
         if queued is not None:
             queued()
 
@@ -120,14 +135,21 @@ class Intake:
         """
         while True:
             if not self._carry:
-                self._carry.extend(await self._queue.get())
+                self._carry.extend(self._counted(await self._queue.get()))
             while len(self._carry) < limit and not self._queue.empty():
-                self._carry.extend(self._queue.get_nowait())
+                self._carry.extend(self._counted(self._queue.get_nowait()))
             n = min(limit, len(self._carry))
             taken = [self._carry.popleft() for _ in range(n)]
             live = self._current(taken)
             if live:
-                return [InputEvent(m) for m in live]
+                events = [InputEvent(m) for m in live]
+                for ev in events:
+                    self._taken.setdefault(ev.message.tp, collections.deque()).append(ev)
+                return events
+
+    def _counted(self, batch: list[Any]) -> list[Any]:
+        self._queue.records -= len(batch)
+        return batch
 
     def _current(self, messages: list[Any]) -> list[Any]:
         app = self.app
@@ -137,11 +159,9 @@ class Intake:
             self._carry.clear()  # what was fetched before the rebalance is cleared on resume
         live = [m for m in messages if active and m.generation_id == generation]
         if len(live) < len(messages):
-            unacked = app.consumer._unacked_messages
-            for m in messages:
-                if not active or m.generation_id != generation:
-                    unacked.discard(m)
-            self.dropped += len(messages) - len(live)
+            stale = [m for m in messages if not active or m.generation_id != generation]
+            untrack_unacked(app.consumer, stale)
+            self.dropped += len(stale)
         if live:  # what Faust's stream sensor records: its stall check reads it
             inbound = app.monitor.stream_inbound_time
             now = time.monotonic()
@@ -150,12 +170,25 @@ class Intake:
         return live
 
     def ack(self, events: list[InputEvent]) -> None:
-        """Acknowledge processed records: Faust commits their offsets on its interval."""
-        ack = self.app.consumer.ack
+        """Acknowledge processed records: Faust commits their offsets on its interval.
+
+        Each partition's records reach Faust's ``ack`` in the order they were taken: a record
+        acknowledged before an earlier one of its partition is held back until that one is
+        acknowledged too, so the offset Faust commits never passes a record still in flight
+        (see the module docstring, faust-streaming #606).
+        """
+        partitions: set[Any] = set()
         for ev in events:
-            ack(ev.message)
+            ev.acked = True
+            partitions.add(ev.message.tp)
+        ack = self.app.consumer.ack
+        for tp in partitions:
+            taken = self._taken.get(tp)
+            while taken and taken[0].acked:
+                ack(taken.popleft().message)
+            if not taken:
+                self._taken.pop(tp, None)
 
     def pending(self) -> int:
         """Records queued or carried, not yet taken (tests, diagnostics)."""
-        queued: collections.deque[list[Any]] = self._queue._queue  # type: ignore[attr-defined]
-        return len(self._carry) + sum(len(b) for b in list(queued))
+        return len(self._carry) + self._queue.records

@@ -29,6 +29,7 @@ from ..wire.events import DeadLetter
 from ..wire.topics import Topics, TopicSpec
 from .config import Settings
 from .faults import FaultInjector
+from .faust_internals import producer_client
 from .metrics import Metrics, dead_letter_kind
 from .tables import Record
 
@@ -156,8 +157,7 @@ class Producer:
         """One metadata round trip; updates the broker_up gauge and logs transitions."""
         ok = False
         try:
-            producer: Any = self.app.producer
-            client = producer._producer.client
+            client = producer_client(self.app)
             ok = bool(await asyncio.wait_for(client.fetch_all_metadata(), timeout))
         except Exception as exc:  # timeouts, connection errors, producer not started
             log.debug("broker probe failed: %r", exc)

@@ -39,9 +39,8 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     ``on_forced_exit`` (e.g. stopping the embedded broker of ``serve``) runs first if the
     graceful stop overran.
     """
-    import faust  # noqa: PLC0415
-
     from .app import MarketWorker  # noqa: PLC0415
+    from .faust_internals import worker_class  # noqa: PLC0415
     from .secrets import load_or_create_keys  # noqa: PLC0415
 
     keys = load_or_create_keys(settings.data_dir)
@@ -54,29 +53,10 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
     # under load), every event then in flight waiting it out. Frozen, they are never scanned
     # again (a full collection takes ~10 ms); the state's own objects are still collected as
     # usual. How much of the latency tail this removed is not measured: most of the tail came
-    # from aiokafka's prefetch backoff (compat.prefetch_backoff) and CPU contention.
+    # from aiokafka's prefetch backoff (faust_internals.prefetch_backoff) and CPU contention.
     gc.freeze()
-
-    class _Worker(faust.Worker):
-        """Faust's worker, with a deadline on its graceful stop."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            if not self.stdout.isatty():  # the spinner writes cursor escapes into log files
-                self.spinner = None
-
-        def _on_sigterm(self) -> None:
-            exit_after(STOP_DEADLINE_S, on_forced_exit)
-            super()._on_sigterm()
-
-        def _on_sigint(self) -> None:
-            exit_after(STOP_DEADLINE_S, on_forced_exit)
-            super()._on_sigint()
-
-        async def _sentinel_task(self) -> None:  # mode sleeps 1 s here before closing the loop
-            await asyncio.sleep(0)
-
-    _Worker(
+    faust_worker = worker_class(lambda: exit_after(STOP_DEADLINE_S, on_forced_exit))
+    faust_worker(
         worker.app,
         loglevel=settings.log_level,
         quiet=True,

@@ -7,7 +7,8 @@ changelog record directly with the producer, in the partition of the event that 
 key. Awaiting those sends is what makes the batch's state durable. (Faust's own
 ``table[key] = value`` routes every changelog record through a one-at-a-time buffer, which cost
 half of a busy worker's time; we keep its bookkeeping: the RocksDB persisted offsets and the
-memory store's key → partition map used to drop revoked partitions.)
+memory store's key → partition map used to drop revoked partitions, written through
+:mod:`streams.worker.faust_internals`, which lists the upstream code this bypasses.)
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from faust.serializers import codecs
 from faust.streams import current_event
 
 from ..core.codecs import CODECS
-from .compat import set_current_event
+from .faust_internals import rebuild_changelog_topic, register_codec, store_write
 
 __all__ = ["Record", "WriteBackTable", "register_codecs"]
 
@@ -36,27 +36,15 @@ class Record:
     table: WriteBackTable | None = None
 
 
-class _Codec(codecs.Codec):
-    def __init__(self, dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any]) -> None:
-        super().__init__()
-        self._d, self._l = dumps, loads
-
-    def _dumps(self, obj: Any) -> bytes:
-        return bytes(self._d(obj))
-
-    def _loads(self, data: bytes) -> Any:
-        return self._l(data)
-
-
 def codec_name(store: str) -> str:
     return f"em_{store}"
 
 
 def register_codecs() -> None:
     """Register the key codec and one value codec per store with Faust (by name)."""
-    codecs.register("em_str", _Codec(lambda s: s.encode("utf-8"), lambda b: b.decode("utf-8")))
+    register_codec("em_str", lambda s: s.encode("utf-8"), lambda b: b.decode("utf-8"))
     for store, (dumps, loads) in CODECS.items():
-        codecs.register(codec_name(store), _Codec(dumps, loads))
+        register_codec(codec_name(store), dumps, loads)
 
 
 class WriteBackTable(MutableMapping[str, Any]):
@@ -78,7 +66,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         # is created lazily (after this), but registering the table already built a JSON
         # changelog topic, which recovery would decode with: rebuild it.
         tbl.key_serializer, tbl.value_serializer = "em_str", codec_name(store)
-        tbl.changelog_topic = tbl._new_changelog_topic()
+        rebuild_changelog_topic(tbl)
         return cls(tbl, CODECS[store][0], store)
 
     def __getitem__(self, key: str) -> Any:
@@ -109,25 +97,13 @@ class WriteBackTable(MutableMapping[str, Any]):
 
     def drain(self) -> list[Record]:
         """Apply the batch's writes to the store; return the changelog records to send."""
-        store = self.table.data
-        key_partition = getattr(store, "_key_partition", None)
         topic = self.table.changelog_topic.get_topic_name()
         records = []
         for key, (event, value) in self._pending.items():
-            set_current_event(event)  # the RocksDB store picks its partition from it
-            partition = event.message.partition
-            if value is self._DELETED:
-                store.pop(key, None)
-                payload = None
-            else:
-                store[key] = value
-                payload = self._dumps(value)
-            if key_partition is not None:  # the memory store drops revoked partitions by it
-                if payload is None:
-                    key_partition.pop(key, None)
-                else:
-                    key_partition[key] = partition
-            records.append(Record(topic, key.encode(), payload, partition, self))
+            deleted = value is self._DELETED
+            store_write(self.table, key, value, event, delete=deleted)
+            payload = None if deleted else self._dumps(value)
+            records.append(Record(topic, key.encode(), payload, event.message.partition, self))
         self._pending.clear()
         return records
 

@@ -18,6 +18,7 @@ from ..core.ledger import latest_status
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
 from .config import Settings
+from .faust_internals import committed_offset
 from .metrics import Metrics
 
 __all__ = [
@@ -44,7 +45,7 @@ def input_lag(consumer: Any, topics: Topics) -> dict[str, int]:
             if tp.topic not in topics.inputs():
                 continue
             hw = consumer.highwater(tp)
-            pos = consumer._committed_offset.get(tp)  # Faust's record of commits
+            pos = committed_offset(consumer, tp)
             if hw is not None and pos is not None:
                 lag[tp.topic] = lag.get(tp.topic, 0) + max(0, int(hw) - int(pos))
     except Exception:  # consumer not started yet

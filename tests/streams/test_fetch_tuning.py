@@ -3,8 +3,8 @@
 aiokafka holds back every fetch to a broker while one of its partitions has fetched records the
 application has not taken, for up to a backoff that is not a consumer option (0.1 s). On the
 embedded broker (one broker, a 10-20 ms fetch wait) that backoff was most of the worker's
-latency tail under load; :func:`streams.worker.compat.prefetch_backoff` scales it with the fetch
-wait, and these tests check that a worker's real consumer gets both.
+latency tail under load; :func:`streams.worker.faust_internals.prefetch_backoff` scales it with
+the fetch wait, and these tests check that a worker's real consumer gets both.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.worker.app import MarketWorker
-from streams.worker.compat import prefetch_backoff
 from streams.worker.config import Settings
+from streams.worker.faust_internals import prefetch_backoff
 
 
 def test_backoff_follows_the_fetch_wait_up_to_aiokafkas_default() -> None:
@@ -34,12 +34,13 @@ def _restore_patches_after(monkeypatch: pytest.MonkeyPatch) -> None:
     from faust.tables.manager import TableManager
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from streams.worker import compat
+    from streams.worker import faust_internals
 
     for owner, name in ((AIOKafkaConsumerThread, "_create_worker_consumer"),
                         (AIOKafkaConsumerThread, "_highwaters"),
                         (GroupCoordinator, "_maybe_leave_group"),
-                        (TableManager, "on_start"), (compat, "_installed")):  # fmt: skip
+                        (TableManager, "on_start"),
+                        (faust_internals, "_tansu_installed")):  # fmt: skip
         monkeypatch.setattr(owner, name, getattr(owner, name))
 
 

@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from faust.transport.drivers.aiokafka import ConsumerMessage
 from faust.types import TP
 
-from streams.worker.compat import _deliver, install_batched_intake
+from streams.worker.faust_internals import _deliver, install_batched_intake, intake_of
 from streams.worker.intake import MAX_LISTS, Intake
 
 TOPIC = "t.values"
@@ -137,7 +137,7 @@ def test_the_drain_patch_is_installed_once_and_leaves_other_apps_alone() -> None
     assert Consumer._drain_messages is patched and getattr(patched, "_emarket", False)
 
     async def plain() -> Any:
-        return getattr(_app(), "emarket_intake", None)
+        return intake_of(_app())
 
     assert asyncio.run(plain()) is None  # an app without an intake keeps Faust's own loop
 

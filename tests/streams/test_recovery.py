@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from streams.clients.client import MarketClient, TopicReader, now_ms
 from streams.wire.events import LinearLevelSpec, PurchaseFulfilled, Rejection
-from streams.worker.compat import true_highwaters
+from streams.worker.faust_internals import true_highwaters
 
 from . import helpers
 from .conftest import Market
@@ -37,7 +37,7 @@ def reg(stream: str, **kw: Any) -> dict[str, Any]:
 
 
 def test_tansu_latest_offset_bug_and_fix(broker: Any) -> None:
-    """Documents the broker bug the compat module works around: ListOffsets(latest) answers
+    """Documents the broker bug the Tansu workarounds work around: ListOffsets(latest) answers
     base-of-last-batch + 1; the fetch response's high watermark is right."""
 
     async def go() -> tuple[int, int]:
@@ -70,7 +70,7 @@ def test_tansu_latest_offset_bug_and_fix(broker: Any) -> None:
 )
 def test_table_state_survives_worker_restart(market: Market, how: str, store: str) -> None:
     """A restarted worker rebuilds its tables from the changelog (memory store) or from its
-    local RocksDB plus the changelog tail; the Tansu compat module makes both complete."""
+    local RocksDB plus the changelog tail; the Tansu workarounds make both complete."""
     w1 = market.start_worker(store=store)
     market.open_accounts("seller1", "alice", "bob")
 

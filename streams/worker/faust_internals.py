@@ -1,0 +1,633 @@
+"""Everything the worker does with the insides of Faust, mode and aiokafka, in one module.
+
+The worker keeps faust-streaming for group membership, partition assignment, offsets and
+commits, flow control, table recovery and the web server, but replaces some of its insides.
+Every patch, every override of a private method and every read or write of a private name of
+faust, mode or aiokafka is here; the rest of the worker calls the named functions below.
+What is replaced, copied or relied upon is listed in :data:`UPSTREAM`, and
+``tests/test_faust_boundary.py`` fails when the source of any of it differs from the one
+reviewed for the pinned versions (:data:`PINNED`).
+
+**Changed on every broker** (production on Apache Kafka included):
+
+* :func:`install_batched_intake` — ``Consumer._drain_messages`` is replaced, for an app with an
+  intake (:func:`attach_intake`), by a copy that puts each fetch's records of the input topics
+  into :class:`~streams.worker.intake.Intake` as one list (:func:`_drain_batches`);
+  :func:`track_unacked` and :func:`untrack_unacked` keep Faust's set of records in flight.
+* :func:`tune_fetch_wait` — ``AIOKafkaConsumerThread._create_worker_consumer`` is wrapped:
+  Faust hard-codes ``fetch_max_wait_ms=1500``; we set the consumer's fetch wait and the
+  fetcher's prefetch backoff (:func:`prefetch_backoff`), both private aiokafka attributes.
+* :func:`skip_table_settle` — ``TableManager.on_start`` is replaced without its 1 s sleep.
+* :func:`worker_class` — Faust's ``Worker`` with mode's private signal handlers and sentinel
+  overridden (the stop deadline; no 1 s sleep before the loop closes).
+* The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_write` writes a
+  table's store with the bookkeeping Faust's own paths keep, :func:`set_current_event` sets the
+  "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a table's
+  changelog topic with our codecs (:func:`register_codec`: Faust's codec extension point is its
+  private ``_dumps``/``_loads``).
+* Private reads: :func:`committed_offset` (consumer lag), :func:`producer_client` (broker probes).
+* :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
+
+**Changed only on the embedded Tansu broker** (:func:`install_tansu_compat`, ``--tansu``):
+
+1. **ListOffsets(latest) is wrong**: Tansu answers "base offset of the newest batch + 1" instead
+   of the high watermark (150 records in 3 batches → 101). Faust's changelog recovery reads up to
+   that answer and stops early, silently losing table updates. The high watermark carried by a
+   *fetch* response is right, so :func:`true_highwaters` seeks just below the reported offset,
+   fetches once and reads the watermark from the response; ``AIOKafkaConsumerThread._highwaters``
+   (used by recovery and lag accounting) is replaced to use it.
+2. **Generations start at 0**: aiokafka only sends LeaveGroup when ``generation > 0``, so the
+   first member of a group never leaves cleanly and its successor waits ~1.5 session timeouts.
+   ``GroupCoordinator._maybe_leave_group`` is replaced to send LeaveGroup for generation 0 too.
+
+Tansu also never wakes a waiting fetch, which is why the fetch wait is short there (a setting,
+applied through :func:`tune_fetch_wait` like on any broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.serializers import codecs
+
+__all__ = [
+    "PINNED",
+    "UPSTREAM",
+    "YIELD_EVERY",
+    "Upstream",
+    "attach_intake",
+    "committed_offset",
+    "install_batched_intake",
+    "install_tansu_compat",
+    "intake_of",
+    "prefetch_backoff",
+    "producer_client",
+    "quiet_libraries",
+    "rebuild_changelog_topic",
+    "register_codec",
+    "set_current_event",
+    "skip_table_settle",
+    "source_sha256",
+    "store_write",
+    "track_unacked",
+    "true_highwaters",
+    "tune_fetch_wait",
+    "untrack_unacked",
+    "worker_class",
+]
+
+log = logging.getLogger(__name__)
+_tansu_installed = False
+
+PINNED = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0", "mode-streaming": "0.7.1"}
+"""The versions whose internals this module was written against (pinned in pyproject.toml)."""
+
+YIELD_EVERY = 100
+"""Records the drain loop handles between two yields to the event loop (Faust's
+``yield_every``): a fetch of a thousand records must not hold up health checks and timers."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One upstream function this module replaces, wraps, copies, overrides, bypasses or calls.
+
+    Attributes
+    ----------
+    dist : str
+        The distribution that ships it: its recorded source hash is for that one's pinned version.
+    module, qualname : str
+        Where it is defined.
+    use : str
+        What we do with it: ``replaced``, ``wrapped``, ``copied``, ``overridden``, ``bypassed``,
+        or ``relied on`` (a private method we call, or code that gives a private attribute we
+        read or write its meaning).
+    by : str
+        The function or class of this project that depends on it.
+    """
+
+    dist: str
+    module: str
+    qualname: str
+    use: str
+    by: str
+
+    @property
+    def target(self) -> str:
+        """``module:qualname``, the key of its recorded hash."""
+        return f"{self.module}:{self.qualname}"
+
+    def source(self) -> str:
+        """Its source as installed (the original's, when this module has patched it)."""
+        obj: Any = importlib.import_module(self.module)
+        for part in self.qualname.split("."):
+            obj = getattr(obj, part)
+        return inspect.getsource(inspect.unwrap(obj))
+
+
+def _u(dist: str, module: str, names: str, use: str, by: str) -> list[Upstream]:
+    return [Upstream(dist, module, n, use, by) for n in names.split()]
+
+
+_CONSUMER = "faust.transport.consumer"
+_DRIVER = "faust.transport.drivers.aiokafka"
+UPSTREAM: tuple[Upstream, ...] = (
+    *_u("faust-streaming", _CONSUMER, "Consumer._drain_messages", "copied", "_drain_batches"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.getmany", "copied", "_deliver"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.track_message", "copied", "track_unacked"),
+    *_u("faust-streaming", _CONSUMER, "Consumer._wait_next_records Consumer._add_gap "
+        "Consumer._new_offset Consumer._commit_offsets Consumer.ack", "relied on", "_deliver"),
+    *_u("faust-streaming", _DRIVER, "Consumer._to_message", "relied on", "_deliver"),
+    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._create_worker_consumer",
+        "wrapped", "tune_fetch_wait"),
+    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._highwaters", "replaced",
+        "install_tansu_compat"),
+    *_u("faust-streaming", _DRIVER, "Producer.on_start", "relied on", "producer_client"),
+    *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
+        "skip_table_settle"),
+    *_u("faust-streaming", "faust.tables.table", "Table.on_key_set Table.on_key_del",
+        "bypassed", "WriteBackTable"),
+    *_u("faust-streaming", "faust.tables.base", "Collection._on_changelog_sent", "bypassed",
+        "WriteBackTable.persisted"),
+    *_u("faust-streaming", "faust.tables.base", "Collection._new_changelog_topic", "relied on",
+        "rebuild_changelog_topic"),
+    *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
+        "store_write"),
+    *_u("faust-streaming", "faust.stores.memory", "Store.on_recovery_completed", "relied on",
+        "store_write"),
+    *_u("faust-streaming", "faust.streams", "current_event", "relied on", "set_current_event"),
+    *_u("faust-streaming", "faust.serializers.codecs", "Codec._dumps Codec._loads", "overridden",
+        "register_codec"),
+    *_u("faust-streaming", "faust.serializers.codecs", "Codec.dumps Codec.loads", "relied on",
+        "register_codec"),
+    *_u("faust-streaming", "faust.worker", "Worker._on_sigterm Worker._on_sigint", "overridden",
+        "worker_class"),
+    *_u("mode-streaming", "mode.worker", "Worker._on_sigterm Worker._on_sigint "
+        "Worker._sentinel_task", "overridden", "worker_class"),
+    *_u("aiokafka", "aiokafka.consumer.group_coordinator", "GroupCoordinator._maybe_leave_group",
+        "replaced", "install_tansu_compat"),
+    *_u("aiokafka", "aiokafka.consumer.consumer", "AIOKafkaConsumer.start", "relied on",
+        "tune_fetch_wait"),
+    *_u("aiokafka", "aiokafka.consumer.fetcher", "Fetcher.__init__", "relied on",
+        "tune_fetch_wait"),
+)
+"""Every upstream function behind this module, with what we do with it."""
+
+
+def source_sha256(source: str) -> str:
+    """The hash recorded for an upstream function's source (``tests/test_faust_boundary.py``)."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+# --- the batched intake ---------------------------------------------------------------------
+
+_INTAKES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def attach_intake(app: Any, intake: Any) -> None:
+    """Have ``app``'s consumer deliver its intake topics' records to ``intake``, a fetched batch
+    at a time (once :func:`install_batched_intake` has patched the drain loop)."""
+    _INTAKES[app] = intake
+
+
+def intake_of(app: Any) -> Any:
+    """The intake attached to ``app``, or None: such an app keeps Faust's own drain loop."""
+    return _INTAKES.get(app)
+
+
+def track_unacked(consumer: Any, messages: Iterable[Any]) -> None:
+    """Mark records as in flight, as ``Consumer.track_message`` does without its sensors:
+    Faust waits for them on a graceful stop and counts them as unacknowledged."""
+    unacked = consumer._unacked_messages
+    for m in messages:
+        m.tracked = True
+        unacked.add(m)
+
+
+def untrack_unacked(consumer: Any, messages: Iterable[Any]) -> None:
+    """Forget records dropped unacknowledged (a rebalance overtook them)."""
+    unacked = consumer._unacked_messages
+    for m in messages:
+        unacked.discard(m)
+
+
+def install_batched_intake() -> None:
+    """Let a Faust consumer deliver its app's intake topics a fetched batch at a time.
+
+    Replaces ``Consumer._drain_messages`` (the loop that takes each ``getmany`` result and
+    delivers it record by record) with :func:`_drain_batches` for an app with an intake
+    (:func:`attach_intake`); any other app keeps Faust's loop. Idempotent, process-wide.
+    """
+    from faust.transport.consumer import Consumer  # noqa: PLC0415
+
+    if getattr(Consumer._drain_messages, "_emarket", False):
+        return
+    original = Consumer._drain_messages
+
+    async def _drain_messages(self: Any, fetcher: Any) -> None:
+        intake = _INTAKES.get(self.app)
+        if intake is None:
+            await original(self, fetcher)
+        else:
+            await _drain_batches(self, fetcher, intake)
+
+    _drain_messages._emarket = True  # type: ignore[attr-defined]
+    _drain_messages.__wrapped__ = original  # type: ignore[attr-defined]
+    Consumer._drain_messages = _drain_messages  # type: ignore[method-assign]
+
+
+async def _drain_batches(consumer: Any, fetcher: Any, intake: Any) -> None:
+    """Faust's ``Consumer._drain_messages`` and ``getmany`` (0.15.3), one list per fetch.
+
+    Kept from them: the wait for the flow to resume, the active partitions, the generation
+    check, the round robin over topics and partitions (Faust's scheduler: one partition's
+    thousand records do not go ahead of every other's), the yield to the event loop every
+    :data:`YIELD_EVERY` records, the read offsets and the gaps they reveal (so commits pass
+    records a compacted topic no longer has), the commit every ``commit_every`` acks, the seek
+    back to the committed offsets when a fetch returns while the flow is suspended, the delivery
+    raced against the flow's suspension, and the log of anything else that ends the loop.
+    Changed: the records of the intake's topics are put into the intake once per fetch; other
+    topics' records are delivered one by one as before.
+    """
+    from faust.transport.consumer import CONSUMER_FETCHING  # noqa: PLC0415
+
+    consumer_should_stop = consumer._stopped.is_set
+    fetcher_should_stop = fetcher._stopped.is_set
+    since_yield = 0
+    try:
+        while not (consumer_should_stop() or fetcher_should_stop()):
+            consumer.diag.set_flag(CONSUMER_FETCHING)
+            records, active = await consumer._wait_next_records(1.0)
+            await consumer.sleep(0)
+            if records is not None and not consumer.should_stop:
+                if consumer.flow_active:
+                    since_yield = await _deliver(consumer, records, active, intake, since_yield)
+                else:
+                    try:
+                        await consumer.perform_seek()
+                    except Exception as exc:  # as Faust: logged, the next fetch tries again
+                        log.warning("exception performing seek when flow not active %r", exc)
+            consumer.diag.unset_flag(CONSUMER_FETCHING)
+    except consumer.consumer_stopped_errors:
+        if consumer.transport.app.should_stop:
+            consumer.log.info("Broker stopped consumer, shutting down...")
+            return
+        raise
+    except asyncio.CancelledError:
+        if consumer.transport.app.should_stop:
+            consumer.log.info("Consumer shutting down for user cancel.")
+            return
+        raise
+    except Exception as exc:  # as Faust: whatever ends the loop is logged where it happened
+        consumer.log.exception("Drain messages raised: %r", exc)
+        raise
+    finally:
+        consumer.diag.unset_flag(CONSUMER_FETCHING)
+
+
+async def _deliver(
+    consumer: Any, records: Mapping[Any, Any], active: Any, intake: Any, since_yield: int = 0
+) -> int:
+    """One fetch's records, round robin: the intake's as one list, the others one by one.
+
+    The intake's records carry the consumer generation of the fetch (not the one current when
+    each was converted: a commit, a gap or a yield awaited in between may span a rebalance),
+    the batch is put only if that generation is still current and the flow active, and their
+    read offsets move only once the batch is queued (:meth:`Intake.put` calls back, with no
+    await between). Returns the records handled since the last yield to the event loop.
+    """
+    app = consumer.app
+    generation = app.consumer_generation_id
+    read_offset = consumer._read_offset
+    acks_enabled_for = app.topics.acks_enabled_for
+    commit_every = consumer._commit_every
+    to_message = consumer._to_message
+    mine = intake.topics
+    batch: list[Any] = []
+    last: dict[Any, int] = {}  # the intake's read offsets, once the batch is queued
+    tracked: set[Any] = set()  # partitions whose end offset this fetch has reported
+    for tp, record in consumer.scheduler.iterate(records):
+        if not consumer.flow_active or app.consumer_generation_id != generation:
+            break
+        if active is not None and tp not in active and tp not in consumer._buffered_partitions:
+            continue
+        if tp not in tracked:
+            tracked.add(tp)
+            app.monitor.track_tp_end_offset(tp, consumer.highwater(tp))
+        since_yield += 1
+        if since_yield > YIELD_EVERY:
+            await asyncio.sleep(0)
+            since_yield = 0
+        offset = record.offset
+        r_offset = last.get(tp, read_offset[tp])
+        if r_offset is not None and offset < r_offset:
+            consumer.log.dev("DROPPED MESSAGE ROFF %r: k=%r v=%r", offset, record.key, record.value)
+            continue  # read before (Faust drops it the same way)
+        if r_offset and offset - r_offset > 1 and acks_enabled_for(tp.topic):
+            await consumer._add_gap(tp, r_offset + 1, offset)
+        if commit_every is not None and consumer._n_acked >= commit_every:
+            consumer._n_acked = 0
+            await consumer.commit()
+        message = to_message(tp, record)
+        if tp.topic in mine:
+            message.generation_id = generation
+            batch.append(message)
+            last[tp] = offset
+        else:
+            await consumer.wait_first(consumer.callback(message),
+                                      consumer.suspend_flow.wait())  # fmt: skip
+            read_offset[tp] = offset
+    await _queue(consumer, intake, batch, last, generation)
+    return since_yield
+
+
+async def _queue(consumer: Any, intake: Any, batch: list[Any], last: dict[Any, int],
+                 generation: int) -> None:  # fmt: skip
+    """Put one fetch's intake records into the intake, unless a rebalance overtook them (the
+    next owner of their partitions reads them from the committed offsets)."""
+    app = consumer.app
+    if not batch or not consumer.flow_active or app.consumer_generation_id != generation:
+        return
+    read_offset = consumer._read_offset
+
+    def queued() -> None:
+        if app.consumer_generation_id == generation:
+            read_offset.update(last)
+
+    await consumer.wait_first(intake.put(batch, queued), consumer.suspend_flow.wait())
+
+
+# --- consumer settings ----------------------------------------------------------------------
+
+
+def prefetch_backoff(fetch_max_wait_ms: int) -> float:
+    """Seconds aiokafka lets one partition's unconsumed records hold back the fetches of every
+    other partition on the same broker: twice the fetch wait, at most aiokafka's 0.1 s.
+
+    aiokafka sends no fetch to a broker while any of its partitions still has fetched records
+    the application has not taken, for up to ``prefetch_backoff`` (0.1 s, not a consumer
+    option). While a worker works through one partition's records, new records of the others
+    are not even fetched: at 320 purchases/s on the embedded broker (one broker, fetch wait
+    10 ms) every p99 was 120 ms, of which 110 ms waiting before the batch; with 20 ms, 30-70 ms
+    (four runs each, seen here). Against Kafka (fetch wait 1.5 s) it stays 0.1 s. The same
+    backoff delays the retry of a partition whose fetch failed.
+    """
+    return min(0.1, 2 * fetch_max_wait_ms / 1000)
+
+
+def tune_fetch_wait(fetch_max_wait_ms: int) -> None:
+    """Faust passes ``fetch_max_wait_ms=1500`` to aiokafka unconditionally; override it, and
+    scale the fetcher's prefetch backoff with it (:func:`prefetch_backoff`)."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread  # noqa: PLC0415
+
+    original = AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(original, "_emarket_wait", None) == fetch_max_wait_ms:
+        return
+    base = inspect.unwrap(original)
+    backoff = prefetch_backoff(fetch_max_wait_ms)
+
+    def _create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = base(self, transport)
+        consumer._fetch_max_wait_ms = fetch_max_wait_ms  # read when start() builds the fetcher
+        start = consumer.start
+
+        async def start_with_backoff() -> None:
+            await start()  # builds the fetcher, which reads the backoff when records arrive
+            consumer._fetcher._prefetch_backoff = backoff
+
+        consumer.start = start_with_backoff
+        return consumer
+
+    _create_worker_consumer._emarket_wait = fetch_max_wait_ms  # type: ignore[attr-defined]
+    _create_worker_consumer.__wrapped__ = base  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer  # type: ignore[method-assign]
+
+
+def skip_table_settle() -> None:
+    """Start Faust's table manager without its fixed 1 s settling sleep (idempotent).
+
+    ``TableManager.on_start`` sleeps one second before wiring the tables' channels, so that
+    tables created after the app starts can still register; every table of the market is
+    declared when the app is built (:class:`streams.worker.app.MarketWorker`), so the wait
+    buys nothing and costs a second on every start and restart.
+    """
+    from faust.tables.manager import TableManager  # noqa: PLC0415
+
+    if getattr(TableManager.on_start, "_emarket", False):
+        return
+    original = TableManager.on_start
+
+    async def on_start(self: Any) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+    on_start._emarket = True  # type: ignore[attr-defined]
+    on_start.__wrapped__ = original  # type: ignore[attr-defined]
+    TableManager.on_start = on_start  # type: ignore[method-assign]
+
+
+def quiet_libraries(level: str) -> None:
+    """Keep aiokafka, Faust and mode at INFO or above unless the worker logs at DEBUG: they log
+    every produce at DEBUG, and formatting those records costs ~10% of a busy worker even when
+    nothing is printed."""
+    if level.lower() != "debug":
+        for name in ("aiokafka", "faust", "mode"):
+            logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger(name).level))
+
+
+def worker_class(on_stop_signal: Callable[[], None]) -> type[Any]:
+    """Faust's ``Worker``, calling ``on_stop_signal`` first on SIGTERM and SIGINT.
+
+    The worker's graceful stop can hang (a consumer waiting for a batch that will never be
+    acknowledged); ``on_stop_signal`` arms the deadline that ends the process anyway. mode's
+    loop sentinel sleeps a second before the loop closes, a second added to every stop; ours
+    only yields. Without a terminal the spinner is off (it writes escapes into log files).
+    """
+    import faust  # noqa: PLC0415
+
+    class MarketFaustWorker(faust.Worker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if not self.stdout.isatty():
+                self.spinner = None
+
+        def _on_sigterm(self) -> None:
+            on_stop_signal()
+            super()._on_sigterm()
+
+        def _on_sigint(self) -> None:
+            on_stop_signal()
+            super()._on_sigint()
+
+        async def _sentinel_task(self) -> None:
+            await asyncio.sleep(0)
+
+    return MarketFaustWorker
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def set_current_event(event: Any) -> None:
+    """Make ``event`` Faust's "current event" (what a stream sets for each event it yields):
+    the RocksDB store picks the partition of a table write from it."""
+    from faust.streams import _current_event  # noqa: PLC0415
+
+    _current_event.set(None if event is None else weakref.ref(event))
+
+
+class _Codec(codecs.Codec):
+    """A Faust codec made of two functions (the worker's bytes, Faust's names for them)."""
+
+    def __init__(self, dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any]) -> None:
+        super().__init__()
+        self._d, self._l = dumps, loads
+
+    def _dumps(self, obj: Any) -> bytes:
+        return bytes(self._d(obj))
+
+    def _loads(self, data: bytes) -> Any:
+        return self._l(data)
+
+
+def register_codec(name: str, dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any]) -> None:
+    """Register a codec with Faust under ``name``, the serializer a topic or table names."""
+    codecs.register(name, _Codec(dumps, loads))
+
+
+def rebuild_changelog_topic(table: Any) -> None:
+    """Remake ``table``'s changelog topic from its current serializers.
+
+    Faust builds the changelog topic when the table is registered, from the serializers its
+    key and value *types* imply; ours are codecs set by name afterwards, and recovery would
+    decode the changelog with the first topic's (JSON).
+    """
+    table.changelog_topic = table._new_changelog_topic()
+
+
+def store_write(table: Any, key: str, value: Any, event: Any, *, delete: bool = False) -> None:
+    """Write (or ``delete``) one key of a Faust table's store directly, for ``event``.
+
+    Keeps the bookkeeping Faust's own write and recovery paths keep: the "current event" the
+    RocksDB store picks its partition from, and the memory store's key → partition map, by
+    which it drops the keys of partitions revoked from this worker after a rebalance.
+    """
+    set_current_event(event)
+    store = table.data
+    if delete:
+        store.pop(key, None)
+    else:
+        store[key] = value
+    key_partition = getattr(store, "_key_partition", None)
+    if key_partition is not None:
+        if delete:
+            key_partition.pop(key, None)
+        else:
+            key_partition[key] = event.message.partition
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
+def committed_offset(consumer: Any, tp: Any) -> int | None:
+    """The offset Faust last committed for ``tp`` (None before its first commit)."""
+    offset = consumer._committed_offset.get(tp)
+    return None if offset is None else int(offset)
+
+
+def producer_client(app: Any) -> Any:
+    """The aiokafka client of ``app``'s producer (raises while the producer is not started)."""
+    return app.producer._producer.client
+
+
+# --- Tansu ----------------------------------------------------------------------------------
+
+
+async def true_highwaters(
+    bootstrap: Any, reported: Mapping[TopicPartition, int], *, timeout: float = 60.0
+) -> dict[TopicPartition, int]:
+    """High watermarks read from fetch responses, starting at the (wrong) reported offsets.
+
+    Never falls back to the reported offsets: recovering a table up to a too-low watermark
+    silently loses its newest records (purchases fulfilled again, holdings forgotten). If no
+    fetch answers within ``timeout`` the worker stops with an error instead.
+    """
+    tps = list(reported)
+    if not tps:
+        return {}
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=20,
+        max_partition_fetch_bytes=1,  # one batch is enough to learn the watermark
+    )
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, max(reported[tp] - 1, 0))
+        result: dict[TopicPartition, int] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(result) < len(tps) and loop.time() < deadline:
+            await consumer.getmany(*[tp for tp in tps if tp not in result], timeout_ms=100)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None and tp not in result:
+                    result[tp] = max(int(hw), reported[tp])
+        missing = [tp for tp in tps if tp not in result]
+        if missing:
+            raise RuntimeError(
+                f"no fetch response for {missing} within {timeout}s: cannot learn the true high "
+                "watermarks, and recovering tables up to Tansu's reported offsets would lose "
+                "their newest records"
+            )
+        return result
+    finally:
+        await consumer.stop()
+
+
+def install_tansu_compat() -> None:
+    """Patch Faust/aiokafka for Tansu (idempotent; process-wide; see the module docstring)."""
+    global _tansu_installed  # noqa: PLW0603 - one process-wide switch, by design
+    if _tansu_installed:
+        return
+    from aiokafka.consumer.group_coordinator import GroupCoordinator  # noqa: PLC0415
+    from aiokafka.protocol.group import LeaveGroupRequest  # noqa: PLC0415
+    from faust.transport.drivers.aiokafka import (  # noqa: PLC0415
+        AIOKafkaConsumerThread,
+        server_list,
+    )
+
+    async def _highwaters(self: Any, partitions: Iterable[TopicPartition]) -> Mapping[Any, int]:
+        consumer = self._ensure_consumer()
+        tps = list(partitions)
+        reported = await consumer.end_offsets(tps)
+        bootstrap = server_list(self.transport.url, self.transport.default_port)
+        fixed = await true_highwaters(bootstrap, reported)
+        if fixed != reported:
+            log.debug("tansu compat: corrected high watermarks %s -> %s", reported, fixed)
+        return fixed
+
+    async def _maybe_leave_group(self: Any) -> None:
+        if self.generation >= 0 and self._group_instance_id is None and self.member_id:
+            try:
+                await self._send_req(LeaveGroupRequest(self.group_id, self.member_id))
+            except Exception as err:  # best effort, as in aiokafka
+                log.warning("LeaveGroup request failed: %s", err)
+        self.reset_generation()
+
+    _highwaters.__wrapped__ = AIOKafkaConsumerThread._highwaters  # type: ignore[attr-defined]
+    _maybe_leave_group.__wrapped__ = GroupCoordinator._maybe_leave_group  # type: ignore[attr-defined]
+    AIOKafkaConsumerThread._highwaters = _highwaters  # type: ignore[method-assign]
+    GroupCoordinator._maybe_leave_group = _maybe_leave_group
+    _tansu_installed = True

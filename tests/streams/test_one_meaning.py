@@ -1,0 +1,147 @@
+"""One meaning per signed byte string (issue #29): price tables with one key per level, integers
+read the same in every language, and key rotations that say what happened and never revive old
+signed bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from streams.clients.keys import Party
+from streams.core import MarketCore
+from streams.wire.events import INBOX_EVENT, PurchaseRequest, Rejection, TableSpec, ValueItem
+from streams.wire.topics import Topics
+
+from .helpers import MARKET, market_core, party, purchase, registration, value
+
+T = Topics(MARKET)
+
+
+# --------------------------------------------------------------- one key per price level
+@pytest.mark.parametrize(
+    ("prices", "level"),
+    [({"1": 100, "1.0": 1}, 1.0), ({"1.0": 1, "1": 100}, 1.0), ({"0.5": 5, "5e-1": 7}, 0.5),
+     ({"1": 3, "1.000000000000000001": 4}, 1.0)],
+)  # fmt: skip
+def test_a_price_table_pricing_one_level_twice_is_refused(
+    prices: dict[str, int], level: float
+) -> None:
+    """Two spellings of one level would leave its price to the unsigned order of JSON keys."""
+    c = market_core("seller1")
+    raw = registration("s", steps=[level], cap=level,
+                       pricing={"kind": "table", "prices": prices})  # fmt: skip
+    out = c.handle(T.registrations, raw)
+    assert (out.status, out.reason) == ("rejected", "duplicate_price_level")
+    body = Rejection.model_validate_json(out.outputs[0].value)
+    assert "twice" in body.message and "once" in body.message
+    with pytest.raises(ValidationError, match="twice"):
+        TableSpec.model_validate({"prices": prices})
+
+
+def test_a_price_table_with_one_key_per_level_is_accepted() -> None:
+    c = market_core("seller1")
+    raw = registration("s", steps=[0.5, 1.0], cap=1.0,
+                       pricing={"kind": "table", "prices": {"5e-1": 10, "1.0": 20}})  # fmt: skip
+    assert c.handle(T.registrations, raw).status == "accepted"
+
+
+# ------------------------------------------------------------------- integers beyond 2**53
+@pytest.mark.parametrize("spelling", ["9007199254740993", "9007199254740992.0",
+                                      "9.007199254740992e15", "-9007199254740992"])  # fmt: skip
+def test_a_count_whose_double_is_not_a_safe_integer_is_refused_however_spelled(
+    spelling: str,
+) -> None:
+    """The signature covers the double 2**53, which 2**53 + 1 also reads as: on a counts stream
+    both spellings are refused, as the signed bytes alone decide; a real-valued stream takes
+    the double whatever the spelling."""
+    c = market_core("seller1")
+    c.handle(T.registrations, registration("n", mechanism="discrete_laplace", dimension=1,
+                                            steps=[1.0], cap=1.0))  # fmt: skip
+    c.handle(T.registrations, registration("r", dimension=1, sensitivity=1024.0, steps=[1.0],
+                                            cap=1.0))  # a grid of 2^-2: it holds 2^53  # fmt: skip
+    sign = -1.0 if spelling.startswith("-") else 1.0
+    for sid, status in (("n", "rejected"), ("r", "accepted")):
+        raw = value(sid, "x", [sign * 2.0**53])
+        raw = raw.replace(b"%.1f" % (sign * 2.0**53), spelling.encode())
+        assert spelling.encode() in raw
+        out = c.handle(T.values, raw)
+        assert out.status == status, out.outputs[0].value[:300]
+        if status == "rejected":
+            assert out.items[0][1] == "invalid_value"
+    safe = value("n", "y", [2.0**53 - 1.0])
+    assert c.handle(T.values, safe).status == "accepted"
+
+
+@pytest.mark.parametrize("spelling", ["9007199254740993", "9007199254740992.0",
+                                      "9.007199254740992e15", "9007199254740992"])  # fmt: skip
+def test_a_signed_integer_field_beyond_2_to_the_53_is_refused_however_spelled(
+    spelling: str,
+) -> None:
+    """Every integer a party signs (times, prices, sizes) is at most 2**53 - 1 in magnitude:
+    beyond, a JSON reader with doubles and one with integers read different numbers."""
+    body: dict[str, Any] = {"purchase_id": "p", "buyer_id": "b", "stream_id": "s",
+                            "max_price_minor": 1, "requested_at_ms": 1,
+                            "key_id": "0" * 16, "signature": "A" * 86 + "=="}  # fmt: skip
+    text = json.dumps(body).replace('"requested_at_ms": 1', f'"requested_at_ms": {spelling}')
+    with pytest.raises(ValidationError, match="2\\*\\*53"):
+        PurchaseRequest.model_validate_json(text)
+    ok = json.dumps(body).replace('"requested_at_ms": 1', '"requested_at_ms": 9007199254740991')
+    assert PurchaseRequest.model_validate_json(ok).requested_at_ms == 2**53 - 1
+    with pytest.raises(ValidationError):
+        ValueItem.model_validate_json('{"value_id": "x", "values": [1], '
+                                      f'"published_at_ms": {spelling}}}')  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ key rotation
+def _rotate(c: MarketCore, old: Party, new: Party, version: int) -> None:
+    rot = Party("alice", old.signing_key, key_version=version - 1).rotate_to(
+        new, MARKET, version, rotated_at_ms=2_000)
+    out = c.handle(T.accounts, rot.model_dump_json().encode())
+    assert out.status == "accepted", out.outputs[0].value[:300]
+
+
+def _stream(c: MarketCore) -> None:
+    assert c.handle(T.registrations, registration("temp")).status == "accepted"
+    assert c.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0])).status == "accepted"
+
+
+def test_a_purchase_signed_with_a_rotated_key_is_refused_to_its_sender() -> None:
+    """In flight while the buyer rotated: refused with ``key_rotated``, in the buyer's inbox,
+    saying what happened and what to do."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    in_flight = purchase("temp", "alice", "p1")
+    _rotate(c, party("alice"), party("alice-2"), 2)
+    out = c.handle(T.purchases, in_flight)
+    assert (out.status, out.reason) == ("rejected", "key_rotated")
+    inbox = [o for o in out.outputs if o.topic == T.inbox("alice")]
+    assert len(inbox) == 1
+    rej = INBOX_EVENT.validate_json(inbox[0].value)
+    assert isinstance(rej, Rejection) and rej.sender_id == "alice"
+    assert "version 2" in rej.message and "sign" in rej.message and "again" in rej.message
+    # signed anew with the current key (version 2) it is fulfilled
+    new = Party("alice", party("alice-2").signing_key, key_version=2)
+    again = new.sign(PurchaseRequest, MARKET, purchase_id="p1b", buyer_id="alice",
+                     stream_id="temp", max_price_minor=10**6, requested_at_ms=1_000)
+    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "accepted"
+
+
+def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key() -> None:
+    """Back on the first key at version 3, the bytes it signed at version 1 no longer verify;
+    what it signs at version 3 does."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    old = purchase("temp", "alice", "p-old")
+    _rotate(c, party("alice"), party("alice-2"), 2)
+    assert c.handle(T.purchases, old).reason == "key_rotated"
+    _rotate(c, party("alice-2"), party("alice"), 3)
+    out = c.handle(T.purchases, old)
+    assert out.status == "rejected", "old signed bytes were fulfilled after a rotation back"
+    assert out.reason == "key_rotated"
+    again = Party("alice", party("alice").signing_key, key_version=3).sign(
+        PurchaseRequest, MARKET, purchase_id="p-new", buyer_id="alice", stream_id="temp",
+        max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
+    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "accepted"

@@ -7,6 +7,7 @@ uses it through :class:`ReleaseState` and the mechanisms.
 from .chain import ChainState, ReleaseChain
 from .errors import (
     DimensionMismatchError,
+    DuplicateLevelError,
     InvalidLevelError,
     InvalidValueError,
     LevelAboveCapError,
@@ -25,6 +26,7 @@ __all__ = [
     "Anchor",
     "ChainState",
     "DimensionMismatchError",
+    "DuplicateLevelError",
     "DiscreteLaplace",
     "Gaussian",
     "InvalidLevelError",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "DimensionMismatchError",
+    "DuplicateLevelError",
     "InvalidLevelError",
     "InvalidValueError",
     "LevelAboveCapError",
@@ -106,6 +107,13 @@ class ScheduleError(MarketError, ValueError):
     """The price schedule is invalid (e.g. it leaves arbitrage)."""
 
     code = "invalid_schedule"
+
+
+class DuplicateLevelError(ScheduleError):
+    """A price table names one level twice (two spellings of one number): its price would depend
+    on which entry is read last."""
+
+    code = "duplicate_price_level"
 
 
 class ReceiptError(MarketError):

@@ -26,6 +26,7 @@ from .errors import (
 
 __all__ = [
     "MAX_DIMENSION",
+    "MAX_EXACT_INTEGER",
     "MAX_LEVEL",
     "MIN_LEVEL",
     "as_count_vector",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 MAX_DIMENSION = 10**7
+MAX_EXACT_INTEGER = 2**53 - 1
+"""The largest integer a value may hold: every double beyond it is the reading of several."""
 """Largest vector the engine accepts; the service applies a smaller, configurable cap."""
 
 MIN_LEVEL, MAX_LEVEL = 1e-9, 1e9
@@ -160,7 +163,7 @@ def as_count_vector(
     Parameters
     ----------
     value : array_like
-        Integers, or floats with integral values up to 2**53.
+        Integers, or floats with integral values, of magnitude at most ``2**53 - 1``.
     dimension : int, optional
         Required length.
     what : str, default "value"
@@ -187,7 +190,11 @@ def as_count_vector(
 
 
 def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
-    """``arr`` itself, or its floats checked to be integers of magnitude at most 2**53."""
+    """``arr`` itself, or its floats checked to be integers of magnitude at most 2**53 - 1.
+
+    A double of magnitude 2**53 or more is the reading of more than one integer (2**53 + 1 reads
+    as 2**53), so which count it stands for is not in the double: it is refused, however the
+    number was written, and the double alone decides."""
     if np.issubdtype(arr.dtype, np.floating):
         farr = as_float_vector(arr, what=what)
         frac = farr != np.round(farr)
@@ -196,8 +203,11 @@ def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
             raise InvalidValueError(
                 f"{what} must hold integer {kind}; coordinate {bad} is {float(farr[bad])!r}"
             )
-        if (np.abs(farr) > 2.0**53).any():
-            raise InvalidValueError(f"{what} has {kind} beyond 2**53, which floats cannot hold")
+        if (np.abs(farr) > MAX_EXACT_INTEGER).any():
+            raise InvalidValueError(
+                f"{what} has {kind} of magnitude 2**53 or more, which a double cannot tell apart "
+                "(2**53 + 1 reads as 2**53); counts must be at most 2**53 - 1"
+            )
         return farr
     return arr
 
@@ -205,7 +215,7 @@ def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
 def as_integer_vector(
     value: Any, *, dimension: int | None = None, what: str = "value"
 ) -> NDArray[np.int64]:
-    """An int64 copy of ``value``, whose coordinates must be integers of magnitude ≤ 2**53.
+    """An int64 copy of ``value``, whose coordinates must be integers of magnitude < 2**53.
 
     Parameters
     ----------
@@ -219,7 +229,7 @@ def as_integer_vector(
     Returns
     -------
     ndarray of int64
-        Bounded by 2**53 so that a release (the value plus noise below 2**62) never overflows
+        Bounded by 2**53 - 1 (every larger double is the reading of several integers), so a release (the value plus noise below 2**62) never overflows
         int64: the discrete Laplace mechanism returns exact integers, never wrapped ones.
 
     Raises
@@ -231,11 +241,11 @@ def as_integer_vector(
     if (
         np.issubdtype(arr.dtype, np.integer)
         and arr.size
-        and (arr.max() > 2**53 or arr.min() < -(2**53))
+        and (arr.max() > MAX_EXACT_INTEGER or arr.min() < -MAX_EXACT_INTEGER)
     ):
-        bad = int(np.flatnonzero((arr > 2**53) | (arr < -(2**53)))[0])
+        bad = int(np.flatnonzero((arr > MAX_EXACT_INTEGER) | (arr < -MAX_EXACT_INTEGER))[0])
         raise InvalidValueError(
-            f"{what} must be at most 2**53 in magnitude; coordinate {bad} is {int(arr[bad])}"
+            f"{what} must be at most 2**53 - 1 in magnitude; coordinate {bad} is {int(arr[bad])}"
         )
     return arr.astype(np.int64)
 

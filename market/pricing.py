@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import (
+    DuplicateLevelError,
     InvalidLevelError,
     LevelAboveCapError,
     LevelNotForSaleError,
@@ -56,6 +57,7 @@ __all__ = [
     "price_list",
     "schedule_from_spec",
     "sellable_levels",
+    "table_levels",
 ]
 
 MAX_PRICE_MINOR = 10**15  # beyond this, float arithmetic could no longer be exact to the cent
@@ -217,6 +219,45 @@ class LinearInLevel(PriceSchedule):
         return {"kind": self.kind, "rate_per_level": self.rate_per_level}
 
 
+def table_levels(prices: Mapping[Any, Any]) -> dict[float, Any]:
+    """A price table's entries keyed by the level each key names, each level once.
+
+    Parameters
+    ----------
+    prices : mapping
+        Level → price; a level is a number or its decimal text (``"0.5"``, ``"5e-1"``).
+
+    Returns
+    -------
+    dict of float to the prices
+        Keyed by :func:`~market.levels.canonical_level`, the one float each level is compared
+        as: a table is read the same way whatever the order of its entries.
+
+    Raises
+    ------
+    DuplicateLevelError
+        Two keys name one level (``"1"`` and ``"1.0"``): which price would be meant depends on
+        which entry is read last, which no signature covers.
+    ScheduleError
+        A key is not a level.
+    """
+    out: dict[float, Any] = {}
+    spelled: dict[float, Any] = {}
+    for key, price in prices.items():
+        try:
+            level = canonical_level(float(key) if isinstance(key, str) else key)
+        except (InvalidLevelError, ValueError) as exc:
+            why = exc.message if isinstance(exc, InvalidLevelError) else f"{key!r} is no number"
+            raise ScheduleError(f"price table level: {why}") from None
+        if level in out:
+            raise DuplicateLevelError(
+                f"the price table prices level {level:g} twice (as {spelled[level]!r} and "
+                f"{key!r}); give each level once"
+            )
+        out[level], spelled[level] = price, key
+    return out
+
+
 @dataclass(frozen=True)
 class PriceTable(PriceSchedule):
     """Explicit prices for a finite set of levels; nothing else can be bought.
@@ -234,23 +275,13 @@ class PriceTable(PriceSchedule):
     def __post_init__(self) -> None:
         if not self.prices:
             raise ScheduleError("a price table needs at least one level")
-        clean: dict[float, int] = {}
-        for lvl, price in self.prices.items():
-            try:
-                key = canonical_level(lvl)
-            except InvalidLevelError as exc:
-                raise ScheduleError(f"price table level: {exc.message}") from None
+        clean = table_levels(self.prices)
+        for key, price in clean.items():
             if isinstance(price, bool) or not isinstance(price, int) or price < 0:
                 raise ScheduleError(
                     f"price table prices must be integers >= 0 (minor units), got {price!r} "
                     f"at level {key:g}"
                 )
-            if key in clean:  # e.g. 1 and 1.0000000000000002: which price would be meant?
-                raise ScheduleError(
-                    f"the price table prices level {key:g} twice (as {lvl!r} and another "
-                    "spelling); give each level once"
-                )
-            clean[key] = price
         object.__setattr__(self, "prices", dict(sorted(clean.items())))
 
     def check_level(self, level: float) -> None:
@@ -315,7 +346,7 @@ def schedule_from_spec(spec: Mapping[str, Any]) -> PriceSchedule:
             raw = spec["prices"]
             if not isinstance(raw, Mapping):
                 raise ScheduleError("price table 'prices' must map levels to prices")
-            return PriceTable({float(k): v for k, v in raw.items()})
+            return PriceTable(table_levels(raw))
     except KeyError as exc:
         raise ScheduleError(f"price schedule {kind!r} is missing {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

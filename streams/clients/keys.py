@@ -48,6 +48,9 @@ class Party:
     account_id: str
     signing_key: Ed25519PrivateKey
     sealing_key: X25519PrivateKey | None = None
+    key_version: int = 1
+    """The account's key version these keys are pinned at (1 until the first rotation): every
+    event is signed at it, so nothing signed at an earlier version is ever applied again."""
 
     @classmethod
     def generate(cls, account_id: str, *, sealing: bool = True) -> Party:
@@ -79,7 +82,7 @@ class Party:
     # -- events ---------------------------------------------------------------------------------
     def sign(self, model: type[M], market: str, **fields: Any) -> M:
         """A signed event of type ``model`` for the market whose topic prefix is ``market``."""
-        return signed(model, market, self.signing_key, **fields)
+        return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
     def open_account(self, market: str, *, opened_at_ms: int | None = None) -> OpenAccount:
         return self.sign(
@@ -105,10 +108,19 @@ class Party:
         """Write the keys to a new file readable by its owner only (never overwrites)."""
         sealing = None if self.sealing_key is None else _raw(self.sealing_key)
         body = {"version": KEY_FILE_VERSION, "account_id": self.account_id,
-                "signing_key": _raw(self.signing_key), "sealing_key": sealing}  # fmt: skip
+                "signing_key": _raw(self.signing_key), "sealing_key": sealing,
+                **({"key_version": self.key_version} if self.key_version > 1 else {})}  # fmt: skip
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(body, indent=2) + "\n")
+
+    def save_over(self, path: str | Path) -> None:
+        """Replace the key file at ``path`` with these keys, atomically (the key version changed
+        after a rotation)."""
+        tmp = Path(f"{path}.tmp")
+        tmp.unlink(missing_ok=True)
+        self.save(tmp)
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | Path) -> Party:
@@ -123,7 +135,10 @@ class Party:
             sealing = None if raw is None else X25519PrivateKey.from_private_bytes(
                 base64.b64decode(raw)
             )
-            return cls(str(body["account_id"]), signing, sealing)
+            version = body.get("key_version", 1)
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise KeyError("key_version")
+            return cls(str(body["account_id"]), signing, sealing, version)
         except FileNotFoundError:
             raise KeyFileError(
                 f"no key file at {p}; create one with `epsilon-market keygen --account ID "

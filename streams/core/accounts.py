@@ -7,7 +7,11 @@ signed with it) and, for buyers, an X25519 sealing key (every release to it is s
   an id wins; resending it is harmless; another key for a taken id is refused. The account's
   inbox topic is created then — and only then: no other event ever creates a topic.
 * ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
-  A stolen old key cannot take an account back, and an old rotation cannot be replayed.
+  A stolen old key cannot take an account back, and an old rotation cannot be replayed. Every
+  other event is signed at its account's key version (:mod:`streams.wire.signing`), so what an
+  old key signed is never applied again, even after a rotation back to that key; the newest
+  :data:`~streams.wire.events.MAX_RETIRED_KEYS` past keys are kept to tell the sender so
+  (``key_rotated``, :mod:`.auth`).
 
 Account events are keyed by account id, so the worker owning that partition decides alone; every
 other worker learns the result from the accounts table's changelog (:class:`Directory`).
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from market.envelope import EnvelopeError, validate_public_key
 
-from ..wire.events import AccountState, OpenAccount, RotateKeys
+from ..wire.events import MAX_RETIRED_KEYS, AccountState, OpenAccount, RetiredKey, RotateKeys
 from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
@@ -134,9 +138,11 @@ def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
             sender=ev.account_id,
         )
     _check_sealing_key(ev.sealing_key, sender=ev.account_id)
+    retired = [*acct.retired, RetiredKey(version=acct.version, signing_key=acct.signing_key)]
     state = acct.model_copy(update={
         "version": ev.version, "signing_key": ev.signing_key, "sealing_key": ev.sealing_key,
         "key_id": key_id_of(ev.signing_key), "updated_at_ms": ev.rotated_at_ms,
+        "retired": retired[-MAX_RETIRED_KEYS:],
     })  # fmt: skip
     return _store(ctx, state, "accepted")
 

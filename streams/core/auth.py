@@ -17,7 +17,7 @@ from typing import Any
 from market import MarketError
 
 from ..wire.events import AccountState
-from ..wire.signing import verify
+from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Defer, Misplaced, Reject
 
@@ -46,8 +46,11 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
             "open), then send the event again",
             sender=_proven_sender(ctx, event), claimed=account_id,
         )  # fmt: skip
-    if event.key_id == acct.key_id and verify(ctx.topics.prefix, event, acct.signing_key):
+    market = ctx.topics.prefix
+    if event.key_id == acct.key_id and verify(market, event, acct.signing_key,
+                                              generation=acct.version):  # fmt: skip
         return acct
+    _refuse_if_rotated(ctx, event, acct)
     sender = _proven_sender(ctx, event)
     if event.key_id != acct.key_id:
         signer = f"account {sender!r}" if sender else "a key the market does not know"
@@ -61,15 +64,37 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
     )  # fmt: skip
 
 
+def _refuse_if_rotated(ctx: Context, event: Any, acct: AccountState) -> None:
+    """Refuse ``event`` as ``key_rotated``, to its account, if one of the account's past keys
+    signed it at the version that key had (a request in flight during a rotation, or bytes
+    signed before one): the sender learns why and that signing again is all it takes."""
+    for past in reversed(acct.retired):
+        if key_id_of(past.signing_key) != event.key_id:
+            continue
+        if verify(ctx.topics.prefix, event, past.signing_key, generation=past.version):
+            raise Reject(
+                "key_rotated",
+                f"the event was signed with key {event.key_id} at key version {past.version} "
+                f"of {acct.account_id!r}, but the account's keys were rotated: it is at version "
+                f"{acct.version} (key {acct.key_id}) since {acct.updated_at_ms} (Unix ms). It "
+                "was not applied and never will be; sign it again with the current key and "
+                "version and send it again (a purchase may keep its purchase_id)",
+                sender=acct.account_id,
+                signed_version=past.version, current_version=acct.version,
+                current_key_id=acct.key_id,
+            )  # fmt: skip
+
+
 def _proven_sender(ctx: Context, event: Any) -> str | None:
-    """The account whose key signed ``event``, if the signature verifies under it."""
+    """The account whose current key signed ``event``, if the signature verifies under it."""
     owner = ctx.directory.owner_of_key(event.key_id)
     if owner is None:
         return None
     acct = ctx.directory.get(owner)
     if acct is None or acct.key_id != event.key_id:
         return None
-    return owner if verify(ctx.topics.prefix, event, acct.signing_key) else None
+    verified = verify(ctx.topics.prefix, event, acct.signing_key, generation=acct.version)
+    return owner if verified else None
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from market.envelope import Sealer
 from ..wire.events import (
     ACCOUNTS_EVENT,
     PURCHASES_EVENT,
+    REFUSAL_CODES,
     OpenAccount,
     QuoteRequest,
     RotateKeys,
@@ -243,12 +244,16 @@ def _parse(kind: Kind, raw: bytes) -> BaseModel:
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:
     """A readable rejection for a payload that is not a valid event of its topic."""
+    # a rule of the wire's own (one meaning per signed text) comes first and names the refusal
+    found = sorted(exc.errors(include_url=False, include_input=False),
+                   key=lambda e: e["type"] not in REFUSAL_CODES)  # fmt: skip
     errors: list[dict[str, Any]] = [  # field names and messages may echo the input: bound them
         {"loc": ".".join(str(p) for p in e["loc"])[:200], "msg": e["msg"][:300]}
-        for e in exc.errors(include_url=False, include_input=False)[:10]
+        for e in found[:10]
     ]
     first = errors[0] if errors else {"loc": "", "msg": str(exc)}
     msg = f"not a valid {kind} event: {first['loc'] or 'payload'}: {first['msg']}"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more problems)"
-    return Reject("invalid_event", msg, errors=errors)
+    code = found[0]["type"] if found and found[0]["type"] in REFUSAL_CODES else "invalid_event"
+    return Reject(code, msg, errors=errors)

@@ -35,15 +35,20 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     StringConstraints,
     TypeAdapter,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
+
+from market.errors import DuplicateLevelError, ScheduleError
+from market.levels import MAX_EXACT_INTEGER
+from market.pricing import table_levels
 
 __all__ = [
     "ACCOUNTS_EVENT",
@@ -69,6 +74,9 @@ __all__ = [
     "LevelUnit",
     "LinearLevelSpec",
     "LinearPrecisionSpec",
+    "MAX_RETIRED_KEYS",
+    "MAX_SAFE_INTEGER",
+    "REFUSAL_CODES",
     "MarketIdentity",
     "MechanismName",
     "Offer",
@@ -86,6 +94,7 @@ __all__ = [
     "ReceiptModel",
     "Rejection",
     "ReleasedValue",
+    "RetiredKey",
     "RotateKeys",
     "StreamRegistration",
     "TableSpec",
@@ -126,8 +135,32 @@ KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$", strict=True)
 Signature = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{86}==$", strict=True)]
 """An Ed25519 signature: base64 of 64 bytes."""
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
-MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
-Millis = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+MAX_SAFE_INTEGER = MAX_EXACT_INTEGER
+"""The largest integer a party may sign. Beyond it two integers share one double, so a JSON
+reader that keeps integers exactly and one that reads every number as a double (JavaScript's)
+would read different numbers from one signed text (docs/protocol.md §2.2)."""
+REFUSAL_CODES = frozenset({"duplicate_price_level", "unsafe_integer"})
+"""The codes the wire models refuse with besides ``invalid_event``: the rejection of a payload
+that breaks one of these rules carries the code as its ``reason``."""
+
+
+def _safe_integer(n: int) -> int:
+    """``n``, if every JSON reader reads the number that names it as ``n``."""
+    if abs(n) > MAX_SAFE_INTEGER:
+        raise PydanticCustomError(
+            "unsafe_integer",
+            "an integer a party signs must be at most 2**53 - 1 in magnitude however it is "
+            "written (beyond, distinct integers read as one double)",
+        )
+    return n
+
+
+SafeInt = Annotated[int, AfterValidator(_safe_integer)]
+"""An integer of a signed event: within ±(2**53 - 1) whether written ``5``, ``5.0`` or ``5e0``
+(every field's own range is narrower or checked as well)."""
+MinorUnits = Annotated[SafeInt, Field(ge=0, le=10**15)]
+Millis = Annotated[SafeInt, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER})]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
@@ -229,8 +262,9 @@ class HistogramSpec(BaseModel):
         description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
         "its public 62-bit hash (the domain is 2**62)"
     )
-    domain_size: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
-        None, description="integers only: how many keys there are (up to 2**62)"
+    domain_size: Annotated[SafeInt, Field(ge=1, le=MAX_SAFE_INTEGER)] | None = Field(
+        None, description="integers only: how many keys there are (up to 2**53 - 1; larger "
+        "key spaces are 'strings')"
     )
     false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
         1.0,
@@ -279,7 +313,25 @@ class TableSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["table"] = "table"
-    prices: dict[LevelKey, MinorUnits] = Field(min_length=1, max_length=MAX_STEPS)
+    prices: dict[LevelKey, MinorUnits] = Field(
+        min_length=1, max_length=MAX_STEPS,
+        description="one key per level: two spellings of one level (\"1\" and \"1.0\") are "
+        "refused, as their price would depend on the order of the keys",
+    )
+
+    @field_validator("prices")
+    @classmethod
+    def _one_key_per_level(cls, prices: dict[str, int]) -> dict[str, int]:
+        """Refuse two keys naming one level; the signature covers both texts, and which price
+        applied would be the one read last (a level that is no level is the schedule's to
+        refuse, with the registration's other checks)."""
+        try:
+            table_levels(prices)
+        except DuplicateLevelError as exc:
+            raise PydanticCustomError("duplicate_price_level", exc.message) from None
+        except ScheduleError:
+            pass
+        return prices
 
 
 PricingSpec = Annotated[
@@ -481,26 +533,6 @@ class ValueItem(BaseModel):
         description="when the seller first published the value (Unix ms; keep it when "
         "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
-
-    #: a JSON integer beyond 2**53 was read as the nearest double: exact for no integer
-    #: mechanism, so the core refuses the value on counts streams (real-valued streams take it)
-    _inexact_integer: bool = PrivateAttr(default=False)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _note_inexact_integers(cls, data: Any, handler: Any) -> Any:
-        item = handler(data)
-        raw = data.get("values") if isinstance(data, dict) else None
-        if isinstance(raw, list) and any(
-            isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2**53 for x in raw
-        ):
-            item._inexact_integer = True
-        return item
-
-    @property
-    def inexact_integer(self) -> bool:
-        """Whether a number was a JSON integer too large to be read exactly (beyond 2**53)."""
-        return self._inexact_integer
 
 
 class ValueBatch(_Signed):
@@ -851,6 +883,23 @@ class Rejection(_Event):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+MAX_RETIRED_KEYS = 8
+"""How many of its past keys an account's record keeps (:class:`RetiredKey`), newest last."""
+
+
+class RetiredKey(BaseModel):
+    """A signing key an account rotated away from, and the key version it signed at.
+
+    Kept only to tell the sender what happened to an event it signed before a rotation
+    (``key_rotated``): such an event is never applied, as its bytes name the version it was
+    signed at (docs/protocol.md §2.3), kept or not.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: int
+    signing_key: PublicKey
+
+
 class AccountState(_Event):
     """An account as the market knows it: sent to its inbox when opened or its keys change."""
 
@@ -862,6 +911,13 @@ class AccountState(_Event):
     key_id: KeyId
     opened_at_ms: Millis
     updated_at_ms: Millis
+    retired: list[RetiredKey] = Field(
+        default_factory=list,
+        max_length=MAX_RETIRED_KEYS,
+        exclude_if=lambda v: not v,
+        description="the newest past signing keys, oldest first (at most 8): events they signed "
+        "are refused as `key_rotated`, with what to do",
+    )
 
 
 class ValueOutcome(BaseModel):

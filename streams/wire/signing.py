@@ -3,14 +3,16 @@
 The signature does not cover JSON text (float formatting differs between languages) but these
 bytes, which any language can reproduce::
 
-    b"emarket-sig-v1\\x00" · market prefix · event type · the event's fields, in the order below
+    b"emarket-sig-v1\\x00" · market prefix · event type · [generation] · the event's fields
 
-each item tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers,
+where ``[generation]`` is, for an account past its first keys, ``i`` + its key version (nothing
+at version 1, and never in account events, which carry their version themselves); each item tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers,
 ``f`` + f64 (IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for
 booleans, and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian
 but those). The market prefix is in the bytes so a signed event cannot be replayed into another
 market; an ``accuracy`` target is ``n`` when absent, else ``b`` 1 then its rmse, half_width and
-confidence. The fields are every one that matters:
+confidence. The generation makes bytes signed before a rotation verify under no later key
+version, even after a rotation back to their key. The fields are every one that matters:
 
 ===================  ================================================================
 ``open_account``     account_id, signing_key, sealing_key, opened_at_ms
@@ -179,10 +181,18 @@ _FIELDS: dict[str, Callable[[_Canon, Any], None]] = {
 }
 
 
-def canonical_bytes(market: str, event: Any) -> bytes:
-    """The bytes ``event`` (or a dict-like stand-in with its fields) is signed over."""
+_ACCOUNT_EVENTS = frozenset({"open_account", "rotate_keys"})
+
+
+def canonical_bytes(market: str, event: Any, generation: int = 1) -> bytes:
+    """The bytes ``event`` (or a dict-like stand-in with its fields) is signed over, by an
+    account at key version ``generation`` (account events carry their version themselves)."""
     kind = event.type
     c = _Canon(market, kind)
+    if generation < 1:
+        raise ValueError(f"a key version is at least 1, got {generation}")
+    if generation > 1 and kind not in _ACCOUNT_EVENTS:
+        c.i(generation)  # version 1's bytes are those every signature before versions had
     _FIELDS[kind](c, event)
     return c.done()
 
@@ -204,25 +214,33 @@ def key_id_of(b64: str) -> str:
     return key_id(parse_signing_key(b64))
 
 
-def sign(market: str, event: Any, key: Ed25519PrivateKey) -> str:
-    """Base64 signature of ``event``'s canonical bytes."""
-    return base64.b64encode(key.sign(canonical_bytes(market, event))).decode("ascii")
+def sign(market: str, event: Any, key: Ed25519PrivateKey, *, generation: int = 1) -> str:
+    """Base64 signature of ``event``'s canonical bytes, by an account at key version
+    ``generation``."""
+    data = canonical_bytes(market, event, generation)
+    return base64.b64encode(key.sign(data)).decode("ascii")
 
 
-def signed(model: type[M], market: str, key: Ed25519PrivateKey, **fields: Any) -> M:
+def signed(
+    model: type[M], market: str, key: Ed25519PrivateKey, *, generation: int = 1, **fields: Any
+) -> M:
     """Build a signed event of type ``model`` from its fields (``key_id`` and ``signature`` are
-    filled in)."""
+    filled in), by an account at key version ``generation``."""
     draft = model.model_validate(
         {**fields, "key_id": key_id(key.public_key()), "signature": _PLACEHOLDER}
     )
-    return draft.model_copy(update={"signature": sign(market, draft, key)})
+    return draft.model_copy(update={"signature": sign(market, draft, key, generation=generation)})
 
 
-def verify(market: str, event: Any, public_key_b64: str, signature: str | None = None) -> bool:
-    """True if ``signature`` (default: the event's) is the key's signature of the event."""
+def verify(
+    market: str, event: Any, public_key_b64: str, signature: str | None = None, *,
+    generation: int = 1,
+) -> bool:  # fmt: skip
+    """True if ``signature`` (default: the event's) is the key's signature of the event, made
+    at key version ``generation``."""
     try:
         raw = base64.b64decode(signature or event.signature, validate=True)
-        parse_signing_key(public_key_b64).verify(raw, canonical_bytes(market, event))
+        parse_signing_key(public_key_b64).verify(raw, canonical_bytes(market, event, generation))
     except (InvalidSignature, ValueError, OverflowError, struct.error):
         return False
     return True

@@ -126,7 +126,7 @@ def test_a_purchase_signed_with_a_rotated_key_is_refused_to_its_sender() -> None
     new = Party("alice", party("alice-2").signing_key, key_version=2)
     again = new.sign(PurchaseRequest, MARKET, purchase_id="p1b", buyer_id="alice",
                      stream_id="temp", max_price_minor=10**6, requested_at_ms=1_000)
-    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "accepted"
+    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
 
 
 def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key() -> None:
@@ -144,4 +144,4 @@ def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key()
     again = Party("alice", party("alice").signing_key, key_version=3).sign(
         PurchaseRequest, MARKET, purchase_id="p-new", buyer_id="alice", stream_id="temp",
         max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
-    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "accepted"
+    assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"

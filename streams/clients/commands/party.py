@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
             "no confirmation of the new keys; check the version (the account's current version "
             "+ 1) and `epsilon-market rejections`", EXIT_REFUSED,
         )  # fmt: skip
+    # events are signed at the key version: the new key file records it
+    dataclasses.replace(new, key_version=out.version).save_over(args.new_key_file)
     warn(f"keys of {out.account_id!r} rotated to version {out.version}: use {args.new_key_file}")
     return 0
 

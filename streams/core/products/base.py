@@ -142,13 +142,6 @@ def numbers(terms: Terms, reg: StreamRegistration, item: ValueItem, *,
             f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
             "stream: send its numbers in `values` only",
         )
-    if item.inexact_integer and np.issubdtype(terms.mechanism.dtype, np.integer):
-        raise Reject(
-            "invalid_value",
-            f"value {item.value_id!r} holds an integer beyond 2**53, which cannot be read exactly "
-            f"(it would become another count); counts on stream {reg.stream_id!r} must be at "
-            "most 2**53 in magnitude",
-        )
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     if bounded:
         check_range(exact, terms.chain.value_limit)

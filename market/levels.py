@@ -229,7 +229,8 @@ def as_integer_vector(
     Returns
     -------
     ndarray of int64
-        Bounded by 2**53 - 1 (every larger double is the reading of several integers), so a release (the value plus noise below 2**62) never overflows
+        Bounded by 2**53 - 1 (every larger double is the reading of several integers), so that
+        a release (the value plus noise below 2**62) never overflows
         int64: the discrete Laplace mechanism returns exact integers, never wrapped ones.
 
     Raises

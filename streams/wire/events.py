@@ -54,7 +54,10 @@ __all__ = [
     "ACCOUNTS_EVENT",
     "ID_PATTERN",
     "INBOX_EVENT",
+    "MAX_RETIRED_KEYS",
+    "MAX_SAFE_INTEGER",
     "PURCHASES_EVENT",
+    "REFUSAL_CODES",
     "SCHEMAS",
     "UNIT_OF",
     "AccountEvent",
@@ -74,9 +77,6 @@ __all__ = [
     "LevelUnit",
     "LinearLevelSpec",
     "LinearPrecisionSpec",
-    "MAX_RETIRED_KEYS",
-    "MAX_SAFE_INTEGER",
-    "REFUSAL_CODES",
     "MarketIdentity",
     "MechanismName",
     "Offer",
@@ -156,11 +156,11 @@ def _safe_integer(n: int) -> int:
     return n
 
 
-SafeInt = Annotated[int, AfterValidator(_safe_integer)]
-"""An integer of a signed event: within ±(2**53 - 1) whether written ``5``, ``5.0`` or ``5e0``
-(every field's own range is narrower or checked as well)."""
-MinorUnits = Annotated[SafeInt, Field(ge=0, le=10**15)]
-Millis = Annotated[SafeInt, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER})]
+MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
+Millis = Annotated[int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
+                   AfterValidator(_safe_integer)]  # fmt: skip
+_DomainSize = Annotated[int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
+                        AfterValidator(_safe_integer)]  # fmt: skip
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
@@ -262,7 +262,7 @@ class HistogramSpec(BaseModel):
         description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
         "its public 62-bit hash (the domain is 2**62)"
     )
-    domain_size: Annotated[SafeInt, Field(ge=1, le=MAX_SAFE_INTEGER)] | None = Field(
+    domain_size: _DomainSize | None = Field(
         None, description="integers only: how many keys there are (up to 2**53 - 1; larger "
         "key spaces are 'strings')"
     )

@@ -6,10 +6,11 @@ bytes, which any language can reproduce::
     b"emarket-sig-v1\\x00" · market prefix · event type · [generation] · the event's fields
 
 where ``[generation]`` is, for an account past its first keys, ``i`` + its key version (nothing
-at version 1, and never in account events, which carry their version themselves); each item tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers,
-``f`` + f64 (IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for
-booleans, and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian
-but those). The market prefix is in the bytes so a signed event cannot be replayed into another
+at version 1, and never in account events, which carry their version themselves). Each item is
+tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers, ``f`` + f64
+(IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for booleans,
+and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian but
+those). The market prefix is in the bytes so a signed event cannot be replayed into another
 market; an ``accuracy`` target is ``n`` when absent, else ``b`` 1 then its rmse, half_width and
 confidence. The generation makes bytes signed before a rotation verify under no later key
 version, even after a rotation back to their key. The fields are every one that matters:

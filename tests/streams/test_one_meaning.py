@@ -4,15 +4,20 @@ signed bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from streams.clients.keys import Party
 from streams.core import MarketCore
 from streams.wire.events import INBOX_EVENT, PurchaseRequest, Rejection, TableSpec, ValueItem
+from streams.wire.signing import canonical_bytes, sign, signed, verify
 from streams.wire.topics import Topics
 
 from .helpers import MARKET, market_core, party, purchase, registration, value
@@ -90,6 +95,8 @@ def test_a_signed_integer_field_beyond_2_to_the_53_is_refused_however_spelled(
         PurchaseRequest.model_validate_json(text)
     ok = json.dumps(body).replace('"requested_at_ms": 1', '"requested_at_ms": 9007199254740991')
     assert PurchaseRequest.model_validate_json(ok).requested_at_ms == 2**53 - 1
+    assert PurchaseRequest.model_validate_json(ok.replace("991", "991.0")).requested_at_ms \
+        == 2**53 - 1
     with pytest.raises(ValidationError):
         ValueItem.model_validate_json('{"value_id": "x", "values": [1], '
                                       f'"published_at_ms": {spelling}}}')  # fmt: skip
@@ -145,3 +152,37 @@ def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key()
         PurchaseRequest, MARKET, purchase_id="p-new", buyer_id="alice", stream_id="temp",
         max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
     assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
+
+
+def test_the_signing_vectors_of_the_protocol() -> None:
+    """docs/protocol.md §2.4: the canonical bytes and signatures of one purchase at key versions
+    1 and 3; a signature verifies at its own version only."""
+    text = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    table = text.split("<!-- signing vectors: begin -->")[1].split("<!-- signing vectors: end")[0]
+    rows = re.findall(r"^\| (\d+) \| `([0-9a-f]+)` \| `([A-Za-z0-9+/=]+)` \|$", table, re.M)
+    assert [r[0] for r in rows] == ["1", "3"]
+    key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    event = signed(PurchaseRequest, "t", key, purchase_id="p1", buyer_id="alice",
+                   stream_id="temp", max_price_minor=100, requested_at_ms=1000)  # fmt: skip
+    public = "A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg="
+    for version, data, signature in rows:
+        g = int(version)
+        assert canonical_bytes("t", event, g).hex() == data
+        assert sign("t", event, key, generation=g) == signature
+        assert verify("t", event, public, signature, generation=g)
+        assert not verify("t", event, public, signature, generation={1: 3, 3: 1}[g])
+
+
+def test_a_key_file_keeps_its_key_version(tmp_path: Path) -> None:
+    """What a party signs after a rotation carries the version its key file records."""
+    path = tmp_path / "alice.key"
+    Party.generate("alice").save(path)
+    assert Party.load(path).key_version == 1
+    rotated = Party.load(path)
+    dataclasses.replace(rotated, key_version=3).save_over(path)
+    again = Party.load(path)
+    assert again.key_version == 3 and again.public_key == rotated.public_key
+    ev = again.sign(PurchaseRequest, "t", purchase_id="p", buyer_id="alice", stream_id="s",
+                    max_price_minor=1, requested_at_ms=1)  # fmt: skip
+    assert verify("t", ev, again.public_key, generation=3)
+    assert not verify("t", ev, again.public_key)

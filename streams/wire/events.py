@@ -239,7 +239,9 @@ class OpenAccount(_Signed):
 class RotateKeys(_Signed):
     """Replace an account's keys: signed by the current key, and by the new one.
 
-    ``version`` must be the account's version + 1, so an old rotation cannot be replayed.
+    ``version`` must be the account's version + 1, so an old rotation cannot be replayed; every
+    later event of the account is signed at it (:mod:`streams.wire.signing`), so nothing signed
+    at an earlier version is applied again, even after a rotation back to an earlier key.
     """
 
     type: Literal["rotate_keys"] = "rotate_keys"

@@ -147,8 +147,8 @@ class StateGuard:
             self.refused.labels(store).inc()
         topic, partition, offset = where
         log.error(
-            "refused a %s record the market did not write (%s) at %s[%s]@%s, key %.80r, "
-            "%s: not applied by the %s, which keeps what it had for that key",
+            "refused a record of the %s store that the market did not write (%s) at "
+            "%s[%s]@%s, key %.80r, %s: the %s does not apply it and keeps what it had",
             store, why, topic, partition, offset, key,
             "a deletion" if value is None else f"{len(value)} bytes", reader,
         )  # fmt: skip

@@ -89,6 +89,16 @@ RECORDED: dict[str, dict[str, str]] = {
             "77bea64b59f798094f8de7a939a2e159ae5cd55a0d1877728ef1e205fe7ef98c",
         "faust.stores.memory:Store._create_batch_iterator":
             "b082c8bcc040382347025bd5b08d31700b2e6b1d2c0232f1de551f1b5495d1ed",
+        "faust.tables.base:Collection.apply_changelog_batch":
+            "b980a78d3ae9b1e87f2d3fb63e0dcd2671341a1e60ea5233859d6bdd699d3029",
+        "faust.stores.memory:Store.apply_changelog_batch":
+            "71863e3cd727aac2001c4f19a393c637275eab36056c9a2d395ed1c7528e7647",
+        "faust.stores.rocksdb:Store.apply_changelog_batch":
+            "ea3344d369fc4ab5e3cdace30565691136035a463acb7b2551fdc0b8af71643b",
+        "faust.tables.recovery:Recovery._restart_recovery.fun":
+            "6bd8a8558a2dffe4c60b8150f23d721baa6b3d658367f911a3ad2187e20efc6f",
+        "faust.tables.recovery:Recovery.flush_buffers":
+            "6fa9c17f1071018c49cb6d411a34fb4a2c2ac4f41c3de650bbee15831abd6f1f",
         "faust.stores.memory:Store.on_recovery_completed":
             "a00bef343e139602606996e88809e62731a9113691ae678095266a52e0e0b013",
         "faust.streams:current_event":

@@ -964,7 +964,8 @@ class MarketIdentity(_Event):
 
     A worker whose secret has another fingerprint, or which implements another noise format, or
     computes other noise for the same key under the same format, refuses to start: it would
-    re-noise levels already released.
+    re-noise levels already released. So does one whose market's state records carry no
+    authenticator, or another format of it: it could not tell the market's state from forgeries.
     """
 
     type: Literal["market_identity"] = "market_identity"
@@ -987,6 +988,12 @@ class MarketIdentity(_Event):
         None,
         exclude_if=_is_none,
         description="the same for histogram chains (absent in markets made before them)",
+    )
+    state_format: int | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the format of the state records' authenticators (docs/protocol.md §3); "
+        "absent in markets whose changelogs carry none",
     )
     market_key_id: str
     created_at_ms: Millis

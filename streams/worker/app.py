@@ -36,7 +36,8 @@ from .faust_internals import (
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
-from .secrets import load_or_create_keys
+from .secrets import load_or_create_keys, state_mac_key
+from .state_mac import StateGuard, StateMac
 from .tables import WriteBackTable, register_codecs
 
 __all__ = ["MarketWorker", "create_worker"]
@@ -62,17 +63,8 @@ class MarketWorker:
         self.app = self._app()
         self.intake = Intake(self.app, set(self.topics.inputs()))
         attach_intake(self.app, self.intake)
-        self.tables = {
-            name: WriteBackTable.create(self.app, name, settings.partitions)
-            for name in ("streams", "releases", "purchases", "accounts")
-        }
+        self.state_guard, self.tables, self.replica = self._state()
         self.stores = Stores(**self.tables)
-        self.replica = AccountReplica(
-            settings.bootstrap,
-            self.tables["accounts"].table.changelog_topic.get_topic_name(),
-            fetch_wait_ms=min(settings.fetch_max_wait_ms, 100),
-            **settings.aiokafka_auth(),
-        )
         self.core = MarketCore(
             self.stores,
             self.keys,
@@ -107,6 +99,26 @@ class MarketWorker:
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
+
+    def _state(self) -> tuple[StateGuard, dict[str, WriteBackTable], AccountReplica]:
+        """The tables and the account replica, sharing one guard: every changelog record is
+        written with the market's authenticator and read back only through it."""
+        s = self.settings
+        guard = StateGuard(
+            StateMac(state_mac_key(self.keys.noise_secret)), self.metrics.state_refused
+        )
+        tables = {
+            name: WriteBackTable.create(self.app, name, s.partitions, guard)
+            for name in ("streams", "releases", "purchases", "accounts")
+        }
+        replica = AccountReplica(
+            s.bootstrap,
+            tables["accounts"].table.changelog_topic.get_topic_name(),
+            guard,
+            fetch_wait_ms=min(s.fetch_max_wait_ms, 100),
+            **s.aiokafka_auth(),
+        )
+        return guard, tables, replica
 
     def _app(self) -> faust.App:
         s = self.settings

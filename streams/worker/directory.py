@@ -12,6 +12,10 @@ account record the event depends on was acknowledged) and waits until the replic
 far; then the event is handled again. Once per batch at most, so a flood of unknown accounts
 costs one round trip per batch, not per event (``bench/flood.py``).
 
+Every record is applied only if it carries the market's authenticator
+(:class:`~streams.worker.state_mac.StateGuard`): a record someone else appended to the changelog,
+a deletion included, is counted, logged and ignored, and the replica keeps what it had.
+
 Tansu answers ListOffsets(latest) with the base offset of the newest record batch + 1 rather
 than the high watermark; since a consumer receives whole record batches, having read past that
 offset still means having read the whole newest batch, so the rule holds on both brokers.
@@ -28,6 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ..wire.events import AccountState
+from .state_mac import StateGuard
 
 __all__ = ["AccountReplica"]
 
@@ -38,9 +43,11 @@ class AccountReplica:
     """Accounts by id and by key id, read from ``topic`` (the accounts changelog)."""
 
     def __init__(
-        self, bootstrap: str, topic: str, *, fetch_wait_ms: int = 20, **auth: Any
-    ) -> None:
+        self, bootstrap: str, topic: str, guard: StateGuard, *, fetch_wait_ms: int = 20,
+        **auth: Any,
+    ) -> None:  # fmt: skip
         self.topic = topic
+        self.guard = guard
         self._accounts: dict[str, AccountState] = {}
         self._by_key: dict[str, str] = {}
         self._settings: dict[str, Any] = dict(
@@ -121,15 +128,22 @@ class AccountReplica:
                 continue
             for records in batch.values():
                 for rec in records:
-                    try:
-                        self._apply(rec.key, rec.value)
-                    except ValueError:  # not an account: never stop the replica for it
-                        log.exception("unreadable account record at offset %s", rec.offset)
+                    self.receive(rec)
             self._progress.set()
 
-    def _apply(self, key: bytes | None, value: bytes | None) -> None:
-        if key is None:
+    def receive(self, rec: Any) -> None:
+        """Apply one record of the changelog (an aiokafka ``ConsumerRecord``) if the market
+        wrote it; refuse it otherwise (:class:`StateGuard`)."""
+        where = (rec.topic, rec.partition, rec.offset)
+        if not self.guard.admit("accounts", rec.key, rec.value, rec.headers, where=where,
+                                reader="account replica"):  # fmt: skip
             return
+        try:
+            self._apply(rec.key, rec.value)
+        except ValueError:  # the market's own record, unreadable: never stop the replica for it
+            log.exception("unreadable account record at %s[%s]@%s", *where)
+
+    def _apply(self, key: bytes, value: bytes | None) -> None:
         account_id = key.decode()
         old = self._accounts.pop(account_id, None)
         if old is not None:

@@ -23,8 +23,10 @@ reviewed for the pinned versions (:data:`PINNED`).
 * The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_write` writes a
   table's store with the bookkeeping Faust's own paths keep, :func:`set_current_event` sets the
   "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a table's
-  changelog topic with our codecs (:func:`register_codec`: Faust's codec extension point is its
-  private ``_dumps``/``_loads``).
+  changelog topic reading raw bytes, and :func:`verify_changelog` has recovery apply only the
+  records whose authenticator verifies (:mod:`streams.worker.state_mac`), decoded with our
+  codecs (:func:`register_codec`: Faust's codec extension point is its private
+  ``_dumps``/``_loads``).
 * Private reads: :func:`committed_offset` (consumer lag), :func:`producer_client` (broker probes).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
 
@@ -63,6 +65,7 @@ __all__ = [
     "PINNED",
     "UPSTREAM",
     "YIELD_EVERY",
+    "RecoveredEvent",
     "Upstream",
     "attach_intake",
     "committed_offset",
@@ -82,6 +85,7 @@ __all__ = [
     "true_highwaters",
     "tune_fetch_wait",
     "untrack_unacked",
+    "verify_changelog",
     "worker_class",
 ]
 
@@ -161,6 +165,14 @@ UPSTREAM: tuple[Upstream, ...] = (
         "rebuild_changelog_topic"),
     *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
         "store_write"),
+    *_u("faust-streaming", "faust.tables.base", "Collection.apply_changelog_batch", "wrapped",
+        "verify_changelog"),
+    *_u("faust-streaming", "faust.stores.memory", "Store.apply_changelog_batch", "relied on",
+        "verify_changelog"),
+    *_u("faust-streaming", "faust.stores.rocksdb", "Store.apply_changelog_batch", "relied on",
+        "verify_changelog"),
+    *_u("faust-streaming", "faust.tables.recovery",
+        "Recovery._restart_recovery.fun Recovery.flush_buffers", "relied on", "verify_changelog"),
     *_u("faust-streaming", "faust.stores.memory", "Store.on_recovery_completed", "relied on",
         "store_write"),
     *_u("faust-streaming", "faust.streams", "current_event", "relied on", "set_current_event"),
@@ -505,13 +517,56 @@ def register_codec(name: str, dumps: Callable[[Any], bytes], loads: Callable[[by
 
 
 def rebuild_changelog_topic(table: Any) -> None:
-    """Remake ``table``'s changelog topic from its current serializers.
+    """Remake ``table``'s changelog topic, reading raw bytes (keys and values).
 
     Faust builds the changelog topic when the table is registered, from the serializers its
-    key and value *types* imply; ours are codecs set by name afterwards, and recovery would
-    decode the changelog with the first topic's (JSON).
+    key and value *types* imply; recovery decodes every record with the topic's serializers
+    before the table sees it. Ours reads the bytes as they are: :func:`verify_changelog`
+    checks each record's authenticator and decodes only those it admits, so nothing a stranger
+    appended is parsed, and a record that would not decode never becomes an error inside
+    Faust's recovery loop (which logs it and goes on without counting it anywhere).
     """
-    table.changelog_topic = table._new_changelog_topic()
+    codecs_of_table = table.key_serializer, table.value_serializer
+    table.key_serializer, table.value_serializer = "raw", "raw"
+    try:
+        table.changelog_topic = table._new_changelog_topic()
+    finally:
+        table.key_serializer, table.value_serializer = codecs_of_table
+
+
+@dataclass(frozen=True)
+class RecoveredEvent:
+    """What Faust's stores read of a changelog event in ``apply_changelog_batch``: the
+    decoded key and value (memory store) and the message (its raw key, value, partition and
+    offset: the RocksDB store writes those)."""
+
+    key: Any
+    value: Any
+    message: Any
+
+
+def verify_changelog(table: Any, admit: Callable[[Any], tuple[Any, Any] | None]) -> None:
+    """Have Faust's recovery apply to ``table`` only the changelog records ``admit`` accepts.
+
+    ``admit`` receives each record's message (raw key, value, headers, topic, partition,
+    offset) and returns the decoded (key, value) to apply, or None to leave the store as it
+    was for that key. Recovery calls ``table.apply_changelog_batch`` with its buffered events
+    (after it has counted their offsets, so refusing one never stalls recovery); the table's
+    store then reads ``event.key``, ``event.value`` and ``event.message``
+    (:class:`RecoveredEvent`).
+    """
+    apply = table.apply_changelog_batch
+
+    def apply_changelog_batch(batch: Iterable[Any]) -> None:
+        kept = []
+        for event in batch:
+            got = admit(event.message)
+            if got is not None:
+                kept.append(RecoveredEvent(got[0], got[1], event.message))
+        apply(kept)
+
+    apply_changelog_batch.__wrapped__ = apply  # type: ignore[attr-defined]
+    table.apply_changelog_batch = apply_changelog_batch
 
 
 def store_write(table: Any, key: str, value: Any, event: Any, *, delete: bool = False) -> None:

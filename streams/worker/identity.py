@@ -15,6 +15,12 @@ freely. A market made with noise format v1 (whose bytes depended on the CPU's SI
 refused, not served: this version no longer has v1's samplers, and serving it with v2's would
 re-noise every level it sold.
 
+The record also names the format of the authenticators on the market's state records
+(``state_format``, :mod:`streams.worker.state_mac`). A market made before them has changelogs
+whose records carry none: a worker of this version would refuse every one of them as forged and
+start empty, so it refuses to start instead, saying so (there is no migration: signing the old
+records now would vouch for whatever a stranger had appended to them).
+
 Stream records carry the same fingerprint (``StreamState.secret_fingerprint``), a second line of
 defence the core checks on every event.
 """
@@ -34,6 +40,7 @@ from market.histogram_chain import noise_check_histogram
 from ..core import MarketKeys
 from ..wire.events import MarketIdentity
 from ..wire.topics import Topics
+from .state_mac import VERSION as STATE_FORMAT
 
 __all__ = ["MarketIdentityError", "check_identity", "identity_of"]
 
@@ -52,6 +59,7 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
         noise_format=FORMAT,
         noise_check=noise_check(),
         noise_check_histogram=noise_check_histogram(),
+        state_format=STATE_FORMAT,
         market_key_id=keys.key_id,
         created_at_ms=time.time_ns() // 1_000_000,
     )
@@ -97,6 +105,8 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "--prefix (its accounts, streams and holdings do not carry over), or keep serving "
             "this one with the epsilon-market release that made it (0.1.x for format v1)"
         )
+    if theirs.state_format != ours.state_format:
+        _refuse_state_format(ours, theirs, topic)
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
         ("check", ours.noise_check, theirs.noise_check),
@@ -111,6 +121,23 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "format: one of the two implementations is wrong (docs/protocol.md §1.7 states the "
             "format's check). Report it; do not serve this market with this worker"
         )
+
+
+def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
+    if theirs.state_format is None:
+        raise MarketIdentityError(
+            f"this market's state was written without authenticators (recorded in {topic}: no "
+            f"state_format); this worker applies only state records that carry the market's "
+            f"(state format v{ours.state_format}, docs/protocol.md §3) and would refuse all of "
+            "them as forged. Start a new market with a new --prefix (its accounts, streams and "
+            "holdings do not carry over), or keep serving this one with the epsilon-market "
+            "release that made it"
+        )
+    raise MarketIdentityError(
+        f"this market's state records carry authenticators of state format "
+        f"v{theirs.state_format} (recorded in {topic}); this worker reads v{ours.state_format}. "
+        "Serve it with the epsilon-market release that made it"
+    )
 
 
 async def _first_record(

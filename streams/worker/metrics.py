@@ -20,6 +20,7 @@ from prometheus_client import (
 )
 
 from ..core.outputs import Outcome
+from .state_mac import STORES
 
 __all__ = ["DEAD_LETTER_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
 
@@ -42,6 +43,7 @@ class Metrics:
     noise_draws: Counter
     rejections: Counter
     dead_letters: Counter
+    state_refused: Counter
     purchase_latency: Histogram
     batch_size: Histogram
     privacy_spent: Gauge
@@ -188,6 +190,10 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                      "Outputs the broker refused for good (to <p>.deadletters), by kind of "
                      "error (too_large, unauthorized, unknown_topic, other)",
                      ["reason"], {}),
+    "state_refused": (Counter, "state_records_refused",
+                      "Changelog records read back (table recovery, account replica) without "
+                      "the market's valid authenticator: refused, never applied, by store",
+                      ["store"], {}),
     "purchase_latency": (Histogram, "purchase_latency_seconds",
                          "Time from a purchase's broker timestamp to its outcome being "
                          "acknowledged", [], {"buckets": LATENCY_BUCKETS}),
@@ -247,6 +253,8 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.releases.labels(kind)
     for kind in DEAD_LETTER_KINDS:  # at 0 from the start: the first dead letter is an increase
         m.dead_letters.labels(kind)
+    for store in STORES:  # the same for the first forged state record
+        m.state_refused.labels(store)
     return m
 
 

@@ -108,7 +108,8 @@ class Producer:
             if fail_point and i == len(pending) // 2:
                 self.faults.hit(fail_point)
             try:
-                fut = await self.app.producer.send(r.topic, r.key, r.value, r.partition, None, None)
+                fut = await self.app.producer.send(r.topic, r.key, r.value, r.partition, None,
+                                                  r.headers)
                 futures.append((r, fut))
             except Exception as exc:  # refused before sending (size, closed producer)
                 failed.append((r, exc))

@@ -10,11 +10,16 @@ Both are generated on first start into the data directory (files created with mo
 Secrets are never logged: :class:`MarketKeys` has a redacting ``repr``. The noise secret is as
 sensitive as the exact values (with it and the stored state, noise can be recomputed); the
 signing key lets whoever holds it forge receipts.
+
+The key that authenticates the market's state records (:mod:`streams.worker.state_mac`) is not
+a third secret to keep: it is derived from the noise secret (:func:`state_mac_key`), which every
+worker of a market must share already (:mod:`streams.worker.identity` checks it).
 """
 
 from __future__ import annotations
 
 import base64
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -29,10 +34,25 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["load_or_create_keys"]
+__all__ = ["STATE_MAC_LABEL", "load_or_create_keys", "state_mac_key"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
+
+STATE_MAC_LABEL = b"emarket state-mac key v1"
+"""What the noise secret MACs to give the state key (``docs/protocol.md`` §3.2): a label no
+other derivation from the secret uses (the fingerprint's, the sealing keys' and the nonces'
+labels all differ from it and none is a prefix of it)."""
+
+
+def state_mac_key(noise_secret: bytes) -> bytes:
+    """The key of the market's state-record tags: ``HMAC-SHA256(noise_secret, STATE_MAC_LABEL)``.
+
+    A key of its own (domain separation) rather than the noise secret itself, so that the
+    MACs over state records, which anyone can read on the changelogs, are never outputs of a
+    function that also gives noise, sealing keys or nonces.
+    """
+    return hmac.new(noise_secret, STATE_MAC_LABEL, "sha256").digest()
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -18,6 +18,7 @@ from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
 from .replay import Admission, Records
+from .replay.records import Caps
 from .state import Stores
 
 __all__ = ["Context", "Limits"]
@@ -53,6 +54,11 @@ class Limits:
     #: most noise one event may draw, in work units (:meth:`work`, ~40 ns each here): it
     #: bounds a stream's window × steps × dimension, and a value batch's length
     max_event_work: int = 12_000_000
+    #: records one stream keeps at most for the dedup horizon (purchases, eviction marks)
+    record_caps: Caps = field(default_factory=Caps)
+    #: quotes one account may ask of one worker: a burst, then this many a second
+    quote_burst: int = 20
+    quotes_per_second: float = 2.0
 
     @staticmethod
     def work(values: int, steps: int, dimension: int) -> int:

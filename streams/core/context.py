@@ -17,6 +17,7 @@ from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
+from .ratelimit import TokenBuckets
 from .replay import Admission, Records
 from .replay.records import Caps
 from .state import Stores
@@ -99,8 +100,12 @@ class Context:
     noise: NoiseKeys = field(init=False)
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
+    quotas: TokenBuckets = field(init=False)  # quotes per account
 
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores.streams)
+        lim = self.limits
+        self.quotas = TokenBuckets(lim.quote_burst, lim.quotes_per_second, self.clock,
+                                   lim.max_accounts)  # fmt: skip

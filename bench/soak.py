@@ -68,6 +68,14 @@ class SoakResult:
     values: int = 0
     purchases: int = 0
     duration: float = 0.0
+    skipped: int = 0
+
+    def add(self, sample: Sample | None) -> None:
+        """Keep a sample, or count one /metrics did not answer in time."""
+        if sample is None:
+            self.skipped += 1
+        else:
+            self.samples.append(sample)
 
 
 def _rss_mb(pid: int) -> float:
@@ -77,7 +85,16 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
+def _sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample | None:
+    """The worker's figures now; ``None`` if /metrics did not answer in time (a busy or
+    shared machine: the sample is skipped, not the soak)."""
+    try:
+        return _read_sample(w, t, sent_v, sent_p)
+    except OSError:  # URLError and socket timeouts
+        return None
+
+
+def _read_sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
     assert w.proc is not None
     return Sample(
         t=t,
@@ -137,7 +154,7 @@ async def _load(
                     sent_p += 1
             now = time.monotonic() - t0
             if now >= next_sample:
-                res.samples.append(_sample(w, now, sent_v, sent_p))
+                res.add(_sample(w, now, sent_v, sent_p))
                 next_sample += 10.0
             await asyncio.sleep(0.01)
         await prod.flush()
@@ -148,10 +165,10 @@ async def _load(
                 break
             now = time.monotonic() - t0
             if now >= next_sample:  # keep sampling while a lagging worker catches up
-                res.samples.append(_sample(w, now, sent_v, sent_p))
+                res.add(_sample(w, now, sent_v, sent_p))
                 next_sample += 10.0
             await asyncio.sleep(0.5)
-        res.samples.append(_sample(w, time.monotonic() - t0, sent_v, sent_p))
+        res.samples.append(_read_sample(w, time.monotonic() - t0, sent_v, sent_p))
         res.duration = time.monotonic() - t0
         res.purchases = sent_p
         res.rejections = w.metric("emarket_rejections_total")
@@ -279,7 +296,8 @@ def render(res: SoakResult) -> str:
             f"| {s.purchases_done:,.0f} | {s.lag:,.0f} | {s.rss_mb:.0f} | {s.releases:,.0f} "
             f"| {s.purchases_table:,.0f} |"
         )
-    out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: {res.errors_in_log}")
+    out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: {res.errors_in_log}; "
+               f"samples skipped (/metrics too slow): {res.skipped}")
     return "\n".join(out)
 
 

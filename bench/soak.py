@@ -296,8 +296,8 @@ def render(res: SoakResult) -> str:
             f"| {s.purchases_done:,.0f} | {s.lag:,.0f} | {s.rss_mb:.0f} | {s.releases:,.0f} "
             f"| {s.purchases_table:,.0f} |"
         )
-    out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: {res.errors_in_log}; "
-               f"samples skipped (/metrics too slow): {res.skipped}")
+    out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: "
+               f"{res.errors_in_log}; samples skipped (/metrics too slow): {res.skipped}")
     return "\n".join(out)
 
 

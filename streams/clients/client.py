@@ -503,4 +503,7 @@ def _answers(ev: InboxEvent, request_id: str) -> bool:
         return ev.purchase_id == request_id
     if isinstance(ev, QuoteAnswer):
         return ev.quote_id == request_id
-    return isinstance(ev, Rejection) and ev.request_id == request_id
+    # `already_answered`: a resend met an outcome sent before (the inbox, read from its start,
+    # holds it) — not the answer itself; keep waiting
+    return (isinstance(ev, Rejection) and ev.request_id == request_id
+            and ev.reason != "already_answered")  # fmt: skip

@@ -17,7 +17,9 @@ from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
+from .ratelimit import TokenBuckets
 from .replay import Admission, Records
+from .replay.records import Caps
 from .state import Stores
 
 __all__ = ["Context", "Limits"]
@@ -53,6 +55,11 @@ class Limits:
     #: most noise one event may draw, in work units (:meth:`work`, ~40 ns each here): it
     #: bounds a stream's window × steps × dimension, and a value batch's length
     max_event_work: int = 12_000_000
+    #: records one stream keeps at most for the dedup horizon (purchases, eviction marks)
+    record_caps: Caps = field(default_factory=Caps)
+    #: quotes one account may ask of one worker: a burst, then this many a second
+    quote_burst: int = 20
+    quotes_per_second: float = 2.0
 
     @staticmethod
     def work(values: int, steps: int, dimension: int) -> int:
@@ -93,8 +100,12 @@ class Context:
     noise: NoiseKeys = field(init=False)
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
+    quotas: TokenBuckets = field(init=False)  # quotes per account
 
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores.streams)
+        lim = self.limits
+        self.quotas = TokenBuckets(lim.quote_burst, lim.quotes_per_second, self.clock,
+                                   lim.max_accounts)  # fmt: skip

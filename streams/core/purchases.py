@@ -1,9 +1,19 @@
-"""A buyer's purchase: recall its outcome, or fulfil or refuse it, then keep the outcome.
+"""A buyer's purchase: recall its decision, or fulfil or refuse it, then keep the decision.
 
-A purchase is keyed by ``(buyer_id, stream_id, purchase_id)``. Its outcome, fulfilment or
-refusal, is kept with the exact bytes sent, and a resend gets those bytes again without being
-charged again (a resend with other parameters is refused, ``idempotency_key_reused``). How
-outcomes are recalled, kept and forgotten is :mod:`streams.core.replay`'s.
+A purchase is keyed by ``(buyer_id, stream_id, purchase_id)``. Its decision, fulfilment or
+refusal, is kept (:class:`~.state.PurchaseRecord`: levels, price, the values covered, a digest
+of the outcome), and a resend is never charged again (a resend with other parameters is
+refused, ``idempotency_key_reused``). How records are recalled, kept and forgotten is
+:mod:`streams.core.replay`'s.
+
+A resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a
+fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
+request, receipts are deterministic and envelopes are sealed with a sender key and nonce
+derived from the secret, the buyer's key, the AAD and the plaintext — and sent only if it is
+byte for byte the outcome first sent (its digest); a refusal is refused again with its reason
+code. Within the interval, or when the outcome cannot be recomputed any more (the values it
+covered left the window, the buyer's sealing key changed), the resend gets a short
+``already_answered`` notice naming when it was answered: never silence, never new bytes.
 
 A fulfilment releases the level bought on every value in the stream's window, charges
 ``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers (and
@@ -26,6 +36,7 @@ from ..wire.events import (
     PurchaseFulfilled,
     PurchaseRequest,
     ReceiptModel,
+    Rejection,
     ReleasedValue,
 )
 from ..wire.money import format_money
@@ -38,7 +49,7 @@ from .planning import plan, target
 from .products import Product
 from .rejections import Source, rejection
 from .replay import legacy
-from .replay.records import MAX_FAR_FUTURE_RECORDS, purchase_key
+from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
 from .replay.repair import restore_charge
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
 from .state import PurchaseRecord
@@ -71,25 +82,30 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     stream = streams.find(req.stream_id)
     earlier = _recall(ctx, stream, req)
     if earlier is not None:
-        return _again(ctx, stream, req, earlier, fp)
+        return _again(ctx, stream, inc, earlier, fp)
+    heap = heap_of(ctx.records, stream, req.stream_id)
     try:
         _admit(ctx, req)
         outcome, record = _fulfil(ctx, streams, req, fp, inc.account)
     except _Unkept as unkept:
         return rejection(ctx, "purchase", inc.src, unkept.refusal)
     except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is kept
-        outcome, record = _refused(ctx, req, fp, inc.src, exc)
+        kept = stream is not None or ctx.records.has_room(heap)
+        outcome, record = _refused(ctx, req, fp, inc.src, exc, kept=kept)
+        if not kept:
+            return outcome
     ctx.records.keep_purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id),
-                              record, heap_of(ctx.records, stream, req.stream_id))  # fmt: skip
+                              record, heap)  # fmt: skip
     advance_purchases(ctx.records, stream, req.stream_id, req.requested_at_ms)
     return outcome
 
 
 def _recall(ctx: Context, stream: Stream[Product] | None,
             req: PurchaseRequest) -> PurchaseRecord | None:  # fmt: skip
-    """The purchase's kept outcome; a refusal if it is too old for any to be kept."""
+    """The purchase's kept decision; a refusal if it is too old for any to be kept."""
     if stream is not None:
         floor_purchases(ctx.records, stream)
+        ctx.records.settle(stream.id)
     watermark = None if stream is None else stream.state.purchase_watermark_ms
     ctx.admission.admit_age("purchase", req.requested_at_ms, watermark, req.purchase_id,
                             req.stream_id)  # fmt: skip
@@ -117,9 +133,11 @@ def _admit(ctx: Context, req: PurchaseRequest) -> None:
         raise _Unkept(ahead) from None
 
 
-def _again(ctx: Context, stream: Stream[Product] | None, req: PurchaseRequest,
+def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseRequest],
            record: PurchaseRecord, fp: str) -> Outcome:  # fmt: skip
-    """A resent purchase: the kept bytes again, or a refusal if the id meant something else."""
+    """A resent purchase: its outcome again (at most once an interval), or a refusal if the
+    id meant something else; never a second charge."""
+    req = inc.event
     if record.fingerprint != fp:
         raise Reject(
             "idempotency_key_reused",
@@ -127,24 +145,110 @@ def _again(ctx: Context, stream: Stream[Product] | None, req: PurchaseRequest,
             "different request; use a new purchase id",
         )
     if record.status == "fulfilled" and stream is not None:
-        restore_charge(stream, req.buyer_id,
-                       PurchaseFulfilled.model_validate_json(record.payload))  # fmt: skip
-    payload = record.payload.encode()
-    outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)]
+        restore_charge(stream, req.buyer_id, record)
+    key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
+    last = ctx.records.answer_due(key)
+    if last is not None:
+        return _notice(ctx, inc, record, last, again=True)
+    if record.payload is not None:  # not yet sent for sure, or an earlier version's record
+        ctx.records.resent(key, record)
+        payload = record.payload.encode()
+        outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)]
+        if record.status == "rejected":
+            outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
+        return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
     if record.status == "rejected":
-        outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
+        return _refused_again(ctx, inc, record)
+    redone = None if stream is None else _recompute(ctx, stream, inc, record)
+    if redone is None:
+        return _notice(ctx, inc, record, record.decided_at_ms, again=False)
+    outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
 
 
-def _refused(ctx: Context, req: PurchaseRequest, fp: str, src: Source,
-             exc: Reject | MarketError) -> tuple[Outcome, PurchaseRecord]:  # fmt: skip
-    """The outcome of a refused purchase, and the record that keeps it."""
+def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequest],
+               record: PurchaseRecord) -> bytes | None:  # fmt: skip
+    """The outcome first sent, recomputed from the decision over the values it covered; None
+    if they are not all retained any more or the bytes differ (the digest proves them)."""
+    covered = [e for e in stream.state.window if e.seq in record.seqs]
+    if len(covered) != record.count:
+        return None
+    step = StepPlan(record.level_before, record.level_after, record.level_after,
+                    record.price_minor)  # fmt: skip
+    # a resend may carry another send time: the receipt binds the first request's
+    req = inc.event.model_copy(update={"requested_at_ms": record.requested_at_ms})
+    try:
+        with stream.showing(covered):
+            releases, _ = stream.product.release_window(ctx, stream, record.level_after)
+            outcome = _fulfilled(ctx, req, stream, step, releases, inc.account.sealing_key)
+    except (AssertionError, Reject, MarketError):  # a state it needs is gone
+        return None
+    payload = dump(outcome)
+    return payload if hashlib.sha256(payload).hexdigest() == record.digest else None
+
+
+def _notice(ctx: Context, inc: Incoming[PurchaseRequest], record: PurchaseRecord,
+            answered_at_ms: int, *, again: bool) -> Outcome:  # fmt: skip
+    """A short ``already_answered`` notice for the buyer alone: the resend changed nothing,
+    and says when its outcome was sent (``again``: it will be sent again after the interval;
+    else it cannot be recomputed, and the inbox holds it)."""
+    req = inc.event
+    topic, partition, offset, raw = inc.src
+    now = ctx.clock()
+    retry = max(0, answered_at_ms + ANSWER_INTERVAL_MS - now) if again else None
+    tail = (f"a resend is answered again at most every {ANSWER_INTERVAL_MS // 1000} s: resend "
+            f"after {retry} ms" if again else
+            "its outcome cannot be recomputed any more: it is in your inbox, keyed by the id")
+    event = Rejection(
+        reason="already_answered",
+        message=f"purchase {req.purchase_id!r} was {record.status} and answered at "
+        f"{answered_at_ms} ms; nothing was charged or changed; {tail}",
+        source_topic=topic, source_partition=partition, source_offset=offset,
+        request_id=req.purchase_id, sender_id=req.buyer_id, stream_id=req.stream_id,
+        payload="", payload_bytes=len(raw), payload_sha256=hashlib.sha256(raw).hexdigest(),
+        payload_truncated=bool(raw),
+        details={"status": record.status, "answered_at_ms": answered_at_ms,
+                 "retry_after_ms": retry},
+    )  # fmt: skip
+    out = Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), dump(event))
+    return Outcome("purchase", "duplicate", [out], reason="already_answered",
+                   stream_id=req.stream_id)  # fmt: skip
+
+
+def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest],
+                   record: PurchaseRecord) -> Outcome:  # fmt: skip
+    """A resent refused purchase: refused again with the reason code it first got."""
+    req = inc.event
+    rej = Reject(
+        record.reason,
+        f"purchase {req.purchase_id!r} was refused when the market first decided it "
+        f"({record.reason}, at {record.decided_at_ms} ms); the same signed bytes are refused "
+        "again: send a new purchase id",
+        sender=req.buyer_id, first_decided_at_ms=record.decided_at_ms,
+    )  # fmt: skip
+    outcome = rejection(ctx, "purchase", inc.src, rej)
+    outcome.status = "duplicate"
+    return outcome
+
+
+def _refused(
+    ctx: Context, req: PurchaseRequest, fp: str, src: Source, exc: Reject | MarketError, *,
+    kept: bool,
+) -> tuple[Outcome, PurchaseRecord]:  # fmt: skip
+    """The outcome of a refused purchase, and the record that keeps it (``kept``: false when
+    the partition's records of unknown streams are full, and the refusal then says so)."""
     rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
     rej.sender = req.buyer_id
+    if not kept:
+        rej.message += (
+            "; this refusal is not recorded (the market keeps at most "
+            f"{ctx.records.caps.unknown} refusals of purchases on unknown streams per "
+            "partition): these signed bytes would be applied if sent again once the stream exists"
+        )
     outcome = rejection(ctx, "purchase", src, rej)
     record = PurchaseRecord(fingerprint=fp, status="rejected", stream_id=req.stream_id,
-                            payload=outcome.outputs[0].value.decode(),
-                            requested_at_ms=req.requested_at_ms)  # fmt: skip
+                            requested_at_ms=req.requested_at_ms, reason=rej.reason[:48],
+                            decided_at_ms=ctx.clock())  # fmt: skip
     return outcome, record
 
 
@@ -210,9 +314,7 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     payload = dump(_fulfilled(ctx, req, stream, step, releases, account.sealing_key))
     stream.charge(req.buyer_id, step.after, step.price_minor)
     ledger.record_purchase(ledger.level(step.after))
-    record = PurchaseRecord(fingerprint=fp, status="fulfilled", stream_id=reg.stream_id,
-                            price_minor=step.price_minor, payload=payload.decode(),
-                            requested_at_ms=req.requested_at_ms)  # fmt: skip
+    record = _decision(ctx, req, stream, step, fp, payload)
     outcome = Outcome(
         "purchase", "fulfilled",
         [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)],
@@ -220,6 +322,21 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
         new_noise=new_noise, price_minor=step.price_minor, figures=stream.figures(),
     )  # fmt: skip
     return outcome, record
+
+
+def _decision(ctx: Context, req: PurchaseRequest, stream: Stream[Product], step: StepPlan,
+              fp: str, payload: bytes) -> PurchaseRecord:  # fmt: skip
+    """What a fulfilment's record keeps: the decision, the values covered (the window
+    released, by arrival number) and the outcome's digest; its bytes until they are sent."""
+    window = stream.state.window
+    return PurchaseRecord(
+        fingerprint=fp, status="fulfilled", stream_id=stream.id,
+        requested_at_ms=req.requested_at_ms, price_minor=step.price_minor,
+        level_before=step.held, level_after=step.after,
+        first_seq=window[0].seq if window else stream.state.next_seq, count=len(window),
+        decided_at_ms=ctx.clock(), digest=hashlib.sha256(payload).hexdigest(),
+        payload=payload.decode(),
+    )  # fmt: skip
 
 
 def _digested(releases: list[ReleasedValue]) -> list[ReleaseTriple]:

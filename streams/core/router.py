@@ -109,7 +109,8 @@ class MarketCore:
             keys=keys,
             topics=topics,
             clock=clock,
-            records=Records(dedup_horizon_ms, clock, stores, topics.partition_of),
+            records=Records(dedup_horizon_ms, clock, stores, topics.partition_of,
+                            limits.record_caps),
             admission=Admission(dedup_horizon_ms, clock),
             deliveries=Deliveries(topics, sealer, directory, limits.max_message_bytes),
             sealer=sealer,
@@ -118,6 +119,7 @@ class MarketCore:
             require_encryption=require_encryption,
         )
         self.streams = Streams(stores, keys, limits.max_streams)
+        self._batched = False
 
     @property
     def stores(self) -> Stores:
@@ -144,6 +146,8 @@ class MarketCore:
         catch up and hands the event in again with ``final`` True.
         """
         raw = value or b""
+        if not self._batched:  # one event is its own batch: its outputs go before the next
+            self.ctx.records.begin_batch()
         src: Source = (topic, partition, offset, raw)
         t, ctx = self.ctx.topics, self.ctx
         kind: Kind = {t.accounts: "account", t.registrations: "registration", t.values: "value",
@@ -218,10 +222,17 @@ class MarketCore:
 
         Inside the block, value events return no outputs for subscribers; on exit the list
         yielded to the caller receives one ``value_released`` event per (buyer, stream) holding
-        every release of the batch, in arrival order.
+        every release of the batch, in arrival order. The caller sends the outputs of one block
+        before it opens the next (what lets :meth:`Records.settle` drop the bytes of outcomes
+        sent).
         """
-        with self.ctx.deliveries.batch() as outputs:
-            yield outputs
+        self.ctx.records.begin_batch()
+        self._batched = True
+        try:
+            with self.ctx.deliveries.batch() as outputs:
+                yield outputs
+        finally:
+            self._batched = False
 
     def invalidate_indexes(self) -> None:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""

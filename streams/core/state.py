@@ -11,7 +11,8 @@ store          key                        value
                                           exact counts) while it is in its stream's window,
                                           then an :class:`EvictedValue` marker until the
                                           dedup horizon
-``purchases``  ``buyer_id/purchase_id``   :class:`PurchaseRecord`: the stored outcome
+``purchases``  ``buyer/stream/purchase``  :class:`PurchaseRecord`: the decision (levels,
+                                          price, values covered, digest of the outcome)
 ``accounts``   ``account_id``             :class:`~streams.wire.events.AccountState`: keys
 =============  =========================  ===================================================
 
@@ -34,6 +35,8 @@ from market.histogram_chain import HistogramValue
 from ..wire.events import AccountState, StreamRegistration
 
 __all__ = [
+    "PURCHASE_RECORD_BYTES",
+    "VALUE_MARK_BYTES",
     "EvictedValue",
     "Holder",
     "PurchaseRecord",
@@ -136,19 +139,53 @@ def stream_record_bound(
     )
 
 
-class PurchaseRecord(BaseModel):
-    """The stored outcome of one purchase: replayed verbatim for duplicates."""
+@dataclass(slots=True)
+class PurchaseRecord:
+    """The decision on one purchase: what a resend must meet again, not the bytes it was sent.
 
-    model_config = ConfigDict(extra="forbid")
+    Noise is a pure function of the request, receipts are deterministic and envelopes are
+    sealed with nonces derived from what they seal, so a fulfilment is recomputed from this
+    decision and the values it covered (:mod:`streams.core.purchases`); ``digest`` proves the
+    recomputed bytes are the ones first sent. Kept for the dedup horizon, so it is small: at
+    most :data:`PURCHASE_RECORD_BYTES` in the store's codec (:mod:`.codecs`).
+
+    ``payload`` holds the outcome's bytes only while they may not have been sent yet (a
+    record written in the current batch, :meth:`~.replay.records.Records.settle`), and in a
+    record an earlier version stored (its outcome is answered verbatim until the horizon).
+    """
+
     fingerprint: str
     status: Literal["fulfilled", "rejected"]
     stream_id: str
-    price_minor: int = 0
-    payload: str
     requested_at_ms: int = 0
+    price_minor: int = 0
+    #: the levels held before and after: what the purchase bought (a repair restores them)
+    level_before: float = 0.0
+    level_after: float = 0.0
+    #: the values it covered: the window entries numbered ``first_seq … first_seq + count − 1``
+    first_seq: int = 0
+    count: int = 0
+    #: the market's clock when it was decided
+    decided_at_ms: int = 0
+    #: SHA-256 (hex) of the outcome's bytes (a fulfilment; empty for a refusal)
+    digest: str = ""
+    #: a refusal's reason code
+    reason: str = ""
+    payload: str | None = None
+
+    @property
+    def seqs(self) -> range:
+        """The arrival numbers of the values the purchase covered."""
+        return range(self.first_seq, self.first_seq + self.count)
 
 
-@dataclass(frozen=True)
+PURCHASE_RECORD_BYTES = 256
+"""Most bytes a decided purchase's record takes in its store (64-character ids)."""
+VALUE_MARK_BYTES = 64
+"""Most bytes a value's eviction mark takes in its store."""
+
+
+@dataclass(frozen=True, slots=True)
 class EvictedValue:
     """What remains of a value that left its stream's window: enough to recognise a resend,
     until the value is older than the dedup horizon (then any resend is refused as too old)."""

@@ -8,6 +8,8 @@ it changed; the record is never written to its store anywhere else.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -115,3 +117,16 @@ class Stream(Generic[P]):
         if len(entries) != len(self.state.window):
             self.state.window = entries
             self.touch()
+
+    @contextlib.contextmanager
+    def showing(self, entries: list[ValueEntry]) -> Iterator[None]:
+        """Show only ``entries`` (retained values) as the window inside the block, then the
+        window as it was: a past purchase's releases are recomputed over the values it
+        covered, and the record is left as it was."""
+        st = self.state
+        window = st.window
+        st.window = entries
+        try:
+            yield
+        finally:
+            st.window = window

@@ -11,7 +11,11 @@ import pytest
 from market.receipts import verify_receipt
 from streams.core import EvictedValue, MarketCore, Stores, purchases
 from streams.core.rejections import best_effort_ids
-from streams.core.replay.records import CLOCK_RECORD_MS, MAX_FAR_FUTURE_RECORDS
+from streams.core.replay.records import (
+    ANSWER_INTERVAL_MS,
+    CLOCK_RECORD_MS,
+    MAX_FAR_FUTURE_RECORDS,
+)
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
@@ -82,12 +86,25 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
     assert core.stores.streams["temp"].spent == 2.0
 
 
-def test_duplicate_purchase_reemits_identical_bytes_and_charges_once(core: MarketCore) -> None:
+def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
+    """A resend is answered with the very bytes first sent, recomputed from the decision, at
+    most once every ANSWER_INTERVAL_MS; in between it gets a short notice, never silence."""
+    now = [1_000]
+    core = new_core(clock=lambda: now[0])
+    core.handle(T.registrations, registration("temp"))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     first = core.handle(T.purchases, purchase("temp", "alice", "p1"))
+    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
+    assert (soon.status, soon.reason) == ("duplicate", "already_answered")
+    (notice,) = soon.outputs
+    rej = Rejection.model_validate_json(notice.value)
+    assert rej.details["retry_after_ms"] == ANSWER_INTERVAL_MS and len(notice.value) < 1024
+    record = core.stores.purchases["alice/temp/p1"]
+    assert record.payload is None  # a later batch: the outcome was sent, only the decision kept
+    now[0] += ANSWER_INTERVAL_MS
     again = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
     assert again.status == "duplicate"
-    assert again.outputs[0].value == first.outputs[0].value
+    assert again.outputs[0].value == first.outputs[0].value  # recomputed, byte for byte
     assert core.stores.streams["temp"].holders["alice"].paid_minor == 50
     assert core.stores.streams["temp"].revenue_minor == 50
 
@@ -107,17 +124,27 @@ def test_buyers_share_one_release_process(core: MarketCore) -> None:
     assert core.stores.streams["temp"].spent == 1.0
 
 
-def test_price_too_high_quotes_the_price(core: MarketCore) -> None:
+def test_price_too_high_quotes_the_price() -> None:
+    now = [1_000]
+    core = new_core(clock=lambda: now[0])
+    core.handle(T.registrations, registration("temp"))
     out = core.handle(T.purchases, purchase("temp", "alice", "p1", max_price=10, target_level=2.0))
     assert out.reason == "price_too_high"
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert rej.details["quoted_price_minor"] == 200
     assert "costs 2.00 EUR; you offered at most 0.10 EUR" in rej.message  # as people read it
-    # the rejection is stored: a resend gets the same answer
+    # the refusal is recorded: a resend gets the same refusal, however the stream has changed
+    now[0] += ANSWER_INTERVAL_MS
+    core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    again = core.handle(
+        T.purchases, purchase("temp", "alice", "p1", max_price=10**6, target_level=2.0)
+    )
+    assert again.reason == "idempotency_key_reused"  # other terms, same id
     again = core.handle(
         T.purchases, purchase("temp", "alice", "p1", max_price=10, target_level=2.0)
     )
-    assert again.status == "duplicate" and again.outputs[0].value == out.outputs[0].value
+    assert (again.status, again.reason) == ("duplicate", "price_too_high")
+    assert "alice" not in core.stores.streams["temp"].holders
 
 
 def test_quote_does_not_buy(core: MarketCore) -> None:
@@ -127,13 +154,14 @@ def test_quote_does_not_buy(core: MarketCore) -> None:
     assert "alice" not in core.stores.streams["temp"].holders
 
 
-def test_a_purchase_of_no_more_than_the_level_held_is_refused_with_what_to_do(
-    core: MarketCore,
-) -> None:
+def test_a_purchase_of_no_more_than_the_level_held_is_refused_with_what_to_do() -> None:
     """It used to be fulfilled at no cost with the held release: each such request stored the
     window's whole outcome (up to ~1 MiB) for the horizon and sent it again (red team, fifth
     round). Its releases are in the buyer's inbox, and the purchase that bought them resends
     them."""
+    now = [1_000]
+    core = new_core(clock=lambda: now[0])
+    core.handle(T.registrations, registration("temp"))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     bought = purchase("temp", "alice", "a", target_level=2.0)
     hi = buyer_events(core.handle(T.purchases, bought))[0]
@@ -143,6 +171,7 @@ def test_a_purchase_of_no_more_than_the_level_held_is_refused_with_what_to_do(
         rej = Rejection.model_validate_json(out.outputs[0].value)
         assert rej.details["held_level"] == 2.0 and "inbox" in rej.message
         assert len(out.outputs[0].value) < 4096  # what is stored for it is small
+    now[0] += ANSWER_INTERVAL_MS
     again = buyer_events(core.handle(T.purchases, bought))[0]
     assert again.releases[0].values == hi.releases[0].values
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from streams.clients import cli
 from streams.core import MarketCore, Stores
+from streams.core.codecs import encode_purchase
 from streams.core.rejections import best_effort_ids
 from streams.wire.events import INBOX_EVENT, MAX_DIMENSION, Rejection
 from streams.wire.topics import Topics
@@ -50,6 +51,7 @@ def fresh_core() -> MarketCore:
     for i in range(3):
         core.handle(T.values, value("s", f"v{i}", [1.0, 2.0, float(i)], **M))
     core.handle(T.purchases, purchase("s", "alice", "p0", target_level=1.0, **M))
+    core.handle(T.values, value("s", "v3", [1.0, 2.0, 3.0], **M))  # p0's outcome sent
     return core
 
 
@@ -58,7 +60,7 @@ def snapshot(core: MarketCore) -> tuple[Any, ...]:
     return (
         {k: v.model_dump_json() for k, v in st.streams.items()},
         {k: sorted(getattr(v, "steps", {})) or v for k, v in st.releases.items()},
-        {k: v.model_dump_json() for k, v in st.purchases.items()},
+        {k: encode_purchase(v) for k, v in st.purchases.items()},
     )
 
 

@@ -28,6 +28,7 @@ from ..delivery import Release
 from ..ledger import Level
 from ..outputs import Reject
 from ..replay.repair import ahead_of_stream
+from ..replay.watermarks import cap_values
 from ..state import EvictedValue, ValueEntry, ValueState, record_key
 from ..stream import Stream
 from ..terms import Terms
@@ -149,13 +150,14 @@ def numbers(terms: Terms, reg: StreamRegistration, item: ValueItem, *,
 
 
 def retire(ctx: Context, stream: Stream[Any]) -> None:
-    """Keep the newest ``retain_last`` values: an older one leaves a mark until the horizon;
-    forget the marks and window sums the horizon no longer needs."""
+    """Keep the newest ``retain_last`` values: an older one leaves a mark until the horizon
+    (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
     for old in stream.evict():
         mark = EvictedValue(old.seq, old.digest, old.published_at_ms)
         ctx.records.mark_value(sid, record_key(sid, old.value_id), mark, expires=True)
     ctx.records.forget_values(sid, stream.state.watermark_ms)
+    cap_values(ctx.records, stream)
     stream.ledger.prune(ctx.records.horizon_ms)
 
 

@@ -1,4 +1,4 @@
-"""Purchase outcomes kept under the keys of an earlier version, and when this module can go.
+"""Purchase records of an earlier version (their keys, their format), and when this module can go.
 
 Earlier versions kept a purchase's outcome under ``buyer/purchase_id``; one id used on two
 streams was then two records under one key, and the partition a worker restored last decided
@@ -6,6 +6,10 @@ which it kept. Outcomes are now kept under ``buyer/stream/purchase_id``
 (:func:`~.records.purchase_key`). An outcome under an old key is still recalled for its own
 stream, and it still refuses the id on every other stream (that stream's record may be the one
 lost): never fulfilled under it. Such a refusal is kept like any other.
+
+Earlier versions also kept a purchase's whole outcome as JSON (:func:`purchase_from_json`);
+such a record is read as a decision that still carries its outcome, which a resend gets
+verbatim, as before. It is never rewritten, and goes with the horizon like any other.
 
 When to delete this module: old keys are records like any other, forgotten with the dedup
 horizon. One horizon (``EMARKET_DEDUP_HORIZON``, 7 days by default) after every worker runs a
@@ -15,12 +19,41 @@ bring one back once the changelog has compacted its tombstones.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import TYPE_CHECKING
+
 from ...wire.events import PurchaseRequest
 from ..outputs import Reject
 from ..state import PurchaseRecord, record_key
-from .records import Records
 
-__all__ = ["check_id", "recall"]
+if TYPE_CHECKING:
+    from .records import Records
+
+__all__ = ["check_id", "purchase_from_json", "recall"]
+
+
+def purchase_from_json(data: bytes) -> PurchaseRecord:
+    """An earlier version's record (its model's JSON, the outcome's bytes in ``payload``): the
+    decision read from the outcome, the outcome kept so a resend still gets its bytes."""
+    old = json.loads(data)
+    payload: str = old["payload"]
+    rec = PurchaseRecord(
+        fingerprint=old["fingerprint"], status=old["status"], stream_id=old["stream_id"],
+        requested_at_ms=old.get("requested_at_ms", 0), price_minor=old.get("price_minor", 0),
+        payload=payload,
+    )  # fmt: skip
+    outcome = json.loads(payload)
+    if rec.status == "fulfilled":
+        rec.level_before = float(outcome.get("level_before", 0.0))
+        rec.level_after = float(outcome.get("level_after", 0.0))
+        rec.digest = hashlib.sha256(payload.encode()).hexdigest()
+        seqs = [r["seq"] for r in outcome.get("releases", [])]
+        if seqs:
+            rec.first_seq, rec.count = min(seqs), len(seqs)
+    else:
+        rec.reason = str(outcome.get("reason", ""))[:48]
+    return rec
 
 
 def recall(records: Records, req: PurchaseRequest) -> PurchaseRecord | None:

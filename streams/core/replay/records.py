@@ -1,13 +1,27 @@
-"""Replay records: recall, keep, forget. The one writer of purchase outcomes and value marks.
+"""Replay records: recall, keep, forget. The one writer of purchase records and value marks.
 
-A purchase's outcome is kept under its buyer, stream and id, with the exact bytes sent, so a
-resend is answered with the same bytes and never charged twice. A value that left its stream's
-window keeps a mark (:class:`~streams.core.state.EvictedValue`: its arrival number and digest) so
-a resend is recognised. Keeping either for ever would grow without bound, so each stream's
-records are forgotten once they are older than the dedup horizon before its watermark
-(:mod:`.watermarks`); events that old are refused (:mod:`.admission`), so no record can be
-needed by then. Refusals of purchases on a stream nobody has registered have no watermark:
-they are forgotten by the clock, :data:`CLOCK_RECORD_MS` late, on their input partition.
+A purchase's decision is kept under its buyer, stream and id (:class:`~.state.PurchaseRecord`:
+levels, price, the values covered, a digest of the outcome), so a resend is never charged twice
+and its outcome can be recomputed. The outcome's bytes stay in the record only until they have
+surely been sent: a record is written with them, and :meth:`Records.settle` drops them in a
+later batch, once the batch that wrote it has sent its outputs (state is durable before
+outputs are sent, so a worker that dies in between replays the batch and finds them). A value
+that left its stream's window keeps a mark (:class:`~streams.core.state.EvictedValue`: its
+arrival number and digest) so a resend is recognised.
+
+Keeping either for ever would grow without bound, so each stream's records are forgotten once
+they are older than the dedup horizon before its watermark (:mod:`.watermarks`); events that old
+are refused (:mod:`.admission`), so no record can be needed by then. Each stream also keeps at
+most a number of each (:class:`Caps`): past it the oldest are forgotten and the watermark moves
+past them, so the memory the records take is bounded in bytes whatever the horizon, and a
+resend of what was forgotten is refused as too old, never applied again. Refusals of purchases
+on a stream nobody has registered have no watermark: they are forgotten by the clock,
+:data:`CLOCK_RECORD_MS` late, on their input partition, and that partition keeps at most
+:attr:`Caps.unknown` of them (beyond that a refusal cannot be kept, and says so).
+
+A resend is answered at most once per :data:`ANSWER_INTERVAL_MS` (:meth:`Records.answer_due`);
+in between it gets a short notice, so resending one purchase cannot make the market send its
+outcome again and again.
 
 A refusal of a purchase dated more than the horizon ahead outlives every other record, so one
 buyer may have at most :data:`MAX_FAR_FUTURE_RECORDS` of them on a partition
@@ -19,18 +33,24 @@ stores by one scan after a restart or a rebalance (:meth:`Records.invalidate`).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..state import EvictedValue, PurchaseRecord, Stores, ValueState, record_key
 from .admission import CLOCK_REFUSE_MS, MAX_CLOCK_SKEW_MS, HorizonKind
 
 __all__ = [
+    "ANSWER_INTERVAL_MS",
     "CLOCK_RECORD_MS",
     "MAX_FAR_FUTURE_RECORDS",
+    "STRANDED_MS",
     "UNKNOWN_STREAM",
     "WATERMARK_STEP_MS",
+    "Caps",
     "Records",
     "purchase_key",
 ]
@@ -47,6 +67,35 @@ partition."""
 UNKNOWN_STREAM = "?"
 """Where records of purchases on streams the market does not know are indexed (one heap per
 input partition): ``?`` is in no id, so no stream's heap is named so."""
+
+
+ANSWER_INTERVAL_MS = 10_000
+"""A resent purchase is answered (its outcome sent again) at most once this often; clients
+resend every 15 s by default, so one that waits for its outcome always gets it again."""
+MAX_ANSWERED = 65_536
+"""Purchases whose last answer time a worker remembers (least recently answered forgotten: a
+forgotten one is answered in full once more)."""
+STRANDED_MS = 15 * 60_000
+"""How long a record found with its outcome's bytes after a restart or a rebalance keeps them:
+the events after the last commit are replayed within this, and each replay of the purchase
+finds its bytes."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    """How many records one stream (or input partition) keeps at most, whatever the horizon.
+
+    With the codecs' bounds (:data:`~streams.core.state.PURCHASE_RECORD_BYTES`,
+    :data:`~streams.core.state.VALUE_MARK_BYTES`) the records of one stream take at most
+    ``purchases · 256 + marks · 64`` bytes in the store (1 MiB by default).
+    """
+
+    #: purchase records per stream
+    purchases: int = 2_048
+    #: eviction marks per stream
+    marks: int = 8_192
+    #: refusals kept of purchases on streams the market does not know, per input partition
+    unknown: int = 4_096
 
 
 def purchase_key(buyer_id: str, stream_id: str, purchase_id: str) -> str:
@@ -68,6 +117,8 @@ class Records:
         Where the records live (``purchases``; marks in ``releases``).
     partition_of : callable
         The input partition of a stream id.
+    caps : Caps, optional
+        The records one stream keeps at most.
     """
 
     def __init__(
@@ -76,8 +127,16 @@ class Records:
         clock: Callable[[], int],
         stores: Stores,
         partition_of: Callable[[str], int],
+        caps: Caps | None = None,
     ) -> None:
         self.horizon_ms = horizon_ms
+        self.caps = caps or Caps()
+        #: the batch being applied: outputs of every earlier one have been sent
+        self.epoch = 0
+        # stream → (epoch, clock ms, key) of records that still carry their outcome's bytes,
+        # which may be dropped once the epoch is later and the clock is past the time
+        self._young: dict[str, list[tuple[int, int, str]]] = {}
+        self._answered: OrderedDict[str, int] = OrderedDict()
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
         self._stores = stores
@@ -92,10 +151,65 @@ class Records:
         return self._stores.purchases.get(key)
 
     def keep_purchase(self, key: str, record: PurchaseRecord, heap: str) -> None:
-        """Keep a purchase's outcome until the horizon passes its request time (``heap``: its
-        stream, or :meth:`unknown` of it)."""
+        """Keep a purchase's record until the horizon passes its request time (``heap``: its
+        stream, or :meth:`unknown` of it); the outcome's bytes it carries until they are sent."""
         self._stores.purchases[key] = record
         self._remember("purchase", heap, record.requested_at_ms, key)
+        self._answered_now(key)
+        if record.payload is not None:
+            self.resent(key, record)
+
+    def resent(self, key: str, record: PurchaseRecord) -> None:
+        """``record``'s outcome bytes are sent in this batch: keep them until it is over."""
+        if record.payload is not None:
+            self._young.setdefault(record.stream_id, []).append((self.epoch, 0, key))
+
+    def settle(self, stream_id: str) -> None:
+        """Drop the outcome bytes of ``stream_id``'s records that earlier batches have sent
+        (called in an event of the stream: the rewrite reaches the record's own partition)."""
+        young = self._young.get(stream_id)
+        if not young:
+            return
+        now = self.clock()
+        keep = [y for y in young if y[0] >= self.epoch or y[1] > now]
+        for _, _, key in (y for y in young if y[0] < self.epoch and y[1] <= now):
+            rec = self._stores.purchases.get(key)
+            if rec is not None and rec.payload is not None:
+                self._stores.purchases[key] = dataclasses.replace(rec, payload=None)
+        self._young[stream_id] = keep
+
+    def begin_batch(self) -> None:
+        """A new batch begins: the outputs of every earlier one have been sent."""
+        self.epoch += 1
+
+    def answer_due(self, key: str) -> int | None:
+        """``None`` if a resend of the purchase under ``key`` is to be answered in full now
+        (then noted as answered), else when it last was (Unix ms)."""
+        last = self._answered.get(key)
+        if last is not None and self.clock() - last < ANSWER_INTERVAL_MS:
+            return last
+        self._answered_now(key)
+        return None
+
+    def _answered_now(self, key: str) -> None:
+        self._answered[key] = self.clock()
+        self._answered.move_to_end(key)
+        if len(self._answered) > MAX_ANSWERED:
+            self._answered.popitem(last=False)
+
+    def over_cap_purchases(self, heap: str) -> int | None:
+        """Forget ``heap``'s oldest records beyond :attr:`Caps.purchases`; return the newest
+        request time forgotten (the watermark must then refuse it), ``None`` if none."""
+        return self._cap("purchase", heap, self.caps.purchases, self._stores.purchases)
+
+    def over_cap_values(self, stream_id: str) -> int | None:
+        """Forget ``stream_id``'s oldest marks beyond :attr:`Caps.marks`; return the newest
+        publication time forgotten, ``None`` if none."""
+        return self._cap("value", stream_id, self.caps.marks, self._stores.releases)
+
+    def has_room(self, heap: str) -> bool:
+        """Whether the records of unknown streams in ``heap`` may take one more."""
+        return len(self._heap("purchase", heap)) < self.caps.unknown
 
     def forget_purchases(self, heap: str, watermark: int) -> None:
         """Forget the outcomes of ``heap`` older than ``watermark`` minus the horizon."""
@@ -145,6 +259,19 @@ class Records:
         after every rebalance: the stores may then hold records another worker wrote)."""
         self._heaps.clear()
         self._far.clear()
+        self._young.clear()
+
+    def _cap(self, kind: HorizonKind, heap_id: str, cap: int,
+             store: MutableMapping[str, Any]) -> int | None:  # fmt: skip
+        """Pop the oldest of ``heap_id`` beyond ``cap``, and every other record as old."""
+        heap = self._heap(kind, heap_id)
+        if len(heap) <= cap:
+            return None
+        newest = heap[0][0]
+        while heap and (len(heap) > cap or heap[0][0] <= newest):
+            newest, key = heapq.heappop(heap)
+            store.pop(key, None)
+        return newest
 
     def _remember(self, kind: HorizonKind, heap: str, ts: int, key: str) -> None:
         heapq.heappush(self._heap(kind, heap), (ts, key))
@@ -173,9 +300,12 @@ class Records:
         streams = self._stores.streams
         far = self.clock() + self.horizon_ms
         self._far = {}
+        stranded = self.clock() + STRANDED_MS
         for k, r in self._stores.purchases.items():
             sid = r.stream_id if r.stream_id in streams else self.unknown(r.stream_id)
             purchases.setdefault(sid, []).append((r.requested_at_ms, k))
+            if r.payload is not None:
+                self._young.setdefault(r.stream_id, []).append((self.epoch, stranded, k))
             if r.requested_at_ms > far:
                 slot = (k.split("/", 1)[0], self._partition_of(r.stream_id))
                 self._far.setdefault(slot, []).append(r.requested_at_ms)

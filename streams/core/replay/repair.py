@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...wire.events import PurchaseFulfilled
-from ..state import EvictedValue, ValueState, record_key
+from ..state import EvictedValue, PurchaseRecord, ValueState, record_key
 from ..stream import Stream
 from .records import Records
 
@@ -43,7 +42,7 @@ def settle_evictions(records: Records, stream: Stream[Any]) -> None:
                                         EvictedValue)])  # fmt: skip
 
 
-def restore_charge(stream: Stream[Any], buyer_id: str, done: PurchaseFulfilled) -> None:
+def restore_charge(stream: Stream[Any], buyer_id: str, done: PurchaseRecord) -> None:
     """Apply a fulfilled purchase's charge again if the stream's record does not show it (the
     holder then holds the level, so a later replay changes nothing)."""
     if stream.held(buyer_id) >= done.level_after and buyer_id in stream.state.holders:

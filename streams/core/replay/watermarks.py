@@ -7,9 +7,15 @@ stream's record, a watermark is every worker's: a copy reaching a worker whose c
 is refused by it where that worker's own clock would have let it in.
 
 Invariants: a purchase watermark is never ahead of the market's clock, whatever a request
-claims; it is never more than the horizon and the skew behind the clock; and it moves in whole
-steps (:data:`~.records.WATERMARK_STEP_MS`), so refused or replayed purchases rewrite the
-stream's record at most once a step.
+claims, except one horizon past the newest record a cap forgot (:func:`cap_purchases`, a time
+the clock had admitted); it is never more than the horizon and the skew behind the clock; and it
+moves in whole steps (:data:`~.records.WATERMARK_STEP_MS`) or past a forgotten record, so
+refused or replayed purchases rewrite the stream's record at most once a step.
+
+When a stream holds more records than its cap (:class:`~.records.Caps`), the oldest are
+forgotten and the watermark moved one horizon past the newest of them: every event as old is
+then refused as too old, exactly as if the horizon had passed it, so nothing forgotten can be
+applied twice.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from ..stream import Stream
 from .admission import MAX_CLOCK_SKEW_MS
 from .records import CLOCK_RECORD_MS, Records
 
-__all__ = ["advance_purchases", "floor_purchases", "heap_of", "saw_value"]
+__all__ = [
+    "advance_purchases", "cap_purchases", "cap_values", "floor_purchases", "heap_of", "saw_value",
+]
 
 
 def saw_value(stream: Stream[Any], published_at_ms: int) -> None:
@@ -58,6 +66,30 @@ def advance_purchases(records: Records, stream: Stream[Any] | None, stream_id: s
         st.purchase_watermark_ms = moved
         stream.touch()
     records.forget_purchases(stream.id, st.purchase_watermark_ms)
+    cap_purchases(records, stream)
+    records.settle(stream.id)
+
+
+def cap_purchases(records: Records, stream: Stream[Any]) -> None:
+    """Keep at most :attr:`~.records.Caps.purchases` records: forget the oldest beyond it,
+    and move the watermark so their request times are refused from now on."""
+    newest = records.over_cap_purchases(stream.id)
+    st = stream.state
+    if newest is not None and st.purchase_watermark_ms <= newest + records.horizon_ms:
+        st.purchase_watermark_ms = newest + records.horizon_ms + 1
+        stream.touch()
+        records.forget_purchases(stream.id, st.purchase_watermark_ms)
+
+
+def cap_values(records: Records, stream: Stream[Any]) -> None:
+    """Keep at most :attr:`~.records.Caps.marks` eviction marks: forget the oldest beyond it,
+    and move the value watermark so their publication times are refused from now on."""
+    newest = records.over_cap_values(stream.id)
+    st = stream.state
+    if newest is not None and st.watermark_ms <= newest + records.horizon_ms:
+        st.watermark_ms = newest + records.horizon_ms + 1
+        stream.touch()
+    records.settle(stream.id)
 
 
 def heap_of(records: Records, stream: Stream[Any] | None, stream_id: str) -> str:

@@ -93,6 +93,7 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
             "operators (EMARKET_MAX_ACCOUNTS)",
             claimed=ev.account_id,
         )
+    ctx.allowance.open_account(ctx.topics.partition_of(ev.account_id), ev.account_id)
     state = AccountState(
         account_id=ev.account_id,
         version=1,

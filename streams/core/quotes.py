@@ -25,6 +25,7 @@ __all__ = ["quote"]
 def quote(ctx: Context, streams: Streams, inc: Incoming[QuoteRequest]) -> Outcome:
     """Answer what a purchase would cost, without buying."""
     req = inc.event
+    ctx.allowance.quote(req.buyer_id)  # before any work: an answer is ~29x its request
     stream = streams.load(req.stream_id)
     level = target(stream, req.buyer_id, req)
     try:

@@ -33,6 +33,7 @@ from .faust_internals import (
     skip_table_settle,
     tune_fetch_wait,
 )
+from .inboxes import Inboxes
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -87,6 +88,8 @@ class MarketWorker:
                 max_streams_per_seller=settings.max_streams_per_seller,
                 max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
                 max_holders=settings.max_holders,
+                max_openings_per_minute=settings.max_openings_per_minute,
+                max_quotes_per_minute=settings.max_quotes_per_minute,
                 max_event_output_bytes=settings.max_event_output_bytes,
                 max_event_work=settings.max_event_work,
             ),
@@ -95,12 +98,15 @@ class MarketWorker:
         self.producer = Producer(
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
+        self.inboxes = Inboxes(self.app, settings, self.topics, self.producer)
         self.batches = BatchProcessor(
             self.core,
             list(self.tables.values()),
             self.producer,
             self.metrics,
             self.producer.faults,
+            self.inboxes,
+            self.intake.ack,
             self.replica,
             profile=settings.profile_batches,
         )
@@ -172,7 +178,7 @@ class MarketWorker:
                     exit_after(STOP_DEADLINE_S, worker.on_forced_exit)
                     await app.crash(exc)
                     return
-                intake.ack(events)  # after the batch's outputs are acknowledged
+                # the batch acknowledged its events as their outputs were acknowledged
 
         self._agent = market
         self._pages()
@@ -210,6 +216,10 @@ class MarketWorker:
             quiet_libraries(settings.log_level)
             await worker.producer.probe()
             await worker.replica.start(settings.partitions)
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def make_inboxes() -> None:
+            await worker.inboxes.run()
 
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()

@@ -69,6 +69,7 @@ __all__ = [
     "install_batched_intake",
     "install_tansu_compat",
     "intake_of",
+    "learn_topics",
     "prefetch_backoff",
     "producer_client",
     "quiet_libraries",
@@ -151,6 +152,8 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._highwaters", "replaced",
         "install_tansu_compat"),
     *_u("faust-streaming", _DRIVER, "Producer.on_start", "relied on", "producer_client"),
+    *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.add_topic "
+        "AIOKafkaClient.force_metadata_update", "relied on", "learn_topics"),
     *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
         "skip_table_settle"),
     *_u("faust-streaming", "faust.tables.table", "Table.on_key_set Table.on_key_del",
@@ -547,6 +550,19 @@ def committed_offset(consumer: Any, tp: Any) -> int | None:
 def producer_client(app: Any) -> Any:
     """The aiokafka client of ``app``'s producer (raises while the producer is not started)."""
     return app.producer._producer.client
+
+
+async def learn_topics(app: Any, names: Iterable[str]) -> None:
+    """Have ``app``'s producer know the partitions of the topics ``names`` (just created).
+
+    aiokafka's producer learns a topic it has not seen with one metadata request *per topic*,
+    each naming every topic it knows: sending to n new inboxes in turn would cost n requests of
+    a size that grows with the inboxes already there. Tracked together here, they cost one.
+    """
+    client = producer_client(app)
+    waits = [client.add_topic(name) for name in names]
+    if waits:
+        await asyncio.gather(*waits)
 
 
 # --- Tansu ----------------------------------------------------------------------------------

@@ -45,6 +45,23 @@ __all__ = ["MarketWorker", "create_worker"]
 log = logging.getLogger("emarket.worker")
 
 
+def _limits(s: Settings) -> Limits:
+    """The core's bounds, as the operator set them."""
+    return Limits(
+        max_message_bytes=s.max_message_bytes,
+        max_accounts=s.max_accounts,
+        max_streams=s.max_streams,
+        max_histogram_streams=s.max_histogram_streams,
+        max_streams_per_seller=s.max_streams_per_seller,
+        max_histogram_streams_per_seller=s.max_histogram_streams_per_seller,
+        max_holders=s.max_holders,
+        max_openings_per_minute=s.max_openings_per_minute,
+        max_quotes_per_minute=s.max_quotes_per_minute,
+        max_event_output_bytes=s.max_event_output_bytes,
+        max_event_work=s.max_event_work,
+    )
+
+
 class MarketWorker:
     """A Faust app wired to the market core, with metrics and web endpoints."""
 
@@ -80,19 +97,7 @@ class MarketWorker:
             self.topics,
             require_encryption=settings.require_encryption,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=Limits(
-                max_message_bytes=settings.max_message_bytes,
-                max_accounts=settings.max_accounts,
-                max_streams=settings.max_streams,
-                max_histogram_streams=settings.max_histogram_streams,
-                max_streams_per_seller=settings.max_streams_per_seller,
-                max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
-                max_holders=settings.max_holders,
-                max_openings_per_minute=settings.max_openings_per_minute,
-                max_quotes_per_minute=settings.max_quotes_per_minute,
-                max_event_output_bytes=settings.max_event_output_bytes,
-                max_event_work=settings.max_event_work,
-            ),
+            limits=_limits(settings),
             replica=self.replica,
         )
         self.producer = Producer(

@@ -67,7 +67,7 @@ class Inboxes:
     topics : Topics
         Which topics are inboxes, and how one is created.
     producer : Producer
-        Acknowledged sends, with dead letters.
+        Acknowledged sends, with dead letters; its metrics show the inboxes waiting.
     """
 
     def __init__(self, app: Any, settings: Settings, topics: Topics, producer: Producer) -> None:
@@ -114,6 +114,7 @@ class Inboxes:
             self._waiters.append(_Waiter(waiting, done))
         if self._queued:
             self._wake.set()
+            self.producer.metrics.inboxes_waiting.set(len(self._queued))
         return now, bool(waiting)
 
     async def run(self) -> None:
@@ -209,6 +210,7 @@ class Inboxes:
         for n in names:
             self._queued.pop(n, None)
             self._failures.pop(n, None)
+        self.producer.metrics.inboxes_waiting.set(len(self._queued))
         still: list[_Waiter] = []
         for w in self._waiters:
             w.topics -= done

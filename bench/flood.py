@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                      log_level="info").for_tansu(),
             fetch_max_wait_ms=10,
         )  # fmt: skip
-        env = {"EMARKET_MAX_OPENINGS_PER_MINUTE": str(10 * sizes.openings * sizes.rounds + 100)}
+        env = {"EMARKET_MAX_OPENINGS_PER_MINUTE": str(10 * sizes.openings * sizes.rounds + 100),
+               "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}  # one seller registers every stream
         worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
         try:
             worker.wait_healthy(90)

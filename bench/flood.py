@@ -142,7 +142,10 @@ async def _junk_row(probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAdminCl
 
 async def _wait_all(check: Callable[[], object], done: asyncio.Event, t0: float,
                     period: float = 0.1) -> float:  # fmt: skip
-    """Seconds from ``t0`` until ``check()`` is true (it may be a coroutine); sets ``done``."""
+    """Seconds from ``t0`` until ``check()`` is true (it may be a coroutine); sets ``done``.
+
+    Checked seldom: listing the topics costs the broker more with every inbox (~0.26 s at
+    4,500 topics on the embedded broker), and this is the benchmark's own load."""
     while True:
         got = check()
         if asyncio.iscoroutine(got):
@@ -185,8 +188,8 @@ async def _opening_round(probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAd
     await asyncio.gather(*futs)
     sent_s = time.perf_counter() - t0
     applied_s, ready_s = await asyncio.gather(
-        _wait_all(lambda: _accepted(worker) >= accepted0 + n, applied, t0),
-        _wait_all(lambda: _all_exist(admin, names), ready, t0, period=0.25),
+        _wait_all(lambda: _accepted(worker) >= accepted0 + n, applied, t0, period=0.25),
+        _wait_all(lambda: _all_exist(admin, names), ready, t0, period=1.0),
     )  # fmt: skip
     samples = await sampling
     row = Row(f"during {n:,} signed openings, round {r + 1} ({2 + r * n:,} accounts before)",

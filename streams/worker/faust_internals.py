@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.protocol.metadata import MetadataRequest
 from faust.serializers import codecs
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "intake_of",
     "learn_topics",
     "prefetch_backoff",
+    "probe_broker",
     "producer_client",
     "quiet_libraries",
     "rebuild_changelog_topic",
@@ -154,6 +156,8 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _DRIVER, "Producer.on_start", "relied on", "producer_client"),
     *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.add_topic "
         "AIOKafkaClient.force_metadata_update", "relied on", "learn_topics"),
+    *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.get_random_node AIOKafkaClient.send",
+        "relied on", "probe_broker"),
     *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
         "skip_table_settle"),
     *_u("faust-streaming", "faust.tables.table", "Table.on_key_set Table.on_key_del",
@@ -550,6 +554,21 @@ def committed_offset(consumer: Any, tp: Any) -> int | None:
 def producer_client(app: Any) -> Any:
     """The aiokafka client of ``app``'s producer (raises while the producer is not started)."""
     return app.producer._producer.client
+
+
+async def probe_broker(app: Any, topic: str) -> bool:
+    """One metadata round trip of ``app``'s producer naming ``topic`` only; False if no broker
+    is known yet.
+
+    A request for every topic (``fetch_all_metadata``) costs the broker more with every inbox:
+    ~260 ms at 4,500 topics on the embedded broker, every two seconds, per worker.
+    """
+    client = producer_client(app)
+    node = client.get_random_node()
+    if node is None:
+        return False
+    await client.send(node, MetadataRequest([topic], allow_auto_topic_creation=False))
+    return True
 
 
 async def learn_topics(app: Any, names: Iterable[str]) -> None:

@@ -28,7 +28,7 @@ from ..wire.events import DeadLetter
 from ..wire.topics import Topics
 from .config import Settings
 from .faults import FaultInjector
-from .faust_internals import producer_client
+from .faust_internals import probe_broker
 from .metrics import Metrics, dead_letter_kind
 from .tables import Record
 
@@ -141,8 +141,7 @@ class Producer:
         """One metadata round trip; updates the broker_up gauge and logs transitions."""
         ok = False
         try:
-            client = producer_client(self.app)
-            ok = bool(await asyncio.wait_for(client.fetch_all_metadata(), timeout))
+            ok = await asyncio.wait_for(probe_broker(self.app, self.topics.catalog), timeout)
         except Exception as exc:  # timeouts, connection errors, producer not started
             log.debug("broker probe failed: %r", exc)
         self.broker_state(ok)

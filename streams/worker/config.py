@@ -79,7 +79,7 @@ class Settings:
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
-    inbox_batch: int = 250
+    inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
     max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.

@@ -132,7 +132,11 @@ class Inboxes:
                 await self._wake.wait()
                 self._wake.clear()
                 while self._queued:
-                    await self._make(admin, list(self._queued.values())[: self._chunk()])
+                    try:
+                        await self._make(admin, list(self._queued.values())[: self._chunk()])
+                    except Exception:  # a bug here must not leave held outputs for good
+                        log.exception("making inboxes failed; trying again")
+                        await asyncio.sleep(1.0)
         finally:
             await admin.close()
 

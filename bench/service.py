@@ -272,7 +272,8 @@ def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
         ).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )
-    worker = ChildWorker(settings, log_path=workdir / "market.log").start()
+    worker = ChildWorker(settings, log_path=workdir / "market.log",  # one seller, many streams
+                         env={"EMARKET_MAX_STREAMS_PER_SELLER": "4096"}).start()  # fmt: skip
     try:
         worker.wait_healthy(90)
         return asyncio.run(_market(settings, sizes))

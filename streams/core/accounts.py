@@ -4,8 +4,10 @@ Every seller and buyer is an account with an Ed25519 signing key (every event it
 signed with it) and, for buyers, an X25519 sealing key (every release to it is sealed for it).
 
 * ``open_account`` is signed with the key it pins (proof of possession). The first valid one for
-  an id wins; resending it is harmless; another key for a taken id is refused. The account's
-  inbox topic is created then — and only then: no other event ever creates a topic.
+  an id wins; resending it is harmless; another key for a taken id is refused. Openings are
+  rate-limited per input partition (:mod:`streams.core.allowance`). The outcome names the
+  account's inbox topic, which the worker makes off the event path — no other event names a
+  topic to create.
 * ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
   A stolen old key cannot take an account back, and an old rotation cannot be replayed. Every
   other event is signed at its account's key version (:mod:`streams.wire.signing`), so what an
@@ -97,6 +99,7 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
             "operators (EMARKET_MAX_ACCOUNTS)",
             claimed=ev.account_id,
         )
+    ctx.allowance.open_account(ctx.topics.partition_of(ev.account_id), ev.account_id)
     state = AccountState(
         account_id=ev.account_id,
         version=1,
@@ -170,8 +173,8 @@ def _store(ctx: Context, state: AccountState, status: str) -> Outcome:
 
 
 def _confirm(ctx: Context, state: AccountState, status: str) -> Outcome:
-    """The account's state to its inbox, which is created first (idempotent: a resend after a
-    crash between storing the account and creating the topic creates it then)."""
+    """The account's state to its inbox, and the inbox to create (idempotent: a resend after a
+    crash between storing the account and making the topic has it made then)."""
     inbox = ctx.topics.inbox(state.account_id)
     return Outcome(
         "account",

@@ -13,11 +13,11 @@ from market.envelope import Sealer
 from market.rng import KeyedRngFactory, NoiseKeys
 
 from ..wire.topics import Topics
+from .allowance import Allowance
 from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
-from .ratelimit import TokenBuckets
 from .replay import Admission, Records
 from .replay.records import Caps
 from .state import Stores
@@ -43,8 +43,13 @@ class Limits:
     #: partitions (core/census.py)
     max_streams: int = 4096
     max_histogram_streams: int = 512
-    max_streams_per_seller: int = 1024
-    max_histogram_streams_per_seller: int = 128
+    max_streams_per_seller: int = 64
+    max_histogram_streams_per_seller: int = 16
+    #: accounts opened a minute in the whole market, split evenly over the input partitions,
+    #: and quotes one account may ask a minute: what anyone may create for free
+    #: (core/allowance.py)
+    max_openings_per_minute: int = 600
+    max_quotes_per_minute: int = 60
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)
@@ -57,9 +62,6 @@ class Limits:
     max_event_work: int = 12_000_000
     #: records one stream keeps at most for the dedup horizon (purchases, eviction marks)
     record_caps: Caps = field(default_factory=Caps)
-    #: quotes one account may ask of one worker: a burst, then this many a second
-    quote_burst: int = 20
-    quotes_per_second: float = 2.0
 
     @staticmethod
     def work(values: int, steps: int, dimension: int) -> int:
@@ -100,12 +102,12 @@ class Context:
     noise: NoiseKeys = field(init=False)
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
-    quotas: TokenBuckets = field(init=False)  # quotes per account
+    allowance: Allowance = field(init=False)
 
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores.streams)
-        lim = self.limits
-        self.quotas = TokenBuckets(lim.quote_burst, lim.quotes_per_second, self.clock,
-                                   lim.max_accounts)  # fmt: skip
+        self.allowance = Allowance(self.limits.max_openings_per_minute,
+                                   self.limits.max_quotes_per_minute, self.topics.partitions,
+                                   self.clock)  # fmt: skip

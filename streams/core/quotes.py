@@ -3,9 +3,9 @@
 The answer lists every level for sale with its accuracy, its price from what the buyer holds and
 whether a privacy window has room for it, and the level a purchase with the same terms would
 buy. A quote changes nothing: it is answered, never recorded. Its answer is many times its
-request, so each account may ask a burst of quotes and then a few a second
-(:class:`~.ratelimit.TokenBuckets`, :attr:`~.context.Limits.quote_burst`); beyond that a quote is
-refused (``rate_limited``) with the time to wait.
+request, so each account may ask a bounded number of quotes a minute
+(:class:`~.allowance.Allowance`, :attr:`~.context.Limits.max_quotes_per_minute`); beyond that a
+quote is refused (``rate_limited``) with the time to wait.
 """
 
 from __future__ import annotations
@@ -28,16 +28,7 @@ __all__ = ["quote"]
 def quote(ctx: Context, streams: Streams, inc: Incoming[QuoteRequest]) -> Outcome:
     """Answer what a purchase would cost, without buying."""
     req = inc.event
-    wait = ctx.quotas.take(req.buyer_id)
-    if wait is not None:
-        lim = ctx.limits
-        raise Reject(
-            "rate_limited",
-            f"account {req.buyer_id!r} asked for too many quotes: the market answers "
-            f"{lim.quote_burst} at once and {lim.quotes_per_second:g} a second after that; "
-            f"retry after {wait} ms",
-            retry_after_ms=wait,
-        )
+    ctx.allowance.quote(req.buyer_id)  # before any work: an answer is ~29x its request
     stream = streams.load(req.stream_id)
     level = target(stream, req.buyer_id, req)
     try:

@@ -152,4 +152,14 @@ class Topics:
         ]
 
     def inbox_spec(self, account_id: str) -> TopicSpec:
-        return TopicSpec(self.inbox(account_id), 1, _delete(365))
+        return self.inbox_topic_spec(self.inbox(account_id))
+
+    def is_inbox(self, topic: str) -> bool:
+        """Whether ``topic`` is an inbox of this market (its name only: no id is read back)."""
+        return topic.startswith(f"{self.prefix}.inbox.")
+
+    def inbox_topic_spec(self, topic: str) -> TopicSpec:
+        """How the inbox named ``topic`` is created (the same for every account)."""
+        if not self.is_inbox(topic):
+            raise ValueError(f"{topic!r} is not an inbox of market {self.prefix!r}")
+        return TopicSpec(topic, 1, _delete(365))

@@ -33,6 +33,7 @@ from .faust_internals import (
     skip_table_settle,
     tune_fetch_wait,
 )
+from .inboxes import Inboxes
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -43,6 +44,23 @@ from .tables import WriteBackTable, register_codecs
 __all__ = ["MarketWorker", "create_worker"]
 
 log = logging.getLogger("emarket.worker")
+
+
+def _limits(s: Settings) -> Limits:
+    """The core's bounds, as the operator set them."""
+    return Limits(
+        max_message_bytes=s.max_message_bytes,
+        max_accounts=s.max_accounts,
+        max_streams=s.max_streams,
+        max_histogram_streams=s.max_histogram_streams,
+        max_streams_per_seller=s.max_streams_per_seller,
+        max_histogram_streams_per_seller=s.max_histogram_streams_per_seller,
+        max_holders=s.max_holders,
+        max_openings_per_minute=s.max_openings_per_minute,
+        max_quotes_per_minute=s.max_quotes_per_minute,
+        max_event_output_bytes=s.max_event_output_bytes,
+        max_event_work=s.max_event_work,
+    )
 
 
 class MarketWorker:
@@ -71,28 +89,21 @@ class MarketWorker:
             self.topics,
             require_encryption=settings.require_encryption,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=Limits(
-                max_message_bytes=settings.max_message_bytes,
-                max_accounts=settings.max_accounts,
-                max_streams=settings.max_streams,
-                max_histogram_streams=settings.max_histogram_streams,
-                max_streams_per_seller=settings.max_streams_per_seller,
-                max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
-                max_holders=settings.max_holders,
-                max_event_output_bytes=settings.max_event_output_bytes,
-                max_event_work=settings.max_event_work,
-            ),
+            limits=_limits(settings),
             replica=self.replica,
         )
         self.producer = Producer(
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
+        self.inboxes = Inboxes(self.app, settings, self.topics, self.producer)
         self.batches = BatchProcessor(
             self.core,
             list(self.tables.values()),
             self.producer,
             self.metrics,
             self.producer.faults,
+            self.inboxes,
+            self.intake.ack,
             self.replica,
             profile=settings.profile_batches,
         )
@@ -184,7 +195,7 @@ class MarketWorker:
                     exit_after(STOP_DEADLINE_S, worker.on_forced_exit)
                     await app.crash(exc)
                     return
-                intake.ack(events)  # after the batch's outputs are acknowledged
+                # the batch acknowledged its events as their outputs were acknowledged
 
         self._agent = market
         self._pages()
@@ -222,6 +233,10 @@ class MarketWorker:
             quiet_libraries(settings.log_level)
             await worker.producer.probe()
             await worker.replica.start(settings.partitions)
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def make_inboxes() -> None:
+            await worker.inboxes.run()
 
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()

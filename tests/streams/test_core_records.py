@@ -201,12 +201,12 @@ def test_refusals_on_unknown_streams_are_capped_per_partition_and_say_so() -> No
 # -- quotes ----------------------------------------------------------------------------------------
 def test_quotes_are_rate_limited_per_account_with_a_time_to_wait() -> None:
     now = [1_000]
-    c = new_core(now, quote_burst=3, quotes_per_second=2.0)
+    c = new_core(now, max_quotes_per_minute=3)
     c.handle(T.registrations, registration("temp"))
     got = [c.handle(T.purchases, quote("temp", "alice", f"q{i}")) for i in range(4)]
     assert [o.status for o in got] == ["answered"] * 3 + ["rejected"]
     rej = Rejection.model_validate_json(got[3].outputs[0].value)
-    assert (rej.reason, rej.details["retry_after_ms"]) == ("rate_limited", 500)
+    assert (rej.reason, rej.details["retry_after_ms"]) == ("rate_limited", 20_000)
     assert c.handle(T.purchases, quote("temp", "bob", "q")).status == "answered"  # per account
-    now[0] += 500
+    now[0] += 20_000
     assert c.handle(T.purchases, quote("temp", "alice", "q9")).status == "answered"

@@ -18,7 +18,7 @@ from .accuracy import error_info
 from .context import Context
 from .incoming import Incoming
 from .ledger import latest_status
-from .outputs import Outcome, Output, Reject, dump
+from .outputs import Outcome, Output, dump
 from .planning import offers, plan, target
 from .stream_store import Streams
 

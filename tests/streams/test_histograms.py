@@ -148,8 +148,8 @@ def test_quotes_list_each_levels_threshold() -> None:
     ("item", "says"),
     [
         ({"values": [1.0]}, "send each value as `keys`"),
-        ({"values": [1.0, 2.0], "keys": ["a"]}, "1 keys but 2 counts"),
-        ({"values": [1.0] * 11, "keys": [str(i) for i in range(11)]}, "at most 10"),
+        ({"values": [1.0, 2.0], "keys": ["a"]}, "one count in `values` per key"),
+        ({"values": [1.0] * 11, "keys": [str(i) for i in range(11)]}, "takes per value (10"),
         ({"values": [1.0, 2.0], "keys": ["a", "a"]}, "same key"),
         ({"values": [float("nan")], "keys": ["a"]}, "finite"),
     ],

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(
             Settings(broker=broker.url, app_id=f"flood-{tag}", prefix=f"flood{tag}",
                      data_dir=workdir / "data", web_port=find_free_port(),
-                     log_level="warn").for_tansu(),
+                     log_level="warn", require_encryption=False).for_tansu(),
             fetch_max_wait_ms=10,
         )  # fmt: skip
         worker = ChildWorker(settings, log_path=workdir / "market.log").start()

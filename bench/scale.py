@@ -131,7 +131,8 @@ def measure(broker: EmbeddedBroker, workers: int, n: int, workdir: Path) -> list
     tag = uuid.uuid4().hex[:6]
     base = replace(
         Settings(broker=broker.url, app_id=f"scale-{tag}", prefix=f"scale{tag}",
-                 partitions=PARTITIONS, log_level="warn").for_tansu(),
+                 partitions=PARTITIONS, log_level="warn",
+                 require_encryption=False).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )  # fmt: skip
     # the workers of one market share its signing key and noise secret

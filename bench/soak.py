@@ -157,6 +157,7 @@ def run_soak(
             data_dir=workdir / "data",
             web_port=find_free_port(),
             log_level="warn",
+            require_encryption=False,
         ).for_tansu()
         # a short dedup horizon, so that the soak can show memory levelling off: eviction
         # markers of values older than the horizon are forgotten (resends of them are refused)

@@ -90,6 +90,8 @@ def settings_args(s: Settings) -> list[str]:
     ]  # fmt: skip
     if s.tansu:
         args.append("--tansu")
+    if not s.require_encryption:
+        args.append("--unsafe-unsealed-buyers")
     return args
 
 

@@ -49,6 +49,7 @@ class Market:
             prefix=f"t{tag}",
             data_dir=tmp / "data",
             log_level="info",
+            require_encryption=False,  # the test parties' names say whether they seal
         ).for_tansu()
         self.topics = Topics(self.settings.prefix, self.settings.partitions)
         self.workers: list[ChildWorker] = []

@@ -77,6 +77,7 @@ def _worker_settings(args: argparse.Namespace) -> Any:
         data_dir=Path(args.data_dir) if args.data_dir else None, store=args.store,
         web_host=args.web_host, web_port=args.web_port,
         log_level=args.log_level or ("warn" if args.command == "serve" else None),
+        require_encryption=False if args.unsafe_unsealed_buyers else None,
     )  # fmt: skip
     if args.tansu:
         s = s.for_tansu()
@@ -297,6 +298,12 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(flag, type=kind, default=None, help=text)
     sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
     sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+    sp.add_argument(
+        "--unsafe-unsealed-buyers", action="store_true",
+        help="UNSAFE: also serve buyers without a sealing key; their releases travel in clear "
+        "text, readable by anyone who can read their inbox topic (on the embedded broker, "
+        "anyone who can reach it). Default: such purchases are refused (encryption_required)",
+    )  # fmt: skip
 
 
 def add_commands(sub: Any) -> None:

@@ -47,6 +47,17 @@ class MarketKeys:
         return tag.hexdigest()[:32]
 
     @property
+    def operator_token(self) -> str:
+        """The operators' bearer credential for per-buyer pages (``/ledger`` in detail).
+
+        Derived from the noise secret, so every worker of a market accepts the same one without
+        another secret to distribute; whoever holds the noise secret can already read every
+        value, so it grants nothing more. It reveals nothing of the secret (an HMAC of a label).
+        """
+        tag = hmac.new(self.noise_secret, b"emarket operator token v1", "sha256").digest()
+        return base64.urlsafe_b64encode(tag).decode("ascii").rstrip("=")
+
+    @property
     def public_key_b64(self) -> str:
         raw = self.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
         return base64.b64encode(raw).decode("ascii")

@@ -196,7 +196,10 @@ class MarketWorker:
 
         @app.page("/ledger")
         async def ledger_page(view: Any, request: Any) -> Any:
-            return view.json(web.ledger(worker.stores, worker.keys))
+            access = web.ledger_access(request.headers.get("Authorization"), worker.keys)
+            if access is None:
+                return view.json({"error": "not the operators' token"}, status=401)
+            return view.json(web.ledger(worker.stores, worker.keys, per_buyer=access))
 
     def _timers(self) -> None:
         app, settings, worker = self.app, self.settings, self

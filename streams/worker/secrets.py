@@ -7,9 +7,11 @@ Both are generated on first start into the data directory (files created with mo
   PEM/raw file;
 * ``EMARKET_NOISE_SECRET``: base64 of at least 16 random bytes, or a path to a file holding them.
 
-Secrets are never logged: :class:`MarketKeys` has a redacting ``repr``. The noise secret is as
-sensitive as the exact values (with it and the stored state, noise can be recomputed); the
-signing key lets whoever holds it forge receipts.
+The operators' credential for per-buyer pages (:attr:`MarketKeys.operator_token`) is written
+beside them, to ``operator_token`` in the data directory (mode 0600), where ``epsilon-market
+ledger`` reads it. Secrets are never logged: :class:`MarketKeys` has a redacting ``repr``. The
+noise secret is as sensitive as the exact values (with it and the stored state, noise can be
+recomputed); the signing key lets whoever holds it forge receipts.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["load_or_create_keys"]
+__all__ = ["OPERATOR_TOKEN_FILE", "load_or_create_keys", "write_operator_token"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
+OPERATOR_TOKEN_FILE = "operator_token"
 
 
 def _write_secret(path: Path, data: bytes) -> None:
@@ -96,4 +99,24 @@ def load_or_create_keys(data_dir: Path | None, env: dict[str, str] | None = None
             noise = ns_path.read_bytes()
     if len(noise) < 16:
         raise ValueError("the noise secret must be at least 16 bytes")
-    return MarketKeys(signing_key=signing, noise_secret=noise)
+    keys = MarketKeys(signing_key=signing, noise_secret=noise)
+    if data_dir is not None:
+        write_operator_token(data_dir, keys)
+    return keys
+
+
+def write_operator_token(data_dir: Path, keys: MarketKeys) -> Path:
+    """Write ``keys``' operator token to ``data_dir`` (mode 0600), replacing another one.
+
+    The file is only a copy for the CLI on this machine: the worker derives the token itself.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = data_dir / OPERATOR_TOKEN_FILE
+    token = keys.operator_token.encode("ascii")
+    if path.exists() and path.read_bytes() == token:
+        return path
+    fresh = path.with_name(f".{OPERATOR_TOKEN_FILE}.{os.getpid()}")
+    fresh.unlink(missing_ok=True)
+    _write_secret(fresh, token)
+    os.replace(fresh, path)
+    return path

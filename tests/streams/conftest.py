@@ -25,6 +25,7 @@ from streams.clients.keys import Party
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
+from streams.worker.secrets import OPERATOR_TOKEN_FILE
 
 from . import helpers
 
@@ -87,11 +88,15 @@ class Market:
 
         self.run(go)
 
+    def operator_token(self) -> str:
+        """The operators' credential the workers wrote to the data directory."""
+        return (self.settings.data_dir / OPERATOR_TOKEN_FILE).read_text()
+
     def ledger(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for w in self.workers:
             if w.alive():
-                out.update(w.get("/ledger")["streams"])
+                out.update(w.get("/ledger", token=self.operator_token())["streams"])
         return out
 
     def metric(self, name: str, **labels: str) -> float:

@@ -466,9 +466,11 @@ class ValueItem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     value_id: Identifier = Field(description="unique per stream; a resend is deduplicated")
     values: list[float] = Field(
+        default_factory=list,
         max_length=MAX_DIMENSION,
+        exclude_if=lambda v: not v,
         description="the value's numbers (as many as the stream's dimension); on a histogram "
-        "stream the counts of `keys`, in the same order",
+        "stream the counts of `keys`, in the same order; absent when the batch is sealed",
     )
     keys: list[HistogramKey] | None = Field(
         None,
@@ -514,6 +516,18 @@ class ValueBatch(_Signed):
     stream_id: Identifier
     seller_id: Identifier
     items: list[ValueItem] = Field(min_length=1, max_length=MAX_BATCH)
+    sealed: Envelope | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the items' numbers (and keys) sealed to the market's key "
+        "(market_sealing_key in the catalog; docs/protocol.md §2); the items then carry none",
+    )
+
+    @model_validator(mode="after")
+    def _numbers_in_one_place(self) -> ValueBatch:
+        if self.sealed is not None and any(i.values or i.keys is not None for i in self.items):
+            raise ValueError("a sealed batch carries its numbers and keys in `sealed` only")
+        return self
 
 
 # ----------------------------------------------------------------------- buyer → market
@@ -608,6 +622,12 @@ class CatalogEntry(_Event):
     accepted_at_ms: Millis
     market_key_id: str
     market_public_key: str = Field(description="Ed25519 public key, base64 of the raw 32 bytes")
+    market_sealing_key: PublicKey | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="X25519 public key, base64 of the raw 32 bytes: sellers seal their values "
+        "to it (absent in entries made before markets sealed values)",
+    )
     prices: list[PriceLevel]
 
 

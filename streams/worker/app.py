@@ -78,6 +78,7 @@ class MarketWorker:
             self.keys,
             self.topics,
             require_encryption=settings.require_encryption,
+            accept_clear_values=settings.accept_clear_values,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
             limits=Limits(
                 max_message_bytes=settings.max_message_bytes,

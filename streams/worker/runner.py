@@ -92,6 +92,8 @@ def settings_args(s: Settings) -> list[str]:
         args.append("--tansu")
     if not s.require_encryption:
         args.append("--unsafe-unsealed-buyers")
+    if s.accept_clear_values:
+        args.append("--accept-clear-values")
     return args
 
 

@@ -78,6 +78,7 @@ def _worker_settings(args: argparse.Namespace) -> Any:
         web_host=args.web_host, web_port=args.web_port,
         log_level=args.log_level or ("warn" if args.command == "serve" else None),
         require_encryption=False if args.unsafe_unsealed_buyers else None,
+        accept_clear_values=True if args.accept_clear_values else None,
     )  # fmt: skip
     if args.tansu:
         s = s.for_tansu()
@@ -335,6 +336,11 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
         help="UNSAFE: also serve buyers without a sealing key; their releases travel in clear "
         "text, readable by anyone who can read their inbox topic (on the embedded broker, "
         "anyone who can reach it). Default: such purchases are refused (encryption_required)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--accept-clear-values", action="store_true",
+        help="migration only: also accept value batches not sealed to the market's key (their "
+        "numbers are readable on the values topic). Default: refused (values_not_sealed)",
     )  # fmt: skip
 
 

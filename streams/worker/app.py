@@ -80,17 +80,7 @@ class MarketWorker:
             require_encryption=settings.require_encryption,
             accept_clear_values=settings.accept_clear_values,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=Limits(
-                max_message_bytes=settings.max_message_bytes,
-                max_accounts=settings.max_accounts,
-                max_streams=settings.max_streams,
-                max_histogram_streams=settings.max_histogram_streams,
-                max_streams_per_seller=settings.max_streams_per_seller,
-                max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
-                max_holders=settings.max_holders,
-                max_event_output_bytes=settings.max_event_output_bytes,
-                max_event_work=settings.max_event_work,
-            ),
+            limits=_limits(settings),
             replica=self.replica,
         )
         self.producer = Producer(
@@ -245,3 +235,18 @@ class MarketWorker:
 
 def create_worker(settings: Settings | None = None) -> MarketWorker:
     return MarketWorker(settings or Settings.from_env())
+
+
+def _limits(settings: Settings) -> Limits:
+    """The core's bounds, as the operators set them."""
+    return Limits(
+        max_message_bytes=settings.max_message_bytes,
+        max_accounts=settings.max_accounts,
+        max_streams=settings.max_streams,
+        max_histogram_streams=settings.max_histogram_streams,
+        max_streams_per_seller=settings.max_streams_per_seller,
+        max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
+        max_holders=settings.max_holders,
+        max_event_output_bytes=settings.max_event_output_bytes,
+        max_event_work=settings.max_event_work,
+    )

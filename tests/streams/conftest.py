@@ -52,6 +52,7 @@ class Market:
             log_level="info",
             require_encryption=False,  # the test parties' names say whether they seal
         ).for_tansu()
+        helpers.write_test_keys(self.settings.data_dir)  # helpers seal values to its key
         self.topics = Topics(self.settings.prefix, self.settings.partitions)
         self.workers: list[ChildWorker] = []
 

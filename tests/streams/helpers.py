@@ -10,11 +10,13 @@ import functools
 import hashlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from pydantic import ValidationError
 
 from streams.clients.keys import Party
@@ -22,6 +24,7 @@ from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, QuoteRequest, StreamRegistration, ValueBatch
 from streams.wire.sealing import seal_values
 from streams.wire.topics import Topics
+from streams.worker.secrets import NOISE_FILE, SIGNING_FILE
 
 TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
@@ -29,6 +32,14 @@ TEST_KEYS = MarketKeys(
 )
 MARKET = "t"  # the tests' topic prefix: signatures name the market they are for
 _PLACEHOLDER = "A" * 86 + "=="
+
+
+def write_test_keys(data_dir: Path) -> None:
+    """Make ``TEST_KEYS`` the keys of a worker started on ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pem = TEST_KEYS.signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    (data_dir / SIGNING_FILE).write_bytes(pem)
+    (data_dir / NOISE_FILE).write_bytes(TEST_KEYS.noise_secret)
 
 
 @functools.cache

@@ -91,9 +91,9 @@ def test_signatures_bind_the_key_space_and_the_keys() -> None:
     laxer = reg.model_copy(update={"histogram": reg.histogram.model_copy(  # type: ignore[union-attr]
         update={"false_keys": 900.0})})  # fmt: skip
     assert canonical_bytes("t", reg) != canonical_bytes("t", laxer)
-    c = new_core()
+    c = new_core(accept_clear_values=True)  # clear keys, to forge them
     stream(c)
-    forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"]))
+    forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"], clear=True))
     forged["items"][0]["keys"] = ["b", "a"]  # the same counts on other keys
     assert c.handle(T.values, json.dumps(forged).encode()).reason == "bad_signature"
 

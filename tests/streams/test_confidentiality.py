@@ -1,20 +1,45 @@
-"""What the market shows to whoever can reach it: no per-buyer data without the operators'
-credential, every buyer sealed unless an operator says otherwise."""
+"""What the market shows to whoever can reach it: sellers' numbers only sealed to the market's
+key, no per-buyer data without the operators' credential, every buyer sealed unless an operator
+says otherwise."""
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 import stat
+import struct
 from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from streams.clients.cli import build_parser
 from streams.clients.commands.operator import _worker_settings
-from streams.core import Stores
+from streams.core import MarketCore, MarketKeys, Stores
+from streams.wire.events import CatalogEntry, ValueBatch
+from streams.wire.sealing import open_values, values_aad
+from streams.wire.topics import Topics
 from streams.worker import web
 from streams.worker.runner import settings_args
 from streams.worker.secrets import OPERATOR_TOKEN_FILE, load_or_create_keys
 
-from .helpers import TEST_KEYS, market_core, purchase, registration, value
+from .helpers import (
+    MARKET,
+    TEST_KEYS,
+    market_core,
+    open_accounts,
+    party,
+    purchase,
+    registration,
+    value,
+)
+
+MARKET_TOPICS = Topics(MARKET)
 
 
 def _core_with_a_buyer() -> Stores:
@@ -65,3 +90,137 @@ def test_serve_and_worker_seal_every_buyer_unless_told_it_is_unsafe() -> None:
         assert not unsafe.require_encryption
         child = _worker_settings(parser.parse_args(settings_args(unsafe)))
         assert not child.require_encryption  # a child worker keeps the operator's choice
+
+
+# -- values sealed to the market's key -------------------------------------------------------
+def _batch(raw: bytes) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(raw)
+    return body
+
+
+def _resigned(body: dict[str, Any], signer: str = "seller1", market: str = MARKET) -> bytes:
+    """``body`` (a value batch) signed again by ``signer``: what a seller, or a thief who owns
+    another stream, can make of sealed numbers it has read on the values topic."""
+    fields = {k: v for k, v in body.items() if k not in ("key_id", "signature")}
+    return party(signer).sign(ValueBatch, market, **fields).model_dump_json().encode()
+
+
+def _core(**kw: Any) -> MarketCore:
+    core = market_core("seller1", "eve", **kw)
+    for sid, seller in (("temp", "seller1"), ("mine", "eve")):
+        raw = registration(sid, seller_id=seller, market=core.ctx.topics.prefix)
+        assert core.handle(core.ctx.topics.registrations, raw).status == "accepted"
+    return core
+
+
+def test_sealed_values_are_opened_once_and_sold_as_plain_numbers() -> None:
+    core = _core()
+    t = core.ctx.topics
+    raw = value("temp", "v1", [1.5, 2.0, 3.0])
+    assert b"1.5" not in raw and "sealed" in _batch(raw)
+    assert core.handle(t.values, raw).status == "accepted"
+    out = core.handle(t.purchases, purchase("temp", "eve", "p1", target_level=4.0))
+    (fulfilled,) = [json.loads(o.value) for o in out.outputs if o.topic == t.inbox("eve")]
+    assert len(fulfilled["releases"]) == 1  # released from the exact numbers, like a clear value
+    entry = CatalogEntry.model_validate_json(
+        core.handle(t.registrations, registration("other")).outputs[0].value)
+    assert entry.market_sealing_key == TEST_KEYS.sealing_public_b64
+
+
+def test_values_sealed_for_another_market_key_are_refused() -> None:
+    other = MarketKeys(TEST_KEYS.signing_key, b"m" * 32)
+    out = _core().handle(MARKET_TOPICS.values, value("temp", "v1", [1.0] * 3, sealed_for=other))
+    assert (out.status, out.reason) == ("rejected", "bad_seal")
+
+
+def test_sealed_numbers_moved_to_another_value_id_or_time_are_refused() -> None:
+    body = _batch(value("temp", "v1", [1.0, 2.0, 3.0]))
+    for change in ({"value_id": "v2"}, {"published_at_ms": 1_001}):
+        moved = {**body, "items": [{**body["items"][0], **change}]}
+        out = _core().handle(MARKET_TOPICS.values, _resigned(moved))
+        assert (out.status, out.reason) == ("rejected", "bad_seal"), change
+
+
+def test_sealed_numbers_replayed_into_another_stream_or_market_are_refused() -> None:
+    body = _batch(value("temp", "v1", [1.0, 2.0, 3.0]))
+    stolen = {**body, "stream_id": "mine", "seller_id": "eve"}  # eve sells seller1's numbers
+    out = _core().handle(MARKET_TOPICS.values, _resigned(stolen, signer="eve"))
+    assert (out.status, out.reason) == ("rejected", "bad_seal")
+    elsewhere = MarketCore(Stores(), TEST_KEYS, Topics("u"), clock=lambda: 1_000)
+    open_accounts(elsewhere, "seller1")
+    elsewhere.handle(Topics("u").registrations, registration("temp", market="u"))
+    out = elsewhere.handle(Topics("u").values, _resigned(body, market="u"))  # same key, market u
+    assert (out.status, out.reason) == ("rejected", "bad_seal")
+
+
+def test_clear_values_are_refused_unless_the_market_accepts_them_and_never_echoed() -> None:
+    raw = value("temp", "v1", [123.25, 2.0, 3.0], clear=True)
+    out = _core().handle(MARKET_TOPICS.values, raw)
+    assert (out.status, out.reason) == ("rejected", "values_not_sealed")
+    assert all(b"123.25" not in o.value for o in out.outputs)
+    assert _core(accept_clear_values=True).handle(MARKET_TOPICS.values, raw).status == "accepted"
+
+
+def test_an_altered_seal_is_refused_by_the_signature_before_anything_is_opened() -> None:
+    body = _batch(value("temp", "v1", [1.0, 2.0, 3.0]))
+    ct = bytearray(base64.b64decode(body["sealed"]["ciphertext"]))
+    ct[0] ^= 1
+    body["sealed"]["ciphertext"] = base64.b64encode(bytes(ct)).decode()
+    out = _core().handle(MARKET_TOPICS.values, json.dumps(body).encode())
+    assert (out.status, out.reason) == ("rejected", "bad_signature")
+    out = _core().handle(MARKET_TOPICS.values, _resigned(body))  # signed, but not what was sealed
+    assert (out.status, out.reason) == ("rejected", "bad_seal")
+
+
+def test_refusals_name_the_coordinate_never_the_number() -> None:
+    core = market_core("seller1")
+    t = core.ctx.topics
+    core.handle(t.registrations, registration("n", mechanism="discrete_laplace", dimension=2,
+                                              steps=[1.0], cap=1.0))  # fmt: skip
+    for numbers, says in (([4.0, 1234.5], "coordinate 1"), ([float("inf"), 1.0], "coordinate 0")):
+        out = core.handle(t.values, value("n", "x", numbers))
+        (line,) = [json.loads(o.value) for o in out.outputs if o.topic == t.inbox("seller1")]
+        message = line["outcomes"][0]["message"]
+        assert says in message and "1234" not in message and "inf" not in message, message
+
+
+def test_the_protocol_vector_of_sealed_values() -> None:
+    """docs/protocol.md §2.4, recomputed from its text with the primitives alone."""
+    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    vec = json.loads(doc.split("<!-- sealed-values vector -->\n```json\n")[1].split("```")[0])
+    noise = bytes.fromhex(vec["noise_secret_hex"])
+    market_sk = hmac.digest(noise, b"emarket market sealing key v1", "sha256")
+    assert market_sk.hex() == vec["market_private_key_hex"]
+    market = X25519PrivateKey.from_private_bytes(market_sk)
+    k = _raw(market)
+    assert base64.b64encode(k).decode() == vec["market_sealing_key"]
+    sized = lambda b: struct.pack(">I", len(b)) + b  # noqa: E731
+    aad = (b"emarket values v1\x00" + b"".join(sized(x) for x in (
+        vec["market"].encode(), k, vec["stream_id"].encode(), vec["seller_id"].encode()))
+        + struct.pack(">I", len(vec["items"])) + b"".join(
+        sized(i["value_id"].encode()) + struct.pack(">Q", i["published_at_ms"])
+        for i in vec["items"]))  # fmt: skip
+    assert aad.hex() == vec["aad_hex"]
+    assert json.loads(vec["plaintext"]) == [{"values": i["values"]} for i in vec["items"]]
+    eph = X25519PrivateKey.from_private_bytes(bytes.fromhex(vec["ephemeral_private_key_hex"]))
+    epk = _raw(eph)
+    key = HKDF(hashes.SHA256(), 32, salt=epk + k, info=b"epsilon-market release v1").derive(
+        eph.exchange(market.public_key()))
+    assert key.hex() == vec["hkdf_key_hex"]
+    ct = ChaCha20Poly1305(key).encrypt(bytes.fromhex(vec["nonce_hex"]),
+                                       vec["plaintext"].encode(), aad)  # fmt: skip
+    assert vec["sealed"] == {"alg": "x25519-hkdf-sha256-chacha20poly1305",
+                             "epk": base64.b64encode(epk).decode(),
+                             "nonce": base64.b64encode(bytes.fromhex(vec["nonce_hex"])).decode(),
+                             "ciphertext": base64.b64encode(ct).decode()}  # fmt: skip
+    batch = ValueBatch.model_validate({
+        "stream_id": vec["stream_id"], "seller_id": vec["seller_id"], "sealed": vec["sealed"],
+        "items": [{"value_id": i["value_id"], "published_at_ms": i["published_at_ms"]}
+                  for i in vec["items"]], "key_id": "0" * 16, "signature": "A" * 86 + "=="})
+    assert values_aad(vec["market"], vec["market_sealing_key"], batch) == aad
+    opened = open_values(batch, vec["market"], TEST_KEYS.sealing_key)
+    assert [i.values for i in opened.items] == [i["values"] for i in vec["items"]]
+
+
+def _raw(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)

@@ -194,7 +194,6 @@ def test_the_protocol_vector_of_sealed_values() -> None:
     market = X25519PrivateKey.from_private_bytes(market_sk)
     k = _raw(market)
     assert base64.b64encode(k).decode() == vec["market_sealing_key"]
-    sized = lambda b: struct.pack(">I", len(b)) + b  # noqa: E731
     aad = (b"emarket values v1\x00" + b"".join(sized(x) for x in (
         vec["market"].encode(), k, vec["stream_id"].encode(), vec["seller_id"].encode()))
         + struct.pack(">I", len(vec["items"])) + b"".join(
@@ -220,6 +219,10 @@ def test_the_protocol_vector_of_sealed_values() -> None:
     assert values_aad(vec["market"], vec["market_sealing_key"], batch) == aad
     opened = open_values(batch, vec["market"], TEST_KEYS.sealing_key)
     assert [i.values for i in opened.items] == [i["values"] for i in vec["items"]]
+
+
+def sized(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
 
 
 def _raw(key: X25519PrivateKey) -> bytes:

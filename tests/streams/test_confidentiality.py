@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -19,6 +20,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from streams.clients.cli import build_parser
+from streams.clients.client import MarketClient, TopicReader, now_ms
 from streams.clients.commands.operator import _worker_settings
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import CatalogEntry, ValueBatch
@@ -28,6 +30,7 @@ from streams.worker import web
 from streams.worker.runner import settings_args
 from streams.worker.secrets import OPERATOR_TOKEN_FILE, load_or_create_keys
 
+from .conftest import Market
 from .helpers import (
     MARKET,
     TEST_KEYS,
@@ -227,3 +230,48 @@ def sized(data: bytes) -> bytes:
 
 def _raw(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+# -- on the embedded broker ----------------------------------------------------------------
+@pytest.mark.broker
+@pytest.mark.slow
+def test_nobody_reading_the_broker_or_the_pages_sees_numbers_or_buyers(market: Market) -> None:
+    """The values topic read raw holds no clear number; a refused value's rejection quotes
+    none; /metrics, /health and /ledger without the operators' token name no buyer."""
+    w = market.start_worker()
+    market.open_accounts("seller1", "sealed-buyer")
+    secret = [1234.5678, 8765.4321, 2468.1357]
+    m = market.topics.prefix
+
+    async def go(c: MarketClient) -> tuple[bytes, bytes]:
+        await c.register({"stream_id": "temp", "mechanism": "laplace", "sensitivity": 1.0,
+                          "dimension": 3, "steps": [1.0], "cap": 1.0,
+                          "pricing": {"kind": "linear_level", "rate_per_level": 1.0}})  # fmt: skip
+        await c.publish("temp", secret)
+        clear = value("temp", "clear", [9876.5, 1.0, 2.0], market=m, clear=True,
+                      published_at_ms=now_ms())  # a client that does not seal
+        c.seal_values = False
+        refused = await c.publish_batch(ValueBatch.model_validate_json(clear))
+        assert refused is not None and refused.type == "rejection", refused
+        c.seal_values = True
+        await c.buy("temp", party=party("sealed-buyer"), max_price_minor=100)
+        return (b"".join(await read_raw(c, c.topics.values)),
+                b"".join(await read_raw(c, c.topics.rejections)))
+
+    values, rejections = market.run(go)
+    assert values.count(b'"sealed"') == 1 and b"9876.5" in values  # the one clear batch sent
+    assert not any(repr(x).encode() in values for x in secret)
+    assert b"values_not_sealed" in rejections and b"9876.5" not in rejections
+    pages = json.dumps([w.get("/health"), w.get("/ledger")]) + w.get("/metrics")
+    assert "sealed-buyer" not in pages and "temp" in pages
+    assert "sealed-buyer" in json.dumps(market.ledger())  # the operators see it
+
+
+async def read_raw(c: MarketClient, topic: str) -> list[bytes]:
+    """Every record of ``topic`` as anyone on the broker reads it."""
+    reader = TopicReader(c.bootstrap, topic)
+    await reader.start()
+    try:
+        return [v for _, v in await reader.poll(2.0)]
+    finally:
+        await reader.stop()

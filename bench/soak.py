@@ -21,10 +21,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from bench.service import BENCH_ENV, sealed_batch
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, now_ms
 from streams.clients.keys import Party
-from streams.wire.events import LinearLevelSpec, PurchaseRequest, ValueBatch
+from streams.wire.events import LinearLevelSpec, PurchaseRequest
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -107,10 +108,10 @@ async def _load(
             due = int((time.monotonic() - t0) * rate) + 1
             while sent_v < min(due, n_values):
                 s = f"s{sent_v % N_STREAMS}"
-                batch = seller.sign(ValueBatch, topics.prefix, stream_id=s, seller_id="soak",
-                                    items=[{"value_id": f"v{sent_v}",
-                                            "values": [20.0 + (sent_v % 7)] * DIM,
-                                            "published_at_ms": now_ms()}])  # fmt: skip
+                batch = sealed_batch(seller, topics.prefix, stream_id=s, seller_id="soak",
+                                     items=[{"value_id": f"v{sent_v}",
+                                             "values": [20.0 + (sent_v % 7)] * DIM,
+                                             "published_at_ms": now_ms()}])  # fmt: skip
                 await prod.send(topics.values, batch.model_dump_json().encode(), key=s.encode())
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
@@ -161,7 +162,7 @@ def run_soak(
         ).for_tansu()
         # a short dedup horizon, so that the soak can show memory levelling off: eviction
         # markers of values older than the horizon are forgotten (resends of them are refused)
-        env = {"EMARKET_DEDUP_HORIZON": str(horizon)}
+        env = {"EMARKET_DEDUP_HORIZON": str(horizon), **BENCH_ENV}  # values sealed to its key
         w = ChildWorker(settings, log_path=workdir / "worker.log", env=env).start()
         try:
             w.wait_healthy(90)

@@ -45,6 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages}", flush=True)
     print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
           flush=True)  # fmt: skip
+    print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
+          "(`epsilon-market ledger` reads it)", flush=True)  # fmt: skip
     try:
         return _run(settings, None if broker is None else broker.stop)
     finally:

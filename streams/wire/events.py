@@ -863,7 +863,8 @@ class Rejection(_Event):
     sender_id: str | None = Field(None, description="the account that signed the event")
     claimed_id: str | None = Field(None, description="the account the payload claimed to be")
     stream_id: str | None = None
-    payload: str = Field(description="the original event (UTF-8 text, or base64 if binary)")
+    payload: str = Field(description="the original event (UTF-8 text, or base64 if binary); "
+                         "empty for an event on the values topic (its numbers are never quoted)")
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
     payload_bytes: int = Field(description="size of the original event")
     payload_sha256: str

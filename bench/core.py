@@ -34,14 +34,14 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bench.service import SELLER, STEPS, _purchase, _registration, _value_payload
+from bench.service import BENCH_KEYS, SELLER, STEPS, _purchase, _registration, _value_payload
 from market import ChainState
 from market._draws import Draws
 from market.envelope import Sealer
 from market.rng import NoiseKeys
 from streams.clients.client import now_ms
 from streams.clients.keys import Party
-from streams.core import MarketCore, MarketKeys, Stores
+from streams.core import MarketCore, Stores
 from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
 from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
@@ -62,9 +62,8 @@ class Measure:
 
 
 def _core(*parties: Party) -> tuple[MarketCore, Topics]:
-    keys = MarketKeys(signing_key=Ed25519PrivateKey.generate(), noise_secret=os.urandom(32))
     topics = Topics(MARKET)
-    core = MarketCore(Stores(), keys, topics)
+    core = MarketCore(Stores(), BENCH_KEYS, topics)  # the keys values are sealed to
     for who in (SELLER, *parties):
         out = core.handle(topics.accounts, who.open_account(MARKET).model_dump_json().encode())
         assert out.status == "accepted", out.reason

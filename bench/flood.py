@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = replace(
             Settings(broker=broker.url, app_id=f"flood-{tag}", prefix=f"flood{tag}",
                      data_dir=workdir / "data", web_port=find_free_port(),
-                     log_level="info").for_tansu(),
+                     log_level="info", require_encryption=False).for_tansu(),
             fetch_max_wait_ms=10,
         )  # fmt: skip
         env = {"EMARKET_MAX_OPENINGS_PER_MINUTE": str(10 * sizes.openings * sizes.rounds + 100),

@@ -239,6 +239,7 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
         StreamRegistration,
         ValueBatch,
     )
+    from streams.wire.sealing import seal_values
     from streams.wire.topics import Topics
 
     topics = Topics("r")
@@ -256,7 +257,11 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
 
     def send(kind: str, signer: Any, **fields: Any) -> list[Any]:
         model, topic = kinds[kind]
-        raw = signer.sign(model, "r", **fields).model_dump_json().encode()
+        event = signer.sign(model, "r", **fields)
+        if isinstance(event, ValueBatch):  # sealed to the market's key, as a client sends it
+            sealed = seal_values(event, "r", keys.sealing_public_b64)
+            event = signer.sign(model, "r", **sealed.model_dump(exclude={"key_id", "signature"}))
+        raw = event.model_dump_json().encode()
         return [INBOX_EVENT.validate_json(o.value) for o in core.handle(topic, raw).outputs
                 if o.topic == topics.inbox("buyer")]  # fmt: skip
 

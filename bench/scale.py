@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -29,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.service import (
+    BENCH_ENV,
     FETCH_WAIT_MS,
     SELLER,
     _Bench,
@@ -131,12 +130,12 @@ def measure(broker: EmbeddedBroker, workers: int, n: int, workdir: Path) -> list
     tag = uuid.uuid4().hex[:6]
     base = replace(
         Settings(broker=broker.url, app_id=f"scale-{tag}", prefix=f"scale{tag}",
-                 partitions=PARTITIONS, log_level="warn").for_tansu(),
+                 partitions=PARTITIONS, log_level="warn",
+                 require_encryption=False).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )  # fmt: skip
-    # the workers of one market share its signing key and noise secret
-    env = {"EMARKET_SIGNING_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
-           "EMARKET_NOISE_SECRET": base64.b64encode(secrets.token_bytes(32)).decode()}  # fmt: skip
+    # the workers of one market share its signing key and noise secret (values are sealed to it)
+    env = BENCH_ENV
     procs = []
     try:
         for i in range(workers):

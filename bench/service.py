@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import statistics
@@ -45,20 +46,24 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from streams.broker.admin import ensure_topics
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, TopicReader, now_ms
 from streams.clients.keys import Party
+from streams.core import MarketKeys
 from streams.wire.events import (
     LinearPrecisionSpec,
     PurchaseRequest,
     StreamRegistration,
     ValueBatch,
 )
+from streams.wire.sealing import seal_values
 from streams.wire.topics import Topics, TopicSpec
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -80,12 +85,26 @@ class Row:
 
 
 SELLER = Party.generate("bench", sealing=False)
+#: the benchmarked markets' keys (written to their data directories): values are sealed to them
+BENCH_KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
+                        noise_secret=b"bench noise secret, 32 bytes...!")  # fmt: skip
+BENCH_ENV = {"EMARKET_SIGNING_KEY": base64.b64encode(bytes(range(32))).decode(),
+             "EMARKET_NOISE_SECRET": base64.b64encode(BENCH_KEYS.noise_secret).decode()}
+"""What makes a child worker use :data:`BENCH_KEYS`."""
+
+
+def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
+    """A value batch of ``fields``, its numbers sealed to :data:`BENCH_KEYS` as a client seals
+    them, signed by ``seller``."""
+    clear = seller.sign(ValueBatch, market, **fields)
+    sealed = seal_values(clear, market, BENCH_KEYS.sealing_public_b64)
+    return seller.sign(ValueBatch, market, **sealed.model_dump(exclude={"key_id", "signature"}))
 
 
 def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
     """A signed batch of one value (signed before any clock starts)."""
-    batch = SELLER.sign(
-        ValueBatch, market, stream_id=stream, seller_id=SELLER.account_id,
+    batch = sealed_batch(
+        SELLER, market, stream_id=stream, seller_id=SELLER.account_id,
         items=[{"value_id": f"v{i:07d}", "values": [20.0 + 0.001 * i] * DIM,
                 "published_at_ms": now_ms()}],
     )  # fmt: skip
@@ -272,8 +291,8 @@ def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
         ).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )
-    worker = ChildWorker(settings, log_path=workdir / "market.log",  # one seller, many streams
-                         env={"EMARKET_MAX_STREAMS_PER_SELLER": "4096"}).start()  # fmt: skip
+    env = {**BENCH_ENV, "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}  # one seller, many streams
+    worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
     try:
         worker.wait_healthy(90)
         return asyncio.run(_market(settings, sizes))

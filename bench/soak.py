@@ -33,6 +33,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bench.service import BENCH_ENV, sealed_batch
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, now_ms
 from streams.clients.keys import Party
@@ -138,10 +139,10 @@ async def _load(
             due = int((time.monotonic() - t0) * rate) + 1
             while sent_v < min(due, n_values):
                 s = f"s{sent_v % N_STREAMS}"
-                batch = seller.sign(ValueBatch, topics.prefix, stream_id=s, seller_id="soak",
-                                    items=[{"value_id": f"v{sent_v}",
-                                            "values": [20.0 + (sent_v % 7)] * DIM,
-                                            "published_at_ms": now_ms()}])  # fmt: skip
+                batch = sealed_batch(seller, topics.prefix, stream_id=s, seller_id="soak",
+                                     items=[{"value_id": f"v{sent_v}",
+                                             "values": [20.0 + (sent_v % 7)] * DIM,
+                                             "published_at_ms": now_ms()}])  # fmt: skip
                 await prod.send(topics.values, batch.model_dump_json().encode(), key=s.encode())
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
@@ -264,11 +265,13 @@ def run_soak(
             data_dir=workdir / "data",
             web_port=find_free_port(),
             log_level="warn",
+            require_encryption=False,
         ).for_tansu()
         # the worker's default horizon, unless a short one is asked for (the CI soak's), so
         # that memory levels off within the run: eviction markers of values older than the
-        # horizon are forgotten (resends of them are refused)
-        env = {} if horizon is None else {"EMARKET_DEDUP_HORIZON": str(horizon)}
+        # horizon are forgotten (resends of them are refused); values sealed to its key
+        env = dict(BENCH_ENV) if horizon is None else {"EMARKET_DEDUP_HORIZON": str(horizon),
+                                                       **BENCH_ENV}  # fmt: skip
         w = ChildWorker(settings, log_path=workdir / "worker.log", env=env).start()
         try:
             w.wait_healthy(90)

@@ -49,6 +49,7 @@ import streams
 from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
+from streams.wire.sealing import seal_values
 from streams.wire.topics import Topics
 
 MARKET = "benchtrace"
@@ -160,11 +161,17 @@ def _send(core: MarketCore, topic: str, raw: bytes, status: str) -> None:
         raise RuntimeError(f"expected {status}, got {out.status}: {out.reason}")
 
 
+KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
+                  noise_secret=b"n" * 32)  # fmt: skip
+"""The traced market's keys (sellers seal their values to it)."""
+
 def _value(stream: str, i: int) -> bytes:
     """A signed batch of one value of :data:`DIM` numbers (its id ``v{i}``)."""
     item = {"value_id": f"v{i}", "values": [20.0 + i] * DIM, "published_at_ms": NOW_MS}
-    batch = SELLER.sign(ValueBatch, MARKET, stream_id=stream, seller_id=SELLER.account_id,
+    clear = SELLER.sign(ValueBatch, MARKET, stream_id=stream, seller_id=SELLER.account_id,
                         items=[item])  # fmt: skip
+    sealed = seal_values(clear, MARKET, KEYS.sealing_public_b64)  # as a client sends it
+    batch = SELLER.sign(ValueBatch, MARKET, **sealed.model_dump(exclude={"key_id", "signature"}))
     return batch.model_dump_json().encode()
 
 
@@ -190,10 +197,8 @@ def _register(core: MarketCore, t: Topics, stream: str, steps: list[float]) -> N
 def market_core() -> tuple[MarketCore, Topics]:
     """A core on dict stores with the parties' accounts open and three streams registered:
     ``v`` (for values) and ``p`` and ``w`` (4 values in their windows, for purchases)."""
-    keys = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
-                      noise_secret=b"n" * 32)  # fmt: skip
     t = Topics(MARKET)
-    core = MarketCore(Stores(), keys, t, clock=lambda: NOW_MS)
+    core = MarketCore(Stores(), KEYS, t, clock=lambda: NOW_MS)
     for who in (SELLER, *HOLDERS, BUYER):
         _send(core, t.accounts, who.open_account(MARKET, opened_at_ms=NOW_MS)
               .model_dump_json().encode(), "accepted")  # fmt: skip

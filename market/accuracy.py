@@ -254,7 +254,7 @@ def cheapest_level(
         raise ValueError("give exactly one accuracy target: rmse or half_width")
     target = float(rmse if rmse is not None else half_width)  # type: ignore[arg-type]
     if not math.isfinite(target) or target <= 0:
-        raise ValueError(f"an accuracy target must be a positive number, got {target!r}")
+        raise ValueError("an accuracy target must be a positive number")
     kind: Literal["rmse", "half_width"] = "rmse" if rmse is not None else "half_width"
 
     def err(level: float) -> float:
@@ -271,7 +271,7 @@ def cheapest_level(
     best = ordered[int(np.argmin(errors))]
     what = "RMS error" if kind == "rmse" else f"{confidence:.0%} half-width"
     raise AccuracyNotForSaleError(
-        f"no level for sale reaches a {what} of {target:g}: the most accurate, "
+        f"no level for sale reaches the {what} asked for: the most accurate, "
         f"{best:g} ({mechanism.level_unit}), gives {min(errors):.4g}",
         best,
         min(errors),
@@ -292,7 +292,7 @@ _WHOLE_LIMIT = 2**61
 def _confidence(c: float) -> float:
     c = float(c)
     if not 0.0 < c <= MAX_CONFIDENCE:
-        raise ValueError(f"a confidence is in (0, {MAX_CONFIDENCE}], got {c!r}")
+        raise ValueError(f"a confidence is in (0, {MAX_CONFIDENCE}]")
     return c
 
 

@@ -72,15 +72,15 @@ def canonical_level(level: Any, *, name: str = "level") -> float:
     True
     """
     if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)):
-        raise InvalidLevelError(f"{name} must be a number, got {type(level).__name__} {level!r}")
+        raise InvalidLevelError(f"{name} must be a number, not {type(level).__name__}")
     value = float(level)
     if not math.isfinite(value):
-        raise InvalidLevelError(f"{name} must be finite, got {value!r}")
+        raise InvalidLevelError(f"{name} must be finite")
     if value <= 0.0:
-        raise InvalidLevelError(f"{name} must be > 0, got {value!r}")
+        raise InvalidLevelError(f"{name} must be > 0")
     if not MIN_LEVEL <= value <= MAX_LEVEL:
         raise InvalidLevelError(
-            f"{name} must be between {MIN_LEVEL:g} and {MAX_LEVEL:g}, got {value!r}"
+            f"{name} must be between {MIN_LEVEL:g} and {MAX_LEVEL:g}"
         )
     return float(f"{value:.15g}")
 
@@ -149,7 +149,7 @@ def as_float_vector(
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])
         raise InvalidValueError(
-            f"{what} must be finite; coordinate {bad} is {arr[bad]!r} "
+            f"{what} must be finite; coordinate {bad} is not "
             f"({int((~finite).sum())} non-finite coordinates in total)"
         )
     return arr
@@ -184,7 +184,7 @@ def as_count_vector(
     if neg.any():
         bad = int(np.flatnonzero(neg)[0])
         raise InvalidValueError(
-            f"{what} must hold non-negative counts; coordinate {bad} is {int(out[bad])}"
+            f"{what} must hold non-negative counts; coordinate {bad} is negative"
         )
     return out
 
@@ -201,7 +201,7 @@ def _integral(arr: NDArray[Any], what: str, kind: str) -> NDArray[Any]:
         if frac.any():
             bad = int(np.flatnonzero(frac)[0])
             raise InvalidValueError(
-                f"{what} must hold integer {kind}; coordinate {bad} is {float(farr[bad])!r}"
+                f"{what} must hold integer {kind}; coordinate {bad} is not a whole number"
             )
         if (np.abs(farr) > MAX_EXACT_INTEGER).any():
             raise InvalidValueError(
@@ -246,7 +246,7 @@ def as_integer_vector(
     ):
         bad = int(np.flatnonzero((arr > MAX_EXACT_INTEGER) | (arr < -MAX_EXACT_INTEGER))[0])
         raise InvalidValueError(
-            f"{what} must be at most 2**53 - 1 in magnitude; coordinate {bad} is {int(arr[bad])}"
+            f"{what} must be at most 2**53 - 1 in magnitude; coordinate {bad} is not"
         )
     return arr.astype(np.int64)
 
@@ -277,6 +277,6 @@ def step_of(levels: Sequence[float], level: Any, *, unit: str) -> int:
     if k == len(levels) or levels[k] != lvl:
         sells = ", ".join(f"{x:g}" for x in levels)
         raise LevelNotForSaleError(
-            f"level {lvl:g} is not sold here; the levels for sale ({unit}) are {sells}"
+            f"the level asked for is not sold here; the levels for sale ({unit}) are {sells}"
         )
     return k

@@ -6,6 +6,11 @@ event it sends is signed with the party's key, and the market answers in the par
 topic, which the client reads from the beginning (no consumer group) matching answers by
 request id — that also works on the embedded broker, whose "latest offset" answer is unreliable.
 
+A value batch's numbers are **sealed to the market's key** before they are sent
+(:func:`streams.wire.sealing.seal_values`): the key is ``market_sealing_key`` of the stream's
+catalog entry, or the one the client is given (``market_sealing_key``: pin it where whoever
+may write the catalog topic is not only the market).
+
 Requests are **retried by resending the same event** (same id, same timestamps, same
 signature) when no answer arrives in time: the market treats the id as an idempotency key, so a
 resend can never charge twice or draw new noise, and it repairs the rare case of a worker
@@ -42,7 +47,7 @@ from ..wire.events import (
     ValueOutcome,
     ValuesAccepted,
 )
-from ..wire.sealing import open_event
+from ..wire.sealing import open_event, seal_values
 from ..wire.topics import Topics
 from .keys import Party
 
@@ -120,14 +125,22 @@ class MarketClient:
         *,
         party: Party | None = None,
         auth: dict[str, Any] | None = None,
+        market_sealing_key: str | None = None,
+        seal_values: bool = True,
     ) -> None:
         """``auth``: aiokafka SASL keyword arguments (see :func:`streams.broker.auth.kafka_auth`);
-        defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set."""
+        defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set.
+        ``market_sealing_key``: the market's X25519 key to seal values to (default: read from
+        the catalog); ``seal_values`` False sends clear numbers (a market refuses them unless
+        its operators accept them while clients migrate)."""
         self.bootstrap = bootstrap
+        self.market_sealing_key = market_sealing_key
+        self.seal_values = seal_values
         self.topics = topics or Topics()
         self.party = party
         self.auth = auth if auth is not None else env_auth()
         self._published: dict[tuple[str, str], int] = {}
+        self._sealing_keys: dict[str, str] = {}
         self._requested: dict[tuple[str, str], int] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
@@ -213,6 +226,8 @@ class MarketClient:
                 for _, raw in await catalog.poll(0.2):
                     entry = CatalogEntry.model_validate_json(raw)
                     if entry.registration == reg:
+                        if entry.market_sealing_key is not None:
+                            self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
                 for _, raw in await inbox.poll(0.05):
                     ev = INBOX_EVENT.validate_json(raw)
@@ -256,16 +271,55 @@ class MarketClient:
         market answers ``batch_too_large``, the batch is split as it says, re-signed and sent
         again, and the answers are merged into one.
         """
-        payload = batch.model_dump_json().encode()
+        sent = await self.sealed(batch, party=party)
+        payload = sent.model_dump_json().encode()
         if not wait:
             await self.send(self.topics.values, batch.stream_id, payload)
             return None
-        got = await self._publish_once(batch, payload, timeout)
+        got = await self._publish_once(sent, payload, timeout)
         if isinstance(got, Rejection) and got.reason == "batch_too_large":
             size = int(got.details.get("max_values", 1))
-            if 0 < size < len(batch.items):
+            if 0 < size < len(batch.items) and batch.sealed is None:
                 return await self._publish_split(batch, size, timeout, party)
         return got
+
+    async def sealed(self, batch: ValueBatch, *, party: Party | None = None) -> ValueBatch:
+        """``batch`` with its numbers sealed to the market's key and signed again (unchanged if
+        it is sealed already, or if this client sends clear numbers)."""
+        if batch.sealed is not None or not self.seal_values:
+            return batch
+        key = self.market_sealing_key or await self.sealing_key_of(batch.stream_id)
+        fields = seal_values(batch, self.market, key).model_dump(exclude={"key_id", "signature"})
+        return self._me(party).sign(ValueBatch, self.market, **fields)
+
+    async def sealing_key_of(self, stream_id: str) -> str:
+        """The market's sealing key as the catalog lists it (cached per stream).
+
+        The key is the market's, not the stream's: every entry of one market names the same, so
+        a stream not in the catalog (yet), or registered before markets sealed values, takes the
+        one the other entries name.
+
+        Raises
+        ------
+        LookupError
+            No catalog entry names a sealing key.
+        ValueError
+            The catalog names more than one sealing key: someone other than the market wrote
+            to it; pass ``market_sealing_key`` obtained from the market's operators.
+        """
+        if stream_id in self._sealing_keys:
+            return self._sealing_keys[stream_id]
+        entries, _ = await self.catalog_records()
+        keys = {e.market_sealing_key for e in entries if e.market_sealing_key}
+        if len(keys) > 1:
+            raise ValueError(
+                "the catalog names more than one market sealing key, so someone other than the "
+                "market wrote to it: pass the key obtained from the market's operators"
+            )
+        if not keys:
+            raise LookupError("no catalog entry names the market's sealing key")
+        self._sealing_keys[stream_id] = key = keys.pop()
+        return key
 
     async def _publish_once(
         self, batch: ValueBatch, payload: bytes, timeout: float

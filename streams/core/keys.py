@@ -1,7 +1,8 @@
 """The market's own secrets, as the core sees them: a receipt-signing key and a noise secret.
 
 Loading them from files or the environment is the worker's job
-(:mod:`streams.worker.secrets`); the core only signs with one and derives noise from the other.
+(:mod:`streams.worker.secrets`); the core only signs with one and derives noise from the other,
+and from the noise secret also the key sellers seal their values to.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from market.envelope import public_key_b64
 from market.receipts import key_id
 
 __all__ = ["MarketKeys", "public_key_from_b64"]
@@ -36,6 +39,22 @@ class MarketKeys:
     def key_id(self) -> str:
         return key_id(self.public_key)
 
+    @cached_property
+    def sealing_key(self) -> X25519PrivateKey:
+        """The market's X25519 key: sellers seal their values to its public half.
+
+        Derived from the noise secret, so every worker of a market holds the same one and no
+        other secret needs distributing; whoever holds the noise secret runs the market, which
+        reads the exact values anyway.
+        """
+        seed = hmac.digest(self.noise_secret, b"emarket market sealing key v1", "sha256")
+        return X25519PrivateKey.from_private_bytes(seed)
+
+    @cached_property
+    def sealing_public_b64(self) -> str:
+        """Base64 of the sealing key's 32 raw public bytes (``market_sealing_key``)."""
+        return public_key_b64(self.sealing_key)
+
     @property
     def noise_fingerprint(self) -> str:
         """A public name for the noise secret (HMAC of a fixed label; reveals nothing of it).
@@ -45,6 +64,17 @@ class MarketKeys:
         """
         tag = hmac.new(self.noise_secret, b"emarket noise-secret fingerprint v1", "sha256")
         return tag.hexdigest()[:32]
+
+    @property
+    def operator_token(self) -> str:
+        """The operators' bearer credential for per-buyer pages (``/ledger`` in detail).
+
+        Derived from the noise secret, so every worker of a market accepts the same one without
+        another secret to distribute; whoever holds the noise secret can already read every
+        value, so it grants nothing more. It reveals nothing of the secret (an HMAC of a label).
+        """
+        tag = hmac.new(self.noise_secret, b"emarket operator token v1", "sha256").digest()
+        return base64.urlsafe_b64encode(tag).decode("ascii").rstrip("=")
 
     @property
     def public_key_b64(self) -> str:

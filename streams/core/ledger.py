@@ -243,7 +243,7 @@ class PrivacyLedger:
             "no level fits now")  # fmt: skip
         raise Reject(
             "privacy_window_full",
-            f"releasing level {level.value:g} on the {n} values of this stream's {describe(ws)} "
+            f"releasing the level asked for on the {n} values of this stream's {describe(ws)} "
             f"would spend {float(added[0][j]):g} more; {best}. New values count against the next "
             f"window from {_iso(ws.end_ms)}; this window's values stop being covered by "
             f"purchases once {st.registration.retain_last} newer values have arrived",

@@ -276,17 +276,16 @@ def _check_step(ctx: Context, req: PurchaseRequest, stream: Stream[Product],
     if step.after <= step.held:  # nothing to buy (each such request kept a whole window)
         raise Reject(
             "already_held",
-            f"you hold level {step.held:g} on stream {reg.stream_id!r}, as accurate as level "
-            f"{step.target:g} or more: its releases are in your inbox (resending the purchase "
-            "that bought it sends them again); buy a level above it, or quote what is for sale",
+            f"you hold a level on stream {reg.stream_id!r} as accurate as the one asked for or "
+            "more: its releases are in your inbox (resending the purchase that bought it sends "
+            "them again); buy a level above it, or quote what is for sale",
             held_level=step.held,
         )
     if step.price_minor > req.max_price_minor:
         raise Reject(
             "price_too_high",
-            f"moving from level {step.held:g} to {step.target:g} costs "
-            f"{format_money(step.price_minor, reg.currency)}; you offered at most "
-            f"{format_money(req.max_price_minor, reg.currency)}",
+            f"this step costs {format_money(step.price_minor, reg.currency)}, more than the "
+            "purchase's max_price_minor",
             quoted_price_minor=step.price_minor,
         )
     limit = ctx.limits.holder_limit(reg.release_width())

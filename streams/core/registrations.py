@@ -51,6 +51,7 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
         accepted_at_ms=now,
         market_key_id=ctx.keys.key_id,
         market_public_key=ctx.keys.public_key_b64,
+        market_sealing_key=ctx.keys.sealing_public_b64,
         prices=[PriceLevel(level=p.level, price_minor=p.price_minor, epsilon=p.epsilon)
                 for p in prices],
     ))  # fmt: skip

@@ -6,6 +6,10 @@ small, else a bounded prefix with the full size and SHA-256, so no rejection can
 broker's message size however large or oddly encoded the input was. It goes to the rejections
 topic (operators) and to the inbox of the account that *proved* it sent the event; never to an
 inbox named only by the payload, which anyone could write.
+
+A rejection never repeats a seller's numbers: the payload of an event on the values topic is not
+quoted (its size and SHA-256 still identify it), and no message quotes a number the event
+carried (values, prices, levels, times): it names the field, the bound or the index instead.
 """
 
 from __future__ import annotations
@@ -97,7 +101,8 @@ def rejection(
         ids["request_id"] = request_id
     if rej.stream is not None:
         ids["stream_id"] = rej.stream
-    payload, encoding, truncated = _payload(raw, ctx.limits.rejection_payload_bytes)
+    quoted = 0 if topic == ctx.topics.values else ctx.limits.rejection_payload_bytes
+    payload, encoding, truncated = _payload(raw, quoted)
     claimed = rej.claimed or ids.get("account_id")
     event = Rejection(
         reason=rej.reason,

@@ -10,7 +10,10 @@ every event the router alone:
 3. places it: an event on another partition than its stream's is forwarded there
    (:mod:`.placement`), before any state is read (an account event proves and places itself
    by the rules of accounts: an opening is signed by the key it pins);
-4. calls its handler with an :class:`~streams.core.incoming.Incoming`, inside one scope of
+4. opens a value batch's numbers, sealed to the market's key (:func:`~streams.wire.sealing.
+   open_values`; ``bad_seal``), or refuses clear ones (``values_not_sealed``) unless the market
+   accepts them, so no handler sees anything but plain numbers;
+5. calls its handler with an :class:`~streams.core.incoming.Incoming`, inside one scope of
    :class:`~streams.core.stream_store.Streams`, which saves the streams the event changed.
 
 It never raises for bad input: a refusal, an engine error, an invalid payload and even a bug each
@@ -39,7 +42,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from market import MarketError
-from market.envelope import Sealer
+from market.envelope import EnvelopeError, Sealer
 
 from ..wire.events import (
     ACCOUNTS_EVENT,
@@ -51,6 +54,7 @@ from ..wire.events import (
     StreamRegistration,
     ValueBatch,
 )
+from ..wire.sealing import open_values
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from . import accounts, purchases, quotes, registrations, values
 from .auth import acting_for, authenticate
@@ -97,6 +101,7 @@ class MarketCore:
         *,
         clock: Callable[[], int] = now_ms,
         require_encryption: bool = False,
+        accept_clear_values: bool = False,
         dedup_horizon_ms: int = DEDUP_HORIZON_MS,
         limits: Limits | None = None,
         replica: DirectoryReplica | None = None,
@@ -120,6 +125,7 @@ class MarketCore:
         )
         self.streams = Streams(stores, keys, limits.max_streams)
         self._batched = False
+        self.accept_clear_values = accept_clear_values
 
     @property
     def stores(self) -> Stores:
@@ -180,8 +186,35 @@ class MarketCore:
         account = authenticate(self.ctx, event, sender, final=final)
         with acting_for(sender, event.stream_id):
             check_partition(self.ctx, src, event.stream_id)  # before any state is read
+            if isinstance(event, ValueBatch):
+                event = self._plain(event)
             with self.streams.event():
                 return handler(self.ctx, self.streams, Incoming(event, account, src))
+
+    def _plain(self, batch: ValueBatch) -> ValueBatch:
+        """``batch`` with its numbers opened: the one place a seller's sealed numbers are."""
+        if batch.sealed is None:
+            if self.accept_clear_values:
+                return batch
+            raise Reject(
+                "values_not_sealed",
+                "this market accepts values only sealed to its key (market_sealing_key in the "
+                "catalog; docs/protocol.md §4), so that nobody reading the values topic sees "
+                "them: the client library and `epsilon-market publish` seal them",
+            )
+        try:
+            return open_values(batch, self.ctx.topics.prefix, self.ctx.keys.sealing_key)
+        except EnvelopeError:
+            raise Reject(
+                "bad_seal",
+                "the batch's sealed numbers do not open with this market's key for this "
+                "market, stream, seller and these value ids: sealed for another market or "
+                "stream, moved from another batch, or altered",
+            ) from None
+        except ValidationError:
+            raise
+        except ValueError as exc:  # its messages name entries, never numbers
+            raise Reject("invalid_event", f"not a valid value event: {exc}") from None
 
     def _guard(self, kind: Kind, src: Source, fn: Callable[[], Outcome]) -> Outcome:
         try:

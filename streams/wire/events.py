@@ -520,9 +520,11 @@ class ValueItem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     value_id: Identifier = Field(description="unique per stream; a resend is deduplicated")
     values: list[float] = Field(
+        default_factory=list,
         max_length=MAX_DIMENSION,
+        exclude_if=lambda v: not v,
         description="the value's numbers (as many as the stream's dimension); on a histogram "
-        "stream the counts of `keys`, in the same order",
+        "stream the counts of `keys`, in the same order; absent when the batch is sealed",
     )
     keys: list[HistogramKey] | None = Field(
         None,
@@ -548,6 +550,18 @@ class ValueBatch(_Signed):
     stream_id: Identifier
     seller_id: Identifier
     items: list[ValueItem] = Field(min_length=1, max_length=MAX_BATCH)
+    sealed: Envelope | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the items' numbers (and keys) sealed to the market's key "
+        "(market_sealing_key in the catalog; docs/protocol.md §4); the items then carry none",
+    )
+
+    @model_validator(mode="after")
+    def _numbers_in_one_place(self) -> ValueBatch:
+        if self.sealed is not None and any(i.values or i.keys is not None for i in self.items):
+            raise ValueError("a sealed batch carries its numbers and keys in `sealed` only")
+        return self
 
 
 # ----------------------------------------------------------------------- buyer → market
@@ -642,6 +656,12 @@ class CatalogEntry(_Event):
     accepted_at_ms: Millis
     market_key_id: str
     market_public_key: str = Field(description="Ed25519 public key, base64 of the raw 32 bytes")
+    market_sealing_key: PublicKey | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="X25519 public key, base64 of the raw 32 bytes: sellers seal their values "
+        "to it (absent in entries made before markets sealed values)",
+    )
     prices: list[PriceLevel]
 
 
@@ -877,7 +897,8 @@ class Rejection(_Event):
     sender_id: str | None = Field(None, description="the account that signed the event")
     claimed_id: str | None = Field(None, description="the account the payload claimed to be")
     stream_id: str | None = None
-    payload: str = Field(description="the original event (UTF-8 text, or base64 if binary)")
+    payload: str = Field(description="the original event (UTF-8 text, or base64 if binary); "
+                         "empty for an event on the values topic (its numbers are never quoted)")
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
     payload_bytes: int = Field(description="size of the original event")
     payload_sha256: str

@@ -1,4 +1,4 @@
-"""Releases sealed for one buyer: the one place that says what is sealed and under which AAD.
+"""What is sealed, for whom and under which AAD: releases for one buyer, values for the market.
 
 A buyer who names an X25519 key gets its releases as an envelope (:mod:`market.envelope`)
 instead of plain numbers. The envelope's plaintext is the JSON list of :class:`ReleasedValue`
@@ -14,29 +14,44 @@ event                       AAD
 
 The worker seals with :func:`seal_releases`, clients open with :func:`open_event`; both use
 :func:`aad_of`, so the rule cannot drift between them.
+
+The other way, a seller seals the numbers of a value batch to the market's X25519 key
+(``market_sealing_key`` in every catalog entry) with :func:`seal_values` and signs the batch
+with the envelope in it (seal, then sign: the signature is over ciphertext, so it tells nothing
+of the numbers, and it is checked before anything is decrypted). The market opens it with
+:func:`open_values` at one place, the router, so every handler sees plain numbers. The envelope's
+AAD (:func:`values_aad`) binds the market (its topic prefix and its key), the stream, the seller
+and every value id and publication time of the batch: sealed numbers moved into another batch,
+stream or market do not open. The bytes are defined in ``docs/protocol.md`` §4.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel, TypeAdapter
 
-from market.envelope import Sealer, open_envelope
+from market.envelope import Sealer, open_envelope, public_key_b64, seal
 
-from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueReleased
+from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueBatch, ValueItem, ValueReleased
 
 __all__ = [
+    "VALUES_LABEL",
     "aad_of",
     "delivery_aad",
     "open_event",
+    "open_values",
     "padded",
     "purchase_aad",
     "releases_json",
     "seal_releases",
+    "seal_values",
+    "values_aad",
+    "values_plaintext",
 ]
 
 E = TypeVar("E", bound=BaseModel)
@@ -103,3 +118,89 @@ def open_event(event: E, key: X25519PrivateKey) -> E:
     plain = open_envelope(key, event.sealed.model_dump(), aad=aad_of(event))
     releases = [ReleasedValue.model_validate(r) for r in json.loads(plain)]
     return cast(E, event.model_copy(update={"releases": releases}))
+
+
+VALUES_LABEL = b"emarket values v1\x00"
+"""The first bytes of a value batch's AAD: no release's AAD (an id, or ``stream/buyer``)
+contains a NUL, so the two never coincide."""
+
+
+def _sized(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def values_aad(market: str, market_key_b64: str, batch: ValueBatch) -> bytes:
+    """The AAD of a value batch's sealed numbers (``docs/protocol.md`` §4.1).
+
+    ``VALUES_LABEL ‖ sized(market) ‖ sized(market key) ‖ sized(stream_id) ‖ sized(seller_id) ‖
+    u32be(n) ‖`` then for each item ``sized(value_id) ‖ u64be(published_at_ms)``, where
+    ``sized(x) = u32be(len(x)) ‖ x`` and texts are UTF-8.
+    """
+    head = [market.encode(), base64.b64decode(market_key_b64, validate=True),
+            batch.stream_id.encode(), batch.seller_id.encode()]  # fmt: skip
+    items = [_sized(i.value_id.encode()) + i.published_at_ms.to_bytes(8, "big")
+             for i in batch.items]  # fmt: skip
+    return (VALUES_LABEL + b"".join(map(_sized, head)) + len(items).to_bytes(4, "big")
+            + b"".join(items))  # fmt: skip
+
+
+def values_plaintext(items: Sequence[ValueItem]) -> bytes:
+    """What is sealed: a JSON array with one object per item, in order, ``{"values": [...]}``
+    and on a histogram item also ``"keys": [...]`` (``docs/protocol.md`` §4.2)."""
+    rows = [{"values": list(i.values), **({} if i.keys is None else {"keys": list(i.keys)})}
+            for i in items]  # fmt: skip
+    return json.dumps(rows, separators=(",", ":"), allow_nan=True).encode()
+
+
+def seal_values(
+    batch: ValueBatch, market: str, market_key_b64: str, *, seed: bytes | None = None
+) -> ValueBatch:
+    """``batch`` with its numbers sealed to the market's key (its signature is not redone:
+    sign the result, whose canonical bytes hold the envelope). ``seed``: see
+    :func:`market.envelope.seal` (tests; a seller leaves it out, for a fresh key and nonce)."""
+    if batch.sealed is not None:
+        raise ValueError("this batch is sealed already")
+    draft = batch.model_copy(update={"items": [
+        i.model_copy(update={"values": [], "keys": None}) for i in batch.items]})  # fmt: skip
+    envelope = seal(market_key_b64, values_plaintext(batch.items),
+                    values_aad(market, market_key_b64, draft), seed=seed)  # fmt: skip
+    return ValueBatch.model_validate({**draft.model_dump(), "sealed": envelope})
+
+
+def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey) -> ValueBatch:
+    """``batch`` with its sealed numbers opened into its items (a clear batch unchanged).
+
+    Raises
+    ------
+    market.envelope.EnvelopeError
+        The numbers do not open with ``key`` under this batch's AAD: sealed for another market,
+        stream, seller or batch, or altered.
+    ValueError
+        They open, but are not one well-formed entry per item (pydantic's ``ValidationError``
+        for an entry that is not a valid value).
+    """
+    if batch.sealed is None:
+        return batch
+    aad = values_aad(market, public_key_b64(key), batch)
+    plain = open_envelope(key, batch.sealed.model_dump(), aad)
+    rows = _rows(plain, len(batch.items))
+    items = [ValueItem.model_validate({"value_id": i.value_id, "published_at_ms":
+                                       i.published_at_ms, **row})
+             for i, row in zip(batch.items, rows, strict=True)]  # fmt: skip
+    return batch.model_copy(update={"items": items, "sealed": None})
+
+
+def _rows(plain: bytes, n: int) -> list[dict[str, Any]]:
+    """The entries of opened numbers: ``n`` objects with ``values`` and at most ``keys``."""
+    try:
+        rows = json.loads(plain)
+    except (ValueError, RecursionError):
+        raise ValueError("the sealed numbers are not JSON") from None
+    if not isinstance(rows, list) or len(rows) != n:
+        raise ValueError(f"the sealed numbers must be a JSON array of {n} entries, one per item")
+    for k, row in enumerate(rows):
+        if not isinstance(row, dict) or "values" not in row or set(row) - {"values", "keys"}:
+            raise ValueError(f"sealed entry {k} must be an object with `values` (and `keys` "
+                             "on a histogram stream) only")  # fmt: skip
+    return rows
+

@@ -26,7 +26,9 @@ version, even after a rotation back to their key. The fields are every one that 
                      product, key_space, domain_size (``n`` for strings), false_keys
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values, and on a histogram item only: number of
-                     keys, then each key as text
+                     keys, then each key as text; on a sealed batch only (its items'
+                     values are then empty), the envelope's alg, epk, nonce and
+                     ciphertext as text (base64, as sent)
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
                      currency, requested_at_ms, accuracy, most_accurate
 ``quote``            quote_id, buyer_id, stream_id, target_level, requested_at_ms, accuracy
@@ -151,6 +153,8 @@ def _values(c: _Canon, e: ValueBatch) -> None:
             c.i(len(item.keys))
             for key in item.keys:
                 c.s(key)
+    if e.sealed is not None:  # seal, then sign: the signature covers the ciphertext
+        c.s(e.sealed.alg).s(e.sealed.epk).s(e.sealed.nonce).s(e.sealed.ciphertext)
 
 
 def _accuracy(c: _Canon, a: Any) -> None:

@@ -88,6 +88,7 @@ class MarketWorker:
             self.keys,
             self.topics,
             require_encryption=settings.require_encryption,
+            accept_clear_values=settings.accept_clear_values,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
             limits=_limits(settings),
             replica=self.replica,
@@ -219,7 +220,10 @@ class MarketWorker:
 
         @app.page("/ledger")
         async def ledger_page(view: Any, request: Any) -> Any:
-            return view.json(web.ledger(worker.stores, worker.keys))
+            access = web.ledger_access(request.headers.get("Authorization"), worker.keys)
+            if access is None:
+                return view.json({"error": "not the operators' token"}, status=401)
+            return view.json(web.ledger(worker.stores, worker.keys, per_buyer=access))
 
     def _timers(self) -> None:
         app, settings, worker = self.app, self.settings, self
@@ -268,3 +272,18 @@ class MarketWorker:
 
 def create_worker(settings: Settings | None = None) -> MarketWorker:
     return MarketWorker(settings or Settings.from_env())
+
+
+def _limits(settings: Settings) -> Limits:
+    """The core's bounds, as the operators set them."""
+    return Limits(
+        max_message_bytes=settings.max_message_bytes,
+        max_accounts=settings.max_accounts,
+        max_streams=settings.max_streams,
+        max_histogram_streams=settings.max_histogram_streams,
+        max_streams_per_seller=settings.max_streams_per_seller,
+        max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
+        max_holders=settings.max_holders,
+        max_event_output_bytes=settings.max_event_output_bytes,
+        max_event_work=settings.max_event_work,
+    )

@@ -54,8 +54,14 @@ class Settings:
     kafka_security: str = "SASL_PLAINTEXT"
     #: CA file that signed the broker's certificate (``SASL_SSL``; default: system authorities).
     kafka_ca: str | None = None
-    #: Reject purchases that do not name a key to seal releases for (production default).
-    require_encryption: bool = False
+    #: Refuse purchases from accounts without a sealing key, so every release is sealed.
+    #: Turning it off (``--unsafe-unsealed-buyers``) lets anyone who reads a buyer's inbox
+    #: topic read its releases; on the embedded broker that is anyone.
+    require_encryption: bool = True
+    #: Also accept value batches whose numbers are not sealed to the market's key (refused as
+    #: ``values_not_sealed`` otherwise): only while sellers' clients are upgraded, since
+    #: anyone who reads the values topic reads clear numbers.
+    accept_clear_values: bool = False
     #: Seconds a value or purchase is remembered for deduplication; older ones are refused.
     #: Match the values topic's retention (see :data:`streams.wire.topics.DEDUP_HORIZON_MS`).
     dedup_horizon: float = DEDUP_HORIZON_MS / 1000
@@ -113,7 +119,8 @@ class Settings:
             kafka_mechanism=_env("KAFKA_MECHANISM", cls.kafka_mechanism),
             kafka_security=_env("KAFKA_SECURITY", cls.kafka_security),
             kafka_ca=_env("KAFKA_CA", None),
-            require_encryption=_env("REQUIRE_ENCRYPTION", False, _truthy),
+            require_encryption=_env("REQUIRE_ENCRYPTION", True, _truthy),
+            accept_clear_values=_env("ACCEPT_CLEAR_VALUES", False, _truthy),
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
             max_message_bytes=_env("MAX_MESSAGE_BYTES", cls.max_message_bytes, int),

@@ -90,6 +90,10 @@ def settings_args(s: Settings) -> list[str]:
     ]  # fmt: skip
     if s.tansu:
         args.append("--tansu")
+    if not s.require_encryption:
+        args.append("--unsafe-unsealed-buyers")
+    if s.accept_clear_values:
+        args.append("--accept-clear-values")
     return args
 
 
@@ -124,9 +128,13 @@ class ChildWorker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def get(self, path: str, timeout: float = 2.0) -> Any:
-        """GET a worker endpoint (JSON, or text for /metrics); raises HTTPError on 5xx."""
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+    def get(self, path: str, timeout: float = 2.0, token: str | None = None) -> Any:
+        """GET a worker endpoint (JSON, or text for /metrics), with the operators' ``token`` if
+        given; raises HTTPError on 4xx and 5xx."""
+        request = urllib.request.Request(self.url + path)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             body = resp.read()
         return json.loads(body) if path != "/metrics" else body.decode()
 

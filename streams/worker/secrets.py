@@ -13,7 +13,9 @@ signing key lets whoever holds it forge receipts.
 
 The key that authenticates the market's state records (:mod:`streams.worker.state_mac`) is not
 a third secret to keep: it is derived from the noise secret (:func:`state_mac_key`), which every
-worker of a market must share already (:mod:`streams.worker.identity` checks it).
+worker of a market must share already (:mod:`streams.worker.identity` checks it). The operators'
+credential for per-buyer pages (:attr:`MarketKeys.operator_token`) is written beside the keys,
+to ``operator_token`` in the data directory (mode 0600), where ``epsilon-market ledger`` reads it.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["STATE_MAC_LABEL", "load_or_create_keys", "state_mac_key"]
+__all__ = ["OPERATOR_TOKEN_FILE", "STATE_MAC_LABEL", "load_or_create_keys", "state_mac_key",
+           "write_operator_token"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
+OPERATOR_TOKEN_FILE = "operator_token"
 
 STATE_MAC_LABEL = b"emarket state-mac key v1"
 """What the noise secret MACs to give the state key (``docs/protocol.md`` §3.2): a label no
@@ -116,4 +120,24 @@ def load_or_create_keys(data_dir: Path | None, env: dict[str, str] | None = None
             noise = ns_path.read_bytes()
     if len(noise) < 16:
         raise ValueError("the noise secret must be at least 16 bytes")
-    return MarketKeys(signing_key=signing, noise_secret=noise)
+    keys = MarketKeys(signing_key=signing, noise_secret=noise)
+    if data_dir is not None:
+        write_operator_token(data_dir, keys)
+    return keys
+
+
+def write_operator_token(data_dir: Path, keys: MarketKeys) -> Path:
+    """Write ``keys``' operator token to ``data_dir`` (mode 0600), replacing another one.
+
+    The file is only a copy for the CLI on this machine: the worker derives the token itself.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = data_dir / OPERATOR_TOKEN_FILE
+    token = keys.operator_token.encode("ascii")
+    if path.exists() and path.read_bytes() == token:
+        return path
+    fresh = path.with_name(f".{OPERATOR_TOKEN_FILE}.{os.getpid()}")
+    fresh.unlink(missing_ok=True)
+    _write_secret(fresh, token)
+    os.replace(fresh, path)
+    return path

@@ -1,11 +1,16 @@
 """What the worker's web endpoints answer: ``/metrics``, ``/health`` and ``/ledger``.
 
 The bodies are computed here from the core's stores and the metrics; :mod:`streams.worker.app`
-only routes the pages to these functions.
+only routes the pages to these functions. Anyone who reaches the port may read them, so none
+names a buyer: ``/metrics`` and ``/health`` carry no per-buyer label or field, and ``/ledger``
+shows each stream's aggregates unless the request carries the operators' credential
+(``Authorization: Bearer <token>``, :attr:`~streams.core.keys.MarketKeys.operator_token`), when it
+also lists each buyer's level, payments and purchases.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -28,6 +33,7 @@ __all__ = [
     "input_lag",
     "is_stalled",
     "ledger",
+    "ledger_access",
     "metrics_text",
     "refresh_gauges",
 ]
@@ -158,8 +164,21 @@ def health(
     }
 
 
-def ledger(stores: Stores, keys: MarketKeys) -> dict[str, Any]:
-    """Per-stream revenue and privacy spent, per-buyer holdings, for this worker's streams."""
+def ledger_access(authorization: str | None, keys: MarketKeys) -> bool | None:
+    """Whether a ``/ledger`` request may see per-buyer detail: True with the operators' bearer
+    token, False without an ``Authorization`` header, None (refuse: 401) with another one."""
+    if not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    expected = keys.operator_token.encode("ascii")
+    given = token.strip().encode("utf-8", "replace")
+    ok = scheme.lower() == "bearer" and hmac.compare_digest(given, expected)
+    return True if ok else None
+
+
+def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict[str, Any]:
+    """Per-stream revenue and privacy spent, for this worker's streams; each buyer's holdings
+    only with ``per_buyer`` (the operators' credential), else just how many buyers hold."""
     streams = {}
     for sid, st in stores.streams.items():
         reg = st.registration
@@ -181,6 +200,8 @@ def ledger(stores: Stores, keys: MarketKeys) -> dict[str, Any]:
             },
             "revenue_minor": st.revenue_minor,
             "values_ingested": st.values_ingested,
-            "holders": {b: h.model_dump() for b, h in st.holders.items()},
+            "holder_count": len(st.holders),
         }
-    return {"market_key_id": keys.key_id, "streams": streams}
+        if per_buyer:
+            streams[sid]["holders"] = {b: h.model_dump() for b, h in st.holders.items()}
+    return {"market_key_id": keys.key_id, "per_buyer": per_buyer, "streams": streams}

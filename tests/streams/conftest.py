@@ -25,6 +25,7 @@ from streams.clients.keys import Party
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
+from streams.worker.secrets import OPERATOR_TOKEN_FILE
 
 from . import helpers
 
@@ -49,7 +50,9 @@ class Market:
             prefix=f"t{tag}",
             data_dir=tmp / "data",
             log_level="info",
+            require_encryption=False,  # the test parties' names say whether they seal
         ).for_tansu()
+        helpers.write_test_keys(self.settings.data_dir)  # helpers seal values to its key
         self.topics = Topics(self.settings.prefix, self.settings.partitions)
         self.workers: list[ChildWorker] = []
 
@@ -86,11 +89,15 @@ class Market:
 
         self.run(go)
 
+    def operator_token(self) -> str:
+        """The operators' credential the workers wrote to the data directory."""
+        return (self.settings.data_dir / OPERATOR_TOKEN_FILE).read_text()
+
     def ledger(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for w in self.workers:
             if w.alive():
-                out.update(w.get("/ledger")["streams"])
+                out.update(w.get("/ledger", token=self.operator_token())["streams"])
         return out
 
     def metric(self, name: str, **labels: str) -> float:

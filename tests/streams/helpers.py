@@ -10,23 +10,36 @@ import functools
 import hashlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from pydantic import ValidationError
 
 from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, QuoteRequest, StreamRegistration, ValueBatch
+from streams.wire.sealing import seal_values
 from streams.wire.topics import Topics
+from streams.worker.secrets import NOISE_FILE, SIGNING_FILE
 
 TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
     noise_secret=b"n" * 32,
 )
 MARKET = "t"  # the tests' topic prefix: signatures name the market they are for
+_PLACEHOLDER = "A" * 86 + "=="
+
+
+def write_test_keys(data_dir: Path) -> None:
+    """Make ``TEST_KEYS`` the keys of a worker started on ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pem = TEST_KEYS.signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    (data_dir / SIGNING_FILE).write_bytes(pem)
+    (data_dir / NOISE_FILE).write_bytes(TEST_KEYS.noise_secret)
 
 
 @functools.cache
@@ -95,21 +108,40 @@ def assert_registration_refused(core: MarketCore, fields: dict[str, Any], says: 
 
 def value(stream_id: str, value_id: str, values: list[float], market: str = MARKET,
           **kw: Any) -> bytes:  # fmt: skip
-    """A batch of one value, signed by the stream's seller (``seller_id``, default seller1)."""
+    """A batch of one value, signed by the stream's seller (``seller_id``, default seller1), its
+    numbers sealed to ``TEST_KEYS`` (``sealed_for``: another market's keys; ``clear``: not)."""
     seller = kw.pop("seller_id", "seller1")
     signer = party(kw.pop("signer", seller))
+    sealing = {k: kw.pop(k) for k in ("clear", "sealed_for") if k in kw}
     item = {"value_id": value_id, "values": values, "published_at_ms": 1_000}
     item.update(kw)
     body = {"stream_id": stream_id, "seller_id": seller, "items": [item]}
-    return _signed(ValueBatch, market, signer, body)
+    return signed_batch(market, signer, body, **sealing)
 
 
 def values(stream_id: str, items: list[tuple[str, list[float]]], market: str = MARKET,
-           published_at_ms: int = 1_000, seller: str = "seller1") -> bytes:  # fmt: skip
+           published_at_ms: int = 1_000, seller: str = "seller1", clear: bool = False,
+           ) -> bytes:  # fmt: skip
     body = {"stream_id": stream_id, "seller_id": seller,
             "items": [{"value_id": v, "values": x, "published_at_ms": published_at_ms}
                       for v, x in items]}  # fmt: skip
-    return _signed(ValueBatch, market, party(seller), body)
+    return signed_batch(market, party(seller), body, clear=clear)
+
+
+def signed_batch(market: str, signer: Party, body: dict[str, Any], *, clear: bool = False,
+                 sealed_for: MarketKeys = TEST_KEYS) -> bytes:  # fmt: skip
+    """A value batch of ``body``, its numbers sealed to ``sealed_for`` as the client seals them
+    (deterministically: the same body gives the same bytes), then signed; ``clear``: unsealed.
+    An invalid body is returned unsigned (tests of bad input)."""
+    try:
+        draft = ValueBatch.model_validate({**body, "key_id": "0" * 16, "signature": _PLACEHOLDER})
+    except ValueError:
+        return _signed(ValueBatch, market, signer, body)
+    if not clear:
+        seed = hashlib.sha256(draft.model_dump_json().encode() + market.encode()).digest()
+        draft = seal_values(draft, market, sealed_for.sealing_public_b64, seed=seed)
+    fields = draft.model_dump(exclude={"key_id", "signature"})
+    return _signed(ValueBatch, market, signer, fields)
 
 
 def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,

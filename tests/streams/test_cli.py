@@ -89,6 +89,16 @@ def register_other_products(market: Market, key_file: Path) -> None:
     assert r.returncode == 2 and "--privacy-window needs --window-cap" in r.stderr
 
 
+def check_ledger(market: Market, url: str, tmp_path: Path) -> None:
+    """The ledger names buyers only to whoever holds the operators' token."""
+    ledger = cli(None, "ledger", "--worker", url,
+                 "--data-dir", str(market.settings.data_dir)).stdout  # fmt: skip
+    assert "temp" in ledger and "alice" in ledger
+    assert re.search(r"^acme\s+0\.50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue
+    public = cli(None, "ledger", "--worker", url, "--data-dir", str(tmp_path / "no")).stdout
+    assert "temp" in public and "alice" not in public  # no operator token: aggregates only
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
@@ -144,7 +154,5 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert raw["releases"] == [] and raw["sealed"]["ciphertext"]
     catalog = json.loads(cli(market, "catalog").stdout)
     assert catalog["temp"]["registration"]["steps"] == [0.5, 1.0, 2.0]
-    ledger = cli(None, "ledger", "--worker", w.url).stdout
-    assert "temp" in ledger and "alice" in ledger
-    assert re.search(r"^acme\s+0\.50 EUR\s+temp$", ledger, re.M), ledger  # per-seller revenue
+    check_ledger(market, w.url, tmp_path)
     register_other_products(market, keys["acme"])

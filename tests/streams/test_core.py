@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -132,7 +133,8 @@ def test_price_too_high_quotes_the_price() -> None:
     assert out.reason == "price_too_high"
     rej = Rejection.model_validate_json(out.outputs[0].value)
     assert rej.details["quoted_price_minor"] == 200
-    assert "costs 2.00 EUR; you offered at most 0.10 EUR" in rej.message  # as people read it
+    # as people read it, without the price the buyer offered
+    assert "costs 2.00 EUR, more than the purchase's max_price_minor" in rej.message
     # the refusal is recorded: a resend gets the same refusal, however the stream has changed
     now[0] += ANSWER_INTERVAL_MS
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
@@ -218,6 +220,10 @@ def test_bad_input_becomes_a_rejection_with_reason(
     assert out.outputs[0].topic == T.rejections
     assert rej.reason == reason and rej.message
     assert (rej.source_partition, rej.source_offset) == (partition, 7)
+    assert rej.payload_sha256 == hashlib.sha256(payload).hexdigest()
+    if topic == T.values:  # a seller's numbers are never quoted
+        assert (rej.payload, rej.payload_truncated) == ("", True)
+        return
     original = (
         rej.payload.encode()
         if rej.payload_encoding == "utf-8"

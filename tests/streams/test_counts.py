@@ -36,14 +36,15 @@ def test_a_count_beyond_2_to_the_53_is_refused_not_rounded() -> None:
     """On counts streams only: a real-valued stream takes the number (as the nearest double),
     as it always did; a counts stream would store another count than the one sent (every
     spelling of the double is refused alike: tests/streams/test_one_meaning.py)."""
-    c = market_core("seller1")
+    c = market_core("seller1", accept_clear_values=True)  # the JSON text is the point
     c.handle(T.registrations, registration("n", mechanism="discrete_laplace", dimension=1,
                                             steps=[1.0], cap=1.0))  # fmt: skip
     c.handle(T.registrations, registration("r", dimension=1, sensitivity=1024.0, steps=[1.0],
                                             cap=1.0))  # a grid of 2^-2: it holds 2^53  # fmt: skip
     for sid, status in (("n", "rejected"), ("r", "accepted")):
         # the signature covers the double 2**53, which the JSON integer 2**53 + 1 also reads as
-        raw = value(sid, "x", [2.0**53]).replace(b"9007199254740992.0", b"9007199254740993")
+        raw = value(sid, "x", [2.0**53], clear=True).replace(b"9007199254740992.0",
+                                                             b"9007199254740993")  # fmt: skip
         out = c.handle(T.values, raw)
         assert out.status == status, out.outputs[0].value[:300]
         assert out.items[0][1] == (None if status == "accepted" else "invalid_value")

@@ -39,6 +39,7 @@ REASONS = {
     "unknown_account", "not_your_stream", "too_large", "stream_too_large", "account_exists",
     "stale_key_version", "too_many_accounts", "accuracy_not_for_sale", "privacy_window_full",
     "privacy_window_closed", "stream_full", "wrong_partition", "already_held", "too_many_streams",
+    "values_not_sealed", "bad_seal",
 }  # fmt: skip
 TOPICS = [T.accounts, T.registrations, T.values, T.purchases]
 M = {"market": "f"}

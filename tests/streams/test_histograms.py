@@ -91,9 +91,9 @@ def test_signatures_bind_the_key_space_and_the_keys() -> None:
     laxer = reg.model_copy(update={"histogram": reg.histogram.model_copy(  # type: ignore[union-attr]
         update={"false_keys": 900.0})})  # fmt: skip
     assert canonical_bytes("t", reg) != canonical_bytes("t", laxer)
-    c = new_core()
+    c = new_core(accept_clear_values=True)  # clear keys, to forge them
     stream(c)
-    forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"]))
+    forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"], clear=True))
     forged["items"][0]["keys"] = ["b", "a"]  # the same counts on other keys
     assert c.handle(T.values, json.dumps(forged).encode()).reason == "bad_signature"
 
@@ -148,8 +148,8 @@ def test_quotes_list_each_levels_threshold() -> None:
     ("item", "says"),
     [
         ({"values": [1.0]}, "send each value as `keys`"),
-        ({"values": [1.0, 2.0], "keys": ["a"]}, "1 keys but 2 counts"),
-        ({"values": [1.0] * 11, "keys": [str(i) for i in range(11)]}, "at most 10"),
+        ({"values": [1.0, 2.0], "keys": ["a"]}, "one count in `values` per key"),
+        ({"values": [1.0] * 11, "keys": [str(i) for i in range(11)]}, "takes per value (10"),
         ({"values": [1.0, 2.0], "keys": ["a", "a"]}, "same key"),
         ({"values": [float("nan")], "keys": ["a"]}, "finite"),
     ],

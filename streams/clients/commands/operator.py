@@ -45,6 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages}", flush=True)
     print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
           flush=True)  # fmt: skip
+    print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
+          "(`epsilon-market ledger` reads it)", flush=True)  # fmt: skip
     try:
         return _run(settings, None if broker is None else broker.stop)
     finally:
@@ -77,6 +79,8 @@ def _worker_settings(args: argparse.Namespace) -> Any:
         data_dir=Path(args.data_dir) if args.data_dir else None, store=args.store,
         web_host=args.web_host, web_port=args.web_port,
         log_level=args.log_level or ("warn" if args.command == "serve" else None),
+        require_encryption=False if args.unsafe_unsealed_buyers else None,
+        accept_clear_values=True if args.accept_clear_values else None,
     )  # fmt: skip
     if args.tansu:
         s = s.for_tansu()
@@ -96,14 +100,42 @@ def cmd_init_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_ledger(url: str) -> dict[str, Any]:
+def _operator_token(args: argparse.Namespace) -> str | None:
+    """The operators' credential: ``--token-file``, else ``$EMARKET_OPERATOR_TOKEN``, else the
+    ``operator_token`` the worker wrote to ``--data-dir`` (default ``$EMARKET_DATA_DIR`` or
+    ``data``); None if there is none (the ledger then shows aggregates only)."""
+    if args.token_file is None and os.environ.get("EMARKET_OPERATOR_TOKEN"):
+        return os.environ["EMARKET_OPERATOR_TOKEN"].strip()
+    data_dir = Path(args.data_dir or os.environ.get("EMARKET_DATA_DIR") or "data")
+    path = Path(args.token_file) if args.token_file else data_dir / "operator_token"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        if args.token_file:
+            raise CommandError(f"--token-file {args.token_file}: no such file") from None
+        return None
+    except OSError as exc:
+        raise CommandError(f"cannot read the operator token {path}: {exc.strerror}") from None
+
+
+def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise CommandError(f"--worker {url!r} must be a URL such as http://127.0.0.1:6066")
+    request = urllib.request.Request(base + "/ledger")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(base + "/ledger", timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:
             data: dict[str, Any] = json.loads(resp.read())["streams"]
             return data
+    except urllib.error.HTTPError as exc:
+        if exc.code != 401:
+            raise CommandError(f"the worker at {base} answered {exc.code}", EXIT_BROKER) from None
+        raise CommandError(
+            f"the worker at {base} refused the operator token: pass the `operator_token` of "
+            "its data directory (--token-file, or --data-dir)", EXIT_REFUSED,
+        ) from None  # fmt: skip
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         why = getattr(exc, "reason", exc)
         raise CommandError(
@@ -126,8 +158,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
     streams: dict[str, Any] = {}
     env = [u.strip() for u in os.environ.get("EMARKET_WORKER", "").split(",") if u.strip()]
+    token = _operator_token(args)
     for url in args.worker or env or ["http://127.0.0.1:6066"]:
-        streams.update(_fetch_ledger(url))
+        streams.update(_fetch_ledger(url, token))
     if args.json:
         print_json(streams)
         return 0
@@ -140,7 +173,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         print(f"{sid:<20} {s['seller_id']:<12} {s['privacy_spent']:>10g} {s['cap']:>8g} "
               f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']:>8}  "
               f"{_window_figure(s)}")  # fmt: skip
-        for b, h in s["holders"].items():
+        for b, h in s.get("holders", {}).items():
             buyers.setdefault(b, {})[sid] = {**h, "currency": s["currency"]}
         key = (s["seller_id"], s["currency"])
         sellers[key] = sellers.get(key, 0) + s["revenue_minor"]
@@ -148,6 +181,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     for (seller, cur), revenue in sorted(sellers.items()):
         owned = sorted(k for k, v in streams.items() if v["seller_id"] == seller)
         print(f"{seller:<20} {format_money(revenue, cur):>14}  {', '.join(owned)}")
+    if token is None:
+        print("\nbuyers: not shown without the operators' token (--token-file, --data-dir)")
+        return 0
     print(f"\n{'buyer':<20} {'stream':<20} {'level':>8} {'paid':>14} purchases")
     for b, held in sorted(buyers.items()):
         for sid, h in sorted(held.items()):
@@ -297,6 +333,17 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(flag, type=kind, default=None, help=text)
     sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
     sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+    sp.add_argument(
+        "--unsafe-unsealed-buyers", action="store_true",
+        help="UNSAFE: also serve buyers without a sealing key; their releases travel in clear "
+        "text, readable by anyone who can read their inbox topic (on the embedded broker, "
+        "anyone who can reach it). Default: such purchases are refused (encryption_required)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--accept-clear-values", action="store_true",
+        help="migration only: also accept value batches not sealed to the market's key (their "
+        "numbers are readable on the values topic). Default: refused (values_not_sealed)",
+    )  # fmt: skip
 
 
 def add_commands(sub: Any) -> None:
@@ -317,6 +364,11 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--worker", action="append", default=None,
                     help="worker URL, repeatable (default $EMARKET_WORKER, comma-separated, "
                     "or http://127.0.0.1:6066)")  # fmt: skip
+    sp.add_argument("--token-file", default=None,
+                    help="the operators' credential (default $EMARKET_OPERATOR_TOKEN, or "
+                    "operator_token in --data-dir); without it only aggregates are shown")
+    sp.add_argument("--data-dir", default=None,
+                    help="the worker's data directory (default $EMARKET_DATA_DIR or data)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")

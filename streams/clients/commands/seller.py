@@ -226,6 +226,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     async def body(c: Any) -> tuple[int, list[Any]]:
         sent, refused = 0, []
         t0 = time.monotonic()
+        c.market_sealing_key = args.market_sealing_key
+        try:  # the numbers are sealed to the market's key: find it before sending anything
+            c.market_sealing_key = c.market_sealing_key or await c.sealing_key_of(args.stream)
+        except (LookupError, ValueError) as exc:
+            raise CommandError(f"{exc} (or pass --market-sealing-key)") from None
         for start in range(0, len(rows), per_batch):
             batch = c.value_batch(args.stream, rows[start : start + per_batch])
             answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
@@ -330,4 +335,9 @@ def _publish_parser(sub: Any) -> None:
     )  # fmt: skip
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
     sp.add_argument("--timeout", type=float, default=60.0)
+    sp.add_argument(
+        "--market-sealing-key", default=None,
+        help="the market's X25519 key the numbers are sealed to (default: market_sealing_key "
+        "in the stream's catalog entry, which trusts whoever may write the catalog topic)",
+    )  # fmt: skip
     sp.set_defaults(fn=cmd_publish)

@@ -122,13 +122,13 @@ class Histograms(Retained):
         if len(item.keys) != len(item.values):
             raise Reject(
                 "invalid_value",
-                f"value {vid!r} has {len(item.keys)} keys but {len(item.values)} counts",
+                f"value {vid!r} needs one count in `values` per key in `keys`",
             )
         if len(item.keys) > reg.dimension:
             raise Reject(
                 "invalid_value",
-                f"value {vid!r} has {len(item.keys)} keys; stream {reg.stream_id!r} takes at "
-                f"most {reg.dimension} per value (its dimension)",
+                f"value {vid!r} has more keys than stream {reg.stream_id!r} takes per value "
+                f"({reg.dimension}, its dimension)",
             )
         keys = _integer_keys(item, spec.domain) if spec.key_space == "integers" else _hashed(item)
         try:
@@ -139,11 +139,12 @@ class Histograms(Retained):
 
 def _integer_keys(item: ValueItem, domain: int) -> list[int]:
     assert item.keys is not None
-    bad = next((k for k in item.keys if not _DIGITS.fullmatch(k) or int(k) >= domain), None)
+    bad = next((i for i, k in enumerate(item.keys)
+                if not _DIGITS.fullmatch(k) or int(k) >= domain), None)  # fmt: skip
     if bad is not None:
         raise Reject(
             "invalid_value",
-            f"value {item.value_id!r}: key {bad[:40]!r} is not a whole number below the "
+            f"value {item.value_id!r}: key {bad} (counting from 0) is not a whole number below the "
             f"domain size {domain}, written in decimal digits without leading zeros",
         )
     return [int(k) for k in item.keys]

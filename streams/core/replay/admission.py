@@ -47,12 +47,12 @@ class _Words:
 
 _WORDS: dict[HorizonKind, _Words] = {
     "value": _Words(
-        "value", "was published at", "the newest value of stream", "value_too_old",
+        "value", "was published", "the newest value of stream", "value_too_old",
         "value_from_the_future", "the market no longer accepts or replays it", "seller's",
         False,
     ),
     "purchase": _Words(
-        "purchase", "was requested at", "the newest purchase on stream", "request_too_old",
+        "purchase", "was requested", "the newest purchase on stream", "request_too_old",
         "request_from_the_future", "resend it with a new purchase id and a current time",
         "buyer's", True,
     ),
@@ -85,7 +85,7 @@ class Admission:
         if watermark is not None and ts < watermark - self.horizon_ms:
             raise Reject(
                 w.too_old,
-                f"{w.noun} {ident!r} {w.stamped} {ts} ms, more than the dedup horizon "
+                f"{w.noun} {ident!r} {w.stamped} more than the dedup horizon "
                 f"({self.horizon_ms} ms) before {w.newest} {stream_id!r} ({watermark} ms); "
                 f"{w.too_old_advice}",
             )
@@ -93,7 +93,7 @@ class Admission:
         if w.aged_by_clock and ts < now - self.horizon_ms - CLOCK_REFUSE_MS:
             raise Reject(
                 w.too_old,
-                f"{w.noun} {ident!r} {w.stamped} {ts} ms, more than the dedup horizon "
+                f"{w.noun} {ident!r} {w.stamped} more than the dedup horizon "
                 f"({self.horizon_ms} ms) and the allowed clock skew ({CLOCK_REFUSE_MS} ms) "
                 f"before the market's clock ({now} ms); {w.too_old_advice}",
             )
@@ -105,6 +105,6 @@ class Admission:
         if ts > self.clock() + MAX_CLOCK_SKEW_MS:
             raise Reject(
                 w.future,
-                f"{w.noun} {ident!r} claims a time of {ts} ms, more than {MAX_CLOCK_SKEW_MS} ms "
+                f"{w.noun} {ident!r} claims a time more than {MAX_CLOCK_SKEW_MS} ms "
                 f"ahead of the market's clock; check the {w.whose_clock} clock",
             )

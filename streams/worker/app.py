@@ -273,17 +273,3 @@ class MarketWorker:
 def create_worker(settings: Settings | None = None) -> MarketWorker:
     return MarketWorker(settings or Settings.from_env())
 
-
-def _limits(settings: Settings) -> Limits:
-    """The core's bounds, as the operators set them."""
-    return Limits(
-        max_message_bytes=settings.max_message_bytes,
-        max_accounts=settings.max_accounts,
-        max_streams=settings.max_streams,
-        max_histogram_streams=settings.max_histogram_streams,
-        max_streams_per_seller=settings.max_streams_per_seller,
-        max_histogram_streams_per_seller=settings.max_histogram_streams_per_seller,
-        max_holders=settings.max_holders,
-        max_event_output_bytes=settings.max_event_output_bytes,
-        max_event_work=settings.max_event_work,
-    )

@@ -61,15 +61,16 @@ def test_a_count_whose_double_is_not_a_safe_integer_is_refused_however_spelled(
 ) -> None:
     """The signature covers the double 2**53, which 2**53 + 1 also reads as: on a counts stream
     both spellings are refused, as the signed bytes alone decide; a real-valued stream takes
-    the double whatever the spelling."""
-    c = market_core("seller1")
+    the double whatever the spelling. (Clear values: the JSON text is the point; sealed numbers
+    are parsed by the same model once opened.)"""
+    c = market_core("seller1", accept_clear_values=True)
     c.handle(T.registrations, registration("n", mechanism="discrete_laplace", dimension=1,
                                             steps=[1.0], cap=1.0))  # fmt: skip
     c.handle(T.registrations, registration("r", dimension=1, sensitivity=1024.0, steps=[1.0],
                                             cap=1.0))  # a grid of 2^-2: it holds 2^53  # fmt: skip
     sign = -1.0 if spelling.startswith("-") else 1.0
     for sid, status in (("n", "rejected"), ("r", "accepted")):
-        raw = value(sid, "x", [sign * 2.0**53])
+        raw = value(sid, "x", [sign * 2.0**53], clear=True)
         raw = raw.replace(b"%.1f" % (sign * 2.0**53), spelling.encode())
         assert spelling.encode() in raw
         out = c.handle(T.values, raw)

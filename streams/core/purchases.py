@@ -39,7 +39,7 @@ from .products import Product
 from .rejections import Source, rejection
 from .replay import legacy
 from .replay.records import MAX_FAR_FUTURE_RECORDS, purchase_key
-from .replay.repair import restore_charge
+from .replay.repair import outcome_stands
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
 from .state import PurchaseRecord
 from .stream import Stream
@@ -70,8 +70,8 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     fp = fingerprint(req)
     stream = streams.find(req.stream_id)
     earlier = _recall(ctx, stream, req)
-    if earlier is not None:
-        return _again(ctx, stream, req, earlier, fp)
+    if earlier is not None and _stands(stream, req, earlier, fp):
+        return _again(ctx, req, earlier)
     try:
         _admit(ctx, req)
         outcome, record = _fulfil(ctx, streams, req, fp, inc.account)
@@ -117,18 +117,25 @@ def _admit(ctx: Context, req: PurchaseRequest) -> None:
         raise _Unkept(ahead) from None
 
 
-def _again(ctx: Context, stream: Stream[Product] | None, req: PurchaseRequest,
-           record: PurchaseRecord, fp: str) -> Outcome:  # fmt: skip
-    """A resent purchase: the kept bytes again, or a refusal if the id meant something else."""
+def _stands(stream: Stream[Product] | None, req: PurchaseRequest, record: PurchaseRecord,
+            fp: str) -> bool:  # fmt: skip
+    """Whether a resent purchase gets its kept outcome (:func:`outcome_stands`; ``False``: the
+    outcome of a lost batch, never sent, decided afresh); a refusal if the id meant something
+    else."""
     if record.fingerprint != fp:
         raise Reject(
             "idempotency_key_reused",
             f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} for a "
             "different request; use a new purchase id",
         )
-    if record.status == "fulfilled" and stream is not None:
-        restore_charge(stream, req.buyer_id,
-                       PurchaseFulfilled.model_validate_json(record.payload))  # fmt: skip
+    if record.status != "fulfilled" or stream is None:
+        return True
+    done = PurchaseFulfilled.model_validate_json(record.payload)
+    return outcome_stands(stream, req.buyer_id, done)
+
+
+def _again(ctx: Context, req: PurchaseRequest, record: PurchaseRecord) -> Outcome:
+    """A resent purchase: the kept bytes again."""
     payload = record.payload.encode()
     outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)]
     if record.status == "rejected":

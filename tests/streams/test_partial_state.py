@@ -99,8 +99,10 @@ def test_an_increment_whose_stream_record_was_lost_is_added_once() -> None:
 
 
 W = 60_000
-ONE_RETAINED = {"steps": [0.5, 1.0], "cap": 1.0, "retain_last": 1, "privacy_unit": "window",
-                "window": {"duration_ms": W, "cap": 1.0}}  # fmt: skip
+ONE_RETAINED: dict[str, Any] = {
+    "steps": [0.5, 1.0], "cap": 1.0, "retain_last": 1, "privacy_unit": "window",
+    "window": {"duration_ms": W, "cap": 1.0},
+}  # fmt: skip
 
 
 def _released(outcomes: list[Any]) -> set[tuple[str, str, float]]:

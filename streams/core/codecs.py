@@ -31,7 +31,8 @@ def encode_value(obj: ValueState) -> bytes:
     """A value's chain state or histogram counts (binary codecs) or its eviction marker
     (``EVIC`` + text)."""
     if isinstance(obj, EvictedValue):
-        return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
+        mark = f"{obj.seq}:{obj.digest}:{obj.published_at_ms}:{obj.numbering}"
+        return _EVICTED + mark.encode()
     if isinstance(obj, HistogramValue):
         return encode_histogram_value(obj)
     return encode_chain_state(obj)
@@ -40,8 +41,9 @@ def encode_value(obj: ValueState) -> bytes:
 def decode_value(data: bytes) -> ValueState:
     """Inverse of :func:`encode_value`."""
     if data.startswith(_EVICTED):
-        seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
-        return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
+        seq, digest, *rest = data[len(_EVICTED) :].decode().split(":")
+        published, numbering = (int(x) for x in [*rest, "0", "0"][:2])
+        return EvictedValue(int(seq), digest, published, numbering)
     if data.startswith(_HISTOGRAM):
         return decode_histogram_value(data)
     return decode_chain_state(data)

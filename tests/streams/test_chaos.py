@@ -2,9 +2,10 @@
 
 Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
 values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while
-a supervisor restarts the worker every time it dies at a random fail point (before/after its state
-write, between its records and its streams' records, mid-batch, mid-output, after output). Afterwards a clean worker finishes the backlog, every
-purchase is resent by id until it has an outcome, and the test checks the market's promises:
+a supervisor restarts the worker every time it dies at a random fail point (before/after its
+state write, between its records and its streams' records, mid-batch, mid-output, after
+output). Afterwards a clean worker finishes the backlog, every purchase is resent by id until it
+has an outcome, and the test checks the market's promises:
 
 * every purchase ended in exactly one outcome (all copies byte-identical);
 * no (stream, value, level) was ever released with two different vectors;

@@ -3,10 +3,12 @@
 The worker acknowledges a batch's records (values' states, purchase outcomes, accounts) before
 its streams' records (``streams.worker.batch``; the ``mid_state`` fail point dies in between).
 Written in the other order, or all at once, a crash could leave a purchase's charge durable
-without its stored outcome, and the replay charged it again (red team, fifth round). These
-tests build the stores such a crash leaves — the streams table as before the batch, every
-other table as after it — and replay the batch on a fresh core (a restarted worker): it must
-end in the state the batch would have left, charging nobody twice and releasing nothing new.
+without its stored outcome, and the replay would charge it again. These tests build the stores
+such a crash leaves — the streams table as before the batch, every other table as after it —
+and replay the batch on a fresh core (a restarted worker): in its own order it must end in the
+state the batch would have left, charging nobody twice and releasing nothing new; in another
+order, what it sends must spend each privacy window exactly as the stream's ledger says
+(``streams.core.replay.repair``; random batches in ``test_partial_replay.py``).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def _released(outcomes: list[Any]) -> set[tuple[str, str, float]]:
     return out
 
 
-def test_a_charge_restored_after_a_replayed_value_releases_what_its_purchase_covered() -> None:
+def test_a_lost_purchase_replayed_after_a_value_spends_the_window_as_sent() -> None:
     """Window cap 1, one value retained: [x buys level 1, value v1] is lost at ``mid_state``
     and replayed values first. What is sent then must spend the window as its ledger says,
     within the cap; x must receive v1 (it holds level 1); y buying v1 later pays for it."""
@@ -138,3 +140,19 @@ def test_a_charge_restored_after_a_replayed_value_releases_what_its_purchase_cov
     st = restarted.stores.streams["w"]
     assert sum(spent.values()) == st.window_spent[NOW // W] <= 1.0, (sent, st.window_spent)
     assert ("x", "v1", 1.0) in sent, sent  # x holds level 1 after the replay
+
+
+def test_a_value_a_lost_batch_numbered_and_evicted_is_ingested_when_resent_late() -> None:
+    """The lost batch numbered v1 and evicted it; its replay skipped v1 (the broker's consumer
+    may), so other values took v1's arrival number. v1's mark names a numbering the stream's
+    record never counted: v1 resent is new, not a duplicate."""
+    c = _core(retain_last=2)
+    before = _snapshot(c)
+    raws = [value("s", f"w{i}", [float(i), 2.0, 3.0], published_at_ms=NOW) for i in range(5)]
+    for raw in raws:
+        assert c.handle(T.values, raw).status == "accepted"
+    restarted = _crashed(before, _snapshot(c))
+    for raw in raws[1:]:
+        assert restarted.handle(T.values, raw).status == "accepted"
+    assert restarted.handle(T.values, raws[0]).status == "accepted"
+    assert restarted.stores.streams["s"].values_ingested == 3 + 5

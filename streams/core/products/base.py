@@ -160,7 +160,7 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     forget the marks and window sums the horizon no longer needs."""
     sid = stream.id
     for old in stream.evict():
-        mark = EvictedValue(old.seq, old.digest, old.published_at_ms)
+        mark = EvictedValue(old.seq, old.digest, old.published_at_ms, stream.state.numbering)
         ctx.records.mark_value(sid, record_key(sid, old.value_id), mark, expires=True)
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     stream.ledger.prune(ctx.records.horizon_ms)

@@ -41,9 +41,13 @@ __all__ = ["ahead_of_stream", "outcome_stands", "settle_evictions"]
 
 def ahead_of_stream(stream: Stream[Any], value_id: str, known: ValueState) -> bool:
     """Whether a value's record was written by a batch whose stream record is not durable: the
-    stream does not count it (not in the window, or numbered at or after the next arrival)."""
+    stream does not count it (not in the window; a mark numbered at or after the end of its
+    numbering, or under a numbering the record does not know: a lost batch's arrival numbers
+    may since have been given to other values)."""
     if isinstance(known, EvictedValue):
-        return known.seq >= stream.state.next_seq
+        st = stream.state
+        end = st.next_seq if known.numbering == st.numbering else st.numberings.get(known.numbering)
+        return end is None or known.seq >= end
     return stream.entry(value_id) is None
 
 

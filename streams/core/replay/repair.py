@@ -13,7 +13,11 @@ word for what happened: the event is decided again against the stream as it is �
 
 * a value whose state (or mark) is stored but which its stream does not count is ingested
   again, not taken for a resend (its noise is a pure function of the request: the same
-  releases) — :func:`ahead_of_stream`;
+  releases) — :func:`ahead_of_stream`. A mark's arrival number alone cannot say so once a
+  replay that skipped the value gave its number to another, so each worker incarnation numbers
+  under its own numbering (:meth:`~streams.core.stream.Stream.number_under`) and the stream's
+  record keeps where each earlier numbering ended: a mark under a numbering the record does not
+  know was left by a lost batch;
 * a value a lost batch evicted has its mark (its exact numbers are gone) while the window still
   lists it: it leaves the window before the window is released — :func:`settle_evictions`;
 * a fulfilled purchase the stream does not count stands only where it was made: the buyer holds

@@ -31,7 +31,7 @@ __all__ = ["CODECS", "decode_purchase", "decode_value", "encode_purchase", "enco
 
 _EVICTED = b"EVIC"  # an earlier version's text mark: EVIC<seq>:<hex digest>:<published>
 _MARK = b"EVM2"
-_MARK_BODY = struct.Struct("<q32sq")  # seq, SHA-256, published_at_ms
+_MARK_BODY = struct.Struct("<q32sqI")  # seq, SHA-256, published_at_ms, numbering
 _HISTOGRAM = b"EMHV"
 _PURCHASE = b"EMP2"
 # status, fingerprint, requested, price, level before, after, first seq, count, decided, digest
@@ -55,12 +55,13 @@ def _sha(hexdigest: str) -> bytes | None:
 
 def encode_value(obj: ValueState) -> bytes:
     """A value's chain state or histogram counts (binary codecs) or its eviction mark
-    (``EVM2`` + seq, digest and publication time packed: 52 bytes)."""
+    (``EVM2`` + seq, digest, publication time and numbering packed: 56 bytes)."""
     if isinstance(obj, EvictedValue):
         raw = _sha(obj.digest)
         if raw is None:  # not a SHA-256 in hex: kept as text, whatever it is
-            return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
-        return _MARK + _MARK_BODY.pack(obj.seq, raw, obj.published_at_ms)
+            mark = f"{obj.seq}:{obj.digest}:{obj.published_at_ms}:{obj.numbering}"
+            return _EVICTED + mark.encode()
+        return _MARK + _MARK_BODY.pack(obj.seq, raw, obj.published_at_ms, obj.numbering)
     if isinstance(obj, HistogramValue):
         return encode_histogram_value(obj)
     return encode_chain_state(obj)
@@ -69,11 +70,12 @@ def encode_value(obj: ValueState) -> bytes:
 def decode_value(data: bytes) -> ValueState:
     """Inverse of :func:`encode_value` (an earlier version's text marks included)."""
     if data.startswith(_MARK):
-        seq, raw, published = _MARK_BODY.unpack(data[len(_MARK) :])
-        return EvictedValue(seq, raw.hex(), published)
+        seq, raw, published, numbering = _MARK_BODY.unpack(data[len(_MARK) :])
+        return EvictedValue(seq, raw.hex(), published, numbering)
     if data.startswith(_EVICTED):
-        seq, digest, *published = data[len(_EVICTED) :].decode().split(":")
-        return EvictedValue(int(seq), digest, int(published[0]) if published else 0)
+        seq, digest, *rest = data[len(_EVICTED) :].decode().split(":")
+        published, numbering = (int(x) for x in [*rest, "0", "0"][:2])
+        return EvictedValue(int(seq), digest, published, numbering)
     if data.startswith(_HISTOGRAM):
         return decode_histogram_value(data)
     return decode_chain_state(data)

@@ -50,7 +50,7 @@ from .products import Product
 from .rejections import Source, rejection
 from .replay import legacy
 from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
-from .replay.repair import restore_charge
+from .replay.repair import outcome_stands
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
 from .state import PurchaseRecord
 from .stream import Stream
@@ -81,8 +81,8 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     fp = fingerprint(req)
     stream = streams.find(req.stream_id)
     earlier = _recall(ctx, stream, req)
-    if earlier is not None:
-        return _again(ctx, stream, inc, earlier, fp)
+    if earlier is not None and _stands(stream, req, earlier, fp):
+        return _again(ctx, stream, inc, earlier)
     heap = heap_of(ctx.records, stream, req.stream_id)
     try:
         _admit(ctx, req)
@@ -133,19 +133,27 @@ def _admit(ctx: Context, req: PurchaseRequest) -> None:
         raise _Unkept(ahead) from None
 
 
-def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseRequest],
-           record: PurchaseRecord, fp: str) -> Outcome:  # fmt: skip
-    """A resent purchase: its outcome again (at most once an interval), or a refusal if the
-    id meant something else; never a second charge."""
-    req = inc.event
+def _stands(stream: Stream[Product] | None, req: PurchaseRequest, record: PurchaseRecord,
+            fp: str) -> bool:  # fmt: skip
+    """Whether a resent purchase gets its kept outcome (:func:`outcome_stands`; ``False``: the
+    outcome of a lost batch, never sent, decided afresh); a refusal if the id meant something
+    else."""
     if record.fingerprint != fp:
         raise Reject(
             "idempotency_key_reused",
             f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} for a "
             "different request; use a new purchase id",
         )
-    if record.status == "fulfilled" and stream is not None:
-        restore_charge(stream, req.buyer_id, record)
+    if record.status != "fulfilled" or stream is None:
+        return True
+    return outcome_stands(stream, req.buyer_id, record)
+
+
+def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseRequest],
+           record: PurchaseRecord) -> Outcome:  # fmt: skip
+    """A resent purchase whose outcome stands: that outcome again (at most once an interval);
+    never a second charge."""
+    req = inc.event
     key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
     last = ctx.records.answer_due(key)
     if last is not None:

@@ -109,6 +109,12 @@ class StreamState(BaseModel):
     #: windows at or below this index without an entry in ``window_spent`` are closed: their
     #: sums were dropped, so a value published into one is refused (-1: none closed)
     window_floor: int = -1
+    #: the numbering the stream's arrival numbers (``next_seq``) now continue: one per worker
+    #: incarnation that took the stream on (:mod:`streams.core.replay.repair`)
+    numbering: int = 0
+    #: earlier numberings → the arrival number each ended at (at most ``MAX_NUMBERINGS``,
+    #: oldest first); a mark numbered under a numbering not here was left by a lost batch
+    numberings: dict[int, int] = {}
 
 
 #: upper bounds on the JSON of one window entry and one holder with 64-character ids, and of
@@ -118,6 +124,9 @@ HOLDER_BYTES = 160
 WINDOW_SUM_BYTES = 48
 #: privacy-window sums a stream keeps besides those of the values it retains
 MAX_RECENT_WINDOWS = 256
+#: earlier numberings a stream's record keeps, and an upper bound on the JSON of one
+MAX_NUMBERINGS = 64
+NUMBERING_BYTES = 32
 
 
 def stream_record_bound(
@@ -135,6 +144,7 @@ def stream_record_bound(
         + HOLDER_BYTES * max_holders
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
         + 3 * catalog_bytes
+        + NUMBERING_BYTES * (MAX_NUMBERINGS + 1)
         + 1024
     )
 
@@ -193,6 +203,9 @@ class EvictedValue:
     seq: int
     digest: str
     published_at_ms: int = 0
+    #: the stream's numbering ``seq`` was counted in when the mark was left
+    #: (:attr:`StreamState.numbering`)
+    numbering: int = 0
 
 
 ValueState = ChainState | HistogramValue | EvictedValue

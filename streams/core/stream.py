@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 from ..wire.events import UNIT_OF, StreamRegistration, ValueItem
 from .ledger import Level, PrivacyLedger, latest_status
 from .outputs import StreamFigures
-from .state import Holder, StreamState, ValueEntry
+from .state import MAX_NUMBERINGS, Holder, StreamState, ValueEntry
 from .terms import Terms
 
 __all__ = ["Stream"]
@@ -83,6 +83,19 @@ class Stream(Generic[P]):
         st.revenue_minor += price_minor
         self.touch()
         return holder
+
+    # -- arrival numbers -------------------------------------------------------------------------
+    def number_under(self, numbering: int) -> None:
+        """Continue the arrival numbers under ``numbering`` (this worker incarnation's), ending
+        the current one at ``next_seq``: a mark left under a numbering the record does not
+        know was left by a batch whose record was lost, whatever its arrival number."""
+        st = self.state
+        if st.numbering == numbering:
+            return
+        ended = {**st.numberings, st.numbering: st.next_seq}
+        st.numberings = dict(list(ended.items())[-MAX_NUMBERINGS:])
+        st.numbering = numbering
+        self.touch()
 
     # -- the window of retained values ----------------------------------------------------------
     def entry(self, value_id: str) -> ValueEntry | None:

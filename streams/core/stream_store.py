@@ -14,6 +14,7 @@ differently is never served from a stale entry.
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,11 +37,18 @@ never rebuilds one."""
 Built = tuple[StreamRegistration, Terms, Product]
 
 
+def new_numbering() -> int:
+    """A numbering of arrivals no other worker incarnation takes (31 random bits; 0 is the
+    numbering of records written before numberings existed)."""
+    return secrets.randbits(31) | 1
+
+
 class Streams:
     """The streams of this worker's partitions, as events load and save them."""
 
     def __init__(self, stores: Stores, keys: MarketKeys, max_streams: int) -> None:
         self._stores = stores
+        self.numbering = new_numbering()
         self._keys = keys
         self._max_cached = max(MAX_CACHED_TERMS, max_streams)
         self._built: dict[str, Built] = {}
@@ -94,8 +102,14 @@ class Streams:
             return None
         _, terms, product = self.built(state.registration)
         stream = Stream(state, terms, product)
+        stream.number_under(self.numbering)
         self._loaded[stream_id] = stream
         return stream
+
+    def renumber(self) -> None:
+        """Take a new numbering (after a rebalance: streams may come back from another worker
+        whose batches were lost)."""
+        self.numbering = new_numbering()
 
     def create(self, state: StreamState, terms: Terms) -> Stream[Product]:
         """A newly registered stream (its product built now: a histogram stream's survival
@@ -104,6 +118,7 @@ class Streams:
         built = (reg, terms, product_for(reg, terms))
         self._keep(built)
         stream = Stream(state, terms, built[2])
+        stream.number_under(self.numbering)
         stream.touch()
         self._loaded[reg.stream_id] = stream
         return stream

@@ -2,9 +2,10 @@
 
 Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
 values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while
-a supervisor restarts the worker every time it dies at a random fail point (before/after its state
-write, mid-batch, mid-output, after output). Afterwards a clean worker finishes the backlog, every
-purchase is resent by id until it has an outcome, and the test checks the market's promises:
+a supervisor restarts the worker every time it dies at a random fail point (before/after its
+state write, between its records and its streams' records, mid-batch, mid-output, after
+output). Afterwards a clean worker finishes the backlog, every purchase is resent by id until it
+has an outcome, and the test checks the market's promises:
 
 * every purchase ended in exactly one outcome (all copies byte-identical);
 * no (stream, value, level) was ever released with two different vectors;
@@ -43,13 +44,8 @@ from .helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.minutes]
 
-CHAOS_POINTS = [p for p in POINTS if p != "mid_state"]
-"""Every fail point but ``mid_state`` (the batch's records durable, its streams' not): a
-purchase and a value replayed after it are checked in tests/streams/test_partial_state.py and
-test_recovery.py. Here, with faust-streaming skipping some replayed events after a restart, a
-value ingested *and* evicted by the lost batch, skipped on replay and resent after other
-values took its arrival number, is answered as a duplicate without being counted (seen in
-1 of 2 runs): a known gap of recovering several changelogs without transactions."""
+CHAOS_POINTS = list(POINTS)
+"""Every fail point, ``mid_state`` (the batch's records durable, its streams' not) included."""
 CRASHES = 100  # across the lanes
 LANES = 2  # independent markets crashing side by side (a third starved the tests beside it)
 LADDER = [0.25, 0.5, 1.0, 2.0]

@@ -3,10 +3,12 @@
 The worker acknowledges a batch's records (values' states, purchase outcomes, accounts) before
 its streams' records (``streams.worker.batch``; the ``mid_state`` fail point dies in between).
 Written in the other order, or all at once, a crash could leave a purchase's charge durable
-without its stored outcome, and the replay charged it again (red team, fifth round). These
-tests build the stores such a crash leaves — the streams table as before the batch, every
-other table as after it — and replay the batch on a fresh core (a restarted worker): it must
-end in the state the batch would have left, charging nobody twice and releasing nothing new.
+without its stored outcome, and the replay would charge it again. These tests build the stores
+such a crash leaves — the streams table as before the batch, every other table as after it —
+and replay the batch on a fresh core (a restarted worker): in its own order it must end in the
+state the batch would have left, charging nobody twice and releasing nothing new; in another
+order, what it sends must spend each privacy window exactly as the stream's ledger says
+(``streams.core.replay.repair``; random batches in ``test_partial_replay.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import copy
 from typing import Any
 
 from streams.core import MarketCore, Stores
-from streams.wire.events import INBOX_EVENT, PurchaseFulfilled
+from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, ValueReleased
 from streams.wire.topics import Topics
 
 from .helpers import TEST_KEYS, market_core, purchase, registration, value
@@ -96,3 +98,61 @@ def test_an_increment_whose_stream_record_was_lost_is_added_once() -> None:
     assert again.status == "accepted" and restarted.stores.streams["s"].next_seq == 4
     total = [o.value for o in first.outputs if o.topic == T.inbox("alice")]
     assert [o.value for o in again.outputs if o.topic == T.inbox("alice")] == total
+
+
+W = 60_000
+ONE_RETAINED: dict[str, Any] = {
+    "steps": [0.5, 1.0], "cap": 1.0, "retain_last": 1, "privacy_unit": "window",
+    "window": {"duration_ms": W, "cap": 1.0},
+}  # fmt: skip
+
+
+def _released(outcomes: list[Any]) -> set[tuple[str, str, float]]:
+    """(buyer, value, level) of every release the outcomes send to an inbox."""
+    out: set[tuple[str, str, float]] = set()
+    for o in (o for oc in outcomes for o in oc.outputs if o.topic.startswith(T.inbox(""))):
+        event = INBOX_EVENT.validate_json(o.value)
+        if isinstance(event, PurchaseFulfilled | ValueReleased):
+            out |= {(event.buyer_id, r.value_id, r.level) for r in event.releases}
+    return out
+
+
+def test_a_lost_purchase_replayed_after_a_value_spends_the_window_as_sent() -> None:
+    """Window cap 1, one value retained: [x buys level 1, value v1] is lost at ``mid_state``
+    and replayed values first. What is sent then must spend the window as its ledger says,
+    within the cap; x must receive v1 (it holds level 1); y buying v1 later pays for it."""
+    c = market_core("seller1", "x", "y", now=NOW)
+    assert c.handle(T.registrations, registration("w", **ONE_RETAINED)).status == "accepted"
+    c.handle(T.values, value("w", "v0", [1.0, 2.0, 3.0], published_at_ms=NOW))
+    before = _snapshot(c)
+    bought = purchase("w", "x", "p", target_level=1.0, requested_at_ms=NOW)
+    v1 = value("w", "v1", [4.0, 5.0, 6.0], published_at_ms=NOW)
+    assert c.handle(T.purchases, bought).status == "fulfilled"
+    assert c.handle(T.values, v1).status == "accepted"
+    restarted = _crashed(before, _snapshot(c))  # nothing of the batch was sent
+    outs = [restarted.handle(T.values, v1), restarted.handle(T.purchases, bought)]
+    outs.append(restarted.handle(T.purchases, purchase("w", "y", "q", target_level=1.0,
+                                                       requested_at_ms=NOW)))  # fmt: skip
+    sent = _released(outs)
+    spent: dict[str, float] = {}
+    for _, vid, level in sent:
+        spent[vid] = max(spent.get(vid, 0.0), level)
+    st = restarted.stores.streams["w"]
+    assert sum(spent.values()) == st.window_spent[NOW // W] <= 1.0, (sent, st.window_spent)
+    assert ("x", "v1", 1.0) in sent, sent  # x holds level 1 after the replay
+
+
+def test_a_value_a_lost_batch_numbered_and_evicted_is_ingested_when_resent_late() -> None:
+    """The lost batch numbered v1 and evicted it; its replay skipped v1 (the broker's consumer
+    may), so other values took v1's arrival number. v1's mark names a numbering the stream's
+    record never counted: v1 resent is new, not a duplicate."""
+    c = _core(retain_last=2)
+    before = _snapshot(c)
+    raws = [value("s", f"w{i}", [float(i), 2.0, 3.0], published_at_ms=NOW) for i in range(5)]
+    for raw in raws:
+        assert c.handle(T.values, raw).status == "accepted"
+    restarted = _crashed(before, _snapshot(c))
+    for raw in raws[1:]:
+        assert restarted.handle(T.values, raw).status == "accepted"
+    assert restarted.handle(T.values, raws[0]).status == "accepted"
+    assert restarted.stores.streams["s"].values_ingested == 3 + 5

@@ -154,7 +154,7 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
     for old in stream.evict():
-        mark = EvictedValue(old.seq, old.digest, old.published_at_ms)
+        mark = EvictedValue(old.seq, old.digest, old.published_at_ms, stream.state.numbering)
         ctx.records.mark_value(sid, record_key(sid, old.value_id), mark, expires=True)
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     cap_values(ctx.records, stream)

@@ -107,7 +107,8 @@ class Totals(Product):
         retained increment may have been forgotten by a rebuilt index of the horizon)."""
         known = super().known(ctx, stream, value_id)
         if known is None and (entry := stream.entry(value_id)) is not None:
-            known = EvictedValue(entry.seq, entry.digest, entry.published_at_ms)
+            known = EvictedValue(entry.seq, entry.digest, entry.published_at_ms,
+                                 stream.state.numbering)  # fmt: skip
         return known
 
     def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
@@ -122,7 +123,8 @@ class Totals(Product):
         entry = stream.append(item, exact.digest, ctx.clock())
         saw_value(stream, item.published_at_ms)
         stream.ledger.record_value(entry, [stream.ledger.level(lv) for lv in by_level])
-        mark = EvictedValue(entry.seq, exact.digest, item.published_at_ms)  # its dedup mark
+        mark = EvictedValue(entry.seq, exact.digest, item.published_at_ms,
+                            st.numbering)  # its dedup mark  # fmt: skip
         ctx.records.mark_value(stream.id, record_key(stream.id, item.value_id), mark,
                                expires=False)  # fmt: skip
         retire(ctx, stream)

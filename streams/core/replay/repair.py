@@ -1,36 +1,57 @@
 """Repair after a partial batch: a replayed batch whose stream records were lost.
 
 A batch's records (values' states and marks, purchase outcomes) are acknowledged before its
-streams' records (:mod:`streams.worker.batch`), so a worker that dies between the two leaves
-the first durable and the stream's record as it was. The batch is then replayed, and each
-event meets records its stream does not count. Invariant: after the replay, the stream counts
-exactly what its durable records say happened, each thing once:
+streams' records, and its outputs only after both (:mod:`streams.worker.batch`). A worker that
+dies in between leaves the records durable and the streams' records as they were, and nothing
+of the batch was sent. The batch is then replayed, possibly in another order (values and
+purchases travel on different topics), and its events meet records their stream does not count.
+
+Invariant: the stream's record is the truth about what the stream has released and charged.
+Every value or purchase record is either counted by it or *ahead* of it, and a record ahead of
+its stream was never seen by anyone (state before output). So the stream never takes a record's
+word for what happened: the event is decided again against the stream as it is —
 
 * a value whose state (or mark) is stored but which its stream does not count is ingested
   again, not taken for a resend (its noise is a pure function of the request: the same
-  releases) — :func:`ahead_of_stream`;
-* a value a lost batch evicted has its mark while the window still lists it: a purchase
-  completes the eviction first — :func:`settle_evictions`;
-* a fulfilled purchase whose outcome is stored but whose charge, holding and privacy spent
-  were lost is charged again, once — :func:`restore_charge`.
+  releases) — :func:`ahead_of_stream`. A mark's arrival number alone cannot say so once a
+  replay that skipped the value gave its number to another, so each worker incarnation numbers
+  under its own numbering (:meth:`~streams.core.stream.Stream.number_under`) and the stream's
+  record keeps where each earlier numbering ended: a mark under a numbering the record does not
+  know was left by a lost batch;
+* a value a lost batch evicted has its mark (its exact numbers are gone) while the window still
+  lists it: it leaves the window before the window is released — :func:`settle_evictions`;
+* a fulfilled purchase the stream does not count stands only where it was made: the buyer holds
+  the level it held then, the window holds exactly the values its receipt covers and every
+  privacy window still has room; its charge is then applied as it was then. Anywhere else it
+  is fulfilled or refused afresh, and its record replaced — :func:`outcome_stands`.
+
+After any crash and replay, each privacy window's sum is therefore the sum of its values'
+largest levels in the releases actually sent, and each holder holds (and paid for) exactly the
+outcomes it was sent.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...wire.events import PurchaseFulfilled
+from ..outputs import Reject
 from ..state import EvictedValue, PurchaseRecord, ValueState, record_key
 from ..stream import Stream
 from .records import Records
 
-__all__ = ["ahead_of_stream", "restore_charge", "settle_evictions"]
+__all__ = ["ahead_of_stream", "outcome_stands", "settle_evictions"]
 
 
 def ahead_of_stream(stream: Stream[Any], value_id: str, known: ValueState) -> bool:
     """Whether a value's record was written by a batch whose stream record is not durable: the
-    stream does not count it (not in the window, or numbered at or after the next arrival)."""
+    stream does not count it (not in the window; a mark numbered at or after the end of its
+    numbering, or under a numbering the record does not know: a lost batch's arrival numbers
+    may since have been given to other values)."""
     if isinstance(known, EvictedValue):
-        return known.seq >= stream.state.next_seq
+        st = stream.state
+        end = st.next_seq if known.numbering == st.numbering else st.numberings.get(known.numbering)
+        return end is None or known.seq >= end
     return stream.entry(value_id) is None
 
 
@@ -42,10 +63,34 @@ def settle_evictions(records: Records, stream: Stream[Any]) -> None:
                                         EvictedValue)])  # fmt: skip
 
 
-def restore_charge(stream: Stream[Any], buyer_id: str, done: PurchaseRecord) -> None:
-    """Apply a fulfilled purchase's charge again if the stream's record does not show it (the
-    holder then holds the level, so a later replay changes nothing)."""
+def outcome_stands(stream: Stream[Any], buyer_id: str, done: PurchaseRecord) -> bool:
+    """Whether a fulfilled purchase's kept outcome may be sent (again) as it is.
+
+    It may if the stream counts it (the buyer holds its level: levels only grow, so a stream
+    that never counted it holds less), or if the stream is where the purchase was made; its
+    charge, and the release of exactly the values its receipt covers, are then applied now.
+    Otherwise (``False``) the outcome was kept by a lost batch replayed in another order and
+    was never sent: the purchase is decided afresh, so no value is counted at a level it was
+    never sent at and none is sent at a level not counted.
+
+    A record the stream does not count still holds its outcome's bytes (they are dropped only
+    once its batch's outputs are sent, after the stream's record is durable), whose receipt
+    names the values the purchase covered; without them nothing shows where it was made.
+    """
     if stream.held(buyer_id) >= done.level_after and buyer_id in stream.state.holders:
-        return
+        return True
+    if done.payload is None:
+        return False
+    receipt = PurchaseFulfilled.model_validate_json(done.payload).receipt
+    ledger = stream.ledger
+    level = ledger.level(done.level_after)
+    covered = [e.value_id for e in stream.state.window]
+    if stream.held(buyer_id) != done.level_before or covered != receipt.value_ids:
+        return False
+    try:
+        ledger.check_purchase(level)  # another order may have filled a window since
+    except Reject:
+        return False
     stream.charge(buyer_id, done.level_after, done.price_minor)
-    stream.ledger.record_purchase(stream.ledger.level(done.level_after))
+    ledger.record_purchase(level)
+    return True

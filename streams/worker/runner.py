@@ -128,9 +128,13 @@ class ChildWorker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def get(self, path: str, timeout: float = 2.0, token: str | None = None) -> Any:
+    def get(self, path: str, timeout: float = 30.0, token: str | None = None) -> Any:
         """GET a worker endpoint (JSON, or text for /metrics), with the operators' ``token`` if
-        given; raises HTTPError on 4xx and 5xx."""
+        given; raises HTTPError on 4xx and 5xx.
+
+        The timeout is long: a worker's web server shares its event loop with the batches, so a
+        worker busy with a large batch on a contended CPU answers late, not never.
+        """
         request = urllib.request.Request(self.url + path)
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
@@ -146,7 +150,7 @@ class ChildWorker:
                     f"worker exited with status {self.proc and self.proc.returncode}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
-                self.get("/health")
+                self.get("/health", timeout=max(1.0, min(10.0, deadline - time.monotonic())))
                 return
             time.sleep(0.2)
         raise TimeoutError(f"worker on {self.url} not healthy within {timeout}s")

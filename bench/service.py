@@ -288,6 +288,7 @@ def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
             data_dir=workdir / "data",
             web_port=find_free_port(),
             log_level="warn",
+            require_encryption=False,  # the benchmark's buyers have no sealing key
         ).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )

@@ -108,7 +108,7 @@ def _as_vector(value: Any, dimension: int | None, what: str) -> NDArray[Any]:
         )
     if dimension is not None and arr.shape[0] != dimension:
         raise DimensionMismatchError(
-            f"{what} has {arr.shape[0]} coordinates but its stream has dimension {dimension}"
+            f"{what} does not have its stream's dimension {dimension}"
         )
     return arr
 

@@ -257,8 +257,8 @@ def check_range(value: Vector, limit: float) -> None:
     if bool(big.any()):
         i = int(np.flatnonzero(big)[0])
         raise InvalidValueError(
-            f"value too large for its release grid: coordinate {i} is {float(value[i]):g}, the "
-            f"most a release on this grid can hold is {limit:g} in magnitude"
+            f"value too large for its release grid: coordinate {i} exceeds {limit:g} in "
+            "magnitude, the most a release on this grid can hold"
         )
 
 

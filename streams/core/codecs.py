@@ -31,7 +31,7 @@ __all__ = ["CODECS", "decode_purchase", "decode_value", "encode_purchase", "enco
 
 _EVICTED = b"EVIC"  # an earlier version's text mark: EVIC<seq>:<hex digest>:<published>
 _MARK = b"EVM2"
-_MARK_BODY = struct.Struct("<q32sqI")  # seq, SHA-256, published_at_ms, numbering
+_MARK_BODY = struct.Struct("<q32sqQ")  # seq, SHA-256, published_at_ms, numbering
 _HISTOGRAM = b"EMHV"
 _PURCHASE = b"EMP2"
 # status, fingerprint, requested, price, level before, after, first seq, count, decided, digest
@@ -55,7 +55,7 @@ def _sha(hexdigest: str) -> bytes | None:
 
 def encode_value(obj: ValueState) -> bytes:
     """A value's chain state or histogram counts (binary codecs) or its eviction mark
-    (``EVM2`` + seq, digest, publication time and numbering packed: 56 bytes)."""
+    (``EVM2`` + seq, digest, publication time and numbering packed: 60 bytes)."""
     if isinstance(obj, EvictedValue):
         raw = _sha(obj.digest)
         if raw is None:  # not a SHA-256 in hex: kept as text, whatever it is

@@ -90,8 +90,10 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     except _Unkept as unkept:
         return rejection(ctx, "purchase", inc.src, unkept.refusal)
     except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is kept
-        kept = stream is not None or ctx.records.has_room(heap)
-        outcome, record = _refused(ctx, req, fp, inc.src, exc, kept=kept)
+        heap = heap_of(ctx.records, stream, req.stream_id, refused=True)
+        kept = ctx.records.has_room(heap)
+        outcome, record = _refused(ctx, req, fp, inc.src, exc, kept=kept,
+                                   known=stream is not None)  # fmt: skip
         if not kept:
             return outcome
     ctx.records.keep_purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id),
@@ -241,13 +243,20 @@ def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest],
 
 def _refused(
     ctx: Context, req: PurchaseRequest, fp: str, src: Source, exc: Reject | MarketError, *,
-    kept: bool,
+    kept: bool, known: bool,
 ) -> tuple[Outcome, PurchaseRecord]:  # fmt: skip
     """The outcome of a refused purchase, and the record that keeps it (``kept``: false when
-    the partition's records of unknown streams are full, and the refusal then says so)."""
+    the refusals kept of the stream, or of unknown streams on its partition, are at their cap,
+    and the refusal then says so)."""
     rej = exc if isinstance(exc, Reject) else Reject(exc.code, exc.message)
     rej.sender = req.buyer_id
-    if not kept:
+    if not kept and known:
+        rej.message += (
+            f"; this refusal is not recorded (the market keeps at most {ctx.records.caps.refusals}"
+            " refusals of purchases per stream): these signed bytes would be decided again if "
+            "sent again"
+        )
+    elif not kept:
         rej.message += (
             "; this refusal is not recorded (the market keeps at most "
             f"{ctx.records.caps.unknown} refusals of purchases on unknown streams per "

@@ -115,6 +115,9 @@ class StreamState(BaseModel):
     #: earlier numberings → the arrival number each ended at (at most ``MAX_NUMBERINGS``,
     #: oldest first); a mark numbered under a numbering not here was left by a lost batch
     numberings: dict[int, int] = {}
+    #: the highest count (``numbering >> 31``) of a numbering dropped from ``numberings``: a
+    #: mark under an unknown numbering no newer than it is old, not a lost batch's
+    numbering_floor: int = -1
 
 
 #: upper bounds on the JSON of one window entry and one holder with 64-character ids, and of
@@ -126,7 +129,9 @@ WINDOW_SUM_BYTES = 48
 MAX_RECENT_WINDOWS = 256
 #: earlier numberings a stream's record keeps, and an upper bound on the JSON of one
 MAX_NUMBERINGS = 64
-NUMBERING_BYTES = 32
+#: the bits of a numbering that are its worker incarnation's random id (the rest: its count)
+INCARNATION_MASK = (1 << 31) - 1
+NUMBERING_BYTES = 48
 
 
 def stream_record_bound(

@@ -38,8 +38,8 @@ Built = tuple[StreamRegistration, Terms, Product]
 
 
 def new_numbering() -> int:
-    """A numbering of arrivals no other worker incarnation takes (31 random bits; 0 is the
-    numbering of records written before numberings existed)."""
+    """The random id of this worker incarnation's numberings (31 bits, never 0: 0 is the
+    numbering of records written before numberings existed; :meth:`Stream.number_under`)."""
     return secrets.randbits(31) | 1
 
 

@@ -88,7 +88,12 @@ def _load_signing(data: bytes) -> Ed25519PrivateKey:
 
 
 def load_or_create_keys(data_dir: Path | None, env: dict[str, str] | None = None) -> MarketKeys:
-    """Keys from the environment if set, else from ``data_dir`` (created on first start)."""
+    """Keys from the environment if set, else from ``data_dir`` (created on first start).
+
+    The operators' token is written to ``data_dir`` only when the noise secret lives there: a
+    deployment that passes its secrets in the environment keeps nothing on disk, and its
+    operators pass the token the same way (``EMARKET_OPERATOR_TOKEN``).
+    """
     env = dict(os.environ) if env is None else env
     signing: Ed25519PrivateKey | None = None
     noise: bytes | None = None
@@ -121,8 +126,8 @@ def load_or_create_keys(data_dir: Path | None, env: dict[str, str] | None = None
     if len(noise) < 16:
         raise ValueError("the noise secret must be at least 16 bytes")
     keys = MarketKeys(signing_key=signing, noise_secret=noise)
-    if data_dir is not None:
-        write_operator_token(data_dir, keys)
+    if data_dir is not None and (data_dir / NOISE_FILE).exists():
+        write_operator_token(data_dir, keys)  # beside the secret it is derived from
     return keys
 
 

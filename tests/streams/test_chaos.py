@@ -276,7 +276,7 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
 def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
     lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(LANES)]
     for lane in lanes:
-        lane.market.tmp.mkdir(parents=True)
+        lane.market.tmp.mkdir(parents=True, exist_ok=True)
         opener = lane.market.start_worker()  # accounts first, by a worker without fail points
         lane.market.open_accounts("seller1", *BUYERS)
         opener.stop()

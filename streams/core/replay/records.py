@@ -65,6 +65,8 @@ MAX_FAR_FUTURE_RECORDS = 8
 """Refusals of purchases dated more than the horizon ahead one buyer may have on record on one
 partition."""
 UNKNOWN_STREAM = "?"
+REFUSED = "!"
+"""Prefix of the heap of a known stream's refused purchases (:meth:`Records.refused`)."""
 """Where records of purchases on streams the market does not know are indexed (one heap per
 input partition): ``?`` is in no id, so no stream's heap is named so."""
 
@@ -90,8 +92,12 @@ class Caps:
     ``purchases · 256 + marks · 64`` bytes in the store (1 MiB by default).
     """
 
-    #: purchase records per stream
+    #: records of fulfilled purchases per stream (each paid for; a buyer has at most one per
+    #: step of the stream's ladder): past it the oldest go, and the watermark with them
     purchases: int = 2_048
+    #: records of refused purchases per stream (free to cause): past it a refusal is not
+    #: recorded, and says so; they never push out another record nor move the watermark
+    refusals: int = 1_024
     #: eviction marks per stream
     marks: int = 8_192
     #: refusals kept of purchases on streams the market does not know, per input partition
@@ -208,12 +214,26 @@ class Records:
         return self._cap("value", stream_id, self.caps.marks, self._stores.releases)
 
     def has_room(self, heap: str) -> bool:
-        """Whether the records of unknown streams in ``heap`` may take one more."""
-        return len(self._heap("purchase", heap)) < self.caps.unknown
+        """Whether the refusals kept in ``heap`` (:meth:`unknown`, :meth:`refused`) may take one
+        more: a refusal is free to cause, so it never pushes out another record."""
+        cap = self.caps.refusals if heap.startswith(REFUSED) else self.caps.unknown
+        return len(self._heap("purchase", heap)) < cap
+
+    def refusal_cap(self, heap: str) -> int:
+        """The cap :meth:`has_room` applies to ``heap``."""
+        return self.caps.refusals if heap.startswith(REFUSED) else self.caps.unknown
 
     def forget_purchases(self, heap: str, watermark: int) -> None:
-        """Forget the outcomes of ``heap`` older than ``watermark`` minus the horizon."""
+        """Forget the outcomes of ``heap`` (a stream's: its refusals too) older than
+        ``watermark`` minus the horizon."""
         self._forget("purchase", heap, watermark, self._stores.purchases)
+        if not heap.startswith(UNKNOWN_STREAM):
+            self._forget("purchase", self.refused(heap), watermark, self._stores.purchases)
+
+    @staticmethod
+    def refused(stream_id: str) -> str:
+        """The heap of the refused purchases of a stream the market knows."""
+        return f"{REFUSED}{stream_id}"
 
     def unknown(self, stream_id: str) -> str:
         """The heap of records of unknown streams on ``stream_id``'s input partition: they are
@@ -302,7 +322,10 @@ class Records:
         self._far = {}
         stranded = self.clock() + STRANDED_MS
         for k, r in self._stores.purchases.items():
-            sid = r.stream_id if r.stream_id in streams else self.unknown(r.stream_id)
+            if r.stream_id not in streams:
+                sid = self.unknown(r.stream_id)
+            else:
+                sid = r.stream_id if r.status == "fulfilled" else self.refused(r.stream_id)
             purchases.setdefault(sid, []).append((r.requested_at_ms, k))
             if r.payload is not None:
                 self._young.setdefault(r.stream_id, []).append((self.epoch, stranded, k))

@@ -51,7 +51,9 @@ def ahead_of_stream(stream: Stream[Any], value_id: str, known: ValueState) -> bo
     if isinstance(known, EvictedValue):
         st = stream.state
         end = st.next_seq if known.numbering == st.numbering else st.numberings.get(known.numbering)
-        return end is None or known.seq >= end
+        if end is None:  # a lost batch's, unless older than the numberings the record dropped
+            return known.numbering >> 31 > st.numbering_floor
+        return known.seq >= end
     return stream.entry(value_id) is None
 
 

@@ -92,6 +92,10 @@ def cap_values(records: Records, stream: Stream[Any]) -> None:
     records.settle(stream.id)
 
 
-def heap_of(records: Records, stream: Stream[Any] | None, stream_id: str) -> str:
-    """Which heap a purchase record of ``stream_id`` expires from."""
-    return stream_id if stream is not None else records.unknown(stream_id)
+def heap_of(records: Records, stream: Stream[Any] | None, stream_id: str, *,
+            refused: bool = False) -> str:  # fmt: skip
+    """Which heap a purchase record of ``stream_id`` expires from (``refused``: a refusal's,
+    kept apart so that refusals, free to cause, never push a fulfilment's record out)."""
+    if stream is None:
+        return records.unknown(stream_id)
+    return records.refused(stream_id) if refused else stream_id

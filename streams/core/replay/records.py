@@ -89,7 +89,7 @@ class Caps:
 
     With the codecs' bounds (:data:`~streams.core.state.PURCHASE_RECORD_BYTES`,
     :data:`~streams.core.state.VALUE_MARK_BYTES`) the records of one stream take at most
-    ``purchases · 256 + marks · 64`` bytes in the store (1 MiB by default).
+    ``(purchases + refusals) · 256 + marks · 64`` bytes in the store (1.25 MiB by default).
     """
 
     #: records of fulfilled purchases per stream (each paid for; a buyer has at most one per

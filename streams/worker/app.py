@@ -9,6 +9,8 @@ hands the agent whole fetched batches (:mod:`streams.worker.intake`); the agent 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from .faust_internals import (
     skip_table_settle,
     tune_fetch_wait,
 )
-from .inboxes import Inboxes
+from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -183,6 +185,8 @@ class MarketWorker:
             # Subscribing is what iterating the stream would have done first.
             app.topics.add(stream.channel.clone(is_iterator=True))
             intake = worker.intake
+            with contextlib.suppress(TimeoutError):  # then inboxes are confirmed as used
+                await asyncio.wait_for(worker.inboxes.listed.wait(), LIST_WAIT_S)
             while True:
                 events = await intake.take(settings.batch_max)
                 try:

@@ -41,11 +41,13 @@ from .faust_internals import learn_topics
 from .producer import Producer
 from .tables import Record
 
-__all__ = ["Inboxes"]
+__all__ = ["LIST_WAIT_S", "Inboxes"]
 
 log = logging.getLogger("emarket.worker")
 
 _FINE = {0, 36}  # created, or TOPIC_ALREADY_EXISTS
+LIST_WAIT_S = 30.0
+"""Longest the agent waits for the broker's inboxes to be listed before its first batch."""
 DUTY = 0.5
 """Most of the time the worker spends making inboxes back to back: after a request that took
 t, it waits t·(1/DUTY − 1). Creating a topic costs the broker more with every topic it holds
@@ -87,6 +89,10 @@ class Inboxes:
         self._waiters: list[_Waiter] = []
         self._failures: dict[str, int] = {}
         self._wake = asyncio.Event()
+        self.listed = asyncio.Event()
+        """Set once the broker's inboxes are listed (or listing them failed): the agent waits
+        for it (at most :data:`LIST_WAIT_S`), so a restarted worker holds nothing for inboxes
+        that exist."""
         self.created = 0
         """Inboxes this worker's requests created or found existing (tests, diagnostics)."""
 
@@ -127,7 +133,10 @@ class Inboxes:
         """Create queued inboxes and release what waits for them, until cancelled."""
         admin = await self._admin()
         try:
-            await self._learn_existing(admin)
+            try:
+                await self._learn_existing(admin)
+            finally:
+                self.listed.set()
             while True:
                 await self._wake.wait()
                 self._wake.clear()

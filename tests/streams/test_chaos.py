@@ -240,7 +240,8 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
             if ev["type"] == "purchase_fulfilled":
                 outcomes[ev["purchase_id"]].add(raw)
             elif ev["type"] == "rejection" and ev.get("request_id") in lane.purchases:
-                outcomes[ev["request_id"]].add(raw)
+                if ev["reason"] != "already_answered":  # a notice that the outcome was sent
+                    outcomes[ev["request_id"]].add(raw)
             if ev["type"] in ("purchase_fulfilled", "value_released"):
                 for r in ev["releases"]:
                     assert r["level"] <= CAP

@@ -22,9 +22,11 @@ def test_bounded_soak(tmp_path: Path) -> None:
     last = res.samples[-1]
     assert last.values_ingested == 20_000 and last.purchases_done == 2_000
     assert res.rejections == 0 and res.errors_in_log == 0
-    # a worker that keeps up on average: lag stays well below the 20,000 a stalled one reaches
-    # (a contended CPU makes it lag by seconds, ~3,700 values, and then catch up)
-    assert max(s.lag for s in res.samples) < 10_000, "consumer lag grew without bound"
+    # a worker that keeps up on average: lag stays below the 20,000 a stalled one reaches, and
+    # comes back down (a contended CPU, e.g. three test processes on two cores, makes it lag
+    # by 10,000 values, half the run, and then catch up)
+    assert max(s.lag for s in res.samples) < 15_000, "consumer lag grew without bound"
+    assert last.lag < 1_000, "the worker did not catch up"
     # state plateaus: markers and outcomes older than the horizon are forgotten
     assert max(s.releases for s in res.samples) < 1.5 * rate * horizon + 400
     # outcomes level off: purchases come in bursts of N_BUYERS on one stream at a time, and a

@@ -16,9 +16,9 @@ leaves), and replayed on a restarted core:
 from __future__ import annotations
 
 import copy
-import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from streams.core import MarketCore, Stores
@@ -46,24 +46,24 @@ PUBLISHED: dict[str, int] = {}
 """Each value id's publication time (its privacy window), as the scenarios draw them."""
 
 
-def _events(rng: random.Random, kind: str, n: int, tag: str) -> list[Event]:
+def _events(rng: np.random.Generator, kind: str, n: int, tag: str) -> list[Event]:
     """``n`` random values and purchases (values may fall in this window or the next)."""
     levels = KINDS[kind]["steps"]
     out: list[Event] = []
     for i in range(n):
         if rng.random() < 0.5:
-            at = NOW - NOW % W + rng.choice([0, W])
-            vals = [float(rng.randint(-5, 5)) for _ in range(3)]
+            at = NOW - NOW % W + int(rng.choice([0, W]))
+            vals = [float(rng.integers(-5, 6)) for _ in range(3)]
             PUBLISHED[f"{tag}v{i}"] = at  # the same in every run of one seed
             out.append((T.values, value("s", f"{tag}v{i}", vals, published_at_ms=at)))
         else:
-            buyer, level = rng.choice(BUYERS), rng.choice(levels)
+            buyer, level = str(rng.choice(BUYERS)), float(rng.choice(levels))
             out.append((T.purchases, purchase("s", buyer, f"{tag}p{i}", target_level=level,
                                               requested_at_ms=NOW)))  # fmt: skip
     return out
 
 
-def _start(rng: random.Random, kind: str) -> tuple[MarketCore, list[Any]]:
+def _start(rng: np.random.Generator, kind: str) -> tuple[MarketCore, list[Any]]:
     c = market_core("seller1", *BUYERS, now=NOW)
     assert c.handle(T.registrations, registration("s", **KINDS[kind])).status == "accepted"
     return c, [c.handle(t, raw) for t, raw in _events(rng, kind, 4, "a")]
@@ -111,9 +111,9 @@ def _releases(events: list[Any]) -> dict[tuple[str, str, float], list[float]]:
 
 
 def _scenario(seed: int) -> tuple[str, list[Event], list[Event], list[Event]]:
-    rng = random.Random(seed)
-    kind = rng.choice(sorted(KINDS))
-    batch = _events(rng, kind, rng.randint(2, 5), "b")
+    rng = np.random.default_rng(seed)
+    kind = str(rng.choice(sorted(KINDS)))
+    batch = _events(rng, kind, int(rng.integers(2, 6)), "b")
     after = _events(rng, kind, 3, "c")
     return kind, batch, after, [e for e in batch if e[0] == T.values]
 
@@ -121,10 +121,10 @@ def _scenario(seed: int) -> tuple[str, list[Event], list[Event], list[Event]]:
 @pytest.mark.parametrize("seed", range(40))
 def test_a_batch_lost_and_replayed_in_its_order_ends_as_if_never_lost(seed: int) -> None:
     kind, batch, after, _ = _scenario(seed)
-    clean, early = _start(random.Random(seed), kind)
+    clean, early = _start(np.random.default_rng(seed), kind)
     sent_clean = _inbox(_run(clean, batch + after))
     _check_history(clean, _inbox(early) + sent_clean, KINDS[kind])  # the checks hold uncrashed
-    c, _ = _start(random.Random(seed), kind)
+    c, _ = _start(np.random.default_rng(seed), kind)
     before = _stores(c)
     _lose(c, batch)  # nothing of it was sent
     restarted = _restarted(before, c)
@@ -168,13 +168,13 @@ def test_a_batch_lost_and_replayed_in_another_order_is_a_valid_history(
 ) -> None:
     kind, batch, after, values = _scenario(seed)
     purchases = [e for e in batch if e[0] == T.purchases]
-    c, early = _start(random.Random(seed), kind)
+    c, early = _start(np.random.default_rng(seed), kind)
     before = _stores(c)
     _lose(c, batch)
     restarted = _restarted(before, c)
     replay = values + purchases if order == "values first" else purchases + values
     sent = _inbox(early) + _inbox(_run(restarted, replay + after))
-    clean, _ = _start(random.Random(seed), kind)
+    clean, _ = _start(np.random.default_rng(seed), kind)
     numbers: dict[tuple[str, float], list[float]] = {}
     for (_, vid, lv), nums in (_releases(_inbox(_run(clean, batch + after)))
                                | _releases(sent)).items():  # fmt: skip

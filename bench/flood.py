@@ -11,7 +11,7 @@ inbox, closed loop, each purchase on its own stream) in the same run:
 * **during signed account openings** — while ``--openings`` valid, signed ``open_account``
   events (fresh keys each) are sent at once (issue #29), ``--rounds`` times: each round's
   buyer samples run until every inbox of the round exists, so they cover the whole episode.
-  Inboxes are made off the event path, many per CreateTopics request; the worker is started
+  Inboxes are made by the batch that opens their accounts; the worker is started
   with ``EMARKET_MAX_OPENINGS_PER_MINUTE`` raised so that every opening is accepted (the
   default rate would refuse most of them, ``rate_limited``: that is not what is measured here).
 

@@ -6,8 +6,8 @@ signed with it) and, for buyers, an X25519 sealing key (every release to it is s
 * ``open_account`` is signed with the key it pins (proof of possession). The first valid one for
   an id wins; resending it is harmless; another key for a taken id is refused. Openings are
   rate-limited per input partition (:mod:`streams.core.allowance`). The outcome names the
-  account's inbox topic, which the worker makes off the event path — no other event names a
-  topic to create.
+  account's inbox topic, which the worker creates before it sends the batch's outputs — no
+  other event names a topic to create.
 * ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
   A stolen old key cannot take an account back, and an old rotation cannot be replayed. Every
   other event is signed at its account's key version (:mod:`streams.wire.signing`), so what an

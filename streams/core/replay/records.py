@@ -219,10 +219,6 @@ class Records:
         cap = self.caps.refusals if heap.startswith(REFUSED) else self.caps.unknown
         return len(self._heap("purchase", heap)) < cap
 
-    def refusal_cap(self, heap: str) -> int:
-        """The cap :meth:`has_room` applies to ``heap``."""
-        return self.caps.refusals if heap.startswith(REFUSED) else self.caps.unknown
-
     def forget_purchases(self, heap: str, watermark: int) -> None:
         """Forget the outcomes of ``heap`` (a stream's: its refusals too) older than
         ``watermark`` minus the horizon."""

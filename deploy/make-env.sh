@@ -58,4 +58,7 @@ EMARKET_OPERATOR_PASSWORD=$(password)
 EMARKET_SELLERS=$seller_list
 EMARKET_BUYERS=$buyer_list
 GRAFANA_ADMIN_PASSWORD=$(password)
+# where alerts go (webhooks; docs/operations.md, "Alerts"): until set, nowhere
+# EMARKET_ALERT_PAGE_URL=https://...
+# EMARKET_ALERT_TICKET_URL=https://...
 ENV

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -11,6 +12,14 @@ from hypothesis import settings
 # example then comes from a code change, not from luck); `--hypothesis-seed` still varies it
 settings.register_profile("deterministic", derandomize=True)
 settings.load_profile("deterministic")
+
+# A Kafka client still running after its test (a client thread of a test that failed, a
+# producer retrying against a broker fixture already stopped) logs a line per retry. During a
+# test pytest captures them, shown with that test if it fails; outside one, with no handler
+# anywhere, `logging.lastResort` writes each to the terminal: thousands of lines ahead of the
+# failure list under xdist, whose test processes outlive their sessions. A handler of their own
+# keeps them off the terminal and still lets them propagate to pytest's capture.
+logging.getLogger("aiokafka").addHandler(logging.NullHandler())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,10 +7,19 @@ one the workers actually export.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
+import sys
+import threading
+import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +62,9 @@ def queried_metrics(expr: str) -> set[str]:
 
 
 def test_compose_has_the_production_shape() -> None:
-    assert SERVICES["kafka"]["image"].startswith("apache/kafka:")
+    kafka_image = (ROOT / SERVICES["kafka"]["build"]["dockerfile"]).read_text()
+    assert "\nFROM apache/kafka:3.9.0\n" in kafka_image
+    assert SERVICES["kafka-init"]["image"] == "apache/kafka:3.9.0"  # the same tools
     env = SERVICES["kafka"]["environment"]
     assert "controller" in env["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
     assert env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
@@ -84,7 +95,7 @@ def test_every_referenced_file_exists() -> None:
 
 def test_prometheus_scrapes_exactly_the_worker_ports() -> None:
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    (job,) = prom["scrape_configs"]
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "epsilon-market"]
     targets = {t for sc in job["static_configs"] for t in sc["targets"]}
     expected = {f"{name}:{w['environment']['EMARKET_WEB_PORT']}" for name, w in WORKERS.items()}
     assert targets == expected
@@ -238,3 +249,280 @@ def test_make_env_gives_a_party_that_sells_and_buys_one_password() -> None:
     for bad in (["--buyers", "admin"], ["--sellers", "operator"], ["--buyers", "a,a"]):
         r = subprocess.run(["bash", script, *bad], capture_output=True, text=True, check=False)
         assert r.returncode == 2 and r.stdout == "", bad
+
+
+ALERTMANAGER = ROOT / "deploy/alertmanager"
+
+
+def alert_severities() -> dict[str, str]:
+    alerts = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    return {r["alert"]: r["labels"]["severity"] for g in alerts["groups"] for r in g["rules"]}
+
+
+def route_of(route: dict[str, Any], labels: dict[str, str]) -> str:
+    """The receiver Alertmanager picks for ``labels`` (first matching child, else the parent);
+    matchers of the forms ``name="value"`` and ``name=~"regex"``, the only ones used."""
+    for child in route.get("routes", []):
+        if all(_matches(m, labels) for m in child["matchers"]):
+            assert not child.get("continue"), "a route that continues would notify twice"
+            return route_of(child, labels)
+    return str(route["receiver"])
+
+
+def _matches(matcher: str, labels: dict[str, str]) -> bool:
+    m = re.fullmatch(r'(\w+)(=~|=)"(.*)"', matcher)
+    assert m, f"unsupported matcher {matcher!r}"
+    name, op, value = m.groups()
+    got = labels.get(name, "")
+    return got == value if op == "=" else re.fullmatch(value, got) is not None
+
+
+def test_every_alert_severity_has_its_own_route() -> None:
+    config = yaml.safe_load((ALERTMANAGER / "alertmanager.yml").read_text())
+    receivers = {r["name"] for r in config["receivers"]}
+    explicit = {m for r in config["route"]["routes"] for m in r["matchers"]}
+    severities = set(alert_severities().values())
+    assert severities == {"page", "ticket", "info"}, severities
+    for severity in severities:
+        assert f'severity="{severity}"' in explicit, f"{severity} only reaches the default"
+    got = {s: route_of(config["route"], {"severity": s}) for s in severities}
+    assert got == {"page": "page", "ticket": "ticket", "info": "ticket"}
+    assert set(got.values()) <= receivers
+    # every receiver's URL comes from a variable compose hands to the container
+    env = SERVICES["alertmanager"]["environment"]
+    for r in config["receivers"]:
+        (hook,) = r["webhook_configs"]
+        var = re.fullmatch(r"\$\{(EMARKET_ALERT_[A-Z_]+)\}", hook["url"])
+        assert var and var[1] in env, hook
+        assert env[var[1]].startswith(f"${{{var[1]}:-http://"), env[var[1]]
+
+
+def render_alertmanager(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    tmp_path.mkdir(exist_ok=True)
+    out = tmp_path / "alertmanager.yml"
+    return subprocess.run(
+        ["sh", str(ALERTMANAGER / "render.sh"), str(ALERTMANAGER / "alertmanager.yml"), str(out)],
+        env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("awk") is None, reason="awk not available")
+def test_alertmanager_config_renders_from_the_environment(tmp_path: Path) -> None:
+    page = "https://hooks.example.org/page?token=a&b=|\\1$x"  # no character is special
+    r = render_alertmanager(tmp_path, EMARKET_ALERT_PAGE_URL=page,
+                            EMARKET_ALERT_TICKET_URL="http://tickets:8080/")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rendered = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
+    urls = {x["name"]: x["webhook_configs"][0]["url"] for x in rendered["receivers"]}
+    assert urls == {"page": page, "ticket": "http://tickets:8080/"}
+    if shutil.which("amtool"):  # Debian: prometheus-alertmanager
+        check = subprocess.run(["amtool", "check-config", str(tmp_path / "alertmanager.yml")],
+                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
+    # a receiver without a URL stops the start, naming what to set
+    r = render_alertmanager(tmp_path / "x", EMARKET_ALERT_PAGE_URL=page)
+    assert r.returncode == 2 and "EMARKET_ALERT_TICKET_URL" in r.stderr, r.stderr
+    compose = SERVICES["alertmanager"]
+    assert compose["entrypoint"][1:] == ["/etc/alertmanager/render.sh",
+                                         "/etc/alertmanager/alertmanager.yml",
+                                         "/alertmanager/alertmanager.yml"]  # fmt: skip
+    assert "--config.file=/alertmanager/alertmanager.yml" in compose["command"]
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed "
+                    "(apt-get install prometheus-alertmanager)")  # fmt: skip
+def test_amtool_routes_each_alert_to_its_receiver(tmp_path: Path) -> None:
+    r = render_alertmanager(tmp_path, EMARKET_ALERT_PAGE_URL="http://p/",
+                            EMARKET_ALERT_TICKET_URL="http://t/")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    expected = {"page": "page", "ticket": "ticket", "info": "ticket"}
+    for alert, severity in alert_severities().items():
+        out = subprocess.run(
+            ["amtool", "config", "routes", "test", "--config.file",
+             str(tmp_path / "alertmanager.yml"), f"alertname={alert}", f"severity={severity}"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert out == expected[severity], (alert, out)
+
+
+def test_prometheus_alerts_through_the_alertmanager_and_scrapes_kafka() -> None:
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (am,) = prom["alerting"]["alertmanagers"]
+    assert am["static_configs"] == [{"targets": ["alertmanager:9093"]}]
+    assert "alertmanager" in SERVICES
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    (kafka_target,) = jobs["kafka"]["static_configs"][0]["targets"]
+    env = SERVICES["kafka"]["environment"]
+    agent = re.fullmatch(r"-javaagent:(\S+\.jar)=(\d+):(\S+)", env["KAFKA_OPTS"])
+    assert agent, env["KAFKA_OPTS"]
+    jar, port, config = agent.groups()
+    assert kafka_target == f"kafka:{port}"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in SERVICES["kafka"]["volumes"]}
+    rules = yaml.safe_load((ROOT / mounts[config]).read_text())
+    assert rules["rules"] and all("pattern" in r and "name" in r for r in rules["rules"])
+    dockerfile = (ROOT / SERVICES["kafka"]["build"]["dockerfile"]).read_text()
+    add = re.search(r"ADD --chmod=644 \\\s+--checksum=sha256:([0-9a-f]{64}) \\\s+(\S+) \\\s+(\S+)",
+                    dockerfile)  # fmt: skip
+    assert add, "the agent is fetched at a pinned version and checked"
+    version = re.search(r"/jmx_prometheus_javaagent/([\d.]+)/jmx_prometheus_javaagent-\1\.jar$",
+                        add[2])  # fmt: skip
+    assert version and version[1] in SERVICES["kafka"]["image"]
+    assert add[3] == jar
+    # a Kafka tool run in the container must not start a second agent on the same port
+    health = SERVICES["kafka"]["healthcheck"]["test"][1]
+    assert "KAFKA_OPTS= /opt/kafka/bin/kafka-topics.sh" in health
+    assert "KAFKA_OPTS" not in SERVICES["kafka-init"]["environment"]
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b'{"status": "..."}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_worker_healthcheck_fails_when_health_says_503() -> None:
+    """The compose healthcheck, run here against a stand-in for the worker's /health."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for w in WORKERS.values():
+            check = w["healthcheck"]
+            cmd, python, *args = check["test"]
+            assert (cmd, python) == ("CMD", "python")
+            env = {**os.environ, "EMARKET_WEB_PORT": str(server.server_address[1])}
+            for status, ok in ((200, True), (503, False)):
+                _Health.status = status
+                r = subprocess.run([sys.executable, *args], env=env, capture_output=True,
+                                   timeout=30, check=False)  # fmt: skip
+                assert (r.returncode == 0) == ok, (status, r.stderr)
+            assert w["environment"]["EMARKET_WEB_PORT"] == "6066"
+            assert check["start_period"] and check["retries"] >= 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_worker_the_market_refuses_is_restarted_a_bounded_number_of_times() -> None:
+    from streams.clients.commands.operator import EXIT_IDENTITY
+
+    for w in WORKERS.values():
+        m = re.fullmatch(r"on-failure:(\d+)", w["restart"])
+        assert m and 1 <= int(m[1]) <= 10, w["restart"]
+        assert "restart_policy" not in w.get("deploy", {})  # one policy, not two
+    docs = (ROOT / "docs/operations.md").read_text()
+    assert f"exit {EXIT_IDENTITY}" in docs and "on-failure:" in docs
+
+
+def test_constraints_pin_every_runtime_dependency() -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = [Requirement(r) for r in project["dependencies"]]
+    runtime += [Requirement(r) for r in project["optional-dependencies"]["service"]]
+    pins: dict[str, str] = {}
+    for line in (ROOT / "deploy/constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    assert len(pins) > len(runtime)  # their dependencies too
+    for req in runtime:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in deploy/constraints.txt"
+        assert req.specifier.contains(pins[name]), (
+            f"{req.name}=={pins[name]} is outside pyproject's {req.specifier}: "
+            "run deploy/make-constraints.py"
+        )
+    dev_only = {"pytest", "mypy", "ruff", "hypothesis", "matplotlib"}
+    assert not dev_only & set(pins), "test and report tools do not belong in the image"
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text()
+    assert "pip install -c deploy/constraints.txt '.[service]'" in dockerfile
+
+
+def tls_handshake(ca: Path, cert: Path, key: Path, name: str) -> None:
+    """A TLS handshake from the client library's context (``EMARKET_KAFKA_CA``) to a server
+    presenting ``cert``, checking the name ``name``."""
+    from streams.broker.auth import kafka_auth
+
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = kafka_auth("alice", "pw", security="SASL_SSL", cafile=str(ca))["ssl_context"]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with contextlib.suppress(ssl.SSLError, OSError), server_ctx.wrap_socket(
+                conn, server_side=True
+            ) as tls:
+                tls.recv(1)
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        with socket.create_connection(listener.getsockname(), timeout=10) as raw, (
+            client_ctx.wrap_socket(raw, server_hostname=name)
+        ) as tls:
+            tls.sendall(b"x")
+        t.join(10)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_tls_script_makes_material_clients_verify(tmp_path: Path) -> None:
+    out = tmp_path / "tls"
+    script = str(ROOT / "deploy/make-tls.sh")
+    r = subprocess.run(["bash", script, "--host", "market.example.org", "--host", "203.0.113.7",
+                        "--out", str(out)], capture_output=True, text=True, check=False,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for secret in ("ca.key", "broker.key", "broker.p12", "keystore.password"):
+        assert (out / secret).stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
+    ca, cert, key = out / "ca.pem", out / "broker.pem", out / "broker.key"
+    for name in ("market.example.org", "203.0.113.7", "kafka", "localhost"):
+        tls_handshake(ca, cert, key, name)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        tls_handshake(ca, cert, key, "elsewhere.example.org")
+    # the keystore opens with its password and holds the key and the chain to the CA
+    chain = subprocess.run(["openssl", "pkcs12", "-in", str(out / "broker.p12"), "-nokeys",
+                            "-passin", f"file:{out / 'keystore.password'}"],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert chain.count("BEGIN CERTIFICATE") == 2
+    if shutil.which("keytool"):
+        listed = subprocess.run(["keytool", "-list", "-keystore", str(out / "truststore.p12"),
+                                 "-storepass:file", str(out / "truststore.password")],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "trustedCertEntry" in listed
+    # again: the CA is kept (clients keep trusting it), the broker certificate is new
+    first = cert.read_text()
+    subprocess.run(["bash", script, "--host", "other.example.org", "--out", str(out)],
+                   capture_output=True, check=True, timeout=120)  # fmt: skip
+    assert cert.read_text() != first
+    tls_handshake(ca, cert, key, "other.example.org")
+    bad = subprocess.run(["bash", script, "--out", str(tmp_path / "none")], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "--host" in bad.stderr
+    docs = (ROOT / "docs/operations.md").read_text()
+    assert "deploy/make-tls.sh" in docs
+
+
+def test_documented_account_outcomes_are_the_ones_counted() -> None:
+    """`emarket_account_events_total{outcome}` takes an account event's outcome status."""
+    from streams.core.outputs import Status
+    from tests.streams import helpers
+
+    core = helpers.market_core()
+    t = core.ctx.topics
+    opened = helpers.account("alice")
+    seen = {core.handle(t.accounts, opened).status, core.handle(t.accounts, opened).status,
+            core.handle(t.accounts, b"{not json").status}  # fmt: skip
+    assert seen == {"accepted", "duplicate", "rejected"}
+    docs = (ROOT / "docs/operations.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith("| `emarket_account_events")]
+    documented = set(re.findall(r"`(\w+)`", row)) & set(typing.get_args(Status))
+    assert documented == seen, row

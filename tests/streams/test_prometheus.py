@@ -52,8 +52,11 @@ class Prometheus:
         config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         config["rule_files"] = [str(rules)]
-        (job,) = config["scrape_configs"]  # the deployment's job, so `up{job=...}` matches
+        # the deployment's job, so `up{job=...}` matches; no Kafka nor Alertmanager here
+        (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "epsilon-market"]
         job["static_configs"] = [{"targets": targets}]
+        config["scrape_configs"] = [job]
+        del config["alerting"]
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"

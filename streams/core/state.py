@@ -208,8 +208,8 @@ class EvictedValue:
     seq: int
     digest: str
     published_at_ms: int = 0
-    #: the stream's numbering ``seq`` was counted in when the mark was left
-    #: (:attr:`StreamState.numbering`)
+    #: the numbering ``seq`` was counted under (:func:`~.replay.repair.counted_under`), not
+    #: necessarily the stream's current one when the mark was left
     numbering: int = 0
 
 

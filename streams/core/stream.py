@@ -88,9 +88,9 @@ class Stream(Generic[P]):
     def number_under(self, numbering: int) -> None:
         """Continue the arrival numbers under a new numbering of this worker incarnation (its
         random id ``numbering`` below a count one past the record's), ending the current one at
-        ``next_seq``: a mark left under a numbering the record does not know, and newer than
-        every numbering it dropped, was left by a batch whose record was lost, whatever its
-        arrival number. The count orders numberings, the random id tells apart two
+        ``next_seq``: a mark numbered under a numbering the record does not know, and newer
+        than every numbering it dropped, is of a value a batch whose record was lost counted,
+        whatever its arrival number. The count orders numberings, the random id tells apart two
         incarnations that took the stream from the same record (one of them lost)."""
         st = self.state
         if st.numbering & INCARNATION_MASK == numbering:

@@ -180,3 +180,31 @@ def test_a_batch_lost_and_replayed_in_another_order_is_a_valid_history(
                                | _releases(sent)).items():  # fmt: skip
         assert numbers.setdefault((vid, lv), nums) == nums  # one value, one level: one release
     _check_history(restarted, sent, KINDS[kind])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_batch_lost_while_replaying_uncommitted_events_counts_each_value_once(seed: int) -> None:
+    """The first events were applied and made durable but never committed; a restarted worker
+    replays them with the next ones in one batch, lost at ``mid_state`` (its new values may
+    evict earlier ones its stream's record still counts); the next worker replays it all
+    again. Every value is counted once, as in a run never lost, and what is sent is a valid
+    history."""
+    kind, batch, after, _ = _scenario(seed)
+    rng = np.random.default_rng(seed)
+    c = market_core("seller1", *BUYERS, now=NOW)
+    assert c.handle(T.registrations, registration("s", **KINDS[kind])).status == "accepted"
+    early = _events(rng, kind, 4, "a")
+    sent = _inbox(_run(c, early))
+    lost = MarketCore(Stores(**_stores(c)), TEST_KEYS, T, clock=lambda: NOW)  # a restart
+    before = _stores(lost)
+    _lose(lost, early + batch)
+    restarted = _restarted(before, lost)
+    sent += _inbox(_run(restarted, early + batch + after))
+    clean, _ = _start(np.random.default_rng(seed), kind)
+    _run(clean, batch + after)
+    ingested = restarted.stores.streams["s"].values_ingested
+    assert ingested == clean.stores.streams["s"].values_ingested
+    numbers: dict[tuple[str, float], list[float]] = {}
+    for (_, vid, lv), nums in _releases(sent).items():
+        assert numbers.setdefault((vid, lv), nums) == nums  # one value, one level: one release
+    _check_history(restarted, sent, KINDS[kind])

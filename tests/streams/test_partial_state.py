@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from streams.core import MarketCore, Stores
 from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, ValueReleased
 from streams.wire.topics import Topics
@@ -156,3 +158,28 @@ def test_a_value_a_lost_batch_numbered_and_evicted_is_ingested_when_resent_late(
         assert restarted.handle(T.values, raw).status == "accepted"
     assert restarted.handle(T.values, raws[0]).status == "accepted"
     assert restarted.stores.streams["s"].values_ingested == 3 + 5
+
+
+@pytest.mark.parametrize("order", ["values first", "purchases first"])
+def test_a_counted_value_a_lost_batch_evicted_is_not_ingested_again(order: str) -> None:
+    """A worker replaying uncommitted events ingests new values that push out one its stream's
+    durable record still counts (v1), and dies at ``mid_state``: v1's mark is durable, the
+    record that evicts it is not. The next worker replays the same events (v1 among them, also
+    uncommitted); v1 is a duplicate, not a new value, whatever the order (a purchase first
+    settles the window, dropping v1 from it). A mark naming the lost batch's numbering would
+    read as ahead of the record: v1 would be ingested twice (``values_ingested`` one over)."""
+    c = _core(retain_last=2)  # v0, v1, v2 durable, not committed: window [v1, v2]
+    raws = [value("s", f"v{i}", [1.0 + i, 2.0, 3.0], published_at_ms=NOW) for i in range(3)]
+    lost = MarketCore(Stores(**_snapshot(c)), TEST_KEYS, T, clock=lambda: NOW)  # a restart
+    before = _snapshot(lost)
+    w0 = value("s", "w0", [7.0, 2.0, 3.0], published_at_ms=NOW)
+    assert [lost.handle(T.values, raw).status for raw in [*raws, w0]] == [
+        "duplicate", "duplicate", "duplicate", "accepted"]  # fmt: skip
+    restarted = _crashed(before, _snapshot(lost))
+    bought = purchase("s", "alice", "p", requested_at_ms=NOW)
+    if order == "purchases first":
+        assert restarted.handle(T.purchases, bought).status == "fulfilled"
+    statuses = [restarted.handle(T.values, raw).status for raw in [*raws, w0]]
+    assert statuses == ["duplicate", "duplicate", "duplicate", "accepted"], statuses
+    st = restarted.stores.streams["s"]
+    assert (st.values_ingested, [e.value_id for e in st.window]) == (4, ["v2", "w0"])

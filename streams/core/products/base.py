@@ -27,9 +27,9 @@ from ..context import Context
 from ..delivery import Release
 from ..ledger import Level
 from ..outputs import Reject
-from ..replay.repair import ahead_of_stream
+from ..replay.repair import ahead_of_stream, mark_of
 from ..replay.watermarks import cap_values
-from ..state import EvictedValue, ValueEntry, ValueState, record_key
+from ..state import ValueEntry, ValueState, record_key
 from ..stream import Stream
 from ..terms import Terms
 
@@ -154,8 +154,8 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
     for old in stream.evict():
-        mark = EvictedValue(old.seq, old.digest, old.published_at_ms, stream.state.numbering)
-        ctx.records.mark_value(sid, record_key(sid, old.value_id), mark, expires=True)
+        ctx.records.mark_value(sid, record_key(sid, old.value_id), mark_of(stream, old),
+                               expires=True)  # fmt: skip
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     cap_values(ctx.records, stream)
     stream.ledger.prune(ctx.records.horizon_ms)

@@ -38,8 +38,9 @@ from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ..context import Context
 from ..delivery import Release
 from ..outputs import Reject
+from ..replay.repair import mark_of
 from ..replay.watermarks import saw_value
-from ..state import EvictedValue, ValueState, record_key
+from ..state import ValueState, record_key
 from ..stream import Stream
 from .base import Exact, Product, digest_values, drop_state, numbers, retire, store_state
 
@@ -107,8 +108,7 @@ class Totals(Product):
         retained increment may have been forgotten by a rebuilt index of the horizon)."""
         known = super().known(ctx, stream, value_id)
         if known is None and (entry := stream.entry(value_id)) is not None:
-            known = EvictedValue(entry.seq, entry.digest, entry.published_at_ms,
-                                 stream.state.numbering)  # fmt: skip
+            known = mark_of(stream, entry)
         return known
 
     def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
@@ -123,10 +123,8 @@ class Totals(Product):
         entry = stream.append(item, exact.digest, ctx.clock())
         saw_value(stream, item.published_at_ms)
         stream.ledger.record_value(entry, [stream.ledger.level(lv) for lv in by_level])
-        mark = EvictedValue(entry.seq, exact.digest, item.published_at_ms,
-                            st.numbering)  # its dedup mark  # fmt: skip
-        ctx.records.mark_value(stream.id, record_key(stream.id, item.value_id), mark,
-                               expires=False)  # fmt: skip
+        key = record_key(stream.id, item.value_id)
+        ctx.records.mark_value(stream.id, key, mark_of(stream, entry), expires=False)  # dedup
         retire(ctx, stream)
         self._retain_nodes(ctx, stream, oldest)
         released = ctx.deliveries.queue(st, item.value_id, entry.seq, by_level,

@@ -17,7 +17,9 @@ word for what happened: the event is decided again against the stream as it is â
   replay that skipped the value gave its number to another, so each worker incarnation numbers
   under its own numbering (:meth:`~streams.core.stream.Stream.number_under`) and the stream's
   record keeps where each earlier numbering ended: a mark under a numbering the record does not
-  know was left by a lost batch;
+  know was numbered by a lost batch. A mark names the numbering its value was *counted* under,
+  not the one of the batch that evicted it (:func:`mark_of`): a lost batch may evict a value an
+  earlier, durable batch counted, and that value is not ahead of its stream;
 * a value a lost batch evicted has its mark (its exact numbers are gone) while the window still
   lists it: it leaves the window before the window is released â€” :func:`settle_evictions`;
 * a fulfilled purchase the stream does not count stands only where it was made: the buyer holds
@@ -36,18 +38,45 @@ from typing import Any
 
 from ...wire.events import PurchaseFulfilled
 from ..outputs import Reject
-from ..state import EvictedValue, PurchaseRecord, ValueState, record_key
+from ..state import EvictedValue, PurchaseRecord, StreamState, ValueEntry, ValueState, record_key
 from ..stream import Stream
 from .records import Records
 
-__all__ = ["ahead_of_stream", "outcome_stands", "settle_evictions"]
+__all__ = ["ahead_of_stream", "counted_under", "mark_of", "outcome_stands", "settle_evictions"]
+
+
+def counted_under(st: StreamState, seq: int) -> int:
+    """The numbering the arrival number ``seq`` (below ``st.next_seq``) was counted under: the
+    oldest that ended past it, else the current one.
+
+    Numberings end in arrival order (their ends and counts grow together), so each covers the
+    numbers from where the one before it ended. A number older than every numbering the record
+    keeps gets the oldest kept: once that one is dropped too,
+    :attr:`~streams.core.state.StreamState.numbering_floor` covers it.
+    """
+    past = [(end, n >> 31, n) for n, end in st.numberings.items() if seq < end]
+    return min(past)[2] if past else st.numbering
+
+
+def mark_of(stream: Stream[Any], entry: ValueEntry) -> EvictedValue:
+    """The mark a value leaves when it leaves the window: its arrival number under the
+    numbering that counted it (:func:`counted_under`).
+
+    Not the stream's current numbering: a batch lost at ``mid_state`` may have evicted a value
+    that the stream's durable record still counts (a worker replaying uncommitted events
+    ingests new values that push an old one out). Its mark, named after the lost batch's
+    numbering, would read as ahead of the record, and a replay of the value (uncommitted too)
+    would ingest it a second time (``values_ingested`` one over).
+    """
+    numbering = counted_under(stream.state, entry.seq)
+    return EvictedValue(entry.seq, entry.digest, entry.published_at_ms, numbering)
 
 
 def ahead_of_stream(stream: Stream[Any], value_id: str, known: ValueState) -> bool:
     """Whether a value's record was written by a batch whose stream record is not durable: the
-    stream does not count it (not in the window; a mark numbered at or after the end of its
-    numbering, or under a numbering the record does not know: a lost batch's arrival numbers
-    may since have been given to other values)."""
+    stream does not count it (not in the window; a mark numbered at or after the end of the
+    numbering that counted it, or under a numbering the record does not know: a lost batch's
+    arrival numbers may since have been given to other values)."""
     if isinstance(known, EvictedValue):
         st = stream.state
         end = st.next_seq if known.numbering == st.numbering else st.numberings.get(known.numbering)

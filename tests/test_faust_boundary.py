@@ -99,6 +99,8 @@ RECORDED: dict[str, dict[str, str]] = {
             "6bd8a8558a2dffe4c60b8150f23d721baa6b3d658367f911a3ad2187e20efc6f",
         "faust.tables.recovery:Recovery.flush_buffers":
             "6fa9c17f1071018c49cb6d411a34fb4a2c2ac4f41c3de650bbee15831abd6f1f",
+        "faust.tables.recovery:Recovery._resume_streams":
+            "d986a6710c1aca98f08c4c723fb3eadc5bf24576ad4eb9da3dd3eecedda2f24e",
         "faust.stores.memory:Store.on_recovery_completed":
             "a00bef343e139602606996e88809e62731a9113691ae678095266a52e0e0b013",
         "faust.streams:current_event":
@@ -123,6 +125,10 @@ RECORDED: dict[str, dict[str, str]] = {
             "25334ac514b211b25e986626beba784aa5f31e31327f8fbc5b987c7230645f6c",
         "mode.worker:Worker._sentinel_task":
             "6e66058cf3e1b61606c66359bae30b81a5aeb355cf4f7e2cb4748449560c3687",
+        "mode.utils.queues:FlowControlEvent.resume":
+            "4dcdc1253fd0dcb40de18a3702503c01d21e9da7e5e55b122fb92615f27648d9",
+        "mode.utils.queues:FlowControlEvent.clear":
+            "dda5e40d80288a8f4244cffdf3e7a648773579a72e64b40182bbbc2424752524",
     },
     "aiokafka==0.14.0": {
         "aiokafka.client:AIOKafkaClient.add_topic":

@@ -191,6 +191,10 @@ UPSTREAM: tuple[Upstream, ...] = (
         "worker_class"),
     *_u("mode-streaming", "mode.worker", "Worker._on_sigterm Worker._on_sigint "
         "Worker._sentinel_task", "overridden", "worker_class"),
+    *_u("mode-streaming", "mode.utils.queues", "FlowControlEvent.resume FlowControlEvent.clear",
+        "relied on", "Intake"),
+    *_u("faust-streaming", "faust.tables.recovery", "Recovery._resume_streams", "relied on",
+        "Intake"),
     *_u("aiokafka", "aiokafka.consumer.group_coordinator", "GroupCoordinator._maybe_leave_group",
         "replaced", "install_tansu_compat"),
     *_u("aiokafka", "aiokafka.consumer.consumer", "AIOKafkaConsumer.start", "relied on",

@@ -17,10 +17,18 @@ Guarantees kept from Faust's stream:
 
 * a partition's records stay in offset order (a fetched batch keeps each partition's order,
   and the agent takes the lists in the order they were fetched);
-* records fetched before a rebalance are never applied after it: the queue is cleared when
-  the flow resumes (like every Faust channel), and a record whose consumer generation is not
-  the current one, or that is taken while the flow is suspended, is dropped unacknowledged
-  (the partition's next owner reads it from the committed offset);
+* records of a partition this worker no longer owns are never applied: when the flow resumes
+  after a rebalance, the queued records of partitions not in the new assignment are dropped,
+  and a record whose consumer generation is not the current one, or that is taken while the
+  flow is suspended, is dropped unacknowledged (the partition's next owner reads it from the
+  committed offset);
+* a record fetched is never lost while its partition stays here: Faust's recovery resumes the
+  input partitions, seeks them to the committed offsets and only then resumes the flow, and a
+  fetch that lands in between has already moved the consumer's positions past its records.
+  Faust clears every flow-controlled queue on that resume, so those records would be gone
+  until the next rebalance (and Faust could commit past them once later records are
+  acknowledged). The intake keeps them instead; the seek may fetch them a second time, which
+  the core's idempotency absorbs (at least once, never lost);
 * a record is acknowledged only by :meth:`Intake.ack`, after its batch's outputs are
   acknowledged by the broker; Faust commits the acknowledged offsets on its interval;
 * Faust never commits past a record taken but not yet acknowledged: :meth:`Intake.ack` hands
@@ -59,19 +67,29 @@ buffer held (4,096 events)."""
 
 
 class _Queue(FlowControlQueue[list[Any]]):
-    """The fetched batches; cleared with the records carried from them when the flow resumes
-    after a rebalance (Faust clears every flow-controlled queue then)."""
+    """The fetched batches. When the flow resumes after a rebalance (Faust "clears" every
+    flow-controlled queue then) only the records of partitions no longer assigned here are
+    dropped, from the queue and from the records carried (see the module docstring)."""
 
-    def __init__(self, maxsize: int, *, carry: collections.deque[Any], **kwargs: Any) -> None:
-        super().__init__(maxsize, **kwargs)
+    def __init__(self, maxsize: int, *, carry: collections.deque[Any],
+                 keep: Callable[[list[Any]], list[Any]], **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(maxsize, clear_on_resume=True, **kwargs)
         self._carry = carry
+        self._keep = keep
         self.records = 0
         """Records in the queued batches (:meth:`Intake.pending`)."""
 
     def clear(self) -> None:
-        super().clear()
+        batches = []
+        while not self.empty():
+            batches.append(self.get_nowait())
+        kept = [b for b in map(self._keep, batches) if b]
+        for b in kept:  # as many lists as were there: room for each
+            self.put_nowait(b)
+        self.records = sum(map(len, kept))
+        carried = self._keep(list(self._carry))
         self._carry.clear()
-        self.records = 0
+        self._carry.extend(carried)
 
 
 class InputEvent:
@@ -107,8 +125,8 @@ class Intake:
         self.app = app
         self.topics = frozenset(topics)
         self._carry: collections.deque[Any] = collections.deque()
-        self._queue = _Queue(MAX_LISTS, flow_control=app.flow_control, clear_on_resume=True,
-                             carry=self._carry)  # fmt: skip
+        self._queue = _Queue(MAX_LISTS, flow_control=app.flow_control, carry=self._carry,
+                             keep=self._still_assigned)  # fmt: skip
         self.dropped = 0
         """Records dropped because a rebalance overtook them (their next owner reads them)."""
         self._taken: dict[Any, collections.deque[InputEvent]] = {}
@@ -130,14 +148,20 @@ class Intake:
     async def take(self, limit: int) -> list[InputEvent]:
         """Wait for records, then return every queued one up to ``limit``, oldest first.
 
-        Records a rebalance overtook are dropped here, unacknowledged: they belong to a
-        generation of the group that is over (Faust's stream skips them the same way).
+        Nothing is taken while a rebalance is under way (the flow suspended): the records wait,
+        and the resume keeps those of partitions still assigned here. Records a rebalance
+        overtook are dropped here, unacknowledged: they belong to a generation of the group
+        that is over (Faust's stream skips them the same way).
         """
+        flow = self.app.flow_control
         while True:
+            await flow.acquire()
             if not self._carry:
                 self._carry.extend(self._counted(await self._queue.get()))
             while len(self._carry) < limit and not self._queue.empty():
                 self._carry.extend(self._counted(self._queue.get_nowait()))
+            if not flow.is_active():  # suspended while waiting: the resume sorts them
+                continue
             n = min(limit, len(self._carry))
             taken = [self._carry.popleft() for _ in range(n)]
             live = self._current(taken)
@@ -147,6 +171,20 @@ class Intake:
                     self._taken.setdefault(ev.message.tp, collections.deque()).append(ev)
                 return events
 
+    def _still_assigned(self, messages: list[Any]) -> list[Any]:
+        """The ``messages`` of partitions assigned to this worker now; the others are dropped
+        unacknowledged (all of them if the assignment cannot be read)."""
+        try:
+            assigned = self.app.consumer.assignment()
+        except Exception:  # a consumer not started: nothing is assigned
+            assigned = set()
+        kept = [m for m in messages if m.tp in assigned]
+        if len(kept) < len(messages):
+            stale = [m for m in messages if m.tp not in assigned]
+            untrack_unacked(self.app.consumer, stale)
+            self.dropped += len(stale)
+        return kept
+
     def _counted(self, batch: list[Any]) -> list[Any]:
         self._queue.records -= len(batch)
         return batch
@@ -154,12 +192,9 @@ class Intake:
     def _current(self, messages: list[Any]) -> list[Any]:
         app = self.app
         generation = app.consumer_generation_id
-        active = app.flow_control.is_active()
-        if not active:
-            self._carry.clear()  # what was fetched before the rebalance is cleared on resume
-        live = [m for m in messages if active and m.generation_id == generation]
+        live = [m for m in messages if m.generation_id == generation]
         if len(live) < len(messages):
-            stale = [m for m in messages if not active or m.generation_id != generation]
+            stale = [m for m in messages if m.generation_id != generation]
             untrack_unacked(app.consumer, stale)
             self.dropped += len(stale)
         if live:  # what Faust's stream sensor records: its stall check reads it

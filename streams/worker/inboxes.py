@@ -8,7 +8,8 @@ held every other event for minutes. Now a batch never waits for a topic:
   inbox is queued for creation (whether it was just opened, here or on another worker, or
   existed before a restart: CreateTopics answers "already exists" and that is success);
 * :meth:`Inboxes.run`, a task of its own, creates the queued inboxes up to
-  ``Settings.inbox_batch`` per CreateTopics request (busy at most half the time,
+  ``Settings.inbox_batch`` per CreateTopics request, as many as take the broker about
+  :data:`REQUEST_S` (busy at most half the time,
   :data:`DUTY`), has the producer learn them with one metadata request
   (:func:`~streams.worker.faust_internals.learn_topics`), sends what was held for them and
   only then treats them as existing: an inbox's outputs keep their order;
@@ -53,6 +54,12 @@ DUTY = 0.5
 t, it waits t·(1/DUTY − 1). Creating a topic costs the broker more with every topic it holds
 (the embedded broker: ~1.4 ms at 2,000 topics, ~2.7 ms at 3,000), and requests back to back
 left the event path's own requests (state, outputs, fetches, commits) waiting behind them."""
+REQUEST_S = 0.1
+"""How long one CreateTopics request should keep the broker busy. A request's inboxes are
+sized from the last one's time per inbox (at most ``Settings.inbox_batch``): the embedded
+broker answers other clients' requests late while it creates topics, and its time per topic
+grows with the topics it holds (one request of 100 took 0.3 s at 2,000 topics and 1.8 s at
+4,000), so a fixed count let a purchase wait behind a request ever longer as accounts grew."""
 
 
 @dataclass
@@ -88,6 +95,7 @@ class Inboxes:
         self._held: dict[str, list[Record]] = {}
         self._waiters: list[_Waiter] = []
         self._failures: dict[str, int] = {}
+        self._size = max(1, settings.inbox_batch)
         self._wake = asyncio.Event()
         self.listed = asyncio.Event()
         """Set once the broker's inboxes are listed (or listing them failed): the agent waits
@@ -164,7 +172,14 @@ class Inboxes:
                 await asyncio.sleep(1.0)
 
     def _chunk(self) -> int:
-        return max(1, self.settings.inbox_batch)
+        """Inboxes in the next request (:data:`REQUEST_S`)."""
+        return self._size
+
+    def _resize(self, took: float, count: int) -> None:
+        """Size the next request from this one: ``count`` inboxes in ``took`` seconds."""
+        cap = max(1, self.settings.inbox_batch)
+        per = took / max(count, 1)
+        self._size = cap if per <= 0 else max(1, min(cap, int(REQUEST_S / per)))
 
     async def _learn_existing(self, admin: AIOKafkaAdminClient) -> None:
         """Start from the inboxes the broker has (one listing), so a restarted worker holds
@@ -182,6 +197,7 @@ class Inboxes:
         the broker refused too often); back off on an outage."""
         t0 = time.perf_counter()
         ready = await self._create(admin, specs)
+        self._resize(time.perf_counter() - t0, len(specs))
         if ready is None:  # the broker did not answer: nothing changed, try again later
             await asyncio.sleep(1.0)
             return

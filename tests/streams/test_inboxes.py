@@ -23,7 +23,7 @@ from streams.clients.keys import Party
 from streams.wire.events import LinearPrecisionSpec
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
-from streams.worker.inboxes import Inboxes
+from streams.worker.inboxes import REQUEST_S, Inboxes
 from streams.worker.tables import Record
 
 from . import helpers
@@ -89,6 +89,17 @@ def test_outputs_to_new_inboxes_are_held_in_order_and_acknowledged_once_sent() -
         assert not held and [r.value for r in now] == [b"a3"]  # known now: sent at once
 
     asyncio.run(go())
+
+
+def test_a_request_holds_as_many_inboxes_as_take_the_broker_about_REQUEST_S() -> None:
+    """The broker's time per topic grows with its topics: the request shrinks with it, so no
+    request keeps the event path's own requests waiting much longer than REQUEST_S."""
+    inboxes, _ = _inboxes(inbox_batch=100)
+    sizes = [inboxes._chunk()]
+    for took, count in [(0.02, 100), (0.3, 100), (0.9, 30), (0.001, 3), (5.0, 1)]:
+        inboxes._resize(took, count)
+        sizes.append(inboxes._chunk())
+    assert sizes == [100, 100, int(REQUEST_S / 0.003), int(REQUEST_S / 0.03), 100, 1]
 
 
 def test_an_inbox_the_broker_refuses_has_its_outputs_sent_to_be_dead_lettered() -> None:

@@ -131,6 +131,10 @@ RECORDED: dict[str, dict[str, str]] = {
             "dda5e40d80288a8f4244cffdf3e7a648773579a72e64b40182bbbc2424752524",
     },
     "aiokafka==0.14.0": {
+        "aiokafka.client:AIOKafkaClient.add_topic":
+            "b054eda662913f089f7620eb15d2151c81ecae4b95bc63daa7be19e876833325",
+        "aiokafka.client:AIOKafkaClient.force_metadata_update":
+            "cb7befef21c8f3f94ad4e1dbd5b36a962fe03f10517011041b9a631e3c46d6c8",
         "aiokafka.client:AIOKafkaClient.get_random_node":
             "0e2daf38b78e99a711cf0e929f623add6c5db734fdb65a403b83b55c1644b713",
         "aiokafka.client:AIOKafkaClient.send":

@@ -9,6 +9,8 @@ hands the agent whole fetched batches (:mod:`streams.worker.intake`); the agent 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +35,7 @@ from .faust_internals import (
     skip_table_settle,
     tune_fetch_wait,
 )
+from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -95,12 +98,14 @@ class MarketWorker:
         self.producer = Producer(
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
+        self.inboxes = Inboxes(self.app, settings, self.topics, self.producer)
         self.batches = BatchProcessor(
             self.core,
             list(self.tables.values()),
             self.producer,
             self.metrics,
             self.producer.faults,
+            self.inboxes,
             self.intake.ack,
             self.replica,
             profile=settings.profile_batches,
@@ -180,6 +185,8 @@ class MarketWorker:
             # Subscribing is what iterating the stream would have done first.
             app.topics.add(stream.channel.clone(is_iterator=True))
             intake = worker.intake
+            with contextlib.suppress(TimeoutError):  # then inboxes are confirmed as used
+                await asyncio.wait_for(worker.inboxes.listed.wait(), LIST_WAIT_S)
             while True:
                 events = await intake.take(settings.batch_max)
                 try:
@@ -234,6 +241,10 @@ class MarketWorker:
             quiet_libraries(settings.log_level)
             await worker.producer.probe()
             await worker.replica.start(settings.partitions)
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def make_inboxes() -> None:
+            await worker.inboxes.run()
 
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()

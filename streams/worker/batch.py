@@ -8,10 +8,12 @@
    stream's record is never durable without the records it counts (a purchase's charge without
    its stored outcome would be fulfilled again after a crash between the two); the core repairs
    the other way round when a batch is replayed;
-3. the inboxes of accounts opened in the batch are created, then the outputs (releases,
-   receipts, rejections, catalog entries) are sent and acknowledged — or dead-lettered if the
-   broker refuses one for good; the events are acknowledged afterwards, and Faust commits
-   them later.
+3. the outputs (releases, receipts, rejections, catalog entries) are sent and acknowledged —
+   or dead-lettered if the broker refuses one for good — and the events are acknowledged
+   afterwards (Faust commits them later). Outputs to an inbox not yet known to exist (an account
+   just opened) are handed to :class:`~streams.worker.inboxes.Inboxes` instead, which creates
+   such inboxes many at a time off the event path; the part's events are then acknowledged only
+   once those outputs are, and the next batch does not wait.
 
 A worker that dies at any point therefore never leaves a visible release whose state is not
 durable; the batch is processed again and the core's idempotency (and its pure-function noise)
@@ -31,6 +33,7 @@ from ..wire.topics import TopicSpec
 from .directory import AccountReplica
 from .faults import FaultInjector
 from .faust_internals import set_current_event
+from .inboxes import Inboxes
 from .intake import InputEvent
 from .metrics import Metrics
 from .producer import Producer
@@ -68,6 +71,7 @@ class BatchProcessor:
         producer: Producer,
         metrics: Metrics,
         faults: FaultInjector,
+        inboxes: Inboxes,
         ack: Callable[[list[InputEvent]], None],
         replica: AccountReplica | None = None,
         *,
@@ -78,13 +82,14 @@ class BatchProcessor:
         self.producer = producer
         self.metrics = metrics
         self.faults = faults
+        self.inboxes = inboxes
         self.ack = ack
         self.replica = replica
         self.profile = profile
 
     async def process(self, events: list[InputEvent]) -> None:
-        """Process ``events`` (records of the input topics); return once outputs are acked (the
-        events are acknowledged part by part, as their outputs are).
+        """Process ``events`` (records of the input topics); return once outputs are acked,
+        except those waiting for their inbox (the events are acknowledged as their outputs are).
 
         A batch whose outputs would pass :attr:`Limits.max_event_output_bytes` is cut into
         parts, each applied, persisted and sent in turn, so a worker's memory is bounded by
@@ -118,8 +123,8 @@ class BatchProcessor:
         t_state = time.perf_counter()
         self.faults.hit("after_state")
         done = events[: len(events) - len(part.rest)]
-        await self.producer.create_topics(part.topics)
-        await self.producer.send_all(part.outputs, fail_point="mid_output")
+        ready, held = self.inboxes.hold(part.topics, part.outputs, lambda: self.ack(done))
+        await self.producer.send_all(ready, fail_point="mid_output")
         t_out = time.perf_counter()
         if self.profile:
             log.warning("batch %d events: waited %.1f ms, process %.1f ms, state %.1f ms, "
@@ -127,7 +132,8 @@ class BatchProcessor:
                         (t_state - t_proc) * 1e3, (t_out - t_state) * 1e3,
                         [(e.message.partition, e.message.offset) for e in done])  # fmt: skip
         self.faults.hit("after_output")
-        self.ack(done)
+        if not held:
+            self.ack(done)
         now = time.time()
         for ts in part.purchase_times:
             self.metrics.purchase_latency.observe(max(0.0, now - ts))

@@ -84,6 +84,8 @@ class Settings:
     #: and quotes one account may ask a minute (on each worker); see core.allowance.
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
+    #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
+    inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
     max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
@@ -133,6 +135,7 @@ class Settings:
                 "MAX_OPENINGS_PER_MINUTE", cls.max_openings_per_minute, int
             ),
             max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
+            inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),

@@ -73,6 +73,7 @@ __all__ = [
     "install_batched_intake",
     "install_tansu_compat",
     "intake_of",
+    "learn_topics",
     "prefetch_backoff",
     "probe_broker",
     "producer_client",
@@ -157,6 +158,8 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._highwaters", "replaced",
         "install_tansu_compat"),
     *_u("faust-streaming", _DRIVER, "Producer.on_start", "relied on", "producer_client"),
+    *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.add_topic "
+        "AIOKafkaClient.force_metadata_update", "relied on", "learn_topics"),
     *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.get_random_node AIOKafkaClient.send",
         "relied on", "probe_broker"),
     *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
@@ -625,6 +628,19 @@ async def probe_broker(app: Any, topic: str) -> bool:
         return False
     await client.send(node, MetadataRequest([topic], allow_auto_topic_creation=False))
     return True
+
+
+async def learn_topics(app: Any, names: Iterable[str]) -> None:
+    """Have ``app``'s producer know the partitions of the topics ``names`` (just created).
+
+    aiokafka's producer learns a topic it has not seen with one metadata request *per topic*,
+    each naming every topic it knows: sending to n new inboxes in turn would cost n requests of
+    a size that grows with the inboxes already there. Tracked together here, they cost one.
+    """
+    client = producer_client(app)
+    waits = [client.add_topic(name) for name in names]
+    if waits:
+        await asyncio.gather(*waits)
 
 
 # --- Tansu ----------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class Metrics:
     broker_up: Gauge
     stalled: Gauge
     last_batch: Gauge
+    inboxes_waiting: Gauge
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
@@ -233,6 +234,9 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                 "EMARKET_STALL_SECONDS, as /health reports 'stalled'; else 0", [], {}),
     "last_batch": (Gauge, "last_batch_timestamp_seconds",
                    "Unix time of the last processed batch", [], {}),
+    "inboxes_waiting": (Gauge, "inboxes_waiting",
+                        "Inbox topics queued for creation, their outputs held (new accounts)",
+                        [], {}),
 }  # fmt: skip
 
 

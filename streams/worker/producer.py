@@ -20,13 +20,12 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import errors as kerr
 
 from ..wire.events import DeadLetter
-from ..wire.topics import Topics, TopicSpec
+from ..wire.topics import Topics
 from .config import Settings
 from .faults import FaultInjector
 from .faust_internals import probe_broker
@@ -52,7 +51,7 @@ just created may take a moment to be known)."""
 
 
 class Producer:
-    """The worker's side of the broker: acknowledged sends, inbox topics, health probes."""
+    """The worker's side of the broker: acknowledged sends and health probes."""
 
     def __init__(
         self, app: Any, settings: Settings, topics: Topics, metrics: Metrics, faults: FaultInjector
@@ -62,7 +61,6 @@ class Producer:
         self.topics = topics
         self.metrics = metrics
         self.faults = faults
-        self._known_topics: set[str] = set()
         self._probed = False
 
     async def send_all(
@@ -139,20 +137,6 @@ class Producer:
         if r.topic != self.topics.deadletters:
             await self.send_all([Record(self.topics.deadletters, r.key,
                                         letter.model_dump_json().encode())])  # fmt: skip
-
-    async def create_topics(self, specs: Iterable[TopicSpec]) -> None:
-        """Create the inboxes of accounts just opened (once per worker; idempotent)."""
-        for spec in specs:
-            if spec.name in self._known_topics:
-                continue
-            try:
-                await self.app.producer.create_topic(
-                    spec.name, spec.partitions, self.settings.replication,
-                    config=spec.config, timeout=30.0,
-                )  # fmt: skip
-            except Exception as exc:  # already exists
-                log.debug("create_topic %s: %s", spec.name, exc)
-            self._known_topics.add(spec.name)
 
     async def probe(self, timeout: float = 2.0) -> bool:
         """One metadata round trip; updates the broker_up gauge and logs transitions."""

@@ -243,11 +243,11 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
             ev = json.loads(raw)
             if ev["type"] == "purchase_fulfilled":
                 outcomes[ev["purchase_id"]].add(raw)
-            elif ev["type"] == "rejection" and ev.get("request_id") in lane.purchases:
-                if ev["reason"] != "already_answered":  # a notice that the outcome was sent
-                    # a refusal sent again says when it was first decided: one reason, not
-                    # the same bytes (a fulfilment is the same bytes every time)
-                    outcomes[ev["request_id"]].add(b"refused: " + ev["reason"].encode())
+            elif (ev["type"] == "rejection" and ev.get("request_id") in lane.purchases
+                  and ev["reason"] != "already_answered"):  # a notice: the outcome was sent
+                # a refusal sent again says when it was first decided: one reason, not the same
+                # bytes (a fulfilment is the same bytes every time)
+                outcomes[ev["request_id"]].add(b"refused: " + ev["reason"].encode())
             if ev["type"] in ("purchase_fulfilled", "value_released"):
                 for r in ev["releases"]:
                     assert r["level"] <= CAP
@@ -280,7 +280,7 @@ def check_lane(lane: Lane, topics: dict[str, list[bytes]]) -> dict[str, int]:
     }
 
 
-def test_crash_anywhere_at_least_100_times(broker: Any, tmp_path: Any) -> None:
+def test_crash_anywhere_many_times(broker: Any, tmp_path: Any) -> None:
     lanes = [Lane(Market(broker, tmp_path / f"lane{i}"), i) for i in range(LANES)]
     for lane in lanes:
         lane.market.tmp.mkdir(parents=True, exist_ok=True)

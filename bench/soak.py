@@ -45,6 +45,9 @@ from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
 
 N_STREAMS, N_BUYERS, DIM = 20, 50, 8
+STALL_S = 60.0
+"""Seconds without one value processed, once every value is sent, that end the run where the
+worker stands (a worker still making progress is waited for, however contended its CPU)."""
 LADDER = [round(0.1 * k, 1) for k in range(1, 11)]
 
 
@@ -159,11 +162,15 @@ async def _load(
                 next_sample += 10.0
             await asyncio.sleep(0.01)
         await prod.flush()
-        deadline = time.monotonic() + 120
+        # a lagging worker is waited for while it makes progress (a contended CPU slows it);
+        # one that processes nothing for STALL_S seconds ends the run where it stands
+        deadline, before = time.monotonic() + STALL_S, -1.0
         while time.monotonic() < deadline:
             done = w.metric("emarket_values_ingested_total", {"status": "accepted"})
             if done >= n_values and w.metric("emarket_purchases_total") >= sent_p:
                 break
+            if done > before:
+                deadline, before = time.monotonic() + STALL_S, done
             now = time.monotonic() - t0
             if now >= next_sample:  # keep sampling while a lagging worker catches up
                 res.add(_sample(w, now, sent_v, sent_p))

@@ -113,6 +113,26 @@ def _read_sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
     )
 
 
+async def _catch_up(w: ChildWorker, res: SoakResult, t0: float, next_sample: float,
+                    counts: tuple[int, int, int]) -> None:  # fmt: skip
+    """Wait for a lagging worker while it makes progress (a contended CPU slows it), sampling
+    every 10 s; one that processes nothing for :data:`STALL_S` ends the run where it stands.
+    ``counts``: the values to ingest, and the values and purchases sent."""
+    n_values, sent_v, sent_p = counts
+    deadline, before = time.monotonic() + STALL_S, -1.0
+    while time.monotonic() < deadline:
+        done = w.metric("emarket_values_ingested_total", {"status": "accepted"})
+        if done >= n_values and w.metric("emarket_purchases_total") >= sent_p:
+            return
+        if done > before:
+            deadline, before = time.monotonic() + STALL_S, done
+        now = time.monotonic() - t0
+        if now >= next_sample:
+            res.add(_sample(w, now, sent_v, sent_p))
+            next_sample += 10.0
+        await asyncio.sleep(0.5)
+
+
 async def _load(
     settings: Settings, w: ChildWorker, n_values: int, n_purchases: int, rate: float
 ) -> SoakResult:
@@ -162,20 +182,7 @@ async def _load(
                 next_sample += 10.0
             await asyncio.sleep(0.01)
         await prod.flush()
-        # a lagging worker is waited for while it makes progress (a contended CPU slows it);
-        # one that processes nothing for STALL_S seconds ends the run where it stands
-        deadline, before = time.monotonic() + STALL_S, -1.0
-        while time.monotonic() < deadline:
-            done = w.metric("emarket_values_ingested_total", {"status": "accepted"})
-            if done >= n_values and w.metric("emarket_purchases_total") >= sent_p:
-                break
-            if done > before:
-                deadline, before = time.monotonic() + STALL_S, done
-            now = time.monotonic() - t0
-            if now >= next_sample:  # keep sampling while a lagging worker catches up
-                res.add(_sample(w, now, sent_v, sent_p))
-                next_sample += 10.0
-            await asyncio.sleep(0.5)
+        await _catch_up(w, res, t0, next_sample, (n_values, sent_v, sent_p))
         res.samples.append(_read_sample(w, time.monotonic() - t0, sent_v, sent_p))
         res.duration = time.monotonic() - t0
         res.purchases = sent_p

@@ -156,6 +156,13 @@ def _safe_integer(n: int) -> int:
     return n
 
 
+def _no_negative_zero(x: float) -> float:
+    """``x`` with ``-0.0`` read as ``0.0``: the signed bytes hold ``0.0`` for both
+    (docs/protocol.md §2.2), so the market uses the number that was signed."""
+    return x + 0.0
+
+
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_no_negative_zero)]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
                    AfterValidator(_safe_integer)]  # fmt: skip
@@ -292,7 +299,7 @@ class LinearPrecisionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["linear_precision"] = "linear_precision"
-    rate_per_precision: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    rate_per_precision: Rate
 
 
 class LinearLevelSpec(BaseModel):
@@ -300,7 +307,7 @@ class LinearLevelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["linear_level"] = "linear_level"
-    rate_per_level: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    rate_per_level: Rate
 
 
 LevelKey = Annotated[
@@ -537,6 +544,13 @@ class ValueItem(BaseModel):
         description="when the seller first published the value (Unix ms; keep it when "
         "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
+
+    @field_validator("values")
+    @classmethod
+    def _signed_zero(cls, values: list[float]) -> list[float]:
+        """The numbers as signed: ``-0.0`` is ``0.0`` (docs/protocol.md §2.2), so a value's
+        digest, and the noise it names, is the same whichever zero the JSON text spelled."""
+        return [x + 0.0 for x in values]
 
 
 class ValueBatch(_Signed):

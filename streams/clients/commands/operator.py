@@ -1,5 +1,5 @@
 """Commands for running and watching the market: ``serve``, ``worker``, ``init-topics``,
-``ledger``, ``rejections``, ``schemas``, ``demo`` — and ``verify-receipt``, which anyone can run
+``ledger``, ``rejections``, ``schemas``, ``vectors``, ``demo`` — and ``verify-receipt``, which anyone can run
 with the base package alone (no service dependencies)."""
 
 from __future__ import annotations
@@ -250,6 +250,23 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vectors(args: argparse.Namespace) -> int:
+    """Write the protocol's test vectors (docs/protocol.md §10) as JSON files."""
+    from ...wire.vectors import build, render  # noqa: PLC0415
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
+    for name, doc in build().items():
+        path = out / name
+        path.write_text(render(doc))
+        print(path)
+    return 0
+
+
 def cmd_verify_receipt(args: argparse.Namespace) -> int:
     """Verify a saved purchase outcome; needs only the base package (no service extra)."""
     from market.errors import ReceiptError  # noqa: PLC0415
@@ -379,6 +396,9 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
     sp.add_argument("--out", default="docs/schemas")
     sp.set_defaults(fn=cmd_schemas)
+    sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
+    sp.add_argument("--out", default="docs/vectors")
+    sp.set_defaults(fn=cmd_vectors)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
     sp.add_argument(

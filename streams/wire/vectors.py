@@ -185,12 +185,15 @@ def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:
     return {
         "protocol_version": PROTOCOL_VERSION,
         "market": MARKET,
-        "signer": {"ed25519_private_key": SIGNING_SEED.hex(), "public_key": public_b64(key),
-                   "key_id": key_id(key.public_key()),
-                   "x25519_private_key": SEALING_SEED.hex(),
-                   "sealing_key": _x25519_b64(SEALING_SEED)},  # fmt: skip
-        "new_signer": {"ed25519_private_key": NEW_SIGNING_SEED.hex(), "public_key": public_b64(new),
-                       "key_id": key_id(new.public_key())},  # fmt: skip
+        "signer": {
+            "ed25519_private_key": SIGNING_SEED.hex(), "public_key": public_b64(key),
+            "key_id": key_id(key.public_key()), "x25519_private_key": SEALING_SEED.hex(),
+            "sealing_key": _x25519_b64(SEALING_SEED),
+        },
+        "new_signer": {
+            "ed25519_private_key": NEW_SIGNING_SEED.hex(), "public_key": public_b64(new),
+            "key_id": key_id(new.public_key()),
+        },
         "events": events,
         "negative_zero": _negative_zero(key),
     }
@@ -211,20 +214,20 @@ def _sent(model: BaseModel, keep: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _entry(
-    name: str, kind: str, fields: dict[str, Any], model: BaseModel, generation: int
+    name: str, kind: str, fields: dict[str, Any], model: Any, generation: int
 ) -> dict[str, Any]:
     data = canonical_bytes(MARKET, model, generation)
-    sent = {"type": kind, **fields, "key_id": getattr(model, "key_id")}
-    sent["signature"] = getattr(model, "signature")
+    sent = {"type": kind, **fields, "key_id": model.key_id}
+    sent["signature"] = model.signature
     if isinstance(model, RotateKeys):
         sent["new_key_signature"] = model.new_key_signature
     return {"name": name, "key_version": generation, "event": sent,
-            "canonical_bytes": data.hex(), "signature": getattr(model, "signature")}  # fmt: skip
+            "canonical_bytes": data.hex(), "signature": model.signature}  # fmt: skip
 
 
 def _negative_zero(key: Ed25519PrivateKey) -> dict[str, Any]:
     """One signed batch, and three JSON texts of it that all verify: -0.0 is signed as 0.0."""
-    fields = {"stream_id": "temp", "seller_id": "alice",
+    fields: dict[str, Any] = {"stream_id": "temp", "seller_id": "alice",
               "items": [{"value_id": "v1", "values": [-0.0, 1.0], "published_at_ms": 1000}]}
     model = signed(ValueBatch, MARKET, key, **fields)
     head = (f'{{"type":"values","stream_id":"temp","seller_id":"alice","key_id":"{model.key_id}",'

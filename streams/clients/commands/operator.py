@@ -1,6 +1,6 @@
 """Commands for running and watching the market: ``serve``, ``worker``, ``init-topics``,
-``ledger``, ``rejections``, ``schemas``, ``vectors``, ``demo`` — and ``verify-receipt``, which anyone can run
-with the base package alone (no service dependencies)."""
+``ledger``, ``rejections``, ``schemas``, ``vectors``, ``demo`` — and ``verify-receipt``, which
+anyone can run with the base package alone (no service dependencies)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from ...wire.events import SCHEMAS  # noqa: PLC0415
+    from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
 
     out = Path(args.out)
     try:
@@ -240,12 +240,9 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     except OSError as exc:
         why = exc.strerror or exc
         raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
-    for name, adapter in SCHEMAS.items():
+    for name in SCHEMAS:
         path = out / f"{name}.schema.json"
-        schema = adapter.json_schema()
-        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-        schema["$id"] = f"https://epsilon-market.example/schemas/{name}.schema.json"
-        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps(published_schema(name), indent=2, sort_keys=True) + "\n")
         print(path)
     return 0
 

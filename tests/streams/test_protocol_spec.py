@@ -220,3 +220,100 @@ def test_a_payload_without_its_type_is_refused_by_schema_and_market() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(body, published_schema("purchases"),
                             cls=jsonschema.Draft202012Validator)  # fmt: skip
+
+
+# ------------------------------------------------ a signer written from docs/protocol.md alone
+def _s(x: str) -> bytes:
+    data = x.encode("utf-8")
+    return b"s" + struct.pack(">I", len(data)) + data
+
+
+def _i(x: int) -> bytes:
+    return b"i" + struct.pack(">q", x)
+
+
+def _f(x: float | None) -> bytes:
+    return b"n" if x is None else b"f" + struct.pack(">d", float(x) + 0.0)
+
+
+def _v(xs: list[float]) -> bytes:
+    return b"v" + struct.pack(">I", len(xs)) + b"".join(struct.pack("<d", x + 0.0) for x in xs)
+
+
+def _b(x: bool) -> bytes:
+    return b"b" + bytes([x])
+
+
+def _text_or_null(x: str | None) -> bytes:
+    return b"n" if x is None else _s(x)
+
+
+def _accuracy(a: dict[str, Any] | None) -> bytes:
+    if a is None:
+        return b"n"
+    return _b(True) + _f(a.get("rmse")) + _f(a.get("half_width")) + _f(a.get("confidence", 0.95))
+
+
+def _registration(e: dict[str, Any]) -> bytes:
+    out = (_s(e["stream_id"]) + _s(e["seller_id"]) + _s(e["mechanism"]) + _f(e["sensitivity"])
+           + _i(e["dimension"]) + _v(e["steps"]) + _f(e["cap"]) + _i(e.get("retain_last", 16))
+           + _b(e.get("sealed", False)))  # fmt: skip
+    pricing = e["pricing"]
+    out += _s(pricing["kind"])
+    if pricing["kind"] == "table":
+        keys = sorted(pricing["prices"], key=lambda k: k.encode())
+        out += _i(len(keys)) + b"".join(_s(k) + _i(pricing["prices"][k]) for k in keys)
+    else:
+        out += _f(pricing.get("rate_per_level", pricing.get("rate_per_precision")))
+    out += _s(e.get("currency", "EUR")) + _s(e.get("description", ""))
+    if e.get("window") is not None:
+        out += _s(e["privacy_unit"]) + _i(e["window"]["duration_ms"]) + _f(e["window"]["cap"])
+    if e.get("tree_height") is not None:
+        out += _s(e["product"]) + _i(e["tree_height"])
+    if e.get("histogram") is not None:
+        h = e["histogram"]
+        size = h.get("domain_size")
+        out += (_s(e["product"]) + _s(h["key_space"]) + (b"n" if size is None else _i(size))
+                + _f(h.get("false_keys", 1.0)))  # fmt: skip
+    return out
+
+
+def _values(e: dict[str, Any]) -> bytes:
+    out = _s(e["stream_id"]) + _s(e["seller_id"]) + _i(len(e["items"]))
+    for item in e["items"]:
+        out += _s(item["value_id"]) + _i(item["published_at_ms"]) + _v(item.get("values", []))
+        if item.get("keys") is not None:
+            out += _i(len(item["keys"])) + b"".join(_s(k) for k in item["keys"])
+    sealed = e.get("sealed")
+    if sealed is not None:
+        out += b"".join(_s(sealed[k]) for k in ("alg", "epk", "nonce", "ciphertext"))
+    return out
+
+
+_SPEC: dict[str, Any] = {
+    "open_account": lambda e: (_s(e["account_id"]) + _s(e["signing_key"])
+                               + _text_or_null(e.get("sealing_key")) + _i(e["opened_at_ms"])),
+    "rotate_keys": lambda e: (_s(e["account_id"]) + _i(e["version"]) + _s(e["signing_key"])
+                              + _text_or_null(e.get("sealing_key")) + _i(e["rotated_at_ms"])),
+    "register_stream": _registration,
+    "values": _values,
+    "purchase": lambda e: (_s(e["purchase_id"]) + _s(e["buyer_id"]) + _s(e["stream_id"])
+                           + _f(e.get("target_level")) + _i(e["max_price_minor"])
+                           + _s(e.get("currency", "EUR")) + _i(e["requested_at_ms"])
+                           + _accuracy(e.get("accuracy")) + _b(e.get("most_accurate", False))),
+    "quote": lambda e: (_s(e["quote_id"]) + _s(e["buyer_id"]) + _s(e["stream_id"])
+                        + _f(e.get("target_level")) + _i(e["requested_at_ms"])
+                        + _accuracy(e.get("accuracy"))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", _load("signing.json")["events"], ids=lambda e: e["name"])
+def test_the_canonical_bytes_follow_from_the_spec_alone(entry: dict[str, Any]) -> None:
+    """docs/protocol.md §2 and §6, implemented from the text: the JSON as sent, its defaults
+    filled in by the tables of §6, gives the vectors' bytes."""
+    e = entry["event"]
+    g = entry["key_version"]
+    head = b"emarket-sig-v1\x00" + _s(MARKET) + _s(e["type"])
+    if g >= 2 and e["type"] not in ("open_account", "rotate_keys"):
+        head += _i(g)
+    assert (head + _SPEC[e["type"]](e)).hex() == entry["canonical_bytes"]

@@ -4,6 +4,7 @@ strict JSON Schema draft 2020-12 that the vector events satisfy."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import hmac
@@ -22,7 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from market.histogram_chain import string_key
 from streams.core.outputs import Reject
 from streams.core.products.histograms import _hashed
-from streams.wire.events import SCHEMAS, ValueBatch, ValueItem, published_schema
+from streams.wire.events import (
+    REFUSAL_CODES,
+    SCHEMAS,
+    ValueBatch,
+    ValueItem,
+    published_schema,
+)
 from streams.wire.sealing import open_values, values_aad
 from streams.wire.signing import canonical_bytes, verify
 from streams.wire.topics import Topics
@@ -317,3 +324,36 @@ def test_the_canonical_bytes_follow_from_the_spec_alone(entry: dict[str, Any]) -
     if g >= 2 and e["type"] not in ("open_account", "rotate_keys"):
         head += _i(g)
     assert (head + _SPEC[e["type"]](e)).hex() == entry["canonical_bytes"]
+
+
+def _codes_in_the_code() -> set[str]:
+    """Every refusal code the market can send: the first argument of each ``Reject(...)`` and
+    ``PydanticCustomError(...)``, every ``reason=`` given as text, and the ``code`` of every
+    error class (the codes of replay admission are built from a table, so listed here)."""
+    found: set[str] = set()
+    for path in [*(ROOT / "streams").rglob("*.py"), *(ROOT / "market").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                first = node.args[0] if node.args else None
+                if name in ("Reject", "PydanticCustomError") and isinstance(first, ast.Constant):
+                    found.add(first.value)
+                found |= {k.value.value for k in node.keywords if k.arg == "reason"
+                          and isinstance(k.value, ast.Constant) and k.value.value}  # fmt: skip
+            if isinstance(node, ast.ClassDef):
+                for stmt in node.body:
+                    if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                            and getattr(stmt.targets[0], "id", None) == "code"):  # fmt: skip
+                        found.add(stmt.value.value)
+    return found | set(REFUSAL_CODES) | {"value_too_old", "value_from_the_future",
+                                         "request_too_old", "request_from_the_future"}
+
+
+def test_every_refusal_code_is_in_the_spec() -> None:
+    """docs/protocol.md §9 names every code the market refuses with, and what to do."""
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    rejections = doc.split("\n## 9. Rejections\n")[1].split("\n## 10.")[0]
+    codes = _codes_in_the_code()
+    assert len(codes) > 40
+    missing = sorted(c for c in codes if f"`{c}`" not in rejections)
+    assert not missing, f"docs/protocol.md §9 does not explain {missing}"

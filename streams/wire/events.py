@@ -163,7 +163,8 @@ def _safe_integer(n: int) -> int:
 
 def _no_negative_zero(x: float) -> float:
     """``x`` with ``-0.0`` read as ``0.0``: the signed bytes hold ``0.0`` for both
-    (docs/protocol.md §2.2), so the market uses the number that was signed."""
+    (docs/protocol.md §2.5), so the market uses the number that was signed (a value's numbers
+    are read so by :func:`market.levels.as_float_vector`)."""
     return x + 0.0
 
 
@@ -550,13 +551,6 @@ class ValueItem(BaseModel):
         description="when the seller first published the value (Unix ms; keep it when "
         "resending): values older than the stream's newest minus the dedup horizon are refused"
     )
-
-    @field_validator("values")
-    @classmethod
-    def _signed_zero(cls, values: list[float]) -> list[float]:
-        """The numbers as signed: ``-0.0`` is ``0.0`` (docs/protocol.md §2.2), so a value's
-        digest, and the noise it names, is the same whichever zero the JSON text spelled."""
-        return [x + 0.0 for x in values]
 
 
 class ValueBatch(_Signed):

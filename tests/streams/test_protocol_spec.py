@@ -21,19 +21,26 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from market.histogram_chain import string_key
+from market.levels import as_float_vector
+from streams.clients.histograms import key_of
 from streams.core.outputs import Reject
 from streams.core.products.histograms import _hashed
 from streams.wire.events import (
     REFUSAL_CODES,
     SCHEMAS,
+    LinearLevelSpec,
     ValueBatch,
     ValueItem,
+    ValuesAccepted,
     published_schema,
 )
 from streams.wire.sealing import open_values, values_aad
 from streams.wire.signing import canonical_bytes, verify
 from streams.wire.topics import Topics
 from streams.wire.vectors import MARKET, SIGNED_EVENTS, build, render
+
+from .helpers import MARKET as HELPER_MARKET
+from .helpers import market_core, registration, value
 
 ROOT = Path(__file__).parents[2]
 VECTORS = ROOT / "docs" / "vectors"
@@ -102,11 +109,11 @@ def test_negative_zero_is_signed_and_read_as_zero() -> None:
         batch = ValueBatch.model_validate_json(text)
         assert canonical_bytes(MARKET, batch).hex() == vec["canonical_bytes"]
         assert verify(MARKET, batch, doc["signer"]["public_key"])
-        assert math.copysign(1.0, batch.items[0].values[0]) == 1.0
+        exact = as_float_vector(batch.items[0].values)
+        assert math.copysign(1.0, exact[0]) == 1.0  # what the market keeps, digests and noises
     plus = struct.pack("<d", 0.0).hex()
     assert "76" + "00000002" + plus + struct.pack("<d", 1.0).hex() in vec["canonical_bytes"]
-    item = ValueItem.model_validate({"value_id": "x", "values": [-0.0], "published_at_ms": 1})
-    assert struct.pack("<d", item.values[0]) == bytes(8)
+    assert LinearLevelSpec(rate_per_level=-0.0).rate_per_level.hex() == "0x0.0p+0"
 
 
 # ------------------------------------------------------------------------ sealing vector
@@ -357,3 +364,32 @@ def test_every_refusal_code_is_in_the_spec() -> None:
     assert len(codes) > 40
     missing = sorted(c for c in codes if f"`{c}`" not in rejections)
     assert not missing, f"docs/protocol.md §9 does not explain {missing}"
+
+
+# ---------------------------------------------------------------- the decisions, in the market
+def test_a_value_resent_with_the_other_zero_is_the_same_value() -> None:
+    """−0.0 is read as 0.0 before use: the resend is a `duplicate` (same digest, same noise),
+    not a `conflicting_value`, whether the numbers are clear or sealed."""
+    core = market_core("seller1", accept_clear_values=True)
+    t = Topics(HELPER_MARKET)
+    assert core.handle(t.registrations, registration("temp")).status == "accepted"
+    for vid, clear in (("v1", True), ("v2", False)):
+        first = core.handle(t.values, value("temp", vid, [-0.0, 1.0, 2.0], clear=clear))
+        assert first.status == "accepted", first.outputs[0].value[:300]
+        again = core.handle(t.values, value("temp", vid, [0.0, 1.0, 2.0], clear=clear))
+        assert again.status == "duplicate", again.outputs[0].value[:300]
+
+
+def test_a_histogram_value_naming_one_key_in_nfc_and_nfd_is_refused() -> None:
+    core = market_core("seller1", accept_clear_values=True)
+    t = Topics(HELPER_MARKET)
+    reg = registration("h", mechanism="gaussian", product="histogram", steps=[0.5, 1.0],
+                       cap=2.0, dimension=10, histogram={"key_space": "strings"})  # fmt: skip
+    assert core.handle(t.registrations, reg).status == "accepted"
+    nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
+    out = core.handle(t.values, value("h", "v1", [1.0, 2.0], keys=[nfc, nfd]))
+    assert (out.status, out.items[0][1]) == ("rejected", "invalid_value")
+    body = ValuesAccepted.model_validate_json(out.outputs[-1].value)
+    assert "NFC" in (body.outcomes[0].message or "")
+    assert core.handle(t.values, value("h", "v2", [3.0], keys=[nfd])).status == "accepted"
+    assert key_of(nfd) == key_of(nfc) == str(string_key(nfc))

@@ -169,6 +169,7 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:
+    """signing.json: every case of :data:`_CASES` and a key rotation, signed by fixed keys."""
     key = Ed25519PrivateKey.from_private_bytes(SIGNING_SEED)
     new = Ed25519PrivateKey.from_private_bytes(NEW_SIGNING_SEED)
     subst = {"<signing>": public_b64(key), "<sealing>": _x25519_b64(SEALING_SEED)}
@@ -207,9 +208,11 @@ def _rotation(key: Ed25519PrivateKey, new: Ed25519PrivateKey) -> RotateKeys:
     return draft.model_copy(update={"new_key_signature": sign(MARKET, draft, new)})
 
 
-def _sent(model: BaseModel, keep: tuple[str, ...]) -> dict[str, Any]:
+def _sent(model: BaseModel, drop: tuple[str, ...]) -> dict[str, Any]:
+    """The fields a client sends for ``model``, less ``drop`` and its nulls (which are the
+    defaults: leaving them out is the same event)."""
     body = model.model_dump(mode="json")
-    return {k: v for k, v in body.items() if k not in keep and k not in ("type", "schema_version")
+    return {k: v for k, v in body.items() if k not in drop and k not in ("type", "schema_version")
             and v is not None}  # fmt: skip
 
 

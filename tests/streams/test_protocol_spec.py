@@ -17,8 +17,12 @@ from typing import Any
 
 import jsonschema
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from market.histogram_chain import string_key
 from market.levels import as_float_vector
@@ -124,7 +128,17 @@ def test_the_sealing_vector_opens_with_the_primitives_and_the_market() -> None:
     assert market_sk.hex() == vec["market_private_key"]
     market = X25519PrivateKey.from_private_bytes(market_sk)
     eph = X25519PrivateKey.from_private_bytes(bytes.fromhex(vec["ephemeral_private_key"]))
-    assert eph.exchange(market.public_key()).hex() == vec["shared_secret"]
+    shared = eph.exchange(market.public_key())
+    assert shared.hex() == vec["shared_secret"]
+    epk = eph.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    k = market.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert (epk.hex(), base64.b64encode(k).decode()) == (vec["epk"], vec["market_sealing_key"])
+    assert (epk + k).hex() == vec["hkdf_salt"]
+    key = HKDF(hashes.SHA256(), 32, salt=epk + k, info=b"epsilon-market release v1").derive(shared)
+    assert key.hex() == vec["hkdf_key"]
+    ct = ChaCha20Poly1305(key).encrypt(bytes.fromhex(vec["nonce"]), vec["plaintext"].encode(),
+                                       bytes.fromhex(vec["aad"]))  # fmt: skip
+    assert base64.b64encode(ct).decode() == vec["sealed"]["ciphertext"]
     assert base64.b64decode(vec["sealed"]["epk"]).hex() == vec["epk"]
     assert base64.b64decode(vec["sealed"]["nonce"]).hex() == vec["nonce"]
     assert json.loads(vec["plaintext"]) == [{"values": i["values"]} for i in vec["items"]]

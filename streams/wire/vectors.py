@@ -19,12 +19,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel
 
-from market.envelope import CONTEXT, public_key_b64, seal
+from market.envelope import CONTEXT, Sealer, public_key_b64, seal
 from market.histogram_chain import string_key
 from market.receipts import key_id
 
@@ -32,11 +32,12 @@ from .events import (
     OpenAccount,
     PurchaseRequest,
     QuoteRequest,
+    ReleasedValue,
     RotateKeys,
     StreamRegistration,
     ValueBatch,
 )
-from .sealing import values_aad, values_plaintext
+from .sealing import purchase_aad, releases_json, seal_releases, values_aad, values_plaintext
 from .signing import canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 
@@ -164,8 +165,28 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
         "shared_secret": shared.hex(), "hkdf_salt": (epk + k).hex(),
         "hkdf_info": CONTEXT.decode(), "hkdf_key": hkdf_key.hex(), "aad": aad.hex(),
         "plaintext": plaintext.decode(), "sealed": envelope,
+        "release_to_buyer": _release_to_buyer(),
     }  # fmt: skip
     return fields, doc
+
+
+def _release_to_buyer() -> dict[str, Any]:
+    """A purchase's releases sealed to the signer's sealing key, as the market seals them
+    (docs/protocol.md §4.6): what a buyer opens with its private key alone."""
+    buyer = X25519PrivateKey.from_private_bytes(SEALING_SEED)
+    releases = [ReleasedValue(value_id="v1", seq=0, level=1.0, values=[20.25, 19.75, 21.0]),
+                ReleasedValue(value_id="v2", seq=1, level=1.0, values=[-0.5, 0.0, 3.0])]
+    aad = purchase_aad("p1")
+    envelope = seal_releases(Sealer(NOISE_SECRET), public_key_b64(buyer), releases, aad)
+    epk = base64.b64decode(envelope.epk)
+    shared = buyer.exchange(X25519PublicKey.from_public_bytes(epk))
+    own = base64.b64decode(public_key_b64(buyer))
+    key = HKDF(hashes.SHA256(), 32, salt=epk + own, info=CONTEXT).derive(shared)
+    return {"event": "purchase_fulfilled", "purchase_id": "p1",
+            "buyer_private_key": SEALING_SEED.hex(), "buyer_sealing_key": public_key_b64(buyer),
+            "aad": aad.hex(), "shared_secret": shared.hex(), "hkdf_key": key.hex(),
+            "plaintext": releases_json(releases).decode(),
+            "sealed": envelope.model_dump(mode="json")}  # fmt: skip
 
 
 def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -151,6 +151,24 @@ def test_the_sealing_vector_opens_with_the_primitives_and_the_market() -> None:
     assert [i.values for i in opened.items] == [i["values"] for i in vec["items"]]
     signed = next(e for e in _load("signing.json")["events"] if e["name"].startswith("values, s"))
     assert signed["event"]["sealed"] == vec["sealed"]
+
+
+def test_a_release_sealed_to_a_buyer_opens_with_the_primitives() -> None:
+    """docs/protocol.md §4.6: the buyer's private key, the envelope and the AAD suffice."""
+    vec = _load("sealing.json")["release_to_buyer"]
+    buyer = X25519PrivateKey.from_private_bytes(bytes.fromhex(vec["buyer_private_key"]))
+    epk = base64.b64decode(vec["sealed"]["epk"])
+    shared = buyer.exchange(X25519PublicKey.from_public_bytes(epk))
+    own = buyer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    key = HKDF(hashes.SHA256(), 32, salt=epk + own, info=b"epsilon-market release v1").derive(
+        shared)
+    assert (shared.hex(), key.hex()) == (vec["shared_secret"], vec["hkdf_key"])
+    assert bytes.fromhex(vec["aad"]) == vec["purchase_id"].encode()
+    plain = ChaCha20Poly1305(key).decrypt(base64.b64decode(vec["sealed"]["nonce"]),
+                                          base64.b64decode(vec["sealed"]["ciphertext"]),
+                                          bytes.fromhex(vec["aad"]))  # fmt: skip
+    assert plain.decode() == vec["plaintext"]
+    assert [r["value_id"] for r in json.loads(plain)] == ["v1", "v2"]
 
 
 # ------------------------------------------------------------------- keys, ids, partitions

@@ -8,11 +8,15 @@ bytes, which any language can reproduce::
 where ``[generation]`` is, for an account past its first keys, ``i`` + its key version (nothing
 at version 1, and never in account events, which carry their version themselves). Each item is
 tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers, ``f`` + f64
-(IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for booleans,
-and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian but
-those). The market prefix is in the bytes so a signed event cannot be replayed into another
-market; an ``accuracy`` target is ``n`` when absent, else ``b`` 1 then its rmse, half_width and
-confidence. The generation makes bytes signed before a rotation verify under no later key
+(IEEE-754 bits) for levels and prices, ``n`` for a null, ``b`` + one byte for booleans, and
+``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian but those).
+The bytes are those of the event *as read*: a field the JSON leaves out is signed as its
+default (``n`` where the default is null), so leaving a field out and sending its default are
+one event. A double is signed with ``-0.0`` read as ``0.0``: a JSON writer that prints negative
+zero as ``0`` (JavaScript's) sends the number that was signed. The market prefix is in the
+bytes so a signed event cannot be replayed into another market; an ``accuracy`` target is ``n``
+when absent, else ``b`` 1 then its rmse, half_width and confidence. The generation makes bytes
+signed before a rotation verify under no later key
 version, even after a rotation back to their key. The fields are every one that matters:
 
 ===================  ================================================================
@@ -94,7 +98,7 @@ class _Canon:
     def f(self, x: float | None) -> _Canon:
         if x is None:
             return self.n()
-        self.parts.append(b"f" + struct.pack(">d", float(x)))
+        self.parts.append(b"f" + struct.pack(">d", float(x) + 0.0))  # -0.0 is signed as 0.0
         return self
 
     def b(self, x: bool) -> _Canon:
@@ -106,7 +110,7 @@ class _Canon:
         return self
 
     def v(self, values: Sequence[float]) -> _Canon:
-        arr = np.asarray(values, dtype="<f8")
+        arr = np.asarray(values, dtype="<f8") + 0.0  # -0.0 is signed as 0.0, as for `f`
         self.parts.append(b"v" + struct.pack(">I", arr.size) + arr.tobytes())
         return self
 

@@ -1,6 +1,6 @@
 """Commands for running and watching the market: ``serve``, ``worker``, ``init-topics``,
-``ledger``, ``rejections``, ``schemas``, ``demo`` — and ``verify-receipt``, which anyone can run
-with the base package alone (no service dependencies)."""
+``ledger``, ``rejections``, ``schemas``, ``vectors``, ``demo`` — and ``verify-receipt``, which
+anyone can run with the base package alone (no service dependencies)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from ...wire.events import SCHEMAS  # noqa: PLC0415
+    from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
 
     out = Path(args.out)
     try:
@@ -240,12 +240,26 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     except OSError as exc:
         why = exc.strerror or exc
         raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
-    for name, adapter in SCHEMAS.items():
+    for name in SCHEMAS:
         path = out / f"{name}.schema.json"
-        schema = adapter.json_schema()
-        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-        schema["$id"] = f"https://epsilon-market.example/schemas/{name}.schema.json"
-        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps(published_schema(name), indent=2, sort_keys=True) + "\n")
+        print(path)
+    return 0
+
+
+def cmd_vectors(args: argparse.Namespace) -> int:
+    """Write the protocol's test vectors (docs/protocol.md §10) as JSON files."""
+    from ...wire.vectors import build, render  # noqa: PLC0415
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
+    for name, doc in build().items():
+        path = out / name
+        path.write_text(render(doc))
         print(path)
     return 0
 
@@ -379,6 +393,9 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
     sp.add_argument("--out", default="docs/schemas")
     sp.set_defaults(fn=cmd_schemas)
+    sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
+    sp.add_argument("--out", default="docs/vectors")
+    sp.set_defaults(fn=cmd_vectors)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
     sp.add_argument(

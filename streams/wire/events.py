@@ -710,10 +710,21 @@ class ReceiptModel(BaseModel):
     level_after: float
     price_minor: int
     currency: str
-    release_digest: str
     requested_at_ms: int
     market_key_id: str
     ciphertext_digest: str = ""
+    commitment: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        pattern="^[0-9a-f]{64}$",
+        description="receipt versions 4 and 5: HMAC-SHA256 commitment to the released numbers, "
+        "opened by the outcome's `opening` (docs/protocol.md, Receipts)",
+    )
+    release_digest: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="receipt versions 2 and 3 only: SHA-256 of the released numbers",
+    )
     signature: str
 
 
@@ -809,7 +820,16 @@ class PurchaseFulfilled(_Event):
         default_factory=list, description="empty when the releases are sealed"
     )
     sealed: Envelope | None = Field(
-        None, description="the releases (a JSON list) sealed for the buyer's key"
+        None,
+        description="the releases and the opening (a JSON object, `releases` and `opening`) "
+        "sealed for the buyer's key",
+    )
+    opening: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        pattern="^[0-9a-f]{64}$",
+        description="beside releases in clear (unsealed, or opened by the buyer): the 32 bytes "
+        "(hex) that open the receipt's commitment; absent while the releases are sealed",
     )
     receipt: ReceiptModel
     error_model: ErrorModelInfo | None = None

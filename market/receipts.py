@@ -63,6 +63,7 @@ __all__ = [
     "RECEIPT_VERSION",
     "Receipt",
     "commitment",
+    "commitment_digest",
     "derive_opening",
     "key_id",
     "opening_key",
@@ -165,8 +166,23 @@ def commitment(opening: bytes, releases: Iterable[ReleaseTriple]) -> str:
     """
     if len(opening) != OPENING_BYTES:
         raise ReceiptError(f"an opening is {OPENING_BYTES} bytes, got {len(opening)}")
-    digest = _releases_hash(releases, plus_zero=True)
-    return hmac.new(opening, COMMITMENT_LABEL + digest, "sha256").hexdigest()
+    return hmac.new(opening, COMMITMENT_LABEL + commitment_digest(releases), "sha256").hexdigest()
+
+
+def commitment_digest(releases: Iterable[ReleaseTriple]) -> bytes:
+    """``D``, what a version 4 or 5 commitment MACs: the releases' SHA-256, -0 read as +0.
+
+    Parameters
+    ----------
+    releases : iterable of (value_id, level, vector) or (value_id, level, counts, keys)
+        In receipt order.
+
+    Returns
+    -------
+    bytes
+        32 bytes: SHA-256 over the layout in the module docstring.
+    """
+    return _releases_hash(releases, plus_zero=True)
 
 
 def opening_key(noise_secret: bytes) -> bytes:

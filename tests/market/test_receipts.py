@@ -218,3 +218,28 @@ def test_the_commitment_binds_every_bit(values: list[float]) -> None:
             continue
         moved = [*values[:k], math.nextafter(x, math.inf), *values[k + 1:]]
         assert commitment(OPENING, [("v1", 2.0, moved)]) != c
+
+
+# an outcome the previous release issued (receipt version 2, by the key KEY), saved verbatim
+V2_OUTCOME = (
+    "{\"schema_version\":1,\"type\":\"purchase_fulfilled\",\"purchase_id\":\"p1\",\"buyer_id\":\"alice\","
+    "\"stream_id\":\"temp\",\"level_unit\":\"epsilon\",\"level_before\":0.0,\"level_after\":0.5,\"price_"
+    "minor\":50,\"currency\":\"EUR\",\"releases\":[{\"value_id\":\"v0\",\"seq\":0,\"level\":0.5,\"values\":["
+    "-1.9002685546875,0.81805419921875,1.1800537109375]}],\"sealed\":null,\"receipt\":{\"receipt"
+    "_version\":2,\"purchase_id\":\"p1\",\"buyer_id\":\"alice\",\"stream_id\":\"temp\",\"seller_id\":\"sell"
+    "er1\",\"mechanism\":\"laplace\",\"value_ids\":[\"v0\"],\"level_before\":0.0,\"level_after\":0.5,\"pr"
+    "ice_minor\":50,\"currency\":\"EUR\",\"release_digest\":\"d4b62ed6268adf96913ad479e7883012cace3"
+    "f1937688706794e2277c2033150\",\"requested_at_ms\":1000,\"market_key_id\":\"56475aa75463474c\""
+    ",\"ciphertext_digest\":\"\",\"signature\":\"6E889doJ3+uBT85QSgbZ7vYOvkqzWBDndw1HPwuh5rLFZ1hvF"
+    "ieV8rudlDIPIsOfhLzy71eJhhi9+8ZCLGIjDw==\"}}"
+)  # fmt: skip
+
+
+def test_a_version_2_outcome_of_the_previous_release_still_verifies() -> None:
+    old = json.loads(V2_OUTCOME)
+    assert old["receipt"]["receipt_version"] == 2 and "release_digest" in old["receipt"]
+    for style in ("js", "exp", "float"):
+        assert verify_outcome(json.loads(respell(old, style)), PUBLIC).purchase_id == "p1"
+    old["releases"][0]["values"][0] += 1
+    with pytest.raises(ReceiptError, match="differ"):
+        verify_outcome(old, PUBLIC)

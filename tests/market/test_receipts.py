@@ -189,7 +189,8 @@ def test_a_wrong_opening_fails() -> None:
     rec = _receipt(RELEASES)
     sig = sign_receipt(rec, KEY)
     assert verify_receipt(rec, sig, RELEASES, PUBLIC, opening=OPENING)
-    other = derive_opening(opening_key(SECRET), **{**PURCHASE, "purchase_id": "p2"})  # type: ignore[arg-type]
+    elsewhere: Any = {**PURCHASE, "purchase_id": "p2"}
+    other = derive_opening(opening_key(SECRET), **elsewhere)
     for wrong in (other, bytes(32), OPENING[:-1] + bytes([OPENING[-1] ^ 1]), OPENING[:31]):
         with pytest.raises(ReceiptError, match="opening"):
             verify_receipt(rec, sig, RELEASES, PUBLIC, opening=wrong)
@@ -222,16 +223,17 @@ def test_the_commitment_binds_every_bit(values: list[float]) -> None:
 
 # an outcome the previous release issued (receipt version 2, by the key KEY), saved verbatim
 V2_OUTCOME = (
-    "{\"schema_version\":1,\"type\":\"purchase_fulfilled\",\"purchase_id\":\"p1\",\"buyer_id\":\"alice\","
-    "\"stream_id\":\"temp\",\"level_unit\":\"epsilon\",\"level_before\":0.0,\"level_after\":0.5,\"price_"
-    "minor\":50,\"currency\":\"EUR\",\"releases\":[{\"value_id\":\"v0\",\"seq\":0,\"level\":0.5,\"values\":["
-    "-1.9002685546875,0.81805419921875,1.1800537109375]}],\"sealed\":null,\"receipt\":{\"receipt"
-    "_version\":2,\"purchase_id\":\"p1\",\"buyer_id\":\"alice\",\"stream_id\":\"temp\",\"seller_id\":\"sell"
-    "er1\",\"mechanism\":\"laplace\",\"value_ids\":[\"v0\"],\"level_before\":0.0,\"level_after\":0.5,\"pr"
-    "ice_minor\":50,\"currency\":\"EUR\",\"release_digest\":\"d4b62ed6268adf96913ad479e7883012cace3"
-    "f1937688706794e2277c2033150\",\"requested_at_ms\":1000,\"market_key_id\":\"56475aa75463474c\""
-    ",\"ciphertext_digest\":\"\",\"signature\":\"6E889doJ3+uBT85QSgbZ7vYOvkqzWBDndw1HPwuh5rLFZ1hvF"
-    "ieV8rudlDIPIsOfhLzy71eJhhi9+8ZCLGIjDw==\"}}"
+    "{\"schema_version\":1,\"type\":\"purchase_fulfilled\",\"purchase_id\":\"p1\",\"buyer_id\""
+    ":\"alice\",\"stream_id\":\"temp\",\"level_unit\":\"epsilon\",\"level_before\":0.0,\"leve"
+    "l_after\":0.5,\"price_minor\":50,\"currency\":\"EUR\",\"releases\":[{\"value_id\":\"v0\""
+    ",\"seq\":0,\"level\":0.5,\"values\":[-1.9002685546875,0.81805419921875,1.1800537109375]}"
+    "],\"sealed\":null,\"receipt\":{\"receipt_version\":2,\"purchase_id\":\"p1\",\"buyer_id\""
+    ":\"alice\",\"stream_id\":\"temp\",\"seller_id\":\"seller1\",\"mechanism\":\"laplace\",\""
+    "value_ids\":[\"v0\"],\"level_before\":0.0,\"level_after\":0.5,\"price_minor\":50,\"curre"
+    "ncy\":\"EUR\",\"release_digest\":\"d4b62ed6268adf96913ad479e7883012cace3f1937688706794e2"
+    "277c2033150\",\"requested_at_ms\":1000,\"market_key_id\":\"56475aa75463474c\",\"cipherte"
+    "xt_digest\":\"\",\"signature\":\"6E889doJ3+uBT85QSgbZ7vYOvkqzWBDndw1HPwuh5rLFZ1hvFieV8ru"
+    "dlDIPIsOfhLzy71eJhhi9+8ZCLGIjDw==\"}}"
 )  # fmt: skip
 
 

@@ -343,7 +343,8 @@ class Receipt:
 
         Numbers are read as numbers, whatever their spelling: an integer field as a whole
         number of magnitude at most 2⁵³ − 1 (``150``, ``150.0`` and ``1.5e2`` are 150), a level
-        as a finite double. Texts must be texts.
+        as a finite double. Texts must be texts; an optional one (``commitment``,
+        ``release_digest``, ``ciphertext_digest``) written as null is absent.
 
         Raises
         ------
@@ -352,7 +353,9 @@ class Receipt:
         """
         if not isinstance(data, Mapping):
             raise ReceiptError(f"a receipt is a JSON object, got {type(data).__name__}")
-        got = {k: v for k, v in data.items() if k != "signature"}
+        # an optional text written as null is absent (some writers spell absence so)
+        got = {k: v for k, v in data.items()
+               if k != "signature" and not (v is None and k in _OPTIONAL_TEXTS)}  # fmt: skip
         unknown = set(got) - set(_FIELDS)
         missing = set(_REQUIRED) - set(got)
         if unknown or missing:
@@ -376,9 +379,8 @@ class Receipt:
 
 
 _FIELDS = tuple(f.name for f in fields(Receipt))
-_REQUIRED = tuple(f.name for f in fields(Receipt)
-                  if f.name not in ("receipt_version", "ciphertext_digest", "commitment",
-                                    "release_digest"))  # fmt: skip
+_OPTIONAL_TEXTS = {"ciphertext_digest", "commitment", "release_digest"}
+_REQUIRED = tuple(f for f in _FIELDS if f not in _OPTIONAL_TEXTS)
 _TEXTS = {"purchase_id", "buyer_id", "stream_id", "seller_id", "mechanism", "currency",
           "market_key_id", "ciphertext_digest", "commitment", "release_digest"}  # fmt: skip
 _INTEGERS = {"price_minor", "requested_at_ms", "receipt_version"}

@@ -106,11 +106,12 @@ def padded_length(plaintext: bytes, releases: Sequence[ReleasedValue]) -> int:
     is then rounded up to the next power of two, at least :data:`PAD_MIN`: how many keys show
     (which depends on the counts) is seen only to within a factor of two.
     """
-    numbers = [x for r in releases for x in r.values]
-    spelled = len(_NUMBERS.dump_json(numbers)) - 2 - max(0, len(numbers) - 1)
-    keys = [k for r in releases for k in (r.keys or ())]
-    size = (len(plaintext) + NUMBER_WIDTH * len(numbers) - spelled
-            + KEY_WIDTH * len(keys) - sum(map(len, keys)))  # fmt: skip
+    size = len(plaintext)
+    for r in releases:  # "[a,b,c]": the numbers' characters are the rest less n + 1
+        if r.values:
+            size += (NUMBER_WIDTH + 1) * len(r.values) + 1 - len(_NUMBERS.dump_json(r.values))
+        if r.keys:
+            size += KEY_WIDTH * len(r.keys) - sum(map(len, r.keys))
     if any(r.keys is not None for r in releases):
         size = max(PAD_MIN, 1 << (size - 1).bit_length())
     return size

@@ -160,6 +160,8 @@ def test_a_receipt_carries_the_binding_of_its_version_only() -> None:
         verify_receipt(both, sig, RELEASES, PUBLIC, opening=OPENING)
     with pytest.raises(ReceiptError, match="no opening given"):
         verify_receipt(rec, sig, RELEASES, PUBLIC)
+    nulls = {**rec.to_dict(), "release_digest": None, "ciphertext_digest": None}
+    assert verify_receipt(nulls, sig, RELEASES, PUBLIC, opening=OPENING) == rec
     with pytest.raises(ReceiptError, match="unknown field 'release_digests'"):
         Receipt.from_dict({**rec.to_dict(), "release_digests": ""})
 

@@ -457,7 +457,7 @@ class StreamRegistration(_Signed):
         """Numbers one release takes room for at most, counting a histogram key as one:
         ``dimension``; on a histogram stream its keys and counts and as many for the keys with
         a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
-        is padded to a power of two, see :func:`streams.wire.sealing.padded`)."""
+        is padded to a power of two, see :func:`streams.wire.sealing.padded_length`)."""
         if self.histogram is None:
             return self.dimension
         return 4 * (self.dimension + self.false_key_bound())

@@ -471,7 +471,7 @@ class StreamRegistration(_Signed):
         """Numbers one release takes room for at most, counting a histogram key as one:
         ``dimension``; on a histogram stream its keys and counts and as many for the keys with
         a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
-        is padded to a power of two, see :func:`streams.wire.sealing.padded`)."""
+        is padded to a power of two, see :func:`streams.wire.sealing.padded_length`)."""
         if self.histogram is None:
             return self.dimension
         return 4 * (self.dimension + self.false_key_bound())
@@ -712,8 +712,7 @@ class ReleasedValue(BaseModel):
 
 
 class ReceiptModel(BaseModel):
-    """A purchase's receipt with the market's Ed25519 signature (docs/protocol.md,
-    "Receipts")."""
+    """A purchase's receipt with the market's Ed25519 signature (docs/protocol.md §11)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     receipt_version: int
@@ -727,10 +726,20 @@ class ReceiptModel(BaseModel):
     level_after: float
     price_minor: int
     currency: str
-    release_digest: Sha256Hex
     requested_at_ms: int
     market_key_id: KeyId
     ciphertext_digest: Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")] = ""
+    commitment: Sha256Hex | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="receipt versions 4 and 5: HMAC-SHA256 commitment to the released numbers "
+        "(64 lower-case hex digits), opened by the outcome's `opening` (docs/protocol.md §11)",
+    )
+    release_digest: Sha256Hex | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="receipt versions 2 and 3 only: SHA-256 of the released numbers",
+    )
     signature: Signature
 
 
@@ -831,7 +840,16 @@ class PurchaseFulfilled(_Event):
         default_factory=list, description="empty when the releases are sealed"
     )
     sealed: Envelope | None = Field(
-        None, description="the releases (a JSON list) sealed for the buyer's key"
+        None,
+        description="the releases and the opening (a JSON object, `releases` and `opening`) "
+        "sealed for the buyer's key",
+    )
+    opening: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        pattern="^[0-9a-f]{64}$",
+        description="beside releases in clear (unsealed, or opened by the buyer): the 32 bytes "
+        "(hex) that open the receipt's commitment; absent while the releases are sealed",
     )
     receipt: ReceiptModel
     error_model: ErrorModelInfo | None = None

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from market.envelope import CONTEXT, Sealer, public_key_b64, seal
 from market.histogram_chain import string_key
-from market.receipts import key_id
+from market.receipts import derive_opening, key_id, opening_key
 
 from .events import (
     OpenAccount,
@@ -37,7 +37,14 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
-from .sealing import purchase_aad, releases_json, seal_releases, values_aad, values_plaintext
+from .sealing import (
+    padded_length,
+    purchase_aad,
+    releases_json,
+    seal_releases,
+    values_aad,
+    values_plaintext,
+)
 from .signing import canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 
@@ -172,12 +179,16 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _release_to_buyer() -> dict[str, Any]:
     """A purchase's releases sealed to the signer's sealing key, as the market seals them
-    (docs/protocol.md §4.6): what a buyer opens with its private key alone."""
+    (docs/protocol.md §4.6): what a buyer opens with its private key alone. The plaintext holds
+    the purchase's opening beside the releases (§11.4) and is padded (§11.5)."""
     buyer = X25519PrivateKey.from_private_bytes(SEALING_SEED)
     releases = [ReleasedValue(value_id="v1", seq=0, level=1.0, values=[20.25, 19.75, 21.0]),
                 ReleasedValue(value_id="v2", seq=1, level=1.0, values=[-0.5, 0.0, 3.0])]
     aad = purchase_aad("p1")
-    envelope = seal_releases(Sealer(NOISE_SECRET), public_key_b64(buyer), releases, aad)
+    opening = derive_opening(opening_key(NOISE_SECRET), buyer_id="alice", stream_id="temp",
+                             purchase_id="p1", requested_at_ms=1000, level_after=1.0)  # fmt: skip
+    plaintext = releases_json(releases, opening)
+    envelope = seal_releases(Sealer(NOISE_SECRET), public_key_b64(buyer), releases, aad, opening)
     epk = base64.b64decode(envelope.epk)
     shared = buyer.exchange(X25519PublicKey.from_public_bytes(epk))
     own = base64.b64decode(public_key_b64(buyer))
@@ -185,7 +196,8 @@ def _release_to_buyer() -> dict[str, Any]:
     return {"event": "purchase_fulfilled", "purchase_id": "p1",
             "buyer_private_key": SEALING_SEED.hex(), "buyer_sealing_key": public_key_b64(buyer),
             "aad": aad.hex(), "shared_secret": shared.hex(), "hkdf_key": key.hex(),
-            "plaintext": releases_json(releases).decode(),
+            "opening": opening.hex(), "plaintext": plaintext.decode(),
+            "padded_length": padded_length(plaintext, releases),
             "sealed": envelope.model_dump(mode="json")}  # fmt: skip
 
 

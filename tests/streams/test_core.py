@@ -77,8 +77,9 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
         assert [r.value_id for r in ev.releases] == ["v0", "v1", "v2"]
         releases = [(r.value_id, r.level, np.array(r.values)) for r in ev.releases]
         verify_receipt(
-            ev.receipt.model_dump(), ev.receipt.signature, releases, TEST_KEYS.public_key
-        )
+            ev.receipt.model_dump(), ev.receipt.signature, releases, TEST_KEYS.public_key,
+            opening=bytes.fromhex(ev.opening or ""),
+        )  # fmt: skip
     assert levels == [0.5, 1.0, 2.0]
     assert paid == 200  # exactly P(2.0): stepwise equals direct
     sub = core.handle(T.values, value("temp", "v3", [1.0, 2.0, 3.0]))
@@ -351,12 +352,13 @@ def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
     assert np.array_equal(np.array(opened.releases[0].values), stored)
     rel = [(r.value_id, r.level, np.asarray(r.values)) for r in opened.releases]
     env = ev.sealed.model_dump()
+    opening = bytes.fromhex(opened.opening or "")
     verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
-                   envelope=env)  # fmt: skip
+                   envelope=env, opening=opening)  # fmt: skip
     other = dict(env, ciphertext=env["ciphertext"][:-4] + "AAA=")
     with pytest.raises(ReceiptError, match="envelope"):
         verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
-                       envelope=other)  # fmt: skip
+                       envelope=other, opening=opening)  # fmt: skip
     sub = buyer_events(core.handle(T.values, value("temp", "v1", [4.0, 5.0, 6.0])))[0]
     assert sub.releases == [] and open_event(sub, key).releases[0].value_id == "v1"
 

@@ -167,8 +167,11 @@ def test_a_release_sealed_to_a_buyer_opens_with_the_primitives() -> None:
     plain = ChaCha20Poly1305(key).decrypt(base64.b64decode(vec["sealed"]["nonce"]),
                                           base64.b64decode(vec["sealed"]["ciphertext"]),
                                           bytes.fromhex(vec["aad"]))  # fmt: skip
-    assert plain.decode() == vec["plaintext"]
-    assert [r["value_id"] for r in json.loads(plain)] == ["v1", "v2"]
+    assert len(plain) == vec["padded_length"]
+    assert plain.decode() == vec["plaintext"].ljust(vec["padded_length"])  # padded (§11.5)
+    opened = json.loads(plain)
+    assert opened["opening"] == vec["opening"]  # beside the releases (§11.4)
+    assert [r["value_id"] for r in opened["releases"]] == ["v1", "v2"]
 
 
 # ------------------------------------------------------------------- keys, ids, partitions

@@ -226,50 +226,56 @@ class MarketClient:
     async def send(self, topic: str, key: str, payload: bytes) -> None:
         await self._producer.send_and_wait(topic, payload, key=key.encode())
 
-    async def market_key(self) -> Ed25519PublicKey:
+    async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
         """The key every answer must be signed with: the one given, else the one the first
         record of ``<p>.market`` publishes (the record every worker of the market checks its
-        secrets against), read once and kept.
+        secrets against), read once and kept; waits up to ``wait`` seconds for a market whose
+        first worker has not started yet.
 
         Raises
         ------
         MarketKeyError
-            Neither: a market made before answers were signed, or no market at this prefix.
+            The record publishes no key (a market made before answers were signed) or no valid
+            one.
+        TimeoutError
+            No record within ``wait``: no worker of this market has ever started.
         """
         if self._market_key is None:
-            text = self.market_public_key or await self._published_key()
+            text = self.market_public_key or await self._published_key(wait)
             try:
                 self._market_key = parse_public_key(text)
             except ReceiptError as exc:
                 raise MarketKeyError(f"the market's key: {exc.message}") from None
         return self._market_key
 
-    async def _published_key(self) -> str:
-        reader = TopicReader(self.bootstrap, self.topics.identity, **self.auth)
-        try:
-            await reader.start(wait=2.0)
-        except LookupError:
-            raise MarketKeyError(
-                f"no market at prefix {self.market!r} ({self.topics.identity} does not exist)"
-            ) from None
-        batch: list[tuple[bytes | None, bytes]] = []
-        try:
-            for _ in range(20):
-                if batch := await reader.poll(0.2):
-                    break
-        finally:
-            await reader.stop()
-        if batch:  # the first record: the one every worker checks its secrets against
+    async def _published_key(self, wait: float) -> str:
+        deadline = time.monotonic() + wait
+        first = None
+        while first is None and time.monotonic() < deadline:
+            reader = TopicReader(self.bootstrap, self.topics.identity, **self.auth)
             try:
-                key = MarketIdentity.model_validate_json(batch[0][1]).market_public_key
-            except ValueError:
-                key = None
-            if key is not None:
-                return key
-        raise MarketKeyError(
-            f"{self.topics.identity} publishes no market key (a market made before answers were "
-            "signed): pass the market's key (market_public_key in the catalog) to check answers"
-        )
+                await reader.start(wait=max(0.1, min(2.0, deadline - time.monotonic())))
+            except LookupError:
+                continue
+            try:
+                while first is None and time.monotonic() < deadline:
+                    batch = await reader.poll(0.2)
+                    first = batch[0][1] if batch else None  # the one the workers check
+            finally:
+                await reader.stop()
+        if first is None:
+            raise TimeoutError(f"no market identity on {self.topics.identity} within {wait}s: "
+                               "has a worker of this market started?")  # fmt: skip
+        try:
+            key = MarketIdentity.model_validate_json(first).market_public_key
+        except ValueError:
+            key = None
+        if key is None:
+            raise MarketKeyError(
+                f"{self.topics.identity} publishes no market key (a market made before answers "
+                "were signed): pass the market's key (market_public_key in the catalog)"
+            )
+        return key
 
     def believe(
         self, topic: str, value: bytes, headers: list[tuple[str, bytes]], key: Ed25519PublicKey
@@ -328,7 +334,7 @@ class MarketClient:
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()
         watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
-                                  payload, None)  # fmt: skip
+                                  payload, None, wait=timeout)  # fmt: skip
         try:
             await self.send(self.topics.registrations, reg.stream_id, payload)
             deadline = time.monotonic() + timeout
@@ -626,11 +632,11 @@ class MarketClient:
         return open_event(ev, me.sealing_key)
 
     async def _watch(self, inbox: str, sent_to: str, payload: bytes, request_id: str | None, *,
-                     create_inbox: bool = True) -> _Watch:  # fmt: skip
+                     create_inbox: bool = True, wait: float = 30.0) -> _Watch:  # fmt: skip
         """Start watching for the answer to ``payload`` (to be sent to ``sent_to``): ``inbox``
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
-        key = await self.market_key()
+        key = await self.market_key(wait=wait)
         refusals: TopicReader | None = TopicReader(self.bootstrap, self.topics.refusals,
                                                    **self.auth)  # fmt: skip
         assert refusals is not None
@@ -661,7 +667,7 @@ class MarketClient:
         """Send ``payload`` (again every ``resend_every`` s) until the market answers it: in
         ``inbox`` (an answer to these bytes that ``answers`` accepts) or with a refusal."""
         watch = await self._watch(self.topics.inbox(inbox), topic, payload, request_id,
-                                  create_inbox=create_inbox)  # fmt: skip
+                                  create_inbox=create_inbox, wait=timeout)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
             next_send = 0.0

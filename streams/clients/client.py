@@ -80,6 +80,9 @@ Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
 
 log = logging.getLogger("emarket.client")
 
+REFUSAL_GRACE = 1.0
+"""Seconds a refusal waits for the inbox's rejection of the same bytes, which says more."""
+
 
 class MarketKeyError(ValueError):
     """The market's signing key is not known: nothing the market says can be checked."""
@@ -686,7 +689,9 @@ class MarketClient:
 class _Watch:
     """Where the answer to one sent event can appear, read with the market's key: the
     sender's inbox (answers to these exact bytes only) and the refusals (the record keyed by
-    their SHA-256, as a :class:`Rejection`).
+    their SHA-256, as a :class:`Rejection`). A refusal is taken only if the inbox brings no
+    rejection within :data:`REFUSAL_GRACE` seconds: a proven sender's rejection, sent with it,
+    says more (its message names the field or bound at fault).
 
     An answer to other bytes is not this event's, except in one case the market vouches for:
     a resend of a request id with the same terms but another send time (a new process) is told
@@ -703,36 +708,46 @@ class _Watch:
         self.request_id, self.refusals = request_id, refusals
         self.reader: TopicReader | None = None
         self.earlier: InboxEvent | None = None
+        self.refused: tuple[float, Rejection] | None = None
 
     async def poll(self, timeout: float) -> list[InboxEvent]:
-        """What arrived for this event: the inbox's answers to it, then its refusal."""
+        """What arrived for this event: the inbox's answers to it, else its refusal."""
+        out = await self._inbox(timeout)
+        if self.refusals is not None and not out:
+            await self._refusal()
+        if not out and self.refused is not None and time.monotonic() >= self.refused[0]:
+            out.append(self.refused[1])
+        return out
+
+    async def _inbox(self, timeout: float) -> list[InboxEvent]:
         out: list[InboxEvent] = []
         if self.reader is None:  # the inbox of an account being opened appears with it
             reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
-            try:
+            with contextlib.suppress(LookupError):
                 await reader.start(wait=timeout)
                 self.reader = reader
-            except LookupError:
-                pass
-        if self.reader is not None:
-            for _, raw, headers in await self.reader.poll_records(timeout):
-                got = self.client.believe(self.inbox, raw, headers, self.key)
-                if got is None or isinstance(got[1], Refusal):
-                    continue
-                if got[0] == self.digest:
-                    out.append(got[1])
-                    if _notice(got[1]) and self.earlier is not None:
-                        out.append(self.earlier)
-                elif self.request_id is not None and _answers(got[1], self.request_id):
-                    self.earlier = got[1]  # the market's answer to an earlier send of this id
-        if self.refusals is not None:
-            for key, raw, headers in await self.refusals.poll_records(0.0 if out else 0.05):
-                if key != self.digest.encode():
-                    continue
-                got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
-                if got is not None and got[0] == self.digest and isinstance(got[1], Refusal):
-                    out.append(self._rejection(got[1]))
+        if self.reader is None:
+            return out
+        for _, raw, headers in await self.reader.poll_records(timeout):
+            got = self.client.believe(self.inbox, raw, headers, self.key)
+            if got is None or isinstance(got[1], Refusal):
+                continue
+            if got[0] == self.digest:
+                out.append(got[1])
+                if _notice(got[1]) and self.earlier is not None:
+                    out.append(self.earlier)
+            elif self.request_id is not None and _answers(got[1], self.request_id):
+                self.earlier = got[1]  # the market's answer to an earlier send of this id
         return out
+
+    async def _refusal(self) -> None:
+        assert self.refusals is not None
+        for key, raw, headers in await self.refusals.poll_records(0.05):
+            if key != self.digest.encode():
+                continue
+            got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
+            if got is not None and got[0] == self.digest and isinstance(got[1], Refusal):
+                self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
 
     def _rejection(self, refusal: Refusal) -> Rejection:
         """A refusal as the rejection it summarises (nothing of the event is in it)."""

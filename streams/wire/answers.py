@@ -78,8 +78,8 @@ REFUSAL_TEXTS: dict[str, str] = {
 written by the market, never by the event's sender, since the record is public."""
 _GENERIC = "refused; a sender whose signature was proved finds the rejection in its inbox"
 REFUSAL_BYTES = 512
-"""The most a refusal record takes: key (64), value and header (98), which a test checks for
-every code's text."""
+"""The most a refusal record takes: key (64 bytes), value, and header (14 + 97 bytes), which a
+test checks for every code's text."""
 
 
 class AnswerError(ValueError):

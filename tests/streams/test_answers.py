@@ -315,3 +315,18 @@ async def _open(market: Market, who: Party) -> None:
     async with MarketClient(market.broker.bootstrap, market.topics, party=who) as c:
         got = await c.open_account()
         assert got.type == "account", got
+
+
+def test_a_worker_with_another_signing_key_refuses_to_start() -> None:
+    """Clients believe only the key the market's identity publishes: a worker signing with
+    another would have every answer refused, so it does not start."""
+    from streams.core import MarketKeys
+    from streams.worker.identity import MarketIdentityError, _compare, identity_of
+
+    ours = identity_of(TEST_KEYS)
+    assert ours.market_public_key == TEST_KEYS.public_key_b64
+    other = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(b"o" * 32),
+                       noise_secret=TEST_KEYS.noise_secret)  # fmt: skip
+    with pytest.raises(MarketIdentityError, match="signing key"):
+        _compare(identity_of(other), ours, "t.market")
+    _compare(identity_of(other), ours.model_copy(update={"market_public_key": None}), "t.market")

@@ -307,6 +307,7 @@ def test_the_cli_flags_forgeries_and_reports_refusals_at_once(market: Market,
     took = time.monotonic() - started
     assert r.returncode == 1 and "unknown_account" in r.stderr, (r.stdout, r.stderr)
     assert took < 20, took
+    print(f"buy without an account: refused in {took:.1f} s")
     r = _cli(market, "tail", "--key-file", str(stranger))  # and `tail` says so, not exit 0
     assert r.returncode == 1 and "never confirmed account 'newcomer'" in r.stderr, r.stderr
 

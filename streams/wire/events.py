@@ -92,6 +92,7 @@ __all__ = [
     "QuoteAnswer",
     "QuoteRequest",
     "ReceiptModel",
+    "Refusal",
     "Rejection",
     "ReleasedValue",
     "RetiredKey",
@@ -1059,7 +1060,27 @@ class MarketIdentity(_Event):
         "absent in markets whose changelogs carry none",
     )
     market_key_id: KeyId
+    market_public_key: PublicKey | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the Ed25519 key that signs receipts and every answer, base64 of the raw 32 "
+        "bytes (docs/protocol.md §12); absent in markets made before",
+    )
     created_at_ms: Millis
+
+
+class Refusal(_Event):
+    """Why the market refused an event, for whoever sent its bytes (``<p>.refusals``).
+
+    Keyed by the SHA-256 of the refused event's exact bytes and signed by the market, so a
+    sender the market could not prove (no account yet, a bad signature) learns the reason at
+    once. It holds a reason code and a fixed text for that code only: nothing of the event, no
+    number, no id, nothing its sender chose (the record is public).
+    """
+
+    type: Literal["refusal"] = "refusal"
+    reason: str = Field(description="machine-readable code, as in the rejection")
+    message: str = Field(description="what the code means and what to do (a fixed text per code)")
 
 
 InboxPayload = (
@@ -1088,6 +1109,7 @@ SCHEMAS: dict[str, TypeAdapter[Any]] = {
     "rejections": TypeAdapter(Rejection),
     "deadletters": TypeAdapter(DeadLetter),
     "market": TypeAdapter(MarketIdentity),
+    "refusals": TypeAdapter(Refusal),
 }
 """Topic family → adapter; :func:`published_schema` is the published schema of each."""
 

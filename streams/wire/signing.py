@@ -42,6 +42,7 @@ version, even after a rotation back to their key. The fields are every one that 
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -65,6 +66,7 @@ from .events import (
 )
 
 __all__ = [
+    "answer_bytes",
     "canonical_bytes",
     "key_id_of",
     "parse_signing_key",
@@ -204,6 +206,17 @@ def canonical_bytes(market: str, event: Any, generation: int = 1) -> bytes:
         c.i(generation)  # version 1's bytes are those every signature before versions had
     _FIELDS[kind](c, event)
     return c.done()
+
+
+def answer_bytes(market: str, topic: str, request_sha256: str | None, value: bytes) -> bytes:
+    """The bytes the market signs for a message it writes to an inbox or to the refusals
+    record (docs/protocol.md §12): the same tagged form as a party's
+    events, of kind ``answer``, over the topic written, the hex SHA-256 of the event answered
+    (``n`` for a message that answers no single event: a batch's deliveries) and the hex
+    SHA-256 of the message's exact value bytes. The topic binds it to one inbox, the request
+    to one event: neither can be moved to another."""
+    c = _Canon(market, "answer").s(topic).s(request_sha256)
+    return c.s(hashlib.sha256(value).hexdigest()).done()
 
 
 def public_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:

@@ -235,7 +235,7 @@ def test_bad_input_becomes_a_rejection_with_reason(
 
 def test_rejected_purchase_also_reaches_the_buyer(core: MarketCore) -> None:
     out = core.handle(T.purchases, purchase("temp", "alice", "p", target_level=9.0))
-    assert {o.topic for o in out.outputs} == {T.rejections, "t.inbox.alice"}
+    assert {o.topic for o in out.outputs} == {T.rejections, T.refusals, "t.inbox.alice"}
 
 
 def test_resent_value_is_deduplicated_never_renoised(core: MarketCore) -> None:
@@ -719,7 +719,7 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
     def distinct(a: str, b: str) -> None:
         assert (t.inbox(a) == t.inbox(b)) == (a == b)
         assert t.inbox(a) not in {t.accounts, t.values, t.purchases, t.registrations, t.catalog,
-                                  t.rejections, t.deadletters, t.identity}  # fmt: skip
+                                  t.rejections, t.deadletters, t.identity, t.refusals}  # fmt: skip
 
     distinct()
 

@@ -42,7 +42,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
           "leave this running and use a second terminal:", flush=True)  # fmt: skip
     pages = f"http://{settings.web_host}:{settings.web_port}"
-    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages}", flush=True)
+    market_key = _market_key_of(settings)
+    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
+          flush=True)  # fmt: skip
+    print("  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with; clients "
+          "believe nothing it did not sign)", flush=True)  # fmt: skip
     print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
           flush=True)  # fmt: skip
     print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
@@ -52,6 +56,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _market_key_of(settings: Any) -> str:
+    """The public half of the key the worker will sign with (loaded, or made, as it will)."""
+    from ...worker.secrets import load_or_create_keys  # noqa: PLC0415
+
+    return str(load_or_create_keys(settings.data_dir).public_key_b64)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast install serve bench report soak schemas clean
+.PHONY: demo test test-fast install serve bench report soak schemas vectors clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ soak: $(VENV)/.installed
 
 schemas: $(VENV)/.installed
 	$(PY) -m streams schemas --out docs/schemas
+
+# the protocol's test vectors (docs/protocol.md §10), checked by tests/streams/test_protocol_spec.py
+vectors: $(VENV)/.installed
+	$(PY) -m streams vectors --out docs/vectors
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis data

@@ -44,6 +44,7 @@ import hashlib
 import itertools
 import math
 import struct
+import unicodedata
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -139,18 +140,30 @@ def threshold(
 
 
 def string_key(text: str) -> int:
-    """The public key of a string in a histogram over strings: 62 bits of its SHA-256.
+    """The public key of a string in a histogram over strings: 62 bits of the SHA-256 of its
+    Unicode NFC form.
 
     Public and fixed, so a buyer maps the keys of a release back to the strings it knows. The
     string itself is never released: showing it only for keys that are in the data would tell
-    those apart from the keys with a zero count that the noise lets through.
+    those apart from the keys with a zero count that the noise lets through. The text is put in
+    Normalization Form C first: "Zürich" typed on one system and read from a file name on
+    another (decomposed, ``u`` + U+0308) are one key to the seller, the buyer and the market,
+    so a buyer names every key in the form it has at hand.
+
+    Raises
+    ------
+    UnicodeEncodeError
+        ``text`` holds a lone surrogate, which no UTF-8 text does.
 
     Examples
     --------
     >>> string_key("berlin") == string_key("berlin") != string_key("Berlin")
     True
+    >>> string_key("Z\u00fcrich") == string_key("Zu\u0308rich")
+    True
     """
-    digest = hashlib.sha256(_KEY_LABEL + text.encode("utf-8")).digest()
+    nfc = unicodedata.normalize("NFC", text)
+    digest = hashlib.sha256(_KEY_LABEL + nfc.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") >> 2
 
 

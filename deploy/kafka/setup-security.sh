@@ -7,13 +7,16 @@
 # and the market checks the signature whoever wrote it):
 #   market-worker  reads the input topics (and writes them: a signed event a producer put on
 #                  another partition than its id's is moved to its own), owns its consumer group
-#                  and Faust's internal topics, writes the catalog, rejections, dead letters, its
-#                  identity record and every inbox (it creates them when accounts are opened)
+#                  and Faust's internal topics, writes the catalog, rejections, refusals, dead
+#                  letters, its identity record and every inbox (it creates them when accounts
+#                  are opened)
 #   operator       reads the rejections and dead letters (`epsilon-market rejections`)
 #   <seller>       one principal per seller: writes accounts, registrations and values, reads the
-#                  catalog and ONLY its own inbox <prefix>.inbox.<seller>
+#                  catalog, the market's identity and refusals (public, signed: the clients
+#                  read the market's key and why an event was refused there) and ONLY its own
+#                  inbox <prefix>.inbox.<seller>
 #   <buyer>        one principal per buyer: writes accounts and purchases, reads the catalog and
-#                  ONLY its own inbox <prefix>.inbox.<buyer>
+#                  the identity and refusals, and ONLY its own inbox <prefix>.inbox.<buyer>
 # The SASL user name of a party is its account id.
 set -euo pipefail
 : "${BOOTSTRAP:?}" "${PREFIX:?}" "${PARTITIONS:?}" "${APP_ID:?}" "${ADMIN_PASSWORD:?}"
@@ -77,13 +80,15 @@ topic "$PREFIX.catalog" 1 --config cleanup.policy=compact
 topic "$PREFIX.rejections" 1 --config retention.ms=$((30 * DAY))
 topic "$PREFIX.deadletters" 1 --config retention.ms=$((30 * DAY))
 topic "$PREFIX.market" 1 --config retention.ms=-1
+topic "$PREFIX.refusals" 1 --config cleanup.policy=compact,delete --config retention.ms=$DAY \
+  --config retention.bytes=$((64 * 1024 * 1024))
 
 scram market-worker "$WORKER_PASSWORD"
 W=(--allow-principal User:market-worker)
 for t in accounts registrations values purchases; do
   acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.$t"
 done
-for t in catalog rejections deadletters; do
+for t in catalog rejections refusals deadletters; do
   acl "${W[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"
 done
 acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.market"
@@ -106,7 +111,9 @@ party() {  # name password topic-it-writes...
   for t in accounts "$@"; do
     acl "${P[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"
   done
-  acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
+  for t in catalog market refusals; do
+    acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.$t"
+  done
   acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.inbox.$name"
 }
 

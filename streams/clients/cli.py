@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prefix", default=os.environ.get("EMARKET_PREFIX", "emarket"),
                    help="the market's topic prefix (default emarket)")  # fmt: skip
+    p.add_argument("--market-key", default=os.environ.get("EMARKET_MARKET_KEY") or None,
+                   help="the market's Ed25519 key (base64) its answers must be signed with; "
+                   "default $EMARKET_MARKET_KEY, else the one the market's identity record "
+                   "publishes")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)
     party.add_commands(sub)

@@ -11,6 +11,16 @@ A value batch's numbers are **sealed to the market's key** before they are sent
 catalog entry, or the one the client is given (``market_sealing_key``: pin it where whoever
 may write the catalog topic is not only the market).
 
+The client **believes only what the market signed**: every message the market writes to an
+inbox, and every refusal, carries its Ed25519 signature over the topic, the SHA-256 of the
+event answered and the message's bytes (:mod:`streams.wire.answers`). An answer counts only if
+it verifies under the market's key (``market_public_key``, or the one the market's identity
+record ``<p>.market`` publishes, pinned for the client's life) *and* answers the exact bytes
+this client sent; anything else in the inbox is skipped, a forgery with a warning
+(``on_warning``). After sending, the client also watches ``<p>.refusals`` for those bytes, so a
+refusal of an event the market could not attribute (no account, a bad signature) is reported at
+once rather than after the timeout.
+
 Requests are **retried by resending the same event** (same id, same timestamps, same
 signature) when no answer arrives in time: the market treats the id as an idempotency key, so a
 resend can never charge twice or draw new noise, and it repairs the rare case of a worker
@@ -22,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -29,18 +40,25 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from market.errors import ReceiptError
+from market.receipts import parse_public_key
 
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
+from ..wire.answers import AnswerError, describe, verify_answer
 from ..wire.events import (
     INBOX_EVENT,
     AccountState,
     CatalogEntry,
     InboxPayload,
+    MarketIdentity,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
     QuoteRequest,
+    Refusal,
     Rejection,
     StreamRegistration,
     ValueBatch,
@@ -51,12 +69,23 @@ from ..wire.sealing import open_event, seal_values
 from ..wire.topics import Topics
 from .keys import Party
 
-__all__ = ["InboxEvent", "MarketClient", "TopicReader", "ValueData", "now_ms"]
+__all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "TopicReader", "ValueData", "now_ms"]
 
 ValueData = Sequence[float] | Mapping[str, float] | Mapping[int, float]
 """A value's numbers; on a histogram stream, its counts by key (a key not listed counts 0)."""
 
 InboxEvent = InboxPayload
+Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
+"""A record as read: key, value and headers."""
+
+log = logging.getLogger("emarket.client")
+
+REFUSAL_GRACE = 1.0
+"""Seconds a refusal waits for the inbox's rejection of the same bytes, which says more."""
+
+
+class MarketKeyError(ValueError):
+    """The market's signing key is not known: nothing the market says can be checked."""
 
 
 def now_ms() -> int:
@@ -84,7 +113,9 @@ class TopicReader:
             fetch_max_bytes=64 * 1024 * 1024,
         )
 
-    async def start(self, wait: float = 5.0) -> None:
+    async def start(self, wait: float = 5.0, *, from_end: bool = False) -> None:
+        """Assign every partition and seek to its beginning (``from_end``: to the newest
+        record, one back: the embedded broker may answer an end one record too far)."""
         try:
             await self._consumer.start()
         except BaseException:
@@ -105,14 +136,25 @@ class TopicReader:
                 raise LookupError(f"topic {topic} does not exist")
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
-        await self._consumer.seek_to_beginning(*tps)
+        if not from_end:
+            await self._consumer.seek_to_beginning(*tps)
+            return
+        ends = await self._consumer.end_offsets(tps)
+        for tp in tps:
+            self._consumer.seek(tp, max(0, ends[tp] - 1))
 
     async def stop(self) -> None:
         await self._consumer.stop()
 
     async def poll(self, timeout: float = 0.5) -> list[tuple[bytes | None, bytes]]:
+        return [(k, v) for k, v, _ in await self.poll_records(timeout)]
+
+    async def poll_records(self, timeout: float = 0.5) -> list[Message]:
+        """Like :meth:`poll`, with each record's headers (what carries the market's
+        signature of an answer)."""
         batch = await self._consumer.getmany(timeout_ms=int(timeout * 1000))
-        return [(r.key, r.value) for recs in batch.values() for r in recs if r.value is not None]
+        return [(r.key, r.value, list(r.headers or ())) for recs in batch.values() for r in recs
+                if r.value is not None]  # fmt: skip
 
 
 class MarketClient:
@@ -127,13 +169,20 @@ class MarketClient:
         auth: dict[str, Any] | None = None,
         market_sealing_key: str | None = None,
         seal_values: bool = True,
+        market_public_key: str | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         """``auth``: aiokafka SASL keyword arguments (see :func:`streams.broker.auth.kafka_auth`);
         defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set.
         ``market_sealing_key``: the market's X25519 key to seal values to (default: read from
         the catalog); ``seal_values`` False sends clear numbers (a market refuses them unless
-        its operators accept them while clients migrate)."""
+        its operators accept them while clients migrate). ``market_public_key``: the market's
+        Ed25519 key (base64) that answers must be signed with (default: the one ``<p>.market``
+        publishes); ``on_warning`` is told of every message skipped as not the market's."""
         self.bootstrap = bootstrap
+        self.market_public_key = market_public_key
+        self._market_key: Ed25519PublicKey | None = None
+        self.on_warning = on_warning or log.warning
         self.market_sealing_key = market_sealing_key
         self.seal_values = seal_values
         self.topics = topics or Topics()
@@ -180,30 +229,101 @@ class MarketClient:
     async def send(self, topic: str, key: str, payload: bytes) -> None:
         await self._producer.send_and_wait(topic, payload, key=key.encode())
 
+    async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
+        """The key every answer must be signed with: the one given, else the one the first
+        record of ``<p>.market`` publishes (the record every worker of the market checks its
+        secrets against), read once and kept; waits up to ``wait`` seconds for a market whose
+        first worker has not started yet.
+
+        Raises
+        ------
+        MarketKeyError
+            The record publishes no key (a market made before answers were signed) or no valid
+            one.
+        TimeoutError
+            No record within ``wait``: no worker of this market has ever started.
+        """
+        if self._market_key is None:
+            text = self.market_public_key or await self._published_key(wait)
+            try:
+                self._market_key = parse_public_key(text)
+            except ReceiptError as exc:
+                raise MarketKeyError(f"the market's key: {exc.message}") from None
+        return self._market_key
+
+    async def _published_key(self, wait: float) -> str:
+        deadline = time.monotonic() + wait
+        first = None
+        while first is None and time.monotonic() < deadline:
+            reader = TopicReader(self.bootstrap, self.topics.identity, **self.auth)
+            try:
+                await reader.start(wait=max(0.1, min(2.0, deadline - time.monotonic())))
+            except LookupError:
+                continue
+            try:
+                while first is None and time.monotonic() < deadline:
+                    batch = await reader.poll(0.2)
+                    first = batch[0][1] if batch else None  # the one the workers check
+            finally:
+                await reader.stop()
+        if first is None:
+            raise TimeoutError(f"no market identity on {self.topics.identity} within {wait}s: "
+                               "has a worker of this market started?")  # fmt: skip
+        try:
+            key = MarketIdentity.model_validate_json(first).market_public_key
+        except ValueError:
+            key = None
+        if key is None:
+            raise MarketKeyError(
+                f"{self.topics.identity} publishes no market key (a market made before answers "
+                "were signed): pass the market's key (market_public_key in the catalog)"
+            )
+        return key
+
+    def believe(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]], key: Ed25519PublicKey
+    ) -> tuple[str | None, InboxEvent | Refusal] | None:
+        """(the SHA-256 of the event it answers, the message) if the market signed ``value``
+        for ``topic``; else None, with a warning."""
+        try:
+            request = verify_answer(key, self.market, topic, value, headers)
+        except AnswerError as exc:
+            self.on_warning(f"warning: ignored {describe(value)} in {topic}: {exc}; it was "
+                            "written by someone else (forged?)")  # fmt: skip
+            return None
+        try:
+            if topic == self.topics.refusals:
+                return request, Refusal.model_validate_json(value)
+            return request, INBOX_EVENT.validate_json(value)
+        except ValueError:  # signed, of a type this client does not know
+            return None
+
     # -- accounts -------------------------------------------------------------------------------
     async def open_account(
         self, party: Party | None = None, *, timeout: float = 30.0
     ) -> AccountState | Rejection:
-        """Open the party's account (pin its keys) and wait until the market confirms it."""
+        """Open the party's account (pin its keys) and wait until the market confirms it.
+
+        Raises
+        ------
+        ValueError
+            The market's answer pins other keys than the party's (never the case for a
+            genuine answer to this request: the account belongs to another key).
+        """
         me = self._me(party)
         event = me.open_account(self.market)
         payload = event.model_dump_json().encode()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await self.send(self.topics.accounts, me.account_id, payload)
-            reader = TopicReader(self.bootstrap, self.topics.inbox(me.account_id), **self.auth)
-            try:  # the inbox is created with the account: wait for it, resend now and then
-                await reader.start(wait=min(15.0, max(0.1, deadline - time.monotonic())))
-            except LookupError:
-                continue
-            try:
-                got = await self._await(reader, me, lambda ev: isinstance(ev, AccountState),
-                                        deadline)  # fmt: skip
-                assert isinstance(got, AccountState | Rejection)
-                return got
-            finally:
-                await reader.stop()
-        raise TimeoutError(f"account {me.account_id} not confirmed within {timeout}s")
+        got = await self._request(
+            self.topics.accounts, me.account_id, payload,
+            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
+            timeout=timeout, create_inbox=False,
+        )  # fmt: skip
+        assert isinstance(got, AccountState | Rejection)
+        if isinstance(got, AccountState) and (got.signing_key, got.sealing_key) != (
+            me.public_key, me.sealing_public_key
+        ):
+            raise ValueError(f"account {me.account_id!r} belongs to another key ({got.key_id})")
+        return got
 
     # -- sellers ----------------------------------------------------------------------------------
     async def register(
@@ -213,13 +333,12 @@ class MarketClient:
         entry or the rejection."""
         me = self._me(party)
         reg = me.sign(StreamRegistration, self.market, **{"seller_id": me.account_id, **fields})
+        payload = reg.model_dump_json().encode()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
-        inbox = TopicReader(self.bootstrap, self.topics.inbox(me.account_id), **self.auth)
         await catalog.start()
-        await inbox.start()
+        watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
+                                  payload, None, wait=timeout)  # fmt: skip
         try:
-            payload = reg.model_dump_json().encode()
-            digest = hashlib.sha256(payload).hexdigest()
             await self.send(self.topics.registrations, reg.stream_id, payload)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -229,14 +348,13 @@ class MarketClient:
                         if entry.market_sealing_key is not None:
                             self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
-                for _, raw in await inbox.poll(0.05):
-                    ev = INBOX_EVENT.validate_json(raw)
-                    if isinstance(ev, Rejection) and ev.payload_sha256 == digest:
+                for ev in await watch.poll(0.05):
+                    if isinstance(ev, Rejection):
                         return ev
             raise TimeoutError(f"no catalog entry for {reg.stream_id} in {timeout}s")
         finally:
             await catalog.stop()
-            await inbox.stop()
+            await watch.stop()
 
     def value_batch(
         self, stream_id: str, items: Sequence[tuple[str | None, ValueData, int | None]],
@@ -448,7 +566,7 @@ class MarketClient:
         got = await self._request(
             self.topics.purchases, stream_id, req.model_dump_json().encode(),
             lambda ev: _answers(ev, pid), inbox=me.account_id, opener=me, timeout=timeout,
-            resend_every=resend_every,
+            resend_every=resend_every, request_id=pid,
         )  # fmt: skip
         assert isinstance(got, PurchaseFulfilled | Rejection)
         return got
@@ -474,7 +592,7 @@ class MarketClient:
         got = await self._request(
             self.topics.purchases, stream_id, req.model_dump_json().encode(),
             lambda ev: _answers(ev, qid), inbox=me.account_id, timeout=timeout,
-            resend_every=timeout,
+            resend_every=timeout, request_id=qid,
         )  # fmt: skip
         assert isinstance(got, QuoteAnswer | Rejection)
         return got
@@ -485,15 +603,19 @@ class MarketClient:
         """Every event in the party's inbox from the beginning (sealed releases opened with its
         sealing key); stops after ``idle_timeout`` seconds without events."""
         me = self._me(party)
+        key = await self.market_key()
+        topic = self.topics.inbox(me.account_id)
         reader = await self._inbox(me.account_id)
         try:
             idle_since = time.monotonic()
             while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
-                batch = await reader.poll(0.3)
+                batch = await reader.poll_records(0.3)
                 if batch:
                     idle_since = time.monotonic()
-                for _, raw in batch:
-                    yield self._open(INBOX_EVENT.validate_json(raw), me)
+                for _, raw, headers in batch:
+                    got = self.believe(topic, raw, headers, key)
+                    if got is not None and not isinstance(got[1], Refusal):
+                        yield self._open(got[1], me)
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
@@ -512,6 +634,25 @@ class MarketClient:
             return ev
         return open_event(ev, me.sealing_key)
 
+    async def _watch(self, inbox: str, sent_to: str, payload: bytes, request_id: str | None, *,
+                     create_inbox: bool = True, wait: float = 30.0) -> _Watch:  # fmt: skip
+        """Start watching for the answer to ``payload`` (to be sent to ``sent_to``): ``inbox``
+        from its beginning and the refusals from their end (before it is sent, so no answer can
+        be missed)."""
+        key = await self.market_key(wait=wait)
+        refusals: TopicReader | None = TopicReader(self.bootstrap, self.topics.refusals,
+                                                   **self.auth)  # fmt: skip
+        assert refusals is not None
+        try:
+            await refusals.start(wait=1.0, from_end=True)
+        except LookupError:  # a market made before refusals were recorded
+            refusals = None
+        if create_inbox:
+            with contextlib.suppress(Exception):  # parties may lack the right to create topics
+                await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)],
+                                    **self.auth)  # fmt: skip
+        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals)
+
     async def _request(
         self,
         topic: str,
@@ -523,9 +664,13 @@ class MarketClient:
         opener: Party | None = None,
         timeout: float,
         resend_every: float = 15.0,
+        create_inbox: bool = True,
+        request_id: str | None = None,
     ) -> InboxEvent:
-        """Send ``payload`` (again every ``resend_every`` s) until ``inbox`` holds an answer."""
-        reader = await self._inbox(inbox)
+        """Send ``payload`` (again every ``resend_every`` s) until the market answers it: in
+        ``inbox`` (an answer to these bytes that ``answers`` accepts) or with a refusal."""
+        watch = await self._watch(self.topics.inbox(inbox), topic, payload, request_id,
+                                  create_inbox=create_inbox, wait=timeout)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
             next_send = 0.0
@@ -533,23 +678,95 @@ class MarketClient:
                 if time.monotonic() >= next_send:
                     await self.send(topic, key, payload)
                     next_send = time.monotonic() + resend_every
-                for _, raw in await reader.poll(0.2):
-                    ev = INBOX_EVENT.validate_json(raw)
+                for ev in await watch.poll(0.2):
                     if answers(ev):
                         return ev if opener is None else self._open(ev, opener)
             raise TimeoutError(f"no answer on {self.topics.inbox(inbox)} within {timeout}s")
         finally:
-            await reader.stop()
+            await watch.stop()
 
-    async def _await(
-        self, reader: TopicReader, me: Party, match: Callable[[InboxEvent], bool], deadline: float
-    ) -> InboxEvent:
-        while time.monotonic() < deadline:
-            for _, raw in await reader.poll(0.2):
-                ev = INBOX_EVENT.validate_json(raw)
-                if match(ev):
-                    return ev
-        raise TimeoutError(f"no answer on {self.topics.inbox(me.account_id)}")
+
+class _Watch:
+    """Where the answer to one sent event can appear, read with the market's key: the
+    sender's inbox (answers to these exact bytes only) and the refusals (the record keyed by
+    their SHA-256, as a :class:`Rejection`). A refusal is taken only if the inbox brings no
+    rejection within :data:`REFUSAL_GRACE` seconds: a proven sender's rejection, sent with it,
+    says more (its message names the field or bound at fault).
+
+    An answer to other bytes is not this event's, except in one case the market vouches for:
+    a resend of a request id with the same terms but another send time (a new process) is told
+    ``already_answered``, bound to these bytes, and then the market's earlier answer to that id
+    is the answer.
+    """
+
+    def __init__(self, client: MarketClient, key: Ed25519PublicKey, inbox: str,
+                 sent: tuple[str, bytes], request_id: str | None,
+                 refusals: TopicReader | None) -> None:  # fmt: skip
+        self.client, self.key, self.inbox = client, key, inbox
+        self.sent_to, self.payload = sent
+        self.digest = hashlib.sha256(self.payload).hexdigest()
+        self.request_id, self.refusals = request_id, refusals
+        self.reader: TopicReader | None = None
+        self.earlier: InboxEvent | None = None
+        self.refused: tuple[float, Rejection] | None = None
+
+    async def poll(self, timeout: float) -> list[InboxEvent]:
+        """What arrived for this event: the inbox's answers to it, else its refusal."""
+        out = await self._inbox(timeout)
+        if self.refusals is not None and not out:
+            await self._refusal()
+        if not out and self.refused is not None and time.monotonic() >= self.refused[0]:
+            out.append(self.refused[1])
+        return out
+
+    async def _inbox(self, timeout: float) -> list[InboxEvent]:
+        out: list[InboxEvent] = []
+        if self.reader is None:  # the inbox of an account being opened appears with it
+            reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
+            with contextlib.suppress(LookupError):
+                await reader.start(wait=timeout)
+                self.reader = reader
+        if self.reader is None:
+            return out
+        for _, raw, headers in await self.reader.poll_records(timeout):
+            got = self.client.believe(self.inbox, raw, headers, self.key)
+            if got is None or isinstance(got[1], Refusal):
+                continue
+            if got[0] == self.digest:
+                out.append(got[1])
+                if _notice(got[1]) and self.earlier is not None:
+                    out.append(self.earlier)
+            elif self.request_id is not None and _answers(got[1], self.request_id):
+                self.earlier = got[1]  # the market's answer to an earlier send of this id
+        return out
+
+    async def _refusal(self) -> None:
+        assert self.refusals is not None
+        for key, raw, headers in await self.refusals.poll_records(0.05):
+            if key != self.digest.encode():
+                continue
+            got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
+            if got is not None and got[0] == self.digest and isinstance(got[1], Refusal):
+                self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
+
+    def _rejection(self, refusal: Refusal) -> Rejection:
+        """A refusal as the rejection it summarises (nothing of the event is in it)."""
+        return Rejection(
+            reason=refusal.reason, message=refusal.message, source_topic=self.sent_to,
+            request_id=self.request_id, payload="", payload_bytes=len(self.payload),
+            payload_sha256=self.digest, details={"from": self.client.topics.refusals},
+        )  # fmt: skip
+
+    async def stop(self) -> None:
+        for reader in (self.reader, self.refusals):
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.stop()
+
+
+def _notice(ev: InboxEvent) -> bool:
+    """Whether ``ev`` says the request was answered before (not the answer itself)."""
+    return isinstance(ev, Rejection) and ev.reason == "already_answered"
 
 
 def _answers(ev: InboxEvent, request_id: str) -> bool:

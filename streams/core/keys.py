@@ -2,7 +2,8 @@
 
 Loading them from files or the environment is the worker's job
 (:mod:`streams.worker.secrets`); the core only signs with one and derives noise from the other,
-and from the noise secret also the key sellers seal their values to.
+and from the noise secret also the key sellers seal their values to and the key receipts'
+openings are derived under.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from market.envelope import public_key_b64
-from market.receipts import key_id
+from market.receipts import key_id, opening_key
 
 __all__ = ["MarketKeys", "public_key_from_b64"]
 
@@ -38,6 +39,13 @@ class MarketKeys:
     @cached_property
     def key_id(self) -> str:
         return key_id(self.public_key)
+
+    @cached_property
+    def opening_key(self) -> bytes:
+        """The key receipts' openings are derived under (:func:`market.receipts.opening_key`):
+        from the noise secret, so every worker of a market, and a replay, gives a purchase the
+        same opening."""
+        return opening_key(self.noise_secret)
 
     @cached_property
     def sealing_key(self) -> X25519PrivateKey:

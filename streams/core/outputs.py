@@ -27,12 +27,14 @@ Status = Literal[
 @dataclass(frozen=True)
 class Output:
     """One message to produce: a topic, a key and the exact bytes (and a partition, for an
-    event forwarded to the input partition it belongs on; else the key's)."""
+    event forwarded to the input partition it belongs on; else the key's), with the record
+    headers it carries (the market's signature on an answer, :mod:`streams.core.answering`)."""
 
     topic: str
     key: bytes | None
     value: bytes
     partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)

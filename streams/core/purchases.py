@@ -16,8 +16,9 @@ covered left the window, the buyer's sealing key changed), the resend gets a sho
 ``already_answered`` notice naming when it was answered: never silence, never new bytes.
 
 A fulfilment releases the level bought on every value in the stream's window, charges
-``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers (and
-their envelope, when sealed).
+``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers with
+a commitment (opened by an opening only the buyer is given, beside the numbers) and their
+envelope, when sealed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import hashlib
 from market import MarketError
 from market.envelope import ciphertext_digest
 from market.pricing import StepPlan
-from market.receipts import Receipt, ReleaseTriple, release_digest, sign_receipt
+from market.receipts import Receipt, ReleaseTriple, commitment, derive_opening, sign_receipt
 
 from ..wire.events import (
     UNIT_OF,
@@ -356,7 +357,7 @@ def _decision(ctx: Context, req: PurchaseRequest, stream: Stream[Product], step:
 
 
 def _digested(releases: list[ReleasedValue]) -> list[ReleaseTriple]:
-    """What the receipt's digest covers: each release's numbers, and a histogram's keys."""
+    """What the receipt's commitment covers: each release's numbers, and a histogram's keys."""
     return [
         (r.value_id, r.level, r.values) if r.keys is None
         else (r.value_id, r.level, r.values, r.keys)
@@ -374,9 +375,15 @@ def _fulfilled(
 ) -> PurchaseFulfilled:
     """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt."""
     reg = stream.registration
+    opening = derive_opening(
+        ctx.keys.opening_key, buyer_id=req.buyer_id, stream_id=reg.stream_id,
+        purchase_id=req.purchase_id, requested_at_ms=req.requested_at_ms,
+        level_after=step.after,
+    )  # fmt: skip
     sealed: Envelope | None = None
     if sealing_key:
-        sealed = seal_releases(ctx.sealer, sealing_key, releases, purchase_aad(req.purchase_id))
+        sealed = seal_releases(ctx.sealer, sealing_key, releases, purchase_aad(req.purchase_id),
+                               opening)  # fmt: skip
     receipt = Receipt(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,
@@ -388,7 +395,7 @@ def _fulfilled(
         level_after=step.after,
         price_minor=step.price_minor,
         currency=reg.currency,
-        release_digest=release_digest(_digested(releases)),
+        commitment=commitment(opening, _digested(releases)),
         receipt_version=stream.product.receipt_version,
         requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,
@@ -406,6 +413,7 @@ def _fulfilled(
         currency=reg.currency,
         releases=[] if sealed else releases,
         sealed=sealed,
+        opening=None if sealed else opening.hex(),  # in clear only beside numbers in clear
         receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
         error_model=error_info(reg, step.after),
     )

@@ -57,6 +57,7 @@ from ..wire.events import (
 from ..wire.sealing import open_values
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from . import accounts, purchases, quotes, registrations, values
+from .answering import sign_deliveries, sign_outcome
 from .auth import acting_for, authenticate
 from .context import Context, Limits
 from .delivery import Deliveries
@@ -149,9 +150,16 @@ class MarketCore:
 
         With ``final`` False an event naming an account the directory does not know yet is
         *deferred* (status ``"deferred"``, nothing changed): the worker lets its directory
-        catch up and hands the event in again with ``final`` True.
+        catch up and hands the event in again with ``final`` True. Every message of the outcome
+        to an inbox is signed as the answer to these bytes, and a refusal is recorded for them
+        (:mod:`.answering`).
         """
         raw = value or b""
+        return sign_outcome(self.ctx, self._handle(topic, raw, partition, offset, final), raw)
+
+    def _handle(
+        self, topic: str, raw: bytes, partition: int | None, offset: int | None, final: bool
+    ) -> Outcome:
         if not self._batched:  # one event is its own batch: its outputs go before the next
             self.ctx.records.begin_batch()
         src: Source = (topic, partition, offset, raw)
@@ -243,11 +251,13 @@ class MarketCore:
     ) -> Outcome:  # fmt: skip
         """The rejection of an event whose processing failed outside the core's own guard."""
         kind: Kind = "unknown"
-        return rejection(self.ctx, kind, (topic, partition, offset, value or b""), Reject(
+        raw = value or b""
+        refused = rejection(self.ctx, kind, (topic, partition, offset, raw), Reject(
             "internal_error",
             "the market could not process this event; the operators have been alerted "
             f"({type(exc).__name__})",
         ))  # fmt: skip
+        return sign_outcome(self.ctx, refused, raw)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[Output]]:
@@ -264,6 +274,7 @@ class MarketCore:
         try:
             with self.ctx.deliveries.batch() as outputs:
                 yield outputs
+            sign_deliveries(self.ctx, outputs)
         finally:
             self._batched = False
 

@@ -92,6 +92,7 @@ __all__ = [
     "QuoteAnswer",
     "QuoteRequest",
     "ReceiptModel",
+    "Refusal",
     "Rejection",
     "ReleasedValue",
     "RetiredKey",
@@ -104,6 +105,7 @@ __all__ = [
     "ValueReleased",
     "ValuesAccepted",
     "WindowStatus",
+    "published_schema",
 ]
 
 SCHEMA_VERSION = 1
@@ -135,6 +137,10 @@ KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$", strict=True)
 Signature = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{86}==$", strict=True)]
 """An Ed25519 signature: base64 of 64 bytes."""
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Standard base64 (RFC 4648 §4: ``+`` and ``/``) with its ``=`` padding, no line breaks."""
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$", strict=True)]
+"""A SHA-256 digest in lower-case hex."""
 
 MAX_SAFE_INTEGER = MAX_EXACT_INTEGER
 """The largest integer a party may sign. Beyond it two integers share one double, so a JSON
@@ -156,6 +162,14 @@ def _safe_integer(n: int) -> int:
     return n
 
 
+def _no_negative_zero(x: float) -> float:
+    """``x`` with ``-0.0`` read as ``0.0``: the signed bytes hold ``0.0`` for both
+    (docs/protocol.md §2.5), so the market uses the number that was signed (a value's numbers
+    are read so by :func:`market.levels.as_float_vector`)."""
+    return x + 0.0
+
+
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_no_negative_zero)]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
                    AfterValidator(_safe_integer)]  # fmt: skip
@@ -201,7 +215,8 @@ class _Signed(_Event):
 
     key_id: KeyId = Field(description="the signing key (its account's current key)")
     signature: Signature = Field(
-        description="Ed25519 over the canonical bytes of streams.wire.signing"
+        description="Ed25519 signature, base64 of 64 bytes, of the event's canonical bytes "
+        "(docs/protocol.md §2, §6)"
     )
 
 
@@ -240,7 +255,7 @@ class RotateKeys(_Signed):
     """Replace an account's keys: signed by the current key, and by the new one.
 
     ``version`` must be the account's version + 1, so an old rotation cannot be replayed; every
-    later event of the account is signed at it (:mod:`streams.wire.signing`), so nothing signed
+    later event of the account is signed at it (docs/protocol.md §2.3), so nothing signed
     at an earlier version is applied again, even after a rotation back to an earlier key.
     """
 
@@ -292,7 +307,7 @@ class LinearPrecisionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["linear_precision"] = "linear_precision"
-    rate_per_precision: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    rate_per_precision: Rate
 
 
 class LinearLevelSpec(BaseModel):
@@ -300,7 +315,7 @@ class LinearLevelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["linear_level"] = "linear_level"
-    rate_per_level: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    rate_per_level: Rate
 
 
 LevelKey = Annotated[
@@ -457,7 +472,7 @@ class StreamRegistration(_Signed):
         """Numbers one release takes room for at most, counting a histogram key as one:
         ``dimension``; on a histogram stream its keys and counts and as many for the keys with
         a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
-        is padded to a power of two, see :func:`streams.wire.sealing.padded`)."""
+        is padded to a power of two, see :func:`streams.wire.sealing.padded_length`)."""
         if self.histogram is None:
             return self.dimension
         return 4 * (self.dimension + self.false_key_bound())
@@ -543,7 +558,7 @@ class ValueBatch(_Signed):
     """New values of one stream, signed once (``<p>.values``, key: stream_id).
 
     One Ed25519 verification covers the whole batch; each value is accepted or refused on its
-    own, and the seller is told which in a :class:`ValuesAccepted`.
+    own, and the seller is told which in a ``values_accepted`` event.
     """
 
     type: Literal["values"] = "values"
@@ -568,7 +583,7 @@ class ValueBatch(_Signed):
 class AccuracyTarget(BaseModel):
     """An accuracy a buyer wants, in the value's own units: exactly one of an RMS error per
     coordinate, or the half-width of a ``confidence`` interval. The market sells the cheapest
-    level for sale that meets it (see :mod:`market.accuracy`)."""
+    level for sale that meets it (docs/protocol.md §6.6)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     rmse: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -654,8 +669,10 @@ class CatalogEntry(_Event):
     registration: StreamRegistration
     level_unit: LevelUnit
     accepted_at_ms: Millis
-    market_key_id: str
-    market_public_key: str = Field(description="Ed25519 public key, base64 of the raw 32 bytes")
+    market_key_id: KeyId
+    market_public_key: PublicKey = Field(
+        description="Ed25519 public key, base64 of the raw 32 bytes"
+    )
     market_sealing_key: PublicKey | None = Field(
         None,
         exclude_if=_is_none,
@@ -696,7 +713,7 @@ class ReleasedValue(BaseModel):
 
 
 class ReceiptModel(BaseModel):
-    """Wire form of :class:`market.receipts.Receipt` plus its Ed25519 signature."""
+    """A purchase's receipt with the market's Ed25519 signature (docs/protocol.md §11)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     receipt_version: int
@@ -710,21 +727,36 @@ class ReceiptModel(BaseModel):
     level_after: float
     price_minor: int
     currency: str
-    release_digest: str
     requested_at_ms: int
-    market_key_id: str
-    ciphertext_digest: str = ""
-    signature: str
+    market_key_id: KeyId
+    ciphertext_digest: Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")] = ""
+    commitment: Sha256Hex | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="receipt versions 4 and 5: HMAC-SHA256 commitment to the released numbers "
+        "(64 lower-case hex digits), opened by the outcome's `opening` (docs/protocol.md §11)",
+    )
+    release_digest: Sha256Hex | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="receipt versions 2 and 3 only: SHA-256 of the released numbers",
+    )
+    signature: Signature
 
 
 class Envelope(BaseModel):
-    """Releases sealed for the buyer's X25519 key (see :mod:`market.envelope`)."""
+    """Numbers sealed to an X25519 key: a seller's values to the market's key, a buyer's
+    releases to the buyer's (docs/protocol.md §4)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     alg: Literal["x25519-hkdf-sha256-chacha20poly1305"]
-    epk: str
-    nonce: str
-    ciphertext: str
+    epk: PublicKey = Field(description="the sender's X25519 public key, base64 of 32 bytes")
+    nonce: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]{16}$", strict=True)] = Field(
+        description="the ChaCha20-Poly1305 nonce, base64 of 12 bytes"
+    )
+    ciphertext: Annotated[
+        str, StringConstraints(min_length=24, pattern=BASE64_PATTERN, strict=True)
+    ] = Field(description="base64 of the ciphertext followed by its 16-byte tag")
 
 
 class ErrorModelInfo(BaseModel):
@@ -809,7 +841,16 @@ class PurchaseFulfilled(_Event):
         default_factory=list, description="empty when the releases are sealed"
     )
     sealed: Envelope | None = Field(
-        None, description="the releases (a JSON list) sealed for the buyer's key"
+        None,
+        description="the releases and the opening (a JSON object, `releases` and `opening`) "
+        "sealed for the buyer's key",
+    )
+    opening: str | None = Field(
+        None,
+        exclude_if=_is_none,
+        pattern="^[0-9a-f]{64}$",
+        description="beside releases in clear (unsealed, or opened by the buyer): the 32 bytes "
+        "(hex) that open the receipt's commitment; absent while the releases are sealed",
     )
     receipt: ReceiptModel
     error_model: ErrorModelInfo | None = None
@@ -901,7 +942,7 @@ class Rejection(_Event):
                          "empty for an event on the values topic (its numbers are never quoted)")
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
     payload_bytes: int = Field(description="size of the original event")
-    payload_sha256: str
+    payload_sha256: Sha256Hex
     payload_truncated: bool = False
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -975,7 +1016,7 @@ class DeadLetter(_Event):
     reason: str
     error: str
     value_bytes: int
-    value_sha256: str
+    value_sha256: Sha256Hex
     value_prefix: str = Field(description="the first bytes, UTF-8 with replacement")
     failed_at_ms: Millis
 
@@ -990,22 +1031,24 @@ class MarketIdentity(_Event):
     """
 
     type: Literal["market_identity"] = "market_identity"
-    noise_secret_fingerprint: str = Field(description="HMAC of a fixed label under the secret")
+    noise_secret_fingerprint: Annotated[
+        str, StringConstraints(pattern=r"^[0-9a-f]{32}$", strict=True)
+    ] = Field(description="HMAC of a fixed label under the secret, 32 lower-case hex digits")
     noise_derivation: str = Field(description="version of the keyed chain derivation")
     noise_format: int | None = Field(
         None,
         exclude_if=_is_none,
         description="the noise format (docs/protocol.md §1); absent in markets made with v1",
     )
-    noise_check: str = Field(
+    noise_check: Sha256Hex = Field(
         description="SHA-256 of releases computed for a fixed test key (docs/protocol.md §1.7)"
     )
-    noise_check_discrete: str | None = Field(
+    noise_check_discrete: Sha256Hex | None = Field(
         None,
         exclude_if=_is_none,
         description="noise format v1 only: the same for discrete Laplace chains",
     )
-    noise_check_histogram: str | None = Field(
+    noise_check_histogram: Sha256Hex | None = Field(
         None,
         exclude_if=_is_none,
         description="the same for histogram chains (absent in markets made before them)",
@@ -1016,8 +1059,28 @@ class MarketIdentity(_Event):
         description="the format of the state records' authenticators (docs/protocol.md §3); "
         "absent in markets whose changelogs carry none",
     )
-    market_key_id: str
+    market_key_id: KeyId
+    market_public_key: PublicKey | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the Ed25519 key that signs receipts and every answer, base64 of the raw 32 "
+        "bytes (docs/protocol.md §12); absent in markets made before",
+    )
     created_at_ms: Millis
+
+
+class Refusal(_Event):
+    """Why the market refused an event, for whoever sent its bytes (``<p>.refusals``).
+
+    Keyed by the SHA-256 of the refused event's exact bytes and signed by the market, so a
+    sender the market could not prove (no account yet, a bad signature) learns the reason at
+    once. It holds a reason code and a fixed text for that code only: nothing of the event, no
+    number, no id, nothing its sender chose (the record is public).
+    """
+
+    type: Literal["refusal"] = "refusal"
+    reason: str = Field(description="machine-readable code, as in the rejection")
+    message: str = Field(description="what the code means and what to do (a fixed text per code)")
 
 
 InboxPayload = (
@@ -1046,5 +1109,48 @@ SCHEMAS: dict[str, TypeAdapter[Any]] = {
     "rejections": TypeAdapter(Rejection),
     "deadletters": TypeAdapter(DeadLetter),
     "market": TypeAdapter(MarketIdentity),
+    "refusals": TypeAdapter(Refusal),
 }
-"""Topic family → adapter; ``SCHEMAS[name].json_schema()`` is the published schema."""
+"""Topic family → adapter; :func:`published_schema` is the published schema of each."""
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def published_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the events of topic family ``name``, as published in
+    ``docs/schemas``: pydantic's, less its ``discriminator`` keyword (an OpenAPI extension a
+    strict validator refuses; each alternative of a ``oneOf`` fixes its ``type`` or ``kind``
+    with a ``const``, which already tells them apart)."""
+    raw = SCHEMAS[name].json_schema()
+    _require_discriminators(raw, raw.get("$defs", {}))
+    schema = _without_discriminators(raw)
+    assert isinstance(schema, dict)
+    schema["$schema"] = SCHEMA_DIALECT
+    schema["$id"] = f"https://epsilon-market.example/schemas/{name}.schema.json"
+    return schema
+
+
+def _require_discriminators(node: Any, defs: dict[str, Any]) -> None:
+    """Mark each alternative's ``type`` or ``kind`` required: the market reads a union's
+    member by it, so a payload without it is refused."""
+    if isinstance(node, dict):
+        if "discriminator" in node:
+            name = node["discriminator"]["propertyName"]
+            for ref in node["discriminator"]["mapping"].values():
+                branch = defs[ref.removeprefix("#/$defs/")]
+                required = branch.setdefault("required", [])
+                if name not in required:
+                    required.append(name)
+        for v in node.values():
+            _require_discriminators(v, defs)
+    elif isinstance(node, list):
+        for v in node:
+            _require_discriminators(v, defs)
+
+
+def _without_discriminators(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_discriminators(v) for k, v in node.items() if k != "discriminator"}
+    if isinstance(node, list):
+        return [_without_discriminators(v) for v in node]
+    return node

@@ -30,12 +30,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel, TypeAdapter
 
-from market.envelope import Sealer, open_envelope, public_key_b64, seal
+from market.envelope import EnvelopeError, Sealer, open_envelope, public_key_b64, seal
 
 from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueBatch, ValueItem, ValueReleased
 
@@ -46,6 +46,7 @@ __all__ = [
     "open_event",
     "open_values",
     "padded",
+    "padded_length",
     "purchase_aad",
     "releases_json",
     "seal_releases",
@@ -56,6 +57,10 @@ __all__ = [
 
 E = TypeVar("E", bound=BaseModel)
 _RELEASES: TypeAdapter[list[ReleasedValue]] = TypeAdapter(list[ReleasedValue])
+_PURCHASE: TypeAdapter[dict[str, str | list[ReleasedValue]]] = TypeAdapter(
+    dict[str, str | list[ReleasedValue]]
+)
+_NUMBERS: TypeAdapter[list[float]] = TypeAdapter(list[float])
 
 
 def purchase_aad(purchase_id: str) -> bytes:
@@ -75,49 +80,91 @@ def aad_of(event: PurchaseFulfilled | ValueReleased) -> bytes:
     return delivery_aad(event.stream_id, event.buyer_id)
 
 
-def releases_json(releases: Sequence[ReleasedValue]) -> bytes:
-    """The plaintext of an envelope: the releases as a JSON list."""
-    return _RELEASES.dump_json(list(releases))
+def releases_json(releases: Sequence[ReleasedValue], opening: bytes | None = None) -> bytes:
+    """The plaintext of an envelope: the releases as a JSON list, or with an ``opening`` (a
+    purchase's, which opens its receipt's commitment) ``{"opening": hex, "releases": [...]}``."""
+    if opening is None:
+        return _RELEASES.dump_json(list(releases))
+    return _PURCHASE.dump_json({"opening": opening.hex(), "releases": list(releases)})
 
 
 PAD_MIN = 1024
+NUMBER_WIDTH = 24
+"""The most characters a released number takes in JSON (``-2.2250738585072014e-308``): every
+number is padded as if it took that many, so the plaintext's length says nothing of them."""
+KEY_WIDTH = 20
+"""The most digits of a histogram key (a key is below 2⁶⁴)."""
 
 
-def padded(plaintext: bytes) -> bytes:
-    """A histogram release's plaintext padded with spaces (valid trailing JSON whitespace) to
-    the next power of two, at least :data:`PAD_MIN` bytes: how many keys a buyer was sent
-    shows in its envelope's size only to within a factor of two."""
-    size = max(PAD_MIN, 1 << (len(plaintext) - 1).bit_length())
+def padded_length(plaintext: bytes, releases: Sequence[ReleasedValue]) -> int:
+    """The length ``plaintext`` (:func:`releases_json` of ``releases``) is padded to.
+
+    Each number counts :data:`NUMBER_WIDTH` characters and each histogram key
+    :data:`KEY_WIDTH` digits, whatever they are: the length then follows from the value ids,
+    arrival numbers, levels and the count of numbers and keys alone, never from the numbers'
+    signs, digits or exponents (docs/protocol.md §11.5). A histogram release's
+    is then rounded up to the next power of two, at least :data:`PAD_MIN`: how many keys show
+    (which depends on the counts) is seen only to within a factor of two.
+    """
+    size = len(plaintext)
+    for r in releases:  # "[a,b,c]": the numbers' characters are the rest less n + 1
+        if r.values:
+            size += (NUMBER_WIDTH + 1) * len(r.values) + 1 - len(_NUMBERS.dump_json(r.values))
+        if r.keys:
+            size += KEY_WIDTH * len(r.keys) - sum(map(len, r.keys))
+    if any(r.keys is not None for r in releases):
+        size = max(PAD_MIN, 1 << (size - 1).bit_length())
+    return size
+
+
+def padded(plaintext: bytes, size: int) -> bytes:
+    """``plaintext`` followed by spaces (valid trailing JSON whitespace) up to ``size`` bytes."""
+    if len(plaintext) > size:
+        raise ValueError(f"a plaintext of {len(plaintext)} bytes does not fit {size}")
     return plaintext + b" " * (size - len(plaintext))
 
 
 def seal_releases(
-    sealer: Sealer, public_key_b64: str, releases: Sequence[ReleasedValue], aad: bytes
+    sealer: Sealer,
+    public_key_b64: str,
+    releases: Sequence[ReleasedValue],
+    aad: bytes,
+    opening: bytes | None = None,
 ) -> Envelope:
-    """Seal ``releases`` for the holder of ``public_key_b64`` under ``aad`` (see :func:`aad_of`).
+    """Seal ``releases`` (and a purchase's ``opening``) for the holder of ``public_key_b64``
+    under ``aad`` (see :func:`aad_of`).
 
-    Histogram releases are :func:`padded` first. The ``sealer`` (:class:`market.envelope.Sealer`,
-    over the market's noise secret) keeps a sender key per buyer and derives each envelope's
-    nonce from the buyer, the AAD and the plaintext: the same message is sealed into the same
-    bytes every time it is produced (replays stay byte-identical), and two different messages
-    never share a nonce.
+    The plaintext is :func:`padded` to :func:`padded_length`, which depends only on what the
+    numbers are not: their count, the ids, the levels. The ``sealer``
+    (:class:`market.envelope.Sealer`, over the market's noise secret) keeps a sender key per
+    buyer and derives each envelope's nonce from the buyer, the AAD and the plaintext: the same
+    message is sealed into the same bytes every time it is produced (replays stay
+    byte-identical), and two different messages never share a nonce.
     """
-    plaintext = releases_json(releases)
-    if any(r.keys is not None for r in releases):
-        plaintext = padded(plaintext)
+    plaintext = releases_json(releases, opening)
+    plaintext = padded(plaintext, padded_length(plaintext, releases))
     return Envelope.model_validate(sealer.seal(public_key_b64, plaintext, aad))
 
 
 def open_event(event: E, key: X25519PrivateKey) -> E:
-    """``event`` with its sealed releases opened (any other event is returned unchanged).
+    """``event`` with its sealed releases opened (any other event is returned unchanged); a
+    purchase's opening, sealed beside its releases, is set as the event's ``opening``.
 
     Raises :class:`market.envelope.EnvelopeError` if ``key`` cannot open it.
     """
     if not isinstance(event, PurchaseFulfilled | ValueReleased) or event.sealed is None:
         return event
-    plain = open_envelope(key, event.sealed.model_dump(), aad=aad_of(event))
-    releases = [ReleasedValue.model_validate(r) for r in json.loads(plain)]
-    return cast(E, event.model_copy(update={"releases": releases}))
+    plain = json.loads(open_envelope(key, event.sealed.model_dump(), aad=aad_of(event)))
+    update: dict[str, Any] = {}
+    if isinstance(plain, dict) and isinstance(event, PurchaseFulfilled):
+        update["opening"] = plain.get("opening")
+        plain = plain.get("releases")
+        if not isinstance(update["opening"], str):
+            raise EnvelopeError("the envelope opens, but holds no opening beside the releases")
+    if not isinstance(plain, list):
+        raise EnvelopeError("the envelope opens, but holds no list of releases")
+    update["releases"] = [ReleasedValue.model_validate(r) for r in plain]
+    return event.model_copy(update=update)
 
 
 VALUES_LABEL = b"emarket values v1\x00"
@@ -203,4 +250,3 @@ def _rows(plain: bytes, n: int) -> list[dict[str, Any]]:
             raise ValueError(f"sealed entry {k} must be an object with `values` (and `keys` "
                              "on a histogram stream) only")  # fmt: skip
     return rows
-

@@ -8,11 +8,15 @@ bytes, which any language can reproduce::
 where ``[generation]`` is, for an account past its first keys, ``i`` + its key version (nothing
 at version 1, and never in account events, which carry their version themselves). Each item is
 tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers, ``f`` + f64
-(IEEE-754 bits) for levels and prices, ``n`` for an absent value, ``b`` + one byte for booleans,
-and ``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian but
-those). The market prefix is in the bytes so a signed event cannot be replayed into another
-market; an ``accuracy`` target is ``n`` when absent, else ``b`` 1 then its rmse, half_width and
-confidence. The generation makes bytes signed before a rotation verify under no later key
+(IEEE-754 bits) for levels and prices, ``n`` for a null, ``b`` + one byte for booleans, and
+``v`` + u32 count + little-endian f64s for the numbers of a value (all big-endian but those).
+The bytes are those of the event *as read*: a field the JSON leaves out is signed as its
+default (``n`` where the default is null), so leaving a field out and sending its default are
+one event. A double is signed with ``-0.0`` read as ``0.0``: a JSON writer that prints negative
+zero as ``0`` (JavaScript's) sends the number that was signed. The market prefix is in the
+bytes so a signed event cannot be replayed into another market; an ``accuracy`` target is ``n``
+when absent, else ``b`` 1 then its rmse, half_width and confidence. The generation makes bytes
+signed before a rotation verify under no later key
 version, even after a rotation back to their key. The fields are every one that matters:
 
 ===================  ================================================================
@@ -38,6 +42,7 @@ version, even after a rotation back to their key. The fields are every one that 
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -61,6 +66,7 @@ from .events import (
 )
 
 __all__ = [
+    "answer_bytes",
     "canonical_bytes",
     "key_id_of",
     "parse_signing_key",
@@ -94,7 +100,7 @@ class _Canon:
     def f(self, x: float | None) -> _Canon:
         if x is None:
             return self.n()
-        self.parts.append(b"f" + struct.pack(">d", float(x)))
+        self.parts.append(b"f" + struct.pack(">d", float(x) + 0.0))  # -0.0 is signed as 0.0
         return self
 
     def b(self, x: bool) -> _Canon:
@@ -106,7 +112,7 @@ class _Canon:
         return self
 
     def v(self, values: Sequence[float]) -> _Canon:
-        arr = np.asarray(values, dtype="<f8")
+        arr = np.asarray(values, dtype="<f8") + 0.0  # -0.0 is signed as 0.0, as for `f`
         self.parts.append(b"v" + struct.pack(">I", arr.size) + arr.tobytes())
         return self
 
@@ -200,6 +206,17 @@ def canonical_bytes(market: str, event: Any, generation: int = 1) -> bytes:
         c.i(generation)  # version 1's bytes are those every signature before versions had
     _FIELDS[kind](c, event)
     return c.done()
+
+
+def answer_bytes(market: str, topic: str, request_sha256: str | None, value: bytes) -> bytes:
+    """The bytes the market signs for a message it writes to an inbox or to the refusals
+    record (docs/protocol.md §12): the same tagged form as a party's
+    events, of kind ``answer``, over the topic written, the hex SHA-256 of the event answered
+    (``n`` for a message that answers no single event: a batch's deliveries) and the hex
+    SHA-256 of the message's exact value bytes. The topic binds it to one inbox, the request
+    to one event: neither can be moved to another."""
+    c = _Canon(market, "answer").s(topic).s(request_sha256)
+    return c.s(hashlib.sha256(value).hexdigest()).done()
 
 
 def public_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:

@@ -21,6 +21,9 @@ topic                      key          partitions   retention / cleanup
                                                      created when the account is opened
 <p>.rejections             stream_id    1            delete, 30 days (every refusal, operators)
 <p>.deadletters            topic        1            delete, 30 days (outputs refused for good)
+<p>.refusals               SHA-256 of   1            compact + delete, 1 day and 64 MiB (why
+                           the event                 each refused event was refused: a code,
+                                                     signed; public)
 <p>.market                 —            1            delete, forever (the market's identity: which
                                                      noise secret its state was made with)
 <app>-<table>-changelog    key          P            compact (Faust tables: state)
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "TopicSpec", "Topics", "murmur2"]
+__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "REFUSALS_CONFIG", "TopicSpec", "Topics", "murmur2"]
 
 DAY_MS = 86_400_000
 DEDUP_HORIZON_MS = 7 * DAY_MS
@@ -78,6 +81,16 @@ class TopicSpec:
     name: str
     partitions: int
     config: dict[str, str]
+
+
+REFUSALS_CONFIG = {
+    "cleanup.policy": "compact,delete",
+    "retention.ms": str(DAY_MS),
+    "retention.bytes": str(64 * 1024 * 1024),
+}
+"""``<p>.refusals``: a sender reads its refusal within seconds of sending, so a day is ample;
+compaction keeps one record per refused byte string (a resend is refused under the same key),
+and 64 MiB (about 140,000 refusals of at most 512 B) bounds it whatever the rate of refusals."""
 
 
 def _delete(days: int) -> dict[str, str]:
@@ -120,6 +133,11 @@ class Topics:
         return f"{self.prefix}.deadletters"
 
     @property
+    def refusals(self) -> str:
+        """Why each refused event was refused, keyed by the SHA-256 of its bytes (public)."""
+        return f"{self.prefix}.refusals"
+
+    @property
     def identity(self) -> str:
         """Who made this market's state: the first record names the noise secret (kept forever)."""
         return f"{self.prefix}.market"
@@ -148,6 +166,7 @@ class Topics:
             TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.rejections, 1, _delete(30)),
             TopicSpec(self.deadletters, 1, _delete(30)),
+            TopicSpec(self.refusals, 1, REFUSALS_CONFIG),
             TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         ]
 

@@ -158,7 +158,8 @@ class BatchProcessor:
                     synced = True
                     outcome = self._handle(ev, final=True)
                 part.outputs.extend(
-                    Record(o.topic, o.key, o.value, o.partition) for o in outcome.outputs
+                    Record(o.topic, o.key, o.value, o.partition, headers=list(o.headers) or None)
+                    for o in outcome.outputs
                 )
                 part.topics.extend(outcome.create_topics)
                 if outcome.kind == "purchase" and outcome.status != "forwarded" and (
@@ -169,7 +170,8 @@ class BatchProcessor:
                 if size + self.core.pending_output_bytes >= budget:
                     part.rest = events[i + 1 :]
                     break
-        part.outputs.extend(Record(o.topic, o.key, o.value) for o in deliveries)
+        part.outputs.extend(Record(o.topic, o.key, o.value, headers=list(o.headers) or None)
+                            for o in deliveries)  # fmt: skip
         return part
 
     def _handle(self, ev: InputEvent, *, final: bool) -> Outcome:

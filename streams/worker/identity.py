@@ -21,6 +21,11 @@ whose records carry none: a worker of this version would refuse every one of the
 start empty, so it refuses to start instead, saying so (there is no migration: signing the old
 records now would vouch for whatever a stranger had appended to them).
 
+The record also publishes the market's Ed25519 public key (``market_public_key``), which signs
+receipts and every answer (docs/protocol.md §12): clients that were not
+given the key learn it here, and a worker holding another signing key refuses to start, since
+clients would refuse everything it signed.
+
 Stream records carry the same fingerprint (``StreamState.secret_fingerprint``), a second line of
 defence the core checks on every event.
 """
@@ -61,6 +66,7 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
         noise_check_histogram=noise_check_histogram(),
         state_format=STATE_FORMAT,
         market_key_id=keys.key_id,
+        market_public_key=keys.public_key_b64,
         created_at_ms=time.time_ns() // 1_000_000,
     )
 
@@ -107,6 +113,14 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
         )
     if theirs.state_format != ours.state_format:
         _refuse_state_format(ours, theirs, topic)
+    if theirs.market_public_key is not None and theirs.market_public_key != ours.market_public_key:
+        raise MarketIdentityError(
+            f"this worker's signing key ({ours.market_key_id}) is not this market's "
+            f"({theirs.market_key_id}, recorded in {topic}); clients believe only answers and "
+            "receipts signed by the market's key, so every one this worker signed would be "
+            "refused as forged. Start it with the market's EMARKET_SIGNING_KEY (or its data "
+            "directory)"
+        )
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
         ("check", ours.noise_check, theirs.noise_check),

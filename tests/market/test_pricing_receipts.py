@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from market import Gaussian, Laplace, Poisson, ReceiptError, ScheduleError
 from market.errors import InvalidLevelError
 from market.pricing import LinearInLevel, LinearInPrecision, PriceTable, schedule_from_spec
-from market.receipts import Receipt, key_id, release_digest, sign_receipt, verify_receipt
+from market.receipts import Receipt, commitment, key_id, sign_receipt, verify_receipt
 
 MECHS = st.sampled_from([Laplace(1.0), Laplace(3.0), Gaussian(0.5), Poisson(2.0)])
 SCHEDULES = st.one_of(
@@ -113,6 +113,7 @@ def test_table_sells_only_its_levels() -> None:
 # ------------------------------------------------------------------------------ receipts
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 RELEASES = [("v1", 2.0, np.array([1.5, -0.25])), ("v2", 2.0, np.array([3.0, 4.0]))]
+OPENING = bytes(range(100, 132))
 
 
 def _receipt() -> Receipt:
@@ -127,7 +128,7 @@ def _receipt() -> Receipt:
         level_after=2.0,
         price_minor=150,
         currency="EUR",
-        release_digest=release_digest(RELEASES),
+        commitment=commitment(OPENING, RELEASES),
         requested_at_ms=1_700_000_000_000,
         market_key_id=key_id(KEY.public_key()),
     )
@@ -135,7 +136,8 @@ def _receipt() -> Receipt:
 
 def test_valid_receipt_verifies() -> None:
     r = _receipt()
-    assert verify_receipt(dataclasses.asdict(r), sign_receipt(r, KEY), RELEASES, KEY.public_key())
+    assert verify_receipt(dataclasses.asdict(r), sign_receipt(r, KEY), RELEASES, KEY.public_key(),
+                          opening=OPENING)
 
 
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Receipt)])
@@ -148,7 +150,7 @@ def test_tampering_with_any_field_fails(field: str) -> None:
         v + 1 if isinstance(v, (int, float)) else ("v1",) if isinstance(v, tuple) else v + "x"
     )
     with pytest.raises(ReceiptError):
-        verify_receipt(data, sig, RELEASES, KEY.public_key())
+        verify_receipt(data, sig, RELEASES, KEY.public_key(), opening=OPENING)
 
 
 @settings(max_examples=100, deadline=None)
@@ -159,7 +161,7 @@ def test_tampering_with_any_released_number_fails(i: int, j: int, bits: int) -> 
     tampered = [(vid, lv, v.copy()) for vid, lv, v in RELEASES]
     tampered[i][2].view(np.uint64)[j] ^= np.uint64(1 << bits)
     with pytest.raises(ReceiptError, match="differ"):
-        verify_receipt(dataclasses.asdict(r), sig, tampered, KEY.public_key())
+        verify_receipt(dataclasses.asdict(r), sig, tampered, KEY.public_key(), opening=OPENING)
 
 
 def test_wrong_key_and_bad_signature() -> None:
@@ -167,11 +169,12 @@ def test_wrong_key_and_bad_signature() -> None:
     sig = sign_receipt(r, KEY)
     other = Ed25519PrivateKey.generate()
     with pytest.raises(ReceiptError, match="market key"):
-        verify_receipt(dataclasses.asdict(r), sig, RELEASES, other.public_key())
+        verify_receipt(dataclasses.asdict(r), sig, RELEASES, other.public_key(), opening=OPENING)
     with pytest.raises(ReceiptError, match="signature"):
-        verify_receipt(dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key())
+        verify_receipt(dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key(),
+                       opening=OPENING)
     with pytest.raises(ReceiptError, match="exactly"):
-        verify_receipt(dataclasses.asdict(r), sig, RELEASES[:1], KEY.public_key())
+        verify_receipt(dataclasses.asdict(r), sig, RELEASES[:1], KEY.public_key(), opening=OPENING)
 
 
 def test_the_negative_price_table_is_refused() -> None:

@@ -77,8 +77,9 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
         assert [r.value_id for r in ev.releases] == ["v0", "v1", "v2"]
         releases = [(r.value_id, r.level, np.array(r.values)) for r in ev.releases]
         verify_receipt(
-            ev.receipt.model_dump(), ev.receipt.signature, releases, TEST_KEYS.public_key
-        )
+            ev.receipt.model_dump(), ev.receipt.signature, releases, TEST_KEYS.public_key,
+            opening=bytes.fromhex(ev.opening or ""),
+        )  # fmt: skip
     assert levels == [0.5, 1.0, 2.0]
     assert paid == 200  # exactly P(2.0): stepwise equals direct
     sub = core.handle(T.values, value("temp", "v3", [1.0, 2.0, 3.0]))
@@ -234,7 +235,7 @@ def test_bad_input_becomes_a_rejection_with_reason(
 
 def test_rejected_purchase_also_reaches_the_buyer(core: MarketCore) -> None:
     out = core.handle(T.purchases, purchase("temp", "alice", "p", target_level=9.0))
-    assert {o.topic for o in out.outputs} == {T.rejections, "t.inbox.alice"}
+    assert {o.topic for o in out.outputs} == {T.rejections, T.refusals, "t.inbox.alice"}
 
 
 def test_resent_value_is_deduplicated_never_renoised(core: MarketCore) -> None:
@@ -351,12 +352,13 @@ def test_sealed_releases_for_buyers_with_a_key(core: MarketCore) -> None:
     assert np.array_equal(np.array(opened.releases[0].values), stored)
     rel = [(r.value_id, r.level, np.asarray(r.values)) for r in opened.releases]
     env = ev.sealed.model_dump()
+    opening = bytes.fromhex(opened.opening or "")
     verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
-                   envelope=env)  # fmt: skip
+                   envelope=env, opening=opening)  # fmt: skip
     other = dict(env, ciphertext=env["ciphertext"][:-4] + "AAA=")
     with pytest.raises(ReceiptError, match="envelope"):
         verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, TEST_KEYS.public_key,
-                       envelope=other)  # fmt: skip
+                       envelope=other, opening=opening)  # fmt: skip
     sub = buyer_events(core.handle(T.values, value("temp", "v1", [4.0, 5.0, 6.0])))[0]
     assert sub.releases == [] and open_event(sub, key).releases[0].value_id == "v1"
 
@@ -717,7 +719,7 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
     def distinct(a: str, b: str) -> None:
         assert (t.inbox(a) == t.inbox(b)) == (a == b)
         assert t.inbox(a) not in {t.accounts, t.values, t.purchases, t.registrations, t.catalog,
-                                  t.rejections, t.deadletters, t.identity}  # fmt: skip
+                                  t.rejections, t.deadletters, t.identity, t.refusals}  # fmt: skip
 
     distinct()
 

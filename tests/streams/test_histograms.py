@@ -117,7 +117,7 @@ def test_holders_get_the_keys_above_the_threshold_and_purchases_refine_them() ->
     bought = inbox(c.handle(T.purchases, purchase("h", "bob", "b0")), "bob")[0]
     assert isinstance(bought, PurchaseFulfilled)
     assert bought.releases == ev.releases  # the same bytes at the same level
-    assert bought.receipt.receipt_version == 3
+    assert bought.receipt.receipt_version == 5
     up = inbox(c.handle(T.purchases, purchase("h", "bob", "b1")), "bob")[0]
     assert isinstance(up, PurchaseFulfilled) and up.level_after == 2.0
     assert up.error_model is not None and up.error_model.threshold == pytest.approx(tau / 2)
@@ -131,7 +131,7 @@ def test_holders_get_the_keys_above_the_threshold_and_purchases_refine_them() ->
         verify_outcome(tampered, pub)
     stripped = up.model_dump()
     del stripped["releases"][0]["keys"]
-    with pytest.raises(Exception, match="version 3"):
+    with pytest.raises(Exception, match="version 5"):
         verify_outcome(stripped, pub)
 
 

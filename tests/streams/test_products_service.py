@@ -69,7 +69,8 @@ def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
         SCHEMAS["inbox"].validate_json(ev.model_dump_json())
         rel = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
         env = None if ev.sealed is None else ev.sealed.model_dump()
-        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env)
+        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env,
+                       opening=bytes.fromhex(ev.opening or ""))  # fmt: skip
         assert ev.error_model is not None and ev.error_model.mechanism == "discrete_laplace"
         for r in ev.releases:  # exact whole numbers, near the truth at these levels
             y = np.asarray(r.values)
@@ -117,7 +118,8 @@ def test_running_totals_end_to_end(market: Market) -> None:
         SCHEMAS["inbox"].validate_json(ev.model_dump_json())
         rel = [(r.value_id, r.level, np.asarray(r.values)) for r in ev.releases]
         env = None if ev.sealed is None else ev.sealed.model_dump()
-        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env)
+        verify_receipt(ev.receipt.model_dump(), ev.receipt.signature, rel, key, envelope=env,
+                       opening=bytes.fromhex(ev.opening or ""))  # fmt: skip
         assert [r.value_id for r in ev.releases] == ["d1", "d2", "d3", "d4"]  # the retained
         assert [r.terms for r in ev.releases] == [1, 2, 1, 2]  # popcount of 2, 3, 4, 5
         assert ev.error_model is not None  # a node's: σ² = 9/(2ρ), times 1 + 2^-12 (float sums)
@@ -173,7 +175,7 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
     for ev in outs:
         assert isinstance(ev, PurchaseFulfilled), ev
         SCHEMAS["inbox"].validate_json(ev.model_dump_json())
-        assert verify_outcome(ev.model_dump(), key).receipt_version == 3
+        assert verify_outcome(ev.model_dump(), key).receipt_version == 5
         (rel,) = ev.releases
         counts, unnamed = named(rel, ["berlin", "paris", "rome"])
         assert set(counts) == {"berlin", "paris"} and unnamed == 0  # rome's 0.5: below τ

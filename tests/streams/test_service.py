@@ -74,7 +74,8 @@ def test_register_publish_buy_three_steps_tail(market: Market) -> None:
         assert isinstance(b, PurchaseFulfilled)
         assert sorted(r.value_id for r in b.releases) == sorted(ctx["truth"])
         rel = [(r.value_id, r.level, np.asarray(r.values)) for r in b.releases]
-        verify_receipt(b.receipt.model_dump(), b.receipt.signature, rel, key)
+        verify_receipt(b.receipt.model_dump(), b.receipt.signature, rel, key,
+                       opening=bytes.fromhex(b.opening or ""))  # fmt: skip
 
     async def more(c: MarketClient) -> list[Any]:
         await c.publish("temp", [1.0, 2.0, 3.0, 4.0], value_id="late")

@@ -173,14 +173,21 @@ def _open_output(path: str) -> Any:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    from ...wire.events import DeliveriesWithheld, PurchaseFulfilled, ValueReleased  # noqa: PLC0415
+    from ...wire.events import (  # noqa: PLC0415
+        AccountState,
+        DeliveriesWithheld,
+        PurchaseFulfilled,
+        ValueReleased,
+    )
 
     party = load_party(args)
-    sealed_hint = [False]
+    sealed_hint, confirmed = [False], [False]
 
     async def body(c: Any) -> None:
         async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
             print(ev.model_dump_json(), flush=True)
+            if isinstance(ev, AccountState) and ev.signing_key == party.public_key:
+                confirmed[0] = True
             if isinstance(ev, PurchaseFulfilled | ValueReleased):
                 _say_named(args, ev.releases)
             if isinstance(ev, DeliveriesWithheld):
@@ -198,6 +205,11 @@ def cmd_tail(args: argparse.Namespace) -> int:
             ) from None
     if sealed_hint[0]:
         warn("some releases are sealed for another key than this key file's sealing key")
+    if not confirmed[0]:  # nothing the market signed says this key holds the account
+        raise CommandError(
+            f"the market never confirmed account {party.account_id!r} for this key file's key: "
+            f"open it (`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
+        )  # fmt: skip
     return 0
 
 

@@ -107,7 +107,7 @@ def run_client(
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
-    from ..client import MarketClient  # noqa: PLC0415
+    from ..client import MarketClient, MarketKeyError  # noqa: PLC0415
 
     boot = bootstrap(args)
     try:
@@ -116,7 +116,9 @@ def run_client(
         raise CommandError(f"broker credentials: {exc}") from None
 
     async def go() -> T:
-        async with MarketClient(boot, topics_of(args), party=party, auth=auth) as client:
+        async with MarketClient(boot, topics_of(args), party=party, auth=auth,
+                                market_public_key=getattr(args, "market_key", None),
+                                on_warning=warn) as client:  # fmt: skip
             return await body(client)
 
     try:
@@ -129,6 +131,10 @@ def run_client(
         ) from None
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
+    except MarketKeyError as exc:
+        raise CommandError(
+            f"{exc}; pass --market-key KEY (EMARKET_MARKET_KEY; `epsilon-market serve` prints it)"
+        ) from None
     except OSError as exc:
         raise CommandError(
             f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER

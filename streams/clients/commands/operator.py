@@ -1,6 +1,6 @@
 """Commands for running and watching the market: ``serve``, ``worker``, ``init-topics``,
-``ledger``, ``rejections``, ``schemas``, ``demo`` — and ``verify-receipt``, which anyone can run
-with the base package alone (no service dependencies)."""
+``ledger``, ``rejections``, ``schemas``, ``vectors``, ``demo`` — and ``verify-receipt``, which
+anyone can run with the base package alone (no service dependencies)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
           "leave this running and use a second terminal:", flush=True)  # fmt: skip
     pages = f"http://{settings.web_host}:{settings.web_port}"
-    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages}", flush=True)
+    market_key = _market_key_of(settings)
+    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
+          flush=True)  # fmt: skip
+    print("  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with; clients "
+          "believe nothing it did not sign)", flush=True)  # fmt: skip
     print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
           flush=True)  # fmt: skip
     print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
@@ -52,6 +56,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _market_key_of(settings: Any) -> str:
+    """The public half of the key the worker will sign with (loaded, or made, as it will)."""
+    from ...worker.secrets import load_or_create_keys  # noqa: PLC0415
+
+    return str(load_or_create_keys(settings.data_dir).public_key_b64)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -232,7 +243,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from ...wire.events import SCHEMAS  # noqa: PLC0415
+    from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
 
     out = Path(args.out)
     try:
@@ -240,12 +251,26 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     except OSError as exc:
         why = exc.strerror or exc
         raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
-    for name, adapter in SCHEMAS.items():
+    for name in SCHEMAS:
         path = out / f"{name}.schema.json"
-        schema = adapter.json_schema()
-        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-        schema["$id"] = f"https://epsilon-market.example/schemas/{name}.schema.json"
-        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps(published_schema(name), indent=2, sort_keys=True) + "\n")
+        print(path)
+    return 0
+
+
+def cmd_vectors(args: argparse.Namespace) -> int:
+    """Write the protocol's test vectors (docs/protocol.md §10) as JSON files."""
+    from ...wire.vectors import build, render  # noqa: PLC0415
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
+    for name, doc in build().items():
+        path = out / name
+        path.write_text(render(doc))
         print(path)
     return 0
 
@@ -379,6 +404,9 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
     sp.add_argument("--out", default="docs/schemas")
     sp.set_defaults(fn=cmd_schemas)
+    sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
+    sp.add_argument("--out", default="docs/vectors")
+    sp.set_defaults(fn=cmd_vectors)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
     sp.add_argument(

@@ -38,7 +38,10 @@ def cmd_account_open(args: argparse.Namespace) -> int:
     party = load_party(args)
 
     async def body(c: Any) -> Any:
-        return await c.open_account(timeout=args.timeout)
+        try:
+            return await c.open_account(timeout=args.timeout)
+        except ValueError as exc:  # a confirmation that pins someone else's keys
+            raise CommandError(f"account not opened: {exc}", EXIT_REFUSED) from None
 
     out = run_client(args, body, party)
     if isinstance(out, Rejection):
@@ -63,7 +66,9 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
         event: RotateKeys = old.rotate_to(new, c.market, args.version)
         await c.send(c.topics.accounts, old.account_id, event.model_dump_json().encode())
         async for ev in c.tail(idle_timeout=args.timeout, party=old):
-            if isinstance(ev, AccountState) and ev.version == args.version:
+            if isinstance(ev, AccountState) and ev.version == args.version and (
+                ev.signing_key == new.public_key
+            ):
                 return ev
         return None
 

@@ -152,11 +152,18 @@ def _integer_keys(item: ValueItem, domain: int) -> list[int]:
 
 def _hashed(item: ValueItem) -> list[int]:
     assert item.keys is not None
-    keys = [string_key(k) for k in item.keys]
+    try:
+        keys = [string_key(k) for k in item.keys]
+    except UnicodeEncodeError:  # a lone surrogate, from sealed numbers' JSON escapes
+        raise Reject(
+            "invalid_value", f"value {item.value_id!r}: a key is not Unicode text (a lone "
+            "surrogate)",
+        ) from None
     if len(set(keys)) != len(keys):
         raise Reject(
             "invalid_value",
-            f"value {item.value_id!r}: two of its keys are the same key (or share a 62-bit hash)",
+            f"value {item.value_id!r}: two of its keys are the same key (one text in two Unicode "
+            "forms, NFC and NFD, is one key) or share a 62-bit hash",
         )
     return keys
 

@@ -1,0 +1,67 @@
+"""Signing what the market says to parties: the one place every inbox message and refusal is
+made an answer (docs/protocol.md §12).
+
+Handlers build their outputs as before; :class:`~streams.core.router.MarketCore` passes each
+event's outcome through :func:`sign_outcome` and each batch's deliveries through
+:func:`sign_deliveries`, so no handler can send an unsigned answer and none needs to know the
+format. An outcome that refuses the event (a rejection for the operators) also gets its public
+refusal record, keyed by the SHA-256 of the event's bytes: one small record per refused event,
+beside the rejection every refused event already costs the market, so it opens no path to flood
+anything an attacker could not flood before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from ..wire.answers import answer_header, refusal_value
+from .context import Context
+from .outputs import Outcome, Output
+
+__all__ = ["sign_deliveries", "sign_outcome"]
+
+#: a notice that an outcome was already sent is not a refusal: the answer is in the inbox
+_NOT_REFUSALS = frozenset({"already_answered"})
+
+
+def _signed(ctx: Context, out: Output, request: str | None) -> Output:
+    header = answer_header(ctx.keys.signing_key, ctx.topics.prefix, out.topic, request, out.value)
+    return dataclasses.replace(out, headers=(*out.headers, header))
+
+
+def _reason_of(rejection: bytes) -> str:
+    """The reason code of a rejection the core built (its own bytes, small and valid)."""
+    try:
+        code = json.loads(rejection).get("reason")
+    except (ValueError, AttributeError):
+        code = None
+    return code if isinstance(code, str) else "refused"
+
+
+def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
+    """``outcome`` of the event ``raw`` with every inbox message signed as its answer, and
+    the event's refusal record added if it was refused."""
+    if not outcome.outputs:
+        return outcome
+    request = hashlib.sha256(raw).hexdigest()
+    outputs: list[Output] = []
+    refused: Output | None = None
+    for out in outcome.outputs:
+        if out.topic == ctx.topics.rejections and refused is None:
+            refused = out
+        outputs.append(_signed(ctx, out, request) if ctx.topics.is_inbox(out.topic) else out)
+    if refused is not None:
+        code = outcome.reason or _reason_of(refused.value)
+        if code not in _NOT_REFUSALS:
+            record = Output(ctx.topics.refusals, request.encode(), refusal_value(code))
+            outputs.append(_signed(ctx, record, request))
+    outcome.outputs = outputs
+    return outcome
+
+
+def sign_deliveries(ctx: Context, outputs: list[Output]) -> None:
+    """Sign a batch's subscription deliveries in place: each answers no single event (it
+    gathers the releases of the batch's values), so it is bound to its inbox alone."""
+    outputs[:] = [_signed(ctx, o, None) if ctx.topics.is_inbox(o.topic) else o for o in outputs]

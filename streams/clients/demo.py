@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import tempfile
 import time
 import uuid
@@ -42,6 +43,7 @@ def run_demo(*, broker: str | None, steps: int = 3, n_values: int = 20) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="emarket-demo-"))
     embedded = None
     worker = None
+    finished = False
     try:
         if broker is None:
             embedded = EmbeddedBroker(log_path=workdir / "broker.log").start()
@@ -69,6 +71,7 @@ def run_demo(*, broker: str | None, steps: int = 3, n_values: int = 20) -> int:
             f"ε = {spent:g} (the largest level released, not a sum), {draws:.0f} noise draws"
         )
         _say("demo finished; stopping the worker and the broker")
+        finished = True
         return 0
     except KeyboardInterrupt:
         _say("interrupted; stopping the worker and the broker")
@@ -78,6 +81,16 @@ def run_demo(*, broker: str | None, steps: int = 3, n_values: int = 20) -> int:
             worker.stop()
         if embedded is not None:
             embedded.stop()
+        _clean(workdir, finished)
+
+
+def _clean(workdir: Path, finished: bool) -> None:
+    """Remove the demo's scratch directory (it holds the market's keys and noise secret); after
+    a failure keep it for its logs, and say where."""
+    if finished:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        _say(f"logs kept in {workdir} (it holds this demo market's keys: remove it after)")
 
 
 DIM = 4

@@ -23,11 +23,13 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_demo_runs_end_to_end() -> None:
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where its scratch directory goes
     out = subprocess.run(
         [sys.executable, "-m", "streams", "demo"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True, env=env,
     ).stdout  # fmt: skip
+    assert not list(tmp_path.glob("emarket-demo-*")), "the demo left its keys behind"
     vectors, _, histograms = out.partition("'city-visits'")
     rows = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", vectors, re.M)
     assert [r[0] for r in rows] == ["1", "2", "3"]

@@ -224,3 +224,22 @@ def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
     r = cli(*pre, "verify-receipt", str(out))
     assert_clean(r, 1, "2 different market keys", "--public-key")
     assert "valid:" not in r.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_taken_web_port_is_one_clear_line_before_anything_starts(
+    command: str, tmp_path: Path
+) -> None:
+    """The web port was checked only when the worker's web server bound it, 36-60 s after
+    `serve` said it was serving: a 48-line Faust traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli(command, "--web-host", "127.0.0.1", "--web-port", str(port),
+                "--data-dir", str(tmp_path / "data"),
+                env={"EMARKET_BROKER": "kafka://127.0.0.1:9"} if command == "worker" else None)
+    assert_clean(r, 2, f"127.0.0.1:{port}", "--web-port")
+    assert "is serving" not in r.stdout and "Traceback" not in r.stderr

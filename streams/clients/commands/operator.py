@@ -34,6 +34,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
 
     settings = _worker_settings(args)
+    taken = _web_port_taken(settings)
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
     broker = None
     if args.broker is None:
         broker = EmbeddedBroker().start()
@@ -51,6 +55,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           flush=True)  # fmt: skip
     print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
           "(`epsilon-market ledger` reads it)", flush=True)  # fmt: skip
+    if broker is not None:
+        print("  the embedded broker keeps everything in memory: when this stops, accounts, "
+              "streams and holdings are gone (open the accounts again after a restart)",
+              flush=True)  # fmt: skip
     try:
         return _run(settings, None if broker is None else broker.stop)
     finally:
@@ -67,7 +75,28 @@ def _market_key_of(settings: Any) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap(args)
-    return _run(_worker_settings(args))
+    settings = _worker_settings(args)
+    taken = _web_port_taken(settings)
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
+    return _run(settings)
+
+
+def _web_port_taken(settings: Any) -> str | None:
+    """Why the worker's web port cannot be served, or None: checked before anything starts, so
+    a taken port is one clear line, not a crash half a minute later."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds
+        try:
+            sock.bind((settings.web_host, settings.web_port))
+        except OSError as exc:
+            return (f"error: the worker's web port {settings.web_host}:{settings.web_port} is "
+                    f"not free ({exc.strerror}): another market or program is serving there. "
+                    "Choose another with --web-port N (or EMARKET_WEB_PORT).")  # fmt: skip
+    return None
 
 
 def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int:

@@ -243,3 +243,16 @@ def test_a_taken_web_port_is_one_clear_line_before_anything_starts(
                 env={"EMARKET_BROKER": "kafka://127.0.0.1:9"} if command == "worker" else None)
     assert_clean(r, 2, f"127.0.0.1:{port}", "--web-port")
     assert "is serving" not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_ledger_names_the_market_it_read_and_refuses_another(market: Market) -> None:
+    """`ledger` without EMARKET_WORKER read whatever answered on the default port, naming no
+    market: another user's market could pass for one's own."""
+    w = market.start_worker()
+    r = cli("ledger", "--worker", w.url)
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert f"from the worker at {w.url}" in first and "ledger of market " in first, first
+    other = "Kay64UG8yvCyLhqU000LxzYeUm0L/hLIl5S8kyKWbdc="  # Ed25519 key of bytes 32..63
+    assert_clean(cli("ledger", "--worker", w.url, env={"EMARKET_MARKET_KEY": other}), 1,
+                 "serves another market", "24f6ed6acbfe1009")  # fmt: skip

@@ -158,10 +158,47 @@ def _operator_token(args: argparse.Namespace) -> str | None:
         raise CommandError(f"cannot read the operator token {path}: {exc.strerror}") from None
 
 
-def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
+def _whose_ledger(url: str, *, defaulted: bool) -> str:
+    """One line naming the worker and the market whose ledger is read; refuses a worker of
+    another market than ``EMARKET_MARKET_KEY`` names (a default port may answer for anyone's)."""
+    from market.receipts import key_id, parse_public_key  # noqa: PLC0415
+
+    base = _base(url)
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=10) as resp:
+            health: dict[str, Any] = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503: not ok, but it says who it is
+        health = json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", exc)
+        raise CommandError(
+            f"cannot reach the worker at {base} ({why}); is it running? `epsilon-market serve` "
+            "serves it at http://127.0.0.1:6066 (set EMARKET_WORKER or --worker)", EXIT_BROKER,
+        ) from None  # fmt: skip
+    market = str(health.get("market_key_id", "?"))
+    pinned = os.environ.get("EMARKET_MARKET_KEY")
+    if pinned:
+        want = key_id(parse_public_key(pinned))
+        if want != market:
+            raise CommandError(
+                f"the worker at {base} serves another market (key id {market}), not the one "
+                f"EMARKET_MARKET_KEY names ({want}): point EMARKET_WORKER or --worker at yours",
+                EXIT_REFUSED,
+            )  # fmt: skip
+    how = " (EMARKET_WORKER not set: the default port)" if defaulted else ""
+    return (f"ledger of market {market} (app {health.get('app_id', '?')}, broker "
+            f"{health.get('broker', '?')}) from the worker at {base}{how}")  # fmt: skip
+
+
+def _base(url: str) -> str:
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise CommandError(f"--worker {url!r} must be a URL such as http://127.0.0.1:6066")
+    return base
+
+
+def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
+    base = _base(url)
     request = urllib.request.Request(base + "/ledger")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -199,11 +236,14 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     streams: dict[str, Any] = {}
     env = [u.strip() for u in os.environ.get("EMARKET_WORKER", "").split(",") if u.strip()]
     token = _operator_token(args)
-    for url in args.worker or env or ["http://127.0.0.1:6066"]:
+    urls = args.worker or env or ["http://127.0.0.1:6066"]
+    said = [_whose_ledger(url, defaulted=not (args.worker or env)) for url in urls]
+    for url in urls:
         streams.update(_fetch_ledger(url, token))
     if args.json:
         print_json(streams)
         return 0
+    print("\n".join(said) + "\n")
     print(f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
           f"  {'values':>8}  window spent/cap")  # fmt: skip
     buyers: dict[str, dict[str, Any]] = {}

@@ -50,11 +50,12 @@ def read_counts(path: str) -> dict[str, float]:
     Raises
     ------
     ValueError
-        Saying which row or key is wrong: a repeated key, a count that is not a finite number,
-        or no count at all.
+        Naming the file and the row or key that is wrong: a repeated key, a count that is not
+        a finite number or is negative, a JSON file that is not one object, or no count at all.
     """
     text = Path(path).read_text(encoding="utf-8-sig")
-    out = _json_counts(path, text) if text.lstrip().startswith("{") else _csv_counts(path, text)
+    as_json = path.lower().endswith(".json") or text.lstrip().startswith(("{", "["))
+    out = _json_counts(path, text) if as_json else _csv_counts(path, text)
     if not out:
         raise ValueError(f"{path} holds no counts")
     return out
@@ -73,7 +74,10 @@ def _json_counts(path: str, text: str) -> dict[str, float]:
         raw = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a JSON object of counts ({exc})") from None
-    return {str(k): _count(v, f"key {k!r}") for k, v in raw.items()}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a JSON file of counts is one object {{key: count}}, "
+                         f"not a {type(raw).__name__}")  # fmt: skip
+    return {str(k): _count(v, f"{path} key {k!r}") for k, v in raw.items()}
 
 
 def _csv_counts(path: str, text: str) -> dict[str, float]:
@@ -88,7 +92,7 @@ def _csv_counts(path: str, text: str) -> dict[str, float]:
             continue  # a header
         if key in out:
             raise ValueError(f"{path} row {n}: key {key!r} appears twice")
-        out[key] = _count(count, f"row {n}")
+        out[key] = _count(count, f"{path} row {n}")
     return out
 
 
@@ -99,4 +103,6 @@ def _count(v: Any, where: str) -> float:
         raise ValueError(f"{where}: count {v!r} is not a number") from None
     if isinstance(v, bool) or not math.isfinite(x):
         raise ValueError(f"{where}: count {v!r} is not a finite number")
+    if x < 0:
+        raise ValueError(f"{where}: count {v!r} is negative (a histogram counts occurrences)")
     return x

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -282,8 +283,12 @@ def test_the_cli_reads_counts_strictly(tmp_path: Any) -> None:
         ("f.csv", "berlin,3\nberlin,4\n", "twice"),
         ("g.json", "{}", "no counts"),
         ("h.csv", "berlin,3\nparis,nan\n", "finite"),
+        ("i.csv", "berlin,3\nparis,-3\n", "i.csv row 2: count '-3' is negative"),
+        ("j.json", '{"paris": -1}', "j.json key 'paris': count -1 is negative"),
+        ("k.json", '[["paris", 3]]', "k.json: a JSON file of counts is one object"),
+        ("l.json", ' \n paris,3', "l.json: not a JSON object"),  # .json is read as JSON
     ]:
-        with pytest.raises(ValueError, match=says):
+        with pytest.raises(ValueError, match=re.escape(says) if "'" in says else says):
             read(name, text)
 
 

@@ -14,6 +14,7 @@ export class Refused extends Error {
   constructor(reason, message, answer) {
     super(`${reason}: ${message}`);
     this.reason = reason;
+    this.detail = message;
     this.answer = answer;
   }
 }
@@ -131,6 +132,7 @@ export class MarketClient {
   }
 
   async close() {
+    this.closed = true;
     for (const r of this.readers.values()) await (await r.catch(() => null))?.stop();
     await this.producer.disconnect().catch(() => {});
     await this.admin.disconnect().catch(() => {});
@@ -142,6 +144,7 @@ export class MarketClient {
 
   /** A reader of `topic` from its beginning, shared by every wait on that topic. */
   async reader(topic) {
+    if (this.closed) throw new Error('the client is closed');
     if (!this.readers.has(topic)) {
       const r = new TopicReader(this.kafka, topic);
       this.readers.set(topic, r.start().then(() => r));
@@ -282,11 +285,13 @@ export class MarketClient {
     const sent = await this.send({ type: 'register_stream', seller_id: this.party.accountId, ...registration });
     const same = (d) => d.registration?.signature === sent.event.signature;
     const cancel = { done: false };
+    const refused = this.answer(sent, () => false, { cancel }).then(() => ({}), (err) => ({ err }));
     const race = await Promise.race([
       this.catalogEntry(registration.stream_id, this.timeoutMs, same).then((d) => ({ entry: d })),
-      this.answer(sent, () => false, { cancel }).then(() => ({}), (err) => ({ err })),
+      refused,
     ]);
     cancel.done = true;
+    await refused;
     if (race.err) throw race.err;
     if (!race.entry) throw new TimedOut(`no catalog entry for ${registration.stream_id}`);
     this.checkCatalogKey(race.entry);

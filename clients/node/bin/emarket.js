@@ -199,8 +199,8 @@ const COMMANDS = {
       emit(o, { valid: true, receipt: doc }, `receipt ${doc.purchase_id}: signature valid (no releases to check)`);
       return;
     }
-    let sealedCiphertext = doc.sealed_was?.ciphertext;
-    if (doc.sealed) {
+    let sealedCiphertext = doc.sealed_was?.ciphertext ?? doc.sealed?.ciphertext;
+    if (doc.sealed && !doc.opening) {
       const p = party(o);
       sealedCiphertext = doc.sealed.ciphertext;
       doc = openReleases(doc, p.sealingPrivate);

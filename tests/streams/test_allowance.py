@@ -84,7 +84,9 @@ def test_quotes_are_bounded_per_account_and_minute() -> None:
     rej = _rejection(answers[3])
     assert rej["sender_id"] == "buyer1" and rej["details"]["limit"] == "quotes_per_minute"
     assert rej["details"]["retry_after_ms"] == 20_000
-    assert [o.topic for o in answers[3].outputs] == [T.rejections, T.inbox("buyer1")]
+    # the operators, the sender's inbox and the public refusal record (docs/protocol.md §12.5)
+    assert [o.topic for o in answers[3].outputs] == [T.rejections, T.inbox("buyer1"),
+                                                     T.refusals]  # fmt: skip
     assert c.handle(T.purchases, quote("s", "buyer2", "q0")).status == "answered"  # per account
     clock.now += 20_000
     assert c.handle(T.purchases, quote("s", "buyer1", "q9")).status == "answered"

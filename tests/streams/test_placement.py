@@ -94,7 +94,8 @@ def test_an_unproven_account_event_on_a_foreign_partition_is_refused_not_forward
     raw = forged.model_dump_json().encode().replace(b'"mallory"', b'"bob"')
     out = core.handle(T.accounts, raw, partition=_other("bob"), offset=5)
     assert (out.status, out.reason) == ("rejected", "wrong_partition")
-    assert [o.topic for o in out.outputs] == [T.rejections]  # nobody proved who sent it
+    # nobody proved who sent it: no inbox, only the operators' record and the public refusal
+    assert [o.topic for o in out.outputs] == [T.rejections, T.refusals]
     rej = _rejection(out)
     assert rej.details["expected_partition"] == T.partition_of("bob")
     assert rej.claimed_id == "bob" and rej.sender_id is None

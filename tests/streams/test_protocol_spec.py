@@ -424,7 +424,8 @@ def test_a_histogram_value_naming_one_key_in_nfc_and_nfd_is_refused() -> None:
     nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
     out = core.handle(t.values, value("h", "v1", [1.0, 2.0], keys=[nfc, nfd]))
     assert (out.status, out.items[0][1]) == ("rejected", "invalid_value")
-    body = ValuesAccepted.model_validate_json(out.outputs[-1].value)
+    (line,) = [o.value for o in out.outputs if o.topic == t.inbox("seller1")]  # §8.3, §12.4
+    body = ValuesAccepted.model_validate_json(line)
     assert "NFC" in (body.outcomes[0].message or "")
     assert core.handle(t.values, value("h", "v2", [3.0], keys=[nfd])).status == "accepted"
     assert key_of(nfd) == key_of(nfc) == str(string_key(nfc))

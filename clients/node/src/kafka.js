@@ -298,6 +298,28 @@ export class MarketClient {
     return race.entry;
   }
 
+  /**
+   * Catalog entries carry no market signature (§12 signs inboxes and refusals only), so a
+   * sealing key read there is believed only if every catalog entry naming the trusted market key
+   * names this sealing key too: a market has one, and a forged entry shows as a second.
+   */
+  async checkSealingKey(sealingKey) {
+    const r = await this.reader(this.topic('catalog'));
+    const seen = new Set();
+    for (const rec of r.records) {
+      if (!rec.value) continue;
+      try {
+        const d = JSON.parse(rec.value.toString('utf8'));
+        if (d.market_public_key === this.marketPublicKey && d.market_sealing_key) seen.add(d.market_sealing_key);
+      } catch {
+        // not an entry: nothing to compare
+      }
+    }
+    if (!sealingKey || seen.size !== 1 || !seen.has(sealingKey)) {
+      throw new Error(`the catalog names ${seen.size} market sealing keys for the trusted market key: refusing to seal values to any of them`);
+    }
+  }
+
   checkCatalogKey(entry) {
     if (entry.market_public_key !== this.marketPublicKey) {
       throw new Error(`the catalog entry of ${entry.registration.stream_id} names another market key than the one trusted`);
@@ -318,6 +340,7 @@ export class MarketClient {
       const entry = await this.catalogEntry(streamId);
       if (!entry) throw new Refused('unknown_stream', `${streamId} is not in the catalog`);
       this.checkCatalogKey(entry);
+      await this.checkSealingKey(entry.market_sealing_key);
       event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
     }
     const sent = await this.send(event);

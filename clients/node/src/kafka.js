@@ -114,6 +114,7 @@ export class MarketClient {
     this.admin = this.kafka.admin();
     this.readers = new Map();
     this.partitions = new Map();
+    this.warned = new Set();
   }
 
   topic(name) {
@@ -188,6 +189,9 @@ export class MarketClient {
   believe(topic, rec) {
     const v = verifyAnswer({ prefix: this.prefix, topic, value: rec.value, headers: rec.headers, marketPublicKey: this.marketPublicKey });
     if (!v.ok) {
+      const where = `${topic}@${rec.offset}`;
+      if (this.warned.has(where)) return undefined;
+      this.warned.add(where);
       this.warn(`ignored a message on ${topic} at offset ${rec.offset} not signed by the market (${v.why})`);
       return undefined;
     }

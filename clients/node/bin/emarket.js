@@ -17,6 +17,7 @@ global options (or their environment variables):
 commands:
   keygen --account ID --out PATH [--no-sealing]
   account open
+  account rotate --out NEW_KEY_FILE [--no-sealing]   new keys, signed by the old and the new
   register --stream ID --steps 0.5,1,2 --cap 4 (--price-per-level R | --prices 0.5=10,1=20)
            [--mechanism laplace] [--sensitivity 1] [--dimension 1] [--retain-last N]
            [--currency EUR] [--description TEXT] [--histogram strings|integers [--domain-size N]]
@@ -150,7 +151,16 @@ const COMMANDS = {
     emit(o, { account_id: p.accountId, key_id: p.keyId, signing_key: p.signingKey, sealing_key: p.sealingKey, file: o.out }, `wrote ${o.out}: account ${p.accountId}, key id ${p.keyId}`);
   },
   async account(o, args) {
-    if (args[0] !== 'open') throw new BadInput('usage: emarket account open');
+    if (args[0] === 'rotate') {
+      const p = party(o);
+      const out = need(o, 'out');
+      const next = Party.generate(p.accountId, { sealing: !o['no-sealing'] });
+      const { account } = await withClient(o, p, (c) => c.rotateKeys(next));
+      next.save(out);
+      emit(o, account, `account ${account.account_id} rotated to version ${account.version} (key ${account.key_id}); new key file ${out}`);
+      return;
+    }
+    if (args[0] !== 'open') throw new BadInput('usage: emarket account open | account rotate --out NEW_KEY_FILE');
     const p = party(o);
     const acc = await withClient(o, p, (c) => c.openAccount());
     emit(o, acc, `account ${acc.account_id} is open (key ${acc.key_id}, version ${acc.version})`);

@@ -260,6 +260,27 @@ export class MarketClient {
     return acc;
   }
 
+  /**
+   * Rotate this party's keys (§6.2) to `next` (a Party of the same account, fresh keys): signed
+   * by the current key and by the new one, at version current + 1. On the market's `account`
+   * answer this client signs with the new keys; returns `{account, party}`.
+   */
+  async rotateKeys(next, { rotatedAtMs = Date.now() } = {}) {
+    const p = this.party;
+    const version = p.keyVersion + 1;
+    const sent = await this.send(
+      { type: 'rotate_keys', account_id: p.accountId, version, signing_key: next.signingKey, sealing_key: next.sealingKey, rotated_at_ms: rotatedAtMs },
+      { newParty: next },
+    );
+    const acc = await this.answer(sent, (d) => d.type === 'account' && d.version === version);
+    if (acc.signing_key !== next.signingKey || (acc.sealing_key ?? null) !== next.sealingKey) {
+      throw new Refused('stale_key_version', `account ${p.accountId} is at other keys than the rotation's`, acc);
+    }
+    next.keyVersion = version;
+    this.party = next;
+    return { account: acc, party: next };
+  }
+
   /** The catalog entry of `streamId` (§8.3), or undefined within `ms`. */
   async catalogEntry(streamId, ms = this.timeoutMs, accept = () => true) {
     const topic = this.topic('catalog');
@@ -366,8 +387,29 @@ export class MarketClient {
       type: 'purchase', purchase_id: purchaseId, buyer_id: this.party.accountId, stream_id: streamId, target_level: targetLevel,
       max_price_minor: maxPriceMinor, currency, requested_at_ms: Date.now(), accuracy, most_accurate: mostAccurate,
     });
-    const ans = await this.answer(sent, (d) => d.type === 'purchase_fulfilled' && d.purchase_id === purchaseId);
+    let ans;
+    try {
+      ans = await this.answer(sent, (d) => d.type === 'purchase_fulfilled' && d.purchase_id === purchaseId);
+    } catch (err) {
+      if (!(err instanceof Refused) || err.reason !== 'already_answered') throw err;
+      // The market's earlier answer to this purchase id, in this inbox, is the answer (§12.4).
+      ans = await this.earlierAnswer(purchaseId);
+      if (!ans) throw err;
+    }
     return this.checkOutcome(ans);
+  }
+
+  /** The newest market-signed `purchase_fulfilled` of `purchaseId` already in the inbox. */
+  async earlierAnswer(purchaseId) {
+    const inbox = this.inbox();
+    const r = await this.reader(inbox);
+    let found;
+    await r.find((rec) => {
+      const b = this.believe(inbox, rec);
+      if (b && b.doc.type === 'purchase_fulfilled' && b.doc.purchase_id === purchaseId && b.doc.buyer_id === this.party.accountId) found = b.doc;
+      return undefined;
+    }, 0);
+    return found;
   }
 
   /** Open a purchase's releases and verify its receipt; returns the opened event. */

@@ -140,6 +140,17 @@ try {
     check(named.includes('berlin') && named.includes('Zürich') && named.includes('東京'), 'the three big keys are released and named');
     check(rel.keys.includes(stringKey('Zürich')), 'NFC and NFD name one key');
   });
+  await step('rotate the buyer\'s keys, then buy at key version 2', async () => {
+    const { account } = await B.rotateKeys(Party.generate(buyer.accountId));
+    check(account.version === 2 && B.party.keyVersion === 2, 'version 2');
+    const out = await B.buy(stream, { maxPriceMinor: 200 });
+    check(out.level_after === 2.0 && out.releases.length === 3, `bought ${out.level_after} with ${out.releases.length} releases`);
+  });
+  await step('a purchase sent again by a new process is answered by its first outcome', async () => {
+    const first = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
+    const again = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
+    check(again.receipt.signature === first.receipt.signature, 'the same receipt');
+  });
   writeFileSync(join(scratch, 'e2e.json'), JSON.stringify({ seller: seller.accountId, buyer: buyer.accountId, stream, histogram: hist, market_public_key: S.marketPublicKey }, null, 2));
   check(warnings.length === 2 && warnings.every((w) => w.includes('not signed by the market')), `only the forged messages were skipped: ${warnings.join('; ')}`);
   log('all steps passed');

@@ -85,7 +85,9 @@ def test_node_client_end_to_end_and_a_python_buyer(market: Market, tmp_path: Pat
     assert [r["value_id"] for r in bought["releases"]] == ["v1", "v2", "v3"]
     out = _cli(market, "verify-receipt", str(outcome))
     assert out.returncode == 0, out.stdout + out.stderr
-    # And the Node CLI verifies the Python buyer's outcome file.
+    # Each side's outcome file verifies with the other side's verifier.
+    out = _cli(market, "verify-receipt", str(scratch / "outcome-1.json"))
+    assert out.returncode == 0, out.stdout + out.stderr
     key_b64 = made["market_public_key"]
     r = _node("bin/emarket.js", "verify-receipt", str(outcome), "--public-key", key_b64)
     assert r.returncode == 0, r.stdout + r.stderr

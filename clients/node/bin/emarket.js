@@ -209,12 +209,8 @@ const COMMANDS = {
       emit(o, { valid: true, receipt: doc }, `receipt ${doc.purchase_id}: signature valid (no releases to check)`);
       return;
     }
-    let sealedCiphertext = doc.sealed_was?.ciphertext ?? doc.sealed?.ciphertext;
-    if (doc.sealed && !doc.opening) {
-      const p = party(o);
-      sealedCiphertext = doc.sealed.ciphertext;
-      doc = openReleases(doc, p.sealingPrivate);
-    }
+    const sealedCiphertext = doc.sealed?.ciphertext;
+    if (doc.sealed && !doc.opening) doc = openReleases(doc, party(o).sealingPrivate);
     verifyOutcome(doc, key, { sealedCiphertext });
     emit(o, { valid: true, receipt: doc.receipt }, `receipt ${doc.receipt.purchase_id}: signature valid, ${doc.releases.length} releases open its commitment`);
   },

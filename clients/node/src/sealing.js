@@ -82,16 +82,18 @@ export function releaseAad(event) {
 
 /**
  * Open the releases of a `purchase_fulfilled` or `value_released` with the buyer's X25519
- * private key: returns a copy with `releases` (and `opening`) in clear and `sealed` null.
+ * private key: returns a copy with `releases` (and `opening`) filled in from the envelope, which
+ * it keeps (its ciphertext is what a receipt's `ciphertext_digest` names), as `buy --output`
+ * files are written (§11.4).
  */
 export function openReleases(event, priv) {
-  if (event.sealed == null) return { ...event };
+  if (event.sealed == null || event.opening || event.releases?.length) return { ...event };
   const text = new TextDecoder('utf-8', { fatal: true }).decode(open(event.sealed, priv, releaseAad(event)));
   const doc = JSON.parse(text);
   if (event.type === 'purchase_fulfilled') {
     if (!doc || typeof doc !== 'object' || Array.isArray(doc)) throw new Error('sealed purchase: not an object');
-    return { ...event, releases: doc.releases, opening: doc.opening, sealed: null, sealed_was: event.sealed };
+    return { ...event, releases: doc.releases, opening: doc.opening };
   }
   if (!Array.isArray(doc)) throw new Error('sealed delivery: not an array');
-  return { ...event, releases: doc, sealed: null, sealed_was: event.sealed };
+  return { ...event, releases: doc };
 }

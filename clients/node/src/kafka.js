@@ -42,14 +42,26 @@ class TopicReader {
   async start() {
     await this.consumer.connect();
     await this.consumer.subscribe({ topic: this.topic, fromBeginning: true });
+    this.behind = new Map(); // partition -> high watermark not yet read up to
     await this.consumer.run({
       autoCommit: false,
-      eachMessage: async ({ message, partition }) => {
-        this.records.push({ ...message, partition });
+      eachBatch: async ({ batch }) => {
+        for (const message of batch.messages) this.records.push({ ...message, partition: batch.partition });
+        // The fetch response's high watermark is right even where "latest" offsets are not.
+        const next = batch.messages.length ? Number(batch.messages[batch.messages.length - 1].offset) + 1 : 0;
+        this.behind.set(batch.partition, Number(batch.highWatermark) > next);
         for (const w of this.waiters) w();
       },
     });
     return this;
+  }
+
+  /** Wait (at most `ms`) until every fetched partition is read to its high watermark. */
+  async caughtUp(ms) {
+    const deadline = Date.now() + ms;
+    while (Date.now() < deadline && (this.behind.size === 0 || [...this.behind.values()].some(Boolean))) {
+      await new Promise((res) => setTimeout(res, 50));
+    }
   }
 
   /** The first record (from `from`) for which `pick` returns a result, within `ms`. */
@@ -330,6 +342,7 @@ export class MarketClient {
    */
   async checkSealingKey(sealingKey) {
     const r = await this.reader(this.topic('catalog'));
+    await r.caughtUp(3000);
     const seen = new Set();
     for (const rec of r.records) {
       if (!rec.value) continue;

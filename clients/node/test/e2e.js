@@ -151,6 +151,21 @@ try {
     const again = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
     check(again.receipt.signature === first.receipt.signature, 'the same receipt');
   });
+  await step('a forged catalog entry with another sealing key stops the seller from sealing', async () => {
+    // Catalog entries are not signed (protocol §4.1): anyone may append one. This must be the
+    // last step, as every later batch of this market would be refused the same way.
+    const real = await S.catalogEntry(stream);
+    const forged = { ...real, registration: { ...real.registration, stream_id: `forged-${tag}` }, market_sealing_key: Party.generate('x').sealingKey };
+    await S.producer.send({ topic: S.topic('catalog'), messages: [{ key: `forged-${tag}`, value: JSON.stringify(forged) }] });
+    const fresh = new MarketClient({ ...opts, party: seller, marketPublicKey: S.marketPublicKey });
+    await fresh.connect();
+    try {
+      const err = await fresh.publish(stream, [{ value_id: 'v4', values: [1, 2] }]).then(() => null, (e) => e);
+      check(err && /sealing keys/.test(err.message), `refused to seal: ${err}`);
+    } finally {
+      await fresh.close();
+    }
+  });
   writeFileSync(join(scratch, 'e2e.json'), JSON.stringify({ seller: seller.accountId, buyer: buyer.accountId, stream, histogram: hist, market_public_key: S.marketPublicKey }, null, 2));
   check(warnings.length === 2 && warnings.every((w) => w.includes('not signed by the market')), `only the forged messages were skipped: ${warnings.join('; ')}`);
   log('all steps passed');

@@ -3,7 +3,11 @@
 // (else read from <prefix>.market) and a scratch directory (argv[2] or EMARKET_SCRATCH).
 // A seller and a buyer open accounts; the seller registers a stream and a histogram stream and
 // publishes sealed values; the buyer quotes, buys two steps, opens the sealed releases, verifies
-// the receipts, receives a subscription delivery and names histogram keys. Exits 1 on any failure.
+// the receipts, receives a subscription delivery and names histogram keys; forged inbox messages
+// are skipped, refusals reported (also from <p>.refusals), keys rotated, a resent purchase
+// answered by its first outcome, and a forged catalog entry stops the seller from sealing.
+// Writes e2e.json (ids, market key) and the opened outcomes to the scratch directory.
+// Exits 1 on any failure, naming the step.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';

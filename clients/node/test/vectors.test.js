@@ -1,4 +1,6 @@
-// Every vector of docs/vectors/*.json and of docs/protocol.md that a client computes.
+// Every vector of docs/vectors/*.json and of docs/protocol.md that a client computes: §2.4, §3.3,
+// §4.4, §11.7, §12.6 and the three files of §10 (§6.8's worked example is §2.4's version 3).
+// The noise vectors of §1.8 are the market's: a client never computes noise.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';

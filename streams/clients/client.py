@@ -334,6 +334,7 @@ class MarketClient:
         me = self._me(party)
         reg = me.sign(StreamRegistration, self.market, **{"seller_id": me.account_id, **fields})
         payload = reg.model_dump_json().encode()
+        market_key = await self.market_key()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()
         watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
@@ -342,9 +343,9 @@ class MarketClient:
             await self.send(self.topics.registrations, reg.stream_id, payload)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                for _, raw in await catalog.poll(0.2):
-                    entry = CatalogEntry.model_validate_json(raw)
-                    if entry.registration == reg:
+                for _, raw, headers in await catalog.poll_records(0.2):
+                    entry = self._catalog_entry(market_key, raw, headers)
+                    if entry is not None and entry.registration == reg:
                         if entry.market_sealing_key is not None:
                             self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
@@ -511,22 +512,36 @@ class MarketClient:
         possible on a broker without ACLs) is skipped and counted, never fatal: one bad record
         must not hide the catalog from every buyer.
         """
+        market_key = await self.market_key()
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
         out: list[CatalogEntry] = []
         invalid = 0
         try:
             while True:
-                batch = await reader.poll(settle)
+                batch = await reader.poll_records(settle)
                 if not batch:
                     return out, invalid
-                for _, raw in batch:
-                    try:
-                        out.append(CatalogEntry.model_validate_json(raw))
-                    except ValueError:
+                for _, raw, headers in batch:
+                    entry = self._catalog_entry(market_key, raw, headers)
+                    if entry is None:
                         invalid += 1
+                    else:
+                        out.append(entry)
         finally:
             await reader.stop()
+
+    def _catalog_entry(
+        self, market_key: Ed25519PublicKey, raw: bytes, headers: Any
+    ) -> CatalogEntry | None:
+        """The catalog entry ``raw``, if the market signed it for the catalog topic (an entry
+        names the key sellers seal their values to: anyone can write to the topic on a broker
+        without ACLs), else None."""
+        try:
+            verify_answer(market_key, self.market, self.topics.catalog, raw, headers)
+            return CatalogEntry.model_validate_json(raw)
+        except (AnswerError, ValueError):
+            return None
 
     # -- buyers -----------------------------------------------------------------------------------
     async def buy(

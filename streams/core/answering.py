@@ -1,5 +1,5 @@
-"""Signing what the market says to parties: the one place every inbox message and refusal is
-made an answer (docs/protocol.md §12).
+"""Signing what the market says to parties: the one place every inbox message, catalog entry and
+refusal is made an answer (docs/protocol.md §12).
 
 Handlers build their outputs as before; :class:`~streams.core.router.MarketCore` passes each
 event's outcome through :func:`sign_outcome` and each batch's deliveries through
@@ -41,8 +41,9 @@ def _reason_of(rejection: bytes) -> str:
 
 
 def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
-    """``outcome`` of the event ``raw`` with every inbox message signed as its answer, and
-    the event's refusal record added if it was refused."""
+    """``outcome`` of the event ``raw`` with every inbox message and catalog entry signed as its
+    answer (a catalog entry names the key sellers seal their values to: only the market's may
+    be believed), and the event's refusal record added if it was refused."""
     if not outcome.outputs:
         return outcome
     request = hashlib.sha256(raw).hexdigest()
@@ -51,7 +52,8 @@ def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
     for out in outcome.outputs:
         if out.topic == ctx.topics.rejections and refused is None:
             refused = out
-        outputs.append(_signed(ctx, out, request) if ctx.topics.is_inbox(out.topic) else out)
+        answers = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
+        outputs.append(_signed(ctx, out, request) if answers else out)
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:

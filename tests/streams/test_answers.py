@@ -127,7 +127,13 @@ def _checked(out: Any, raw: bytes | None) -> None:
 def test_the_core_signs_every_answer_for_the_bytes_it_answers() -> None:
     core = market_core("seller1", "buyer1")
     raw = registration()
-    core.handle(T.registrations, raw)
+    [entry] = core.handle(T.registrations, raw).outputs  # it names the key values are sealed to
+    assert entry.topic == T.catalog
+    digest = hashlib.sha256(raw).hexdigest()
+    assert verify_answer(PUB, T.prefix, T.catalog, entry.value, list(entry.headers)) == digest
+    [again_entry] = core.handle(T.registrations, raw).outputs  # a resend: signed again
+    assert verify_answer(PUB, T.prefix, T.catalog, again_entry.value,
+                         list(again_entry.headers)) == digest  # fmt: skip
     with core.batch() as deliveries:
         first = value("temp", "v1", [1.0, 2.0, 3.0])
         _checked(core.handle(T.values, first).outputs, first)

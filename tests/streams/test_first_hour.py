@@ -188,9 +188,9 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
 def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
     market: Market, tmp_path: Path
 ) -> None:
-    """Without --public-key the key comes from the catalog: a stranger who appends an entry
-    with its own key (possible on a broker without ACLs) makes verification refuse, and junk
-    on the catalog topic is skipped with a warning instead of breaking it for everyone."""
+    """Without --public-key the key comes from the catalog: an entry a stranger appends with
+    its own key (possible on a broker without ACLs) carries no signature of the market's and
+    is skipped, like junk, with a warning; verification goes on with the market's entries."""
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -220,10 +220,9 @@ def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
         await c.send(t.catalog, "junk", b"not a catalog entry")
 
     market.run(write)
-    assert_clean(cli(*pre, "catalog"), 0, "skipped 1 records")
+    assert_clean(cli(*pre, "catalog"), 0, "skipped 2 records")
     r = cli(*pre, "verify-receipt", str(out))
-    assert_clean(r, 1, "2 different market keys", "--public-key")
-    assert "valid:" not in r.stdout
+    assert_clean(r, 0, "valid: purchase", "read from the catalog")
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])

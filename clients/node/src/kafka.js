@@ -304,17 +304,31 @@ export class MarketClient {
     const r = await this.reader(topic);
     let last;
     await r.find((rec) => {
-      if (!rec.value) return undefined;
-      const d = JSON.parse(rec.value.toString('utf8'));
-      if (d.registration?.stream_id === streamId && accept(d)) last = d;
+      const d = this.signedEntry(rec);
+      if (d?.registration?.stream_id === streamId && accept(d)) last = d;
       return undefined;
     }, 0);
     if (last) return last;
     return r.find((rec) => {
-      if (!rec.value) return undefined;
-      const d = JSON.parse(rec.value.toString('utf8'));
-      return d.registration?.stream_id === streamId && accept(d) ? d : undefined;
+      const d = this.signedEntry(rec);
+      return d?.registration?.stream_id === streamId && accept(d) ? d : undefined;
     }, Math.max(0, deadline - Date.now()));
+  }
+
+  /**
+   * A catalog record's entry if the market signed it for the catalog topic (§12.3): an entry
+   * names the key sellers seal values to, and anyone may write to the topic. Else undefined.
+   */
+  signedEntry(rec) {
+    if (!rec.value) return undefined;
+    const topic = this.topic('catalog');
+    const v = verifyAnswer({ prefix: this.prefix, topic, value: rec.value, headers: rec.headers, marketPublicKey: this.marketPublicKey });
+    if (!v.ok) return undefined;
+    try {
+      return JSON.parse(rec.value.toString('utf8'));
+    } catch {
+      return undefined;
+    }
   }
 
   /** Register a stream (§6.3); the acceptance is its catalog entry, a refusal our inbox's. */
@@ -336,22 +350,16 @@ export class MarketClient {
   }
 
   /**
-   * Catalog entries carry no market signature (§12 signs inboxes and refusals only), so a
-   * sealing key read there is believed only if every catalog entry naming the trusted market key
-   * names this sealing key too: a market has one, and a forged entry shows as a second.
+   * A sealing key is believed only from catalog entries the market signed (§12.3), and only if
+   * every such entry names this one: a market has one sealing key.
    */
   async checkSealingKey(sealingKey) {
     const r = await this.reader(this.topic('catalog'));
     await r.caughtUp(3000);
     const seen = new Set();
     for (const rec of r.records) {
-      if (!rec.value) continue;
-      try {
-        const d = JSON.parse(rec.value.toString('utf8'));
-        if (d.market_public_key === this.marketPublicKey && d.market_sealing_key) seen.add(d.market_sealing_key);
-      } catch {
-        // not an entry: nothing to compare
-      }
+      const d = this.signedEntry(rec);
+      if (d?.market_public_key === this.marketPublicKey && d.market_sealing_key) seen.add(d.market_sealing_key);
     }
     if (!sealingKey || seen.size !== 1 || !seen.has(sealingKey)) {
       throw new Error(`the catalog names ${seen.size} market sealing keys for the trusted market key: refusing to seal values to any of them`);

@@ -226,8 +226,10 @@ class MarketClient:
             raise ValueError("this request is signed: give the client a Party (keys)")
         return me
 
-    async def send(self, topic: str, key: str, payload: bytes) -> None:
-        await self._producer.send_and_wait(topic, payload, key=key.encode())
+    async def send(self, topic: str, key: str, payload: bytes) -> int:
+        """Send ``payload`` keyed by ``key``; the partition it was written to."""
+        meta = await self._producer.send_and_wait(topic, payload, key=key.encode())
+        return int(meta.partition)
 
     async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
         """The key every answer must be signed with: the one given, else the one the first
@@ -676,7 +678,7 @@ class MarketClient:
             next_send = 0.0
             while time.monotonic() < deadline:
                 if time.monotonic() >= next_send:
-                    await self.send(topic, key, payload)
+                    watch.partitions.add(await self.send(topic, key, payload))
                     next_send = time.monotonic() + resend_every
                 for ev in await watch.poll(0.2):
                     if answers(ev):
@@ -709,6 +711,8 @@ class _Watch:
         self.reader: TopicReader | None = None
         self.earlier: InboxEvent | None = None
         self.refused: tuple[float, Rejection] | None = None
+        self.partitions: set[int] = set()
+        """The partitions of ``sent_to`` the bytes were written to (by this client)."""
 
     async def poll(self, timeout: float) -> list[InboxEvent]:
         """What arrived for this event: the inbox's answers to it, else its refusal."""
@@ -733,6 +737,8 @@ class _Watch:
             if got is None or isinstance(got[1], Refusal):
                 continue
             if got[0] == self.digest:
+                if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
+                    continue  # a copy of these bytes someone wrote to another topic, refused
                 out.append(got[1])
                 if _notice(got[1]) and self.earlier is not None:
                     out.append(self.earlier)
@@ -746,7 +752,12 @@ class _Watch:
             if key != self.digest.encode():
                 continue
             got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
-            if got is not None and got[0] == self.digest and isinstance(got[1], Refusal):
+            if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
+                continue
+            # the refusal of these bytes where this client sent them: anyone can copy them to
+            # another topic or partition, where the market refuses them under the same key
+            where = got[1].source_topic, got[1].source_partition
+            if where[0] == self.sent_to and (where[1] is None or where[1] in self.partitions):
                 self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
 
     def _rejection(self, refusal: Refusal) -> Rejection:

@@ -40,9 +40,15 @@ def _reason_of(rejection: bytes) -> str:
     return code if isinstance(code, str) else "refused"
 
 
-def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
-    """``outcome`` of the event ``raw`` with every inbox message signed as its answer, and
-    the event's refusal record added if it was refused."""
+def sign_outcome(
+    ctx: Context, outcome: Outcome, raw: bytes, topic: str, partition: int | None
+) -> Outcome:
+    """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``) with every inbox
+    message signed as its answer, and the event's refusal record added if it was refused.
+
+    The refusal names where the bytes were read: anyone can copy a sender's bytes to another
+    topic, where they are refused under the same key, and the sender must not take that
+    refusal for the one of the event it sent (docs/protocol.md §12.5)."""
     if not outcome.outputs:
         return outcome
     request = hashlib.sha256(raw).hexdigest()
@@ -55,7 +61,8 @@ def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:
-            record = Output(ctx.topics.refusals, request.encode(), refusal_value(code))
+            value = refusal_value(code, topic, partition)
+            record = Output(ctx.topics.refusals, request.encode(), value)
             outputs.append(_signed(ctx, record, request))
     outcome.outputs = outputs
     return outcome

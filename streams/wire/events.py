@@ -1081,6 +1081,10 @@ class Refusal(_Event):
     type: Literal["refusal"] = "refusal"
     reason: str = Field(description="machine-readable code, as in the rejection")
     message: str = Field(description="what the code means and what to do (a fixed text per code)")
+    source_topic: str = Field(description="the topic the refused bytes were read from: a sender "
+                              "takes only the refusal of the topic it sent to")
+    source_partition: int | None = Field(default=None, ge=0, description="the partition they "
+                                         "were read from (the sender's, or a copy's elsewhere)")
 
 
 InboxPayload = (

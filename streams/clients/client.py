@@ -226,10 +226,10 @@ class MarketClient:
             raise ValueError("this request is signed: give the client a Party (keys)")
         return me
 
-    async def send(self, topic: str, key: str, payload: bytes) -> int:
-        """Send ``payload`` keyed by ``key``; the partition it was written to."""
+    async def send(self, topic: str, key: str, payload: bytes) -> tuple[int, int]:
+        """Send ``payload`` keyed by ``key``; the partition and offset it was written at."""
         meta = await self._producer.send_and_wait(topic, payload, key=key.encode())
-        return int(meta.partition)
+        return int(meta.partition), int(meta.offset)
 
     async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
         """The key every answer must be signed with: the one given, else the one the first
@@ -341,10 +341,15 @@ class MarketClient:
         watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
                                   payload, None, wait=timeout)  # fmt: skip
         try:
-            await self.send(self.topics.registrations, reg.stream_id, payload)
+            watch.sent.add(await self.send(self.topics.registrations, reg.stream_id,
+                                                 payload))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                for _, raw in await catalog.poll(0.2):
+                for _, raw, headers in await catalog.poll_records(0.2):
+                    # the acceptance, if the market signed it (§12): a stranger can copy the
+                    # registration into an entry naming its own sealing key
+                    if not self.believe_catalog(raw, headers, watch.key):
+                        continue
                     entry = CatalogEntry.model_validate_json(raw)
                     if entry.registration == reg:
                         if entry.market_sealing_key is not None:
@@ -429,7 +434,18 @@ class MarketClient:
         """
         if stream_id in self._sealing_keys:
             return self._sealing_keys[stream_id]
-        entries, _ = await self.catalog_records()
+        signer = await self.market_key()
+        reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
+        await reader.start()
+        records: list[Message] = []
+        try:
+            while batch := await reader.poll_records(0.5):
+                records.extend(batch)
+        finally:
+            await reader.stop()
+        # only the entries the market signed: anyone may write to the catalog, and a forged
+        # entry naming another sealing key would have sellers seal their numbers to its writer
+        entries = self.market_entries(records, signer)
         keys = {e.market_sealing_key for e in entries if e.market_sealing_key}
         if len(keys) > 1:
             raise ValueError(
@@ -437,7 +453,9 @@ class MarketClient:
                 "market wrote to it: pass the key obtained from the market's operators"
             )
         if not keys:
-            raise LookupError("no catalog entry names the market's sealing key")
+            raise LookupError("no catalog entry signed by the market names its sealing key "
+                              "(a market made before catalog entries were signed: pass "
+                              "market_sealing_key)")
         self._sealing_keys[stream_id] = key = keys.pop()
         return key
 
@@ -505,6 +523,30 @@ class MarketClient:
         """The newest catalog entry of every stream."""
         entries, _ = await self.catalog_records(settle=settle)
         return {e.registration.stream_id: e for e in entries}
+
+    def market_entries(
+        self, records: Sequence[Message], key: Ed25519PublicKey
+    ) -> list[CatalogEntry]:
+        """The catalog entries of ``records`` the market signed (docs/protocol.md §12), oldest
+        first; any other record is skipped with a warning."""
+        out: list[CatalogEntry] = []
+        for _, raw, headers in records:
+            if self.believe_catalog(raw, headers, key):
+                out.append(CatalogEntry.model_validate_json(raw))
+        return out
+
+    def believe_catalog(self, value: bytes, headers: Any, key: Ed25519PublicKey) -> bool:
+        """Whether ``value`` is a catalog entry the market signed for its catalog topic."""
+        try:
+            verify_answer(key, self.market, self.topics.catalog, value, headers)
+            CatalogEntry.model_validate_json(value)
+        except AnswerError as exc:
+            self.on_warning(f"warning: ignored {describe(value)} in {self.topics.catalog}: {exc}; "
+                            "it was written by someone else (forged?)")  # fmt: skip
+            return False
+        except ValueError:
+            return False
+        return True
 
     async def catalog_records(self, *, settle: float = 0.5) -> tuple[list[CatalogEntry], int]:
         """Every valid entry on the catalog topic, oldest first, and how many records were not.
@@ -678,7 +720,7 @@ class MarketClient:
             next_send = 0.0
             while time.monotonic() < deadline:
                 if time.monotonic() >= next_send:
-                    watch.partitions.add(await self.send(topic, key, payload))
+                    watch.sent.add(await self.send(topic, key, payload))
                     next_send = time.monotonic() + resend_every
                 for ev in await watch.poll(0.2):
                     if answers(ev):
@@ -711,8 +753,8 @@ class _Watch:
         self.reader: TopicReader | None = None
         self.earlier: InboxEvent | None = None
         self.refused: tuple[float, Rejection] | None = None
-        self.partitions: set[int] = set()
-        """The partitions of ``sent_to`` the bytes were written to (by this client)."""
+        self.sent: set[tuple[int, int]] = set()
+        """Where in ``sent_to`` this client wrote the bytes: (partition, offset) of each send."""
 
     async def poll(self, timeout: float) -> list[InboxEvent]:
         """What arrived for this event: the inbox's answers to it, else its refusal."""
@@ -754,10 +796,11 @@ class _Watch:
             got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
             if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
                 continue
-            # the refusal of these bytes where this client sent them: anyone can copy them to
-            # another topic or partition, where the market refuses them under the same key
-            where = got[1].source_topic, got[1].source_partition
-            if where[0] == self.sent_to and (where[1] is None or where[1] in self.partitions):
+            # the refusal of a record this client wrote: anyone can copy its bytes to another
+            # topic, or write them again, where the market refuses them under the same key
+            ref = got[1]
+            if ref.source_topic == self.sent_to and (ref.source_partition,
+                                                     ref.source_offset) in self.sent:
                 self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
 
     def _rejection(self, refusal: Refusal) -> Rejection:

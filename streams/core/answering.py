@@ -41,14 +41,17 @@ def _reason_of(rejection: bytes) -> str:
 
 
 def sign_outcome(
-    ctx: Context, outcome: Outcome, raw: bytes, topic: str, partition: int | None
+    ctx: Context, outcome: Outcome, raw: bytes, topic: str, partition: int | None,
+    offset: int | None,
 ) -> Outcome:
-    """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``) with every inbox
-    message signed as its answer, and the event's refusal record added if it was refused.
+    """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``, ``offset``) with
+    every inbox message and catalog entry signed as its answer (the catalog, too, is a topic
+    anyone may write to on a broker without ACLs, and it names the key sellers seal their values
+    to), and the event's refusal record added if it was refused.
 
-    The refusal names where the bytes were read: anyone can copy a sender's bytes to another
-    topic, where they are refused under the same key, and the sender must not take that
-    refusal for the one of the event it sent (docs/protocol.md §12.5)."""
+    The refusal names the record refused: anyone can copy a sender's bytes to another topic or
+    write them again, where they are refused under the same key, and the sender must not take
+    that refusal for the one of the record it wrote (docs/protocol.md §12.5)."""
     if not outcome.outputs:
         return outcome
     request = hashlib.sha256(raw).hexdigest()
@@ -57,11 +60,12 @@ def sign_outcome(
     for out in outcome.outputs:
         if out.topic == ctx.topics.rejections and refused is None:
             refused = out
-        outputs.append(_signed(ctx, out, request) if ctx.topics.is_inbox(out.topic) else out)
+        answer = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
+        outputs.append(_signed(ctx, out, request) if answer else out)
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:
-            value = refusal_value(code, topic, partition)
+            value = refusal_value(code, topic, partition, offset)
             record = Output(ctx.topics.refusals, request.encode(), value)
             outputs.append(_signed(ctx, record, request))
     outcome.outputs = outputs

@@ -79,8 +79,8 @@ written by the market, never by the event's sender, since the record is public."
 _GENERIC = "refused; a sender whose signature was proved finds the rejection in its inbox"
 REFUSAL_BYTES = 1024
 """The most a refusal record takes: key (64 bytes), value (with the topic it names, at most
-249 characters as every Kafka topic name), and header (14 + 97 bytes), which a test checks for
-every code's text."""
+249 characters as every Kafka topic name, its partition and offset), and header (14 + 97
+bytes), which a test checks for every code's text."""
 
 
 class AnswerError(ValueError):
@@ -92,14 +92,18 @@ def refusal_text(code: str) -> str:
     return REFUSAL_TEXTS.get(code, _GENERIC)
 
 
-def refusal_value(code: str, source_topic: str, source_partition: int | None) -> bytes:
+def refusal_value(
+    code: str, source_topic: str, source_partition: int | None, source_offset: int | None
+) -> bytes:
     """The value bytes of a refusal record for ``code`` (a code that is not one is named
-    ``refused``) of the event read from ``source_topic`` at ``source_partition``: where the
-    refused bytes were, so that a copy of a sender's bytes written elsewhere by someone else
-    (refused there) is not taken for the refusal of what the sender sent."""
+    ``refused``) of the event read from ``source_topic`` at ``source_partition`` and
+    ``source_offset``: which record was refused, so that a copy of a sender's bytes written by
+    someone else (elsewhere, or later, and refused) is not taken for the refusal of what the
+    sender wrote."""
     reason = code if _CODE.fullmatch(code) else "refused"
     return Refusal(reason=reason, message=refusal_text(reason), source_topic=source_topic,
-                   source_partition=source_partition).model_dump_json().encode()  # fmt: skip
+                   source_partition=source_partition,
+                   source_offset=source_offset).model_dump_json().encode()  # fmt: skip
 
 
 def answer_header(
@@ -157,7 +161,7 @@ def vectors() -> dict[str, Any]:
     cases: list[tuple[str, str | None, bytes]] = [
         ("t.inbox.alice", digest, answer),
         ("t.inbox.alice", None, b'{"type":"value_released"}'),
-        ("t.refusals", digest, refusal_value("unknown_account", "t.purchases", 0)),
+        ("t.refusals", digest, refusal_value("unknown_account", "t.purchases", 0, 0)),
     ]
     out: list[dict[str, Any]] = []
     for topic, request, value in cases:

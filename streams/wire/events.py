@@ -1085,6 +1085,8 @@ class Refusal(_Event):
                               "takes only the refusal of the topic it sent to")
     source_partition: int | None = Field(default=None, ge=0, description="the partition they "
                                          "were read from (the sender's, or a copy's elsewhere)")
+    source_offset: int | None = Field(default=None, ge=0, description="their offset there: a "
+                                      "sender takes only the refusal of a record it wrote")
 
 
 InboxPayload = (

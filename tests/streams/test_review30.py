@@ -16,7 +16,7 @@ import pytest
 
 from streams.clients.client import MarketClient, _Watch
 from streams.wire.answers import HEADER, AnswerError, answer_header, verify_answer
-from streams.wire.events import Refusal
+from streams.wire.events import CatalogEntry, Refusal
 from streams.wire.topics import Topics
 
 from . import helpers
@@ -52,7 +52,7 @@ def _watch_refusals(sent_to: str, raw: bytes, records: list[Any]) -> _Watch:
         client = _client()
         watch = _Watch(client, PUB, T.inbox("buyer1"), (sent_to, raw), "p1",
                        _Reader(records))  # type: ignore[arg-type]  # fmt: skip
-        watch.partitions.add(0)
+        watch.sent.add((0, 7 if sent_to == T.values else 3))
         await watch._refusal()
         return watch
 
@@ -90,16 +90,31 @@ def test_a_refusal_on_the_topic_and_partition_sent_to_is_taken() -> None:
     assert out.reason == "unknown_account"
     records = _refusal_records(out.outputs)
     refusal = Refusal.model_validate_json(records[0][1])
-    assert (refusal.source_topic, refusal.source_partition) == (T.purchases, 0)
+    assert (refusal.source_topic, refusal.source_partition, refusal.source_offset) == (
+        T.purchases,
+        0,
+        3,
+    )
     watch = _watch_refusals(T.purchases, raw, records)
     assert watch.refused is not None and watch.refused[1].reason == "unknown_account"
 
-    # the same refusal for bytes sent to another partition is not this send's
+    # the refusal of the same bytes written again by someone else (another offset), or read from
+    # another partition, is not this send's
+    async def again() -> _Watch:
+        client = _client()
+        w = _Watch(client, PUB, T.inbox("nobody"), (T.purchases, raw), "p1",
+                   _Reader(records))  # type: ignore[arg-type]  # fmt: skip
+        w.sent.add((0, 4))
+        await w._refusal()
+        return w
+
+    assert asyncio.run(again()).refused is None
+
     async def other() -> _Watch:
         client = _client()
         w = _Watch(client, PUB, T.inbox("nobody"), (T.purchases, raw), "p1",
                    _Reader(records))  # type: ignore[arg-type]  # fmt: skip
-        w.partitions.add(1)
+        w.sent.add((1, 3))
         await w._refusal()
         return w
 
@@ -115,3 +130,33 @@ def test_a_header_without_bytes_is_a_forgery_not_a_crash(bad: Any) -> None:
     # a null-valued duplicate still makes two headers
     with pytest.raises(AnswerError, match="more than one"):
         verify_answer(PUB, "t", "t.inbox.alice", value, [(HEADER, head), (HEADER, bad)])
+
+
+def test_only_the_catalog_entries_the_market_signed_name_the_sealing_key() -> None:
+    """A stranger copies a seller's registration into a catalog entry naming its own sealing
+    key: a client that took it would seal the seller's numbers to the stranger."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from streams.core import MarketCore, Stores
+    from streams.core.keys import MarketKeys
+
+    core = market_core("seller1")
+    reg = registration()
+    out = core.handle(T.registrations, reg, partition=0, offset=0)
+    [genuine] = [o for o in out.outputs if o.topic == T.catalog]
+    digest = hashlib.sha256(reg).hexdigest()
+    assert verify_answer(PUB, T.prefix, T.catalog, genuine.value, list(genuine.headers)) == digest
+    # the stranger's market: same code, its own keys, its entry copied onto the real catalog
+    evil = MarketKeys(Ed25519PrivateKey.from_private_bytes(b"e" * 32), b"x" * 32)
+    other = MarketCore(Stores(), evil, T, clock=lambda: 1_000)
+    helpers.open_accounts(other, "seller1")
+    [forged] = [o for o in other.handle(T.registrations, reg).outputs if o.topic == T.catalog]
+    unsigned = (b"temp", forged.value, [])
+    resigned = (b"temp", forged.value, list(forged.headers))  # signed, by another key
+    client = _client()
+    got = client.market_entries([unsigned, resigned, (b"temp", genuine.value,
+                                                      list(genuine.headers))], PUB)  # fmt: skip
+    assert len(got) == 1 and got[0].market_sealing_key != (
+        CatalogEntry.model_validate_json(forged.value).market_sealing_key
+    )
+    assert got[0] == CatalogEntry.model_validate_json(genuine.value)

@@ -679,7 +679,8 @@ class MarketClient:
         return open_event(ev, me.sealing_key)
 
     async def _watch(self, inbox: str, sent_to: str, payload: bytes, request_id: str | None, *,
-                     create_inbox: bool = True, wait: float = 30.0) -> _Watch:  # fmt: skip
+                     create_inbox: bool = True, wait: float = 30.0,
+                     stream_id: str | None = None) -> _Watch:  # fmt: skip
         """Start watching for the answer to ``payload`` (to be sent to ``sent_to``): ``inbox``
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
@@ -695,7 +696,7 @@ class MarketClient:
             with contextlib.suppress(Exception):  # parties may lack the right to create topics
                 await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)],
                                     **self.auth)  # fmt: skip
-        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals)
+        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
 
     async def _request(
         self,
@@ -713,7 +714,10 @@ class MarketClient:
     ) -> InboxEvent:
         """Send ``payload`` (again every ``resend_every`` s) until the market answers it: in
         ``inbox`` (an answer to these bytes that ``answers`` accepts) or with a refusal."""
+        # a purchase or quote (the requests with an id) is keyed by its stream
+        stream = key if request_id is not None else None
         watch = await self._watch(self.topics.inbox(inbox), topic, payload, request_id,
+                                  stream_id=stream,
                                   create_inbox=create_inbox, wait=timeout)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
@@ -745,11 +749,12 @@ class _Watch:
 
     def __init__(self, client: MarketClient, key: Ed25519PublicKey, inbox: str,
                  sent: tuple[str, bytes], request_id: str | None,
-                 refusals: TopicReader | None) -> None:  # fmt: skip
+                 refusals: TopicReader | None,
+                 stream_id: str | None = None) -> None:  # fmt: skip
         self.client, self.key, self.inbox = client, key, inbox
         self.sent_to, self.payload = sent
         self.digest = hashlib.sha256(self.payload).hexdigest()
-        self.request_id, self.refusals = request_id, refusals
+        self.request_id, self.refusals, self.stream_id = request_id, refusals, stream_id
         self.reader: TopicReader | None = None
         self.earlier: InboxEvent | None = None
         self.refused: tuple[float, Rejection] | None = None
@@ -784,7 +789,8 @@ class _Watch:
                 out.append(got[1])
                 if _notice(got[1]) and self.earlier is not None:
                     out.append(self.earlier)
-            elif self.request_id is not None and _answers(got[1], self.request_id):
+            elif self.request_id is not None and _answers(got[1], self.request_id,
+                                                          self.stream_id):
                 self.earlier = got[1]  # the market's answer to an earlier send of this id
         return out
 
@@ -823,7 +829,11 @@ def _notice(ev: InboxEvent) -> bool:
     return isinstance(ev, Rejection) and ev.reason == "already_answered"
 
 
-def _answers(ev: InboxEvent, request_id: str) -> bool:
+def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> bool:
+    """Whether ``ev`` answers the request ``request_id`` (of ``stream_id``, if given: an id
+    may be used again on another stream, where it is another purchase)."""
+    if stream_id is not None and getattr(ev, "stream_id", None) != stream_id:
+        return False
     if isinstance(ev, PurchaseFulfilled):
         return ev.purchase_id == request_id
     if isinstance(ev, QuoteAnswer):

@@ -1074,8 +1074,10 @@ class Refusal(_Event):
 
     Keyed by the SHA-256 of the refused event's exact bytes and signed by the market, so a
     sender the market could not prove (no account yet, a bad signature) learns the reason at
-    once. It holds a reason code and a fixed text for that code only: nothing of the event, no
-    number, no id, nothing its sender chose (the record is public).
+    once. It holds a reason code and a fixed text for that code, and which record was refused
+    (topic, partition, offset: a copy of the bytes written elsewhere by someone else is refused
+    under the same key, and its sender must not take that for its own): nothing of the event,
+    no number, no id, nothing its sender chose (the record is public).
     """
 
     type: Literal["refusal"] = "refusal"

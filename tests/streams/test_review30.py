@@ -160,3 +160,32 @@ def test_only_the_catalog_entries_the_market_signed_name_the_sealing_key() -> No
         CatalogEntry.model_validate_json(forged.value).market_sealing_key
     )
     assert got[0] == CatalogEntry.model_validate_json(genuine.value)
+
+
+def test_the_earlier_answer_to_an_id_is_of_the_same_stream() -> None:
+    """A purchase id used again on another stream is another purchase: when the market says a
+    resend was ``already_answered``, the earlier answer is the one of this stream's purchase."""
+    from streams.wire.events import PurchaseFulfilled, Rejection
+
+    core = market_core("seller1", "buyer1")
+    for stream in ("temp", "hum"):
+        core.handle(T.registrations, registration(stream))
+        core.handle(T.values, helpers.value(stream, "v1", [1.0, 2.0, 3.0]))
+    first = purchase("hum", "buyer1", "p1", target_level=0.5)
+    inbox = [o for o in core.handle(T.purchases, first).outputs if T.is_inbox(o.topic)]
+    other = purchase("temp", "buyer1", "p1", target_level=0.5)  # the same id, another stream
+    inbox += [o for o in core.handle(T.purchases, other).outputs if T.is_inbox(o.topic)]
+    again = purchase("hum", "buyer1", "p1", target_level=0.5, requested_at_ms=1_001)
+    notice = [o for o in core.handle(T.purchases, again).outputs if T.is_inbox(o.topic)]
+    assert Rejection.model_validate_json(notice[0].value).reason == "already_answered"
+    records = [(o.key, o.value, list(o.headers)) for o in inbox + notice]
+
+    async def go() -> list[Any]:
+        w = _Watch(_client(), PUB, T.inbox("buyer1"), (T.purchases, again), "p1",
+                   None, "hum")  # fmt: skip
+        w.reader = _Reader(records)  # type: ignore[assignment]
+        return await w._inbox(0.0)
+
+    got = asyncio.run(go())
+    [answer] = [e for e in got if isinstance(e, PurchaseFulfilled)]
+    assert answer.stream_id == "hum"

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-fast install serve bench report soak schemas vectors clean
+.PHONY: demo test test-fast install install-node serve bench report soak schemas vectors clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +15,25 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# the Node.js client (clients/node), installed from its lock file; tests/streams/test_node_client.py
+# runs it and skips with a reason when node or these modules are missing
+NODE_CLIENT := clients/node
+$(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix $(NODE_CLIENT) --no-audit --no-fund && touch $@; \
+	else \
+		echo "npm not found: the Node client (clients/node) is not installed and its tests are skipped"; \
+	fi
+
+install-node: $(NODE_CLIENT)/node_modules/.installed
+
 demo: $(VENV)/.installed
 	$(PY) -m streams demo
 
 serve: $(VENV)/.installed
 	$(PY) -m streams serve
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m ruff check market streams tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -n 3 --dist worksteal  # 3 processes on 2 cores: most tests wait on workers
@@ -50,4 +62,4 @@ vectors: $(VENV)/.installed
 	$(PY) -m streams vectors --out docs/vectors
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis data
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis data $(NODE_CLIENT)/node_modules

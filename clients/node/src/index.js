@@ -1,0 +1,12 @@
+// epsilon-market-client: the public API (docs/protocol.md is the normative spec).
+export { Items, utf8, toHex, fromHex, toB64, fromB64, sha256Of, concat } from './bytes.js';
+export { canonicalBytes, signEvent, signBytes, verifyBytes, verifyEvent, EVENT_TYPES } from './signing.js';
+export { keyId, decodePublicKey, Party } from './keys.js';
+export { ALG, valuesAad, envelopeKey, seal, open, valuesPlaintext, sealBatch, releaseAad, openReleases } from './sealing.js';
+export { receiptBytes, releasesDigest, commitment, verifyReceipt, verifyOutcome, ReceiptInvalid } from './receipts.js';
+export { answerBytes, verifyAnswer, requestDigest, ANSWER_HEADER } from './answers.js';
+export { stringKey, nameKeys, STRING_KEY_LABEL } from './histogram.js';
+export { murmur2, partitionOf } from './partition.js';
+export { stateKey, stateCovered, stateHeader } from './state.js';
+export { encodeIdentity } from './identity.js';
+export { MarketClient, Refused, TimedOut } from './kafka.js';

@@ -1,0 +1,467 @@
+// The Kafka layer: send signed events to their partitions, read answers, verify before believing
+// (docs/protocol.md §8, §12).
+import { randomBytes } from 'node:crypto';
+import { Kafka, logLevel } from 'kafkajs';
+import { utf8, sha256Of, toHex } from './bytes.js';
+import { signEvent } from './signing.js';
+import { partitionOf } from './partition.js';
+import { verifyAnswer } from './answers.js';
+import { sealBatch, openReleases } from './sealing.js';
+import { verifyOutcome, ReceiptInvalid } from './receipts.js';
+
+/** The market said no: `reason` is the code of §9. */
+export class Refused extends Error {
+  constructor(reason, message, answer) {
+    super(`${reason}: ${message}`);
+    this.reason = reason;
+    this.detail = message;
+    this.answer = answer;
+  }
+}
+
+/** No answer in time (the event may not have been read yet: resending the same bytes is safe). */
+export class TimedOut extends Error {}
+
+/** A topic read from its beginning into memory by a consumer of a fresh group. */
+class TopicReader {
+  constructor(kafka, topic) {
+    this.topic = topic;
+    this.records = [];
+    this.waiters = new Set();
+    this.consumer = kafka.consumer({
+      groupId: `emarket-node-${toHex(randomBytes(8))}`,
+      sessionTimeout: 2000,
+      heartbeatInterval: 500,
+      rebalanceTimeout: 2000,
+      maxWaitTimeInMs: 200,
+      allowAutoTopicCreation: false,
+      retry: { retries: 3 },
+    });
+  }
+
+  async start() {
+    await this.consumer.connect();
+    await this.consumer.subscribe({ topic: this.topic, fromBeginning: true });
+    this.behind = new Map(); // partition -> high watermark not yet read up to
+    await this.consumer.run({
+      autoCommit: false,
+      eachBatch: async ({ batch }) => {
+        for (const message of batch.messages) this.records.push({ ...message, partition: batch.partition });
+        // The fetch response's high watermark is right even where "latest" offsets are not.
+        const next = batch.messages.length ? Number(batch.messages[batch.messages.length - 1].offset) + 1 : 0;
+        this.behind.set(batch.partition, Number(batch.highWatermark) > next);
+        for (const w of this.waiters) w();
+      },
+    });
+    return this;
+  }
+
+  /** Wait (at most `ms`) until every fetched partition is read to its high watermark. */
+  async caughtUp(ms) {
+    const deadline = Date.now() + ms;
+    while (Date.now() < deadline && (this.behind.size === 0 || [...this.behind.values()].some(Boolean))) {
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  }
+
+  /** The first record (from `from`) for which `pick` returns a result, within `ms`. */
+  async find(pick, ms, from = 0) {
+    const deadline = Date.now() + ms;
+    let seen = from;
+    for (;;) {
+      for (; seen < this.records.length; seen++) {
+        const got = pick(this.records[seen]);
+        if (got !== undefined) return got;
+      }
+      const left = deadline - Date.now();
+      if (left <= 0) return undefined;
+      await new Promise((resolve) => {
+        const w = () => {
+          this.waiters.delete(w);
+          clearTimeout(t);
+          resolve();
+        };
+        const t = setTimeout(w, left);
+        this.waiters.add(w);
+      });
+    }
+  }
+
+  async stop() {
+    await this.consumer.disconnect().catch(() => {});
+  }
+}
+
+const INPUT = { open_account: 'accounts', rotate_keys: 'accounts', register_stream: 'registrations', values: 'values', purchase: 'purchases', quote: 'purchases' };
+const ID_FIELD = { accounts: 'account_id', registrations: 'stream_id', values: 'stream_id', purchases: 'stream_id' };
+
+/**
+ * A party's connection to one market. Every answer it returns carried the market's signature
+ * for the inbox it was read from and for the bytes this client sent (§12); anything else in
+ * the inbox is reported to `warn` and skipped.
+ */
+export class MarketClient {
+  /**
+   * @param {object} o
+   * @param {string} o.broker host:port (a `kafka://` prefix is accepted)
+   * @param {string} o.prefix the market's topic prefix (§8.1)
+   * @param {import('./keys.js').Party} [o.party] who signs
+   * @param {string} [o.marketPublicKey] the market's Ed25519 key (base64); else read from `<p>.market`
+   * @param {number} [o.timeoutMs] how long to wait for an answer
+   * @param {(msg: string) => void} [o.warn] where skipped messages are reported
+   */
+  constructor({ broker, prefix, party = null, marketPublicKey = null, timeoutMs = 30000, warn = (m) => console.error(`warning: ${m}`) }) {
+    this.prefix = prefix;
+    this.party = party;
+    this.marketPublicKey = marketPublicKey;
+    this.timeoutMs = timeoutMs;
+    this.warn = warn;
+    this.kafka = new Kafka({
+      clientId: 'epsilon-market-node',
+      brokers: [broker.replace(/^kafka:\/\//, '')],
+      logLevel: logLevel.NOTHING,
+      retry: { retries: 5, initialRetryTime: 100 },
+    });
+    this.producer = this.kafka.producer({ allowAutoTopicCreation: false });
+    this.admin = this.kafka.admin();
+    this.readers = new Map();
+    this.partitions = new Map();
+    this.warned = new Set();
+  }
+
+  topic(name) {
+    return `${this.prefix}.${name}`;
+  }
+
+  inbox(accountId = this.party.accountId) {
+    return this.topic(`inbox.${accountId}`);
+  }
+
+  async connect() {
+    await this.producer.connect();
+    await this.admin.connect();
+    if (!this.marketPublicKey) this.marketPublicKey = await this.readMarketKey();
+    return this;
+  }
+
+  async close() {
+    this.closed = true;
+    for (const r of this.readers.values()) await (await r.catch(() => null))?.stop();
+    await this.producer.disconnect().catch(() => {});
+    await this.admin.disconnect().catch(() => {});
+  }
+
+  async topicExists(topic) {
+    return (await this.admin.listTopics()).includes(topic);
+  }
+
+  /** A reader of `topic` from its beginning, shared by every wait on that topic. */
+  async reader(topic) {
+    if (this.closed) throw new Error('the client is closed');
+    if (!this.readers.has(topic)) {
+      const r = new TopicReader(this.kafka, topic);
+      this.readers.set(topic, r.start().then(() => r));
+    }
+    return this.readers.get(topic);
+  }
+
+  /** The market key its identity record `<p>.market` publishes (§12.1). */
+  async readMarketKey() {
+    const topic = this.topic('market');
+    if (!(await this.topicExists(topic))) throw new Error(`${topic} does not exist: no market with prefix ${this.prefix}`);
+    const r = await this.reader(topic);
+    const doc = await r.find((rec) => (rec.value ? JSON.parse(rec.value.toString('utf8')) : undefined), this.timeoutMs);
+    if (!doc) throw new TimedOut(`no identity record on ${topic}`);
+    if (!doc.market_public_key) throw new Error(`${topic} publishes no market key: pass it (EMARKET_MARKET_KEY)`);
+    return doc.market_public_key;
+  }
+
+  async partitionCount(topic) {
+    if (!this.partitions.has(topic)) {
+      const md = await this.admin.fetchTopicMetadata({ topics: [topic] });
+      this.partitions.set(topic, md.topics[0].partitions.length);
+    }
+    return this.partitions.get(topic);
+  }
+
+  /** Sign `event` as this party and write it to its topic and partition (§8.1, §8.2). */
+  async send(event, { sign = true, newParty } = {}) {
+    const topic = this.topic(INPUT[event.type]);
+    const signed = sign
+      ? signEvent(event, { prefix: this.prefix, seed: this.party.signingSeed, keyId: this.party.keyId, generation: this.party.keyVersion, newSeed: newParty?.signingSeed })
+      : event;
+    const bytes = Buffer.from(utf8(JSON.stringify(signed)));
+    const id = signed[ID_FIELD[INPUT[event.type]]];
+    const partition = partitionOf(id, await this.partitionCount(topic));
+    await this.producer.send({ topic, acks: -1, messages: [{ key: id, value: bytes, partition }] });
+    return { event: signed, bytes, request: toHex(sha256Of(bytes)), topic, partition };
+  }
+
+  /** Check a record of `topic`; returns its parsed value when the market signed it, else warns. */
+  believe(topic, rec) {
+    const v = verifyAnswer({ prefix: this.prefix, topic, value: rec.value, headers: rec.headers, marketPublicKey: this.marketPublicKey });
+    if (!v.ok) {
+      const where = `${topic}@${rec.offset}`;
+      if (this.warned.has(where)) return undefined;
+      this.warned.add(where);
+      this.warn(`ignored a message on ${topic} at offset ${rec.offset} not signed by the market (${v.why})`);
+      return undefined;
+    }
+    try {
+      return { doc: JSON.parse(rec.value.toString('utf8')), request: v.request, offset: rec.offset };
+    } catch {
+      this.warn(`ignored a signed message on ${topic} at offset ${rec.offset} that is not JSON`);
+      return undefined;
+    }
+  }
+
+  /** The refusal record of the bytes whose digest is `request`, if the market wrote one (§12.5). */
+  async refusal(request, ms) {
+    const topic = this.topic('refusals');
+    if (!(await this.topicExists(topic))) return undefined;
+    const r = await this.reader(topic);
+    return r.find((rec) => {
+      if (rec.key?.toString('latin1') !== request) return undefined;
+      const got = this.believe(topic, rec);
+      return got && got.request === request ? got.doc : undefined;
+    }, ms);
+  }
+
+  /**
+   * Wait for the answer in this party's inbox bound to `sent` (§12.4), for which `accept`
+   * returns true; a rejection bound to it throws Refused. Meanwhile a refusal record on
+   * `<p>.refusals` (an event no account was proven to sign) throws too.
+   */
+  async answer(sent, accept = () => true, { inbox = this.inbox(), ms = this.timeoutMs, cancel = { done: false } } = {}) {
+    const deadline = Date.now() + ms;
+    let refusedAt = null;
+    while (Date.now() < deadline && !cancel.done) {
+      if (await this.topicExists(inbox)) {
+        const r = await this.reader(inbox);
+        const got = await r.find((rec) => {
+          const b = this.believe(inbox, rec);
+          if (!b || b.request !== sent.request) return undefined;
+          if (b.doc.type === 'rejection') return b;
+          return accept(b.doc) ? b : undefined;
+        }, Math.min(500, deadline - Date.now()));
+        if (got) {
+          if (got.doc.type === 'rejection') throw new Refused(got.doc.reason, got.doc.message, got.doc);
+          return got.doc;
+        }
+      } else {
+        await new Promise((res) => setTimeout(res, 200));
+      }
+      const ref = await this.refusal(sent.request, 50);
+      if (ref) {
+        // The inbox's rejection of the same bytes says more: wait a second for it (§12.5).
+        refusedAt ??= Date.now();
+        if (Date.now() - refusedAt > 1000) throw new Refused(ref.reason, ref.message, ref);
+      }
+    }
+    throw new TimedOut(`no answer to ${sent.event.type} within ${ms} ms (resending the same bytes is safe)`);
+  }
+
+  /** Open this party's account (§6.1); returns the `account` answer, checked to pin our keys. */
+  async openAccount({ openedAtMs = Date.now() } = {}) {
+    const p = this.party;
+    const sent = await this.send({ type: 'open_account', account_id: p.accountId, signing_key: p.signingKey, sealing_key: p.sealingKey, opened_at_ms: openedAtMs });
+    const acc = await this.answer(sent, (d) => d.type === 'account');
+    if (acc.account_id !== p.accountId || acc.signing_key !== p.signingKey || (acc.sealing_key ?? null) !== p.sealingKey) {
+      throw new Refused('account_exists', `account ${p.accountId} belongs to another key`, acc);
+    }
+    return acc;
+  }
+
+  /**
+   * Rotate this party's keys (§6.2) to `next` (a Party of the same account, fresh keys): signed
+   * by the current key and by the new one, at version current + 1. On the market's `account`
+   * answer this client signs with the new keys; returns `{account, party}`.
+   */
+  async rotateKeys(next, { rotatedAtMs = Date.now() } = {}) {
+    const p = this.party;
+    const version = p.keyVersion + 1;
+    const sent = await this.send(
+      { type: 'rotate_keys', account_id: p.accountId, version, signing_key: next.signingKey, sealing_key: next.sealingKey, rotated_at_ms: rotatedAtMs },
+      { newParty: next },
+    );
+    const acc = await this.answer(sent, (d) => d.type === 'account' && d.version === version);
+    if (acc.signing_key !== next.signingKey || (acc.sealing_key ?? null) !== next.sealingKey) {
+      throw new Refused('stale_key_version', `account ${p.accountId} is at other keys than the rotation's`, acc);
+    }
+    next.keyVersion = version;
+    this.party = next;
+    return { account: acc, party: next };
+  }
+
+  /** The catalog entry of `streamId` (§8.3), or undefined within `ms`. */
+  async catalogEntry(streamId, ms = this.timeoutMs, accept = () => true) {
+    const topic = this.topic('catalog');
+    const deadline = Date.now() + ms;
+    while (!(await this.topicExists(topic))) {
+      if (Date.now() > deadline) return undefined;
+      await new Promise((res) => setTimeout(res, 200));
+    }
+    const r = await this.reader(topic);
+    let last;
+    await r.find((rec) => {
+      if (!rec.value) return undefined;
+      const d = JSON.parse(rec.value.toString('utf8'));
+      if (d.registration?.stream_id === streamId && accept(d)) last = d;
+      return undefined;
+    }, 0);
+    if (last) return last;
+    return r.find((rec) => {
+      if (!rec.value) return undefined;
+      const d = JSON.parse(rec.value.toString('utf8'));
+      return d.registration?.stream_id === streamId && accept(d) ? d : undefined;
+    }, Math.max(0, deadline - Date.now()));
+  }
+
+  /** Register a stream (§6.3); the acceptance is its catalog entry, a refusal our inbox's. */
+  async register(registration) {
+    const sent = await this.send({ type: 'register_stream', seller_id: this.party.accountId, ...registration });
+    const same = (d) => d.registration?.signature === sent.event.signature;
+    const cancel = { done: false };
+    const refused = this.answer(sent, () => false, { cancel }).then(() => ({}), (err) => ({ err }));
+    const race = await Promise.race([
+      this.catalogEntry(registration.stream_id, this.timeoutMs, same).then((d) => ({ entry: d })),
+      refused,
+    ]);
+    cancel.done = true;
+    await refused;
+    if (race.err) throw race.err;
+    if (!race.entry) throw new TimedOut(`no catalog entry for ${registration.stream_id}`);
+    this.checkCatalogKey(race.entry);
+    return race.entry;
+  }
+
+  /**
+   * Catalog entries carry no market signature (§12 signs inboxes and refusals only), so a
+   * sealing key read there is believed only if every catalog entry naming the trusted market key
+   * names this sealing key too: a market has one, and a forged entry shows as a second.
+   */
+  async checkSealingKey(sealingKey) {
+    const r = await this.reader(this.topic('catalog'));
+    await r.caughtUp(3000);
+    const seen = new Set();
+    for (const rec of r.records) {
+      if (!rec.value) continue;
+      try {
+        const d = JSON.parse(rec.value.toString('utf8'));
+        if (d.market_public_key === this.marketPublicKey && d.market_sealing_key) seen.add(d.market_sealing_key);
+      } catch {
+        // not an entry: nothing to compare
+      }
+    }
+    if (!sealingKey || seen.size !== 1 || !seen.has(sealingKey)) {
+      throw new Error(`the catalog names ${seen.size} market sealing keys for the trusted market key: refusing to seal values to any of them`);
+    }
+  }
+
+  checkCatalogKey(entry) {
+    if (entry.market_public_key !== this.marketPublicKey) {
+      throw new Error(`the catalog entry of ${entry.registration.stream_id} names another market key than the one trusted`);
+    }
+  }
+
+  /**
+   * Publish value items `[{value_id, values, keys?, published_at_ms?}]` to a stream, sealed to
+   * the market's key from its catalog entry (§4.5). Returns the `values_accepted` answer.
+   */
+  async publish(streamId, items, { clear = false } = {}) {
+    const now = Date.now();
+    const full = items.map((it) => ({ ...it, published_at_ms: it.published_at_ms ?? now }));
+    let event;
+    if (clear) {
+      event = { type: 'values', stream_id: streamId, seller_id: this.party.accountId, items: full };
+    } else {
+      const entry = await this.catalogEntry(streamId);
+      if (!entry) throw new Refused('unknown_stream', `${streamId} is not in the catalog`);
+      this.checkCatalogKey(entry);
+      await this.checkSealingKey(entry.market_sealing_key);
+      event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
+    }
+    const sent = await this.send(event);
+    return this.answer(sent, (d) => d.type === 'values_accepted');
+  }
+
+  /** Ask what a purchase would cost (§6.7). */
+  async quote(streamId, { quoteId = `q-${toHex(randomBytes(6))}`, targetLevel = null, accuracy = null } = {}) {
+    const sent = await this.send({ type: 'quote', quote_id: quoteId, buyer_id: this.party.accountId, stream_id: streamId, target_level: targetLevel, requested_at_ms: Date.now(), accuracy });
+    return this.answer(sent, (d) => d.type === 'quote' && d.quote_id === quoteId);
+  }
+
+  /**
+   * Buy a step (§6.5): returns the `purchase_fulfilled` answer with its releases opened and its
+   * receipt verified against the releases (§11); `receipt_invalid` throws.
+   */
+  async buy(streamId, { purchaseId = `p-${toHex(randomBytes(6))}`, maxPriceMinor, targetLevel = null, accuracy = null, mostAccurate = false, currency = 'EUR' } = {}) {
+    const sent = await this.send({
+      type: 'purchase', purchase_id: purchaseId, buyer_id: this.party.accountId, stream_id: streamId, target_level: targetLevel,
+      max_price_minor: maxPriceMinor, currency, requested_at_ms: Date.now(), accuracy, most_accurate: mostAccurate,
+    });
+    let ans;
+    try {
+      ans = await this.answer(sent, (d) => d.type === 'purchase_fulfilled' && d.purchase_id === purchaseId);
+    } catch (err) {
+      if (!(err instanceof Refused) || err.reason !== 'already_answered') throw err;
+      // The market's earlier answer to this purchase id, in this inbox, is the answer (§12.4).
+      ans = await this.earlierAnswer(purchaseId);
+      if (!ans) throw err;
+    }
+    return this.checkOutcome(ans);
+  }
+
+  /** The newest market-signed `purchase_fulfilled` of `purchaseId` already in the inbox. */
+  async earlierAnswer(purchaseId) {
+    const inbox = this.inbox();
+    const r = await this.reader(inbox);
+    let found;
+    await r.find((rec) => {
+      const b = this.believe(inbox, rec);
+      if (b && b.doc.type === 'purchase_fulfilled' && b.doc.purchase_id === purchaseId && b.doc.buyer_id === this.party.accountId) found = b.doc;
+      return undefined;
+    }, 0);
+    return found;
+  }
+
+  /** Open a purchase's releases and verify its receipt; returns the opened event. */
+  checkOutcome(ans) {
+    let opened = ans;
+    let sealedCiphertext;
+    if (ans.sealed) {
+      if (!this.party.sealingPrivate) throw new Error('the releases are sealed and this key file has no sealing key');
+      opened = openReleases(ans, this.party.sealingPrivate);
+      sealedCiphertext = ans.sealed.ciphertext;
+    }
+    verifyOutcome(opened, this.marketPublicKey, { sealedCiphertext });
+    return opened;
+  }
+
+  /**
+   * Every message of this party's inbox the market signed, opened: answers and subscription
+   * deliveries (`value_released`, `deliveries_withheld`). Forged messages are warned about.
+   */
+  async inboxMessages({ ms = 1000, until = () => false } = {}) {
+    const inbox = this.inbox();
+    const out = [];
+    if (!(await this.topicExists(inbox))) return out;
+    const r = await this.reader(inbox);
+    await r.find((rec) => {
+      const b = this.believe(inbox, rec);
+      if (!b) return undefined;
+      let doc = b.doc;
+      try {
+        if (doc.sealed && this.party.sealingPrivate) doc = doc.type === 'purchase_fulfilled' ? this.checkOutcome(doc) : openReleases(doc, this.party.sealingPrivate);
+      } catch (err) {
+        this.warn(`${doc.type} at offset ${rec.offset}: ${err.message}`);
+        return undefined;
+      }
+      out.push({ ...doc, _offset: Number(rec.offset), _delivery: b.request === null });
+      return until(doc, out) ? true : undefined;
+    }, ms);
+    return out;
+  }
+}
+
+export { ReceiptInvalid };

@@ -1,0 +1,183 @@
+#!/usr/bin/env node
+// End to end against a live market: EMARKET_BROKER (host:port), EMARKET_PREFIX, EMARKET_MARKET_KEY
+// (else read from <prefix>.market) and a scratch directory (argv[2] or EMARKET_SCRATCH).
+// A seller and a buyer open accounts; the seller registers a stream and a histogram stream and
+// publishes sealed values; the buyer quotes, buys two steps, opens the sealed releases, verifies
+// the receipts, receives a subscription delivery and names histogram keys; forged inbox messages
+// are skipped, refusals reported (also from <p>.refusals), keys rotated, a resent purchase
+// answered by its first outcome, and a forged catalog entry stops the seller from sealing.
+// Writes e2e.json (ids, market key) and the opened outcomes to the scratch directory.
+// Exits 1 on any failure, naming the step.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { MarketClient, Party, Refused, nameKeys, stringKey, verifyOutcome, toHex } from '../src/index.js';
+
+const broker = process.env.EMARKET_BROKER;
+const prefix = process.env.EMARKET_PREFIX ?? 'emarket';
+const scratch = process.argv[2] ?? process.env.EMARKET_SCRATCH;
+if (!broker || !scratch) {
+  console.error('usage: EMARKET_BROKER=host:port EMARKET_PREFIX=p node test/e2e.js SCRATCH_DIR');
+  process.exit(2);
+}
+mkdirSync(scratch, { recursive: true });
+const tag = toHex(randomBytes(3));
+const log = (m) => console.log(`e2e: ${m}`);
+const warnings = [];
+const warn = (m) => {
+  warnings.push(m);
+  console.error(`warning: ${m}`);
+};
+
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`);
+}
+
+async function step(name, fn) {
+  const t = Date.now();
+  try {
+    const out = await fn();
+    log(`ok   ${name} (${Date.now() - t} ms)`);
+    return out;
+  } catch (err) {
+    log(`FAIL ${name}: ${err.stack ?? err}`);
+    throw err;
+  }
+}
+
+const seller = Party.generate(`nseller-${tag}`, { sealing: false });
+const buyer = Party.generate(`nbuyer-${tag}`);
+seller.save(join(scratch, `${seller.accountId}.key`));
+buyer.save(join(scratch, `${buyer.accountId}.key`));
+const opts = { broker, prefix, marketPublicKey: process.env.EMARKET_MARKET_KEY || null, warn, timeoutMs: 30000 };
+const S = new MarketClient({ ...opts, party: seller });
+const B = new MarketClient({ ...opts, party: buyer });
+const stream = `temp-${tag}`;
+const hist = `cities-${tag}`;
+const names = ['berlin', 'Zürich', '東京', 'nowhere'];
+let failed = false;
+try {
+  await step('connect and read the market key', async () => {
+    await S.connect();
+    await B.connect();
+    check(S.marketPublicKey === B.marketPublicKey, 'one market key');
+    if (process.env.EMARKET_MARKET_KEY) check(S.marketPublicKey === process.env.EMARKET_MARKET_KEY, 'the given key');
+  });
+  await step('open the seller\'s account', async () => {
+    const acc = await S.openAccount();
+    check(acc.key_id === seller.keyId && acc.version === 1, 'account pins our key at version 1');
+  });
+  await step('open the buyer\'s account (with a sealing key)', async () => {
+    const acc = await B.openAccount();
+    check(acc.sealing_key === buyer.sealingKey, 'account pins our sealing key');
+  });
+  await step('register a stream', async () => {
+    const entry = await S.register({ stream_id: stream, mechanism: 'laplace', sensitivity: 1.0, dimension: 2, steps: [0.5, 1.0, 2.0], cap: 4.0, pricing: { kind: 'linear_level', rate_per_level: 100.0 }, description: 'node e2e: Zürich' });
+    check(entry.registration.stream_id === stream && entry.market_sealing_key, 'catalog entry with a sealing key');
+  });
+  await step('register a histogram stream over strings', async () => {
+    await S.register({ stream_id: hist, mechanism: 'gaussian', sensitivity: 1.0, dimension: 10, steps: [0.5, 1.0], cap: 2.0, pricing: { kind: 'linear_level', rate_per_level: 100.0 }, product: 'histogram', histogram: { key_space: 'strings' } });
+  });
+  await step('publish two sealed values', async () => {
+    const ans = await S.publish(stream, [{ value_id: 'v1', values: [20.25, -0.0] }, { value_id: 'v2', values: [19.75, 3.5] }]);
+    check(ans.outcomes.length === 2 && ans.outcomes.every((o) => o.status === 'accepted'), `accepted: ${JSON.stringify(ans.outcomes)}`);
+  });
+  await step('publish a sealed histogram value', async () => {
+    const ans = await S.publish(hist, [{ value_id: 'd1', keys: ['berlin', 'Zu\u0308rich', '東京'], values: [5000, 3000, 4000] }]);
+    check(ans.outcomes[0].status === 'accepted', `accepted: ${JSON.stringify(ans.outcomes)}`);
+  });
+  const q = await step('quote the next step', async () => {
+    const ans = await B.quote(stream);
+    check(ans.type === 'quote' && ans.level_after === 0.5 && ans.price_minor === 50, `quote: ${JSON.stringify(ans)}`);
+    return ans;
+  });
+  await step('a forged answer in the buyer\'s inbox is skipped, not believed', async () => {
+    // Anyone may write to an inbox on this broker: a purchase_fulfilled without the market's
+    // signature, and one with a signature header of the wrong length.
+    const forged = JSON.stringify({ type: 'purchase_fulfilled', purchase_id: 'forged', buyer_id: buyer.accountId, stream_id: stream, releases: [] });
+    await B.producer.send({ topic: B.inbox(), messages: [{ key: 'forged', value: forged }, { key: 'forged', value: forged, headers: { 'emarket-answer': Buffer.alloc(97, 1) } }] });
+  });
+  await step('a step above the price is refused (price_too_high)', async () => {
+    const err = await B.buy(stream, { maxPriceMinor: 1 }).then(() => null, (e) => e);
+    check(err instanceof Refused && err.reason === 'price_too_high', `refused: ${err}`);
+  });
+  await step('a party without an account learns its refusal from <p>.refusals', async () => {
+    const stranger = new MarketClient({ ...opts, party: Party.generate(`nobody-${tag}`), marketPublicKey: S.marketPublicKey });
+    await stranger.connect();
+    try {
+      const err = await stranger.quote(stream).then(() => null, (e) => e);
+      check(err instanceof Refused && err.reason === 'unknown_account', `refused: ${err}`);
+    } finally {
+      await stranger.close();
+    }
+  });
+  const bought = [];
+  for (const level of [0.5, 1.0]) {
+    bought.push(await step(`buy the step to ${level}, open it, verify the receipt`, async () => {
+      const out = await B.buy(stream, { maxPriceMinor: q.price_minor });
+      check(out.level_after === level, `level_after ${out.level_after}`);
+      check(out.releases.length === 2 && out.releases.every((r) => r.values.length === 2 && r.level === level), 'two releases of two numbers');
+      check(out.receipt.receipt_version === 4 && out.receipt.ciphertext_digest, 'a sealed v4 receipt');
+      verifyOutcome(out, B.marketPublicKey);
+      writeFileSync(join(scratch, `outcome-${level}.json`), JSON.stringify(out, null, 2));
+      return out;
+    }));
+  }
+  await step('the second step is gradual: same values, more accurate level', async () => {
+    check(bought[1].level_before === 0.5, 'level_before 0.5');
+    check(bought[0].receipt.commitment !== bought[1].receipt.commitment, 'new commitment');
+  });
+  await step('receive a subscription delivery of a new value', async () => {
+    await S.publish(stream, [{ value_id: 'v3', values: [21.0, 2.0] }]);
+    const msgs = await B.inboxMessages({ ms: 30000, until: (d) => d.type === 'value_released' && d.releases?.some((r) => r.value_id === 'v3') });
+    const d = msgs.find((m) => m.type === 'value_released' && m.releases.some((r) => r.value_id === 'v3'));
+    check(d, 'a value_released with v3');
+    check(d._delivery && d.releases[0].level === 1.0, 'at the level held');
+  });
+  await step('buy the histogram stream and name its keys', async () => {
+    const out = await B.buy(hist, { maxPriceMinor: 50 });
+    check(out.receipt.receipt_version === 5, 'a v5 receipt');
+    const known = nameKeys(names);
+    const rel = out.releases[0];
+    const named = rel.keys.map((k) => known.get(k)).filter(Boolean);
+    log(`     released keys ${rel.keys.join(', ')} -> ${named.join(', ')}`);
+    check(named.includes('berlin') && named.includes('Zürich') && named.includes('東京'), 'the three big keys are released and named');
+    check(rel.keys.includes(stringKey('Zürich')), 'NFC and NFD name one key');
+  });
+  await step('rotate the buyer\'s keys, then buy at key version 2', async () => {
+    const { account } = await B.rotateKeys(Party.generate(buyer.accountId));
+    check(account.version === 2 && B.party.keyVersion === 2, 'version 2');
+    const out = await B.buy(stream, { maxPriceMinor: 200 });
+    check(out.level_after === 2.0 && out.releases.length === 3, `bought ${out.level_after} with ${out.releases.length} releases`);
+  });
+  await step('a purchase sent again by a new process is answered by its first outcome', async () => {
+    const first = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
+    const again = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
+    check(again.receipt.signature === first.receipt.signature, 'the same receipt');
+  });
+  await step('a forged catalog entry with another sealing key stops the seller from sealing', async () => {
+    // Catalog entries are not signed (protocol §4.1): anyone may append one. This must be the
+    // last step, as every later batch of this market would be refused the same way.
+    const real = await S.catalogEntry(stream);
+    const forged = { ...real, registration: { ...real.registration, stream_id: `forged-${tag}` }, market_sealing_key: Party.generate('x').sealingKey };
+    await S.producer.send({ topic: S.topic('catalog'), messages: [{ key: `forged-${tag}`, value: JSON.stringify(forged) }] });
+    const fresh = new MarketClient({ ...opts, party: seller, marketPublicKey: S.marketPublicKey });
+    await fresh.connect();
+    try {
+      const err = await fresh.publish(stream, [{ value_id: 'v4', values: [1, 2] }]).then(() => null, (e) => e);
+      check(err && /sealing keys/.test(err.message), `refused to seal: ${err}`);
+    } finally {
+      await fresh.close();
+    }
+  });
+  writeFileSync(join(scratch, 'e2e.json'), JSON.stringify({ seller: seller.accountId, buyer: buyer.accountId, stream, histogram: hist, market_public_key: S.marketPublicKey }, null, 2));
+  check(warnings.length === 2 && warnings.every((w) => w.includes('not signed by the market')), `only the forged messages were skipped: ${warnings.join('; ')}`);
+  log('all steps passed');
+} catch (err) {
+  failed = true;
+  console.error(`e2e failed: ${err.message}`);
+} finally {
+  await S.close();
+  await B.close();
+}
+process.exit(failed ? 1 : 0);

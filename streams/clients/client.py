@@ -226,8 +226,10 @@ class MarketClient:
             raise ValueError("this request is signed: give the client a Party (keys)")
         return me
 
-    async def send(self, topic: str, key: str, payload: bytes) -> None:
-        await self._producer.send_and_wait(topic, payload, key=key.encode())
+    async def send(self, topic: str, key: str, payload: bytes) -> tuple[int, int]:
+        """Send ``payload`` keyed by ``key``; the partition and offset it was written at."""
+        meta = await self._producer.send_and_wait(topic, payload, key=key.encode())
+        return int(meta.partition), int(meta.offset)
 
     async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
         """The key every answer must be signed with: the one given, else the one the first
@@ -334,18 +336,22 @@ class MarketClient:
         me = self._me(party)
         reg = me.sign(StreamRegistration, self.market, **{"seller_id": me.account_id, **fields})
         payload = reg.model_dump_json().encode()
-        market_key = await self.market_key()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()
         watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
                                   payload, None, wait=timeout)  # fmt: skip
         try:
-            await self.send(self.topics.registrations, reg.stream_id, payload)
+            watch.sent.add(await self.send(self.topics.registrations, reg.stream_id,
+                                                 payload))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 for _, raw, headers in await catalog.poll_records(0.2):
-                    entry = self._catalog_entry(market_key, raw, headers)
-                    if entry is not None and entry.registration == reg:
+                    # the acceptance, if the market signed it (§12): a stranger can copy the
+                    # registration into an entry naming its own sealing key
+                    if not self.believe_catalog(raw, headers, watch.key):
+                        continue
+                    entry = CatalogEntry.model_validate_json(raw)
+                    if entry.registration == reg:
                         if entry.market_sealing_key is not None:
                             self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
@@ -428,7 +434,18 @@ class MarketClient:
         """
         if stream_id in self._sealing_keys:
             return self._sealing_keys[stream_id]
-        entries, _ = await self.catalog_records()
+        signer = await self.market_key()
+        reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
+        await reader.start()
+        records: list[Message] = []
+        try:
+            while batch := await reader.poll_records(0.5):
+                records.extend(batch)
+        finally:
+            await reader.stop()
+        # only the entries the market signed: anyone may write to the catalog, and a forged
+        # entry naming another sealing key would have sellers seal their numbers to its writer
+        entries = self.market_entries(records, signer)
         keys = {e.market_sealing_key for e in entries if e.market_sealing_key}
         if len(keys) > 1:
             raise ValueError(
@@ -436,7 +453,9 @@ class MarketClient:
                 "market wrote to it: pass the key obtained from the market's operators"
             )
         if not keys:
-            raise LookupError("no catalog entry names the market's sealing key")
+            raise LookupError("no catalog entry signed by the market names its sealing key "
+                              "(a market made before catalog entries were signed: pass "
+                              "market_sealing_key)")
         self._sealing_keys[stream_id] = key = keys.pop()
         return key
 
@@ -505,6 +524,30 @@ class MarketClient:
         entries, _ = await self.catalog_records(settle=settle)
         return {e.registration.stream_id: e for e in entries}
 
+    def market_entries(
+        self, records: Sequence[Message], key: Ed25519PublicKey
+    ) -> list[CatalogEntry]:
+        """The catalog entries of ``records`` the market signed (docs/protocol.md §12), oldest
+        first; any other record is skipped with a warning."""
+        out: list[CatalogEntry] = []
+        for _, raw, headers in records:
+            if self.believe_catalog(raw, headers, key):
+                out.append(CatalogEntry.model_validate_json(raw))
+        return out
+
+    def believe_catalog(self, value: bytes, headers: Any, key: Ed25519PublicKey) -> bool:
+        """Whether ``value`` is a catalog entry the market signed for its catalog topic."""
+        try:
+            verify_answer(key, self.market, self.topics.catalog, value, headers)
+            CatalogEntry.model_validate_json(value)
+        except AnswerError as exc:
+            self.on_warning(f"warning: ignored {describe(value)} in {self.topics.catalog}: {exc}; "
+                            "it was written by someone else (forged?)")  # fmt: skip
+            return False
+        except ValueError:
+            return False
+        return True
+
     async def catalog_records(self, *, settle: float = 0.5) -> tuple[list[CatalogEntry], int]:
         """Every valid entry on the catalog topic, oldest first, and how many records were not.
 
@@ -512,36 +555,22 @@ class MarketClient:
         possible on a broker without ACLs) is skipped and counted, never fatal: one bad record
         must not hide the catalog from every buyer.
         """
-        market_key = await self.market_key()
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
         out: list[CatalogEntry] = []
         invalid = 0
         try:
             while True:
-                batch = await reader.poll_records(settle)
+                batch = await reader.poll(settle)
                 if not batch:
                     return out, invalid
-                for _, raw, headers in batch:
-                    entry = self._catalog_entry(market_key, raw, headers)
-                    if entry is None:
+                for _, raw in batch:
+                    try:
+                        out.append(CatalogEntry.model_validate_json(raw))
+                    except ValueError:
                         invalid += 1
-                    else:
-                        out.append(entry)
         finally:
             await reader.stop()
-
-    def _catalog_entry(
-        self, market_key: Ed25519PublicKey, raw: bytes, headers: Any
-    ) -> CatalogEntry | None:
-        """The catalog entry ``raw``, if the market signed it for the catalog topic (an entry
-        names the key sellers seal their values to: anyone can write to the topic on a broker
-        without ACLs), else None."""
-        try:
-            verify_answer(market_key, self.market, self.topics.catalog, raw, headers)
-            return CatalogEntry.model_validate_json(raw)
-        except (AnswerError, ValueError):
-            return None
 
     # -- buyers -----------------------------------------------------------------------------------
     async def buy(
@@ -650,7 +679,8 @@ class MarketClient:
         return open_event(ev, me.sealing_key)
 
     async def _watch(self, inbox: str, sent_to: str, payload: bytes, request_id: str | None, *,
-                     create_inbox: bool = True, wait: float = 30.0) -> _Watch:  # fmt: skip
+                     create_inbox: bool = True, wait: float = 30.0,
+                     stream_id: str | None = None) -> _Watch:  # fmt: skip
         """Start watching for the answer to ``payload`` (to be sent to ``sent_to``): ``inbox``
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
@@ -666,7 +696,7 @@ class MarketClient:
             with contextlib.suppress(Exception):  # parties may lack the right to create topics
                 await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)],
                                     **self.auth)  # fmt: skip
-        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals)
+        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
 
     async def _request(
         self,
@@ -684,14 +714,17 @@ class MarketClient:
     ) -> InboxEvent:
         """Send ``payload`` (again every ``resend_every`` s) until the market answers it: in
         ``inbox`` (an answer to these bytes that ``answers`` accepts) or with a refusal."""
+        # a purchase or quote (the requests with an id) is keyed by its stream
+        stream = key if request_id is not None else None
         watch = await self._watch(self.topics.inbox(inbox), topic, payload, request_id,
+                                  stream_id=stream,
                                   create_inbox=create_inbox, wait=timeout)  # fmt: skip
         try:
             deadline = time.monotonic() + timeout
             next_send = 0.0
             while time.monotonic() < deadline:
                 if time.monotonic() >= next_send:
-                    await self.send(topic, key, payload)
+                    watch.sent.add(await self.send(topic, key, payload))
                     next_send = time.monotonic() + resend_every
                 for ev in await watch.poll(0.2):
                     if answers(ev):
@@ -716,14 +749,17 @@ class _Watch:
 
     def __init__(self, client: MarketClient, key: Ed25519PublicKey, inbox: str,
                  sent: tuple[str, bytes], request_id: str | None,
-                 refusals: TopicReader | None) -> None:  # fmt: skip
+                 refusals: TopicReader | None,
+                 stream_id: str | None = None) -> None:  # fmt: skip
         self.client, self.key, self.inbox = client, key, inbox
         self.sent_to, self.payload = sent
         self.digest = hashlib.sha256(self.payload).hexdigest()
-        self.request_id, self.refusals = request_id, refusals
+        self.request_id, self.refusals, self.stream_id = request_id, refusals, stream_id
         self.reader: TopicReader | None = None
         self.earlier: InboxEvent | None = None
         self.refused: tuple[float, Rejection] | None = None
+        self.sent: set[tuple[int, int]] = set()
+        """Where in ``sent_to`` this client wrote the bytes: (partition, offset) of each send."""
 
     async def poll(self, timeout: float) -> list[InboxEvent]:
         """What arrived for this event: the inbox's answers to it, else its refusal."""
@@ -748,10 +784,13 @@ class _Watch:
             if got is None or isinstance(got[1], Refusal):
                 continue
             if got[0] == self.digest:
+                if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
+                    continue  # a copy of these bytes someone wrote to another topic, refused
                 out.append(got[1])
                 if _notice(got[1]) and self.earlier is not None:
                     out.append(self.earlier)
-            elif self.request_id is not None and _answers(got[1], self.request_id):
+            elif self.request_id is not None and _answers(got[1], self.request_id,
+                                                          self.stream_id):
                 self.earlier = got[1]  # the market's answer to an earlier send of this id
         return out
 
@@ -761,7 +800,13 @@ class _Watch:
             if key != self.digest.encode():
                 continue
             got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
-            if got is not None and got[0] == self.digest and isinstance(got[1], Refusal):
+            if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
+                continue
+            # the refusal of a record this client wrote: anyone can copy its bytes to another
+            # topic, or write them again, where the market refuses them under the same key
+            ref = got[1]
+            if ref.source_topic == self.sent_to and (ref.source_partition,
+                                                     ref.source_offset) in self.sent:
                 self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
 
     def _rejection(self, refusal: Refusal) -> Rejection:
@@ -784,7 +829,11 @@ def _notice(ev: InboxEvent) -> bool:
     return isinstance(ev, Rejection) and ev.reason == "already_answered"
 
 
-def _answers(ev: InboxEvent, request_id: str) -> bool:
+def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> bool:
+    """Whether ``ev`` answers the request ``request_id`` (of ``stream_id``, if given: an id
+    may be used again on another stream, where it is another purchase)."""
+    if stream_id is not None and getattr(ev, "stream_id", None) != stream_id:
+        return False
     if isinstance(ev, PurchaseFulfilled):
         return ev.purchase_id == request_id
     if isinstance(ev, QuoteAnswer):

@@ -1,5 +1,5 @@
-"""Signing what the market says to parties: the one place every inbox message, catalog entry and
-refusal is made an answer (docs/protocol.md §12).
+"""Signing what the market says to parties: the one place every inbox message and refusal is
+made an answer (docs/protocol.md §12).
 
 Handlers build their outputs as before; :class:`~streams.core.router.MarketCore` passes each
 event's outcome through :func:`sign_outcome` and each batch's deliveries through
@@ -40,10 +40,18 @@ def _reason_of(rejection: bytes) -> str:
     return code if isinstance(code, str) else "refused"
 
 
-def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
-    """``outcome`` of the event ``raw`` with every inbox message and catalog entry signed as its
-    answer (a catalog entry names the key sellers seal their values to: only the market's may
-    be believed), and the event's refusal record added if it was refused."""
+def sign_outcome(
+    ctx: Context, outcome: Outcome, raw: bytes, topic: str, partition: int | None,
+    offset: int | None,
+) -> Outcome:
+    """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``, ``offset``) with
+    every inbox message and catalog entry signed as its answer (the catalog, too, is a topic
+    anyone may write to on a broker without ACLs, and it names the key sellers seal their values
+    to), and the event's refusal record added if it was refused.
+
+    The refusal names the record refused: anyone can copy a sender's bytes to another topic or
+    write them again, where they are refused under the same key, and the sender must not take
+    that refusal for the one of the record it wrote (docs/protocol.md §12.5)."""
     if not outcome.outputs:
         return outcome
     request = hashlib.sha256(raw).hexdigest()
@@ -52,12 +60,13 @@ def sign_outcome(ctx: Context, outcome: Outcome, raw: bytes) -> Outcome:
     for out in outcome.outputs:
         if out.topic == ctx.topics.rejections and refused is None:
             refused = out
-        answers = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
-        outputs.append(_signed(ctx, out, request) if answers else out)
+        answer = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
+        outputs.append(_signed(ctx, out, request) if answer else out)
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:
-            record = Output(ctx.topics.refusals, request.encode(), refusal_value(code))
+            value = refusal_value(code, topic, partition, offset)
+            record = Output(ctx.topics.refusals, request.encode(), value)
             outputs.append(_signed(ctx, record, request))
     outcome.outputs = outputs
     return outcome

@@ -155,7 +155,8 @@ class MarketCore:
         (:mod:`.answering`).
         """
         raw = value or b""
-        return sign_outcome(self.ctx, self._handle(topic, raw, partition, offset, final), raw)
+        outcome = self._handle(topic, raw, partition, offset, final)
+        return sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
 
     def _handle(
         self, topic: str, raw: bytes, partition: int | None, offset: int | None, final: bool
@@ -257,7 +258,7 @@ class MarketCore:
             "the market could not process this event; the operators have been alerted "
             f"({type(exc).__name__})",
         ))  # fmt: skip
-        return sign_outcome(self.ctx, refused, raw)
+        return sign_outcome(self.ctx, refused, raw, topic, partition, offset)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[Output]]:

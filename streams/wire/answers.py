@@ -77,9 +77,10 @@ REFUSAL_TEXTS: dict[str, str] = {
 """The fixed text a refusal carries for a code (any other code gets a generic one): texts
 written by the market, never by the event's sender, since the record is public."""
 _GENERIC = "refused; a sender whose signature was proved finds the rejection in its inbox"
-REFUSAL_BYTES = 512
-"""The most a refusal record takes: key (64 bytes), value, and header (14 + 97 bytes), which a
-test checks for every code's text."""
+REFUSAL_BYTES = 1024
+"""The most a refusal record takes: key (64 bytes), value (with the topic it names, at most
+249 characters as every Kafka topic name, its partition and offset), and header (14 + 97
+bytes), which a test checks for every code's text."""
 
 
 class AnswerError(ValueError):
@@ -91,11 +92,18 @@ def refusal_text(code: str) -> str:
     return REFUSAL_TEXTS.get(code, _GENERIC)
 
 
-def refusal_value(code: str) -> bytes:
+def refusal_value(
+    code: str, source_topic: str, source_partition: int | None, source_offset: int | None
+) -> bytes:
     """The value bytes of a refusal record for ``code`` (a code that is not one is named
-    ``refused``)."""
+    ``refused``) of the event read from ``source_topic`` at ``source_partition`` and
+    ``source_offset``: which record was refused, so that a copy of a sender's bytes written by
+    someone else (elsewhere, or later, and refused) is not taken for the refusal of what the
+    sender wrote."""
     reason = code if _CODE.fullmatch(code) else "refused"
-    return Refusal(reason=reason, message=refusal_text(reason)).model_dump_json().encode()
+    return Refusal(reason=reason, message=refusal_text(reason), source_topic=source_topic,
+                   source_partition=source_partition,
+                   source_offset=source_offset).model_dump_json().encode()  # fmt: skip
 
 
 def answer_header(
@@ -129,9 +137,11 @@ def verify_answer(
         raise AnswerError("not signed by the market (no emarket-answer header)")
     if len(found) > 1:
         raise AnswerError("more than one emarket-answer header")
-    head = bytes(found[0])
-    if len(head) not in (65, 97) or head[0] != FORMAT:
+    head = found[0]
+    if not isinstance(head, bytes | bytearray) or len(head) not in (65, 97) or head[0] != FORMAT:
+        # a header without a value (Kafka allows null) is malformed, not a crash of the reader
         raise AnswerError("a malformed emarket-answer header")
+    head = bytes(head)
     request = head[65:].hex() or None
     try:
         public_key.verify(head[1:65], answer_bytes(market, topic, request, value))
@@ -151,7 +161,7 @@ def vectors() -> dict[str, Any]:
     cases: list[tuple[str, str | None, bytes]] = [
         ("t.inbox.alice", digest, answer),
         ("t.inbox.alice", None, b'{"type":"value_released"}'),
-        ("t.refusals", digest, refusal_value("unknown_account")),
+        ("t.refusals", digest, refusal_value("unknown_account", "t.purchases", 0, 0)),
     ]
     out: list[dict[str, Any]] = []
     for topic, request, value in cases:

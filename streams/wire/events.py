@@ -1074,13 +1074,21 @@ class Refusal(_Event):
 
     Keyed by the SHA-256 of the refused event's exact bytes and signed by the market, so a
     sender the market could not prove (no account yet, a bad signature) learns the reason at
-    once. It holds a reason code and a fixed text for that code only: nothing of the event, no
-    number, no id, nothing its sender chose (the record is public).
+    once. It holds a reason code and a fixed text for that code, and which record was refused
+    (topic, partition, offset: a copy of the bytes written elsewhere by someone else is refused
+    under the same key, and its sender must not take that for its own): nothing of the event,
+    no number, no id, nothing its sender chose (the record is public).
     """
 
     type: Literal["refusal"] = "refusal"
     reason: str = Field(description="machine-readable code, as in the rejection")
     message: str = Field(description="what the code means and what to do (a fixed text per code)")
+    source_topic: str = Field(description="the topic the refused bytes were read from: a sender "
+                              "takes only the refusal of the topic it sent to")
+    source_partition: int | None = Field(default=None, ge=0, description="the partition they "
+                                         "were read from (the sender's, or a copy's elsewhere)")
+    source_offset: int | None = Field(default=None, ge=0, description="their offset there: a "
+                                      "sender takes only the refusal of a record it wrote")
 
 
 InboxPayload = (

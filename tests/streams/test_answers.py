@@ -109,10 +109,11 @@ def test_an_answer_does_not_move_and_a_stranger_cannot_sign_one() -> None:
 def test_a_refusal_record_is_bounded_and_carries_nothing_of_the_event() -> None:
     digest = hashlib.sha256(b"x").hexdigest()
     for code in [*REFUSAL_TEXTS, "price_too_high", "Not A Code!" * 10]:
-        val = refusal_value(code)
+        val = refusal_value(code, "t" * 239 + ".purchases", 2**31 - 1, 2**63 - 1)
         _, head = answer_header(TEST_KEYS.signing_key, "t", T.refusals, digest, val)
         assert len(digest) + len(val) + len("emarket-answer") + len(head) <= REFUSAL_BYTES
-    assert Refusal.model_validate_json(refusal_value("Not A Code!")).reason == "refused"
+    refused = refusal_value("Not A Code!", T.purchases, 0, 0)
+    assert Refusal.model_validate_json(refused).reason == "refused"
 
 
 # -- the core --------------------------------------------------------------------------------------

@@ -193,8 +193,10 @@ export class MarketClient {
     const bytes = Buffer.from(utf8(JSON.stringify(signed)));
     const id = signed[ID_FIELD[INPUT[event.type]]];
     const partition = partitionOf(id, await this.partitionCount(topic));
-    await this.producer.send({ topic, acks: -1, messages: [{ key: id, value: bytes, partition }] });
-    return { event: signed, bytes, request: toHex(sha256Of(bytes)), topic, partition };
+    const meta = await this.producer.send({ topic, acks: -1, messages: [{ key: id, value: bytes, partition }] });
+    // where the record was written: a refusal is ours only if it names this record (§12.5)
+    const offset = Number(meta?.[0]?.baseOffset);
+    return { event: signed, bytes, request: toHex(sha256Of(bytes)), topic, partition, offset };
   }
 
   /** Check a record of `topic`; returns its parsed value when the market signed it, else warns. */
@@ -215,15 +217,23 @@ export class MarketClient {
     }
   }
 
-  /** The refusal record of the bytes whose digest is `request`, if the market wrote one (§12.5). */
-  async refusal(request, ms) {
+  /**
+   * The refusal record of the record `sent` (§12.5), if the market wrote one: keyed by its
+   * digest, and naming the topic, partition and offset it was written at. Anyone may copy the
+   * same bytes to another topic or write them again, where the market refuses them under the
+   * same key: that refusal is not ours.
+   */
+  async refusal(sent, ms) {
     const topic = this.topic('refusals');
     if (!(await this.topicExists(topic))) return undefined;
     const r = await this.reader(topic);
     return r.find((rec) => {
-      if (rec.key?.toString('latin1') !== request) return undefined;
+      if (rec.key?.toString('latin1') !== sent.request) return undefined;
       const got = this.believe(topic, rec);
-      return got && got.request === request ? got.doc : undefined;
+      if (!got || got.request !== sent.request) return undefined;
+      const d = got.doc;
+      const ours = d.source_topic === sent.topic && d.source_partition === sent.partition && d.source_offset === sent.offset;
+      return ours ? d : undefined;
     }, ms);
   }
 
@@ -241,7 +251,8 @@ export class MarketClient {
         const got = await r.find((rec) => {
           const b = this.believe(inbox, rec);
           if (!b || b.request !== sent.request) return undefined;
-          if (b.doc.type === 'rejection') return b;
+          // a rejection of a copy of these bytes someone wrote to another topic is not ours
+          if (b.doc.type === 'rejection') return b.doc.source_topic === sent.topic ? b : undefined;
           return accept(b.doc) ? b : undefined;
         }, Math.min(500, deadline - Date.now()));
         if (got) {
@@ -251,7 +262,7 @@ export class MarketClient {
       } else {
         await new Promise((res) => setTimeout(res, 200));
       }
-      const ref = await this.refusal(sent.request, 50);
+      const ref = await this.refusal(sent, 50);
       if (ref) {
         // The inbox's rejection of the same bytes says more: wait a second for it (§12.5).
         refusedAt ??= Date.now();

@@ -549,25 +549,28 @@ class MarketClient:
         return True
 
     async def catalog_records(self, *, settle: float = 0.5) -> tuple[list[CatalogEntry], int]:
-        """Every valid entry on the catalog topic, oldest first, and how many records were not.
+        """Every entry the market signed on the catalog topic, oldest first, and how many
+        records were not such entries.
 
-        A record that is not a catalog entry (junk written by someone other than the market,
-        possible on a broker without ACLs) is skipped and counted, never fatal: one bad record
-        must not hide the catalog from every buyer.
+        A record that is not one (junk, or an entry written by someone other than the market,
+        possible on a broker without ACLs: its terms, prices or keys would mislead whoever
+        reads them) is skipped and counted, never fatal: one bad record must not hide the
+        catalog from every buyer.
         """
+        signer = await self.market_key()
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
         out: list[CatalogEntry] = []
         invalid = 0
         try:
             while True:
-                batch = await reader.poll(settle)
+                batch = await reader.poll_records(settle)
                 if not batch:
                     return out, invalid
-                for _, raw in batch:
-                    try:
+                for _, raw, headers in batch:
+                    if self.believe_catalog(raw, headers, signer):
                         out.append(CatalogEntry.model_validate_json(raw))
-                    except ValueError:
+                    else:
                         invalid += 1
         finally:
             await reader.stop()

@@ -185,7 +185,7 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
 
 @pytest.mark.broker
 @pytest.mark.slow
-def test_verify_receipt_refuses_a_catalog_someone_else_wrote_to(
+def test_a_catalog_entry_someone_else_wrote_is_skipped(
     market: Market, tmp_path: Path
 ) -> None:
     """Without --public-key the key comes from the catalog: an entry a stranger appends with

@@ -17,11 +17,11 @@ Guarantees kept from Faust's stream:
 
 * a partition's records stay in offset order (a fetched batch keeps each partition's order,
   and the agent takes the lists in the order they were fetched);
-* records of a partition this worker no longer owns are never applied: when the flow resumes
-  after a rebalance, the queued records of partitions not in the new assignment are dropped,
-  and a record whose consumer generation is not the current one, or that is taken while the
-  flow is suspended, is dropped unacknowledged (the partition's next owner reads it from the
-  committed offset);
+* records of a partition this worker no longer owns are never applied: nothing is taken while
+  the flow is suspended; when it resumes after a rebalance, the queued records of partitions
+  not in the new assignment are dropped; and a record whose consumer generation is not the
+  current one is dropped unacknowledged when taken (the partition's next owner, or the seek of
+  the new generation, reads it again from the committed offset);
 * a record fetched is never lost while its partition stays here: Faust's recovery resumes the
   input partitions, seeks them to the committed offsets and only then resumes the flow, and a
   fetch that lands in between has already moved the consumer's positions past its records.

@@ -73,7 +73,7 @@ def register_other_products(market: Market, key_file: Path) -> None:
         reg = json.loads(cli(market, "register", *acme, "--stream", sid, "--steps", "0.5,1",
                              *flags).stdout)["registration"]  # fmt: skip
         assert reg["stream_id"] == sid
-    catalog = json.loads(cli(market, "catalog").stdout)
+    catalog = json.loads(cli(market, "catalog", "--json").stdout)
     assert catalog["home"]["registration"]["window"] == {"duration_ms": 3_600_000, "cap": 8.0}
     assert catalog["sales"]["registration"]["tree_height"] == 12
     assert catalog["visits"]["registration"]["mechanism"] == "discrete_laplace"
@@ -152,7 +152,11 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
 
     raw = next(json.loads(v) for v in asyncio.run(spy()) if b"purchase_fulfilled" in v)
     assert raw["releases"] == [] and raw["sealed"]["ciphertext"]
-    catalog = json.loads(cli(market, "catalog").stdout)
+    catalog = json.loads(cli(market, "catalog", "--json").stdout)
     assert catalog["temp"]["registration"]["steps"] == [0.5, 1.0, 2.0]
+    table = cli(market, "catalog").stdout  # a person's view: one line per stream, units, prices
+    assert re.search(r"^temp\s+acme\s+laplace\s+2\s+0\.5 epsilon \(.+ EUR\), 1 epsilon", table,
+                     re.M), table  # fmt: skip
+    assert catalog["temp"]["market_public_key"] in table
     check_ledger(market, w.url, tmp_path)
     register_other_products(market, keys["acme"])

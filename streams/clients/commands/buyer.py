@@ -24,13 +24,36 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     records, invalid = run_client(args, body)
     entries = {e.registration.stream_id: e for e in records}
-    import json  # noqa: PLC0415
+    if args.json:
+        import json  # noqa: PLC0415
 
-    print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
+        print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
+    else:
+        _catalog_table(entries)
     if invalid:
         warn(f"warning: skipped {invalid} records that are not catalog entries (written by "
              "someone other than the market?)")  # fmt: skip
     return 0
+
+
+def _catalog_table(entries: dict[str, Any]) -> None:
+    """One line per stream a person reads: who sells it, how, and each level's price."""
+    from ...wire.money import format_money  # noqa: PLC0415
+
+    if not entries:
+        print("no streams in the catalog yet")
+        return
+    print(f"{'stream':<20} {'seller':<14} {'mechanism':<17} {'dim':>6}  levels (price)")
+    for sid, e in sorted(entries.items()):
+        reg = e.registration
+        prices = ", ".join(
+            f"{p.level:g} {e.level_unit} ({format_money(p.price_minor, reg.currency)})"
+            for p in e.prices
+        )
+        print(f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  {prices}")
+    first = next(iter(entries.values()))
+    print(f"every entry signed by the market key {first.market_public_key} "
+          f"(key id {first.market_key_id}); --json for every field")  # fmt: skip
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -215,6 +238,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("catalog", help="list registered streams, their levels and prices")
+    sp.add_argument("--json", action="store_true", help="every field of every entry, as JSON")
     sp.set_defaults(fn=cmd_catalog)
     for name, fn, helptext in (
         ("quote", cmd_quote, "buyer: price of the next step (or --target) without buying"),

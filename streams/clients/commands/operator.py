@@ -311,15 +311,21 @@ def cmd_rejections(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_schemas(args: argparse.Namespace) -> int:
-    from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
-
-    out = Path(args.out)
+def _out_dir(text: str) -> Path:
+    """The directory ``--out`` names, made if missing; a clear error if it cannot be."""
+    out = Path(text)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = exc.strerror or exc
-        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
+        raise CommandError(f"--out {text}: cannot create this directory ({why})") from None
+    return out
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
+
+    out = _out_dir(args.out)
     for name in SCHEMAS:
         path = out / f"{name}.schema.json"
         path.write_text(json.dumps(published_schema(name), indent=2, sort_keys=True) + "\n")
@@ -331,12 +337,7 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     """Write the protocol's test vectors (docs/protocol.md §10) as JSON files."""
     from ...wire.vectors import build, render  # noqa: PLC0415
 
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        why = exc.strerror or exc
-        raise CommandError(f"--out {args.out}: cannot create this directory ({why})") from None
+    out = _out_dir(args.out)
     for name, doc in build().items():
         path = out / name
         path.write_text(render(doc))

@@ -434,18 +434,9 @@ class MarketClient:
         """
         if stream_id in self._sealing_keys:
             return self._sealing_keys[stream_id]
-        signer = await self.market_key()
-        reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
-        await reader.start()
-        records: list[Message] = []
-        try:
-            while batch := await reader.poll_records(0.5):
-                records.extend(batch)
-        finally:
-            await reader.stop()
         # only the entries the market signed: anyone may write to the catalog, and a forged
         # entry naming another sealing key would have sellers seal their numbers to its writer
-        entries = self.market_entries(records, signer)
+        entries, _ = await self.catalog_records()
         keys = {e.market_sealing_key for e in entries if e.market_sealing_key}
         if len(keys) > 1:
             raise ValueError(
@@ -529,11 +520,8 @@ class MarketClient:
     ) -> list[CatalogEntry]:
         """The catalog entries of ``records`` the market signed (docs/protocol.md §12), oldest
         first; any other record is skipped with a warning."""
-        out: list[CatalogEntry] = []
-        for _, raw, headers in records:
-            if self.believe_catalog(raw, headers, key):
-                out.append(CatalogEntry.model_validate_json(raw))
-        return out
+        return [CatalogEntry.model_validate_json(raw) for _, raw, headers in records
+                if self.believe_catalog(raw, headers, key)]  # fmt: skip
 
     def believe_catalog(self, value: bytes, headers: Any, key: Ed25519PublicKey) -> bool:
         """Whether ``value`` is a catalog entry the market signed for its catalog topic."""
@@ -560,20 +548,14 @@ class MarketClient:
         signer = await self.market_key()
         reader = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await reader.start()
-        out: list[CatalogEntry] = []
-        invalid = 0
+        records: list[Message] = []
         try:
-            while True:
-                batch = await reader.poll_records(settle)
-                if not batch:
-                    return out, invalid
-                for _, raw, headers in batch:
-                    if self.believe_catalog(raw, headers, signer):
-                        out.append(CatalogEntry.model_validate_json(raw))
-                    else:
-                        invalid += 1
+            while batch := await reader.poll_records(settle):
+                records.extend(batch)
         finally:
             await reader.stop()
+        entries = self.market_entries(records, signer)
+        return entries, len(records) - len(entries)
 
     # -- buyers -----------------------------------------------------------------------------------
     async def buy(

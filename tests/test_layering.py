@@ -119,6 +119,7 @@ STORE_OWNERS = {
     "purchases": {"replay/records.py"},
     "accounts": {"accounts.py"},
     "releases": {"replay/records.py", "products/base.py"},
+    "holders": {"stream_store.py"},
 }
 """Which modules of ``streams/core`` may write each store (the rest only read)."""
 RECORD_FIELDS = {

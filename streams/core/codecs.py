@@ -1,12 +1,12 @@
 """Bytes of every stored record: the one place that says how state is written to a changelog.
 
-Stream records are their models' JSON; a value's chain state uses the compact binary codec of
-:mod:`market.codec`. The records kept for the dedup horizon, one per purchase and one per value
-that left its window, are many and long-lived, so they are packed binary: a purchase's decision
-in at most :data:`~.state.PURCHASE_RECORD_BYTES`, an eviction mark in at most
-:data:`~.state.VALUE_MARK_BYTES` (``tests/streams/test_core_records.py`` checks both). Records
-an earlier version wrote (JSON purchases, text marks) are read as well. The worker registers
-these functions as Faust codecs (:mod:`streams.worker.tables`).
+Stream records and holders bases are their models' JSON; a value's chain state uses the compact
+binary codec of :mod:`market.codec`. The records kept for the dedup horizon, one per purchase and
+one per value that left its window, are many and long-lived, so they are packed binary: a
+purchase's decision in at most :data:`~.state.PURCHASE_RECORD_BYTES`, an eviction mark in at
+most :data:`~.state.VALUE_MARK_BYTES` (``tests/streams/test_core_records.py`` checks both).
+Records an earlier version wrote (JSON purchases, text marks) are read as well. The worker
+registers these functions as Faust codecs (:mod:`streams.worker.tables`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState
 from .replay.legacy import purchase_from_json
-from .state import EvictedValue, PurchaseRecord, StreamState, ValueState
+from .state import EvictedValue, HoldersBase, PurchaseRecord, StreamState, ValueState
 
 __all__ = ["CODECS", "decode_purchase", "decode_value", "encode_purchase", "encode_value"]
 
@@ -137,5 +137,6 @@ CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
     "releases": (encode_value, decode_value),
     "purchases": (encode_purchase, decode_purchase),
     "accounts": (_model_json, AccountState.model_validate_json),
+    "holders": (_model_json, HoldersBase.model_validate_json),
 }
 """Store name → (encode, decode) of its records."""

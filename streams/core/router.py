@@ -124,7 +124,7 @@ class MarketCore:
             limits=limits,
             require_encryption=require_encryption,
         )
-        self.streams = Streams(stores, keys, limits.max_streams)
+        self.streams = Streams(stores, keys, limits.max_streams, lambda: self.ctx.records.epoch)
         self._batched = False
         self.accept_clear_values = accept_clear_values
 

@@ -14,6 +14,9 @@ store          key                        value
 ``purchases``  ``buyer/stream/purchase``  :class:`PurchaseRecord`: the decision (levels,
                                           price, values covered, digest of the outcome)
 ``accounts``   ``account_id``             :class:`~streams.wire.events.AccountState`: keys
+``holders``    ``stream_id/slot``         :class:`HoldersBase`: a stream's holders as of a
+                                          generation, in one of two slots (its record then
+                                          carries only the holders changed since)
 =============  =========================  ===================================================
 
 Any ``MutableMapping`` works as a store: dicts in tests, write-back Faust tables in the worker.
@@ -37,13 +40,16 @@ from ..wire.events import AccountState, StreamRegistration
 __all__ = [
     "PURCHASE_RECORD_BYTES",
     "VALUE_MARK_BYTES",
+    "BaseRef",
     "EvictedValue",
     "Holder",
+    "HoldersBase",
     "PurchaseRecord",
     "Stores",
     "StreamState",
     "ValueEntry",
     "ValueState",
+    "holders_key",
     "record_key",
 ]
 
@@ -81,6 +87,29 @@ class Holder(BaseModel):
     purchases: int = 0
 
 
+class BaseRef(BaseModel):
+    """Which holders base a stream's record completes: its slot (0 or 1) and generation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    slot: int
+    gen: int
+
+
+class HoldersBase(BaseModel):
+    """Every holder of a stream as of generation ``gen``: what a stream's record with many
+    holders refers to, so that the record carries only the holders changed since
+    (:mod:`streams.core.stream_store` writes both and puts them together again)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gen: int
+    holders: dict[str, Holder] = {}
+
+
+def holders_key(stream_id: str, slot: int) -> str:
+    """Key of a stream's holders base in ``slot`` (0 or 1)."""
+    return record_key(stream_id, str(slot))
+
+
 class StreamState(BaseModel):
     """Everything the market keeps about one stream besides the per-value release states."""
 
@@ -93,7 +122,11 @@ class StreamState(BaseModel):
     catalog_payload: str
     window: list[ValueEntry] = []
     next_seq: int = 0
+    #: who holds what: every holder, or in a stored record that names a ``holders_base`` only
+    #: those changed since that base (:mod:`streams.core.stream_store`)
     holders: dict[str, Holder] = {}
+    #: the holders base the stored record completes (None: ``holders`` is every holder)
+    holders_base: BaseRef | None = None
     revenue_minor: int = 0
     spent: float = 0.0
     values_ingested: int = 0
@@ -217,7 +250,7 @@ ValueState = ChainState | HistogramValue | EvictedValue
 
 
 class Stores:
-    """The three stores the core reads and writes (see the module docstring)."""
+    """The stores the core reads and writes (see the module docstring)."""
 
     def __init__(
         self,
@@ -225,8 +258,10 @@ class Stores:
         releases: MutableMapping[str, ValueState] | None = None,
         purchases: MutableMapping[str, PurchaseRecord] | None = None,
         accounts: MutableMapping[str, AccountState] | None = None,
+        holders: MutableMapping[str, HoldersBase] | None = None,
     ) -> None:
         self.streams: MutableMapping[str, StreamState] = {} if streams is None else streams
         self.releases: MutableMapping[str, ValueState] = {} if releases is None else releases
         self.purchases: MutableMapping[str, PurchaseRecord] = {} if purchases is None else purchases
         self.accounts: MutableMapping[str, AccountState] = {} if accounts is None else accounts
+        self.holders: MutableMapping[str, HoldersBase] = {} if holders is None else holders

@@ -33,12 +33,16 @@ class Stream(Generic[P]):
     ----------
     changed : bool
         Whether this event changed the record (it is then saved when the event ends).
+    charged : list of str
+        The buyers whose holdings this event changed (a stored record carries only the
+        holders changed since its holders base: :mod:`streams.core.stream_store`).
     """
 
     state: StreamState
     terms: Terms
     product: P
     changed: bool = False
+    charged: list[str] = field(default_factory=list)
     #: the stream's id and registration (fixed for good when it was registered)
     id: str = field(init=False)
     registration: StreamRegistration = field(init=False)
@@ -75,12 +79,13 @@ class Stream(Generic[P]):
     def charge(self, buyer_id: str, level: float, price_minor: int) -> Holder:
         """``buyer_id`` now holds ``level`` and has paid ``price_minor`` more for it."""
         st = self.state
-        holder = st.holders.get(buyer_id) or Holder(level=level)
-        holder.level = level
-        holder.paid_minor += price_minor
-        holder.purchases += 1
+        # a new Holder, never the old one changed: a holders base may share the old one
+        old = st.holders.get(buyer_id) or Holder(level=level)
+        holder = Holder(level=level, paid_minor=old.paid_minor + price_minor,
+                        purchases=old.purchases + 1)  # fmt: skip
         st.holders[buyer_id] = holder
         st.revenue_minor += price_minor
+        self.charged.append(buyer_id)
         self.touch()
         return holder
 

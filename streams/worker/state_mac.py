@@ -37,7 +37,7 @@ VERSION = 1
 DOMAIN = b"emarket-state-v1"
 """First bytes of what a tag covers: no other message of the market MACs the same bytes."""
 
-STORES = ("accounts", "streams", "releases", "purchases")
+STORES = ("accounts", "streams", "releases", "purchases", "holders")
 """The stores whose changelog records carry tags (labels of the refusal counter)."""
 
 _TAG_BYTES = 32

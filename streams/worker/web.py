@@ -20,6 +20,7 @@ from market import ChainState
 
 from ..core import MarketKeys, Stores
 from ..core.ledger import latest_status
+from ..core.stream_store import holders_of
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
 from .config import Settings
@@ -104,7 +105,7 @@ def refresh_gauges(
     """Update the gauges that are read off the state and the consumer, not counted —
     including ``emarket_stalled``, by the same rule as ``/health``, so that an alert can fire
     on exactly what the health check reports. Nothing here walks the whole state."""
-    for name in ("streams", "releases", "purchases", "accounts"):
+    for name in ("streams", "releases", "purchases", "accounts", "holders"):
         metrics.state_entries.labels(name).set(len(getattr(stores, name)))
     total = (vectors or VectorBytes(per_refresh=2**62)).step(stores.releases)
     if total is not None:
@@ -182,6 +183,7 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
     streams = {}
     for sid, st in stores.streams.items():
         reg = st.registration
+        holders = holders_of(stores, st)
         streams[sid] = {
             "seller_id": reg.seller_id,
             "mechanism": reg.mechanism,
@@ -200,8 +202,8 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
             },
             "revenue_minor": st.revenue_minor,
             "values_ingested": st.values_ingested,
-            "holder_count": len(st.holders),
+            "holder_count": len(holders),
         }
         if per_buyer:
-            streams[sid]["holders"] = {b: h.model_dump() for b, h in st.holders.items()}
+            streams[sid]["holders"] = {b: h.model_dump() for b, h in holders.items()}
     return {"market_key_id": keys.key_id, "per_buyer": per_buyer, "streams": streams}

@@ -20,15 +20,22 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from market.envelope import public_key_b64
 from market.receipts import key_id, opening_key
 
+from ..wire.signing import SodiumSigningKey
+
 __all__ = ["MarketKeys", "public_key_from_b64"]
 
 
 @dataclass(frozen=True)
 class MarketKeys:
-    """The Ed25519 receipt key and the noise secret; ``repr`` never shows either."""
+    """The Ed25519 receipt key and the noise secret; ``repr`` never shows either. The key
+    signs with libsodium (:class:`~streams.wire.signing.SodiumSigningKey`: the same bytes)."""
 
     signing_key: Ed25519PrivateKey = field(repr=False)
     noise_secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.signing_key, SodiumSigningKey):
+            object.__setattr__(self, "signing_key", SodiumSigningKey(self.signing_key))
 
     # cached: every receipt names the key id, and OpenSSL derives the public key anew on each
     # call (two derivations and a hash per purchase, ~15 µs)

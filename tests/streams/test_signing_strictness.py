@@ -1,7 +1,8 @@
 """The event path's Ed25519 verification (libsodium, then OpenSSL on a refusal) accepts exactly
 what OpenSSL alone accepts: the protocol's vectors, honest signatures, and the malformed keys
 and signatures on which the two libraries disagree (small-order and non-canonical keys, which
-OpenSSL accepts and libsodium refuses) or agree (a scalar S ≥ L, a short signature)."""
+OpenSSL accepts and libsodium refuses) or agree (a scalar S ≥ L, a short signature); and the
+market's own signatures, made by libsodium, are OpenSSL's bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from streams.wire.signing import ed25519_verify, verify
+from streams.core import MarketKeys
+from streams.wire.signing import SodiumSigningKey, ed25519_verify, verify
 from streams.wire.vectors import SIGNED_EVENTS
 
 VECTORS = Path(__file__).parents[2] / "docs" / "vectors"
@@ -108,3 +110,18 @@ def test_the_protocol_vectors_verify_and_a_changed_byte_does_not() -> None:
         raw[7] ^= 1
         bad = base64.b64encode(bytes(raw)).decode()
         assert not verify(doc["market"], event, signer, bad, generation=version), entry["name"]
+
+
+def test_the_markets_key_signs_with_libsodium_the_bytes_openssl_signs() -> None:
+    """Receipts and answers are signed by libsodium: Ed25519 is deterministic, so each
+    signature is the one OpenSSL makes (the receipt and answer vectors stay as published)."""
+    for seed in (bytes(32), bytes(range(32)), b"\xff" * 32):
+        key = Ed25519PrivateKey.from_private_bytes(seed)
+        sodium = SodiumSigningKey(key)
+        for message in (b"", MESSAGE, bytes(range(256)) * 20):
+            assert sodium.sign(message) == key.sign(message)
+        assert sodium.private_bytes_raw() == seed
+        assert sodium.public_key() == key.public_key()
+    keys = MarketKeys(signing_key=key, noise_secret=b"n" * 32)
+    assert isinstance(keys.signing_key, SodiumSigningKey)
+    assert keys.public_key == key.public_key()

@@ -42,7 +42,11 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
     _check_batch_cost(ctx, stream, len(batch.items))
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id, mechanism=reg.mechanism)
     withheld = ctx.deliveries.withheld_total
-    lines = [_one(ctx, stream, item, inc.src, outcome) for item in batch.items]
+    stream.product.prepare(ctx, stream, batch.items)  # the batch's noise, in one kernel call
+    try:
+        lines = [_one(ctx, stream, item, inc.src, outcome) for item in batch.items]
+    finally:
+        stream.product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
     answer = ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
     inbox = ctx.topics.inbox(batch.seller_id)

@@ -1003,3 +1003,45 @@ def test_event_streams_of_values_send_none_of_the_newer_fields() -> None:
     for out in outs:
         for o in out.outputs:
             assert not [f for f in newer if f in o.value.decode()], o.value[:300]
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_batch_computes_its_noise_at_once_and_releases_what_one_by_one_would(
+    window: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's new values get their steps in one chain call (``Vectors.prepare``); the
+    outputs, the stored states and the count of new steps are those of the values one by one,
+    whatever the batch also holds (a resend, a conflicting value, an id twice)."""
+    from streams.core.codecs import CODECS
+    from streams.core.products.vectors import Vectors
+
+    def run(at_once: bool) -> tuple[list[bytes], int, dict[str, Any], int]:
+        if not at_once:
+            monkeypatch.setattr(Vectors, "prepare", lambda *a: None)
+        calls = []
+        release = Vectors.new_state
+        monkeypatch.setattr(Vectors, "new_state",
+                            lambda self, *a: calls.append(bool(self._prepared)) or release(self,
+                                                                                           *a))
+        c = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000)
+        open_accounts(c, "seller1", "alice", "bob")
+        extra = {"privacy_unit": "window", "window": {"duration_ms": 60_000, "cap": 8.0}}
+        c.handle(T.registrations, registration("w", cap=4.0, **(extra if window else {})))
+        c.handle(T.values, value("w", "old", [1.0, 2.0, 3.0]))
+        c.handle(T.purchases, purchase("w", "alice", "a", target_level=0.5))
+        c.handle(T.purchases, purchase("w", "bob", "b", target_level=2.0))
+        items = [(f"v{i}", [float(i), 2.0, -3.5]) for i in range(12)]
+        items += [("old", [1.0, 2.0, 3.0]), ("v3", [3.0, 2.0, -3.5]), ("v4", [9.0, 9.0, 9.0])]
+        with c.batch() as deliveries:
+            out = c.handle(T.values, values("w", items))
+        assert [s for s, _ in out.items].count("accepted") == 12, (out.reason, out.items)
+        encode = CODECS["releases"][0]
+        stored = {k: encode(v) if not isinstance(v, EvictedValue) else (v.seq, v.digest)
+                  for k, v in c.stores.releases.items()}  # a mark's numbering is the worker's
+        monkeypatch.undo()
+        return ([o.value for o in [*out.outputs, *deliveries]], out.new_noise, stored,
+                sum(calls))  # fmt: skip
+
+    at_once, one_by_one = run(True), run(False)
+    assert at_once[:3] == one_by_one[:3]
+    assert one_by_one[3] == 0 and at_once[3] == (0 if window else 12)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -111,6 +111,15 @@ class Product(ABC):
         if known is not None and ahead_of_stream(stream, value_id, known):
             return None
         return known
+
+    def prepare(  # noqa: B027 - optional hook, default: nothing
+        self, ctx: Context, stream: Stream[Any], items: Sequence[ValueItem]
+    ) -> None:
+        """Before a batch's values are ingested one by one, do at once what each would do
+        alone (nothing by default; what is prepared is forgotten by :meth:`prepared_done`)."""
+
+    def prepared_done(self) -> None:  # noqa: B027 - optional hook, default: nothing
+        """Forget what :meth:`prepare` did for the batch."""
 
     @abstractmethod
     def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,

@@ -103,17 +103,18 @@ class Deliveries:
         return how many."""
         sid = st.registration.stream_id
         self._streams[sid] = st
-        lists = {lvl: listed(v) for lvl, v in by_level.items()}
+        # one release per level, shared by the holders of that level (never changed after)
+        made = {}
+        for lvl, v in by_level.items():
+            values, keys = listed(v)
+            made[lvl] = ReleasedValue.model_construct(value_id=value_id, seq=seq, level=lvl,
+                                                      values=values, terms=terms, keys=keys)
         self.pending_bytes += len(st.holders) * release_bytes(st.registration.release_width(), True)
         queued = 0
         for buyer, holder in st.holders.items():
-            got = lists.get(holder.level)
-            if got is None:  # withheld (see :meth:`withhold`)
+            release = made.get(holder.level)
+            if release is None:  # withheld (see :meth:`withhold`)
                 continue
-            release = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=holder.level, values=got[0], terms=terms,
-                keys=got[1],
-            )
             self._pending.setdefault((buyer, sid), []).append(release)
             queued += 1
         return queued

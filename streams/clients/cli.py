@@ -13,7 +13,6 @@ not start (its noise secret is not the market's).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -57,10 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command not in ("serve", "worker", "demo"):
-        # a client command reports a broker failure once, as an error line with what to do;
-        # aiokafka would also log each failed connection attempt
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:

@@ -50,6 +50,8 @@ from market.errors import DuplicateLevelError, ScheduleError
 from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
 
+from .ids import ID_PATTERN
+
 __all__ = [
     "ACCOUNTS_EVENT",
     "ID_PATTERN",
@@ -113,8 +115,6 @@ MAX_DIMENSION = 100_000
 MAX_STEPS = 64
 MAX_BATCH = 1_000
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-"""The one id grammar: accounts (buyers, sellers), streams, values, purchases, quotes."""
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, strict=True)]
 """1–64 of ``[A-Za-z0-9_-]``: ids appear in topic names and keys, and no id contains the ``.``
 that separates the parts of a topic name, so distinct ids always name distinct topics."""

@@ -51,7 +51,6 @@ from typing import Any, TypeVar
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel
 
 from market.receipts import key_id
@@ -64,6 +63,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .ids import public_b64
 
 __all__ = [
     "answer_bytes",
@@ -217,12 +217,6 @@ def answer_bytes(market: str, topic: str, request_sha256: str | None, value: byt
     to one event: neither can be moved to another."""
     c = _Canon(market, "answer").s(topic).s(request_sha256)
     return c.s(hashlib.sha256(value).hexdigest()).done()
-
-
-def public_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    """Base64 of an Ed25519 public key's 32 raw bytes."""
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return base64.b64encode(pub.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
 
 
 @lru_cache(maxsize=65_536)

@@ -8,7 +8,6 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -104,12 +103,18 @@ def run_client(
     args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any = None
 ) -> T:
     """Run ``body(client)`` with a connected client; broker failures become CommandErrors."""
+    import asyncio  # noqa: PLC0415 - not on the path of --help and keygen
+    import logging  # noqa: PLC0415
+
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
     from ..client import MarketClient, MarketKeyError  # noqa: PLC0415
 
     boot = bootstrap(args)
+    # a client command reports a broker failure once, as an error line with what to do;
+    # aiokafka would also log each failed connection attempt
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         auth = env_auth()
     except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file

@@ -8,8 +8,6 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -161,6 +159,9 @@ def _operator_token(args: argparse.Namespace) -> str | None:
 def _whose_ledger(url: str, *, defaulted: bool) -> str:
     """One line naming the worker and the market whose ledger is read; refuses a worker of
     another market than ``EMARKET_MARKET_KEY`` names (a default port may answer for anyone's)."""
+    import urllib.error  # noqa: PLC0415 - not on the path of --help and keygen
+    import urllib.request  # noqa: PLC0415
+
     from market.receipts import key_id, parse_public_key  # noqa: PLC0415
 
     base = _base(url)
@@ -198,6 +199,9 @@ def _base(url: str) -> str:
 
 
 def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
     base = _base(url)
     request = urllib.request.Request(base + "/ledger")
     if token:

@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .commands import buyer, operator, party, seller
+from .commands import buyer, operator, output, party, seller
 from .commands.common import CommandError
 
 __all__ = ["build_parser", "main"]
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the market's Ed25519 key (base64) its answers must be signed with; "
                    "default $EMARKET_MARKET_KEY, else the one the market's identity record "
                    "publishes")  # fmt: skip
+    p.add_argument("--json", action="store_true", default=False, help=output.JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)
     party.add_commands(sub)

@@ -290,7 +290,7 @@ def test_the_cli_flags_forgeries_and_reports_refusals_at_once(market: Market,
     forged = json.dumps({**delivery, "releases": [{**delivery["releases"][0],
                                                    "values": [999.0, 999.0, 999.0]}]})  # fmt: skip
     asyncio.run(_write(market, market.topics.inbox("buyer1"), forged.encode()))
-    r = _cli(market, "tail", "--key-file", str(buyer))
+    r = _cli(market, "tail", "--key-file", str(buyer), "--json")
     assert r.returncode == 0, r.stderr
     shown = [json.loads(line) for line in r.stdout.splitlines()]
     assert [e["type"] for e in shown].count("value_released") == 1

@@ -71,7 +71,7 @@ def register_other_products(market: Market, key_file: Path) -> None:
                   "--false-keys", "0.5"]),
     ):
         reg = json.loads(cli(market, "register", *acme, "--stream", sid, "--steps", "0.5,1",
-                             *flags).stdout)["registration"]  # fmt: skip
+                             *flags, "--json").stdout)["registration"]  # fmt: skip
         assert reg["stream_id"] == sid
     catalog = json.loads(cli(market, "catalog", "--json").stdout)
     assert catalog["home"]["registration"]["window"] == {"duration_ms": 3_600_000, "cap": 8.0}
@@ -110,7 +110,7 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
         assert "is open" in cli(market, "account", "open", "--key-file", str(path)).stdout
     r = cli(market, "register", "--key-file", str(keys["acme"]), "--stream", "temp",
             "--dimension", "2", "--steps", "0.5,1,2", "--cap", "4",
-            "--price-per-level", "1.00")  # fmt: skip
+            "--price-per-level", "1.00", "--json")  # fmt: skip
     entry = json.loads(r.stdout)
     key = entry["market_public_key"]
     lines = tmp_path / "values.jsonl"
@@ -120,7 +120,7 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert "published 5/5 values" in r.stdout
     market.wait_ingested("temp", 5)
     alice = ["--key-file", str(keys["alice"])]
-    quote = json.loads(cli(market, "quote", *alice, "--stream", "temp").stdout)
+    quote = json.loads(cli(market, "quote", *alice, "--stream", "temp", "--json").stdout)
     assert quote["price_minor"] == 50
     out = tmp_path / "outcome.json"
     r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.50", "--output", str(out))
@@ -136,9 +136,10 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     bad.write_text(json.dumps(tampered))
     r = cli(None, "verify-receipt", str(bad), "--public-key", key, check=False)
     assert r.returncode == 1 and "INVALID" in r.stdout
-    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.01", check=False)
+    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.01", "--json",
+            check=False)  # fmt: skip
     assert r.returncode == 1 and "price_too_high" in r.stdout
-    tail = cli(market, "tail", *alice).stdout
+    tail = cli(market, "tail", *alice, "--json").stdout
     events = [json.loads(x) for x in tail.splitlines()]
     assert [e["type"] for e in events] == ["account", "quote", "purchase_fulfilled", "rejection"]
     assert events[2]["releases"] == outcome["releases"]

@@ -190,6 +190,6 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
     assert named(r, ["berlin", "oslo"])[0].keys() == {"berlin", "oslo"}
     (tmp_path / "cities.txt").write_text("berlin\noslo\nparis\n")
     r = cli(*pre, "buy", *carol, "--stream", "cities", "--max-price", "1",
-            "--key-names", str(tmp_path / "cities.txt"))  # fmt: skip
+            "--key-names", str(tmp_path / "cities.txt"), "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "day2 at level 0.5: oslo" in r.stderr and "berlin" in r.stderr, r.stderr

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_REFUSED, CommandError, load_party, print_json, run_client, warn
+from .common import EXIT_REFUSED, CommandError, load_party, run_client, warn
+from .output import add_json_flag, json_mode, print_json
 
 __all__ = ["add_commands"]
 
@@ -24,7 +25,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     records, invalid = run_client(args, body)
     entries = {e.registration.stream_id: e for e in records}
-    if args.json:
+    if json_mode(args):
         import json  # noqa: PLC0415
 
         print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
@@ -238,7 +239,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("catalog", help="list registered streams, their levels and prices")
-    sp.add_argument("--json", action="store_true", help="every field of every entry, as JSON")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_catalog)
     for name, fn, helptext in (
         ("quote", cmd_quote, "buyer: price of the next step (or --target) without buying"),
@@ -267,10 +268,12 @@ def add_commands(sub: Any) -> None:
             sp.add_argument("--key-names", default=None, metavar="FILE",
                             help="histogram streams of strings: name the keys of the releases "
                             "from these strings (one per line)")  # fmt: skip
+        add_json_flag(sp)
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--key-names", default=None, metavar="FILE",
                     help="histogram streams of strings: name released keys from these strings")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_tail)

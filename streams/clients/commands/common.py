@@ -8,11 +8,11 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from .output import print_json, warn
 
 __all__ = [
     "EXIT_BROKER",
@@ -26,6 +26,7 @@ __all__ = [
     "print_json",
     "run_client",
     "topics_of",
+    "warn",
 ]
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BROKER = 1, 2, 3, 4
@@ -92,13 +93,6 @@ def load_party(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
-def print_json(obj: Any) -> None:
-    if hasattr(obj, "model_dump_json"):
-        print(obj.model_dump_json(indent=2))
-    else:
-        print(json.dumps(obj, indent=2, sort_keys=True))
-
-
 def run_client(
     args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any = None
 ) -> T:
@@ -145,6 +139,3 @@ def run_client(
             f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER
         ) from None
 
-
-def warn(message: str) -> None:
-    print(message, file=sys.stderr)

@@ -18,10 +18,10 @@ from .common import (
     EXIT_REFUSED,
     CommandError,
     bootstrap,
-    print_json,
     run_client,
     topics_of,
 )
+from .output import add_json_flag, json_mode, print_json
 
 __all__ = ["add_commands", "cmd_verify_receipt"]
 
@@ -244,7 +244,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     said = [_whose_ledger(url, defaulted=not (args.worker or env)) for url in urls]
     for url in urls:
         streams.update(_fetch_ledger(url, token))
-    if args.json:
+    if json_mode(args):
         print_json(streams)
         return 0
     print("\n".join(said) + "\n")
@@ -296,7 +296,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
                         continue
                     if args.stream and rej.stream_id != args.stream:
                         continue
-                    if args.json:
+                    if json_mode(args):
                         print(rej.model_dump_json(), flush=True)
                         continue
                     who = rej.sender_id or (f"claims {rej.claimed_id}" if rej.claimed_id else "?")
@@ -468,12 +468,12 @@ def add_commands(sub: Any) -> None:
                     "operator_token in --data-dir); without it only aggregates are shown")
     sp.add_argument("--data-dir", default=None,
                     help="the worker's data directory (default $EMARKET_DATA_DIR or data)")
-    sp.add_argument("--json", action="store_true")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
     sp.add_argument("--stream", default=None)
     sp.add_argument("--follow", action="store_true")
-    sp.add_argument("--json", action="store_true")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_rejections)
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
     sp.add_argument("--out", default="docs/schemas")

@@ -23,6 +23,7 @@ from .common import (
     run_client,
     warn,
 )
+from .output import add_json_flag
 
 __all__ = ["add_commands", "parse_row"]
 
@@ -290,6 +291,7 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--currency", default="EUR")
     sp.add_argument("--description", default="")
     sp.add_argument("--timeout", type=float, default=30.0)
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_register)
     _publish_parser(sub)
 

@@ -4,10 +4,13 @@ Run ``epsilon-market --help`` for the commands. Client commands take ``--broker`
 ``EMARKET_BROKER``) and, when they act for an account, ``--key-file`` (or ``EMARKET_KEY_FILE``);
 ``serve`` and ``demo`` start the embedded broker when no broker is given.
 
-No command prints a traceback: every failure is one line that says what was wrong and what to
-do. Exit codes: 0 done, 1 the market refused (or a receipt is invalid), 2 bad input, 3 timed
-out, 4 broker or worker unreachable, 5 a service dependency is not installed, 6 the worker did
-not start (its noise secret is not the market's).
+Every command prints lines a person reads; ``--json`` (before or after the command's name)
+prints JSON for machines instead, the same convention everywhere
+(:mod:`streams.clients.commands.output`). No command prints a traceback: every failure is one
+line on stderr that says what was wrong and what to do. Exit codes: 0 the market accepted this
+request (or the command did what it says), 1 the market refused it (or a receipt is invalid), 2
+bad input, 3 timed out, 4 broker or worker unreachable, 5 a service dependency is not
+installed, 6 the worker did not start (its noise secret is not the market's).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import sys
 
 from .commands import buyer, operator, output, party, seller
-from .commands.common import CommandError
+from .commands.common import EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
 
@@ -57,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.json and args.command in ("serve", "worker", "demo"):
+        print(f"error: '{args.command}' has no JSON output (it runs until stopped)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:

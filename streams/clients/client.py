@@ -327,6 +327,22 @@ class MarketClient:
             raise ValueError(f"account {me.account_id!r} belongs to another key ({got.key_id})")
         return got
 
+    async def rotate_keys(
+        self, new: Party, version: int, *, party: Party | None = None, timeout: float = 30.0
+    ) -> AccountState | Rejection:
+        """Replace the party's keys by ``new``'s at ``version`` (the account's version + 1),
+        signed by both, and wait for the market's answer to these bytes: the account's new
+        state, or its refusal (``stale_key_version``: not the account's version + 1)."""
+        me = self._me(party)
+        payload = me.rotate_to(new, self.market, version).model_dump_json().encode()
+        got = await self._request(
+            self.topics.accounts, me.account_id, payload,
+            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
+            timeout=timeout, create_inbox=False, resend_every=timeout,
+        )  # fmt: skip
+        assert isinstance(got, AccountState | Rejection)
+        return got
+
     # -- sellers ----------------------------------------------------------------------------------
     async def register(
         self, fields: dict[str, Any], *, party: Party | None = None, timeout: float = 30.0

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from . import output
 from .common import (
     EXIT_REFUSED,
     CommandError,
@@ -23,7 +24,7 @@ from .common import (
     run_client,
     warn,
 )
-from .output import add_json_flag
+from .output import add_json_flag, json_mode
 
 __all__ = ["add_commands", "parse_row"]
 
@@ -143,10 +144,12 @@ def cmd_register(args: argparse.Namespace) -> int:
         return await c.register(fields, timeout=args.timeout)
 
     result = run_client(args, body, party)
-    print_json(result)
     if isinstance(result, Rejection):
-        warn(f"registration refused ({result.reason}): {result.message}")
-        return EXIT_REFUSED
+        if json_mode(args):
+            print_json(result)
+        raise CommandError(f"registration refused ({result.reason}): {result.message}",
+                           EXIT_REFUSED)  # fmt: skip
+    output.show(args, result, output.registered(result))
     return 0
 
 
@@ -237,15 +240,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
             answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
             refused += _refusals(answer, batch)
             sent += len(batch.items)
+            output.published(args, c, batch, answer)
             if len(rows) > 1:
                 rate = sent / max(1e-9, time.monotonic() - t0)
-                print(f"\rpublished {sent}/{len(rows)} values ({rate:.0f}/s)", end="", flush=True)
+                output.progress(args, f"published {sent}/{len(rows)} values ({rate:.0f}/s)")
         if len(rows) > 1:
-            print()
+            output.progress(args, None)
         else:
-            vid = batch.items[0].value_id
-            print(f"{vid} published_at_ms={c.published_at(args.stream, vid)}"
-                  + ("" if args.no_wait else (" refused" if refused else " accepted")))  # fmt: skip
+            output.say(args, output.one_value(c, batch, answer))
         return sent, refused
 
     _, refused = run_client(args, body, party)
@@ -337,6 +339,7 @@ def _publish_parser(sub: Any) -> None:
     )  # fmt: skip
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
     sp.add_argument("--timeout", type=float, default=60.0)
+    add_json_flag(sp)
     sp.add_argument(
         "--market-sealing-key", default=None,
         help="the market's X25519 key the numbers are sealed to (default: market_sealing_key "

@@ -190,6 +190,7 @@ class MarketClient:
         self.auth = auth if auth is not None else env_auth()
         self._published: dict[tuple[str, str], int] = {}
         self._sealing_keys: dict[str, str] = {}
+        self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
@@ -368,6 +369,7 @@ class MarketClient:
                         continue
                     entry = CatalogEntry.model_validate_json(raw)
                     if entry.registration == reg:
+                        self._registrations[reg.stream_id] = reg
                         if entry.market_sealing_key is not None:
                             self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
@@ -571,7 +573,14 @@ class MarketClient:
         finally:
             await reader.stop()
         entries = self.market_entries(records, signer)
+        self._registrations.update((e.registration.stream_id, e.registration) for e in entries)
         return entries, len(records) - len(entries)
+
+    def registration_of(self, stream_id: str) -> StreamRegistration | None:
+        """The stream's registration as the market's signed catalog last showed it to this
+        client (``None`` if this client has not read it there): what a client may check a
+        value against before sending it, e.g. counts (:mod:`streams.wire.counts`)."""
+        return self._registrations.get(stream_id)
 
     # -- buyers -----------------------------------------------------------------------------------
     async def buy(

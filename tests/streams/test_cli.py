@@ -162,3 +162,56 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     check_ledger(market, w.url, tmp_path)
     register_other_products(market, keys["acme"])
 
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_every_command_prints_for_a_person_and_json_for_machines(
+    market: Market, tmp_path: Path
+) -> None:
+    """Each command's default output is lines with units (no JSON); ``--json`` parses; the exit
+    code is 0 only when the market took this request; counts are checked before sending."""
+    market.start_worker()
+    keys = {who: tmp_path / f"{who}.key" for who in ("acme", "bob")}
+    for who, path in keys.items():
+        cli(None, "keygen", "--account", who, "--out", str(path))
+    r = cli(market, "account", "open", "--key-file", str(keys["acme"]), "--json")
+    assert json.loads(r.stdout)["account_id"] == "acme" and "is open" in r.stderr
+    assert "is open" in cli(market, "account", "open", "--key-file", str(keys["bob"])).stdout
+    acme, bob = ["--key-file", str(keys["acme"])], ["--key-file", str(keys["bob"])]
+    r = cli(market, "register", *acme, "--stream", "visits", "--mechanism", "discrete_laplace",
+            "--dimension", "2", "--steps", "0.5,1", "--price-per-level", "0.10")  # fmt: skip
+    assert "{" not in r.stdout and "registered stream 'visits' of acme" in r.stdout, r.stdout
+    assert "0.5 epsilon (0.05 EUR), 1 epsilon (0.10 EUR)" in r.stdout, r.stdout
+    # counts: the CLI knows the stream from the catalog and refuses before sending
+    for bad in ("3,-4", "2.5,1"):
+        r = cli(market, "publish", *acme, "--stream", "visits", "--values", bad, check=False)
+        assert r.returncode == 2 and "takes counts" in r.stderr and "nothing was sent" in r.stderr
+    # ... and the market refuses them when the CLI does not know the stream
+    sealing = json.loads(cli(market, "catalog", "--json").stdout)["visits"]["market_sealing_key"]
+    r = cli(market, "publish", *acme, "--stream", "visits", "--values", "3,-4",
+            "--market-sealing-key", sealing, check=False)  # fmt: skip
+    assert r.returncode == 1 and "refused (invalid_count)" in r.stderr, r.stderr
+    r = cli(market, "publish", *acme, "--stream", "visits", "--values", "12,3", "--value-id",
+            "d1", "--json")  # fmt: skip
+    line = json.loads(r.stdout)
+    assert (line["value_id"], line["status"]) == ("d1", "accepted") and line["published_at_ms"]
+    r = cli(market, "quote", *bob, "--stream", "visits")
+    assert "{" not in r.stdout and "0.05 EUR  <- this quote" in r.stdout, r.stdout
+    r = cli(market, "buy", *bob, "--stream", "visits", "--max-price", "0.05")
+    assert "{" not in r.stdout and "bought level 0.5 (epsilon) of visits for 0.05 EUR" in r.stdout
+    assert re.search(r"^  d1 +-?\d+ -?\d+$", r.stdout, re.M), r.stdout  # whole numbers: 12
+    assert "noise: discrete Laplace scale" in r.stdout, r.stdout
+    r = cli(market, "buy", *bob, "--stream", "visits", "--max-price", "0.01", check=False)
+    assert r.returncode == 1 and not r.stdout and "price_too_high" in r.stderr, r
+    tail = cli(market, "tail", *bob).stdout
+    assert "{" not in tail and "bought visits at level 0.5 epsilon" in tail, tail
+    assert "refused (price_too_high) purchases visits" in tail, tail
+    # rotating keys: refused with a reason and exit 1, or done with exit 0
+    new = tmp_path / "bob2.key"
+    cli(None, "keygen", "--account", "bob", "--out", str(new))
+    r = cli(market, "account", "rotate", *bob, "--new-key-file", str(new), "--version", "7",
+            check=False)  # fmt: skip
+    assert r.returncode == 1 and "stale_key_version" in r.stderr, (r.stdout, r.stderr)
+    r = cli(market, "account", "rotate", *bob, "--new-key-file", str(new), "--version", "2",
+            "--json")  # fmt: skip
+    assert json.loads(r.stdout)["version"] == 2 and "rotated to version 2" in r.stderr

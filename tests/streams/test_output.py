@@ -86,6 +86,14 @@ def test_counts_are_released_and_shown_as_whole_numbers() -> None:
     assert "noise: discrete Laplace scale" in text
 
 
+def test_a_value_refused_as_not_a_count_reads_as_such() -> None:
+    c = market_core("seller1")
+    c.handle(T.registrations, registration("visits", mechanism="discrete_laplace", dimension=2,
+                                            steps=[1.0], cap=1.0))  # fmt: skip
+    (line,) = inbox(c.handle(T.values, value("visits", "d1", [3.0, -4.0])), "seller1")
+    assert shown(line) == "values of visits: d1 rejected (invalid_count)"
+
+
 def test_keygen_prints_for_a_person_and_json_for_machines(tmp_path: Path) -> None:
     r = cli("keygen", "--account", "alice", "--out", "a.key", cwd=tmp_path)
     assert r.returncode == 0 and "{" not in r.stdout, r.stdout + r.stderr

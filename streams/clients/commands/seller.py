@@ -235,6 +235,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             c.market_sealing_key = c.market_sealing_key or await c.sealing_key_of(args.stream)
         except (LookupError, ValueError) as exc:
             raise CommandError(f"{exc} (or pass --market-sealing-key)") from None
+        _check_counts(c.registration_of(args.stream), rows)
         for start in range(0, len(rows), per_batch):
             batch = c.value_batch(args.stream, rows[start : start + per_batch])
             answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
@@ -254,6 +255,26 @@ def cmd_publish(args: argparse.Namespace) -> int:
     for vid, reason, message in refused:
         warn(f"value {vid} refused ({reason}): {message}")
     return EXIT_REFUSED if refused else 0
+
+
+def _check_counts(reg: Any, rows: list[Row]) -> None:
+    """On a counts stream the catalog showed, refuse a negative or fractional number before
+    sending it (the market's rule: :mod:`streams.wire.counts`); unknown streams are the
+    market's to answer."""
+    from ...wire.counts import count_problem, sells_counts  # noqa: PLC0415
+
+    if reg is None or not sells_counts(reg):
+        return
+    for n, (vid, values, _) in enumerate(rows, 1):
+        numbers = list(values.values()) if isinstance(values, dict) else values
+        bad = count_problem(numbers)
+        if bad is not None:
+            where = f"value {n}" + (f" ({vid})" if vid else "") if len(rows) > 1 else "the value"
+            raise CommandError(
+                f"{where}: number {bad[0] + 1} ({numbers[bad[0]]:g}) {bad[1]}: stream "
+                f"{reg.stream_id!r} ({reg.mechanism}{', histogram' if reg.histogram else ''}) "
+                "takes counts, whole numbers 0 or more; nothing was sent"
+            )
 
 
 def _refusals(answer: Any, batch: Any) -> list[tuple[str, str, str]]:

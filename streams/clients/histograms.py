@@ -40,7 +40,7 @@ def named(release: Any, names: Iterable[str]) -> tuple[dict[str, float], int]:
 def describe_named(release: Any, names: Iterable[str]) -> str:
     """One line: the named counts of a release, largest first, and how many keys are unnamed."""
     counts, unnamed = named(release, names)
-    shown = ", ".join(f"{n} {v:.4g}" for n, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    shown = ", ".join(f"{n} {v:g}" for n, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     more = f" (+{unnamed} unnamed key{'s' if unnamed != 1 else ''})" if unnamed else ""
     return f"{release.value_id} at level {release.level:g}: {shown or 'no named key'}{more}"
 

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 
-from .commands import buyer, operator, party, seller
+from .commands import buyer, operator, party, sales, seller
 from .commands.common import CommandError
 
 __all__ = ["build_parser", "main"]
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_commands(sub)
     party.add_commands(sub)
     seller.add_commands(sub)
+    sales.add_commands(sub)
     buyer.add_commands(sub)
     for action in sub.choices.values():  # --key-file may come from the environment
         for a in action._actions:

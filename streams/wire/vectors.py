@@ -39,6 +39,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .sales import PSEUDONYM_LABEL, pseudonym_key, sale_of
 from .sealing import (
     padded_length,
     purchase_aad,
@@ -47,7 +48,6 @@ from .sealing import (
     values_aad,
     values_plaintext,
 )
-from .sales import PSEUDONYM_LABEL, pseudonym_key, sale_of
 from .signing import answer_bytes, canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 

@@ -214,7 +214,7 @@ def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequ
     try:
         with stream.showing(covered):
             releases, _ = stream.product.release_window(ctx, stream, record.level_after)
-            outcome = _fulfilled(ctx, req, stream, step, releases, inc.account.sealing_key)
+            outcome, _ = _fulfilled(ctx, req, stream, step, releases, inc.account.sealing_key)
     except (AssertionError, Reject, MarketError):  # a state it needs is gone
         return None
     payload = dump(outcome)
@@ -351,7 +351,7 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     releases, new_noise = stream.product.release_window(ctx, stream, step.after)
     # the outcome (sealed, signed) is built before anything is charged: if building it failed,
     # the buyer would otherwise hold and pay for a level with no kept outcome
-    fulfilled = _fulfilled(ctx, req, stream, step, releases, account.sealing_key)
+    fulfilled, receipt = _fulfilled(ctx, req, stream, step, releases, account.sealing_key)
     payload = dump(fulfilled)
     stream.charge(req.buyer_id, step.after, step.price_minor)
     ledger.record_purchase(ledger.level(step.after))
@@ -359,7 +359,7 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     outcome = Outcome(
         "purchase", "fulfilled",
         [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
-         sale(ctx, fulfilled.receipt.model_dump(), record.decided_at_ms)],
+         sale(ctx, receipt, record.decided_at_ms)],
         stream_id=reg.stream_id, mechanism=reg.mechanism, releases=len(releases),
         new_noise=new_noise, price_minor=step.price_minor, figures=stream.figures(),
     )  # fmt: skip
@@ -397,8 +397,9 @@ def _fulfilled(
     step: StepPlan,
     releases: list[ReleasedValue],
     sealing_key: str | None,
-) -> PurchaseFulfilled:
-    """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt."""
+) -> tuple[PurchaseFulfilled, Receipt]:
+    """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt;
+    and the receipt's fields (what the seller's sale notice is made of)."""
     reg = stream.registration
     opening = derive_opening(
         ctx.keys.opening_key, buyer_id=req.buyer_id, stream_id=reg.stream_id,
@@ -427,7 +428,7 @@ def _fulfilled(
         ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
     )
     signature = sign_receipt(receipt, ctx.keys.signing_key)
-    return PurchaseFulfilled.model_construct(
+    event = PurchaseFulfilled.model_construct(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,
         stream_id=reg.stream_id,
@@ -442,3 +443,4 @@ def _fulfilled(
         receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
         error_model=error_info(reg, step.after),
     )
+    return event, receipt

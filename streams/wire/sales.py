@@ -29,7 +29,13 @@ from market.receipts import Receipt
 from .events import UNIT_OF, Sale
 
 __all__ = [
-    "PSEUDONYM_LABEL", "SALE_BYTES", "buyer_ref", "pseudonym_key", "receipt_sha256", "sale_of",
+    "PSEUDONYM_LABEL",
+    "SALE_BYTES",
+    "buyer_ref",
+    "pseudonym_key",
+    "pseudonym_message",
+    "receipt_sha256",
+    "sale_of",
 ]
 
 PSEUDONYM_LABEL = b"emarket buyer pseudonym key v1"
@@ -45,16 +51,17 @@ def pseudonym_key(noise_secret: bytes) -> bytes:
     return hmac.digest(noise_secret, PSEUDONYM_LABEL, "sha256")
 
 
-def _s(text: str) -> bytes:
-    data = text.encode("utf-8")
-    return b"s" + struct.pack(">I", len(data)) + data
+def pseudonym_message(seller_id: str, buyer_id: str) -> bytes:
+    """``s(seller_id) ‖ s(buyer_id)``, the tagged text items of §2 (``"s"`` ‖ u32be length ‖
+    UTF-8): no two pairs of ids give the same bytes."""
+    return b"".join(b"s" + struct.pack(">I", len(d)) + d
+                    for d in (seller_id.encode("utf-8"), buyer_id.encode("utf-8")))  # fmt: skip
 
 
 def buyer_ref(key: bytes, seller_id: str, buyer_id: str) -> str:
-    """``buyer_id`` as seller ``seller_id`` sees it: 32 hex digits of
-    ``HMAC-SHA256(key, s(seller_id) ‖ s(buyer_id))`` (the tagged items of §2, so no two pairs
-    of ids give the same bytes)."""
-    return hmac.digest(key, _s(seller_id) + _s(buyer_id), "sha256")[:16].hex()
+    """``buyer_id`` as seller ``seller_id`` sees it: the first 16 bytes, in hex, of
+    ``HMAC-SHA256(key, pseudonym_message(seller_id, buyer_id))``."""
+    return hmac.digest(key, pseudonym_message(seller_id, buyer_id), "sha256")[:16].hex()
 
 
 def receipt_sha256(receipt: Mapping[str, Any] | Receipt) -> str:

@@ -39,7 +39,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
-from .sales import PSEUDONYM_LABEL, pseudonym_key, sale_of
+from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of
 from .sealing import (
     padded_length,
     purchase_aad,
@@ -315,12 +315,12 @@ def _sales() -> dict[str, Any]:
     value = message.model_dump_json().encode()
     topic = Topics(MARKET).inbox(seller)
     _, header = answer_header(market_key, MARKET, topic, None, value)
-    ids = b"".join(b"s" + len(x.encode()).to_bytes(4, "big") + x.encode() for x in (seller, buyer))
     return {
         "market": MARKET, "market_private_key": doc["signing_private_key"],
         "market_public_key": doc["market_public_key"], "noise_secret": doc["noise_secret"],
         "pseudonym_label": PSEUDONYM_LABEL.hex(), "pseudonym_key": key.hex(),
-        "seller_id": seller, "buyer_id": buyer, "pseudonym_message": ids.hex(),
+        "seller_id": seller, "buyer_id": buyer,
+        "pseudonym_message": pseudonym_message(seller, buyer).hex(),
         "buyer_ref": message.buyer_ref, "receipt": receipt,
         "receipt_canonical_bytes": doc["receipts"][0]["canonical_bytes"],
         "receipt_sha256": message.receipt_sha256, "topic": topic,

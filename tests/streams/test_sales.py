@@ -10,6 +10,8 @@ import base64
 import hashlib
 import hmac
 import json
+import re
+import signal
 import struct
 import subprocess
 import sys
@@ -252,3 +254,23 @@ def test_sales_shows_what_buy_bought(market: Market, tmp_path: Path) -> None:
     assert all(Sale.model_validate(s) for s in sold["sales"])
     buyer_view = _cli(market, "sales", *alice)  # a buyer's inbox holds none of its own
     assert buyer_view.returncode == 0 and "no sales yet" in buyer_view.stdout
+    _follow(market, acme)
+
+
+def _follow(market: Market, acme: list[str]) -> None:
+    """``sales --follow`` prints each sale as it reads it, and the totals at Ctrl-C."""
+    pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
+    proc = subprocess.Popen([sys.executable, "-m", "streams", *pre, "sales", *acme, "--follow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        rows = [proc.stdout.readline() for _ in range(4)]  # the header, then the three sales
+        assert rows[0].startswith("stream") and all(r.startswith(("temp", "wind"))
+                                                    for r in rows[1:]), rows  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert re.search(r"^total\s+3 sales\s+3\.00 EUR$", out, re.M), out

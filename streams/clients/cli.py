@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from .commands import buyer, operator, output, party, seller
+from .commands import buyer, operator, output, party, sales, seller
 from .commands.common import EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_commands(sub)
     party.add_commands(sub)
     seller.add_commands(sub)
+    sales.add_commands(sub)
     buyer.add_commands(sub)
     for action in sub.choices.values():  # --key-file may come from the environment
         for a in action._actions:

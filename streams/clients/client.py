@@ -60,6 +60,7 @@ from ..wire.events import (
     QuoteRequest,
     Refusal,
     Rejection,
+    Sale,
     StreamRegistration,
     ValueBatch,
     ValueOutcome,
@@ -670,6 +671,50 @@ class MarketClient:
                     got = self.believe(topic, raw, headers, key)
                     if got is not None and not isinstance(got[1], Refusal):
                         yield self._open(got[1], me)
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.stop()
+
+    # -- sellers ----------------------------------------------------------------------------------
+    async def sales(
+        self, *, stream_id: str | None = None, idle_timeout: float | None = 2.0,
+        party: Party | None = None,
+    ) -> AsyncIterator[Sale]:  # fmt: skip
+        """Every sale of the party's streams (of ``stream_id``, if given) that the market signed
+        in the party's inbox, oldest first, each once; stops after ``idle_timeout`` seconds
+        without a record (None: follows the inbox).
+
+        A sale answers no request of the seller's, so only its signature for this inbox is
+        checked (docs/protocol.md §8.4); it is counted once per ``receipt_sha256``, its id: a
+        batch replayed after a worker died sends the same notice again, and anyone may copy a
+        genuine one into the inbox again.
+
+        Raises
+        ------
+        LookupError
+            The party has no inbox (its account was never opened).
+        """
+        me = self._me(party)
+        key = await self.market_key()
+        topic = self.topics.inbox(me.account_id)
+        reader = TopicReader(self.bootstrap, topic, **self.auth)
+        await reader.start()
+        seen: set[str] = set()
+        try:
+            idle_since = time.monotonic()
+            while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
+                batch = await reader.poll_records(0.3)
+                if batch:
+                    idle_since = time.monotonic()
+                for _, raw, headers in batch:
+                    got = self.believe(topic, raw, headers, key)
+                    sale = None if got is None else got[1]
+                    if (not isinstance(sale, Sale) or sale.seller_id != me.account_id
+                            or sale.receipt_sha256 in seen):
+                        continue
+                    seen.add(sale.receipt_sha256)
+                    if stream_id is None or sale.stream_id == stream_id:
+                        yield sale
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()

@@ -140,8 +140,10 @@ def test_the_core_signs_every_answer_for_the_bytes_it_answers() -> None:
         _checked(core.handle(T.values, first).outputs, first)
     buy = purchase("temp", "buyer1", "p1", target_level=0.5)
     got = core.handle(T.purchases, buy)
-    assert got.status == "fulfilled" and [o.topic for o in got.outputs] == ["t.inbox.buyer1"]
-    _checked(got.outputs, buy)
+    assert got.status == "fulfilled"
+    assert [o.topic for o in got.outputs] == ["t.inbox.buyer1", "t.inbox.seller1"]
+    _checked(got.outputs[:1], buy)
+    _checked(got.outputs[1:], None)  # the seller's sale notice answers no request of its own
     with core.batch() as deliveries:
         later = value("temp", "v2", [1.0, 2.0, 3.0])
         _checked(core.handle(T.values, later).outputs, later)

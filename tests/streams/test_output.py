@@ -61,7 +61,11 @@ def test_a_purchase_and_the_inbox_read_as_a_person_reads_them() -> None:
     (q,) = inbox(c.handle(T.purchases, quote("temp", "alice", "q1")), "alice")
     assert re.fullmatch(r"quote q1 on temp: level 0 -> \S+ epsilon costs \d+\.\d\d EUR",
                         shown(q)), shown(q)  # fmt: skip
-    (bought,) = inbox(c.handle(T.purchases, purchase("temp", "alice", "p1")), "alice")
+    out = c.handle(T.purchases, purchase("temp", "alice", "p1"))
+    (bought,) = inbox(out, "alice")
+    (sale,) = inbox(out, "seller1")  # the seller learns of the sale
+    assert re.fullmatch(r"sold temp to buyer [0-9a-f]{16}: level 0 -> \S+ epsilon for "
+                        r"\d+\.\d\d EUR, 1 values", shown(sale)), shown(sale)  # fmt: skip
     text = shown(bought)
     assert re.match(r"bought temp at level \S+ epsilon \(from 0\) for \d+\.\d\d EUR, purchase "
                     r"p1: 1 values\n  v0 +\S+ \S+ \S+\n  noise: Laplace scale \S+; each "

@@ -126,6 +126,10 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert len(re.findall(r"^  \S+( -?\d+(\.\d+)?){4}$", inbox, re.M)) == 4, inbox
     assert len(re.findall(r"^  noise: Laplace scale [12]; each number's RMS error", inbox,
                           re.M)) == 2, inbox  # fmt: skip
+    sold = re.findall(r"^temp\s+[0-9a-f]{16} (0\.5|0) -> (1|0\.5) epsilon\s+0\.50 EUR\s+2  ", out,
+                      re.M)  # fmt: skip
+    assert sold == [("0", "0.5"), ("0.5", "1")], out  # the seller's sales, then their total
+    assert re.search(r"^total temp\s+2 sales\s+1\.00 EUR$", out, re.M), out
     assert re.search(r"^acme\s+1\.00 EUR\s+temp$", out, re.M), out  # the ledger
     assert re.search(r"^alice\s+temp\s+1\s+1\.00 EUR 2$", out, re.M), out
     # serve stays quiet: its banner, then nothing but warnings, and no error at all

@@ -190,6 +190,10 @@ def event(ev: Any) -> list[str]:
         return [f"quote {ev.quote_id} on {ev.stream_id}: level {ev.level_before:g} -> "
                 f"{level(ev.level_after, ev.level_unit)} costs "
                 f"{money(ev.price_minor, ev.currency)}"]  # fmt: skip
+    if kind == "sale":
+        return [f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "
+                f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}"
+                f", {ev.value_count} values"]  # fmt: skip
     if kind == "deliveries_withheld":
         return [f"withheld from you on {ev.stream_id}: {len(ev.value_ids)} value(s) "
                 f"({ev.reason}): {ev.message}"]  # fmt: skip

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 for path in ("ingest", "purchase")}  # fmt: skip
     print("\nmedian events per worker CPU-second: "
           + ", ".join(f"{k} {v:,.0f}" for k, v in per_core.items()))  # fmt: skip
-    print(f"(logs: {workdir})")
+    print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result
     return 0
 
 

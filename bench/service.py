@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## Service on the embedded broker ({sizes.n:,} events per throughput run, "
           f"{sizes.lat_n} closed-loop latency samples, {os.cpu_count()} cores)\n")  # fmt: skip
     print(render([r.rows for r in results], [r.paced for r in results]))
-    print(f"(logs: {workdir})")
+    print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result (bench.report)
     return 0
 
 

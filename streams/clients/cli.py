@@ -4,21 +4,23 @@ Run ``epsilon-market --help`` for the commands. Client commands take ``--broker`
 ``EMARKET_BROKER``) and, when they act for an account, ``--key-file`` (or ``EMARKET_KEY_FILE``);
 ``serve`` and ``demo`` start the embedded broker when no broker is given.
 
-No command prints a traceback: every failure is one line that says what was wrong and what to
-do. Exit codes: 0 done, 1 the market refused (or a receipt is invalid), 2 bad input, 3 timed
-out, 4 broker or worker unreachable, 5 a service dependency is not installed, 6 the worker did
-not start (its noise secret is not the market's).
+Every command prints lines a person reads; ``--json`` (before or after the command's name)
+prints JSON for machines instead, the same convention everywhere
+(:mod:`streams.clients.commands.output`). No command prints a traceback: every failure is one
+line on stderr that says what was wrong and what to do. Exit codes: 0 the market accepted this
+request (or the command did what it says), 1 the market refused it (or a receipt is invalid), 2
+bad input, 3 timed out, 4 broker or worker unreachable, 5 a service dependency is not
+installed, 6 the worker did not start (its noise secret is not the market's).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
-from .commands import buyer, operator, party, seller
-from .commands.common import CommandError
+from .commands import buyer, operator, output, party, sales, seller
+from .commands.common import EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
 
@@ -43,10 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the market's Ed25519 key (base64) its answers must be signed with; "
                    "default $EMARKET_MARKET_KEY, else the one the market's identity record "
                    "publishes")  # fmt: skip
+    p.add_argument("--json", action="store_true", default=False, help=output.JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)
     party.add_commands(sub)
     seller.add_commands(sub)
+    sales.add_commands(sub)
     buyer.add_commands(sub)
     for action in sub.choices.values():  # --key-file may come from the environment
         for a in action._actions:
@@ -57,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command not in ("serve", "worker", "demo"):
-        # a client command reports a broker failure once, as an error line with what to do;
-        # aiokafka would also log each failed connection attempt
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    if args.json and args.command in ("serve", "worker", "demo"):
+        print(f"error: '{args.command}' has no JSON output (it runs until stopped)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:

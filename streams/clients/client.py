@@ -60,6 +60,7 @@ from ..wire.events import (
     QuoteRequest,
     Refusal,
     Rejection,
+    Sale,
     StreamRegistration,
     ValueBatch,
     ValueOutcome,
@@ -190,6 +191,7 @@ class MarketClient:
         self.auth = auth if auth is not None else env_auth()
         self._published: dict[tuple[str, str], int] = {}
         self._sealing_keys: dict[str, str] = {}
+        self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
@@ -327,6 +329,22 @@ class MarketClient:
             raise ValueError(f"account {me.account_id!r} belongs to another key ({got.key_id})")
         return got
 
+    async def rotate_keys(
+        self, new: Party, version: int, *, party: Party | None = None, timeout: float = 30.0
+    ) -> AccountState | Rejection:
+        """Replace the party's keys by ``new``'s at ``version`` (the account's version + 1),
+        signed by both, and wait for the market's answer to these bytes: the account's new
+        state, or its refusal (``stale_key_version``: not the account's version + 1)."""
+        me = self._me(party)
+        payload = me.rotate_to(new, self.market, version).model_dump_json().encode()
+        got = await self._request(
+            self.topics.accounts, me.account_id, payload,
+            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
+            timeout=timeout, create_inbox=False, resend_every=timeout,
+        )  # fmt: skip
+        assert isinstance(got, AccountState | Rejection)
+        return got
+
     # -- sellers ----------------------------------------------------------------------------------
     async def register(
         self, fields: dict[str, Any], *, party: Party | None = None, timeout: float = 30.0
@@ -352,6 +370,7 @@ class MarketClient:
                         continue
                     entry = CatalogEntry.model_validate_json(raw)
                     if entry.registration == reg:
+                        self._registrations[reg.stream_id] = reg
                         if entry.market_sealing_key is not None:
                             self._sealing_keys[reg.stream_id] = entry.market_sealing_key
                         return entry
@@ -555,7 +574,14 @@ class MarketClient:
         finally:
             await reader.stop()
         entries = self.market_entries(records, signer)
+        self._registrations.update((e.registration.stream_id, e.registration) for e in entries)
         return entries, len(records) - len(entries)
+
+    def registration_of(self, stream_id: str) -> StreamRegistration | None:
+        """The stream's registration as the market's signed catalog last showed it to this
+        client (``None`` if this client has not read it there): what a client may check a
+        value against before sending it, e.g. counts (:mod:`streams.wire.counts`)."""
+        return self._registrations.get(stream_id)
 
     # -- buyers -----------------------------------------------------------------------------------
     async def buy(
@@ -645,6 +671,50 @@ class MarketClient:
                     got = self.believe(topic, raw, headers, key)
                     if got is not None and not isinstance(got[1], Refusal):
                         yield self._open(got[1], me)
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.stop()
+
+    # -- sellers ----------------------------------------------------------------------------------
+    async def sales(
+        self, *, stream_id: str | None = None, idle_timeout: float | None = 2.0,
+        party: Party | None = None,
+    ) -> AsyncIterator[Sale]:  # fmt: skip
+        """Every sale of the party's streams (of ``stream_id``, if given) that the market signed
+        in the party's inbox, oldest first, each once; stops after ``idle_timeout`` seconds
+        without a record (None: follows the inbox).
+
+        A sale answers no request of the seller's, so only its signature for this inbox is
+        checked (docs/protocol.md §8.4); it is counted once per ``receipt_sha256``, its id: a
+        batch replayed after a worker died sends the same notice again, and anyone may copy a
+        genuine one into the inbox again.
+
+        Raises
+        ------
+        LookupError
+            The party has no inbox (its account was never opened).
+        """
+        me = self._me(party)
+        key = await self.market_key()
+        topic = self.topics.inbox(me.account_id)
+        reader = TopicReader(self.bootstrap, topic, **self.auth)
+        await reader.start()
+        seen: set[str] = set()
+        try:
+            idle_since = time.monotonic()
+            while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
+                batch = await reader.poll_records(0.3)
+                if batch:
+                    idle_since = time.monotonic()
+                for _, raw, headers in batch:
+                    got = self.believe(topic, raw, headers, key)
+                    sale = None if got is None else got[1]
+                    if (not isinstance(sale, Sale) or sale.seller_id != me.account_id
+                            or sale.receipt_sha256 in seen):
+                        continue
+                    seen.add(sale.receipt_sha256)
+                    if stream_id is None or sale.stream_id == stream_id:
+                        yield sale
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()

@@ -18,6 +18,8 @@ from typing import Any
 
 from market.histogram_chain import string_key
 
+from ..wire.counts import count_problem
+
 __all__ = ["describe_named", "key_of", "named", "read_counts"]
 
 
@@ -38,7 +40,7 @@ def named(release: Any, names: Iterable[str]) -> tuple[dict[str, float], int]:
 def describe_named(release: Any, names: Iterable[str]) -> str:
     """One line: the named counts of a release, largest first, and how many keys are unnamed."""
     counts, unnamed = named(release, names)
-    shown = ", ".join(f"{n} {v:.4g}" for n, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    shown = ", ".join(f"{n} {v:g}" for n, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     more = f" (+{unnamed} unnamed key{'s' if unnamed != 1 else ''})" if unnamed else ""
     return f"{release.value_id} at level {release.level:g}: {shown or 'no named key'}{more}"
 
@@ -51,7 +53,8 @@ def read_counts(path: str) -> dict[str, float]:
     ------
     ValueError
         Naming the file and the row or key that is wrong: a repeated key, a count that is not
-        a finite number or is negative, a JSON file that is not one object, or no count at all.
+        a finite number, negative or fractional (:mod:`streams.wire.counts`), a JSON file that
+        is not one object, or no count at all.
     """
     text = Path(path).read_text(encoding="utf-8-sig")
     as_json = path.lower().endswith(".json") or text.lstrip().startswith(("{", "["))
@@ -103,6 +106,8 @@ def _count(v: Any, where: str) -> float:
         raise ValueError(f"{where}: count {v!r} is not a number") from None
     if isinstance(v, bool) or not math.isfinite(x):
         raise ValueError(f"{where}: count {v!r} is not a finite number")
-    if x < 0:
-        raise ValueError(f"{where}: count {v!r} is negative (a histogram counts occurrences)")
+    bad = count_problem([x])
+    if bad is not None:
+        raise ValueError(f"{where}: count {v!r} {bad[1]} (a histogram counts occurrences: "
+                         "whole numbers, 0 or more)")  # fmt: skip
     return x

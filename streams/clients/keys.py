@@ -4,6 +4,9 @@ Sellers and buyers each hold one :class:`Party`. The signing key signs every eve
 (the market pins its public half when the account is opened); the sealing key opens the
 releases the market seals for them. ``epsilon-market keygen`` writes one to a key file (JSON,
 mode 0600); :meth:`Party.load` reads it back and never creates one by accident.
+
+Making and reading keys needs only ``cryptography``: the event models and their signing
+(pydantic, numpy) are imported when a party first signs, so ``keygen`` starts at once.
 """
 
 from __future__ import annotations
@@ -14,21 +17,24 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-from pydantic import BaseModel
 
 from market.envelope import public_key_b64 as x25519_public_b64
 
-from ..wire.events import ID_PATTERN, OpenAccount, RotateKeys
-from ..wire.signing import public_b64, sign, signed
+from ..wire.ids import ID_PATTERN, public_b64
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from ..wire.events import OpenAccount, RotateKeys
 
 __all__ = ["KeyFileError", "Party"]
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 KEY_FILE_VERSION = 1
 
 
@@ -82,9 +88,13 @@ class Party:
     # -- events ---------------------------------------------------------------------------------
     def sign(self, model: type[M], market: str, **fields: Any) -> M:
         """A signed event of type ``model`` for the market whose topic prefix is ``market``."""
+        from ..wire.signing import signed  # noqa: PLC0415 - pydantic and numpy, when first used
+
         return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
     def open_account(self, market: str, *, opened_at_ms: int | None = None) -> OpenAccount:
+        from ..wire.events import OpenAccount  # noqa: PLC0415
+
         return self.sign(
             OpenAccount, market, account_id=self.account_id, signing_key=self.public_key,
             sealing_key=self.sealing_public_key,
@@ -95,6 +105,9 @@ class Party:
         self, new: Party, market: str, version: int, *, rotated_at_ms: int | None = None
     ) -> RotateKeys:
         """The event replacing this party's keys by ``new``'s (signed by both)."""
+        from ..wire.events import RotateKeys  # noqa: PLC0415
+        from ..wire.signing import sign  # noqa: PLC0415
+
         fields = dict(
             account_id=self.account_id, version=version, signing_key=new.public_key,
             sealing_key=new.sealing_public_key,

@@ -7,6 +7,7 @@
 ``registrations``       ``register_stream`` → stream, catalog entry
 ``values``              a value batch → each value kept and released by its stream's product
 ``purchases``           a purchase → recall, then fulfil or refuse, then keep
+``sales``               a fulfilment → the sale notice in its seller's inbox
 ``quotes``              a quote → what a purchase would cost (``planning``: the step and price)
 ``rejections``          a refused event → a ``Rejection`` its sender can act on
 ``stream``              :class:`~.stream.Stream`: a stream's record, terms, product and ledger;

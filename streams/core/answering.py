@@ -47,7 +47,9 @@ def sign_outcome(
     """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``, ``offset``) with
     every inbox message and catalog entry signed as its answer (the catalog, too, is a topic
     anyone may write to on a broker without ACLs, and it names the key sellers seal their values
-    to), and the event's refusal record added if it was refused.
+    to), and the event's refusal record added if it was refused. A message to someone else
+    than the sender (``Output.answer`` False: a seller's sale notice) is signed for its inbox
+    alone, as a delivery: it answers no request of its reader's.
 
     The refusal names the record refused: anyone can copy a sender's bytes to another topic or
     write them again, where they are refused under the same key, and the sender must not take
@@ -60,8 +62,8 @@ def sign_outcome(
     for out in outcome.outputs:
         if out.topic == ctx.topics.rejections and refused is None:
             refused = out
-        answer = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
-        outputs.append(_signed(ctx, out, request) if answer else out)
+        signed = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
+        outputs.append(_signed(ctx, out, request if out.answer else None) if signed else out)
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:

@@ -2,8 +2,8 @@
 
 Loading them from files or the environment is the worker's job
 (:mod:`streams.worker.secrets`); the core only signs with one and derives noise from the other,
-and from the noise secret also the key sellers seal their values to and the key receipts'
-openings are derived under.
+and from the noise secret also the key sellers seal their values to, the key receipts'
+openings are derived under and the key buyers' pseudonyms in sellers' sale notices are.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from market.envelope import public_key_b64
 from market.receipts import key_id, opening_key
 
+from ..wire.sales import pseudonym_key
 from ..wire.signing import SodiumSigningKey
 
 __all__ = ["MarketKeys", "public_key_from_b64"]
@@ -53,6 +54,13 @@ class MarketKeys:
         from the noise secret, so every worker of a market, and a replay, gives a purchase the
         same opening."""
         return opening_key(self.noise_secret)
+
+    @cached_property
+    def pseudonym_key(self) -> bytes:
+        """The key sellers' names for their buyers are derived under
+        (:func:`streams.wire.sales.buyer_ref`): from the noise secret, so every worker of a
+        market, and a replay, names a buyer alike."""
+        return pseudonym_key(self.noise_secret)
 
     @cached_property
     def sealing_key(self) -> X25519PrivateKey:

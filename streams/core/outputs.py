@@ -28,13 +28,18 @@ Status = Literal[
 class Output:
     """One message to produce: a topic, a key and the exact bytes (and a partition, for an
     event forwarded to the input partition it belongs on; else the key's), with the record
-    headers it carries (the market's signature on an answer, :mod:`streams.core.answering`)."""
+    headers it carries (the market's signature on an answer, :mod:`streams.core.answering`).
+
+    ``answer`` is False for a message to someone other than the event's sender (a seller's
+    sale notice): it answers no request of its reader's, so it is signed for its inbox alone.
+    """
 
     topic: str
     key: bytes | None
     value: bytes
     partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
+    answer: bool = True
 
 
 @dataclass(frozen=True)

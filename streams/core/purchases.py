@@ -18,15 +18,18 @@ covered left the window, the buyer's sealing key changed), the resend gets a sho
 A fulfilment releases the level bought on every value in the stream's window, charges
 ``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers with
 a commitment (opened by an opening only the buyer is given, beside the numbers) and their
-envelope, when sealed.
+envelope, when sealed. The seller is told of it in its own inbox (:mod:`.sales`), once: a
+resend answered from the record sold nothing new.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 
 from market import MarketError
 from market.envelope import ciphertext_digest
+from market.errors import ReceiptError
 from market.pricing import StepPlan
 from market.receipts import Receipt, ReleaseTriple, commitment, derive_opening, sign_receipt
 
@@ -53,6 +56,7 @@ from .replay import legacy
 from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
 from .replay.repair import outcome_stands
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
+from .sales import sale
 from .state import PurchaseRecord
 from .stream import Stream
 from .stream_store import Streams
@@ -163,10 +167,7 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
         return _notice(ctx, inc, record, last, again=True)
     if record.payload is not None:  # not yet sent for sure, or an earlier version's record
         ctx.records.resent(key, record)
-        payload = record.payload.encode()
-        outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)]
-        if record.status == "rejected":
-            outputs.append(Output(ctx.topics.rejections, req.stream_id.encode(), payload))
+        outputs = _sent_again(ctx, req, record, record.payload)
         return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
     if record.status == "rejected":
         return _refused_again(ctx, inc, record)
@@ -175,6 +176,28 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
         return _notice(ctx, inc, record, record.decided_at_ms, again=False)
     outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
+
+
+def _sent_again(ctx: Context, req: PurchaseRequest, record: PurchaseRecord,
+                payload: str) -> list[Output]:  # fmt: skip
+    """The messages of a decision whose outcome may not have been sent (the batch that made it
+    was lost before its outputs went): its bytes again, with the refusal record or the sale
+    notice sent beside them — the same bytes, which readers count once."""
+    out = Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload.encode())
+    if record.status == "rejected":
+        return [out, Output(ctx.topics.rejections, req.stream_id.encode(), out.value)]
+    receipt = _receipt_in(payload)
+    if receipt is None:  # an earlier version's outcome without a receipt
+        return [out]
+    return [out, sale(ctx, receipt, record.decided_at_ms)]
+
+
+def _receipt_in(payload: str) -> Receipt | None:
+    """The receipt of a kept ``purchase_fulfilled`` outcome, if it has a valid one."""
+    try:
+        return Receipt.from_dict(json.loads(payload)["receipt"])
+    except (ValueError, LookupError, TypeError, ReceiptError):
+        return None
 
 
 def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequest],
@@ -191,7 +214,7 @@ def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequ
     try:
         with stream.showing(covered):
             releases, _ = stream.product.release_window(ctx, stream, record.level_after)
-            outcome = _fulfilled(ctx, req, stream, step, releases, inc.account.sealing_key)
+            outcome, _ = _fulfilled(ctx, req, stream, step, releases, inc.account.sealing_key)
     except (AssertionError, Reject, MarketError):  # a state it needs is gone
         return None
     payload = dump(outcome)
@@ -328,13 +351,15 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     releases, new_noise = stream.product.release_window(ctx, stream, step.after)
     # the outcome (sealed, signed) is built before anything is charged: if building it failed,
     # the buyer would otherwise hold and pay for a level with no kept outcome
-    payload = dump(_fulfilled(ctx, req, stream, step, releases, account.sealing_key))
+    fulfilled, receipt = _fulfilled(ctx, req, stream, step, releases, account.sealing_key)
+    payload = dump(fulfilled)
     stream.charge(req.buyer_id, step.after, step.price_minor)
     ledger.record_purchase(ledger.level(step.after))
     record = _decision(ctx, req, stream, step, fp, payload)
     outcome = Outcome(
         "purchase", "fulfilled",
-        [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload)],
+        [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
+         sale(ctx, receipt, record.decided_at_ms)],
         stream_id=reg.stream_id, mechanism=reg.mechanism, releases=len(releases),
         new_noise=new_noise, price_minor=step.price_minor, figures=stream.figures(),
     )  # fmt: skip
@@ -372,8 +397,9 @@ def _fulfilled(
     step: StepPlan,
     releases: list[ReleasedValue],
     sealing_key: str | None,
-) -> PurchaseFulfilled:
-    """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt."""
+) -> tuple[PurchaseFulfilled, Receipt]:
+    """The outcome event: releases (sealed for the buyer's key, if any) and a signed receipt;
+    and the receipt's fields (what the seller's sale notice is made of)."""
     reg = stream.registration
     opening = derive_opening(
         ctx.keys.opening_key, buyer_id=req.buyer_id, stream_id=reg.stream_id,
@@ -402,7 +428,7 @@ def _fulfilled(
         ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
     )
     signature = sign_receipt(receipt, ctx.keys.signing_key)
-    return PurchaseFulfilled.model_construct(
+    event = PurchaseFulfilled.model_construct(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,
         stream_id=reg.stream_id,
@@ -417,3 +443,4 @@ def _fulfilled(
         receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
         error_model=error_info(reg, step.after),
     )
+    return event, receipt

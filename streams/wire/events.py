@@ -50,6 +50,8 @@ from market.errors import DuplicateLevelError, ScheduleError
 from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
 
+from .ids import ID_PATTERN
+
 __all__ = [
     "ACCOUNTS_EVENT",
     "ID_PATTERN",
@@ -97,6 +99,7 @@ __all__ = [
     "ReleasedValue",
     "RetiredKey",
     "RotateKeys",
+    "Sale",
     "StreamRegistration",
     "TableSpec",
     "ValueBatch",
@@ -113,8 +116,6 @@ MAX_DIMENSION = 100_000
 MAX_STEPS = 64
 MAX_BATCH = 1_000
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-"""The one id grammar: accounts (buyers, sellers), streams, values, purchases, quotes."""
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN, strict=True)]
 """1–64 of ``[A-Za-z0-9_-]``: ids appear in topic names and keys, and no id contains the ``.``
 that separates the parts of a topic name, so distinct ids always name distinct topics."""
@@ -856,6 +857,38 @@ class PurchaseFulfilled(_Event):
     error_model: ErrorModelInfo | None = None
 
 
+class Sale(_Event):
+    """A purchase fulfilled on one of the seller's streams (``<p>.inbox.<seller_id>``).
+
+    Sent once, when the market decides the purchase (a resend or a replay of it is never a new
+    sale; a batch lost before its outputs were sent sends the same bytes again, so a reader
+    counts a sale once per ``receipt_sha256``). The buyer is named by a pseudonym: sellers learn
+    how many buyers they have and who comes back, not which accounts they are; a buyer who
+    shows its receipt proves which sale is its own (docs/protocol.md §8.4).
+    """
+
+    type: Literal["sale"] = "sale"
+    seller_id: Identifier
+    stream_id: Identifier
+    buyer_ref: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$", strict=True)] = Field(
+        description="the buyer as a pseudonym (32 lower-case hex digits): the same in every "
+        "sale of this seller to that buyer, unrelated between sellers"
+    )
+    level_unit: LevelUnit
+    level_before: float = Field(ge=0, description="the level the buyer held (0: none)")
+    level_after: float = Field(gt=0, description="the level it bought")
+    price_minor: MinorUnits = Field(description="what the buyer paid, in minor units of "
+                                    "`currency`: all of it is the seller's")  # fmt: skip
+    currency: Currency
+    value_count: int = Field(ge=0, description="the values released by the purchase")
+    receipt_sha256: Sha256Hex = Field(
+        description="SHA-256 of the signed bytes of the buyer's receipt (§11.2): the sale's id, "
+        "and what matches it to the receipt its buyer may show"
+    )
+    requested_at_ms: Millis = Field(description="the purchase's request time (its receipt's)")
+    sold_at_ms: Millis = Field(description="the market's clock when it decided the purchase")
+
+
 class ValueReleased(_Event):
     """New values delivered at the level the buyer holds (subscription), in arrival order.
 
@@ -1099,6 +1132,7 @@ InboxPayload = (
     | DeliveriesWithheld
     | QuoteAnswer
     | Rejection
+    | Sale
 )
 """Every event the market sends to one party's inbox (the one list of them)."""
 InboxEvent = Annotated[InboxPayload, Field(discriminator="type")]

@@ -53,7 +53,6 @@ import nacl.exceptions
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel
 
 from market.receipts import key_id
@@ -66,6 +65,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .ids import public_b64
 
 __all__ = [
     "SodiumSigningKey",
@@ -223,12 +223,6 @@ def answer_bytes(market: str, topic: str, request_sha256: str | None, value: byt
     return c.s(hashlib.sha256(value).hexdigest()).done()
 
 
-def public_b64(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    """Base64 of an Ed25519 public key's 32 raw bytes."""
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return base64.b64encode(pub.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
-
-
 @lru_cache(maxsize=65_536)
 def parse_signing_key(b64: str) -> Ed25519PublicKey:
     """An Ed25519 public key from base64 (cached: accounts sign many events)."""
@@ -323,7 +317,7 @@ class SodiumSigningKey(Ed25519PrivateKey):
 @lru_cache(maxsize=65_536)
 def _raw_public(b64: str) -> bytes:
     """The 32 raw bytes of a public key :func:`parse_signing_key` accepted (cached with it)."""
-    return parse_signing_key(b64).public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return parse_signing_key(b64).public_bytes_raw()
 
 
 def verify(

@@ -28,6 +28,8 @@ from market.envelope import CONTEXT, Sealer, public_key_b64, seal
 from market.histogram_chain import string_key
 from market.receipts import derive_opening, key_id, opening_key
 
+from . import receipt_vectors
+from .answers import answer_header
 from .events import (
     OpenAccount,
     PurchaseRequest,
@@ -37,6 +39,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of
 from .sealing import (
     padded_length,
     purchase_aad,
@@ -45,7 +48,7 @@ from .sealing import (
     values_aad,
     values_plaintext,
 )
-from .signing import canonical_bytes, public_b64, sign, signed
+from .signing import answer_bytes, canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 
 __all__ = ["MARKET", "PROTOCOL_VERSION", "SIGNED_EVENTS", "build", "render"]
@@ -299,11 +302,38 @@ def _keys() -> dict[str, Any]:
             "string_keys": strings, "key_ids": key_ids, "partitions": partitions}  # fmt: skip
 
 
+def _sales() -> dict[str, Any]:
+    """A seller's sale notice (docs/protocol.md §8.4) of the first receipt of §11.7: the
+    buyer's pseudonym step by step, the receipt's digest, the message and its signature."""
+    doc = receipt_vectors.vectors()
+    receipt = doc["receipts"][0]["receipt"]
+    noise = bytes.fromhex(doc["noise_secret"])
+    market_key = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(doc["signing_private_key"]))
+    key = pseudonym_key(noise)
+    seller, buyer = receipt["seller_id"], receipt["buyer_id"]
+    message = sale_of(receipt, key, receipt["requested_at_ms"] + 250)
+    value = message.model_dump_json().encode()
+    topic = Topics(MARKET).inbox(seller)
+    _, header = answer_header(market_key, MARKET, topic, None, value)
+    return {
+        "market": MARKET, "market_private_key": doc["signing_private_key"],
+        "market_public_key": doc["market_public_key"], "noise_secret": doc["noise_secret"],
+        "pseudonym_label": PSEUDONYM_LABEL.hex(), "pseudonym_key": key.hex(),
+        "seller_id": seller, "buyer_id": buyer,
+        "pseudonym_message": pseudonym_message(seller, buyer).hex(),
+        "buyer_ref": message.buyer_ref, "receipt": receipt,
+        "receipt_canonical_bytes": doc["receipts"][0]["canonical_bytes"],
+        "receipt_sha256": message.receipt_sha256, "topic": topic,
+        "key": message.receipt_sha256, "value": value.decode(),
+        "signed_bytes": answer_bytes(MARKET, topic, None, value).hex(), "header": header.hex(),
+    }  # fmt: skip
+
+
 def build() -> dict[str, Any]:
     """Every vector file: file name → its content."""
     sealed_fields, sealing = _sealed_batch()
     return {"signing.json": _signing(sealed_fields), "sealing.json": sealing,
-            "keys.json": _keys()}  # fmt: skip
+            "keys.json": _keys(), "sales.json": _sales()}  # fmt: skip
 
 
 def render(doc: Any) -> str:

@@ -101,9 +101,9 @@ def test_the_cli_quotes_a_table_and_buys_by_accuracy(market: Market, tmp_path: P
     r = cli(*pre, "register", *acme, "--stream", "temp", "--steps", "0.5,1,2", "--cap", "4")
     assert r.returncode == 0, r.stderr
     assert cli(*pre, "publish", *acme, "--stream", "temp", "--values", "20.5").returncode == 0
-    r = cli(*pre, "buy", *bob, "--stream", "temp", "--rmse", "1.0", "--max-price", "5")
+    r = cli(*pre, "buy", *bob, "--stream", "temp", "--rmse", "1.0", "--max-price", "5", "--json")
     assert r.returncode == 0 and "bought level 2 (epsilon)" in r.stderr, r.stderr
-    r = cli(*pre, "quote", *bob, "--stream", "temp")
+    r = cli(*pre, "quote", *bob, "--stream", "temp", "--json")
     assert r.returncode == 0, r.stderr
     table = r.stderr.splitlines()
     assert table[0].split()[:4] == ["level", "(epsilon)", "RMS", "error"], r.stderr

@@ -140,8 +140,10 @@ def test_the_core_signs_every_answer_for_the_bytes_it_answers() -> None:
         _checked(core.handle(T.values, first).outputs, first)
     buy = purchase("temp", "buyer1", "p1", target_level=0.5)
     got = core.handle(T.purchases, buy)
-    assert got.status == "fulfilled" and [o.topic for o in got.outputs] == ["t.inbox.buyer1"]
-    _checked(got.outputs, buy)
+    assert got.status == "fulfilled"
+    assert [o.topic for o in got.outputs] == ["t.inbox.buyer1", "t.inbox.seller1"]
+    _checked(got.outputs[:1], buy)
+    _checked(got.outputs[1:], None)  # the seller's sale notice answers no request of its own
     with core.batch() as deliveries:
         later = value("temp", "v2", [1.0, 2.0, 3.0])
         _checked(core.handle(T.values, later).outputs, later)
@@ -290,7 +292,7 @@ def test_the_cli_flags_forgeries_and_reports_refusals_at_once(market: Market,
     forged = json.dumps({**delivery, "releases": [{**delivery["releases"][0],
                                                    "values": [999.0, 999.0, 999.0]}]})  # fmt: skip
     asyncio.run(_write(market, market.topics.inbox("buyer1"), forged.encode()))
-    r = _cli(market, "tail", "--key-file", str(buyer))
+    r = _cli(market, "tail", "--key-file", str(buyer), "--json")
     assert r.returncode == 0, r.stderr
     shown = [json.loads(line) for line in r.stdout.splitlines()]
     assert [e["type"] for e in shown].count("value_released") == 1

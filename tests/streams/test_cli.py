@@ -71,7 +71,7 @@ def register_other_products(market: Market, key_file: Path) -> None:
                   "--false-keys", "0.5"]),
     ):
         reg = json.loads(cli(market, "register", *acme, "--stream", sid, "--steps", "0.5,1",
-                             *flags).stdout)["registration"]  # fmt: skip
+                             *flags, "--json").stdout)["registration"]  # fmt: skip
         assert reg["stream_id"] == sid
     catalog = json.loads(cli(market, "catalog", "--json").stdout)
     assert catalog["home"]["registration"]["window"] == {"duration_ms": 3_600_000, "cap": 8.0}
@@ -110,7 +110,7 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
         assert "is open" in cli(market, "account", "open", "--key-file", str(path)).stdout
     r = cli(market, "register", "--key-file", str(keys["acme"]), "--stream", "temp",
             "--dimension", "2", "--steps", "0.5,1,2", "--cap", "4",
-            "--price-per-level", "1.00")  # fmt: skip
+            "--price-per-level", "1.00", "--json")  # fmt: skip
     entry = json.loads(r.stdout)
     key = entry["market_public_key"]
     lines = tmp_path / "values.jsonl"
@@ -120,14 +120,14 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert "published 5/5 values" in r.stdout
     market.wait_ingested("temp", 5)
     alice = ["--key-file", str(keys["alice"])]
-    quote = json.loads(cli(market, "quote", *alice, "--stream", "temp").stdout)
+    quote = json.loads(cli(market, "quote", *alice, "--stream", "temp", "--json").stdout)
     assert quote["price_minor"] == 50
     out = tmp_path / "outcome.json"
     r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.50", "--output", str(out))
-    assert r.stdout == ""  # the outcome went to the file
+    assert "{" not in r.stdout  # the outcome went to the file; the terminal gets a summary
     outcome = json.loads(out.read_text())
     assert outcome["level_after"] == 0.5 and outcome["sealed"] and len(outcome["releases"]) == 5
-    assert "for 0.50 EUR" in r.stderr
+    assert "for 0.50 EUR: 5 values (outcome and receipt in" in r.stdout, r.stdout
     ok = cli(None, "verify-receipt", str(out), "--public-key", key)
     assert ok.stdout.startswith("valid:") and "0.50 EUR" in ok.stdout
     tampered = json.loads(out.read_text())
@@ -136,9 +136,10 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     bad.write_text(json.dumps(tampered))
     r = cli(None, "verify-receipt", str(bad), "--public-key", key, check=False)
     assert r.returncode == 1 and "INVALID" in r.stdout
-    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.01", check=False)
+    r = cli(market, "buy", *alice, "--stream", "temp", "--max-price", "0.01", "--json",
+            check=False)  # fmt: skip
     assert r.returncode == 1 and "price_too_high" in r.stdout
-    tail = cli(market, "tail", *alice).stdout
+    tail = cli(market, "tail", *alice, "--json").stdout
     events = [json.loads(x) for x in tail.splitlines()]
     assert [e["type"] for e in events] == ["account", "quote", "purchase_fulfilled", "rejection"]
     assert events[2]["releases"] == outcome["releases"]
@@ -160,3 +161,57 @@ def test_seller_and_buyer_workflow(market: Market, tmp_path: Path) -> None:
     assert catalog["temp"]["market_public_key"] in table
     check_ledger(market, w.url, tmp_path)
     register_other_products(market, keys["acme"])
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_every_command_prints_for_a_person_and_json_for_machines(
+    market: Market, tmp_path: Path
+) -> None:
+    """Each command's default output is lines with units (no JSON); ``--json`` parses; the exit
+    code is 0 only when the market took this request; counts are checked before sending."""
+    market.start_worker()
+    keys = {who: tmp_path / f"{who}.key" for who in ("acme", "bob")}
+    for who, path in keys.items():
+        cli(None, "keygen", "--account", who, "--out", str(path))
+    r = cli(market, "account", "open", "--key-file", str(keys["acme"]), "--json")
+    assert json.loads(r.stdout)["account_id"] == "acme" and "is open" in r.stderr
+    assert "is open" in cli(market, "account", "open", "--key-file", str(keys["bob"])).stdout
+    acme, bob = ["--key-file", str(keys["acme"])], ["--key-file", str(keys["bob"])]
+    r = cli(market, "register", *acme, "--stream", "visits", "--mechanism", "discrete_laplace",
+            "--dimension", "2", "--steps", "0.5,1", "--price-per-level", "0.10")  # fmt: skip
+    assert "{" not in r.stdout and "registered stream 'visits' of acme" in r.stdout, r.stdout
+    assert "0.5 epsilon (0.05 EUR), 1 epsilon (0.10 EUR)" in r.stdout, r.stdout
+    # counts: the CLI knows the stream from the catalog and refuses before sending
+    for bad in ("3,-4", "2.5,1"):
+        r = cli(market, "publish", *acme, "--stream", "visits", "--values", bad, check=False)
+        assert r.returncode == 2 and "takes counts" in r.stderr and "nothing was sent" in r.stderr
+    # ... and the market refuses them when the CLI does not know the stream
+    sealing = json.loads(cli(market, "catalog", "--json").stdout)["visits"]["market_sealing_key"]
+    r = cli(market, "publish", *acme, "--stream", "visits", "--values", "3,-4",
+            "--market-sealing-key", sealing, check=False)  # fmt: skip
+    assert r.returncode == 1 and "refused (invalid_count)" in r.stderr, r.stderr
+    r = cli(market, "publish", *acme, "--stream", "visits", "--values", "12,3", "--value-id",
+            "d1", "--json")  # fmt: skip
+    line = json.loads(r.stdout)
+    assert (line["value_id"], line["status"]) == ("d1", "accepted") and line["published_at_ms"]
+    r = cli(market, "quote", *bob, "--stream", "visits")
+    assert "{" not in r.stdout and "0.05 EUR  <- this quote" in r.stdout, r.stdout
+    r = cli(market, "buy", *bob, "--stream", "visits", "--max-price", "0.05")
+    assert "{" not in r.stdout and "bought level 0.5 (epsilon) of visits for 0.05 EUR" in r.stdout
+    assert re.search(r"^  d1 +-?\d+ -?\d+$", r.stdout, re.M), r.stdout  # whole numbers: 12
+    assert "noise: discrete Laplace scale" in r.stdout, r.stdout
+    r = cli(market, "buy", *bob, "--stream", "visits", "--max-price", "0.01", check=False)
+    assert r.returncode == 1 and not r.stdout and "price_too_high" in r.stderr, r
+    tail = cli(market, "tail", *bob).stdout
+    assert "{" not in tail and "bought visits at level 0.5 epsilon" in tail, tail
+    assert "refused (price_too_high) purchases visits" in tail, tail
+    # rotating keys: refused with a reason and exit 1, or done with exit 0
+    new = tmp_path / "bob2.key"
+    cli(None, "keygen", "--account", "bob", "--out", str(new))
+    r = cli(market, "account", "rotate", *bob, "--new-key-file", str(new), "--version", "7",
+            check=False)  # fmt: skip
+    assert r.returncode == 1 and "stale_key_version" in r.stderr, (r.stdout, r.stderr)
+    r = cli(market, "account", "rotate", *bob, "--new-key-file", str(new), "--version", "2",
+            "--json")  # fmt: skip
+    assert json.loads(r.stdout)["version"] == 2 and "rotated to version 2" in r.stderr

@@ -70,3 +70,39 @@ def test_the_market_identity_refuses_another_format_or_check_with_what_to_do() -
     # pinned: the histogram chains draw through a keyed generator; a change fails here first
     assert noise_check_histogram() == (
         "ec4f5529f9d24d822bc76d83b4c44de795206f15a3576517f965d7cb11337265")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "numbers", "keys", "says"),
+    [
+        ({"mechanism": "discrete_laplace"}, [3.0, -4.0], None, "coordinate 1 (counting from 0) "
+         "is negative"),
+        ({"mechanism": "discrete_laplace"}, [2.5, 1.0], None, "coordinate 0 (counting from 0) "
+         "is not a whole number"),
+        ({"mechanism": "poisson", "steps": [1.0]}, [0.0, -1.0], None, "coordinate 1"),
+        ({"mechanism": "gaussian", "product": "histogram",
+          "histogram": {"key_space": "strings", "false_keys": 1.0}}, [5.0, -3.0], ["a", "b"],
+         "count 1 (counting from 0) is negative"),
+        ({"mechanism": "gaussian", "product": "histogram",
+          "histogram": {"key_space": "strings", "false_keys": 1.0}}, [2.5, 3.0], ["a", "b"],
+         "count 0 (counting from 0) is not a whole number"),
+    ],
+    ids=["dlap-negative", "dlap-fraction", "poisson-negative", "histogram-negative",
+         "histogram-fraction"],
+)  # fmt: skip
+def test_a_counts_stream_refuses_negative_and_fractional_counts(
+    fields: dict[str, object], numbers: list[float], keys: list[str] | None, says: str
+) -> None:
+    """`--values -4` on a discrete Laplace stream was taken and released as `-8.0`; a
+    histogram took `Paris,-3` and `Paris,2.5`. Both are refused (`invalid_count`), naming the
+    index, never the number; whole counts (0 and -0 among them) are taken."""
+    c = market_core("seller1")
+    reg = {"dimension": 2, "steps": [0.5, 1.0], "cap": 1.0, **fields}
+    assert c.handle(T.registrations, registration("n", **reg)).status == "accepted"
+    extra = {} if keys is None else {"keys": keys}
+    out = c.handle(T.values, value("n", "bad", numbers, **extra))
+    (line,) = [o for o in out.outputs if o.topic == T.inbox("seller1")]
+    assert out.items[0][1] == "invalid_count" and says in line.value.decode(), line.value[:400]
+    assert b"-4" not in line.value and b"2.5" not in line.value  # never the seller's numbers
+    good = value("n", "good", [0.0, -0.0] if keys is None else [1.0, 7.0], **extra)
+    assert c.handle(T.values, good).status == "accepted"

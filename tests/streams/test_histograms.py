@@ -42,7 +42,7 @@ from .helpers import (
 T = Topics("t")
 WORDS = {"product": "histogram", "mechanism": "gaussian", "steps": [0.5, 2.0], "cap": 8.0,
          "dimension": 10, "histogram": {"key_space": "strings", "false_keys": 0.01}}  # fmt: skip
-CITIES = {"berlin": 120.0, "paris": 80.0, "rome": 0.5}
+CITIES = {"berlin": 120.0, "paris": 80.0, "rome": 1.0}
 
 
 def new_core(**kw: Any) -> MarketCore:
@@ -110,7 +110,7 @@ def test_holders_get_the_keys_above_the_threshold_and_purchases_refine_them() ->
     tau = threshold(0.5, 1.0, 2**62, 0.01, 3)
     assert ev.error_model.threshold == tau and ev.error_model.std == pytest.approx(1.0)
     (r,) = ev.releases
-    # rome's 0.5 is far below τ ≈ 13; a key with a zero count shows with probability 0.0033
+    # rome's 1 is far below τ ≈ 13; a key with a zero count shows with probability 0.0033
     assert r.keys == hashed("berlin", "paris")
     assert np.allclose(r.values, [CITIES["berlin"] if k == hashed("berlin")[0] else 80.0
                                   for k in r.keys], atol=6)  # fmt: skip
@@ -188,7 +188,7 @@ def test_resends_replay_and_conflicts_are_refused_whatever_the_key_order() -> No
     again = publish(c, "d", dict(reversed(list(CITIES.items()))))
     assert again.status == "duplicate"
     assert inbox(again, "alice")[0].releases == inbox(first, "alice")[0].releases
-    assert publish(c, "d", {**CITIES, "rome": 1.0}).reason == "conflicting_value"
+    assert publish(c, "d", {**CITIES, "rome": 2.0}).reason == "conflicting_value"
 
 
 def test_a_restarted_market_releases_the_same_histograms() -> None:
@@ -285,6 +285,8 @@ def test_the_cli_reads_counts_strictly(tmp_path: Any) -> None:
         ("h.csv", "berlin,3\nparis,nan\n", "finite"),
         ("i.csv", "berlin,3\nparis,-3\n", "i.csv row 2: count '-3' is negative"),
         ("j.json", '{"paris": -1}', "j.json key 'paris': count -1 is negative"),
+        ("m.csv", "berlin,3\nparis,2.5\n", "m.csv row 2: count '2.5' is not a whole number"),
+        ("n.json", '{"paris": 0.5}', "n.json key 'paris': count 0.5 is not a whole number"),
         ("k.json", '[["paris", 3]]', "k.json: a JSON file of counts is one object"),
         ("l.json", ' \n paris,3', "l.json: not a JSON object"),  # .json is read as JSON
     ]:

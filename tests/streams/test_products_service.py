@@ -61,7 +61,7 @@ def test_discrete_laplace_counts_end_to_end(market: Market) -> None:
         return entry, refused, outs, subs
 
     entry, refused, outs, subs = market.run(go)
-    assert refused.outcomes[0].reason == "invalid_value"  # counts are whole numbers
+    assert refused.outcomes[0].reason == "invalid_count"  # counts are whole numbers
     key = public_key_from_b64(entry.market_public_key)
     for ev in outs:
         assert isinstance(ev, PurchaseFulfilled), ev
@@ -154,7 +154,7 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
             "--histogram", "strings", "--false-keys", "0.01", "--dimension", "20",
             "--steps", "0.5,2", "--retain", "4")  # fmt: skip
     assert r.returncode == 0, r.stderr
-    (tmp_path / "day1.csv").write_text("city,visitors\nberlin,120\nparis,80\nrome,0.5\n")
+    (tmp_path / "day1.csv").write_text("city,visitors\nberlin,120\nparis,80\nrome,1\n")
     (tmp_path / "day2.json").write_text('{"berlin": 90, "oslo": 200}')
     r = cli(*pre, "publish", *acme, "--stream", "cities", "--counts",
             str(tmp_path / "day1.csv"), "--value-id", "day1")  # fmt: skip
@@ -178,7 +178,7 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
         assert verify_outcome(ev.model_dump(), key).receipt_version == 5
         (rel,) = ev.releases
         counts, unnamed = named(rel, ["berlin", "paris", "rome"])
-        assert set(counts) == {"berlin", "paris"} and unnamed == 0  # rome's 0.5: below τ
+        assert set(counts) == {"berlin", "paris"} and unnamed == 0  # rome's 1: below τ
         assert ev.error_model is not None and ev.error_model.threshold is not None
         assert abs(counts["berlin"] - 120) < 6 * ev.error_model.std
     assert [e.level_after for e in outs] == [0.5, 0.5, 2.0, 2.0]
@@ -190,6 +190,6 @@ def test_histograms_end_to_end_from_the_cli(market: Market, tmp_path: Path) -> N
     assert named(r, ["berlin", "oslo"])[0].keys() == {"berlin", "oslo"}
     (tmp_path / "cities.txt").write_text("berlin\noslo\nparis\n")
     r = cli(*pre, "buy", *carol, "--stream", "cities", "--max-price", "1",
-            "--key-names", str(tmp_path / "cities.txt"))  # fmt: skip
+            "--key-names", str(tmp_path / "cities.txt"), "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "day2 at level 0.5: oslo" in r.stderr and "berlin" in r.stderr, r.stderr

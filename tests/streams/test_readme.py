@@ -7,7 +7,6 @@ is the README's ``<!-- walkthrough -->`` block, run by bash with ``set -e`` afte
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -116,9 +115,21 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert "bought level 0.5 (epsilon) of temp for 0.50 EUR: 2 values (outcome" in out
     assert "bought level 1 (epsilon) of temp for 0.50 EUR: 2 values" in out
     assert re.search(r"^valid: purchase \S+ by alice on temp .* 0\.50 EUR, 2 values$", out, re.M)
-    inbox = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"')]
-    bought = [e for e in inbox if e.get("type") == "purchase_fulfilled"]
-    assert len(bought) == 2 and all(len(e["releases"]) == 2 for e in bought), inbox  # opened
+    # every command's output is for a person: lines and tables with units, never JSON
+    assert "{" not in r.stdout, r.stdout
+    assert re.search(r"^registered stream 'temp' of acme: .*\n  for sale: 0\.5 epsilon "
+                     r"\(0\.50 EUR\), 1 epsilon \(1\.00 EUR\)", r.stdout, re.M), r.stdout
+    assert re.search(r"^0\.5 .* 0\.50 EUR  <- this quote$", r.stdout, re.M), r.stdout
+    # tail shows alice's inbox with her two purchases opened: four values of four numbers
+    inbox = r.stdout.split("account alice: open", 1)[1]
+    assert len(re.findall(r"^bought temp at level \S+ epsilon", inbox, re.M)) == 2, inbox
+    assert len(re.findall(r"^  \S+( -?\d+(\.\d+)?){4}$", inbox, re.M)) == 4, inbox
+    assert len(re.findall(r"^  noise: Laplace scale [12]; each number's RMS error", inbox,
+                          re.M)) == 2, inbox  # fmt: skip
+    sold = re.findall(r"^temp\s+[0-9a-f]{16} (0\.5|0) -> (1|0\.5) epsilon\s+0\.50 EUR\s+2  ", out,
+                      re.M)  # fmt: skip
+    assert sold == [("0", "0.5"), ("0.5", "1")], out  # the seller's sales, then their total
+    assert re.search(r"^total temp\s+2 sales\s+1\.00 EUR$", out, re.M), out
     assert re.search(r"^acme\s+1\.00 EUR\s+temp$", out, re.M), out  # the ledger
     assert re.search(r"^alice\s+temp\s+1\s+1\.00 EUR 2$", out, re.M), out
     # serve stays quiet: its banner, then nothing but warnings, and no error at all

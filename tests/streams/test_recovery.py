@@ -251,10 +251,15 @@ def test_whole_topics_replayed_from_earliest(market: Market) -> None:
                 for r in ev["releases"]:
                     releases[(r["value_id"], r["level"])].add(tuple(r["values"]))
         assert len(by_id) == 3 and all(len(v) == 1 for v in by_id.values())
-        # resent within the answer interval: each answered by a short notice, not re-emitted
-        notices = [json.loads(raw) for raw in msgs if b'"already_answered"' in raw]
-        assert sorted(n["request_id"] for n in notices) == sorted(by_id)
-        assert sum(1 for raw in msgs if b'"purchase_fulfilled"' in raw) == 3
+        # each resend answered exactly once: by a short notice within the answer interval, or
+        # by the identical bytes again once it has passed (a slow machine may take that long)
+        notices = collections.Counter(
+            json.loads(raw)["request_id"] for raw in msgs if b'"already_answered"' in raw
+        )
+        sent = collections.Counter(
+            json.loads(raw)["purchase_id"] for raw in msgs if b'"purchase_fulfilled"' in raw
+        )
+        assert {p: notices[p] + sent[p] for p in by_id} == dict.fromkeys(by_id, 2)
         assert all(len(v) == 1 for v in releases.values())
 
 

@@ -3,7 +3,8 @@
 // (else read from <prefix>.market) and a scratch directory (argv[2] or EMARKET_SCRATCH).
 // A seller and a buyer open accounts; the seller registers a stream and a histogram stream and
 // publishes sealed values; the buyer quotes, buys two steps, opens the sealed releases, verifies
-// the receipts, receives a subscription delivery and names histogram keys; forged inbox messages
+// the receipts, receives a subscription delivery and names histogram keys; the seller finds a
+// signed sale per purchase in its inbox (its reader needs no change for it); forged inbox messages
 // are skipped, refusals reported (also from <p>.refusals), keys rotated, a resent purchase
 // answered by its first outcome, and a forged catalog entry is not believed.
 // Writes e2e.json (ids, market key) and the opened outcomes to the scratch directory.
@@ -11,7 +12,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { MarketClient, Party, Refused, nameKeys, stringKey, verifyOutcome, toHex } from '../src/index.js';
+import { MarketClient, Party, Refused, nameKeys, receiptBytes, sha256Of, stringKey, verifyOutcome, toHex } from '../src/index.js';
 
 const broker = process.env.EMARKET_BROKER;
 const prefix = process.env.EMARKET_PREFIX ?? 'emarket';
@@ -133,6 +134,15 @@ try {
     const d = msgs.find((m) => m.type === 'value_released' && m.releases.some((r) => r.value_id === 'v3'));
     check(d, 'a value_released with v3');
     check(d._delivery && d.releases[0].level === 1.0, 'at the level held');
+  });
+  await step('the seller\'s inbox holds a signed sale of each purchase (§8.4)', async () => {
+    const mine = (m) => m.type === 'sale' && m.stream_id === stream;
+    const msgs = await S.inboxMessages({ ms: 30000, until: (d, out) => out.filter(mine).length >= 2 });
+    const sales = msgs.filter(mine);
+    check(sales.length === 2 && sales.every((m) => m._delivery), 'two sales, signed for the seller\'s inbox alone');
+    const digests = bought.map((o) => toHex(sha256Of(receiptBytes(o.receipt))));
+    check(sales.map((m) => m.receipt_sha256).join() === digests.join(), 'each named by its receipt\'s digest');
+    check(sales[0].buyer_ref === sales[1].buyer_ref && !JSON.stringify(sales).includes(buyer.accountId), 'one buyer, by a pseudonym');
   });
   await step('buy the histogram stream and name its keys', async () => {
     const out = await B.buy(hist, { maxPriceMinor: 50 });

@@ -1,5 +1,5 @@
 // Every vector of docs/vectors/*.json and of docs/protocol.md that a client computes: §2.4, §3.3,
-// §4.4, §11.7, §12.6 and the three files of §10 (§6.8's worked example is §2.4's version 3).
+// §4.4, §8.4, §11.7, §12.6 and the four files of §10 (§6.8's worked example is §2.4's version 3).
 // The noise vectors of §1.8 are the market's: a client never computes noise.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -222,6 +222,25 @@ test('protocol.md §11.7: receipts', () => {
     assert.throws(() => verifyReceipt({ ...c.receipt, price_minor: c.receipt.price_minor + 1 }, v.market_public_key), ReceiptInvalid);
     assert.throws(() => verifyReceipt({ ...c.receipt, extra: 1 }, v.market_public_key), ReceiptInvalid);
   }
+});
+
+test('sales.json: a seller\'s sale notice (§8.4), from the text', () => {
+  const v = vec('sales.json');
+  const key = hmac(sha256, fromHex(v.noise_secret), utf8('emarket buyer pseudonym key v1'));
+  assert.equal(toHex(key), v.pseudonym_key);
+  const s = (x) => { const b = utf8(x); const n = new Uint8Array(5 + b.length); n[0] = 0x73; new DataView(n.buffer).setUint32(1, b.length); n.set(b, 5); return n; };
+  const msg = new Uint8Array([...s(v.seller_id), ...s(v.buyer_id)]);
+  assert.equal(toHex(msg), v.pseudonym_message);
+  assert.equal(toHex(hmac(sha256, key, msg).subarray(0, 16)), v.buyer_ref);
+  assert.equal(toHex(receiptBytes(v.receipt)), v.receipt_canonical_bytes);
+  assert.equal(toHex(sha256(receiptBytes(v.receipt))), v.receipt_sha256);
+  const sale = JSON.parse(v.value);
+  assert.equal(sale.type, 'sale');
+  assert.deepEqual([sale.buyer_ref, sale.receipt_sha256, sale.price_minor], [v.buyer_ref, v.key, v.receipt.price_minor]);
+  assert.equal(toHex(answerBytes({ prefix: v.market, topic: v.topic, requestSha256: null, value: v.value })), v.signed_bytes);
+  const headers = { 'emarket-answer': Buffer.from(v.header, 'hex') };
+  const ok = verifyAnswer({ prefix: v.market, topic: v.topic, value: Buffer.from(v.value), headers, marketPublicKey: v.market_public_key });
+  assert.deepEqual(ok, { ok: true, request: null }); // signed for the seller's inbox alone
 });
 
 test('protocol.md §12.6: answers the market signs', () => {

@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_REFUSED, CommandError, load_party, print_json, run_client, warn
+from . import output
+from .common import EXIT_REFUSED, CommandError, load_party, run_client, warn
+from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands"]
 
@@ -24,7 +26,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     records, invalid = run_client(args, body)
     entries = {e.registration.stream_id: e for e in records}
-    if args.json:
+    if json_mode(args):
         import json  # noqa: PLC0415
 
         print_json({k: json.loads(v.model_dump_json()) for k, v in entries.items()})
@@ -38,19 +40,14 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 def _catalog_table(entries: dict[str, Any]) -> None:
     """One line per stream a person reads: who sells it, how, and each level's price."""
-    from ...wire.money import format_money  # noqa: PLC0415
-
     if not entries:
         print("no streams in the catalog yet")
         return
     print(f"{'stream':<20} {'seller':<14} {'mechanism':<17} {'dim':>6}  levels (price)")
     for sid, e in sorted(entries.items()):
         reg = e.registration
-        prices = ", ".join(
-            f"{p.level:g} {e.level_unit} ({format_money(p.price_minor, reg.currency)})"
-            for p in e.prices
-        )
-        print(f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  {prices}")
+        print(f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  "
+              f"{output.prices(e)}")  # fmt: skip
     first = next(iter(entries.values()))
     print(f"every entry signed by the market key {first.market_public_key} "
           f"(key id {first.market_key_id}); --json for every field")  # fmt: skip
@@ -58,7 +55,6 @@ def _catalog_table(entries: dict[str, Any]) -> None:
 
 def cmd_quote(args: argparse.Namespace) -> int:
     from ...wire.events import Rejection  # noqa: PLC0415
-    from ...wire.money import format_money  # noqa: PLC0415
 
     party = load_party(args)
     accuracy = _accuracy(args)
@@ -69,38 +65,13 @@ def cmd_quote(args: argparse.Namespace) -> int:
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
-        print_json(result)
-        warn(f"no quote ({result.reason}): {result.message}")
-        return EXIT_REFUSED
-    print_json(result)
-    warn(offers_table(result))
-    warn(f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
-         f"{format_money(result.price_minor, result.currency)}")  # fmt: skip
+        if json_mode(args):
+            print_json(result)
+        raise CommandError(f"no quote ({result.reason}): {result.message}", EXIT_REFUSED)
+    show(args, result, output.offers_table(result) + "\n" + (
+        f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
+        f"{output.money(result.price_minor, result.currency)}"))  # fmt: skip
     return 0
-
-
-def offers_table(q: Any) -> str:
-    """The levels for sale as a buyer reads them: accuracy in the value's units, price now."""
-    from ...wire.money import format_money  # noqa: PLC0415
-
-    lines = [f"{'level (' + q.level_unit + ')':<16} {'RMS error':>10} {'±95 %':>10} "
-             f"{'price now':>12}"]  # fmt: skip
-    for o in q.offers:
-        price = "held" if o.held else format_money(o.price_minor, q.currency)
-        mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
-        if o.fits_window is False and not o.held:
-            mark += "  (over the privacy window's headroom now)"
-        lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
-    pw = getattr(q, "privacy_window", None)
-    if pw is not None:
-        from datetime import UTC, datetime  # noqa: PLC0415
-
-        def iso(ms: int) -> str:
-            return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-        lines.append(f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
-                     f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}")  # fmt: skip
-    return "\n".join(lines)
 
 
 def _accuracy(args: argparse.Namespace) -> dict[str, float] | None:
@@ -124,7 +95,7 @@ def _accuracy(args: argparse.Namespace) -> dict[str, float] | None:
 
 def cmd_buy(args: argparse.Namespace) -> int:
     from ...wire.events import Rejection  # noqa: PLC0415
-    from ...wire.money import format_money, parse_money  # noqa: PLC0415
+    from ...wire.money import parse_money  # noqa: PLC0415
 
     party = load_party(args)
     try:
@@ -152,19 +123,23 @@ def cmd_buy(args: argparse.Namespace) -> int:
             out.close()
             Path(args.output).unlink(missing_ok=True)
         raise
-    if out is not None:  # the outcome goes to the file; the terminal gets the one-line summary
+    if out is not None:  # the outcome goes to the file (the JSON --json would print)
         with out:
             out.write(result.model_dump_json(indent=2))
-    else:
+    elif json_mode(args):
         print_json(result)
     if isinstance(result, Rejection):
-        warn(f"purchase refused ({result.reason}): {result.message}")
-        return EXIT_REFUSED
+        raise CommandError(f"purchase refused ({result.reason}): {result.message}", EXIT_REFUSED)
+    paid = output.money(result.price_minor, result.currency)
+    say(args, "\n".join([
+        f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
+        f"{paid}: {len(result.releases)} values"
+        + (f" (outcome and receipt in {args.output})" if args.output else ""),
+        *output.releases(result.releases, result.error_model),
+        f"  purchase {result.purchase_id}; receipt signed by the market key "
+        f"{result.receipt.market_key_id}" + ("" if args.output else " (--output FILE keeps it)"),
+    ]))  # fmt: skip
     _say_named(args, result.releases)
-    paid = format_money(result.price_minor, result.currency)
-    warn(f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
-         f"{paid}: {len(result.releases)} values"
-         + (f" (outcome and receipt in {args.output})" if args.output else ""))  # fmt: skip
     return 0
 
 
@@ -180,7 +155,7 @@ def _say_named(args: argparse.Namespace, releases: list[Any]) -> None:
         raise CommandError(f"--key-names {args.key_names}: {exc.strerror}") from None
     for r in releases:
         if r.keys is not None:
-            warn(describe_named(r, [n for n in names if n]))
+            say(args, describe_named(r, [n for n in names if n]))
 
 
 def _open_output(path: str) -> Any:
@@ -208,12 +183,15 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
     async def body(c: Any) -> None:
         async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
-            print(ev.model_dump_json(), flush=True)
+            if json_mode(args):
+                print(ev.model_dump_json(), flush=True)
+            else:
+                print("\n".join(output.event(ev)), flush=True)
             if isinstance(ev, AccountState) and ev.signing_key == party.public_key:
                 confirmed[0] = True
             if isinstance(ev, PurchaseFulfilled | ValueReleased):
                 _say_named(args, ev.releases)
-            if isinstance(ev, DeliveriesWithheld):
+            if isinstance(ev, DeliveriesWithheld) and json_mode(args):
                 warn(f"{len(ev.value_ids)} value(s) withheld: {ev.message}")
             if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
                 sealed_hint[0] = True
@@ -224,8 +202,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
         except LookupError:
             raise CommandError(
                 f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)"
-            ) from None
+                f"(`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
+            ) from None  # fmt: skip
     if sealed_hint[0]:
         warn("some releases are sealed for another key than this key file's sealing key")
     if not confirmed[0]:  # nothing the market signed says this key holds the account
@@ -238,7 +216,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("catalog", help="list registered streams, their levels and prices")
-    sp.add_argument("--json", action="store_true", help="every field of every entry, as JSON")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_catalog)
     for name, fn, helptext in (
         ("quote", cmd_quote, "buyer: price of the next step (or --target) without buying"),
@@ -267,10 +245,12 @@ def add_commands(sub: Any) -> None:
             sp.add_argument("--key-names", default=None, metavar="FILE",
                             help="histogram streams of strings: name the keys of the releases "
                             "from these strings (one per line)")  # fmt: skip
+        add_json_flag(sp)
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--key-names", default=None, metavar="FILE",
                     help="histogram streams of strings: name released keys from these strings")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_tail)

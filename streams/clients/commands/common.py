@@ -8,12 +8,11 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import math
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from .output import print_json, warn
 
 __all__ = [
     "EXIT_BROKER",
@@ -27,6 +26,7 @@ __all__ = [
     "print_json",
     "run_client",
     "topics_of",
+    "warn",
 ]
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BROKER = 1, 2, 3, 4
@@ -93,23 +93,22 @@ def load_party(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
-def print_json(obj: Any) -> None:
-    if hasattr(obj, "model_dump_json"):
-        print(obj.model_dump_json(indent=2))
-    else:
-        print(json.dumps(obj, indent=2, sort_keys=True))
-
-
 def run_client(
     args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any = None
 ) -> T:
     """Run ``body(client)`` with a connected client; broker failures become CommandErrors."""
+    import asyncio  # noqa: PLC0415 - not on the path of --help and keygen
+    import logging  # noqa: PLC0415
+
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
     from ..client import MarketClient, MarketKeyError  # noqa: PLC0415
 
     boot = bootstrap(args)
+    # a client command reports a broker failure once, as an error line with what to do;
+    # aiokafka would also log each failed connection attempt
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         auth = env_auth()
     except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file
@@ -140,6 +139,3 @@ def run_client(
             f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER
         ) from None
 
-
-def warn(message: str) -> None:
-    print(message, file=sys.stderr)

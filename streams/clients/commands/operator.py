@@ -8,8 +8,6 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +18,10 @@ from .common import (
     EXIT_REFUSED,
     CommandError,
     bootstrap,
-    print_json,
     run_client,
     topics_of,
 )
+from .output import add_json_flag, json_mode, print_json, show
 
 __all__ = ["add_commands", "cmd_verify_receipt"]
 
@@ -136,7 +134,8 @@ def cmd_init_topics(args: argparse.Namespace) -> int:
         return await ensure_topics(c.bootstrap, topics_of(args), **c.auth)
 
     created = run_client(args, body)
-    print("created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    show(args, {"created": created},
+         "created: " + (", ".join(created) if created else "nothing (all topics exist)"))
     return 0
 
 
@@ -161,6 +160,9 @@ def _operator_token(args: argparse.Namespace) -> str | None:
 def _whose_ledger(url: str, *, defaulted: bool) -> str:
     """One line naming the worker and the market whose ledger is read; refuses a worker of
     another market than ``EMARKET_MARKET_KEY`` names (a default port may answer for anyone's)."""
+    import urllib.error  # noqa: PLC0415 - not on the path of --help and keygen
+    import urllib.request  # noqa: PLC0415
+
     from market.receipts import key_id, parse_public_key  # noqa: PLC0415
 
     base = _base(url)
@@ -198,6 +200,9 @@ def _base(url: str) -> str:
 
 
 def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
     base = _base(url)
     request = urllib.request.Request(base + "/ledger")
     if token:
@@ -240,8 +245,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     said = [_whose_ledger(url, defaulted=not (args.worker or env)) for url in urls]
     for url in urls:
         streams.update(_fetch_ledger(url, token))
-    if args.json:
+    if json_mode(args):
         print_json(streams)
+        print("\n".join(said), file=sys.stderr)
         return 0
     print("\n".join(said) + "\n")
     print(f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
@@ -292,7 +298,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
                         continue
                     if args.stream and rej.stream_id != args.stream:
                         continue
-                    if args.json:
+                    if json_mode(args):
                         print(rej.model_dump_json(), flush=True)
                         continue
                     who = rej.sender_id or (f"claims {rej.claimed_id}" if rej.claimed_id else "?")
@@ -326,10 +332,12 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     from ...wire.events import SCHEMAS, published_schema  # noqa: PLC0415
 
     out = _out_dir(args.out)
+    written = []
     for name in SCHEMAS:
         path = out / f"{name}.schema.json"
         path.write_text(json.dumps(published_schema(name), indent=2, sort_keys=True) + "\n")
-        print(path)
+        written.append(str(path))
+    show(args, {"written": written}, "\n".join(written))
     return 0
 
 
@@ -338,10 +346,12 @@ def cmd_vectors(args: argparse.Namespace) -> int:
     from ...wire.vectors import build, render  # noqa: PLC0415
 
     out = _out_dir(args.out)
+    written = []
     for name, doc in build().items():
         path = out / name
         path.write_text(render(doc))
-        print(path)
+        written.append(str(path))
+    show(args, {"written": written}, "\n".join(written))
     return 0
 
 
@@ -363,17 +373,16 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
         raise CommandError(exc.message) from None
     try:
         rec = verify_outcome(data, key)
-    except ReceiptError as exc:
-        print(f"INVALID: {exc.message}")
+    except ReceiptError as exc:  # the verdict, not an error of the command: on stdout
+        show(args, {"valid": False, "error": exc.message}, f"INVALID: {exc.message}")
         return EXIT_REFUSED
     from ...wire.money import format_money  # noqa: PLC0415 - plain Python: no service extra
 
     price = format_money(rec.price_minor, rec.currency)
-    print(
-        f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
-        f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
-        f"{price}, {len(rec.value_ids)} values"
-    )
+    show(args, {"valid": True, "receipt": rec.to_dict()},
+         f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
+         f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
+         f"{price}, {len(rec.value_ids)} values")  # fmt: skip
     return 0
 
 
@@ -454,6 +463,7 @@ def add_commands(sub: Any) -> None:
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("init-topics", help="create the market's topics")
     sp.add_argument("--partitions", type=int, default=4)
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_init_topics)
     sp = sub.add_parser("ledger", help="operators: revenue, privacy spent and holdings")
     sp.add_argument("--worker", action="append", default=None,
@@ -464,18 +474,20 @@ def add_commands(sub: Any) -> None:
                     "operator_token in --data-dir); without it only aggregates are shown")
     sp.add_argument("--data-dir", default=None,
                     help="the worker's data directory (default $EMARKET_DATA_DIR or data)")
-    sp.add_argument("--json", action="store_true")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
     sp.add_argument("--stream", default=None)
     sp.add_argument("--follow", action="store_true")
-    sp.add_argument("--json", action="store_true")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_rejections)
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
     sp.add_argument("--out", default="docs/schemas")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_schemas)
     sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
     sp.add_argument("--out", default="docs/vectors")
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_vectors)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
@@ -484,4 +496,5 @@ def add_commands(sub: Any) -> None:
         help="the market's key, base64 (market_public_key in the catalog); default: read it "
         "from the catalog on --broker (pass it to check without trusting the broker)",
     )  # fmt: skip
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_verify_receipt)

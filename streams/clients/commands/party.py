@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_REFUSED, CommandError, load_party, run_client, warn
+from .common import EXIT_REFUSED, CommandError, load_party, run_client
+from .output import add_json_flag, json_mode, print_json, show
 
 __all__ = ["add_commands"]
 
@@ -24,11 +25,14 @@ def cmd_keygen(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot write {args.out}: {exc.strerror}") from None
-    print(f"wrote {args.out} (mode 0600) for account {party.account_id!r}: keep it private")
-    print(f"signing key {party.public_key}")
+    lines = [f"wrote {args.out} (mode 0600) for account {party.account_id!r}: keep it private",
+             f"signing key {party.public_key}"]  # fmt: skip
     if party.sealing_public_key:
-        print(f"sealing key {party.sealing_public_key} (releases to you are sealed for it)")
-    print(f"next: epsilon-market account open --key-file {args.out}")
+        lines.append(f"sealing key {party.sealing_public_key} (releases to you are sealed for it)")
+    lines.append(f"next: epsilon-market account open --key-file {args.out}")
+    show(args, {"account_id": party.account_id, "key_file": args.out,
+                "signing_key": party.public_key, "sealing_key": party.sealing_public_key},
+         "\n".join(lines))  # fmt: skip
     return 0
 
 
@@ -45,15 +49,17 @@ def cmd_account_open(args: argparse.Namespace) -> int:
 
     out = run_client(args, body, party)
     if isinstance(out, Rejection):
+        if json_mode(args):
+            print_json(out)
         raise CommandError(f"account not opened ({out.reason}): {out.message}", EXIT_REFUSED)
-    print(f"account {out.account_id!r} is open (key {out.key_id}, version {out.version}); "
-          f"its inbox is {args.prefix}.inbox.{out.account_id}")  # fmt: skip
+    show(args, out, f"account {out.account_id!r} is open (key {out.key_id}, version "
+         f"{out.version}); its inbox is {args.prefix}.inbox.{out.account_id}")  # fmt: skip
     return 0
 
 
 def cmd_account_rotate(args: argparse.Namespace) -> int:
     """Replace the account's keys by those of --new-key-file (signed by both)."""
-    from ...wire.events import AccountState, RotateKeys  # noqa: PLC0415
+    from ...wire.events import Rejection  # noqa: PLC0415
     from ..keys import KeyFileError, Party  # noqa: PLC0415
 
     old = load_party(args)
@@ -63,24 +69,22 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
 
     async def body(c: Any) -> Any:
-        event: RotateKeys = old.rotate_to(new, c.market, args.version)
-        await c.send(c.topics.accounts, old.account_id, event.model_dump_json().encode())
-        async for ev in c.tail(idle_timeout=args.timeout, party=old):
-            if isinstance(ev, AccountState) and ev.version == args.version and (
-                ev.signing_key == new.public_key
-            ):
-                return ev
-        return None
+        return await c.rotate_keys(new, args.version, timeout=args.timeout)
 
     out = run_client(args, body, old)
-    if out is None:
-        raise CommandError(
-            "no confirmation of the new keys; check the version (the account's current version "
-            "+ 1) and `epsilon-market rejections`", EXIT_REFUSED,
-        )  # fmt: skip
+    if isinstance(out, Rejection):
+        if json_mode(args):
+            print_json(out)
+        hint = (" (--version is the account's current version + 1: its inbox's last `account` "
+                "says it)" if out.reason == "stale_key_version" else "")  # fmt: skip
+        raise CommandError(f"keys not rotated ({out.reason}): {out.message}{hint}", EXIT_REFUSED)
+    if out.signing_key != new.public_key:
+        raise CommandError(f"the market's answer pins other keys than {args.new_key_file}'s "
+                           f"(key id {out.key_id})", EXIT_REFUSED)  # fmt: skip
     # events are signed at the key version: the new key file records it
     dataclasses.replace(new, key_version=out.version).save_over(args.new_key_file)
-    warn(f"keys of {out.account_id!r} rotated to version {out.version}: use {args.new_key_file}")
+    show(args, out, f"keys of {out.account_id!r} rotated to version {out.version}: use "
+         f"{args.new_key_file}")  # fmt: skip
     return 0
 
 
@@ -90,16 +94,19 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--out", required=True, help="the key file to create (never overwritten)")
     sp.add_argument("--no-sealing", action="store_true",
                     help="no sealing key (sellers that never buy)")  # fmt: skip
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_keygen)
     acct = sub.add_parser("account", help="open an account or rotate its keys")
     asub = acct.add_subparsers(dest="account_command", required=True)
     sp = asub.add_parser("open", help="pin the key file's keys to its account id")
     sp.add_argument("--key-file", default=None)
     sp.add_argument("--timeout", type=float, default=30.0)
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_open, command="account open")
     sp = asub.add_parser("rotate", help="replace the account's keys (signed with the old ones)")
     sp.add_argument("--key-file", default=None, help="the current keys")
     sp.add_argument("--new-key-file", required=True, help="keygen output with the same account")
     sp.add_argument("--version", type=int, required=True, help="the account's version + 1")
-    sp.add_argument("--timeout", type=float, default=10.0)
+    sp.add_argument("--timeout", type=float, default=30.0)
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_rotate, command="account rotate")

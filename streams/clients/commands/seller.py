@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from . import output
 from .common import (
     EXIT_REFUSED,
     CommandError,
@@ -23,6 +24,7 @@ from .common import (
     run_client,
     warn,
 )
+from .output import add_json_flag, json_mode
 
 __all__ = ["add_commands", "parse_row"]
 
@@ -142,10 +144,12 @@ def cmd_register(args: argparse.Namespace) -> int:
         return await c.register(fields, timeout=args.timeout)
 
     result = run_client(args, body, party)
-    print_json(result)
     if isinstance(result, Rejection):
-        warn(f"registration refused ({result.reason}): {result.message}")
-        return EXIT_REFUSED
+        if json_mode(args):
+            print_json(result)
+        raise CommandError(f"registration refused ({result.reason}): {result.message}",
+                           EXIT_REFUSED)  # fmt: skip
+    output.show(args, result, output.registered(result))
     return 0
 
 
@@ -231,26 +235,46 @@ def cmd_publish(args: argparse.Namespace) -> int:
             c.market_sealing_key = c.market_sealing_key or await c.sealing_key_of(args.stream)
         except (LookupError, ValueError) as exc:
             raise CommandError(f"{exc} (or pass --market-sealing-key)") from None
+        _check_counts(c.registration_of(args.stream), rows)
         for start in range(0, len(rows), per_batch):
             batch = c.value_batch(args.stream, rows[start : start + per_batch])
             answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
             refused += _refusals(answer, batch)
             sent += len(batch.items)
+            output.published(args, c, batch, answer)
             if len(rows) > 1:
                 rate = sent / max(1e-9, time.monotonic() - t0)
-                print(f"\rpublished {sent}/{len(rows)} values ({rate:.0f}/s)", end="", flush=True)
+                output.progress(args, f"published {sent}/{len(rows)} values ({rate:.0f}/s)")
         if len(rows) > 1:
-            print()
+            output.progress(args, None)
         else:
-            vid = batch.items[0].value_id
-            print(f"{vid} published_at_ms={c.published_at(args.stream, vid)}"
-                  + ("" if args.no_wait else (" refused" if refused else " accepted")))  # fmt: skip
+            output.say(args, output.one_value(c, batch, answer))
         return sent, refused
 
     _, refused = run_client(args, body, party)
     for vid, reason, message in refused:
         warn(f"value {vid} refused ({reason}): {message}")
     return EXIT_REFUSED if refused else 0
+
+
+def _check_counts(reg: Any, rows: list[Row]) -> None:
+    """On a counts stream the catalog showed, refuse a negative or fractional number before
+    sending it (the market's rule: :mod:`streams.wire.counts`); unknown streams are the
+    market's to answer."""
+    from ...wire.counts import count_problem, sells_counts  # noqa: PLC0415
+
+    if reg is None or not sells_counts(reg):
+        return
+    for n, (vid, values, _) in enumerate(rows, 1):
+        numbers = list(values.values()) if isinstance(values, dict) else values
+        bad = count_problem(numbers)
+        if bad is not None:
+            where = f"value {n}" + (f" ({vid})" if vid else "") if len(rows) > 1 else "the value"
+            raise CommandError(
+                f"{where}: number {bad[0] + 1} ({numbers[bad[0]]:g}) {bad[1]}: stream "
+                f"{reg.stream_id!r} ({reg.mechanism}{', histogram' if reg.histogram else ''}) "
+                "takes counts, whole numbers 0 or more; nothing was sent"
+            )
 
 
 def _refusals(answer: Any, batch: Any) -> list[tuple[str, str, str]]:
@@ -290,6 +314,7 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--currency", default="EUR")
     sp.add_argument("--description", default="")
     sp.add_argument("--timeout", type=float, default=30.0)
+    add_json_flag(sp)
     sp.set_defaults(fn=cmd_register)
     _publish_parser(sub)
 
@@ -335,6 +360,7 @@ def _publish_parser(sub: Any) -> None:
     )  # fmt: skip
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
     sp.add_argument("--timeout", type=float, default=60.0)
+    add_json_flag(sp)
     sp.add_argument(
         "--market-sealing-key", default=None,
         help="the market's X25519 key the numbers are sealed to (default: market_sealing_key "

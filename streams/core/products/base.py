@@ -22,6 +22,7 @@ from market.histogram_chain import HistogramValue
 from market.mechanisms import check_range
 from market.receipts import RECEIPT_VERSION
 
+from ...wire.counts import count_problem, sells_counts
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ..context import Context
 from ..delivery import Release
@@ -36,6 +37,7 @@ from ..terms import Terms
 __all__ = [
     "Exact",
     "Product",
+    "check_counts",
     "deliver",
     "digest_values",
     "drop_state",
@@ -152,10 +154,27 @@ def numbers(terms: Terms, reg: StreamRegistration, item: ValueItem, *,
             f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
             "stream: send its numbers in `values` only",
         )
+    check_counts(reg, item)
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     if bounded:
         check_range(exact, terms.chain.value_limit)
     return Exact(exact, digest_values(exact))
+
+
+def check_counts(reg: StreamRegistration, item: ValueItem) -> None:
+    """Refuse (``invalid_count``) a value of a counts stream holding a negative or fractional
+    number (:mod:`streams.wire.counts`); any other stream takes any finite number."""
+    if not sells_counts(reg):
+        return
+    bad = count_problem(item.values)
+    if bad is not None:
+        what = "count" if reg.product == "histogram" else "coordinate"
+        raise Reject(
+            "invalid_count",
+            f"value {item.value_id!r}: {what} {bad[0]} (counting from 0) {bad[1]}; stream "
+            f"{reg.stream_id!r} takes counts ({reg.mechanism}"
+            f"{' histograms' if reg.product == 'histogram' else ''}): whole numbers, 0 or more",
+        )
 
 
 def retire(ctx: Context, stream: Stream[Any]) -> None:

@@ -37,7 +37,7 @@ from ..delivery import Release, listed
 from ..outputs import Reject
 from ..stream import Stream
 from ..terms import Terms
-from .base import Exact, Identity, value_identity
+from .base import Exact, Identity, check_counts, value_identity
 from .retained import Retained
 
 __all__ = ["Histograms", "as_released", "shared_chain"]
@@ -130,6 +130,7 @@ class Histograms(Retained):
                 f"value {vid!r} has more keys than stream {reg.stream_id!r} takes per value "
                 f"({reg.dimension}, its dimension)",
             )
+        check_counts(reg, item)
         keys = _integer_keys(item, spec.domain) if spec.key_space == "integers" else _hashed(item)
         try:
             return self.chain.value(keys, item.values)

@@ -473,15 +473,27 @@ STEPS = 16
 
 
 async def _purchase_streams(b: _Bench, names: list[str]) -> None:
-    """Register streams with a :data:`STEPS`-step schedule, 4 values each (not waited for)."""
+    """Register streams with a :data:`STEPS`-step schedule, 4 values each; wait until the
+    catalog lists them all (a purchase the worker takes before its stream's registration is
+    refused, ``unknown_stream``, which stops the run; the values are not waited for)."""
     levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
     market = b.topics.prefix
-    for name in names:
-        reg = SELLER.sign(StreamRegistration, market, seller_id=SELLER.account_id,
-                          **_registration(name, levels, levels[-1]))  # fmt: skip
-        await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
-        for i in range(4):
-            await b.client.send(b.topics.values, name, _value_payload(i, market, name))
+    catalog = TopicReader(b.boot, b.topics.catalog, fetch_max_wait_ms=READ_WAIT_MS)
+    await catalog.start()
+    try:
+        for name in names:
+            reg = SELLER.sign(StreamRegistration, market, seller_id=SELLER.account_id,
+                              **_registration(name, levels, levels[-1]))  # fmt: skip
+            await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
+            for i in range(4):
+                await b.client.send(b.topics.values, name, _value_payload(i, market, name))
+        missing, deadline = {n.encode() for n in names}, time.monotonic() + 300
+        while missing and time.monotonic() < deadline:
+            missing -= {k for k, _ in await catalog.poll(0.2)}
+        if missing:
+            raise TimeoutError(f"{len(missing)} of {len(names)} registrations not in the catalog")
+    finally:
+        await catalog.stop()
 
 
 def _purchase(market: str, buyer: Party, stream: str, k: int) -> bytes:

@@ -7,8 +7,10 @@ AVX-512 kernels against ours, which are not all vectorised), and a wall-clock fi
 loaded machine measures the neighbours: the line says which machine, and how busy it was.
 
 :func:`cpu_seconds` and :class:`Meter` read the user + system CPU time of processes from
-``/proc/<pid>/stat`` (psutil is not a dependency), which, unlike wall-clock time, barely moves
-when other processes take the cores.
+``/proc/<pid>/stat`` (psutil is not a dependency). Unlike wall-clock time it does not count the
+time other processes hold the cores, but it still grows with their load (caches and memory
+bandwidth are shared, and this VM exposes no instruction counters to count instead): compare
+CPU figures only between runs at similar load, which is why the line gives it.
 """
 
 from __future__ import annotations
@@ -108,11 +110,15 @@ class Machine:
 
     def line(self) -> str:
         """One line for under a table: the machine, and its load average (1, 5, 15 min) at the
-        start and now, the end."""
+        start and now, the end; flagged when more was runnable than there are cores."""
+        now = _loadavg()
         start = " / ".join(f"{x:.2f}" for x in self.load_start)
-        end = " / ".join(f"{x:.2f}" for x in _loadavg())
+        end = " / ".join(f"{x:.2f}" for x in now)
+        busy = max(self.load_start[0], now[0]) > self.cores
         return (f"machine: {self.cpu}, {self.cores} cores, SIMD {self.simd}, {self.numpy}; "
-                f"load average (1 / 5 / 15 min) {start} at start, {end} at end")  # fmt: skip
+                f"load average (1 / 5 / 15 min) {start} at start, {end} at end"
+                + (f" (BUSY: load above {self.cores} cores; CPU time per event grows too, "
+                   "compare only runs at similar load)" if busy else ""))  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:

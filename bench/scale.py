@@ -30,11 +30,11 @@ from pathlib import Path
 
 from bench.machine import Machine, Meter
 from bench.service import (
-    BENCH_ENV,
     BROKER,
     FETCH_WAIT_MS,
     GENERATOR,
     IDLE_S,
+    MARKET_ENV,
     SELLER,
     WORKER,
     Cost,
@@ -134,8 +134,9 @@ def measure(broker: EmbeddedBroker, workers: int, n: int, workdir: Path,
                  require_encryption=False).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )  # fmt: skip
-    # the workers of one market share its signing key and noise secret (values are sealed to it)
-    env = BENCH_ENV
+    # the workers of one market share its signing key and noise secret (values are sealed to
+    # it), and one seller registers every stream
+    env = MARKET_ENV
     procs = []
     try:
         for i in range(workers):

@@ -107,6 +107,15 @@ class Cost:
             cpu = max(0.0, cpu - self.idle.cores(group) * self.load.wall_s)
         return cpu / self.events * 1e6
 
+    def __add__(self, other: Cost) -> Cost:
+        """Two runs' CPU as one: their events, their windows' seconds and CPU added up."""
+
+        def add(a: Usage, b: Usage) -> Usage:
+            return Usage(a.wall_s + b.wall_s, {k: a.cpu_s[k] + b.cpu_s[k] for k in a.cpu_s})
+
+        return Cost(self.events + other.events, add(self.load, other.load),
+                    add(self.idle, other.idle))  # fmt: skip
+
 
 @dataclass
 class Row:
@@ -116,6 +125,8 @@ class Row:
     p99_ms: float
     cost: Cost | None = None
     produced: Produced | None = None
+    #: the pass-through's two open-loop runs, before and after the market's paths
+    halves: tuple[Cost, Cost] | None = None
 
 
 @dataclass
@@ -157,6 +168,9 @@ BENCH_KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(r
 BENCH_ENV = {"EMARKET_SIGNING_KEY": base64.b64encode(bytes(range(32))).decode(),
              "EMARKET_NOISE_SECRET": base64.b64encode(BENCH_KEYS.noise_secret).decode()}
 """What makes a child worker use :data:`BENCH_KEYS`."""
+MARKET_ENV = {**BENCH_ENV, "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}
+"""A benchmarked worker's environment: :data:`BENCH_KEYS`, and one seller registers every
+stream (hundreds; 64 by default)."""
 
 
 def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
@@ -198,7 +212,7 @@ async def _drain(readers: list[TopicReader], expected: int, timeout: float) -> i
 
 def _pct(samples: list[float], q: float) -> float:
     s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))] * 1000
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000 if s else float("nan")
 
 
 async def _closed_loop(
@@ -253,8 +267,10 @@ async def raw_round_trip(bootstrap: str, n: int, lat_n: int) -> Row:
 
 
 def faust_passthrough(
-    broker: EmbeddedBroker, sizes: Sizes, workdir: Path
-) -> tuple[Row, Paced]:
+    broker: EmbeddedBroker, sizes: Sizes, workdir: Path, *, latency: bool = True
+) -> tuple[Row, Paced | None]:
+    """The pass-through's open-loop run (CPU, bytes), then, if ``latency``, its closed-loop and
+    paced latency."""
     tag = uuid.uuid4().hex[:6]
     src, dst = f"bench-src-{tag}", f"bench-dst-{tag}"
     asyncio.run(ensure_topics(broker.bootstrap, [TopicSpec(src, 4, {}), TopicSpec(dst, 4, {})]))
@@ -268,8 +284,11 @@ def faust_passthrough(
         asyncio.run(_wait_forwarding(broker.bootstrap, src, dst))
         meter = Meter({WORKER: [proc.pid], BROKER: [_pid(broker)], GENERATOR: [os.getpid()]})
         window = Window(meter, broker.bootstrap, lambda t: t in (src, dst), sizes.idle_s)
-        row = asyncio.run(_pipe(broker.bootstrap, src, dst, sizes.n, sizes.lat_n, window))
-        paced = asyncio.run(_paced_pipe(broker.bootstrap, src, dst, sizes.paced_slow))
+        lat_n = sizes.lat_n if latency else 0
+        row = asyncio.run(_pipe(broker.bootstrap, src, dst, sizes.n, lat_n, window))
+        paced = None
+        if latency:
+            paced = asyncio.run(_paced_pipe(broker.bootstrap, src, dst, sizes.paced_slow))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -388,8 +407,7 @@ def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
         ).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
     )
-    env = {**BENCH_ENV, "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}  # one seller, many streams
-    worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
+    worker = ChildWorker(settings, log_path=workdir / "market.log", env=MARKET_ENV).start()
     try:
         worker.wait_healthy(90)
         assert worker.proc is not None
@@ -475,7 +493,8 @@ STEPS = 16
 async def _purchase_streams(b: _Bench, names: list[str]) -> None:
     """Register streams with a :data:`STEPS`-step schedule, 4 values each; wait until the
     catalog lists them all (a purchase the worker takes before its stream's registration is
-    refused, ``unknown_stream``, which stops the run; the values are not waited for)."""
+    refused, ``unknown_stream``, which stops the run; the values are not waited for). The
+    worker must let one seller register them all (:data:`MARKET_ENV`)."""
     levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
     market = b.topics.prefix
     catalog = TopicReader(b.boot, b.topics.catalog, fetch_max_wait_ms=READ_WAIT_MS)
@@ -491,7 +510,8 @@ async def _purchase_streams(b: _Bench, names: list[str]) -> None:
         while missing and time.monotonic() < deadline:
             missing -= {k for k, _ in await catalog.poll(0.2)}
         if missing:
-            raise TimeoutError(f"{len(missing)} of {len(names)} registrations not in the catalog")
+            raise TimeoutError(f"{len(missing)} of {len(names)} registrations not in the catalog "
+                               "(refused? the seller's inbox says why, e.g. too_many_streams)")
     finally:
         await catalog.stop()
 
@@ -686,13 +706,18 @@ async def _fanout(b: _Bench) -> Row:
 
 
 def one_run(sizes: Sizes, workdir: Path) -> Run:
-    """Every path once, on a fresh embedded broker: raw, pass-through, then the market's."""
+    """Every path once, on a fresh embedded broker: raw, pass-through, the market's, and the
+    pass-through's open-loop run again: its CPU per event is that of both runs together, so a
+    neighbour's load that comes or goes during the market's paths weighs on both sides."""
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         raw = asyncio.run(raw_round_trip(broker.bootstrap, sizes.n, sizes.lat_n))
-        faust_row, faust_paced = faust_passthrough(broker, sizes, workdir)
+        before, faust_paced = faust_passthrough(broker, sizes, workdir)
         market = market_paths(broker, sizes, workdir)
-        return Run([raw, faust_row, *market.rows], [faust_paced, *market.paced])
+        after, _ = faust_passthrough(broker, sizes, workdir, latency=False)
+    assert before.cost is not None and after.cost is not None and faust_paced is not None
+    faust = replace(before, cost=before.cost + after.cost, halves=(before.cost, after.cost))
+    return Run([raw, faust, *market.rows], [faust_paced, *market.paced])
 
 
 GOAL_CPU_RATIO = {INGEST: 1.0, PURCHASE: 1.5}
@@ -770,6 +795,12 @@ def render_cpu(runs: list[list[Row]]) -> str:
             f"{_spread([c.idle.cores(WORKER) for c in cs], '.2f')}, "
             f"{_spread([c.idle.cores(BROKER) for c in cs], '.2f')} |"
         )
+    halves = [h for run in runs if (h := _by_name(run)[PASS_THROUGH].halves) is not None]
+    if halves:
+        each = ", ".join(f"{a.us(WORKER):,.0f} → {b.us(WORKER):,.0f}" for a, b in halves)
+        lines += ["", "The pass-through's row is two open-loop runs, before the market's paths and "
+                  f"after them; its worker µs/event in each, run by run: {each} (a difference is "
+                  "the machine's load changing, not the pass-through)."]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -766,7 +766,7 @@ CPU_ROWS = (PASS_THROUGH, INGEST, FANOUT, PURCHASE)
 
 def render_cpu(runs: list[list[Row]]) -> str:
     """CPU per event of every path with a measured cost; ratios within a run."""
-    idle_s = _costs(runs, PASS_THROUGH)[0].idle.wall_s
+    idle_s = _costs(runs, INGEST)[0].idle.wall_s  # one quiet window (the pass-through has two)
     lines = [
         f"CPU per event, open loop: user + system CPU time of each process (`/proc`) over the "
         f"run ÷ its events. Net: less the process's idle rate, measured over {idle_s:.0f} s "

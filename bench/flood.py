@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.machine import Machine
 from bench.service import DIM, READ_WAIT_MS, _pct
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, TopicReader, now_ms
@@ -234,7 +235,7 @@ async def _run(settings: Settings, worker: ChildWorker, sizes: Sizes
 
 
 def _print(rows: list[Row], junk_s: float, created: int, rounds: list[Round],
-           sizes: Sizes, workdir: Path) -> None:  # fmt: skip
+           sizes: Sizes, workdir: Path, machine: Machine) -> None:  # fmt: skip
     idle50, idle99 = _pct(rows[0].samples, 0.5), _pct(rows[0].samples, 0.99)
     print(f"## A legitimate purchase during a flood ({os.cpu_count()} cores; closed loop, "
           "each row measured in this run)\n")  # fmt: skip
@@ -258,6 +259,7 @@ def _print(rows: list[Row], junk_s: float, created: int, rounds: list[Round],
     print(f"\npurchase p99 during the openings < {GOAL_P99_MS:.0f} ms: "
           f"{'yes' if worst < GOAL_P99_MS else 'NO'} (worst round {worst:.1f} ms)")  # fmt: skip
     print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result
+    print(machine.line())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = replace(sizes, junk=args.flood or sizes.junk, openings=args.openings or
                     sizes.openings, rounds=args.rounds or sizes.rounds)  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="emarket-flood-"))
+    machine = Machine.now()
     tag = uuid.uuid4().hex[:6]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = replace(
@@ -287,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             rows, junk_s, created, rounds = asyncio.run(_run(settings, worker, sizes))
         finally:
             worker.stop()
-    _print(rows, junk_s, created, rounds, sizes, workdir)
+    _print(rows, junk_s, created, rounds, sizes, workdir, machine)
     return 0 if created == 0 else 1
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.machine import Machine
 from market import (
     DiscreteLaplace,
     Gaussian,
@@ -339,10 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     n = 10_000 if args.quick else 1_000_000
     repeat = 3 if args.quick else 7
     runs = args.runs or (1 if args.quick else 3)
+    machine = Machine.now()
     print(f"## Speed on {n:,} coordinates\n")
     print(speed_markdown(n, repeat, runs) + "\n")
+    print(machine.line() + "\n")
+    machine = Machine.now()
     print("## Histogram releases\n")
     print(histogram_markdown(repeat, runs) + "\n")
+    print(machine.line() + "\n")
     steps = 5 if args.quick else 20
     print(f"## Accuracy: MSE / ideal after k steps ({n // 10:,} samples)\n")
     print("ideal = variance of one release at the final level; 1.00 means no loss.\n")

@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench import noise
+from bench.machine import Machine
 from market import DiscreteLaplace, Gaussian, Laplace, ReleaseState, default_rng
 from market._draws import Draws, key_from
 from market.factorization import (
@@ -598,13 +599,15 @@ def _speed_sizes(quick: bool) -> tuple[int, int, int]:
 def speed(quick: bool) -> str:
     # the same function and sizes as `python -m bench.noise`: the report cannot disagree with it
     n, repeat, runs = _speed_sizes(quick)
-    return noise.speed_markdown(n, repeat, runs)
+    machine = Machine.now()
+    return f"{noise.speed_markdown(n, repeat, runs)}\n\n{machine.line()}"
 
 
 def histogram_speed(quick: bool) -> str:
     # `python -m bench.noise`'s "Histogram releases", same function and sizes
     _, repeat, runs = _speed_sizes(quick)
-    return noise.histogram_markdown(repeat, runs)
+    machine = Machine.now()
+    return f"{noise.histogram_markdown(repeat, runs)}\n\n{machine.line()}"
 
 
 def core_cost(quick: bool) -> str:
@@ -623,7 +626,9 @@ def service(quick: bool) -> str:
     buf = io.StringIO()
     with redirect_stdout(buf):  # exactly what `python -m bench.service` prints
         svc.main(["--quick"] if quick else [])
-    return buf.getvalue().split("\n", 2)[2].strip()
+    head, body = buf.getvalue().split("\n", 1)
+    kept = [line for line in body.strip().splitlines() if not line.startswith("(logs: ")]
+    return f"`python -m bench.service`: {head.removeprefix('## ')}.\n\n" + "\n".join(kept)
 
 
 # ---------------------------------------------------------------------------------- report

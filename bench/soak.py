@@ -12,7 +12,10 @@ and state sizes from /metrics, and at the end checks that nothing was rejected o
 It then prints what each kept record costs: its bytes in the store's codec and the heap it takes
 in the memory store with its index (measured in this process on a core fed the same load,
 :func:`record_costs`), and the worker's resident memory grown per value over the run (with its
-share of purchases). The tables it prints are what docs/operations.md reports.
+share of purchases); and what an account (in the account replica every worker keeps), a stream
+(its record and what a worker builds for it) and a holder (its entry in the stream's record)
+take, :func:`holding_costs`. ``--costs-only`` prints these two tables without the soak. The
+tables it prints are what docs/operations.md reports.
 """
 
 from __future__ import annotations
@@ -33,15 +36,24 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bench.service import BENCH_ENV, sealed_batch
+from bench.machine import Machine
+from bench.service import BENCH_ENV, BENCH_KEYS, sealed_batch
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, now_ms
 from streams.clients.keys import Party
 from streams.core import EvictedValue, MarketCore, MarketKeys, Stores
 from streams.core.codecs import CODECS
-from streams.wire.events import LinearLevelSpec, PurchaseRequest, StreamRegistration, ValueBatch
+from streams.core.context import Limits
+from streams.core.state import Holder, StreamState
+from streams.wire.events import (
+    AccountState,
+    LinearLevelSpec,
+    PurchaseRequest,
+    StreamRegistration,
+)
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
+from streams.worker.directory import AccountReplica
 from streams.worker.runner import ChildWorker
 
 N_STREAMS, N_BUYERS, DIM = 20, 50, 8
@@ -194,21 +206,25 @@ async def _load(
 
 @dataclass
 class RecordCosts:
-    """What one kept record costs: bytes in its store's codec, heap with its index."""
+    """What one kept record costs: bytes in its store's codec, heap with its index (and the
+    index alone: what stays in memory when the records are in RocksDB)."""
 
     purchase_bytes: float
     mark_bytes: float
     purchase_heap: float
     mark_heap: float
+    purchase_index: float
+    mark_index: float
 
 
 def _feed_core(core: MarketCore, topics: Topics, seller: Party, n: int, start: int) -> None:
     for i in range(start, start + n):
         s = f"s{i % N_STREAMS}"
-        batch = seller.sign(ValueBatch, topics.prefix, stream_id=s, seller_id="soak",
-                            items=[{"value_id": f"v{i}", "values": [20.0 + i % 7] * DIM,
-                                    "published_at_ms": now_ms()}])  # fmt: skip
-        core.handle(topics.values, batch.model_dump_json().encode())
+        batch = sealed_batch(seller, topics.prefix, stream_id=s, seller_id="soak",
+                             items=[{"value_id": f"v{i}", "values": [20.0 + i % 7] * DIM,
+                                     "published_at_ms": now_ms()}])  # fmt: skip
+        out = core.handle(topics.values, batch.model_dump_json().encode())
+        assert out.status == "accepted", out.reason  # a refused value leaves no record
 
 
 def _buy_core(core: MarketCore, topics: Topics, buyers: list[Party], n: int) -> None:
@@ -218,6 +234,35 @@ def _buy_core(core: MarketCore, topics: Topics, buyers: list[Party], n: int) -> 
                          buyer_id=buyer.account_id, stream_id=s, max_price_minor=10_000,
                          requested_at_ms=now_ms())  # fmt: skip
         core.handle(topics.purchases, req.model_dump_json().encode())
+
+
+def _retained(make: Callable[[], object]) -> float:
+    """Heap bytes still held by what ``make`` returns (tracemalloc; collected before and
+    after)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        kept = make()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del kept
+    return float(held)
+
+
+def _index_heap(records: dict[str, Any], stamp: Callable[[Any], int]) -> float:
+    """Heap per record of the expiry index alone, its keys its own strings (as when the
+    records live in RocksDB: :meth:`~streams.core.replay.records.Records._index` builds one
+    ``(time, key)`` per record from a scan)."""
+    pairs = [(stamp(v), k.encode()) for k, v in records.items()]
+
+    def index() -> list[tuple[int, str]]:
+        heap = [(t, k.decode()) for t, k in pairs]
+        heapq.heapify(heap)
+        return heap
+
+    return _retained(index) / max(1, len(pairs))
 
 
 def _heap(records: dict[str, Any], store: str, stamp: Callable[[Any], int]) -> float:
@@ -242,8 +287,7 @@ def record_costs(n_values: int = 4_000, n_purchases: int = 1_000) -> RecordCosts
     purchases (records), at the default horizon; return each kept record's bytes in its
     store's codec and its heap in a memory store, with its index."""
     topics = Topics("soak", 1)
-    keys = MarketKeys(Ed25519PrivateKey.generate(), b"s" * 32)
-    core = MarketCore(Stores(), keys, topics)
+    core = MarketCore(Stores(), BENCH_KEYS, topics)  # the key sealed_batch seals to
     seller = Party.generate("soak", sealing=False)
     buyers = [Party.generate(f"b{i}", sealing=False) for i in range(N_BUYERS)]
     for who in (seller, *buyers):
@@ -265,6 +309,77 @@ def record_costs(n_values: int = 4_000, n_purchases: int = 1_000) -> RecordCosts
         mark_bytes=sum(len(CODECS["releases"][0](m)) for m in marks.values()) / len(marks),
         purchase_heap=_heap(kept, "purchases", lambda r: int(r.requested_at_ms)),
         mark_heap=_heap(marks, "releases", lambda m: int(m.published_at_ms)),
+        purchase_index=_index_heap(kept, lambda r: int(r.requested_at_ms)),
+        mark_index=_index_heap(marks, lambda m: int(m.published_at_ms)),
+    )
+
+
+@dataclass
+class HoldingCosts:
+    """What an account, a stream and a holder take: bytes in their store's codec, heap."""
+
+    account_bytes: float
+    account_heap: float  # in the account replica (every worker holds every account)
+    stream_bytes: float  # its record with no holder and no value
+    stream_heap: float  # its record, its terms and product, the census: a worker's retained heap
+    holder_bytes: float
+    holder_heap: float
+    holders: int  # the holders of the record measured for the holder figures
+    full_record_bytes: float  # that record's bytes: rewritten whenever the stream changes
+
+
+def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_000) -> HoldingCosts:
+    """Measure in this process, on a core on dicts: ``accounts`` accounts applied to an
+    :class:`~streams.worker.directory.AccountReplica` (as every worker holds them), the heap
+    one more registered stream leaves in the core (``streams`` of them, no values), and a
+    stream record with ``holders`` holders against one with none (ids of 24 characters)."""
+    topics = Topics("soak", 1)
+    core = MarketCore(Stores(), MarketKeys(Ed25519PrivateKey.generate(), b"s" * 32), topics,
+                      limits=Limits(max_streams_per_seller=streams + 1))  # fmt: skip
+    seller = Party.generate("soak", sealing=False)
+    core.handle(topics.accounts, seller.open_account(topics.prefix).model_dump_json().encode())
+    regs = [seller.sign(StreamRegistration, topics.prefix, stream_id=f"s{i:05d}",
+                        seller_id="soak", mechanism="laplace", sensitivity=1.0, dimension=DIM,
+                        steps=LADDER, cap=LADDER[-1], retain_last=16,
+                        pricing=LinearLevelSpec(rate_per_level=100.0),
+                        ).model_dump_json().encode() for i in range(streams)]  # fmt: skip
+    core.handle(topics.registrations, regs[0])  # the first builds what all streams share
+
+    def register() -> None:
+        for raw in regs[1:]:
+            out = core.handle(topics.registrations, raw)
+            assert out.status == "accepted", out.reason
+
+    stream_heap = _retained(register) / (streams - 1)
+    encode, decode = CODECS["streams"]
+    state: StreamState = core.stores.streams["s00001"]
+    bare = encode(state)
+    many = state.model_copy(update={"holders": {
+        f"buyer-{i:018d}": Holder(level=LADDER[3], paid_minor=400, purchases=4)
+        for i in range(holders)}})  # fmt: skip
+    full = encode(many)
+    holder_heap = (_retained(lambda: decode(full)) - _retained(lambda: decode(bare))) / holders
+
+    seller_state: AccountState = core.stores.accounts["soak"]
+    records = [(f"acct-{i:019d}".encode(), seller_state.model_copy(update={
+        "account_id": f"acct-{i:019d}", "key_id": f"{i:016x}"}).model_dump_json().encode())
+        for i in range(accounts)]  # fmt: skip
+    replica = AccountReplica("127.0.0.1:9", topics.accounts, guard=None)  # type: ignore[arg-type]
+
+    def replicate() -> AccountReplica:
+        for key, value in records:
+            replica._apply(key, value)
+        return replica
+
+    return HoldingCosts(
+        account_bytes=sum(len(v) for _, v in records) / accounts,
+        account_heap=_retained(replicate) / accounts,
+        stream_bytes=float(len(bare)),
+        stream_heap=stream_heap,
+        holder_bytes=(len(full) - len(bare)) / holders,
+        holder_heap=holder_heap,
+        holders=holders,
+        full_record_bytes=float(len(full)),
     )
 
 
@@ -329,12 +444,32 @@ def render_costs(res: SoakResult, costs: RecordCosts) -> str:
         grown = f"{per:,.0f} B"
     return "\n".join([
         "\n## Memory per kept record (dedup horizon: the default, 7 days, unless --horizon)\n",
-        "| record | bytes in its store's codec | heap in the memory store, with its index |",
-        "|---|---|---|",
-        f"| purchase (decision) | {costs.purchase_bytes:.0f} B | {costs.purchase_heap:,.0f} B |",
-        f"| value mark | {costs.mark_bytes:.0f} B | {costs.mark_heap:,.0f} B |",
+        "| record | bytes in its store's codec | heap in the memory store, with its index "
+        "| its index alone (records in RocksDB) |",
+        "|---|---|---|---|",
+        f"| purchase (decision) | {costs.purchase_bytes:.0f} B | {costs.purchase_heap:,.0f} B "
+        f"| {costs.purchase_index:,.0f} B |",
+        f"| value mark | {costs.mark_bytes:.0f} B | {costs.mark_heap:,.0f} B "
+        f"| {costs.mark_index:,.0f} B |",
         f"\nworker RSS grown per value ingested, with one purchase per "
         f"{max(1, res.values // max(1, res.purchases))} values: {grown}",
+    ])  # fmt: skip
+
+
+def render_holdings(h: HoldingCosts) -> str:
+    """What an account, a stream and a holder take (:func:`holding_costs`)."""
+    return "\n".join([
+        "\n## Memory per account, stream and holder (in process, memory stores)\n",
+        "| what | bytes in its store's codec | heap |",
+        "|---|---|---|",
+        f"| account (heap: in the account replica, on every worker) | {h.account_bytes:,.0f} B "
+        f"| {h.account_heap:,.0f} B |",
+        f"| stream, no value, no holder (heap: record, terms, product, census) "
+        f"| {h.stream_bytes:,.0f} B | {h.stream_heap:,.0f} B |",
+        f"| holder (its entry in the stream's record) | {h.holder_bytes:,.0f} B "
+        f"| {h.holder_heap:,.0f} B |",
+        f"\na stream's record with {h.holders:,} holders: {h.full_record_bytes:,.0f} B in its "
+        "codec, written to the streams changelog in every batch that changes the stream",
     ])  # fmt: skip
 
 
@@ -345,12 +480,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=500.0, help="values per second")
     p.add_argument("--horizon", type=float, default=None,
                    help="dedup horizon, seconds (default: the worker's, 7 days)")  # fmt: skip
+    p.add_argument("--costs-only", action="store_true",
+                   help="only what records, accounts, streams, holders take (no soak)")
     args = p.parse_args(argv)
+    machine = Machine.now()
+    if args.costs_only:
+        print(render_costs(SoakResult(), record_costs()))
+        print(render_holdings(holding_costs()))
+        print(f"\n{machine.line()}")
+        return 0
     res = run_soak(
         args.values, args.purchases, args.rate, Path(tempfile.mkdtemp(prefix="soak-")), args.horizon
     )
     print(render(res))
     print(render_costs(res, record_costs()))
+    print(render_holdings(holding_costs()))
+    print(f"\n{machine.line()}")
     last = res.samples[-1]
     ok = last.values_ingested >= res.values and res.rejections == 0 and res.errors_in_log == 0
     return 0 if ok else 1

@@ -1,0 +1,51 @@
+"""The benchmarks' arithmetic: CPU per event gross and net of idle, runs added up, bytes per
+topic kind, and the machine line every timing table carries (no timing is asserted)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.machine import Machine, Usage, cpu_seconds
+from bench.produced import Produced
+from bench.service import BROKER, WORKER, Cost, topic_kind
+
+
+def _cost(events: int, load_s: float, worker: float, idle_s: float, idle_worker: float) -> Cost:
+    return Cost(events, Usage(load_s, {WORKER: worker, BROKER: 0.0}),
+                Usage(idle_s, {WORKER: idle_worker, BROKER: 0.5}))  # fmt: skip
+
+
+def test_net_cpu_subtracts_the_idle_rate_over_the_run_and_never_goes_negative() -> None:
+    cost = _cost(1000, load_s=2.0, worker=1.0, idle_s=4.0, idle_worker=0.4)  # idle: 0.1 core
+    assert cost.us(WORKER) == pytest.approx(1000.0)  # 1 s over 1,000 events
+    assert cost.us(WORKER, net=True) == pytest.approx(800.0)  # less 0.1 core × 2 s
+    # the broker idled at 0.125 core but used nothing in the run: net is 0, not negative
+    assert cost.us(BROKER, net=True) == 0.0
+
+
+def test_two_runs_add_up_to_their_events_and_seconds() -> None:
+    both = _cost(1000, 2.0, 1.0, 3.0, 0.3) + _cost(3000, 4.0, 2.0, 3.0, 0.3)
+    assert both.events == 4000
+    assert both.load.wall_s == pytest.approx(6.0) and both.idle.wall_s == pytest.approx(6.0)
+    assert both.us(WORKER) == pytest.approx(750.0)  # 3 s over 4,000 events
+
+
+def test_bytes_are_summed_per_topic_kind_per_event() -> None:
+    made = Produced(10, {"m.inbox.alice": (5, 1000), "m.inbox.bob": (5, 3000),
+                         "app-streams-changelog": (7, 700), "m.purchases": (10, 3620)})  # fmt: skip
+    per = made.per_event(topic_kind)
+    assert per["inbox.<account>"] == (pytest.approx(1.0), pytest.approx(400.0))
+    assert per["changelog: streams"] == (pytest.approx(0.7), pytest.approx(70.0))
+    assert per["purchases"] == (pytest.approx(1.0), pytest.approx(362.0))
+    assert made.bytes_per_event == pytest.approx(832.0)
+    assert made.records_per_event == pytest.approx(2.7)
+    assert topic_kind("bench-src-abc123") == "source" and topic_kind("bench-dst-x") == "sink"
+
+
+def test_the_machine_line_names_the_cpu_its_simd_and_the_load() -> None:
+    line = Machine.now().line()
+    assert line.startswith("machine: ") and " cores, SIMD " in line and "numpy " in line
+    assert "load average (1 / 5 / 15 min) " in line and " at start, " in line
+    assert cpu_seconds(os.getpid()) >= 0.0

@@ -7,14 +7,13 @@ sealed for the buyer are opened with its key file; ``tail`` shows what is in the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from . import output
-from .common import EXIT_REFUSED, CommandError, load_party, run_client, warn
+from .common import EXIT_REFUSED, CommandError, load_party, read_inbox, run_client, warn
 from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands"]
@@ -196,14 +195,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
                 sealed_hint[0] = True
 
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_client(args, body, party)
-        except LookupError:
-            raise CommandError(
-                f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
-            ) from None  # fmt: skip
+    read_inbox(args, body, party)
     if sealed_hint[0]:
         warn("some releases are sealed for another key than this key file's sealing key")
     if not confirmed[0]:  # nothing the market signed says this key holds the account

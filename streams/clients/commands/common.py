@@ -8,6 +8,7 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ __all__ = [
     "floats",
     "load_party",
     "print_json",
+    "read_inbox",
     "run_client",
     "topics_of",
     "warn",
@@ -139,3 +141,15 @@ def run_client(
             f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER
         ) from None
 
+
+def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any) -> None:
+    """Run ``body(client)`` reading ``party``'s own inbox until it ends or Ctrl-C stops it (what
+    was read so far is the caller's to print); an account without an inbox was never opened."""
+    with contextlib.suppress(KeyboardInterrupt):
+        try:
+            run_client(args, body, party)
+        except LookupError:
+            raise CommandError(
+                f"no inbox for account {party.account_id!r}: open the account first "
+                f"(`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
+            ) from None  # fmt: skip

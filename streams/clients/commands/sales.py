@@ -11,12 +11,11 @@ sale to one buyer, not its account id.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from typing import Any
 
-from .common import EXIT_REFUSED, CommandError, load_party, print_json, run_client
+from .common import load_party, print_json, read_inbox
 from .output import add_json_flag, json_mode
 
 __all__ = ["add_commands", "totals"]
@@ -83,14 +82,7 @@ def cmd_sales(args: argparse.Namespace) -> int:
             if args.follow:
                 print(sale.model_dump_json() if json_mode(args) else _row(sale), flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_client(args, body, party)
-        except LookupError:
-            raise CommandError(
-                f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
-            ) from None  # fmt: skip
+    read_inbox(args, body, party)
     if json_mode(args):
         if not args.follow:
             print_json({"sales": [json.loads(s.model_dump_json()) for s in sales],

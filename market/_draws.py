@@ -30,16 +30,21 @@ import hashlib
 import itertools
 import struct
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from _hashlib import HASHXOF
 
 __all__ = [
     "KEY_LABEL",
     "Draws",
     "LazyUniform",
     "key_from",
+    "keyed_sponge",
     "lazy_at",
     "request_key",
     "to_unit",
@@ -67,13 +72,20 @@ def request_key(secret: bytes, seed: bytes) -> bytes:
     seed : bytes
         The request's canonical identity (:func:`market.rng.identity_bytes`).
     """
+    h = keyed_sponge(secret)
+    h.update(seed)
+    return h.digest(32)
+
+
+def keyed_sponge(secret: bytes) -> HASHXOF:
+    """SHAKE256 after absorbing ``label ‖ u32be(|secret|) ‖ secret``: :func:`request_key`'s
+    state before the seed, to copy for many seeds."""
     if len(secret) < 16:
         raise ValueError("the noise secret must be at least 16 bytes")
     h = hashlib.shake_256(KEY_LABEL)
     h.update(struct.pack(">I", len(secret)))
     h.update(secret)
-    h.update(seed)
-    return h.digest(32)
+    return h
 
 
 def key_from(rng: np.random.Generator) -> bytes:

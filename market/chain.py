@@ -52,7 +52,7 @@ from ._draws import Draws
 from .errors import InvalidValueError, SealedStateError
 from .levels import canonical_level, step_of
 from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, check_range
-from .rng import Identity, NoiseKeys
+from .rng import Identity, NoiseKeys, identity_bytes
 
 __all__ = [
     "DOMAIN",
@@ -112,6 +112,7 @@ class ReleaseChain:
     levels: tuple[float, ...]
     sealed: bool = False
     fingerprint: bytes = field(init=False, repr=False, compare=False)
+    _prefix: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         lv = tuple(canonical_level(x) for x in self.levels)
@@ -125,6 +126,7 @@ class ReleaseChain:
         desc = struct.pack(f"<BBdI{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity,
                            dim, *lv)  # fmt: skip
         object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])
+        object.__setattr__(self, "_prefix", identity_bytes(DOMAIN, self.fingerprint))
 
     def __len__(self) -> int:
         return len(self.levels)
@@ -152,8 +154,9 @@ class ReleaseChain:
         return _frozen(exact)
 
     def key(self, keys: NoiseKeys, identity: Identity, s: int) -> bytes:
-        """The request key of step ``s`` of a value."""
-        return keys(DOMAIN, self.fingerprint, *identity, s)
+        """The request key of step ``s`` of a value: ``keys(DOMAIN, fingerprint, *identity,
+        s)``, with the chain's part of the identity encoded once."""
+        return keys.of(self._prefix + identity_bytes(*identity, s))
 
     # -- states ---------------------------------------------------------------------------
     def open(self, value: Any) -> ChainState:

@@ -168,8 +168,9 @@ class Mechanism(ABC):
 
         Independent releases add precisions, which is why prices are functions of it
         (:mod:`market.pricing`): a schedule subadditive in precision leaves no arbitrage.
+        Cached per mechanism and level (every purchase prices two levels of a handful).
         """
-        return 1.0 / self.variance(level)
+        return _precision(self, level)
 
     # -- privacy -----------------------------------------------------------------------------
     @abstractmethod
@@ -337,6 +338,13 @@ class _LatticeLaplace(Mechanism):
         out = np.empty(int(up.shape[0]), dtype=np.int64)
         _dlap.sample_into(out, up, lo, law, draws)
         return Anchor(level, out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _precision(mechanism: Mechanism, level: float) -> float:
+    """``1 / variance``, memoised: mechanisms are frozen dataclasses, equal when their
+    parameters are, so a key names one law."""
+    return 1.0 / mechanism.variance(level)
 
 
 @dataclass(frozen=True)

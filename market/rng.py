@@ -21,11 +21,15 @@ from __future__ import annotations
 import math
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 from randomgen import AESCounter
 
-from ._draws import request_key
+from ._draws import keyed_sponge
+
+if TYPE_CHECKING:
+    from _hashlib import HASHXOF
 
 __all__ = [
     "Identity",
@@ -120,15 +124,24 @@ class NoiseKeys:
     True
     """
 
-    __slots__ = ("_secret",)
+    __slots__ = ("_base", "_secret")
+    _base: HASHXOF
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 16:
             raise ValueError("the noise secret must be at least 16 bytes")
         self._secret = secret
+        self._base = keyed_sponge(secret)
 
     def __call__(self, *identity: IdentityPart) -> bytes:
-        return request_key(self._secret, identity_bytes(*identity))
+        return self.of(identity_bytes(*identity))
+
+    def of(self, seed: bytes) -> bytes:
+        """The request key of an identity already encoded (:func:`identity_bytes`): the
+        sponge that absorbed the label and the secret is copied, not rebuilt, per key."""
+        h = self._base.copy()
+        h.update(seed)
+        return h.digest(32)
 
 
 class KeyedRngFactory:

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from market.envelope import public_key_b64
+from market.envelope import Opener
 from market.receipts import key_id, opening_key
 
 from ..wire.sales import pseudonym_key
@@ -74,9 +74,14 @@ class MarketKeys:
         return X25519PrivateKey.from_private_bytes(seed)
 
     @cached_property
+    def opener(self) -> Opener:
+        """Opens what sellers seal to :attr:`sealing_key`, its public half computed once."""
+        return Opener(self.sealing_key)
+
+    @property
     def sealing_public_b64(self) -> str:
         """Base64 of the sealing key's 32 raw public bytes (``market_sealing_key``)."""
-        return public_key_b64(self.sealing_key)
+        return self.opener.public_b64
 
     @property
     def noise_fingerprint(self) -> str:

@@ -212,7 +212,7 @@ class MarketCore:
                 "them: the client library and `epsilon-market publish` seal them",
             )
         try:
-            return open_values(batch, self.ctx.topics.prefix, self.ctx.keys.sealing_key)
+            return open_values(batch, self.ctx.topics.prefix, self.ctx.keys.opener)
         except EnvelopeError:
             raise Reject(
                 "bad_seal",

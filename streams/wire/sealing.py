@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import BaseModel, TypeAdapter
 
-from market.envelope import EnvelopeError, Sealer, open_envelope, public_key_b64, seal
+from market.envelope import EnvelopeError, Opener, Sealer, open_envelope, seal
 
 from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueBatch, ValueItem, ValueReleased
 
@@ -214,7 +214,7 @@ def seal_values(
     return ValueBatch.model_validate({**draft.model_dump(), "sealed": envelope})
 
 
-def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey) -> ValueBatch:
+def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) -> ValueBatch:
     """``batch`` with its sealed numbers opened into its items (a clear batch unchanged).
 
     Raises
@@ -228,8 +228,9 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey) -> ValueB
     """
     if batch.sealed is None:
         return batch
-    aad = values_aad(market, public_key_b64(key), batch)
-    plain = open_envelope(key, batch.sealed.model_dump(), aad)
+    opener = key if isinstance(key, Opener) else Opener(key)
+    aad = values_aad(market, opener.public_b64, batch)
+    plain = opener.open(batch.sealed.model_dump(), aad)
     rows = _rows(plain, len(batch.items))
     items = [ValueItem.model_validate({"value_id": i.value_id, "published_at_ms":
                                        i.published_at_ms, **row})

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from market.envelope import (
+    CONTEXT,
     EnvelopeError,
+    Opener,
     Sealer,
+    _key,
     ciphertext_digest,
     generate_keypair,
     open_envelope,
@@ -90,3 +96,27 @@ def test_a_sealer_refuses_keys_nothing_can_be_sealed_for() -> None:
         Sealer(SECRET).seal(base64.b64encode(bytes(32)).decode(), b"x")
     with pytest.raises(EnvelopeError, match="32 bytes"):
         Sealer(SECRET).seal(base64.b64encode(b"short").decode(), b"x")
+
+
+def test_the_key_derivation_is_rfc5869_hkdf() -> None:
+    """``_key`` is written out with two HMACs; the library's HKDF is the independent answer."""
+    for n in (0, 1, 7):
+        shared, epk, rpk = os.urandom(32), os.urandom(32), bytes([n]) * 32
+        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=epk + rpk, info=CONTEXT)
+        assert _key(shared, epk, rpk) == want.derive(shared)
+
+
+def test_an_opener_opens_what_was_sealed_to_its_key_and_nothing_else() -> None:
+    key, pub = generate_keypair()
+    opener = Opener(key)
+    assert opener.public_b64 == pub
+    env = seal(pub, b"numbers", aad=b"batch")
+    assert opener.open(env, aad=b"batch") == b"numbers"
+    with pytest.raises(EnvelopeError, match="cannot be opened"):
+        opener.open(env, aad=b"another batch")
+    other, _ = generate_keypair()
+    with pytest.raises(EnvelopeError, match="cannot be opened"):
+        Opener(other).open(env, aad=b"batch")
+    low = {**env, "epk": base64.b64encode(bytes(32)).decode()}
+    with pytest.raises(EnvelopeError, match="low-order"):
+        opener.open(low, aad=b"batch")

@@ -28,7 +28,7 @@ from ..wire.events import StreamRegistration
 from ..wire.topics import Topics
 from .outputs import Reject
 
-__all__ = ["Quota", "StreamCensus"]
+__all__ = ["SELLER_SHARE_FLOOR", "Quota", "StreamCensus", "capacity"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,30 @@ class Quota:
     histograms: int
     streams_per_seller: int
     histograms_per_seller: int
+
+
+SELLER_SHARE_FLOOR = 4
+"""A seller's share of one partition below which ``init-topics`` warns: stream ids hash
+uniformly, so with a share of s per partition a seller's k-th stream is refused with
+probability about that of k ids landing s + 1 in one partition — for s = 1 already the
+second stream in P partitions, with probability 1/P (the birthday bound)."""
+
+
+def capacity(quota: Quota, partitions: int) -> dict[str, int]:
+    """What a market made with ``partitions`` input partitions holds at most per partition
+    (the shares :meth:`StreamCensus.check_room` enforces) and how many workers it can use:
+    the numbers to choose the partition count by, which cannot change after creation."""
+    def share(limit: int) -> int:
+        return math.ceil(limit / partitions)
+
+    return {
+        "partitions": partitions,
+        "max_workers": partitions,
+        "streams_per_partition": share(quota.streams),
+        "histogram_streams_per_partition": share(quota.histograms),
+        "seller_streams_per_partition": share(quota.streams_per_seller),
+        "seller_histogram_streams_per_partition": share(quota.histograms_per_seller),
+    }
 
 
 _WHAT = {

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from streams.core import MarketCore, Stores, stream_store
+from streams.core.census import SELLER_SHARE_FLOOR, capacity
 from streams.core.context import Limits
 from streams.wire.topics import Topics
 
@@ -137,3 +138,18 @@ def test_a_worker_holding_every_stream_keeps_every_stream_built(
     for sid in ids:
         assert c.handle(T.purchases, quote(sid, "alice", f"q{sid}")).status == "answered"
     assert all(c.streams.cached()[s][1] is built[s][1] for s in ids)  # the same: nothing rebuilt
+
+
+def test_capacity_states_the_shares_the_census_enforces() -> None:
+    """What ``init-topics`` prints is what a registration meets: the seller's share of a
+    partition, checked against the census itself on a market of 4 partitions."""
+    room = capacity(Limits(max_streams_per_seller=8).stream_quota, T.partitions)
+    assert room["max_workers"] == T.partitions
+    assert room["seller_streams_per_partition"] == math.ceil(8 / T.partitions)
+    c = market_core("seller1", limits=Limits(max_streams_per_seller=8))
+    ids = _ids(room["seller_streams_per_partition"] + 1, 0)
+    for sid in ids[:-1]:
+        assert _register(c, sid).status == "accepted"
+    assert _register(c, ids[-1]).reason == "too_many_streams"
+    big = capacity(Limits().stream_quota, 128)
+    assert big["seller_streams_per_partition"] == 1 < SELLER_SHARE_FLOOR  # the case warned of

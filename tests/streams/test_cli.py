@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.broker.embedded import EmbeddedBroker
 from streams.clients.client import TopicReader
 from streams.wire.events import SCHEMAS
 
@@ -215,3 +216,16 @@ def test_every_command_prints_for_a_person_and_json_for_machines(
     r = cli(market, "account", "rotate", *bob, "--new-key-file", str(new), "--version", "2",
             "--json")  # fmt: skip
     assert json.loads(r.stdout)["version"] == 2 and "rotated to version 2" in r.stderr
+
+
+@pytest.mark.broker
+def test_init_topics_says_how_many_workers_the_partitions_allow(broker: EmbeddedBroker) -> None:
+    """The partition count is fixed once the topics exist: the command says what it allows,
+    and warns when a seller's share of a partition is too small to be useful."""
+    r = cli(None, "--broker", broker.url, "--prefix", "cap32", "init-topics", "--partitions", "32")
+    assert "at most 32 workers" in r.stdout and "2 of one seller" in r.stdout
+    assert "warning" in r.stdout and "at least 128" in r.stdout
+    again = cli(None, "--broker", broker.url, "--prefix", "cap32", "--json", "init-topics",
+                "--partitions", "32")  # fmt: skip
+    body = json.loads(again.stdout)
+    assert body["created"] == [] and body["capacity"]["max_workers"] == 32

@@ -133,10 +133,35 @@ def cmd_init_topics(args: argparse.Namespace) -> int:
     async def body(c: Any) -> list[str]:
         return await ensure_topics(c.bootstrap, topics_of(args), **c.auth)
 
+    from ...core.census import SELLER_SHARE_FLOOR  # noqa: PLC0415
+
     created = run_client(args, body)
-    show(args, {"created": created},
-         "created: " + (", ".join(created) if created else "nothing (all topics exist)"))
+    room = _capacity(args.partitions)
+    lines = ["created: " + (", ".join(created) if created else "nothing (all topics exist)"),
+             f"{room['partitions']} input partitions: at most {room['max_workers']} workers "
+             "share the market (the count is fixed once the topics exist); each partition "
+             f"holds at most {room['streams_per_partition']} streams, "
+             f"{room['seller_streams_per_partition']} of one seller"]  # fmt: skip
+    if room["seller_streams_per_partition"] < SELLER_SHARE_FLOOR:
+        lines.append(
+            f"warning: a seller's share of a partition is {room['seller_streams_per_partition']}"
+            ": its streams whose ids hash to one partition are refused (too_many_streams) "
+            "before it reaches EMARKET_MAX_STREAMS_PER_SELLER; raise that to at least "
+            f"{SELLER_SHARE_FLOOR * args.partitions} for {args.partitions} partitions"
+        )
+    show(args, {"created": created, "capacity": room}, "\n".join(lines))
     return 0
+
+
+def _capacity(partitions: int) -> dict[str, int]:
+    """The shares per partition under this environment's limits (``EMARKET_MAX_*``)."""
+    from ...core.census import Quota, capacity  # noqa: PLC0415
+    from ...worker.config import Settings  # noqa: PLC0415
+
+    s = Settings.from_env()
+    quota = Quota(s.max_streams, s.max_histogram_streams, s.max_streams_per_seller,
+                  s.max_histogram_streams_per_seller)  # fmt: skip
+    return capacity(quota, partitions)
 
 
 def _operator_token(args: argparse.Namespace) -> str | None:
@@ -462,7 +487,10 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--values", type=int, default=20)
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("init-topics", help="create the market's topics")
-    sp.add_argument("--partitions", type=int, default=4)
+    sp.add_argument("--partitions", type=int,
+                    default=int(os.environ.get("EMARKET_PARTITIONS") or 4),
+                    help="input partitions, fixed for the market's life: at most this many "
+                    "workers (default $EMARKET_PARTITIONS or 4; docs/operations.md, sizing)")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_init_topics)
     sp = sub.add_parser("ledger", help="operators: revenue, privacy spent and holdings")

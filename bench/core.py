@@ -265,7 +265,11 @@ def render(runs: list[list[Measure]], mem: list[tuple[float, float]] | None = No
         )
     what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
     out = (f"CPU time of this thread (`time.thread_time`): the core over all its events, each "
-           f"floor primitive over {FLOOR_REPS} calls. Each cell: {what}; ratios are taken "
+           f"floor primitive over {FLOOR_REPS} calls. The floor is every cryptographic "
+           "operation the protocol requires of the market for the event, made with the core's "
+           "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
+           "sale notice); a value's verification, envelope opening, answer signature and share "
+           f"of its holders' delivery signatures. Each cell: {what}; ratios are taken "
            "within a run, goals judged on their median.\n\n" + "\n".join(lines))  # fmt: skip
     if mem:
         heap = statistics.median(h for h, _ in mem)

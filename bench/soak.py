@@ -44,7 +44,7 @@ from streams.clients.keys import Party
 from streams.core import EvictedValue, MarketCore, MarketKeys, Stores
 from streams.core.codecs import CODECS
 from streams.core.context import Limits
-from streams.core.state import Holder, StreamState
+from streams.core.state import Holder, with_registration
 from streams.wire.events import (
     AccountState,
     LinearLevelSpec,
@@ -321,6 +321,7 @@ class HoldingCosts:
     account_bytes: float
     account_heap: float  # in the account replica (every worker holds every account)
     stream_bytes: float  # its record with no holder and no value
+    registered_bytes: float  # how it was registered: written once, apart from its record
     stream_heap: float  # its record, its terms and product, the census: a worker's retained heap
     holder_bytes: float
     holder_heap: float
@@ -352,8 +353,9 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
 
     stream_heap = _retained(register) / (streams - 1)
     encode, decode = CODECS["streams"]
-    state: StreamState = core.stores.streams["s00001"]
+    state = with_registration(core.stores, "s00001", core.stores.streams["s00001"])
     bare = encode(state)
+    registered = CODECS["registered"][0](state.registered)
     many = state.model_copy(update={"holders": {
         f"buyer-{i:018d}": Holder(level=LADDER[3], paid_minor=400, purchases=4)
         for i in range(holders)}})  # fmt: skip
@@ -375,6 +377,7 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
         account_bytes=sum(len(v) for _, v in records) / accounts,
         account_heap=_retained(replicate) / accounts,
         stream_bytes=float(len(bare)),
+        registered_bytes=float(len(registered)),
         stream_heap=stream_heap,
         holder_bytes=(len(full) - len(bare)) / holders,
         holder_heap=holder_heap,
@@ -464,8 +467,9 @@ def render_holdings(h: HoldingCosts) -> str:
         "|---|---|---|",
         f"| account (heap: in the account replica, on every worker) | {h.account_bytes:,.0f} B "
         f"| {h.account_heap:,.0f} B |",
-        f"| stream, no value, no holder (heap: record, terms, product, census) "
-        f"| {h.stream_bytes:,.0f} B | {h.stream_heap:,.0f} B |",
+        f"| stream, no value, no holder (heap: record, registration, terms, product, census) "
+        f"| {h.stream_bytes:,.0f} B + {h.registered_bytes:,.0f} B registered (written once) "
+        f"| {h.stream_heap:,.0f} B |",
         f"| holder (its entry in the stream's record) | {h.holder_bytes:,.0f} B "
         f"| {h.holder_heap:,.0f} B |",
         f"\na stream's record with {h.holders:,} holders: {h.full_record_bytes:,.0f} B in its "

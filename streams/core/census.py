@@ -20,13 +20,12 @@ registered — a refused registration costs no scan.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..wire.events import StreamRegistration
 from ..wire.topics import Topics
 from .outputs import Reject
+from .state import Stores, registered_of
 
 __all__ = ["SELLER_SHARE_FLOOR", "Quota", "StreamCensus", "capacity"]
 
@@ -79,9 +78,9 @@ class StreamCensus:
     """Streams and histogram streams per input partition, in all and per seller, on this
     worker's partitions."""
 
-    def __init__(self, topics: Topics, streams: Mapping[str, Any]) -> None:
+    def __init__(self, topics: Topics, stores: Stores) -> None:
         self._topics = topics
-        self._streams = streams
+        self._stores = stores
         self._counts: dict[tuple[int, str | None], list[int]] | None = None
 
     def check_room(self, reg: StreamRegistration, quota: Quota) -> None:
@@ -127,8 +126,9 @@ class StreamCensus:
     def _count(self, partition: int, seller: str | None) -> list[int]:
         if self._counts is None:
             counts: dict[tuple[int, str | None], list[int]] = {}
-            for sid in list(self._streams):
-                reg = self._streams[sid].registration
+            streams = self._stores.streams
+            for sid in list(streams):
+                reg = registered_of(self._stores, sid, streams[sid]).registration
                 p = self._topics.partition_of(sid)
                 for who in (None, reg.seller_id):
                     c = counts.setdefault((p, who), [0, 0])

@@ -1,11 +1,14 @@
 """Bytes of every stored record: the one place that says how state is written to a changelog.
 
-Stream records and holders bases are their models' JSON; a value's chain state uses the compact
+Stream records, registrations and holders bases are their models' JSON; a stream's record leaves
+out how the stream was registered (:func:`encode_stream`: it is written once, apart), which is
+what keeps the record rewritten after every event small. A value's chain state uses the compact
 binary codec of :mod:`market.codec`. The records kept for the dedup horizon, one per purchase and
 one per value that left its window, are many and long-lived, so they are packed binary: a
 purchase's decision in at most :data:`~.state.PURCHASE_RECORD_BYTES`, an eviction mark in at
 most :data:`~.state.VALUE_MARK_BYTES` (``tests/streams/test_core_records.py`` checks both).
-Records an earlier version wrote (JSON purchases, text marks) are read as well. The worker
+Records an earlier version wrote (JSON purchases, text marks, stream records with their
+registration inline) are read as well. The worker
 registers these functions as Faust codecs (:mod:`streams.worker.tables`).
 """
 
@@ -24,10 +27,25 @@ from market.codec import (
 from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState
-from .replay.legacy import purchase_from_json
-from .state import EvictedValue, HoldersBase, PurchaseRecord, StreamState, ValueState
+from .replay.legacy import INLINE_REGISTRATION, purchase_from_json, stream_from_json
+from .state import (
+    EvictedValue,
+    HoldersBase,
+    PurchaseRecord,
+    Registered,
+    StreamRecord,
+    ValueState,
+)
 
-__all__ = ["CODECS", "decode_purchase", "decode_value", "encode_purchase", "encode_value"]
+__all__ = [
+    "CODECS",
+    "decode_purchase",
+    "decode_stream",
+    "decode_value",
+    "encode_purchase",
+    "encode_stream",
+    "encode_value",
+]
 
 _EVICTED = b"EVIC"  # an earlier version's text mark: EVIC<seq>:<hex digest>:<published>
 _MARK = b"EVM2"
@@ -132,8 +150,30 @@ def _model_json(model: Any) -> bytes:
     return bytes(model.model_dump_json().encode())
 
 
+_FIXED: set[str] = {"registered"}  # what a stream's record never writes (StreamState's own)
+
+
+def encode_stream(record: StreamRecord) -> bytes:
+    """A stream's record as JSON, without how the stream was registered.
+
+    A :class:`~.state.StreamState` (what the core holds in memory) carries its
+    :class:`~.state.Registered`; this is the one place that leaves it out of the record
+    rewritten after every event (it is written once, to ``registered``).
+    """
+    return record.model_dump_json(exclude=_FIXED).encode()
+
+
+def decode_stream(data: bytes) -> StreamRecord:
+    """Inverse of :func:`encode_stream`; a record an earlier version wrote, its registration
+    inline, is read whole (:func:`~.replay.legacy.stream_from_json`)."""
+    if data.startswith(INLINE_REGISTRATION):
+        return stream_from_json(data)
+    return StreamRecord.model_validate_json(data)
+
+
 CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
-    "streams": (_model_json, StreamState.model_validate_json),
+    "registered": (_model_json, Registered.model_validate_json),
+    "streams": (encode_stream, decode_stream),
     "releases": (encode_value, decode_value),
     "purchases": (encode_purchase, decode_purchase),
     "accounts": (_model_json, AccountState.model_validate_json),

@@ -107,7 +107,7 @@ class Context:
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
-        self.census = StreamCensus(self.topics, self.stores.streams)
+        self.census = StreamCensus(self.topics, self.stores)
         self.allowance = Allowance(self.limits.max_openings_per_minute,
                                    self.limits.max_quotes_per_minute, self.topics.partitions,
                                    self.clock)  # fmt: skip

@@ -2,7 +2,9 @@
 
 A registration is signed by the seller's account, which then alone can publish into the stream.
 It is accepted once: resending the identical registration re-emits the catalog entry; the same
-stream id with other parameters is refused (``stream_exists``). The mechanism, the price
+stream id with other parameters is refused (``stream_exists``). What was accepted
+(:class:`~.state.Registered`) is therefore fixed for good, and stored once, apart from the
+stream's record (:mod:`.stream_store`). The mechanism, the price
 schedule (no step may cost less than nothing) and the size of the largest purchase outcome (it
 must fit in one message) are checked before anything is stored.
 """
@@ -17,7 +19,7 @@ from .delivery import release_bytes
 from .incoming import Incoming
 from .outputs import Outcome, Output, Reject, dump
 from .products import product_class
-from .state import StreamState, stream_record_bound
+from .state import Registered, StreamState, registered_bound, stream_record_bound
 from .stream_store import Streams
 from .terms import terms_of
 
@@ -30,7 +32,7 @@ EPSILON_DELTA = 1e-6
 def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) -> Outcome:
     """Apply one ``register_stream`` event: a new stream, or its catalog entry again."""
     reg = inc.event
-    existing = streams.record(reg.stream_id)
+    existing = streams.registered(reg.stream_id)
     if existing is not None:
         return _again(ctx, reg, existing)
     # every check before a histogram stream's survival law, the one costly part, is built
@@ -57,10 +59,8 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
     ))  # fmt: skip
     _check_record_size(ctx, reg, len(payload))
     streams.create(StreamState(
-        registration=reg,
-        secret_fingerprint=ctx.keys.noise_fingerprint,
-        accepted_at_ms=now,
-        catalog_payload=payload.decode(),
+        registered=Registered(registration=reg, secret_fingerprint=ctx.keys.noise_fingerprint,
+                              accepted_at_ms=now, catalog_payload=payload.decode()),
         # purchases older than the horizon before it were refused by the clock: the watermark
         # keeps refusing them on every worker, whatever its clock
         purchase_watermark_ms=now,
@@ -75,7 +75,7 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
     )
 
 
-def _again(ctx: Context, reg: StreamRegistration, existing: StreamState) -> Outcome:
+def _again(ctx: Context, reg: StreamRegistration, existing: Registered) -> Outcome:
     """A registration of a stream id already taken: a resend re-emits its catalog entry."""
     if existing.registration != reg:
         raise Reject(
@@ -95,9 +95,10 @@ def _again(ctx: Context, reg: StreamRegistration, existing: StreamState) -> Outc
 
 
 def _check_record_size(ctx: Context, reg: StreamRegistration, catalog_bytes: int) -> None:
-    """The stream's record must always fit in one message, however full it gets."""
-    record = stream_record_bound(reg.retain_last, ctx.limits.max_holders, catalog_bytes,
-                                 windowed=reg.window is not None)  # fmt: skip
+    """The stream's records must always fit in one message each, however full it gets."""
+    record = max(stream_record_bound(reg.retain_last, ctx.limits.max_holders,
+                                     windowed=reg.window is not None),
+                 registered_bound(catalog_bytes))  # fmt: skip
     if record > ctx.limits.max_message_bytes:
         raise Reject(
             "stream_too_large",

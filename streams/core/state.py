@@ -3,8 +3,12 @@
 =============  =========================  ===================================================
 store          key                        value
 =============  =========================  ===================================================
-``streams``    ``stream_id``              :class:`StreamState`: registration, window, holders,
-                                          revenue, privacy spent, watermarks
+``registered`` ``stream_id``             :class:`Registered`: the seller's signed registration
+                                          as accepted (noise secret's fingerprint, time,
+                                          catalog entry); written once, never changed
+``streams``    ``stream_id``              :class:`StreamRecord`: window, holders, revenue,
+                                          privacy spent, watermarks (what changes; rewritten
+                                          after every event that changes the stream)
 ``releases``   ``stream_id/value_id``     the value's :class:`~market.chain.ChainState` (exact
                                           numbers and cached steps; on a histogram stream a
                                           :class:`~market.histogram_chain.HistogramValue`, the
@@ -21,6 +25,17 @@ store          key                        value
 
 Any ``MutableMapping`` works as a store: dicts in tests, write-back Faust tables in the worker.
 Handlers always re-assign a record after changing it, so a table sends its changelog.
+
+**A stream in two records.** How a stream was registered never changes, and is most of its
+bytes (a registration and its catalog entry: ~2.2 kB of a ~3.3 kB record), while the rest
+changes with every value and purchase. So the core holds a stream as one
+:class:`StreamState` (a :class:`StreamRecord` that also carries its :class:`Registered`:
+handlers read ``state.registration``), and the stores keep the two apart: ``registered`` is
+written once (:mod:`streams.core.stream_store`, its one writer), and the codec of ``streams``
+never writes the registration (:mod:`.codecs`). Both are keyed by stream id, so they are
+partitioned alike and a worker that takes a partition over recovers both. A stream is
+registered if and only if its ``streams`` record exists: that record is the truth, and a
+``registered`` record without one (a batch lost between the two) is no registration.
 """
 
 from __future__ import annotations
@@ -45,12 +60,18 @@ __all__ = [
     "Holder",
     "HoldersBase",
     "PurchaseRecord",
+    "Registered",
     "Stores",
+    "StreamRecord",
     "StreamState",
     "ValueEntry",
     "ValueState",
     "holders_key",
     "record_key",
+    "registered_bound",
+    "registered_of",
+    "stream_record_bound",
+    "with_registration",
 ]
 
 
@@ -110,16 +131,29 @@ def holders_key(stream_id: str, slot: int) -> str:
     return record_key(stream_id, str(slot))
 
 
-class StreamState(BaseModel):
-    """Everything the market keeps about one stream besides the per-value release states."""
+class Registered(BaseModel):
+    """A stream as the market accepted it: what never changes once it is registered.
 
-    model_config = ConfigDict(extra="forbid")
+    A stream id is taken for good: the identical registration sent again re-emits the catalog
+    entry, any other is refused (:mod:`streams.core.registrations`). So this is written once,
+    into its own store, and a stream's record, rewritten after every event, need not carry it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
     registration: StreamRegistration
     #: fingerprint of the noise secret the stream's releases are keyed with; a worker with
     #: another secret refuses to serve the stream rather than re-noise it
     secret_fingerprint: str
     accepted_at_ms: int
+    #: the catalog entry's JSON, re-emitted byte for byte when the registration is resent
     catalog_payload: str
+
+
+class StreamRecord(BaseModel):
+    """What changes about a stream: the record its store holds, written after every event that
+    changes it (how it was registered is in :class:`Registered`, apart)."""
+
+    model_config = ConfigDict(extra="forbid")
     window: list[ValueEntry] = []
     next_seq: int = 0
     #: who holds what: every holder, or in a stored record that names a ``holders_base`` only
@@ -153,6 +187,22 @@ class StreamState(BaseModel):
     numbering_floor: int = -1
 
 
+class StreamState(StreamRecord):
+    """A stream as the core sees it: its record, and how it was registered.
+
+    In memory one object, so handlers read ``state.registration`` and a stream is never
+    half there; in the stores two records (the module docstring): the codec of ``streams``
+    leaves ``registered`` out, and the stream store writes it, once, to ``registered``.
+    """
+
+    registered: Registered
+
+    @property
+    def registration(self) -> StreamRegistration:
+        """The seller's signed registration (fixed for good)."""
+        return self.registered.registration
+
+
 #: upper bounds on the JSON of one window entry and one holder with 64-character ids, and of
 #: one privacy window's sum
 WINDOW_ENTRY_BYTES = 300
@@ -167,24 +217,27 @@ INCARNATION_MASK = (1 << 31) - 1
 NUMBERING_BYTES = 48
 
 
-def stream_record_bound(
-    retain_last: int, max_holders: int, catalog_bytes: int, *, windowed: bool = False
-) -> int:
+def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = False) -> int:
     """Most bytes a stream's record can take: a full window, every holder, every privacy-window
-    sum, its catalog entry twice (the registration inside it, and the entry as an escaped
-    string).
+    sum and numbering.
 
-    The registration is refused if this exceeds the message limit, so a stream's state can
-    always be written (``tests/streams/test_core.py`` checks the bound at its extremes).
+    The registration is refused if this (or :func:`registered_bound`) exceeds the message
+    limit, so a stream's state can always be written (``tests/streams/test_core.py`` checks
+    the bound at its extremes).
     """
     return (
         WINDOW_ENTRY_BYTES * retain_last
         + HOLDER_BYTES * max_holders
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
-        + 3 * catalog_bytes
         + NUMBERING_BYTES * (MAX_NUMBERINGS + 1)
         + 1024
     )
+
+
+def registered_bound(catalog_bytes: int) -> int:
+    """Most bytes a stream's :class:`Registered` record can take: its catalog entry twice (the
+    registration inside it, and the entry as a string, each character escaped at worst)."""
+    return 3 * catalog_bytes + 1024
 
 
 @dataclass(slots=True)
@@ -249,18 +302,48 @@ class EvictedValue:
 ValueState = ChainState | HistogramValue | EvictedValue
 
 
+def registered_of(stores: Stores, stream_id: str, record: StreamRecord) -> Registered:
+    """How the stream of a stored record was registered: what the record carries (a stream
+    loaded in memory, or a record an earlier version wrote with its registration inline), else
+    its ``registered`` record, which a record of a registered stream always has (it is acked
+    before the stream's record: :mod:`streams.core.stream_store`)."""
+    if isinstance(record, StreamState):
+        return record.registered
+    registered = stores.registered.get(stream_id)
+    if registered is None:
+        raise RuntimeError(
+            f"stream {stream_id!r} has a record but the registered store does not hold its "
+            "registration: its state is inconsistent"
+        )
+    return registered
+
+
+def with_registration(stores: Stores, stream_id: str, record: StreamRecord) -> StreamState:
+    """A stored record with how its stream was registered (the record itself if it carries
+    it), to read: its holders are those it stores (:func:`~.stream_store.holders_of`)."""
+    if isinstance(record, StreamState):
+        return record
+    registered = registered_of(stores, stream_id, record)
+    return StreamState.model_construct(**dict(record), registered=registered)
+
+
 class Stores:
     """The stores the core reads and writes (see the module docstring)."""
 
+    #: their names, as attributes here and as tables (each with its changelog) in the worker
+    NAMES = ("registered", "streams", "releases", "purchases", "accounts", "holders")
+
     def __init__(
         self,
-        streams: MutableMapping[str, StreamState] | None = None,
+        streams: MutableMapping[str, StreamRecord] | None = None,
         releases: MutableMapping[str, ValueState] | None = None,
         purchases: MutableMapping[str, PurchaseRecord] | None = None,
         accounts: MutableMapping[str, AccountState] | None = None,
         holders: MutableMapping[str, HoldersBase] | None = None,
+        registered: MutableMapping[str, Registered] | None = None,
     ) -> None:
-        self.streams: MutableMapping[str, StreamState] = {} if streams is None else streams
+        self.registered: MutableMapping[str, Registered] = {} if registered is None else registered
+        self.streams: MutableMapping[str, StreamRecord] = {} if streams is None else streams
         self.releases: MutableMapping[str, ValueState] = {} if releases is None else releases
         self.purchases: MutableMapping[str, PurchaseRecord] = {} if purchases is None else purchases
         self.accounts: MutableMapping[str, AccountState] = {} if accounts is None else accounts

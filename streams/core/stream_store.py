@@ -23,8 +23,24 @@ base is written. The record stays the truth and never refers to a base that can 
 * a batch lost after its base but before its stream's record leaves the old record naming
   the old, untouched slot: a replay finds the stream exactly as it was.
 
-Nothing else writes the ``holders`` store, and a stream is put back together (base, then the
-holders its record carries) once when it is first loaded, then kept whole in memory.
+**Registered apart.** How a stream was registered (:class:`~.state.Registered`: the signed
+registration, its catalog entry) never changes, so it is not rewritten with the record: it is
+written to the ``registered`` store once, in the batch that registers the stream, and the
+record's codec leaves it out (:mod:`.codecs`). The same care as for bases keeps the record the
+truth:
+
+* ``registered`` is written with a batch's records, acknowledged before its streams' records,
+  so a durable stream record always finds its registration;
+* a batch lost after it but before the stream's record leaves a registration with no record,
+  which is no registration: the stream is unknown, and the replayed registration is decided
+  afresh (accepted again, its catalog entry made again: nobody was sent the first);
+* a record an earlier version wrote, its registration inline, is read as it is, and the first
+  event that changes its stream writes the registration to ``registered`` before the record
+  without it (rewritten only if what the store holds differs: at most once per stream).
+
+Nothing else writes the ``holders`` or ``registered`` stores, and a stream is put back together
+(its registration, its base, then the holders its record carries) once when it is first
+loaded, then kept whole in memory (the registration shared with the ``registered`` store).
 """
 
 from __future__ import annotations
@@ -40,7 +56,18 @@ from ..wire.events import StreamRegistration
 from .keys import MarketKeys
 from .outputs import Reject
 from .products import Product, product_for
-from .state import BaseRef, Holder, HoldersBase, Stores, StreamState, holders_key
+from .state import (
+    BaseRef,
+    Holder,
+    HoldersBase,
+    Registered,
+    Stores,
+    StreamRecord,
+    StreamState,
+    holders_key,
+    registered_of,
+    with_registration,
+)
 from .stream import Stream
 from .terms import Terms, terms_of
 
@@ -62,14 +89,15 @@ Built = tuple[StreamRegistration, Terms, Product]
 
 @dataclass
 class _Whole:
-    """A stream's record as stored (``stored``) and with every holder (``whole``, the same
-    object when the record names no base), the holders changed since the base and the batch
-    that last wrote a base."""
+    """A stream's record as stored (``stored``) and whole (``whole``: with its registration and
+    every holder, the same object when the stored one is), the holders changed since the base,
+    the batch that last wrote a base, and whether ``registered`` has yet to be written."""
 
-    stored: StreamState
+    stored: StreamRecord
     whole: StreamState
     since: dict[str, None]
     based_in: int = -1
+    unregistered: bool = False
 
 
 def _base_due(holders: int, since: int) -> bool:
@@ -77,18 +105,18 @@ def _base_due(holders: int, since: int) -> bool:
     return since > max(INLINE_HOLDERS, math.isqrt(2 * holders))
 
 
-def holders_of(stores: Stores, state: StreamState) -> Mapping[str, Holder]:
+def holders_of(stores: Stores, stream_id: str, record: StreamRecord) -> Mapping[str, Holder]:
     """Every holder of a stored record (its base's, updated by those it carries), to read."""
-    ref = state.holders_base
+    ref = record.holders_base
     if ref is None:
-        return state.holders
-    base = stores.holders.get(holders_key(state.registration.stream_id, ref.slot))
+        return record.holders
+    base = stores.holders.get(holders_key(stream_id, ref.slot))
     if base is None or base.gen != ref.gen:
         raise RuntimeError(
-            f"stream {state.registration.stream_id!r} names holders base {ref} which the "
-            "holders store does not hold: its state is inconsistent"
+            f"stream {stream_id!r} names holders base {ref} which the holders store does not "
+            "hold: its state is inconsistent"
         )
-    return {**base.holders, **state.holders}
+    return {**base.holders, **record.holders}
 
 
 def new_numbering() -> int:
@@ -132,7 +160,7 @@ class Streams:
                 "unknown_stream",
                 f"stream {stream_id!r} is not registered; check the catalog for available streams",
             )
-        fingerprint = stream.state.secret_fingerprint
+        fingerprint = stream.state.registered.secret_fingerprint
         if fingerprint != self._keys.noise_fingerprint:
             raise Reject(
                 "market_secret_mismatch",
@@ -143,10 +171,14 @@ class Streams:
             )
         return stream
 
-    def record(self, stream_id: str) -> StreamState | None:
-        """The stream's stored record as it is, to read only (nothing is built or checked)."""
+    def registered(self, stream_id: str) -> Registered | None:
+        """How the stream was registered, ``None`` if it is not (it has no record), to read
+        only (nothing is built or checked)."""
         stream = self._loaded.get(stream_id)
-        return stream.state if stream is not None else self._stores.streams.get(stream_id)
+        if stream is not None:
+            return stream.state.registered
+        stored = self._stores.streams.get(stream_id)
+        return None if stored is None else registered_of(self._stores, stream_id, stored)
 
     def find(self, stream_id: str) -> Stream[Product] | None:
         """The stream, ``None`` if it is not registered (its noise secret is not checked: for
@@ -178,7 +210,8 @@ class Streams:
         stream.number_under(self.numbering)
         stream.touch()
         self._loaded[reg.stream_id] = stream
-        self._whole[reg.stream_id] = _Whole(state, state, dict.fromkeys(state.holders))
+        self._whole[reg.stream_id] = _Whole(state, state, dict.fromkeys(state.holders),
+                                            unregistered=True)  # fmt: skip
         return stream
 
     def built(self, reg: StreamRegistration) -> Built:
@@ -190,27 +223,39 @@ class Streams:
         self._keep(cached)
         return cached
 
-    # -- holders apart (see the module docstring) ------------------------------------------------
+    # -- registered and holders apart (see the module docstring) -------------------------------
     def _whole_state(self, stream_id: str) -> StreamState | None:
-        """The stream's record with every holder, put together once per stored record."""
+        """The stream's record whole, put together once per stored record."""
         stored = self._stores.streams.get(stream_id)
         if stored is None:
             self._whole.pop(stream_id, None)
             return None
         kept = self._whole.get(stream_id)
         if kept is None or kept.stored is not stored:
-            whole = stored
-            if stored.holders_base is not None:
-                whole = stored.model_copy(update={"holders": dict(holders_of(self._stores,
-                                                                             stored))})  # fmt: skip
-            kept = self._whole[stream_id] = _Whole(stored, whole, dict.fromkeys(stored.holders))
+            kept = self._whole[stream_id] = self._put_together(stream_id, stored)
         return kept.whole
+
+    def _put_together(self, stream_id: str, stored: StreamRecord) -> _Whole:
+        """A stored record with its registration and every holder (the stored object itself
+        when it has both); a record that carries its registration has it written apart when
+        next saved, unless ``registered`` holds it already."""
+        whole = with_registration(self._stores, stream_id, stored)
+        held = self._stores.registered.get(stream_id)
+        unregistered = whole is stored and held != whole.registered
+        if stored.holders_base is not None:
+            whole = whole.model_copy(update={
+                "holders": dict(holders_of(self._stores, stream_id, stored))})  # fmt: skip
+        return _Whole(stored, whole, dict.fromkeys(stored.holders), unregistered=unregistered)
 
     def _stored(self, stream: Stream[Product]) -> StreamState:
         """What the stream's record stores: every holder, or a holders base and the holders
-        changed since it (a new base when they are many, at most one per batch)."""
+        changed since it (a new base when they are many, at most one per batch); its
+        registration is written apart, once."""
         kept = self._whole[stream.id]
         whole = stream.state
+        if kept.unregistered:
+            self._stores.registered[stream.id] = whole.registered
+            kept.unregistered = False
         kept.since.update(dict.fromkeys(stream.charged))
         stream.charged.clear()
         batch = self._batch()

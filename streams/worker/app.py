@@ -123,7 +123,7 @@ class MarketWorker:
         )
         tables = {
             name: WriteBackTable.create(self.app, name, s.partitions, guard)
-            for name in ("streams", "releases", "purchases", "accounts", "holders")
+            for name in Stores.NAMES
         }
         replica = AccountReplica(
             s.bootstrap,

@@ -26,8 +26,8 @@ receipts and every answer (docs/protocol.md §12): clients that were not
 given the key learn it here, and a worker holding another signing key refuses to start, since
 clients would refuse everything it signed.
 
-Stream records carry the same fingerprint (``StreamState.secret_fingerprint``), a second line of
-defence the core checks on every event.
+Streams' registrations carry the same fingerprint (``Registered.secret_fingerprint``), a second
+line of defence the core checks on every event.
 """
 
 from __future__ import annotations

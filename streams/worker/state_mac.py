@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.state import Stores
+
 __all__ = ["DOMAIN", "HEADER", "STORES", "VERSION", "StateGuard", "StateMac", "covered"]
 
 log = logging.getLogger("emarket.state")
@@ -37,7 +39,7 @@ VERSION = 1
 DOMAIN = b"emarket-state-v1"
 """First bytes of what a tag covers: no other message of the market MACs the same bytes."""
 
-STORES = ("accounts", "streams", "releases", "purchases", "holders")
+STORES = Stores.NAMES
 """The stores whose changelog records carry tags (labels of the refusal counter)."""
 
 _TAG_BYTES = 32

@@ -20,6 +20,7 @@ from market import ChainState
 
 from ..core import MarketKeys, Stores
 from ..core.ledger import latest_status
+from ..core.state import with_registration
 from ..core.stream_store import holders_of
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
@@ -105,7 +106,7 @@ def refresh_gauges(
     """Update the gauges that are read off the state and the consumer, not counted —
     including ``emarket_stalled``, by the same rule as ``/health``, so that an alert can fire
     on exactly what the health check reports. Nothing here walks the whole state."""
-    for name in ("streams", "releases", "purchases", "accounts", "holders"):
+    for name in Stores.NAMES:
         metrics.state_entries.labels(name).set(len(getattr(stores, name)))
     total = (vectors or VectorBytes(per_refresh=2**62)).step(stores.releases)
     if total is not None:
@@ -181,9 +182,10 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
     """Per-stream revenue and privacy spent, for this worker's streams; each buyer's holdings
     only with ``per_buyer`` (the operators' credential), else just how many buyers hold."""
     streams = {}
-    for sid, st in stores.streams.items():
+    for sid, stored in stores.streams.items():
+        st = with_registration(stores, sid, stored)
         reg = st.registration
-        holders = holders_of(stores, st)
+        holders = holders_of(stores, sid, stored)
         streams[sid] = {
             "seller_id": reg.seller_id,
             "mechanism": reg.mechanism,

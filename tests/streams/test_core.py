@@ -728,12 +728,14 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
 
 def test_the_largest_stream_record_fits_its_bound() -> None:
     """A full window and every holder, all with 64-character ids and extreme numbers."""
+    from streams.core.codecs import CODECS, encode_stream
     from streams.core.context import Limits
     from streams.core.state import (
         MAX_RECENT_WINDOWS,
         Holder,
         StreamState,
         ValueEntry,
+        registered_bound,
         stream_record_bound,
     )
 
@@ -754,9 +756,10 @@ def test_the_largest_stream_record_fits_its_bound() -> None:
     st.holders = {f"{i:064d}": Holder(level=1.2345678901234567e-300, paid_minor=10**15,
                                       purchases=big) for i in range(2000)}  # fmt: skip
     st.revenue_minor, st.values_ingested, st.spent = big, big, 1.2345678901234567e-300
-    size = len(StreamState.model_validate(st.model_dump()).model_dump_json())
-    bound = stream_record_bound(1000, 2000, len(st.catalog_payload), windowed=True)
-    assert size <= bound <= 1_048_576
+    size = len(encode_stream(StreamState.model_validate(st.model_dump())))
+    assert size <= stream_record_bound(1000, 2000, windowed=True) <= 1_048_576
+    registered = len(CODECS["registered"][0](st.registered))
+    assert registered <= registered_bound(len(st.registered.catalog_payload)) <= 1_048_576
 
 
 def test_a_stream_whose_record_could_outgrow_a_message_is_refused() -> None:

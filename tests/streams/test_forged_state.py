@@ -1,10 +1,11 @@
 """Records a stranger appends to the changelogs change nothing, after a restart or live (#29).
 
 The embedded broker lets anyone write any topic. A stranger (mallory) appends, to each of the
-four changelogs, records the market never wrote: alice's account mapped to mallory's keys
+five changelogs, records the market never wrote: alice's account mapped to mallory's keys
 (without a tag, with a made-up tag, and bob's genuine record moved under alice's id), a forged
-deletion of seller1's account, mallory as a holder of alice's stream, forged deletions of
-alice's purchase record, and release states moved to another value. The worker is restarted
+deletion of seller1's account, mallory as a holder of alice's stream, mallory as the seller of
+that stream (its registration rewritten), forged deletions of alice's purchase record, and
+release states moved to another value. The worker is restarted
 and rebuilds its tables and its account replica from those changelogs: alice still buys,
 her purchase replayed is not charged again, mallory's purchase signed as alice is refused, and
 the refusals are counted by store and logged with topic, partition and offset.
@@ -86,6 +87,10 @@ async def forgeries(market: Market) -> dict[str, list[Forgery]]:
     held = json.loads(stream.value)
     held["holders"] = {"mallory": {"level": 4.0, "paid_minor": 0, "purchases": 1}}
     held_bytes = json.dumps(held).encode()
+    registered = latest(await read_changelog(market, "registered"), lambda k: k == b"s")
+    taken = json.loads(registered.value)
+    taken["registration"]["seller_id"] = "mallory"
+    taken_bytes = json.dumps(taken).encode()
     purchases = await read_changelog(market, "purchases")
     bought = latest(purchases, lambda k: k.startswith(b"alice/") and k.endswith(b"/p1"))
     releases = await read_changelog(market, "releases")
@@ -100,6 +105,10 @@ async def forgeries(market: Market) -> dict[str, list[Forgery]]:
         "streams": [
             (b"s", held_bytes, [], stream.partition),
             (b"s", held_bytes, list(stream.headers), stream.partition),  # a tag reused
+        ],
+        "registered": [
+            (b"s", taken_bytes, [], registered.partition),
+            (b"s", taken_bytes, list(registered.headers), registered.partition),  # a tag reused
         ],
         "purchases": [
             (bought.key, None, [], bought.partition),
@@ -172,7 +181,7 @@ def test_forged_changelog_records_change_nothing_after_a_restart(
     async def second(c: MarketClient) -> tuple[Any, Any]:
         again = await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p1")
         step = await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p2")
-        await c.publish("s", [1.0, 2.0, 9.0], value_id="v9")  # seller1 still exists
+        await c.publish("s", [1.0, 2.0, 9.0], value_id="v9")  # seller1 still exists, and sells s
         return again, step
 
     again, step = market.run(second)

@@ -17,6 +17,7 @@ from streams.worker.faust_internals import true_highwaters
 from . import helpers
 from .conftest import Market
 from .helpers import buy, tail
+from .test_forged_state import read_changelog
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -109,6 +110,53 @@ def test_table_state_survives_worker_restart(market: Market, how: str, store: st
     # the first purchase computed every step from the top down, and the restarted worker read
     # them back: the next step draws nothing
     assert w2.metric("emarket_noise_draws_total") == 0
+
+
+def test_a_registration_is_on_its_own_changelog_once_and_read_back_on_restart(
+    market: Market,
+) -> None:
+    """A stream's registration and catalog entry go to the ``registered`` changelog once; the
+    ``streams`` changelog's record, written after each batch that changes the stream, carries
+    neither. A worker killed, then started afresh from the changelogs, serves the stream: the
+    buyer's next step, the seller's next value, the ledger (#32)."""
+    w1 = market.start_worker()
+    market.open_accounts("seller1", "alice")
+
+    async def first(c: MarketClient) -> Any:
+        await c.register(reg("s"))
+        for i in range(4):
+            await c.publish("s", [1.0, 2.0, float(i)], value_id=f"v{i}")
+        market.wait_ingested("s", 4)
+        return await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p1")
+
+    b1 = market.run(first)
+    assert isinstance(b1, PurchaseFulfilled)
+    w1.kill()
+
+    def written(store: str) -> list[bytes]:
+        records = market.run(lambda c: read_changelog(market, store))
+        return [r.value for r in records if r.key == b"s" and r.value is not None]
+
+    registered, streams = written("registered"), written("streams")
+    assert len(registered) == 1
+    signature = json.loads(registered[0])["registration"]["signature"].encode()
+    assert len(streams) >= 2  # the registration's batch, then the values' and the purchase's
+    for record in streams:
+        assert signature not in record and b"registration" not in record
+        assert len(record) < len(registered[0])
+    market.start_worker()
+
+    async def second(c: MarketClient) -> Any:
+        step = await buy(c, "alice", "s", max_price_minor=1000, purchase_id="p2")
+        await c.publish("s", [1.0, 2.0, 9.0], value_id="v9")  # still seller1's stream
+        return step
+
+    step = market.run(second)
+    assert (step.level_before, step.level_after, step.price_minor) == (0.25, 0.5, 25)
+    market.wait_ingested("s", 5)
+    led = market.ledger()["s"]
+    assert led["seller_id"] == "seller1" and led["revenue_minor"] == b1.price_minor + 25
+    assert written("registered") == registered  # the restarted worker did not write it again
 
 
 @pytest.mark.parametrize("point", ["mid_batch", "mid_state", "after_state", "mid_output"])

@@ -1,4 +1,5 @@
-"""Purchase records of an earlier version (their keys, their format), and when this module can go.
+"""Records an earlier version wrote (purchases' keys and format, streams' format), and when to
+drop them.
 
 Earlier versions kept a purchase's outcome under ``buyer/purchase_id``; one id used on two
 streams was then two records under one key, and the partition a worker restored last decided
@@ -11,10 +12,17 @@ Earlier versions also kept a purchase's whole outcome as JSON (:func:`purchase_f
 such a record is read as a decision that still carries its outcome, which a resend gets
 verbatim, as before. It is never rewritten, and goes with the horizon like any other.
 
-When to delete this module: old keys are records like any other, forgotten with the dedup
-horizon. One horizon (``EMARKET_DEDUP_HORIZON``, 7 days by default) after every worker runs a
-version that writes the new keys, no old key is left; a store restored from a changelog cannot
-bring one back once the changelog has compacted its tombstones.
+Earlier versions also wrote a stream's registration and catalog entry inline in its record,
+rewritten after every event (:func:`stream_from_json`). Such a record is read whole; the first
+event that changes its stream writes the registration to its own store, then the record without
+it (:mod:`streams.core.stream_store`).
+
+When to delete the purchases' part of this module: old keys are records like any other,
+forgotten with the dedup horizon. One horizon (``EMARKET_DEDUP_HORIZON``, 7 days by default)
+after every worker runs a version that writes the new keys, no old key is left; a store
+restored from a changelog cannot bring one back once the changelog has compacted its
+tombstones. Streams are never deleted, and a stream nothing happens to keeps its old record:
+:func:`stream_from_json` stays until a release rewrites every stream's record.
 """
 
 from __future__ import annotations
@@ -23,14 +31,35 @@ import hashlib
 import json
 from typing import TYPE_CHECKING
 
+from pydantic import ConfigDict
+
 from ...wire.events import PurchaseRequest
 from ..outputs import Reject
-from ..state import PurchaseRecord, record_key
+from ..state import PurchaseRecord, Registered, StreamRecord, StreamState, record_key
 
 if TYPE_CHECKING:
     from .records import Records
 
-__all__ = ["check_id", "purchase_from_json", "recall"]
+__all__ = ["INLINE_REGISTRATION", "check_id", "purchase_from_json", "recall", "stream_from_json"]
+
+INLINE_REGISTRATION = b'{"registration":'
+"""How every record an earlier version wrote for a stream begins (its model's first field, and
+pydantic writes fields in order); a record of this version never holds that key."""
+
+
+class _Inline(StreamRecord, Registered):
+    """A stream's record as an earlier version wrote it: the record's fields and, inline, those
+    of how it was registered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def stream_from_json(data: bytes) -> StreamState:
+    """An earlier version's stream record (its registration inline), as the stream it is."""
+    old = _Inline.model_validate_json(data)
+    fixed = {name: getattr(old, name) for name in Registered.model_fields}
+    record = {name: getattr(old, name) for name in StreamRecord.model_fields}
+    return StreamState.model_construct(registered=Registered.model_construct(**fixed), **record)
 
 
 def purchase_from_json(data: bytes) -> PurchaseRecord:

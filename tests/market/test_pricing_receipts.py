@@ -212,3 +212,21 @@ def test_every_step_of_an_accepted_table_costs_at_least_zero(levels, prices, mec
             assert plan_step(table, mech, steps, steps[-1], held, target).price_minor >= 0
     pairs = itertools.pairwise(sell)
     assert all(table.price(mech, a) <= table.price(mech, b) for a, b in pairs)
+
+
+def test_memoised_precision_is_kept_per_law_not_per_equal_looking_fields() -> None:
+    """``Mechanism.precision`` is cached by (mechanism, level): mechanisms of different families
+    with the same fields hash alike, and a cache keyed by anything less than the class would
+    price one family with another's variance."""
+    from market import DiscreteLaplace, Gaussian, Laplace, Poisson  # noqa: PLC0415
+    from market.mechanisms import _precision  # noqa: PLC0415
+
+    alike = [Gaussian(1.0), Poisson(1.0), DiscreteLaplace(1.0), Laplace(1.0), Laplace(1)]
+    assert hash(Gaussian(1.0)) == hash(Poisson(1.0))  # the fields alone: one hash
+    for order in (alike, alike[::-1]):
+        _precision.cache_clear()
+        for mech in order:
+            for level in (0.5, 1, 2.0):
+                assert mech.precision(level) == 1.0 / mech.variance(level), (mech, level)
+    assert Laplace(1).precision(1) == Laplace(1.0).precision(1.0)  # one law, one entry
+    assert Gaussian(1.0).precision(0.5) != Poisson(1.0).precision(0.5)

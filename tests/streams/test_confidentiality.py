@@ -164,6 +164,29 @@ def test_clear_values_are_refused_unless_the_market_accepts_them_and_never_echoe
     assert _core(accept_clear_values=True).handle(MARKET_TOPICS.values, raw).status == "accepted"
 
 
+#: X25519 public keys of small order (and their non-canonical spellings): no shared secret
+_LOW_ORDER = [bytes.fromhex(h) for h in (
+    "00" * 32, "01" + "00" * 31,
+    "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800",
+    "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157",
+    "ec" + "ff" * 30 + "7f", "ed" + "ff" * 30 + "7f", "ee" + "ff" * 30 + "7f",
+)]  # fmt: skip
+
+
+def test_a_seal_with_a_low_order_or_malformed_ephemeral_key_is_refused_as_bad_seal() -> None:
+    """A seller (or a thief re-signing sealed numbers) choosing ``epk``: a point of small order
+    (bit 255 set or not) is a ``bad_seal`` like any seal that does not open, never an internal
+    error (a malformed key is refused by the wire model before it is signed or opened)."""
+    body = _batch(value("temp", "v1", [1.0, 2.0, 3.0]))
+    epks = [base64.b64encode(bytes([*p[:31], p[31] | hi])).decode()
+            for p in _LOW_ORDER for hi in (0, 0x80)]  # fmt: skip
+    core = _core()
+    for epk in epks:
+        forged = {**body, "sealed": {**body["sealed"], "epk": epk}}
+        out = core.handle(MARKET_TOPICS.values, _resigned(forged))
+        assert (out.status, out.reason) == ("rejected", "bad_seal"), epk
+
+
 def test_an_altered_seal_is_refused_by_the_signature_before_anything_is_opened() -> None:
     body = _batch(value("temp", "v1", [1.0, 2.0, 3.0]))
     ct = bytearray(base64.b64decode(body["sealed"]["ciphertext"]))

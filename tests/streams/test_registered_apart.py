@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from streams.core import MarketCore, Stores
 from streams.core.codecs import CODECS
 from streams.core.state import Registered, StreamRecord, StreamState
@@ -188,3 +190,36 @@ def test_an_old_record_whose_registration_was_written_before_a_crash_is_not_rewr
                     ).status == "accepted"  # fmt: skip
     assert registered.writes == []
     assert b"registration" not in CODECS["streams"][0](c.stores.streams["s"])
+
+
+@pytest.mark.xfail(strict=True, reason="review33 F1: a stream's record is not bound to its "
+                   "registered record; a genuine orphan registration replayed later is applied")
+def test_an_orphan_registration_replayed_later_does_not_take_the_stream_over() -> None:
+    """A batch lost after ``registered`` was acked but before the stream's record leaves a
+    genuine, authenticated orphan (seller1's registration R1). If R1 is not accepted again on
+    the replay (its seller rotated keys meanwhile, the operators lowered a quota or a size
+    limit), the id is free and another registration R2 (here seller2's) is accepted: the
+    ``registered`` changelog now holds two genuine records for one key. Whoever may append to
+    the changelog (the threat docs/protocol.md §3 is about) appends R1's record again: after the
+    next restart, R2's stream is put together with R1's registration — another seller, other
+    terms. Before #32 no record ever paired one registration with another's state."""
+    c = market_core("seller1", "seller2", now=NOW)
+    before = _snapshot(c)
+    assert c.handle(T.registrations, registration("s")).status == "accepted"  # R1, seller1
+    after = _snapshot(c)
+    orphan = CODECS["registered"][0](after["registered"]["s"])  # the bytes the market MAC'd
+    durable = {n: after[n] for n in after} | {"streams": before["streams"]}
+    restarted = MarketCore(_read_back(durable), TEST_KEYS, T, clock=lambda: NOW + 5)
+    # R1 is not replayed (refused on the replay), and seller2 takes the free id
+    r2 = registration("s", seller_id="seller2", cap=8.0)
+    assert restarted.handle(T.registrations, r2).status == "accepted"
+    assert restarted.stores.registered["s"].registration.seller_id == "seller2"
+    assert restarted.handle(T.values, value("s", "v0", [1.0, 2.0, 3.0], seller_id="seller2",
+                                            published_at_ms=NOW)).status == "accepted"  # fmt: skip
+    # the orphan's genuine record appended again; the worker restarts from the changelogs
+    tables = _snapshot(restarted)
+    tables["registered"]["s"] = CODECS["registered"][1](orphan)
+    again = MarketCore(_read_back(tables), TEST_KEYS, T, clock=lambda: NOW + 10)
+    theft = again.handle(T.values, value("s", "v1", [9.0, 9.0, 9.0], published_at_ms=NOW))
+    assert theft.status == "rejected"  # seller1 must not publish into seller2's stream
+    assert again.handle(T.registrations, r2).status == "duplicate"

@@ -229,3 +229,19 @@ def test_init_topics_says_how_many_workers_the_partitions_allow(broker: Embedded
                 "--partitions", "32")  # fmt: skip
     body = json.loads(again.stdout)
     assert body["created"] == [] and body["capacity"]["max_workers"] == 32
+
+
+@pytest.mark.broker
+def test_init_topics_states_the_partitions_the_topics_have(broker: EmbeddedBroker) -> None:
+    """A partition count that is no count is refused before anything is created, and topics
+    that exist with another count than asked are reported as such, never as the count asked."""
+    for bad in ("0", "-1"):
+        r = cli(None, "--broker", broker.url, "--prefix", "cap0", "init-topics",
+                "--partitions", bad, check=False)  # fmt: skip
+        assert r.returncode == 2 and "--partitions" in r.stderr and "Traceback" not in r.stderr
+    assert cli(None, "--broker", broker.url, "--prefix", "cap4", "init-topics", "--partitions",
+               "4").returncode == 0  # fmt: skip
+    r = cli(None, "--broker", broker.url, "--prefix", "cap4", "init-topics", "--partitions", "32",
+            check=False)  # fmt: skip
+    assert r.returncode != 0 and "at most 32 workers" not in r.stdout
+    assert "4" in r.stderr and "Traceback" not in r.stderr

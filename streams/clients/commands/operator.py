@@ -128,10 +128,21 @@ def _worker_settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_init_topics(args: argparse.Namespace) -> int:
-    from ...broker.admin import ensure_topics  # noqa: PLC0415
+    from ...broker.admin import (  # noqa: PLC0415
+        PartitionCountError,
+        check_input_partitions,
+        ensure_topics,
+    )
 
     async def body(c: Any) -> list[str]:
-        return await ensure_topics(c.bootstrap, topics_of(args), **c.auth)
+        topics = topics_of(args)
+        made = await ensure_topics(c.bootstrap, topics, **c.auth)
+        try:  # topics that existed keep their count: never report the one asked for instead
+            await check_input_partitions(c.bootstrap, topics, **c.auth)
+        except PartitionCountError as exc:
+            raise CommandError(f"the input topics exist already, with another partition count, "
+                               f"which cannot change: {exc}", EXIT_REFUSED) from None  # fmt: skip
+        return made
 
     from ...core.census import SELLER_SHARE_FLOOR  # noqa: PLC0415
 
@@ -151,6 +162,17 @@ def cmd_init_topics(args: argparse.Namespace) -> int:
         )
     show(args, {"created": created, "capacity": room}, "\n".join(lines))
     return 0
+
+
+def _partition_count(text: str) -> int:
+    """``--partitions`` of ``init-topics``: a whole number of at least 1 (argparse type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return n
 
 
 def _capacity(partitions: int) -> dict[str, int]:
@@ -487,8 +509,8 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--values", type=int, default=20)
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("init-topics", help="create the market's topics")
-    sp.add_argument("--partitions", type=int,
-                    default=int(os.environ.get("EMARKET_PARTITIONS") or 4),
+    sp.add_argument("--partitions", type=_partition_count,  # a text default is checked too
+                    default=os.environ.get("EMARKET_PARTITIONS") or "4",
                     help="input partitions, fixed for the market's life: at most this many "
                     "workers (default $EMARKET_PARTITIONS or 4; docs/operations.md, sizing)")
     add_json_flag(sp)

@@ -12,8 +12,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from market import Gaussian, Laplace, Poisson, ReceiptError, ScheduleError
+from market import DiscreteLaplace, Gaussian, Laplace, Poisson, ReceiptError, ScheduleError
 from market.errors import InvalidLevelError
+from market.mechanisms import _precision
 from market.pricing import LinearInLevel, LinearInPrecision, PriceTable, schedule_from_spec
 from market.receipts import Receipt, commitment, key_id, sign_receipt, verify_receipt
 
@@ -218,9 +219,6 @@ def test_memoised_precision_is_kept_per_law_not_per_equal_looking_fields() -> No
     """``Mechanism.precision`` is cached by (mechanism, level): mechanisms of different families
     with the same fields hash alike, and a cache keyed by anything less than the class would
     price one family with another's variance."""
-    from market import DiscreteLaplace, Gaussian, Laplace, Poisson  # noqa: PLC0415
-    from market.mechanisms import _precision  # noqa: PLC0415
-
     alike = [Gaussian(1.0), Poisson(1.0), DiscreteLaplace(1.0), Laplace(1.0), Laplace(1)]
     assert hash(Gaussian(1.0)) == hash(Poisson(1.0))  # the fields alone: one hash
     for order in (alike, alike[::-1]):

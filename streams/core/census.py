@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..wire.events import StreamRegistration
 from ..wire.topics import Topics
 from .outputs import Reject
-from .state import Stores, registered_of
+from .state import InconsistentStream, Stores, registered_of
 
 __all__ = ["SELLER_SHARE_FLOOR", "Quota", "StreamCensus", "capacity"]
 
@@ -128,8 +128,12 @@ class StreamCensus:
             counts: dict[tuple[int, str | None], list[int]] = {}
             streams = self._stores.streams
             for sid in list(streams):
-                reg = registered_of(self._stores, sid, streams[sid]).registration
                 p = self._topics.partition_of(sid)
+                try:
+                    reg = registered_of(self._stores, sid, streams[sid]).registration
+                except InconsistentStream:  # not served, but its id is taken: the market's
+                    counts.setdefault((p, None), [0, 0])[0] += 1
+                    continue
                 for who in (None, reg.seller_id):
                     c = counts.setdefault((p, who), [0, 0])
                     c[0] += 1

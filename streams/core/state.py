@@ -40,6 +40,7 @@ registered if and only if its ``streams`` record exists: that record is the trut
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
@@ -59,6 +60,7 @@ __all__ = [
     "EvictedValue",
     "Holder",
     "HoldersBase",
+    "InconsistentStream",
     "PurchaseRecord",
     "Registered",
     "Stores",
@@ -148,12 +150,34 @@ class Registered(BaseModel):
     #: the catalog entry's JSON, re-emitted byte for byte when the registration is resent
     catalog_payload: str
 
+    @property
+    def binding(self) -> str:
+        """What a stream's record names this registration by
+        (:attr:`StreamRecord.registered_sha256`): hex SHA-256 of the registration's signature,
+        the acceptance time, the catalog entry's SHA-256 and the noise fingerprint, each
+        NUL-terminated. Made of fields that are stored as written, so it does not move with
+        how a library encodes the record.
+
+        Two genuine records can exist for one stream id: a registration acked in a batch lost
+        before its stream's record, then another registration of that free id. Both carry the
+        market's state MAC, so whoever may append to the changelog could pair a stream's record
+        with the other one; the binding makes such a pair refused, never served.
+        """
+        cat = hashlib.sha256(self.catalog_payload.encode()).hexdigest()
+        parts = (self.registration.signature, str(self.accepted_at_ms), cat,
+                 self.secret_fingerprint)  # fmt: skip
+        return hashlib.sha256(b"".join(p.encode() + b"\0" for p in parts)).hexdigest()
+
 
 class StreamRecord(BaseModel):
     """What changes about a stream: the record its store holds, written after every event that
     changes it (how it was registered is in :class:`Registered`, apart)."""
 
     model_config = ConfigDict(extra="forbid")
+    #: :attr:`Registered.binding` of the registration this record was written with (set by
+    #: :mod:`streams.core.stream_store`, the one writer; checked by :func:`registered_of`, the
+    #: one place a record meets its registration); empty in records that carry it inline
+    registered_sha256: str = ""
     window: list[ValueEntry] = []
     next_seq: int = 0
     #: who holds what: every holder, or in a stored record that names a ``holders_base`` only
@@ -302,6 +326,12 @@ class EvictedValue:
 ValueState = ChainState | HistogramValue | EvictedValue
 
 
+class InconsistentStream(RuntimeError):
+    """A stream's record and its registration do not belong together (or one is missing):
+    the stream is not served, and its events are answered ``internal_error``, never applied
+    under another registration; scans over every stream (the census, the ledger) skip it."""
+
+
 def registered_of(stores: Stores, stream_id: str, record: StreamRecord) -> Registered:
     """How the stream of a stored record was registered: what the record carries (a stream
     loaded in memory, or a record an earlier version wrote with its registration inline), else
@@ -311,9 +341,15 @@ def registered_of(stores: Stores, stream_id: str, record: StreamRecord) -> Regis
         return record.registered
     registered = stores.registered.get(stream_id)
     if registered is None:
-        raise RuntimeError(
+        raise InconsistentStream(
             f"stream {stream_id!r} has a record but the registered store does not hold its "
             "registration: its state is inconsistent"
+        )
+    if record.registered_sha256 != registered.binding:
+        raise InconsistentStream(
+            f"stream {stream_id!r} has a record written with another registration than the "
+            "registered store holds (a registration record appended again?): its state is "
+            "inconsistent, and it is not served"
         )
     return registered
 

@@ -20,7 +20,7 @@ from market import ChainState
 
 from ..core import MarketKeys, Stores
 from ..core.ledger import latest_status
-from ..core.state import with_registration
+from ..core.state import InconsistentStream, with_registration
 from ..core.stream_store import holders_of
 from ..wire.events import UNIT_OF
 from ..wire.topics import Topics
@@ -181,9 +181,13 @@ def ledger_access(authorization: str | None, keys: MarketKeys) -> bool | None:
 def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict[str, Any]:
     """Per-stream revenue and privacy spent, for this worker's streams; each buyer's holdings
     only with ``per_buyer`` (the operators' credential), else just how many buyers hold."""
-    streams = {}
+    streams, unserved = {}, []
     for sid, stored in stores.streams.items():
-        st = with_registration(stores, sid, stored)
+        try:
+            st = with_registration(stores, sid, stored)
+        except InconsistentStream:  # not served: listed, not summed
+            unserved.append(sid)
+            continue
         reg = st.registration
         holders = holders_of(stores, sid, stored)
         streams[sid] = {
@@ -208,4 +212,5 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
         }
         if per_buyer:
             streams[sid]["holders"] = {b: h.model_dump() for b, h in holders.items()}
-    return {"market_key_id": keys.key_id, "per_buyer": per_buyer, "streams": streams}
+    return {"market_key_id": keys.key_id, "per_buyer": per_buyer, "streams": streams,
+            "unserved": sorted(unserved)}

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import heapq
+import math
 import tempfile
 import time
 import tracemalloc
@@ -326,7 +327,7 @@ class HoldingCosts:
     holder_bytes: float
     holder_heap: float
     holders: int  # the holders of the record measured for the holder figures
-    full_record_bytes: float  # that record's bytes: rewritten whenever the stream changes
+    full_record_bytes: float  # that record's bytes: what a holders base of as many weighs
 
 
 def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_000) -> HoldingCosts:
@@ -472,8 +473,10 @@ def render_holdings(h: HoldingCosts) -> str:
         f"| {h.stream_heap:,.0f} B |",
         f"| holder (its entry in the stream's record) | {h.holder_bytes:,.0f} B "
         f"| {h.holder_heap:,.0f} B |",
-        f"\na stream's record with {h.holders:,} holders: {h.full_record_bytes:,.0f} B in its "
-        "codec, written to the streams changelog in every batch that changes the stream",
+        f"\na stream's record with all its {h.holders:,} holders: {h.full_record_bytes:,.0f} B in "
+        "its codec, about what a holders base of as many weighs: written once per "
+        f"~{math.isqrt(2 * h.holders)} holder changes, the record of each batch carrying only "
+        "the holders changed since (`streams/core/stream_store.py`)",
     ])  # fmt: skip
 
 

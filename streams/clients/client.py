@@ -662,15 +662,9 @@ class MarketClient:
         topic = self.topics.inbox(me.account_id)
         reader = await self._inbox(me.account_id)
         try:
-            idle_since = time.monotonic()
-            while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
-                batch = await reader.poll_records(0.3)
-                if batch:
-                    idle_since = time.monotonic()
-                for _, raw, headers in batch:
-                    got = self.believe(topic, raw, headers, key)
-                    if got is not None and not isinstance(got[1], Refusal):
-                        yield self._open(got[1], me)
+            async for ev in self._believed(reader, topic, key, idle_timeout):
+                if not isinstance(ev, Refusal):
+                    yield self._open(ev, me)
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
@@ -701,25 +695,34 @@ class MarketClient:
         await reader.start()
         seen: set[str] = set()
         try:
-            idle_since = time.monotonic()
-            while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
-                batch = await reader.poll_records(0.3)
-                if batch:
-                    idle_since = time.monotonic()
-                for _, raw, headers in batch:
-                    got = self.believe(topic, raw, headers, key)
-                    sale = None if got is None else got[1]
-                    if (not isinstance(sale, Sale) or sale.seller_id != me.account_id
-                            or sale.receipt_sha256 in seen):
-                        continue
-                    seen.add(sale.receipt_sha256)
-                    if stream_id is None or sale.stream_id == stream_id:
-                        yield sale
+            async for sale in self._believed(reader, topic, key, idle_timeout):
+                if (not isinstance(sale, Sale) or sale.seller_id != me.account_id
+                        or sale.receipt_sha256 in seen):
+                    continue
+                seen.add(sale.receipt_sha256)
+                if stream_id is None or sale.stream_id == stream_id:
+                    yield sale
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
 
     # -- plumbing ---------------------------------------------------------------------------------
+    async def _believed(
+        self, reader: TopicReader, topic: str, key: Ed25519PublicKey, idle_timeout: float | None
+    ) -> AsyncIterator[InboxEvent | Refusal]:
+        """Every event of ``topic`` that :meth:`believe` accepts, as ``reader`` polls it, until
+        ``idle_timeout`` seconds pass without a record (None: for ever); the caller stops the
+        reader."""
+        idle_since = time.monotonic()
+        while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
+            batch = await reader.poll_records(0.3)
+            if batch:
+                idle_since = time.monotonic()
+            for _, raw, headers in batch:
+                got = self.believe(topic, raw, headers, key)
+                if got is not None:
+                    yield got[1]
+
     async def _inbox(self, account_id: str) -> TopicReader:
         with contextlib.suppress(Exception):  # parties may lack the right to create topics
             await ensure_topics(self.bootstrap, [self.topics.inbox_spec(account_id)], **self.auth)

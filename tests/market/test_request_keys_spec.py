@@ -1,14 +1,12 @@
-"""Request keys as docs/protocol.md §1.1 and §1.3 define them, computed here from the text
-alone with :mod:`hashlib`: the copied sponge (``NoiseKeys.of``) and the chain's identity prefix
-encoded once (``ReleaseChain.key``) must give the same 32 bytes for every identity, and two
-different identities must never share an encoding (so never, but by a SHAKE256 collision, a
-key)."""
+"""Request keys as docs/protocol.md §1.1 and §1.3 define them, computed from the text alone
+with :mod:`hashlib` by ``tests/market/reference_noise.py``: the copied sponge
+(``NoiseKeys.of``) and the chain's identity prefix encoded once (``ReleaseChain.key``) must
+give the same 32 bytes for every identity, and two different identities must never share an
+encoding (so never, but by a SHAKE256 collision, a key)."""
 
 from __future__ import annotations
 
-import hashlib
 import math
-import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +15,7 @@ from market import DiscreteLaplace, Gaussian, Laplace, Poisson
 from market._draws import request_key
 from market.chain import DOMAIN, ReleaseChain
 from market.rng import IdentityPart, NoiseKeys, identity_bytes
+from tests.market import reference_noise as ref
 
 Part = str | bytes | int | float
 
@@ -30,28 +29,6 @@ _identities = st.lists(_parts, max_size=6).map(tuple)
 _secrets = st.binary(min_size=16, max_size=200)
 
 
-def _enc(parts: tuple[Part, ...]) -> bytes:
-    """§1.1: each part as ``tag ‖ u32be(len(data)) ‖ data``."""
-    out = b""
-    for p in parts:
-        if isinstance(p, str):
-            tag, data = b"s", p.encode("utf-8")
-        elif isinstance(p, bytes):
-            tag, data = b"b", p
-        elif isinstance(p, int):
-            tag, data = b"i", str(p).encode("ascii")
-        else:
-            tag, data = b"f", struct.pack(">d", p)
-        out += tag + len(data).to_bytes(4, "big") + data
-    return out
-
-
-def _key(secret: bytes, parts: tuple[Part, ...]) -> bytes:
-    """§1.1: ``SHAKE256("emarket-noise-v2" ‖ 00 ‖ u32be(len S) ‖ S ‖ enc(I))``, 32 bytes."""
-    message = b"emarket-noise-v2\x00" + len(secret).to_bytes(4, "big") + secret + _enc(parts)
-    return hashlib.shake_256(message).digest(32)
-
-
 @settings(max_examples=300, deadline=None)
 @given(_secrets, st.lists(_identities, min_size=1, max_size=4))
 def test_a_copied_sponge_gives_the_key_the_protocol_defines(
@@ -59,7 +36,7 @@ def test_a_copied_sponge_gives_the_key_the_protocol_defines(
 ) -> None:
     keys = NoiseKeys(secret)
     for identity in identities * 2:  # every key again: the copied sponge is never consumed
-        want = _key(secret, identity)
+        want = ref.request_key(secret, identity)
         assert keys(*identity) == want
         assert keys.of(identity_bytes(*identity)) == want
         assert request_key(secret, identity_bytes(*identity)) == want
@@ -79,7 +56,7 @@ _chains = st.sampled_from([
 def test_a_chain_key_is_the_step_key_of_section_1_3(
     secret: bytes, chain: ReleaseChain, identity: tuple[Part, ...], step: int
 ) -> None:
-    want = _key(secret, (DOMAIN, chain.fingerprint, *identity, step))
+    want = ref.request_key(secret, (DOMAIN, chain.fingerprint, *identity, step))
     assert chain.key(NoiseKeys(secret), identity, step) == want
 
 

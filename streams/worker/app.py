@@ -19,7 +19,6 @@ from typing import Any
 import faust
 
 from ..core import MarketCore, MarketKeys, Stores
-from ..core.context import Limits
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
@@ -46,23 +45,6 @@ from .tables import WriteBackTable, register_codecs
 __all__ = ["MarketWorker", "create_worker"]
 
 log = logging.getLogger("emarket.worker")
-
-
-def _limits(s: Settings) -> Limits:
-    """The core's bounds, as the operator set them."""
-    return Limits(
-        max_message_bytes=s.max_message_bytes,
-        max_accounts=s.max_accounts,
-        max_streams=s.max_streams,
-        max_histogram_streams=s.max_histogram_streams,
-        max_streams_per_seller=s.max_streams_per_seller,
-        max_histogram_streams_per_seller=s.max_histogram_streams_per_seller,
-        max_holders=s.max_holders,
-        max_openings_per_minute=s.max_openings_per_minute,
-        max_quotes_per_minute=s.max_quotes_per_minute,
-        max_event_output_bytes=s.max_event_output_bytes,
-        max_event_work=s.max_event_work,
-    )
 
 
 class MarketWorker:
@@ -92,7 +74,7 @@ class MarketWorker:
             require_encryption=settings.require_encryption,
             accept_clear_values=settings.accept_clear_values,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=_limits(settings),
+            limits=settings.limits(),
             replica=self.replica,
         )
         self.producer = Producer(

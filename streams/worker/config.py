@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..broker.auth import kafka_auth
+
+if TYPE_CHECKING:
+    from ..core.context import Limits
 from ..wire.topics import DEDUP_HORIZON_MS
 
 __all__ = ["Settings"]
@@ -145,6 +148,25 @@ class Settings:
             max_event_work=_env("MAX_EVENT_WORK", cls.max_event_work, int),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+
+    def limits(self) -> Limits:
+        """The core's bounds, as the operator set them (the worker's; ``init-topics`` reads
+        the stream bounds from them too)."""
+        from ..core.context import Limits  # noqa: PLC0415 - numerics, not for every command
+
+        return Limits(
+            max_message_bytes=self.max_message_bytes,
+            max_accounts=self.max_accounts,
+            max_streams=self.max_streams,
+            max_histogram_streams=self.max_histogram_streams,
+            max_streams_per_seller=self.max_streams_per_seller,
+            max_histogram_streams_per_seller=self.max_histogram_streams_per_seller,
+            max_holders=self.max_holders,
+            max_openings_per_minute=self.max_openings_per_minute,
+            max_quotes_per_minute=self.max_quotes_per_minute,
+            max_event_output_bytes=self.max_event_output_bytes,
+            max_event_work=self.max_event_work,
+        )
 
     def for_tansu(self) -> Settings:
         """Short group timeouts and fetch waits that make the embedded broker responsive."""

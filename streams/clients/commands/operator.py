@@ -177,13 +177,10 @@ def _partition_count(text: str) -> int:
 
 def _capacity(partitions: int) -> dict[str, int]:
     """The shares per partition under this environment's limits (``EMARKET_MAX_*``)."""
-    from ...core.census import Quota, capacity  # noqa: PLC0415
+    from ...core.census import capacity  # noqa: PLC0415
     from ...worker.config import Settings  # noqa: PLC0415
 
-    s = Settings.from_env()
-    quota = Quota(s.max_streams, s.max_histogram_streams, s.max_streams_per_seller,
-                  s.max_histogram_streams_per_seller)  # fmt: skip
-    return capacity(quota, partitions)
+    return capacity(Settings.from_env().limits().stream_quota, partitions)
 
 
 def _operator_token(args: argparse.Namespace) -> str | None:

@@ -256,9 +256,8 @@ class Streams:
         if kept.unregistered:
             self._stores.registered[stream.id] = whole.registered
             kept.unregistered = False
-        binding = whole.registered.binding
-        if whole.registered_sha256 != binding:  # a new stream, or a record written inline
-            whole.registered_sha256 = binding
+        if not whole.registered_sha256:  # a new stream, or a record written inline: named
+            whole.registered_sha256 = whole.registered.binding  # once (a loaded one matches)
         kept.since.update(dict.fromkeys(stream.charged))
         stream.charged.clear()
         batch = self._batch()

@@ -28,19 +28,24 @@ from .directory import AccountReplica
 from .faults import FaultInjector
 from .faust_internals import (
     attach_intake,
+    attach_takeover,
     install_batched_intake,
+    install_takeover,
     install_tansu_compat,
     quiet_libraries,
     skip_table_settle,
     tune_fetch_wait,
 )
+from .history import CheckpointBook, StateReader
 from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
 from .metrics import Metrics, build_metrics
 from .producer import Producer
-from .secrets import load_or_create_keys, state_mac_key
-from .state_mac import StateGuard, StateMac
-from .tables import WriteBackTable, register_codecs
+from .progress import Progress, progress_topic
+from .recovery import Takeover
+from .secrets import load_or_create_keys, state_keys
+from .state_records import StateSeal
+from .tables import StateContext, WriteBackTable, register_codecs
 
 __all__ = ["MarketWorker", "create_worker"]
 
@@ -58,6 +63,7 @@ class MarketWorker:
         tune_fetch_wait(settings.fetch_max_wait_ms)
         skip_table_settle()
         install_batched_intake()
+        install_takeover()
         register_codecs()
         self.topics = Topics(settings.prefix, settings.partitions)
         self.keys = keys or load_or_create_keys(settings.data_dir)
@@ -65,7 +71,7 @@ class MarketWorker:
         self.app = self._app()
         self.intake = Intake(self.app, set(self.topics.inputs()))
         attach_intake(self.app, self.intake)
-        self.state_guard, self.tables, self.replica = self._state()
+        self.progress, self.tables, self.replica = self._state()
         self.stores = Stores(**self.tables)
         self.core = MarketCore(
             self.stores,
@@ -89,32 +95,47 @@ class MarketWorker:
             self.producer.faults,
             self.inboxes,
             self.intake.ack,
+            self.progress,
             self.replica,
             profile=settings.profile_batches,
         )
+        self.takeover = Takeover(
+            list(self.tables.values()), self.state, self.progress, self.producer, self.metrics,
+            self._consumer_settings(), self.topics.inputs(),
+        )  # fmt: skip
+        attach_takeover(self.app, self.takeover)
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
 
-    def _state(self) -> tuple[StateGuard, dict[str, WriteBackTable], AccountReplica]:
-        """The tables and the account replica, sharing one guard: every changelog record is
-        written with the market's authenticator and read back only through it."""
-        s = self.settings
-        guard = StateGuard(
-            StateMac(state_mac_key(self.keys.noise_secret)), self.metrics.state_refused
-        )
+    def _state(self) -> tuple[Progress, dict[str, WriteBackTable], AccountReplica]:
+        """The tables, their checkpoints and the account replica: every changelog record is
+        sealed by the market and read back only through one reader, which refuses and counts
+        what is not the market's committed, newest state (:mod:`streams.worker.history`)."""
+        s, m = self.settings, self.metrics
+        seal = StateSeal(*state_keys(self.keys.noise_secret))
+        reader = StateReader(seal, m.state_refused, m.state_copies, m.state_uncommitted)
+        progress = Progress(seal, progress_topic(s.app_id))
+        self.state = StateContext(seal, reader, CheckpointBook(reader), self.topics.inputs(),
+                                  progress.version_for, progress.account,
+                                  progress.live.get)  # fmt: skip
         tables = {
-            name: WriteBackTable.create(self.app, name, s.partitions, guard)
+            name: WriteBackTable.create(self.app, name, s.partitions, self.state)
             for name in Stores.NAMES
         }
         replica = AccountReplica(
-            s.bootstrap,
+            self._consumer_settings(),
             tables["accounts"].table.changelog_topic.get_topic_name(),
-            guard,
-            fetch_wait_ms=min(s.fetch_max_wait_ms, 100),
-            **s.aiokafka_auth(),
+            progress.topic,
+            reader,
         )
-        return guard, tables, replica
+        return progress, tables, replica
+
+    def _consumer_settings(self) -> dict[str, Any]:
+        """How the worker's own readers of the changelogs connect (no consumer group)."""
+        s = self.settings
+        return {"bootstrap_servers": s.bootstrap,
+                "fetch_max_wait_ms": min(s.fetch_max_wait_ms, 100), **s.aiokafka_auth()}
 
     def _app(self) -> faust.App:
         s = self.settings

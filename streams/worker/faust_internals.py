@@ -69,21 +69,32 @@ __all__ = [
     "RecoveredEvent",
     "Upstream",
     "attach_intake",
+    "attach_takeover",
     "committed_offset",
     "install_batched_intake",
+    "install_takeover",
     "install_tansu_compat",
     "intake_of",
     "learn_topics",
+    "partition_items",
+    "pause_inputs",
     "prefetch_backoff",
     "probe_broker",
     "producer_client",
     "quiet_libraries",
     "rebuild_changelog_topic",
     "register_codec",
+    "seek_input",
+    "set_committed_offset",
     "set_current_event",
+    "set_persisted_offset",
     "skip_table_settle",
     "source_sha256",
-    "store_write",
+    "store_get",
+    "store_is_serialized",
+    "store_keys",
+    "store_put",
+    "store_size",
     "track_unacked",
     "true_highwaters",
     "tune_fetch_wait",
@@ -546,59 +557,207 @@ def rebuild_changelog_topic(table: Any) -> None:
 
 
 @dataclass(frozen=True)
+class _RawMessage:
+    """A changelog message with another value: what RocksDB's recovery writes for a record
+    (its stamp, then its sealed value), with the fields its ``apply_changelog_batch`` reads."""
+
+    key: bytes
+    value: bytes | None
+    partition: int
+    offset: int
+    tp: Any
+
+
+@dataclass(frozen=True)
 class RecoveredEvent:
     """What Faust's stores read of a changelog event in ``apply_changelog_batch``: the
     decoded key and value (memory store) and the message (its raw key, value, partition and
-    offset: the RocksDB store writes those)."""
+    offset: the RocksDB store writes those). ``raw``, when given, replaces the message's value
+    for the RocksDB store."""
 
     key: Any
     value: Any
-    message: Any
+    original: Any
+    raw: bytes | None = None
+
+    @property
+    def message(self) -> Any:
+        m = self.original
+        if self.raw is None:
+            return m
+        return _RawMessage(m.key, self.raw, m.partition, m.offset, m.tp)
 
 
-def verify_changelog(table: Any, admit: Callable[[Any], tuple[Any, Any] | None]) -> None:
-    """Have Faust's recovery apply to ``table`` only the changelog records ``admit`` accepts.
+def verify_changelog(table: Any, admit: Callable[[list[Any]], list[RecoveredEvent]]) -> None:
+    """Have Faust's recovery apply to ``table`` only the changelog events ``admit`` returns.
 
-    ``admit`` receives each record's message (raw key, value, headers, topic, partition,
-    offset) and returns the decoded (key, value) to apply, or None to leave the store as it
-    was for that key. Recovery calls ``table.apply_changelog_batch`` with its buffered events
-    (after it has counted their offsets, so refusing one never stalls recovery); the table's
-    store then reads ``event.key``, ``event.value`` and ``event.message``
-    (:class:`RecoveredEvent`).
+    ``admit`` receives the messages of a buffered batch in order (raw key, value, headers,
+    topic, partition, offset) and returns the events to apply (:class:`RecoveredEvent`).
+    Recovery calls ``table.apply_changelog_batch`` with its buffered events (after it has
+    counted their offsets, so refusing one never stalls recovery); the table's store then
+    reads ``event.key``, ``event.value`` and ``event.message``.
     """
     apply = table.apply_changelog_batch
 
     def apply_changelog_batch(batch: Iterable[Any]) -> None:
-        kept = []
-        for event in batch:
-            got = admit(event.message)
-            if got is not None:
-                kept.append(RecoveredEvent(got[0], got[1], event.message))
-        apply(kept)
+        apply(admit([event.message for event in batch]))
 
     apply_changelog_batch.__wrapped__ = apply  # type: ignore[attr-defined]
     table.apply_changelog_batch = apply_changelog_batch
 
 
-def store_write(table: Any, key: str, value: Any, event: Any, *, delete: bool = False) -> None:
-    """Write (or ``delete``) one key of a Faust table's store directly, for ``event``.
+def store_is_serialized(table: Any) -> bool:
+    """Whether ``table``'s store keeps bytes (RocksDB) rather than objects (memory)."""
+    return hasattr(table.data, "_db_for_partition")
 
-    Keeps the bookkeeping Faust's own write and recovery paths keep: the "current event" the
-    RocksDB store picks its partition from, and the memory store's key → partition map, by
-    which it drops the keys of partitions revoked from this worker after a rebalance.
-    """
-    set_current_event(event)
+
+def store_get(table: Any, key: str, partition: int | None = None) -> Any:
+    """What ``table``'s store holds for ``key`` (None if nothing): the object in memory, the
+    bytes in RocksDB (looked up in ``partition``'s database when given, else where Faust's
+    key index or the current event says)."""
     store = table.data
-    if delete:
-        store.pop(key, None)
-    else:
-        store[key] = value
-    key_partition = getattr(store, "_key_partition", None)
-    if key_partition is not None:
-        if delete:
-            key_partition.pop(key, None)
+    if not store_is_serialized(table):
+        return store.data.get(key)
+    raw = key.encode("utf-8")
+    if partition is not None:
+        return store._db_for_partition(partition).get(raw)
+    return store._get(raw)
+
+
+def store_put(table: Any, key: str, partition: int, stored: Any) -> None:
+    """Write (``stored``) or delete (None) ``key`` of ``partition`` in ``table``'s store, with
+    the bookkeeping Faust's own paths keep: the memory store's key → partition map (by which it
+    drops revoked partitions' keys) and RocksDB's key index."""
+    store = table.data
+    if not store_is_serialized(table):
+        if stored is None:
+            store.data.pop(key, None)
+            store._key_partition.pop(key, None)
         else:
-            key_partition[key] = event.message.partition
+            store.data[key] = stored
+            store._key_partition[key] = partition
+        return
+    raw = key.encode("utf-8")
+    db = store._db_for_partition(partition)
+    if stored is None:
+        db.delete(raw)
+        store._key_index.pop(raw, None)
+    else:
+        db.put(raw, stored)
+        store._key_index[raw] = partition
+
+
+def store_keys(table: Any) -> Iterable[str]:
+    """Every key ``table``'s store holds (its assigned partitions')."""
+    store = table.data
+    if not store_is_serialized(table):
+        keys: Iterable[str] = store.data.keys()
+        return keys
+    return (k.decode("utf-8") for k in store._iterkeys())
+
+
+def store_size(table: Any) -> int:
+    """How many keys ``table``'s store holds."""
+    store = table.data
+    return len(store.data) if not store_is_serialized(table) else sum(1 for _ in store._iterkeys())
+
+
+def partition_items(table: Any, partition: int) -> Iterable[tuple[str, Any]]:
+    """Every (key, stored) of ``partition`` in ``table``'s store."""
+    store = table.data
+    if not store_is_serialized(table):
+        data = store.data
+        return [(k, data[k]) for k, p in store._key_partition.items() if p == partition]
+    db = store._db_for_partition(partition)
+    return ((k.decode("utf-8"), v) for k, v in store._visible_items(db))
+
+
+def set_persisted_offset(table: Any, topic: str, partition: int, offset: int) -> None:
+    """Record ``offset`` of ``topic``'s ``partition`` as the last one ``table``'s RocksDB store
+    has applied (recovery resumes after it)."""
+    from faust.types import TP  # noqa: PLC0415
+
+    table.data.set_persisted_offset(TP(topic, partition), offset)
+
+
+# --- taking partitions on -------------------------------------------------------------------
+
+_TAKEOVERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def attach_takeover(app: Any, takeover: Any) -> None:
+    """Have ``app``'s rebalances, seeks and commits go through ``takeover``
+    (:class:`streams.worker.recovery.Takeover`), once :func:`install_takeover` has patched
+    Faust."""
+    _TAKEOVERS[app] = takeover
+
+
+def install_takeover() -> None:
+    """Patch Faust (process-wide, idempotent; apps without a takeover are unchanged) so that
+
+    * ``TableManager.on_rebalance`` first awaits ``takeover.prepare(assigned, revoked)`` (the
+      checkpoints of the partitions newly assigned, read before table recovery starts);
+    * ``Consumer.perform_seek`` (Faust seeks the input partitions to the group's committed
+      offsets there, after recovery and before the flow resumes) then awaits
+      ``takeover.resume(consumer)``, which seeks them to the positions the state proves;
+    * ``Consumer._commit_offsets`` first awaits ``takeover.commit_positions(offsets)``, which
+      checkpoints the offsets and returns those that may be committed.
+    """
+    from faust.tables.manager import TableManager  # noqa: PLC0415
+    from faust.transport.consumer import Consumer  # noqa: PLC0415
+
+    if getattr(Consumer.perform_seek, "_emarket", False):
+        return
+    on_rebalance, perform_seek = TableManager.on_rebalance, Consumer.perform_seek
+    commit_offsets = Consumer._commit_offsets
+
+    async def on_rebalance_(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
+                            generation_id: int = 0) -> None:  # fmt: skip
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.prepare(set(assigned), set(revoked))
+        await on_rebalance(self, assigned, revoked, newly_assigned, generation_id)
+
+    async def perform_seek_(self: Any) -> None:
+        await perform_seek(self)
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.resume(self)
+
+    async def _commit_offsets_(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            offsets = await takeover.commit_positions(offsets)
+            if not offsets:
+                return False
+        done: bool = await commit_offsets(self, offsets,
+                                          start_new_transaction=start_new_transaction)  # fmt: skip
+        return done
+
+    fns: list[tuple[Any, Any]] = [(on_rebalance_, on_rebalance), (perform_seek_, perform_seek),
+                                  (_commit_offsets_, commit_offsets)]  # fmt: skip
+    for fn, orig in fns:
+        fn._emarket = True
+        fn.__wrapped__ = orig
+    TableManager.on_rebalance = on_rebalance_  # type: ignore[method-assign]
+    Consumer.perform_seek = perform_seek_  # type: ignore[method-assign]
+    Consumer._commit_offsets = _commit_offsets_  # type: ignore[method-assign]
+
+
+async def seek_input(consumer: Any, tp: Any, offset: int) -> None:
+    """Seek an input partition of Faust's consumer to ``offset`` (its read offset follows)."""
+    await consumer.seek(tp, offset)
+
+
+def set_committed_offset(consumer: Any, tp: Any, offset: int) -> None:
+    """What Faust believes is committed for ``tp`` (it commits only offsets past it, and the
+    worker's lag is measured from it): the proven position, not someone else's commit."""
+    consumer._committed_offset[tp] = offset
+
+
+def pause_inputs(consumer: Any, tps: Iterable[Any]) -> None:
+    """Stop fetching ``tps`` (a partition this worker does not serve)."""
+    consumer.pause_partitions(tps)
 
 
 # --- reads ----------------------------------------------------------------------------------

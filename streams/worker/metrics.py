@@ -20,9 +20,10 @@ from prometheus_client import (
 )
 
 from ..core.outputs import Outcome
-from .state_mac import STORES
+from ..core.state import Stores
+from .history import PROGRESS
 
-__all__ = ["DEAD_LETTER_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
+__all__ = ["DEAD_LETTER_KINDS", "REFUSED_REASONS", "Metrics", "build_metrics", "dead_letter_kind"]
 
 NS = "emarket"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -44,6 +45,10 @@ class Metrics:
     rejections: Counter
     dead_letters: Counter
     state_refused: Counter
+    state_copies: Counter
+    state_uncommitted: Counter
+    partitions_unverified: Gauge
+    offsets_ahead: Counter
     purchase_latency: Histogram
     batch_size: Histogram
     privacy_spent: Gauge
@@ -192,9 +197,25 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                      "error (too_large, unauthorized, unknown_topic, other)",
                      ["reason"], {}),
     "state_refused": (Counter, "state_records_refused",
-                      "Changelog records read back (table recovery, account replica) without "
-                      "the market's valid authenticator: refused, never applied, by store",
-                      ["store"], {}),
+                      "Changelog records read back (table recovery, account replica) refused, "
+                      "never applied, by store and reason: forged (no valid seal), moved "
+                      "(another partition's), older (a record appended again after a newer "
+                      "one: a rollback), checkpoint (an older checkpoint), foreign (appended to "
+                      "a partition this worker writes)", ["store", "reason"], {}),
+    "state_copies": (Counter, "state_records_copies",
+                     "Changelog records read back that repeat the version already held (a "
+                     "producer's retry, or a copy someone appended): changed nothing", ["store"],
+                     {}),
+    "state_uncommitted": (Counter, "state_records_uncommitted",
+                          "Changelog records of batches lost before their checkpoint: never "
+                          "applied", ["store"], {}),
+    "partitions_unverified": (Gauge, "partitions_unverified",
+                              "Partitions assigned to this worker whose recovered state is not "
+                              "what their checkpoint commits: not served", [], {}),
+    "offsets_ahead": (Counter, "offsets_ahead",
+                      "Consumer-group offsets found ahead of the position this worker's state "
+                      "proves (committed by someone else): ignored, the events processed; by "
+                      "input (accounts, registrations, values, purchases)", ["input"], {}),
     "purchase_latency": (Histogram, "purchase_latency_seconds",
                          "Time from a purchase's broker timestamp to its outcome being "
                          "acknowledged", [], {"buckets": LATENCY_BUCKETS}),
@@ -257,10 +278,20 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.releases.labels(kind)
     for kind in DEAD_LETTER_KINDS:  # at 0 from the start: the first dead letter is an increase
         m.dead_letters.labels(kind)
-    for store in STORES:  # the same for the first forged state record
-        m.state_refused.labels(store)
+    for store in (*Stores.NAMES, PROGRESS):  # the same for the first refused state record
+        for reason in REFUSED_REASONS:
+            m.state_refused.labels(store, reason)
+    m.partitions_unverified.set(0)
+    for kind in INPUT_KINDS:
+        m.offsets_ahead.labels(kind)
     return m
 
+
+#: ``input`` label of ``emarket_offsets_ahead_total``: the input topics, named without prefix
+INPUT_KINDS = ("accounts", "registrations", "values", "purchases")
+
+#: ``reason`` label of ``emarket_state_records_refused_total`` (:mod:`streams.worker.history`)
+REFUSED_REASONS = ("forged", "moved", "older", "checkpoint", "foreign")
 
 #: ``reason`` label of ``emarket_dead_letters_total``: a closed set, so that every series
 #: exists at 0 before its first dead letter (an alert on ``increase`` sees the first one) and

@@ -67,11 +67,14 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
 async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     """Wait for the broker, create the market's topics, and check the market's identity."""
     from .identity import check_identity  # noqa: PLC0415
+    from .progress import progress_spec  # noqa: PLC0415
 
     auth = settings.aiokafka_auth()
     topics = Topics(settings.prefix, settings.partitions)
     await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
+    await ensure_topics(settings.bootstrap, [progress_spec(settings.app_id, settings.partitions)],
+                        settings.replication, **auth)  # fmt: skip
     await check_input_partitions(settings.bootstrap, topics, **auth)
     await check_identity(settings.bootstrap, topics, keys, **auth)
 

@@ -258,6 +258,17 @@ class MarketWorker:
         async def probe() -> None:
             await worker.producer.probe()
 
+        async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            # the partitions' next owner recovers them from the changelogs: let the batch in
+            # flight commit first (it cannot be made to stop half way: its checkpoint decides)
+            try:
+                await asyncio.wait_for(worker.batches.idle.wait(), settings.session_timeout / 2)
+            except TimeoutError:
+                log.warning("partitions revoked while a batch is still being written: what it "
+                            "writes after the next owner's claim will not count there")
+
+        app.on_partitions_revoked.connect(revoked)
+
         def rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             # the tables now hold what other workers wrote while they owned these partitions
             worker.core.invalidate_indexes()

@@ -25,6 +25,7 @@ this worker does not serve (its state did not verify) are left alone, unacknowle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -91,6 +92,11 @@ class BatchProcessor:
         self.ack = ack
         self.replica = replica
         self.profile = profile
+        self.idle = asyncio.Event()
+        """Set while no batch is being processed: a rebalance waits for it before giving the
+        partitions up, so their next owner never recovers a state this worker is still
+        writing (:meth:`streams.worker.app.MarketWorker`)."""
+        self.idle.set()
 
     async def process(self, events: list[InputEvent]) -> None:
         """Process ``events`` (records of the input topics); return once outputs are acked,
@@ -104,8 +110,12 @@ class BatchProcessor:
         self.metrics.batch_started()
         self.faults.hit("before_state")
         rest = [ev for ev in events if self.progress.serves(ev.message.partition)]
-        while rest:
-            rest = await self._part(rest, started)
+        self.idle.clear()
+        try:
+            while rest:
+                rest = await self._part(rest, started)
+        finally:
+            self.idle.set()
         self.metrics.batch_size.observe(len(events))
         self.metrics.batch_done(time.time())
 

@@ -697,19 +697,37 @@ def install_takeover() -> None:
 
     * ``TableManager.on_rebalance`` first awaits ``takeover.prepare(assigned, revoked)`` (the
       checkpoints of the partitions newly assigned, read before table recovery starts);
+    * ``Recovery.on_recovery_completed`` and ``Recovery._resume_streams`` (the two ways a
+      rebalance ends: after recovering tables, or with nothing to recover) first await
+      ``takeover.recovered()``, which verifies and claims the partitions just recovered;
     * ``Consumer.perform_seek`` (Faust seeks the input partitions to the group's committed
-      offsets there, after recovery and before the flow resumes) then awaits
-      ``takeover.resume(consumer)``, which seeks them to the positions the state proves;
+      offsets there: when a rebalance ends, and when a fetch returns while the flow is
+      stopped) then awaits ``takeover.resume(consumer)``, which seeks them to the positions
+      the state proves;
     * ``Consumer._commit_offsets`` first awaits ``takeover.commit_positions(offsets)``, which
       checkpoints the offsets and returns those that may be committed.
     """
     from faust.tables.manager import TableManager  # noqa: PLC0415
+    from faust.tables.recovery import Recovery  # noqa: PLC0415
     from faust.transport.consumer import Consumer  # noqa: PLC0415
 
     if getattr(Consumer.perform_seek, "_emarket", False):
         return
     on_rebalance, perform_seek = TableManager.on_rebalance, Consumer.perform_seek
     commit_offsets = Consumer._commit_offsets
+    completed, resume_streams = Recovery.on_recovery_completed, Recovery._resume_streams
+
+    async def on_recovery_completed_(self: Any, generation_id: int = 0) -> None:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.recovered()
+        await completed(self, generation_id)
+
+    async def _resume_streams_(self: Any, generation_id: int = 0) -> None:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.recovered()
+        await resume_streams(self, generation_id)
 
     async def on_rebalance_(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
                             generation_id: int = 0) -> None:  # fmt: skip
@@ -735,13 +753,17 @@ def install_takeover() -> None:
         return done
 
     fns: list[tuple[Any, Any]] = [(on_rebalance_, on_rebalance), (perform_seek_, perform_seek),
-                                  (_commit_offsets_, commit_offsets)]  # fmt: skip
+                                  (_commit_offsets_, commit_offsets),
+                                  (on_recovery_completed_, completed),
+                                  (_resume_streams_, resume_streams)]  # fmt: skip
     for fn, orig in fns:
         fn._emarket = True
         fn.__wrapped__ = orig
     TableManager.on_rebalance = on_rebalance_  # type: ignore[method-assign]
     Consumer.perform_seek = perform_seek_  # type: ignore[method-assign]
     Consumer._commit_offsets = _commit_offsets_  # type: ignore[method-assign]
+    Recovery.on_recovery_completed = on_recovery_completed_  # type: ignore[method-assign]
+    Recovery._resume_streams = _resume_streams_  # type: ignore[method-assign]
 
 
 async def seek_input(consumer: Any, tp: Any, offset: int) -> None:

@@ -148,9 +148,12 @@ def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: st
             "release that made it"
         )
     raise MarketIdentityError(
-        f"this market's state records carry authenticators of state format "
-        f"v{theirs.state_format} (recorded in {topic}); this worker reads v{ours.state_format}. "
-        "Serve it with the epsilon-market release that made it"
+        f"this market's state records are of state format v{theirs.state_format} (recorded in "
+        f"{topic}); this worker reads v{ours.state_format} (sealed, versioned records committed "
+        "by checkpoints, docs/protocol.md §3). There is no migration: vouching now for the old "
+        "records would vouch for whatever was appended to them. Start a new market with a new "
+        "--prefix (its accounts, streams and holdings do not carry over), or keep serving this "
+        "one with the epsilon-market release that made it"
     )
 
 

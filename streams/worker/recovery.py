@@ -91,18 +91,19 @@ class Takeover:
                                self.ctx.book)  # fmt: skip
         self._fresh |= fresh
 
-    async def resume(self, consumer: Any) -> None:
-        """After recovery, where Faust seeks the input partitions: verify and claim the fresh
-        partitions, then seek every input partition to its proven position (or pause it)."""
-        inputs = [tp for tp in consumer.assignment() if tp.topic in self.inputs]
-        assigned = {tp.partition for tp in inputs}
-        self.progress.drop(set(self.progress.live) - assigned)
+    async def recovered(self) -> None:
+        """Recovery is complete: verify and claim the partitions it recovered."""
         for tbl in self.tables:
             tbl.recovery_done()
-        for p in sorted(self._fresh & assigned):
+        for p in sorted(self._fresh):
             await self._take(p)
         self._fresh.clear()
         self.metrics.partitions_unverified.set(len(self.progress.unverified))
+
+    async def resume(self, consumer: Any) -> None:
+        """Where Faust seeks the input partitions: seek each to the position its partition's
+        checkpoint proves, or pause it if the partition is not served."""
+        inputs = [tp for tp in consumer.assignment() if tp.topic in self.inputs]
         for tp in inputs:
             cp = self.progress.live.get(tp.partition)
             if cp is None:

@@ -69,6 +69,11 @@ def _checkpoint(seal: StateSeal) -> dict[str, Any]:
     }
 
 
+def _digest(seal: StateSeal, store: str, key: str, n: int) -> dict[str, Any]:
+    digest = seal.digest(store, key, Version(_EPOCH, n))
+    return {"store": store, "key": key, "epoch": _EPOCH, "n": n, "digest": f"{digest:064x}"}
+
+
 def build() -> dict[str, Any]:
     """Every vector of §3.6, from the fixed secret and nonces."""
     seal_key, digest_key = state_keys(SECRET)
@@ -78,12 +83,8 @@ def build() -> dict[str, Any]:
         "seal_key": seal_key.hex(),
         "digest_key": digest_key.hex(),
         "records": [_record(seal, i, *r) for i, r in enumerate(_RECORDS)],
-        "digests": [
-            {"store": "accounts", "key": "alice", "epoch": _EPOCH, "n": 7,
-             "digest": f"{seal.digest('accounts', 'alice', Version(_EPOCH, 7)):064x}"},
-            {"store": "purchases", "key": "alice/s/p1", "epoch": _EPOCH, "n": 8,
-             "digest": f"{seal.digest('purchases', 'alice/s/p1', Version(_EPOCH, 8)):064x}"},
-        ],  # fmt: skip
+        "digests": [_digest(seal, "accounts", "alice", 7),
+                    _digest(seal, "purchases", "alice/s/p1", 8)],
         "checkpoint": _checkpoint(seal),
     }
 

@@ -124,13 +124,13 @@ class Checkpoint:
         """Canonical JSON (sorted keys, no spaces; ``docs/protocol.md`` §3.3)."""
         body = {
             "partition": self.partition,
-            "epoch": self.version.epoch,
+            "epoch": str(self.version.epoch),
             "n": self.version.n,
             "written_at_ms": self.written_at_ms,
             "positions": self.positions,
             "stores": {s: v.to_json() for s, v in self.stores.items()},
             "ended": {str(e): n for e, n in self.ended.items()},
-            "floor": self.floor,
+            "floor": str(self.floor),
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -139,7 +139,7 @@ class Checkpoint:
         d = json.loads(data)
         return cls(
             partition=int(d["partition"]),
-            version=Version(int(d["epoch"]), int(d["n"])),
+            version=Version(int(d["epoch"]), int(d["n"])),  # the epoch as a string: > 2**53
             written_at_ms=int(d["written_at_ms"]),
             positions={str(k): int(v) for k, v in d["positions"].items()},
             stores={str(k): StoreSum.from_json(v) for k, v in d["stores"].items()},

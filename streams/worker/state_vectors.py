@@ -41,10 +41,10 @@ def _record(seal: StateSeal, i: int, store: str, key: bytes, value: bytes | None
         "key": key.hex(),
         "plaintext": None if value is None else value.hex(),
         "partition": stamp.partition,
-        "epoch": stamp.version.epoch,
+        "epoch": str(stamp.version.epoch),  # u64s as decimal strings: exact in every JSON reader
         "n": stamp.version.n,
         "topic": stamp.topic,
-        "offset": stamp.offset,
+        "offset": str(stamp.offset),
         "nonce": _nonce(i).hex(),
         "stamp": stamp.to_bytes().hex(),
         "aad": associated_data(store, key, stamp.to_bytes(), value is None).hex(),
@@ -71,7 +71,7 @@ def _checkpoint(seal: StateSeal) -> dict[str, Any]:
 
 def _digest(seal: StateSeal, store: str, key: str, n: int) -> dict[str, Any]:
     digest = seal.digest(store, key, Version(_EPOCH, n))
-    return {"store": store, "key": key, "epoch": _EPOCH, "n": n, "digest": f"{digest:064x}"}
+    return {"store": store, "key": key, "epoch": str(_EPOCH), "n": n, "digest": f"{digest:064x}"}
 
 
 def build() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from streams.worker.faust_internals import (
     Upstream,
     _deliver,
     install_batched_intake,
+    install_takeover,
     install_tansu_compat,
     skip_table_settle,
     source_sha256,
@@ -53,6 +54,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RECORDED: dict[str, dict[str, str]] = {
     "faust-streaming==0.15.3": {
+        "faust.tables.manager:TableManager.on_rebalance":
+            "2d2c23a07bf5432854a01ad790af19bb7e7acc8062a6ac2934ff0db94bf3924a",
+        "faust.tables.recovery:Recovery.on_recovery_completed":
+            "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac",
+        "faust.transport.consumer:Consumer.perform_seek":
+            "0e8c130ff4b0afd82c0be9c5fd831316e10febc62c94032833911096e156d7c6",
+        "faust.transport.consumer:Consumer.seek":
+            "b86a9fe05f956b30cf299c787b6787c6e0349cbf1ae556f2456a1e97b15dbb22",
+        "faust.transport.consumer:Consumer.pause_partitions":
+            "27a1c94bdacd54de06593ec4eb040b32e9e7c9534e9af041f6ed66723df5f922",
+        "faust.stores.rocksdb:Store._db_for_partition":
+            "cb7e67d5f9efc4bced7b7ab09a55fe717c352daad5b693594e3f7ca52a98787f",
+        "faust.stores.rocksdb:Store._get":
+            "7ae8dfd6d7754a5952ae162d4d5cf0d51a8a020ed730a4a7c7dc7f7c84e73fb8",
+        "faust.stores.rocksdb:Store._iterkeys":
+            "12ecc1051cc5505d73fd9466067321c74f916abf110c66da03d6f858148b9479",
+        "faust.stores.rocksdb:Store._visible_items":
+            "545dc16a2b25e4a4c6ce4483ba808b7121b733ac32ecbdcbba78348248f816c2",
+        "faust.stores.rocksdb:Store.set_persisted_offset":
+            "b4c811926678346ebb8c40486dbc46d0fbac2bbeaa592384bd955112556acf45",
         "faust.transport.consumer:Consumer._drain_messages":
             "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
         "faust.transport.consumer:Consumer.getmany":
@@ -247,13 +268,16 @@ def every_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every patch of faust_internals installed, and everything put back afterwards."""
     from aiokafka.consumer.group_coordinator import GroupCoordinator
     from faust.tables.manager import TableManager
+    from faust.tables.recovery import Recovery
     from faust.transport.consumer import Consumer
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
     for owner, name in ((AIOKafkaConsumerThread, "_create_worker_consumer"),
                         (AIOKafkaConsumerThread, "_highwaters"),
                         (GroupCoordinator, "_maybe_leave_group"), (TableManager, "on_start"),
-                        (Consumer, "_drain_messages"),
+                        (Consumer, "_drain_messages"), (Consumer, "perform_seek"),
+                        (Consumer, "_commit_offsets"), (TableManager, "on_rebalance"),
+                        (Recovery, "on_recovery_completed"), (Recovery, "_resume_streams"),
                         (faust_internals, "_tansu_installed")):  # fmt: skip
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(faust_internals, "_tansu_installed", False)
@@ -261,6 +285,7 @@ def every_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     tune_fetch_wait(15)
     skip_table_settle()
     install_tansu_compat()
+    install_takeover()
     yield
 
 
@@ -282,7 +307,8 @@ def _patched_upstream_attributes() -> set[str]:
 def test_every_patch_has_a_recorded_hash(every_patch: None) -> None:
     targets = {u.target for u in UPSTREAM}
     patched = _patched_upstream_attributes()
-    assert len(patched) == 5, patched  # the drain loop, the consumer, tables, two for Tansu
+    # the drain loop, the consumer, tables, two for Tansu, five for the takeover
+    assert len(patched) == 10, patched
     assert patched <= targets, patched - targets
     # the hashes are of the upstream code, not of our replacements
     drain = next(u for u in UPSTREAM if u.qualname == "Consumer._drain_messages")

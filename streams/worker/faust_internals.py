@@ -20,14 +20,20 @@ reviewed for the pinned versions (:data:`PINNED`).
 * :func:`skip_table_settle` — ``TableManager.on_start`` is replaced without its 1 s sleep.
 * :func:`worker_class` — Faust's ``Worker`` with mode's private signal handlers and sentinel
   overridden (the stop deadline; no 1 s sleep before the loop closes).
-* The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_write` writes a
-  table's store with the bookkeeping Faust's own paths keep, :func:`set_current_event` sets the
-  "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a table's
-  changelog topic reading raw bytes, and :func:`verify_changelog` has recovery apply only the
-  records whose authenticator verifies (:mod:`streams.worker.state_mac`), decoded with our
-  codecs (:func:`register_codec`: Faust's codec extension point is its private
+* The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_put`,
+  :func:`store_get` and their kin read and write a table's store (objects in memory, sealed
+  records in RocksDB) with the bookkeeping Faust's own paths keep, :func:`set_current_event`
+  sets the "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a
+  table's changelog topic reading raw bytes, and :func:`verify_changelog` has recovery apply only
+  the events the table admits (:mod:`streams.worker.history`: sealed by the market, committed,
+  newest), decoded by us (:func:`register_codec`: Faust's codec extension point is its private
   ``_dumps``/``_loads``).
-* Private reads: :func:`committed_offset` (consumer lag), :func:`producer_client` (broker probes).
+* :func:`install_takeover` — the rebalance, the end of recovery, the seek of the input
+  partitions and the offset commit are wrapped, so that a worker reads its partitions'
+  checkpoints before recovery, verifies and claims them after, seeks the inputs to the positions
+  its state proves, and checkpoints the offsets it commits (:mod:`streams.worker.recovery`).
+* Private reads and writes: :func:`committed_offset` (consumer lag) and
+  :func:`set_committed_offset`, :func:`producer_client` (broker probes).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
 
 **Changed only on the embedded Tansu broker** (:func:`install_tansu_compat`, ``--tansu``):
@@ -179,10 +185,21 @@ UPSTREAM: tuple[Upstream, ...] = (
         "bypassed", "WriteBackTable"),
     *_u("faust-streaming", "faust.tables.base", "Collection._on_changelog_sent", "bypassed",
         "WriteBackTable.persisted"),
+    *_u("faust-streaming", "faust.tables.manager", "TableManager.on_rebalance", "wrapped",
+        "install_takeover"),
+    *_u("faust-streaming", "faust.tables.recovery",
+        "Recovery.on_recovery_completed Recovery._resume_streams", "wrapped", "install_takeover"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.perform_seek Consumer._commit_offsets",
+        "wrapped", "install_takeover"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.seek Consumer.pause_partitions", "relied on",
+        "seek_input"),
+    *_u("faust-streaming", "faust.stores.rocksdb", "Store._db_for_partition Store._get "
+        "Store._iterkeys Store._visible_items Store.set_persisted_offset", "relied on",
+        "store_get"),
     *_u("faust-streaming", "faust.tables.base", "Collection._new_changelog_topic", "relied on",
         "rebuild_changelog_topic"),
     *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
-        "store_write"),
+        "store_put"),
     *_u("faust-streaming", "faust.tables.base", "Collection.apply_changelog_batch", "wrapped",
         "verify_changelog"),
     *_u("faust-streaming", "faust.stores.memory", "Store.apply_changelog_batch", "relied on",
@@ -192,7 +209,7 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", "faust.tables.recovery",
         "Recovery._restart_recovery.fun Recovery.flush_buffers", "relied on", "verify_changelog"),
     *_u("faust-streaming", "faust.stores.memory", "Store.on_recovery_completed", "relied on",
-        "store_write"),
+        "store_put"),
     *_u("faust-streaming", "faust.streams", "current_event", "relied on", "set_current_event"),
     *_u("faust-streaming", "faust.serializers.codecs", "Codec._dumps Codec._loads", "overridden",
         "register_codec"),
@@ -713,36 +730,55 @@ def install_takeover() -> None:
 
     if getattr(Consumer.perform_seek, "_emarket", False):
         return
-    on_rebalance, perform_seek = TableManager.on_rebalance, Consumer.perform_seek
-    commit_offsets = Consumer._commit_offsets
-    completed, resume_streams = Recovery.on_recovery_completed, Recovery._resume_streams
+    _patch(TableManager, "on_rebalance", _before_rebalance)
+    _patch(Recovery, "on_recovery_completed", _after_recovery)
+    _patch(Recovery, "_resume_streams", _after_recovery)
+    _patch(Consumer, "perform_seek", _after_seek)
+    _patch(Consumer, "_commit_offsets", _before_commit)
 
-    async def on_recovery_completed_(self: Any, generation_id: int = 0) -> None:
-        takeover = _TAKEOVERS.get(self.app)
-        if takeover is not None:
-            await takeover.recovered()
-        await completed(self, generation_id)
 
-    async def _resume_streams_(self: Any, generation_id: int = 0) -> None:
-        takeover = _TAKEOVERS.get(self.app)
-        if takeover is not None:
-            await takeover.recovered()
-        await resume_streams(self, generation_id)
+def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``cls.name`` by ``make(original)``, marked as ours."""
+    original = getattr(cls, name)
+    fn = make(original)
+    fn._emarket = True
+    fn.__wrapped__ = original
+    setattr(cls, name, fn)
 
-    async def on_rebalance_(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
-                            generation_id: int = 0) -> None:  # fmt: skip
+
+def _before_rebalance(on_rebalance: Any) -> Any:
+    async def patched(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
+                      generation_id: int = 0) -> None:  # fmt: skip
         takeover = _TAKEOVERS.get(self.app)
         if takeover is not None:
             await takeover.prepare(set(assigned), set(revoked))
         await on_rebalance(self, assigned, revoked, newly_assigned, generation_id)
 
-    async def perform_seek_(self: Any) -> None:
+    return patched
+
+
+def _after_recovery(original: Any) -> Any:
+    async def patched(self: Any, generation_id: int = 0) -> None:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.recovered()
+        await original(self, generation_id)
+
+    return patched
+
+
+def _after_seek(perform_seek: Any) -> Any:
+    async def patched(self: Any) -> None:
         await perform_seek(self)
         takeover = _TAKEOVERS.get(self.app)
         if takeover is not None:
             await takeover.resume(self)
 
-    async def _commit_offsets_(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+    return patched
+
+
+def _before_commit(commit_offsets: Any) -> Any:
+    async def patched(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
         takeover = _TAKEOVERS.get(self.app)
         if takeover is not None:
             offsets = await takeover.commit_positions(offsets)
@@ -752,18 +788,7 @@ def install_takeover() -> None:
                                           start_new_transaction=start_new_transaction)  # fmt: skip
         return done
 
-    fns: list[tuple[Any, Any]] = [(on_rebalance_, on_rebalance), (perform_seek_, perform_seek),
-                                  (_commit_offsets_, commit_offsets),
-                                  (on_recovery_completed_, completed),
-                                  (_resume_streams_, resume_streams)]  # fmt: skip
-    for fn, orig in fns:
-        fn._emarket = True
-        fn.__wrapped__ = orig
-    TableManager.on_rebalance = on_rebalance_  # type: ignore[method-assign]
-    Consumer.perform_seek = perform_seek_  # type: ignore[method-assign]
-    Consumer._commit_offsets = _commit_offsets_  # type: ignore[method-assign]
-    Recovery.on_recovery_completed = on_recovery_completed_  # type: ignore[method-assign]
-    Recovery._resume_streams = _resume_streams_  # type: ignore[method-assign]
+    return patched
 
 
 async def seek_input(consumer: Any, tp: Any, offset: int) -> None:

@@ -145,7 +145,7 @@ class WriteBackTable(MutableMapping[str, Any]):
             return None
         if not self.serialized:
             return stored  # type: ignore[no-any-return]
-        return self._open_raw(key, stored)
+        return self.unsealed(key, stored)
 
     def held_version(self, key: str, partition: int | None = None) -> Version | None:
         """Only the version of ``key`` (no decryption: a RocksDB record's stamp is clear)."""
@@ -154,7 +154,7 @@ class WriteBackTable(MutableMapping[str, Any]):
             return None
         return Stamp.from_bytes(stored).version if self.serialized else stored[0]
 
-    def _open_raw(self, key: str, raw: bytes) -> tuple[Version, Any]:
+    def unsealed(self, key: str, raw: bytes) -> tuple[Version, Any]:
         stamp, sealed = raw[: Stamp.SIZE], raw[Stamp.SIZE :]
         opened = self.ctx.seal.open(self.name, key.encode(), sealed, [("emarket-state", stamp)])
         if isinstance(opened, str) or opened.plaintext is None:
@@ -258,7 +258,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         kept: list[RecoveredEvent] = []
         for m in messages:
             where = (m.topic, m.partition, m.offset)
-            if self._own(m, where):
+            if self.passed_over(m, where):
                 continue
             opened = ctx.reader.open(self.name, m.key, m.value, m.headers, where=where,
                                      reader="table recovery")  # fmt: skip
@@ -275,10 +275,10 @@ class WriteBackTable(MutableMapping[str, Any]):
                     ctx.stale.setdefault(p, set()).add((self.name, key))
                 continue
             held[key] = version
-            kept.append(self._event(key, opened.stamp, opened.plaintext, m))
+            kept.append(self.restored(key, opened.stamp, opened.plaintext, m))
         return kept
 
-    def _own(self, m: Any, where: tuple[str, int, int]) -> bool:
+    def passed_over(self, m: Any, where: tuple[str, int, int]) -> bool:
         """Whether ``m`` is of a partition this worker serves: its own record (passed over), or
         one appended after the last it wrote (refused: nobody else writes there)."""
         live = self.ctx.serving(m.partition)
@@ -290,7 +290,7 @@ class WriteBackTable(MutableMapping[str, Any]):
                                    "writes", m.key, where, "table recovery")  # fmt: skip
         return True
 
-    def _event(self, key: str, stamp: Stamp, plaintext: bytes | None, m: Any) -> RecoveredEvent:
+    def restored(self, key: str, stamp: Stamp, plaintext: bytes | None, m: Any) -> RecoveredEvent:
         if plaintext is None:
             self._deleted[key] = stamp.version
             return RecoveredEvent(key, None, m, None)

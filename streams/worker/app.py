@@ -222,7 +222,8 @@ class MarketWorker:
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
             pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
-            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending)
+            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending,
+                              worker.unverified())  # fmt: skip
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -279,6 +280,15 @@ class MarketWorker:
     def refresh_gauges(self) -> None:
         web.refresh_gauges(self.metrics, self.stores, self.consumer(), self.topics,
                            self.settings.stall_seconds, self.started_at, self._vectors)  # fmt: skip
+        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
+        self.metrics.partitions_unverified.labels("replica").set(len(self.replica.unverified))
+
+    def unverified(self) -> dict[str, str]:
+        """What state this worker holds that is not what its checkpoint commits, and why:
+        partitions it does not serve, and partitions whose accounts its replica does not use."""
+        return {**{f"partition {p}": why for p, why in sorted(self.progress.unverified.items())},
+                **{f"accounts of partition {p}": why
+                   for p, why in sorted(self.replica.unverified.items())}}  # fmt: skip
 
     def consumer(self) -> Any:
         """Faust's consumer of the app, or None before the app has built it."""

@@ -76,6 +76,7 @@ class AccountReplica:
         self._accounts: dict[str, _Held] = {}
         self._by_key: dict[str, str] = {}
         self._pending: dict[int, list[tuple[Any, Version, AccountState | None]]] = {}
+        self._newest: dict[str, Version] = {}  # per account, the newest version read, pending
         self._sums: dict[int, StoreSum] = {}
         self._read_to: dict[int, int] = {}
         self._checked: dict[int, Version] = {}
@@ -194,10 +195,14 @@ class AccountReplica:
         p, account_id = rec.partition, rec.key.decode("utf-8")
         held = self._accounts.get(account_id)
         before = None if held is None else held.version
+        newest = self._newest.get(account_id)  # one waiting for its checkpoint, if newer
+        if newest is not None and (before is None or newest > before) and version < newest:
+            before = newest  # an older record than one read already: judged against that one
         verdict = judge(self.book.get(p), version, before, final=False)
         if verdict == "apply":
             self._set(account_id, p, version, state)
         elif verdict == "pending":
+            self._newest[account_id] = max(version, newest or version)
             waiting = self._pending.setdefault(p, [])
             waiting.append((rec, version, state))
             if len(waiting) > MAX_PENDING:
@@ -208,6 +213,8 @@ class AccountReplica:
     def _promote(self, p: int) -> None:
         """A new checkpoint of ``p``: judge again what waited for one."""
         waiting = self._pending.pop(p, [])
+        for rec, _, _ in waiting:
+            self._newest.pop(rec.key.decode("utf-8"), None)
         for rec, version, state in waiting:
             self._judge(rec, version, state, (rec.topic, rec.partition, rec.offset))
 

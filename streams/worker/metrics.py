@@ -210,8 +210,9 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                           "Changelog records of batches lost before their checkpoint: never "
                           "applied", ["store"], {}),
     "partitions_unverified": (Gauge, "partitions_unverified",
-                              "Partitions assigned to this worker whose recovered state is not "
-                              "what their checkpoint commits: not served", [], {}),
+                              "Partitions whose state read back is not what their checkpoint "
+                              "commits, by reader: tables (assigned here: not served), replica "
+                              "(their accounts not used)", ["reader"], {}),
     "offsets_ahead": (Counter, "offsets_ahead",
                       "Consumer-group offsets found ahead of the position this worker's state "
                       "proves (committed by someone else): ignored, the events processed; by "
@@ -281,7 +282,8 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
     for store in (*Stores.NAMES, PROGRESS):  # the same for the first refused state record
         for reason in REFUSED_REASONS:
             m.state_refused.labels(store, reason)
-    m.partitions_unverified.set(0)
+    for reader in ("tables", "replica"):
+        m.partitions_unverified.labels(reader).set(0)
     for kind in INPUT_KINDS:
         m.offsets_ahead.labels(kind)
     return m

@@ -79,17 +79,21 @@ class Takeover:
 
     async def prepare(self, assigned: set[Any], revoked: set[Any]) -> None:
         """Before recovery (``assigned``, ``revoked``: Faust's topic partitions): forget what is
-        revoked, read the newly assigned partitions' checkpoints."""
-        mine = {tp.partition for tp in assigned if tp.topic in self.inputs}
-        self.progress.drop({tp.partition for tp in revoked if tp.topic in self.inputs} - mine)
-        fresh = mine - set(self.progress.live) - set(self.progress.unverified)
+        revoked, and read the checkpoints of every partition newly assigned here, its inputs or
+        only its changelogs (recovery judges the changelogs' records by them). A partition is
+        verified and claimed once its inputs are assigned here too."""
+        changelogs = {tbl.table.changelog_topic.get_topic_name() for tbl in self.tables}
+        inputs = {tp.partition for tp in assigned if tp.topic in self.inputs}
+        state = {tp.partition for tp in assigned if tp.topic in changelogs}
+        self.progress.drop({tp.partition for tp in revoked} - inputs)
+        fresh = (inputs | state) - set(self.progress.live) - set(self.progress.unverified)
         for p in fresh:
             self.ctx.book.latest.pop(p, None)
             self.ctx.stale.pop(p, None)
             self.ctx.epochs.pop(p, None)
         await read_checkpoints(self.consumer_settings, self.progress.topic, sorted(fresh),
                                self.ctx.book)  # fmt: skip
-        self._fresh |= fresh
+        self._fresh = (self._fresh | fresh) & inputs
 
     async def recovered(self) -> None:
         """Recovery is complete: verify and claim the partitions it recovered."""
@@ -98,7 +102,7 @@ class Takeover:
         for p in sorted(self._fresh):
             await self._take(p)
         self._fresh.clear()
-        self.metrics.partitions_unverified.set(len(self.progress.unverified))
+        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
 
     async def resume(self, consumer: Any) -> None:
         """Where Faust seeks the input partitions: seek each to the position its partition's

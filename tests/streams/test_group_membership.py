@@ -1,0 +1,139 @@
+"""A stranger in the workers' consumer group (issue #39, attack 1), on the real embedded broker.
+
+The rogue (:mod:`tests.streams.rogue_member`) is a plain aiokafka consumer that joins the group
+whose id is the market's app id under Faust's assignor name with well-formed Faust metadata,
+but cannot prove it is a worker of this market (it has no key derived from the noise secret):
+
+* while a worker leads, it is given nothing (the leader counts it), stays as long as it likes,
+  and every purchase on every partition is answered meanwhile;
+* started first, in a fresh group, it is elected leader and gives itself partition 0 of every
+  input topic: the worker's ``/health`` turns 503 naming why, the gauge of input partitions not
+  held by a proven worker moves; once it leaves, the worker leads and health recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from streams.broker.admin import ensure_topics
+from streams.broker.embedded import find_free_port
+from streams.clients.client import MarketClient
+from streams.wire.events import PurchaseFulfilled
+from streams.worker.runner import ChildWorker
+
+from .conftest import Market
+from .helpers import buy, party
+from .rogue_member import RogueMember
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+DEADLINE = 90.0  # generous: a busy 2-core machine, and Tansu holds every join for 1.5 s
+
+
+def health(worker: ChildWorker) -> tuple[int, dict[str, Any]]:
+    """``/health``'s status code and body, 503 included; 0 while the worker does not answer."""
+    try:
+        return 200, worker.get("/health", timeout=10)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+    except (OSError, ValueError):  # not listening yet (URLError is an OSError)
+        assert worker.alive(), "the worker exited"
+        return 0, {}
+
+
+def wait_for(what: str, probe: Any, timeout: float = DEADLINE) -> Any:
+    """Poll ``probe()`` until it returns something true; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+
+
+def streams_on_every_partition(market: Market) -> list[str]:
+    """One stream id per input partition."""
+    ids: dict[int, str] = {}
+    n = 0
+    while len(ids) < market.settings.partitions:
+        ids.setdefault(market.topics.partition_of(f"s{n}"), f"s{n}")
+        n += 1
+    return [ids[p] for p in sorted(ids)]
+
+
+REG = {"mechanism": "laplace", "sensitivity": 1.0, "dimension": 2, "steps": [0.5, 1.0],
+       "cap": 2.0, "retain_last": 4, "pricing": {"kind": "linear_level", "rate_per_level": 100.0}}
+
+
+def test_a_stranger_that_joins_while_a_worker_leads_is_given_nothing(market: Market) -> None:
+    worker = market.start_worker()
+    rogue = RogueMember(market.broker.bootstrap, market.settings.app_id, market.topics.inputs())
+    streams = streams_on_every_partition(market)
+
+    async def trade(c: MarketClient) -> list[Any]:
+        for sid in streams:
+            await c.register({"stream_id": sid, **REG})
+            await c.publish(sid, [1.0, 2.0], value_id="v0")
+        return [await buy(c, "alice", sid, max_price_minor=1000) for sid in streams]
+
+    async def stays() -> tuple[set[Any], list[Any]]:
+        await rogue.start()
+        try:
+            held = await rogue.wait_assigned(DEADLINE)
+            assert held == set(), f"the rogue was given {sorted(held)}"
+            async with market.client() as c:
+                for name in ("seller1", "alice"):
+                    await c.open_account(party(name))
+                outcomes = await trade(c)
+            return rogue.held(), outcomes
+        finally:
+            await rogue.stop()
+
+    held, outcomes = asyncio.run(stays())
+    assert held == set()
+    assert all(isinstance(o, PurchaseFulfilled) for o in outcomes), outcomes
+    assert market.metric("emarket_group_members_refused_total", reason="no_proof") >= 1
+    code, body = health(worker)
+    assert code == 200, body
+
+
+def test_a_stranger_that_leads_the_group_is_reported_until_it_leaves(market: Market) -> None:
+    s = market.settings
+    asyncio.run(ensure_topics(market.broker.bootstrap, market.topics))
+    rogue = RogueMember(market.broker.bootstrap, s.app_id, market.topics.inputs())
+
+    async def lead_then_leave() -> tuple[Any, float, Any, float]:
+        await rogue.start()
+        await rogue.wait_assigned(DEADLINE)  # alone: the group's first member, its leader
+        worker = ChildWorker(replace(s, web_port=find_free_port()),
+                             log_path=market.tmp / "worker0.log").start()  # fmt: skip
+        market.workers.append(worker)
+        try:
+            bad = await asyncio.to_thread(
+                wait_for, "/health says the group is not trusted under the rogue leader",
+                lambda: (h := health(worker))[1].get("status") == "untrusted_group" and h)
+            gauge = market.metric("emarket_group_unproven_partitions")
+            assert rogue.led >= 2 and rogue.held()  # it led the worker's join and kept some
+        finally:
+            await rogue.stop()
+        good = await asyncio.to_thread(wait_for, "/health ok once the rogue left",
+                                       lambda: (h := health(worker))[0] == 200 and h)
+        return bad, gauge, good, market.metric("emarket_group_unproven_partitions")
+
+    (code, bad), gauge, (_, good), after = asyncio.run(lead_then_leave())
+    assert code == 503, bad
+    reason = bad["group"]["reason"]
+    assert "leader" in reason and s.app_id in reason, reason
+    held = {f"{t}[0]" for t in market.topics.inputs()}
+    assert set(bad["group"]["unproven_partitions"]) == held, bad
+    assert gauge == len(held)
+    assert good["status"] == "ok" and after == 0, good

@@ -29,6 +29,11 @@ reviewed for the pinned versions (:data:`PINNED`).
   ``_dumps``/``_loads``).
 * Private reads: :func:`committed_offset` (consumer lag), :func:`producer_client` (broker probes).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
+* :func:`proving_assignor` — Faust's ``PartitionAssignor`` subclassed (Faust's own setting
+  installs it): each worker's JoinGroup metadata carries its membership proof, a leader gives a
+  member without one nothing and seals the assignment, and each worker checks the seal of its
+  own (:mod:`streams.worker.group_watch`); :func:`group_member` reads the coordinator's member
+  id and generation.
 
 **Changed only on the embedded Tansu broker** (:func:`install_tansu_compat`, ``--tansu``):
 

@@ -74,36 +74,49 @@ REG = {"mechanism": "laplace", "sensitivity": 1.0, "dimension": 2, "steps": [0.5
        "cap": 2.0, "retain_last": 4, "pricing": {"kind": "linear_level", "rate_per_level": 100.0}}
 
 
-def test_a_stranger_that_joins_while_a_worker_leads_is_given_nothing(market: Market) -> None:
-    worker = market.start_worker()
+def group_of(worker: ChildWorker) -> dict[str, Any]:
+    """The ``group`` part of a worker's /health (empty while it does not answer)."""
+    group: dict[str, Any] = health(worker)[1].get("group") or {}
+    return group
+
+
+def test_a_stranger_that_joins_while_workers_lead_is_given_nothing(market: Market) -> None:
+    """Two workers, then the rogue: it is given nothing, is counted and named, stays while
+    every stream on every partition trades, and leaves; the workers stay healthy throughout."""
+    workers = [market.start_worker(), market.start_worker()]
     rogue = RogueMember(market.broker.bootstrap, market.settings.app_id, market.topics.inputs())
     streams = streams_on_every_partition(market)
 
     async def trade(c: MarketClient) -> list[Any]:
+        for name in ("seller1", "alice"):
+            await c.open_account(party(name))
         for sid in streams:
             await c.register({"stream_id": sid, **REG})
             await c.publish(sid, [1.0, 2.0], value_id="v0")
         return [await buy(c, "alice", sid, max_price_minor=1000) for sid in streams]
+
+    def named_by_both() -> bool:
+        return all(len(group_of(w).get("unproven_members", [])) == 1 for w in workers)
 
     async def stays() -> tuple[set[Any], list[Any]]:
         await rogue.start()
         try:
             held = await rogue.wait_assigned(DEADLINE)
             assert held == set(), f"the rogue was given {sorted(held)}"
+            await asyncio.to_thread(wait_for, "both workers name the rogue", named_by_both)
             async with market.client() as c:
-                for name in ("seller1", "alice"):
-                    await c.open_account(party(name))
                 outcomes = await trade(c)
             return rogue.held(), outcomes
         finally:
             await rogue.stop()
 
     held, outcomes = asyncio.run(stays())
-    assert held == set()
+    assert held == set()  # still nothing, after every rebalance while it stayed
     assert all(isinstance(o, PurchaseFulfilled) for o in outcomes), outcomes
     assert market.metric("emarket_group_members_refused_total", reason="no_proof") >= 1
-    code, body = health(worker)
-    assert code == 200, body
+    wait_for("both workers healthy, no stranger named, once the rogue left", lambda: all(
+        health(w)[0] == 200 and group_of(w).get("unproven_members") == [] for w in workers))
+    assert market.metric("emarket_group_unproven_partitions") == 0
 
 
 def test_a_stranger_that_leads_the_group_is_reported_until_it_leaves(market: Market) -> None:

@@ -17,7 +17,8 @@ Two sources, each checked against the market's membership key:
 :func:`assess` turns both into an :class:`Assessment`: the input partitions not held by a proven
 worker (``emarket_group_unproven_partitions``; ``/health`` answers 503 ``untrusted_group`` and
 ``MarketGroupIntruder`` pages while there are any), the members without a proof
-(``emarket_group_unproven_members``), and what the operator reads. The leader's refusals are
+(``emarket_group_unproven_members``), and what the operator reads; ``emarket_group_untrusted``
+is 1 exactly while ``/health`` says ``untrusted_group``. The leader's refusals are
 counted when it makes them (``emarket_group_members_refused_total{reason}``,
 :meth:`GroupWatch.judge`).
 """
@@ -253,8 +254,13 @@ class GroupWatch:
         """Describe the group once; keep the last answer if the broker does not give one."""
         try:
             if self._admin is None:
-                self._admin = AIOKafkaAdminClient(**self.admin_options)
-                await self._admin.start()
+                admin = AIOKafkaAdminClient(**self.admin_options)
+                try:
+                    await admin.start()
+                except Exception:
+                    await admin.close()
+                    raise
+                self._admin = admin
             responses = await self._admin.describe_consumer_groups([self.group])
         except Exception as exc:  # the broker probe and its alert report outages
             log.debug("DescribeGroups of %s failed: %r", self.group, exc)
@@ -281,6 +287,7 @@ class GroupWatch:
             before = self.assessment
             now = assess(self.group, self.inputs, self.view, self.described, self.membership)
             self.assessment = now
+            self.metrics.group_untrusted.set(0 if now.ok else 1)
             self.metrics.group_unproven_partitions.set(len(now.unproven_partitions))
             self.metrics.group_unproven_members.set(len(now.unproven_members))
         if now.reasons != before.reasons:

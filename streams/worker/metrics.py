@@ -62,6 +62,7 @@ class Metrics:
     last_batch: Gauge
     inboxes_waiting: Gauge
     group_refused: Counter
+    group_untrusted: Gauge
     group_unproven_partitions: Gauge
     group_unproven_members: Gauge
     broker_is_up: bool = field(default=False, init=False)
@@ -245,6 +246,10 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                       "Members of the workers' consumer group this worker, as its leader, gave "
                       "nothing: they did not prove they are workers of this market (reason: "
                       + ", ".join(REFUSALS) + ")", ["reason"], {}),
+    "group_untrusted": (Gauge, "group_untrusted",
+                        "1 while /health says 'untrusted_group' (same rule): input partitions "
+                        "not all held by proven workers, a leader that is not one, or this "
+                        "worker refused its place; else 0", [], {}),
     "group_unproven_partitions": (Gauge, "group_unproven_partitions",
                                   "Input partitions not held by a proven worker of this market, "
                                   "as this worker sees its consumer group (held by a member "

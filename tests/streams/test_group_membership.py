@@ -135,6 +135,7 @@ def test_a_stranger_that_leads_the_group_is_reported_until_it_leaves(market: Mar
                 wait_for, "/health says the group is not trusted under the rogue leader",
                 lambda: (h := health(worker))[1].get("status") == "untrusted_group" and h)
             gauge = market.metric("emarket_group_unproven_partitions")
+            assert market.metric("emarket_group_untrusted") == 1
             assert rogue.led >= 2 and rogue.held()  # it led the worker's join and kept some
         finally:
             await rogue.stop()
@@ -150,3 +151,4 @@ def test_a_stranger_that_leads_the_group_is_reported_until_it_leaves(market: Mar
     assert set(bad["group"]["unproven_partitions"]) == held, bad
     assert gauge == len(held)
     assert good["status"] == "ok" and after == 0, good
+    assert market.metric("emarket_group_untrusted") == 0

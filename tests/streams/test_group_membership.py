@@ -4,11 +4,15 @@ The rogue (:mod:`tests.streams.rogue_member`) is a plain aiokafka consumer that 
 whose id is the market's app id under Faust's assignor name with well-formed Faust metadata,
 but cannot prove it is a worker of this market (it has no key derived from the noise secret):
 
-* while a worker leads, it is given nothing (the leader counts it), stays as long as it likes,
-  and every purchase on every partition is answered meanwhile;
-* started first, in a fresh group, it is elected leader and gives itself partition 0 of every
-  input topic: the worker's ``/health`` turns 503 naming why, the gauge of input partitions not
-  held by a proven worker moves; once it leaves, the worker leads and health recovers.
+* while workers lead, it is given nothing (the leader counts it, every worker names it), stays
+  as long as it likes while every stream on every partition trades, and leaves;
+* first in an empty group, it is elected leader and gives itself partition 0 of every input
+  topic: the worker that starts under it turns ``/health`` 503 ``untrusted_group`` naming those
+  partitions, the gauges move, and a purchase on partition 0 waits; once the rogue leaves the
+  worker leads, health recovers and the purchase is answered.
+
+Both fail on the code before #39 (the rogue is given half the input partitions; under a rogue
+leader ``/health`` stays ``ok``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from streams.broker.admin import ensure_topics
 from streams.broker.embedded import find_free_port
 from streams.clients.client import MarketClient
 from streams.wire.events import PurchaseFulfilled
@@ -120,35 +123,55 @@ def test_a_stranger_that_joins_while_workers_lead_is_given_nothing(market: Marke
 
 
 def test_a_stranger_that_leads_the_group_is_reported_until_it_leaves(market: Market) -> None:
+    """A market whose worker stopped; the rogue joins the empty group first and leads it; a
+    worker starts under it and says so; a purchase on a partition the rogue kept waits, and is
+    answered once the rogue has left and the worker leads."""
     s = market.settings
-    asyncio.run(ensure_topics(market.broker.bootstrap, market.topics))
+    first = market.start_worker()
+    market.open_accounts("seller1", "alice")
+    sid = streams_on_every_partition(market)[0]  # on partition 0, which the rogue keeps
+
+    async def register(c: MarketClient) -> None:
+        await c.register({"stream_id": sid, **REG})
+        await c.publish(sid, [1.0, 2.0], value_id="v0")
+
+    market.run(register)
+    market.wait_ingested(sid, 1)
+    first.stop()
     rogue = RogueMember(market.broker.bootstrap, s.app_id, market.topics.inputs())
 
-    async def lead_then_leave() -> tuple[Any, float, Any, float]:
+    async def lead_then_leave() -> tuple[Any, float, Any, Any]:
         await rogue.start()
-        await rogue.wait_assigned(DEADLINE)  # alone: the group's first member, its leader
+        await rogue.wait_assigned(DEADLINE)  # alone in the group: its leader
         worker = ChildWorker(replace(s, web_port=find_free_port()),
-                             log_path=market.tmp / "worker0.log").start()  # fmt: skip
+                             log_path=market.tmp / "worker1.log").start()  # fmt: skip
         market.workers.append(worker)
-        try:
-            bad = await asyncio.to_thread(
-                wait_for, "/health says the group is not trusted under the rogue leader",
-                lambda: (h := health(worker))[1].get("status") == "untrusted_group" and h)
-            gauge = market.metric("emarket_group_unproven_partitions")
-            assert market.metric("emarket_group_untrusted") == 1
-            assert rogue.led >= 2 and rogue.held()  # it led the worker's join and kept some
-        finally:
-            await rogue.stop()
-        good = await asyncio.to_thread(wait_for, "/health ok once the rogue left",
-                                       lambda: (h := health(worker))[0] == 200 and h)
-        return bad, gauge, good, market.metric("emarket_group_unproven_partitions")
+        async with market.client() as c:
+            try:
+                bad = await asyncio.to_thread(
+                    wait_for, "/health says the group is not trusted under the rogue leader",
+                    lambda: (h := health(worker))[1].get("status") == "untrusted_group" and h)
+                gauge = market.metric("emarket_group_unproven_partitions")
+                assert market.metric("emarket_group_untrusted") == 1
+                assert rogue.led >= 2 and rogue.held()  # it led the worker's join, kept some
+                buying = asyncio.create_task(buy(c, "alice", sid, max_price_minor=1000,
+                                                 timeout=3 * DEADLINE))  # fmt: skip
+                await asyncio.sleep(5)
+                assert not buying.done(), "a purchase on the rogue's partition was answered"
+            finally:
+                await rogue.stop()
+            good = await asyncio.to_thread(wait_for, "/health ok once the rogue left",
+                                           lambda: (h := health(worker))[0] == 200 and h)
+            return bad, gauge, good, await buying
 
-    (code, bad), gauge, (_, good), after = asyncio.run(lead_then_leave())
+    (code, bad), gauge, (_, good), outcome = asyncio.run(lead_then_leave())
     assert code == 503, bad
     reason = bad["group"]["reason"]
     assert "leader" in reason and s.app_id in reason, reason
     held = {f"{t}[0]" for t in market.topics.inputs()}
     assert set(bad["group"]["unproven_partitions"]) == held, bad
     assert gauge == len(held)
-    assert good["status"] == "ok" and after == 0, good
+    assert good["status"] == "ok", good
+    assert market.metric("emarket_group_unproven_partitions") == 0
     assert market.metric("emarket_group_untrusted") == 0
+    assert isinstance(outcome, PurchaseFulfilled), outcome  # answered once it left

@@ -5,9 +5,9 @@ It joins the group whose id is the market's app id under Faust's assignor name (
 version 4) with well-formed metadata, a Faust ``ClientMetadata`` like a worker's, but without
 the market's key it can prove nothing. As a follower it takes what the leader gives it; elected
 leader (it started first, in a fresh group) it gives itself partition 0 of every input topic
-and every other member the rest of what it subscribed, in the form Faust's ``on_assignment``
-accepts, so that the workers keep running under it. It never reads a record: holding the
-partitions is the attack.
+and every other member the other partitions of what it subscribed, in the form Faust's
+``on_assignment`` accepts, so that the workers keep running under it. It never reads a record:
+holding the partitions is the attack.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ class RogueMember:
         self.consumer: AIOKafkaConsumer | None = None
 
     def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
-        """Partition 0 of every input topic to itself; to every other member, the rest of the
-        partitions of each topic it subscribed."""
+        """Partition 0 of every input topic to itself; to every other member, the partitions
+        but 0 of each topic it subscribed (Faust's shape: a worker holds a changelog's
+        partition with the input partition of the same number)."""
         mine = {t: [0] for t in self.inputs}
         out: dict[str, Any] = {}
         for member, meta in members.items():
@@ -95,8 +96,7 @@ class RogueMember:
             if url == ROGUE_URL:
                 out[member] = _faust_assignment(url, mine)
                 continue
-            actives = {t: [p for p in sorted(cluster.partitions_for_topic(t) or ())
-                           if t not in mine or p not in mine[t]]
+            actives = {t: [p for p in sorted(cluster.partitions_for_topic(t) or ()) if p != 0]
                        for t in sorted(meta.subscription)}  # fmt: skip
             out[member] = _faust_assignment(url, {t: ps for t, ps in actives.items() if ps})
         return out

@@ -35,7 +35,7 @@ from streams.worker.assignment_seal import covered as seal_covered
 from streams.worker.group_watch import Described, GroupView, GroupWatch, assess, described_from
 from streams.worker.membership import PROOF_FIELD, Membership, covered, proof_in, with_proof
 from streams.worker.metrics import build_metrics
-from streams.worker.secrets import MEMBERSHIP_LABEL, STATE_MAC_LABEL, membership_key
+from streams.worker.secrets import MEMBERSHIP_LABEL, membership_key
 
 from .rogue_member import faust_like_metadata
 
@@ -102,11 +102,22 @@ def test_the_documented_vectors_are_what_the_code_and_the_text_compute() -> None
     assert made.tag.hex() == s["tag"] == seal_from_the_text(secret, s).hex()
 
 
+OTHER_LABELS = (b"emarket state-mac key v1", b"emarket state seal key v2",
+                b"emarket state digest key v2", b"emarket noise-secret fingerprint v1",
+                b"emarket operator token v1", b"emarket market sealing key v1",
+                b"emarket buyer pseudonym key v1", b"emarket receipt opening key v1",
+                b"emarket sender key v1", b"emarket nonce v1")  # fmt: skip
+
+
 def test_the_membership_key_is_its_own() -> None:
+    """Domain separation: its label is no other derivation's, neither is a prefix of another,
+    and the key is neither the secret nor any other key derived from it."""
     assert MEMBERSHIP_LABEL == b"emarket membership key v1"
-    assert not MEMBERSHIP_LABEL.startswith(STATE_MAC_LABEL[:-2])
-    assert KEY not in (bytes(range(32)), hmac.new(bytes(range(32)), STATE_MAC_LABEL,
-                                                  "sha256").digest())  # fmt: skip
+    for label in OTHER_LABELS:
+        assert not (label.startswith(MEMBERSHIP_LABEL) or MEMBERSHIP_LABEL.startswith(label))
+    secret = bytes(range(32))
+    others = {hmac.new(secret, label, "sha256").digest() for label in OTHER_LABELS}
+    assert secret != KEY and KEY not in others
     assert "key" not in repr(worker(1)).lower().replace("membership", "")
 
 

@@ -15,12 +15,12 @@ Two sources, each checked against the market's membership key:
   seal does not know.
 
 :func:`assess` turns both into an :class:`Assessment`: the input partitions not held by a proven
-worker (``emarket_group_unproven_partitions``; ``/health`` answers 503 ``untrusted_group`` and
-``MarketGroupIntruder`` pages while there are any), the members without a proof
-(``emarket_group_unproven_members``), and what the operator reads; ``emarket_group_untrusted``
-is 1 exactly while ``/health`` says ``untrusted_group``. The leader's refusals are
-counted when it makes them (``emarket_group_members_refused_total{reason}``,
-:meth:`GroupWatch.judge`).
+worker (``emarket_group_unproven_partitions``), the members without a proof
+(``emarket_group_unproven_members``), and what the operator reads. While there are such
+partitions, or the leader did not prove itself, or it refused this worker, ``/health`` answers
+503 ``untrusted_group``, ``emarket_group_untrusted`` is 1 and ``MarketGroupIntruder`` pages.
+The leader's refusals are counted when it makes them
+(``emarket_group_members_refused_total{reason}``, :meth:`GroupWatch.judge`).
 """
 
 from __future__ import annotations

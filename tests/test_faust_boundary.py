@@ -43,6 +43,7 @@ from streams.worker.faust_internals import (
     install_batched_intake,
     install_takeover,
     install_tansu_compat,
+    proving_assignor,
     skip_table_settle,
     source_sha256,
     tune_fetch_wait,
@@ -138,6 +139,24 @@ RECORDED: dict[str, dict[str, str]] = {
             "ba99cf23ea875c02ec56789188908e790bfa29ed6c8b7021e1ce939ade9c56b6",
         "faust.worker:Worker._on_sigint":
             "327193230c65ea83db83983b7a0a5f983e1658e3f4271a506838d96f507283f1",
+        "faust.assignor.partition_assignor:PartitionAssignor.metadata":
+            "6d7f0ebcd61e8b4d99aed38e57c4b47a68a868ed1be64c6e30f41ab665e740ae",
+        "faust.assignor.partition_assignor:PartitionAssignor.assign":
+            "25f1cbbba9d46748e0b1ccd1356277859176d8e1db9cb485fd38f15433f9b24e",
+        "faust.assignor.partition_assignor:PartitionAssignor.on_assignment":
+            "72f34bf053d696b51a6ec8c7f30ba5111800be760aa63dd28f6fcb5a29291f24",
+        "faust.assignor.partition_assignor:PartitionAssignor._perform_assignment":
+            "1e0bf2c5c8f42574670a8ef7661a043919c8e03b59ec966ce8109a36fd20fa52",
+        "faust.assignor.partition_assignor:PartitionAssignor._protocol_assignments":
+            "e231e876d04a222d3b2ff202dbcb2292184f33266d63bb5298b12309c88bc78d",
+        "faust.assignor.partition_assignor:PartitionAssignor._compress":
+            "de873849928dbd83c7b33c73c9fa60452bb0608a1f75ea6e7010c261dd297325",
+        "faust.assignor.partition_assignor:PartitionAssignor._decompress":
+            "d65b7310c43aebd78c1e7a92f9b2cacf80401821336b6e67d38cb7e6c90e6383",
+        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._ensure_consumer":
+            "ff4a4c693b7ec63f4a76dfb61c419380bef70dd32383fe38ebcfcc27091605a6",
+        "faust.transport.drivers.aiokafka:ConsumerRebalanceListener.on_partitions_assigned":
+            "1c1f8406ad3698a6770a4ececb2f8074c0e80bea9ad0a0f4879baacb4ea996da",
     },
     "mode-streaming==0.7.1": {
         "mode.worker:Worker._on_sigterm":
@@ -166,6 +185,14 @@ RECORDED: dict[str, dict[str, str]] = {
             "2f1ba70443327538800d348e61042cdedd5a5e6306f40ebe1a06dddba7494c45",
         "aiokafka.consumer.fetcher:Fetcher.__init__":
             "bf21ecb7e0f210b7c90ddabf89b02ae088d97d93cd157cea11429d13737eea2a",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance.perform_group_join":
+            "ff2c2109b2e9868dc23f43643160ea3d87c40093adc03e5e8c9a45c81844ea75",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance._on_join_leader":
+            "c57a3e85197dcc20a2b17c312a6750a383729059af9adacc9f0617e729b8e34d",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._perform_assignment":
+            "a5cf61fa973201996a1b81e3486e6928dd7bf3f9f8e0384a2fbd0085f774f125",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._on_join_complete":
+            "0b0b3d204b408f3ce3c3cc7d2168d6425e442c5a074b3f3193a897a510d80594",
     },
 }  # fmt: skip
 
@@ -318,7 +345,7 @@ def test_every_patch_has_a_recorded_hash(every_patch: None) -> None:
 
 def test_every_private_method_the_boundary_overrides_has_a_recorded_hash() -> None:
     targets = {u.target for u in UPSTREAM}
-    classes = [worker_class(lambda: None)]
+    classes = [worker_class(lambda: None), proving_assignor(None)]
     classes += [c for c in vars(faust_internals).values()
                 if inspect.isclass(c) and c.__module__ == faust_internals.__name__]  # fmt: skip
     overridden = set()

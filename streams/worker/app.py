@@ -32,24 +32,31 @@ from .faust_internals import (
     install_batched_intake,
     install_takeover,
     install_tansu_compat,
+    proving_assignor,
     quiet_libraries,
     skip_table_settle,
     tune_fetch_wait,
 )
+from .group_watch import DESCRIBE_EVERY_S, GroupWatch
 from .history import CheckpointBook, StateReader
 from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
+from .membership import SKEW_MS, Membership
 from .metrics import Metrics, build_metrics
 from .producer import Producer
 from .progress import Progress, progress_topic
 from .recovery import Takeover
-from .secrets import load_or_create_keys, state_keys
+from .secrets import load_or_create_keys, membership_key, state_keys
 from .state_records import StateSeal
 from .tables import StateContext, WriteBackTable, register_codecs
 
 __all__ = ["MarketWorker", "create_worker"]
 
 log = logging.getLogger("emarket.worker")
+
+REBALANCE_TIMEOUT_S = 60.0
+"""Faust's ``broker_rebalance_timeout`` (its default), set explicitly: a membership proof may be
+this old when the leader judges it, plus the clocks' skew (:mod:`streams.worker.membership`)."""
 
 
 class MarketWorker:
@@ -68,6 +75,7 @@ class MarketWorker:
         self.topics = Topics(settings.prefix, settings.partitions)
         self.keys = keys or load_or_create_keys(settings.data_dir)
         self.metrics: Metrics = build_metrics()
+        self.group = self._group_watch()
         self.app = self._app()
         self.intake = Intake(self.app, set(self.topics.inputs()))
         attach_intake(self.app, self.intake)
@@ -137,6 +145,16 @@ class MarketWorker:
         return {"bootstrap_servers": s.bootstrap,
                 "fetch_max_wait_ms": min(s.fetch_max_wait_ms, 100), **s.aiokafka_auth()}
 
+    def _group_watch(self) -> GroupWatch:
+        """The proofs this worker gives and checks in its consumer group (the app id)."""
+        s = self.settings
+        membership = Membership(membership_key(self.keys.noise_secret), s.app_id,
+                                window_ms=int(REBALANCE_TIMEOUT_S * 1000) + SKEW_MS)  # fmt: skip
+        inputs = frozenset((t, p) for t in self.topics.inputs() for p in range(s.partitions))
+        admin = {"bootstrap_servers": s.bootstrap, "request_timeout_ms": 10_000,
+                 **s.aiokafka_auth()}  # fmt: skip
+        return GroupWatch(membership, inputs, self.metrics, admin)
+
     def _app(self) -> faust.App:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # keys may come from the env
@@ -167,6 +185,9 @@ class MarketWorker:
             # a fetched batch is handed to the intake whole: bound it (Faust's default is the
             # whole fetch, up to 50 MB)
             broker_max_poll_records=POLL_RECORDS,
+            # workers prove their membership to each other; a stranger is given nothing
+            PartitionAssignor=proving_assignor(self.group),
+            broker_rebalance_timeout=REBALANCE_TIMEOUT_S,
         )
 
     def _wire(self) -> None:
@@ -223,7 +244,7 @@ class MarketWorker:
         async def health_page(view: Any, request: Any) -> Any:
             pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
             body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending,
-                              worker.unverified())  # fmt: skip
+                              worker.unverified(), worker.group.health())  # fmt: skip
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -250,8 +271,13 @@ class MarketWorker:
         async def make_inboxes() -> None:
             await worker.inboxes.run()
 
+        @app.timer(DESCRIBE_EVERY_S)  # type: ignore[untyped-decorator]
+        async def describe_group() -> None:
+            await worker.group.poll()
+
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()
+            await worker.group.close()
 
         app.on_before_shutdown.connect(stop_replica)
 

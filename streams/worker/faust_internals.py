@@ -35,6 +35,11 @@ reviewed for the pinned versions (:data:`PINNED`).
 * Private reads and writes: :func:`committed_offset` (consumer lag) and
   :func:`set_committed_offset`, :func:`producer_client` (broker probes).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
+* :func:`proving_assignor` — Faust's ``PartitionAssignor`` subclassed (Faust's own setting
+  installs it): each worker's JoinGroup metadata carries its membership proof, a leader gives a
+  member without one nothing and seals the assignment, and each worker checks the seal of its
+  own (:mod:`streams.worker.group_watch`); :func:`group_member` reads the coordinator's member
+  id and generation.
 
 **Changed only on the embedded Tansu broker** (:func:`install_tansu_compat`, ``--tansu``):
 
@@ -58,8 +63,10 @@ import asyncio
 import hashlib
 import importlib
 import inspect
+import json
 import logging
 import weakref
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +170,24 @@ def _u(dist: str, module: str, names: str, use: str, by: str) -> list[Upstream]:
 
 _CONSUMER = "faust.transport.consumer"
 _DRIVER = "faust.transport.drivers.aiokafka"
+_ASSIGNOR = "faust.assignor.partition_assignor"
+_GROUPS = "aiokafka.consumer.group_coordinator"
+_MEMBERSHIP: tuple[Upstream, ...] = (
+    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor.metadata PartitionAssignor.assign "
+        "PartitionAssignor.on_assignment", "overridden", "proving_assignor"),
+    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor._perform_assignment "
+        "PartitionAssignor._protocol_assignments PartitionAssignor._compress "
+        "PartitionAssignor._decompress", "relied on", "proving_assignor"),
+    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._ensure_consumer "
+        "ConsumerRebalanceListener.on_partitions_assigned", "relied on", "group_member"),
+    *_u("aiokafka", _GROUPS, "CoordinatorGroupRebalance.perform_group_join "
+        "CoordinatorGroupRebalance._on_join_leader GroupCoordinator._perform_assignment "
+        "GroupCoordinator._on_join_complete", "relied on", "proving_assignor"),
+)
+"""What the membership proofs rely on: Faust's assignor (its metadata is JSON, its assignment
+zlib-compressed JSON, and it assigns exactly the members it is given), and aiokafka computing a
+member's metadata once per join, with the coordinator's member id, before JoinGroup (and its
+KIP-394 retry), and calling ``assign`` and ``on_assignment`` with the generation set."""
 UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _CONSUMER, "Consumer._drain_messages", "copied", "_drain_batches"),
     *_u("faust-streaming", _CONSUMER, "Consumer.getmany", "copied", "_deliver"),
@@ -229,6 +254,7 @@ UPSTREAM: tuple[Upstream, ...] = (
         "tune_fetch_wait"),
     *_u("aiokafka", "aiokafka.consumer.fetcher", "Fetcher.__init__", "relied on",
         "tune_fetch_wait"),
+    *_MEMBERSHIP,
 )
 """Every upstream function behind this module, with what we do with it."""
 
@@ -931,3 +957,107 @@ def install_tansu_compat() -> None:
     AIOKafkaConsumerThread._highwaters = _highwaters  # type: ignore[method-assign]
     GroupCoordinator._maybe_leave_group = _maybe_leave_group
     _tansu_installed = True
+
+
+# --- group membership (issue #39) -------------------------------------------------------------
+# Kept apart from the rest of the boundary: Faust's assignor, wrapped by a subclass (installed
+# through Faust's public ``PartitionAssignor`` setting), and the coordinator's member id and
+# generation, read where Faust itself reads them.
+
+__all__ += ["group_member", "proving_assignor"]
+
+
+def group_member(app: Any) -> tuple[str, int]:
+    """This worker's member id in its consumer group ("" before the broker gave it one) and
+    the group's generation, as aiokafka's coordinator holds them (Faust reads the generation
+    the same way, ``ConsumerRebalanceListener.on_partitions_assigned``). Call it on the
+    consumer's thread."""
+    coordinator = app.consumer._thread._ensure_consumer()._coordinator
+    return coordinator.member_id or "", int(coordinator.generation)
+
+
+def _pairs(assignment: Iterable[tuple[str, Iterable[int]]]) -> list[tuple[str, int]]:
+    """(topic, partition) pairs of a Kafka protocol assignment."""
+    return [(t, int(p)) for t, ps in assignment for p in ps]
+
+
+def _assignment_object(assignor: Any, user_data: bytes) -> dict[str, Any] | None:
+    """The JSON object of a Faust assignment's user data (Faust compresses it), or None."""
+    try:
+        obj = json.loads(assignor._decompress(user_data))
+    except (ValueError, zlib.error, UnicodeDecodeError, TypeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _nothing(assignor: Any, metadata: Any) -> Any:
+    """An empty assignment a Faust worker accepts: its own URL, no partitions."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment  # noqa: PLC0415
+    from faust.assignor.client_assignment import ClientAssignment, ClientMetadata  # noqa: PLC0415
+
+    try:
+        url = str(ClientMetadata.loads(metadata.user_data).url)
+    except Exception:  # a stranger's metadata: it gets an empty URL
+        url = ""
+    empty = ClientMetadata(assignment=ClientAssignment(actives={}, standbys={}), url=url,
+                           changelog_distribution={}, external_topic_distribution={},
+                           topic_groups={})  # fmt: skip
+    return ConsumerProtocolMemberAssignment(assignor.version, [],
+                                            assignor._compress(empty.dumps()))  # fmt: skip
+
+
+def _sealed(assignor: Any, assignment: Any, seal: dict[str, Any]) -> Any:
+    """``assignment`` with ``seal`` in its user data's JSON (Faust keeps keys it does not know)."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment  # noqa: PLC0415
+
+    from .assignment_seal import SEAL_FIELD  # noqa: PLC0415
+
+    obj = _assignment_object(assignor, assignment.user_data) or {}
+    obj[SEAL_FIELD] = seal
+    data = assignor._compress(json.dumps(obj, separators=(",", ":")).encode())
+    return ConsumerProtocolMemberAssignment(assignment.version, assignment.assignment, data)
+
+
+def proving_assignor(watch: Any) -> type[Any]:
+    """Faust's ``PartitionAssignor`` with the market's membership proofs (``watch``: a
+    :class:`streams.worker.group_watch.GroupWatch`).
+
+    * ``metadata``: Faust's JoinGroup metadata, with this worker's proof in its JSON
+      (``watch.metadata``), bound to its member id once it has one;
+    * ``assign`` (on the leader): Faust assigns the members whose proofs stand; every other
+      member gets an empty assignment in Faust's form (it still answers the protocol), and
+      every assignment carries the leader's seal of the whole (``watch.seal``);
+    * ``on_assignment``: the seal of this worker's assignment goes to ``watch.assigned``
+      before Faust reads the assignment (which may raise on a stranger's bytes).
+    """
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata  # noqa: PLC0415
+    from faust.assignor import PartitionAssignor  # noqa: PLC0415
+
+    from .assignment_seal import SEAL_FIELD  # noqa: PLC0415
+
+    class ProvingAssignor(PartitionAssignor):
+        def metadata(self, topics: Any) -> Any:
+            meta = super().metadata(topics)
+            member_id, _ = group_member(self.app)
+            return ConsumerProtocolMemberMetadata(meta.version, meta.subscription,
+                                                  watch.metadata(meta.user_data, member_id))
+
+        def assign(self, cluster: Any, member_metadata: Any) -> Any:
+            leader, generation = group_member(self.app)
+            refused = watch.judge({m: md.user_data for m, md in member_metadata.items()},
+                                  leader)  # fmt: skip
+            proven = {m: md for m, md in member_metadata.items() if m not in refused}
+            result = dict(super().assign(cluster, proven)) if proven else {}
+            result.update({m: _nothing(self, member_metadata[m]) for m in refused})
+            given = {m: _pairs(a.assignment) for m, a in result.items() if m not in refused}
+            seal = watch.seal(generation, leader, given, refused)
+            return {m: _sealed(self, a, seal) for m, a in result.items()}
+
+        def on_assignment(self, assignment: Any) -> None:
+            member_id, generation = group_member(self.app)
+            obj = _assignment_object(self, assignment.user_data)
+            seal = None if obj is None else obj.get(SEAL_FIELD)
+            watch.assigned(generation, member_id, _pairs(assignment.assignment), seal)
+            super().on_assignment(assignment)
+
+    return ProvingAssignor

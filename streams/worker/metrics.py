@@ -22,6 +22,7 @@ from prometheus_client import (
 from ..core.outputs import Outcome
 from ..core.state import Stores
 from .history import PROGRESS
+from .membership import REFUSALS
 
 __all__ = ["DEAD_LETTER_KINDS", "REFUSED_REASONS", "Metrics", "build_metrics", "dead_letter_kind"]
 
@@ -65,6 +66,10 @@ class Metrics:
     stalled: Gauge
     last_batch: Gauge
     inboxes_waiting: Gauge
+    group_refused: Counter
+    group_untrusted: Gauge
+    group_unproven_partitions: Gauge
+    group_unproven_members: Gauge
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
@@ -259,6 +264,22 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "inboxes_waiting": (Gauge, "inboxes_waiting",
                         "Inbox topics queued for creation, their outputs held (new accounts)",
                         [], {}),
+    "group_refused": (Counter, "group_members_refused",
+                      "Members of the workers' consumer group this worker, as its leader, gave "
+                      "nothing: they did not prove they are workers of this market (reason: "
+                      + ", ".join(REFUSALS) + ")", ["reason"], {}),
+    "group_untrusted": (Gauge, "group_untrusted",
+                        "1 while /health says 'untrusted_group' (same rule): input partitions "
+                        "not all held by proven workers, a leader that is not one, or this "
+                        "worker refused its place; else 0", [], {}),
+    "group_unproven_partitions": (Gauge, "group_unproven_partitions",
+                                  "Input partitions not held by a proven worker of this market, "
+                                  "as this worker sees its consumer group (held by a member "
+                                  "without a proof, under a leader without one, or by nobody); "
+                                  "/health is 503 while above 0", [], {}),
+    "group_unproven_members": (Gauge, "group_unproven_members",
+                               "Members of the workers' consumer group without a valid proof "
+                               "that they are workers of this market", [], {}),
 }  # fmt: skip
 
 
@@ -286,6 +307,8 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.partitions_unverified.labels(reader).set(0)
     for kind in INPUT_KINDS:
         m.offsets_ahead.labels(kind)
+    for reason in REFUSALS:  # and for the first stranger refused a place in the group
+        m.group_refused.labels(reason)
     return m
 
 

@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["OPERATOR_TOKEN_FILE", "STATE_DIGEST_LABEL", "STATE_SEAL_LABEL", "load_or_create_keys",
-           "state_keys", "write_operator_token"]
+__all__ = ["MEMBERSHIP_LABEL", "OPERATOR_TOKEN_FILE", "STATE_DIGEST_LABEL", "STATE_SEAL_LABEL",
+           "load_or_create_keys", "membership_key", "state_keys", "write_operator_token"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
@@ -61,6 +61,24 @@ def state_keys(noise_secret: bytes) -> tuple[bytes, bytes]:
     """
     return (hmac.new(noise_secret, STATE_SEAL_LABEL, "sha256").digest(),
             hmac.new(noise_secret, STATE_DIGEST_LABEL, "sha256").digest())  # fmt: skip
+
+
+MEMBERSHIP_LABEL = b"emarket membership key v1"
+"""What the noise secret MACs to give the key of the workers' group-membership proofs
+(``docs/protocol.md`` §13.1): a label of its own, no other derivation's prefix."""
+
+
+def membership_key(noise_secret: bytes) -> bytes:
+    """The key workers prove their group membership under:
+    ``HMAC-SHA256(noise_secret, MEMBERSHIP_LABEL)``.
+
+    A key of its own, not the state key: membership proofs travel in the consumer group's
+    metadata, which every member of the group (and on Kafka whoever may describe the group)
+    reads, and a tag there must never be a valid tag of a state record, nor the other way
+    round. Like the state key it is derived, not kept: every worker of a market shares the
+    noise secret already, and a worker that cannot derive it cannot prove it belongs.
+    """
+    return hmac.new(noise_secret, MEMBERSHIP_LABEL, "sha256").digest()
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -145,16 +145,23 @@ class ChildWorker:
             body = resp.read()
         return json.loads(body) if path != "/metrics" else body.decode()
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
+    def wait_healthy(self, timeout: float = 60.0, *, ok_only: bool = True) -> None:
+        """Return once ``/health`` answers ok (or, without ``ok_only``, answers at all: a
+        worker that reports a problem answers 503)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(
                     f"worker exited with status {self.proc and self.proc.returncode}"
                 )
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            try:
                 self.get("/health", timeout=max(1.0, min(10.0, deadline - time.monotonic())))
                 return
+            except urllib.error.HTTPError:
+                if not ok_only:
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
             time.sleep(0.2)
         raise TimeoutError(f"worker on {self.url} not healthy within {timeout}s")
 

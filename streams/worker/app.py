@@ -22,6 +22,7 @@ from ..core import MarketCore, MarketKeys, Stores
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
+from .catalog import CatalogRebuild
 from .config import Settings
 from .deadline import STOP_DEADLINE_S, exit_after
 from .directory import AccountReplica
@@ -41,6 +42,7 @@ from .producer import Producer
 from .secrets import load_or_create_keys, state_mac_key
 from .state_mac import StateGuard, StateMac
 from .tables import WriteBackTable, register_codecs
+from .topic_watch import TopicWatch
 
 __all__ = ["MarketWorker", "create_worker"]
 
@@ -81,6 +83,7 @@ class MarketWorker:
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
         self.inboxes = Inboxes(self.app, settings, self.topics, self.producer)
+        self.watch, self.catalog = self._rebuilding()
         self.batches = BatchProcessor(
             self.core,
             list(self.tables.values()),
@@ -95,6 +98,20 @@ class MarketWorker:
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
+
+    def _rebuilding(self) -> tuple[TopicWatch, CatalogRebuild]:
+        """What notices a lost inbox or catalog and what publishes the catalog again, wired to
+        the producer (every acknowledged output, every send to a missing topic) and to the
+        inboxes (the check before a batch's outputs; the topics made again)."""
+        watch = TopicWatch(self.app, self.topics, self.inboxes, self.stores.accounts)
+        catalog = CatalogRebuild(self.core, self.stores, self.inboxes, self.producer,
+                                 self.metrics)  # fmt: skip
+        self.producer.on_acked = watch.acked
+        self.producer.on_missing = watch.missing
+        self.inboxes.confirm = watch.before_send
+        self.inboxes.remade.append(catalog.remade)
+        watch.on_emptied = catalog.start
+        return watch, catalog
 
     def _state(self) -> tuple[StateGuard, dict[str, WriteBackTable], AccountReplica]:
         """The tables and the account replica, sharing one guard: every changelog record is
@@ -227,6 +244,14 @@ class MarketWorker:
         @app.task  # type: ignore[untyped-decorator]
         async def make_inboxes() -> None:
             await worker.inboxes.run()
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def watch_topics() -> None:
+            await worker.watch.run()
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def publish_catalog() -> None:
+            await worker.catalog.run()
 
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()

@@ -123,7 +123,7 @@ class BatchProcessor:
         t_state = time.perf_counter()
         self.faults.hit("after_state")
         done = events[: len(events) - len(part.rest)]
-        ready, held = self.inboxes.hold(part.topics, part.outputs, lambda: self.ack(done))
+        ready, held = await self.inboxes.admit(part.topics, part.outputs, lambda: self.ack(done))
         await self.producer.send_all(ready, fail_point="mid_output")
         t_out = time.perf_counter()
         if self.profile:

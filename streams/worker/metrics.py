@@ -22,7 +22,7 @@ from prometheus_client import (
 from ..core.outputs import Outcome
 from .state_mac import STORES
 
-__all__ = ["DEAD_LETTER_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
+__all__ = ["DEAD_LETTER_KINDS", "TOPIC_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
 
 NS = "emarket"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -60,6 +60,8 @@ class Metrics:
     stalled: Gauge
     last_batch: Gauge
     inboxes_waiting: Gauge
+    topics_recreated: Counter
+    catalog_republished: Counter
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
@@ -237,6 +239,14 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "inboxes_waiting": (Gauge, "inboxes_waiting",
                         "Inbox topics queued for creation, their outputs held (new accounts)",
                         [], {}),
+    "topics_recreated": (Counter, "topics_recreated",
+                         "Topics the market publishes to (kind: inbox, catalog) found missing, "
+                         "emptied or with the wrong partition count, and made again with their "
+                         "settings; what was held for them was then sent", ["kind"], {}),
+    "catalog_republished": (Counter, "catalog_entries_republished",
+                            "Catalog entries of this worker's streams published again from "
+                            "its registered store after the catalog was lost or emptied",
+                            [], {}),
 }  # fmt: skip
 
 
@@ -259,8 +269,14 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.dead_letters.labels(kind)
     for store in STORES:  # the same for the first forged state record
         m.state_refused.labels(store)
+    for kind in TOPIC_KINDS:  # and for the first topic someone deleted
+        m.topics_recreated.labels(kind)
     return m
 
+
+#: ``kind`` label of ``emarket_topics_recreated_total``: the topics the market publishes to
+#: from its own state, and makes again when they go missing
+TOPIC_KINDS = ("inbox", "catalog")
 
 #: ``reason`` label of ``emarket_dead_letters_total``: a closed set, so that every series
 #: exists at 0 before its first dead letter (an alert on ``increase`` sees the first one) and

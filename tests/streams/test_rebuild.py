@@ -1,0 +1,170 @@
+"""State the market can rebuild: a deleted inbox or catalog is made again, nothing paid for is lost
+(issue #39, part 5).
+
+On the embedded broker anyone may delete a topic. Before, an answer written to a deleted inbox
+was acknowledged by the broker and lost (no dead letter, no metric), the producer's next
+metadata refresh made the topic again with 4 partitions and none of its settings, and a deleted
+catalog lost the entry of every stream registered before, for good. Now the worker notices
+(before sending, and every few seconds), makes the topic again with its spec, sends what it
+held for it in order, and publishes the catalog entries of its streams again.
+
+The broker tests delete topics with aiokafka's admin client while the market runs, as anyone on
+the broker may; they check the topics through a metadata request that creates nothing, so the
+test itself never makes what it checks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.metadata import MetadataRequest
+
+from streams.clients.client import MarketClient, now_ms
+from streams.wire.events import LinearPrecisionSpec, PurchaseFulfilled, ValueReleased
+from streams.wire.events import PurchaseRequest as Purchase
+
+from . import helpers
+from .conftest import Market
+
+DEADLINE = 120.0
+"""Seconds any step may take on a busy 2-core machine (each normally takes a few)."""
+
+
+async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
+    """Each of ``names`` that exists → its partition count (a request that creates nothing)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        client = admin._client
+        request = MetadataRequest(names, allow_auto_topic_creation=False)
+        response = await client.send(client.get_random_node(), request)
+    finally:
+        await admin.close()
+    return {t[1]: len(t[3]) for t in response.topics if t[0] == 0 and t[3]}
+
+
+async def _admin(bootstrap: str, act: Callable[[AIOKafkaAdminClient], Awaitable[Any]]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return await act(admin)
+    finally:
+        await admin.close()
+
+
+async def _delete(bootstrap: str, names: list[str]) -> None:
+    async def go(admin: AIOKafkaAdminClient) -> None:
+        codes = (await admin.delete_topics(names)).topic_error_codes
+        assert all(code == 0 for _, code in codes), codes
+
+    await _admin(bootstrap, go)
+    assert await _partitions(bootstrap, names) == {}
+
+
+async def _until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = DEADLINE) -> Any:
+    """Poll ``check`` until it returns something true; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        await asyncio.sleep(0.5)
+
+
+async def _register(c: MarketClient, n: int) -> list[str]:
+    ids = [f"s{i}" for i in range(n)]
+    for sid in ids:
+        entry = await c.register(dict(
+            stream_id=sid, mechanism="laplace", sensitivity=1.0, dimension=2, steps=[1.0, 2.0],
+            cap=2.0, retain_last=4, pricing=LinearPrecisionSpec(rate_per_precision=0.0),
+        ))  # fmt: skip
+        assert entry.type == "catalog_entry", entry
+        await c.publish(sid, [1.0, 2.0], value_id="v0")
+    return ids
+
+
+async def _inbox(c: MarketClient, buyer: str) -> list[Any]:
+    return [ev async for ev in helpers.tail(c, buyer, idle_timeout=1.0)]
+
+
+async def _entries(c: MarketClient) -> set[str]:
+    try:
+        return set(await c.catalog())
+    except LookupError:  # the catalog does not exist (yet)
+        return set()
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_deleted_inbox_and_catalog_are_made_again_and_nothing_paid_for_is_lost(
+    market: Market,
+) -> None:
+    """The buyer's inbox and the catalog are deleted while the market runs. A value released
+    to the buyer (a holder) and the answer to a purchase it sent meanwhile reach its inbox once
+    the market has made it again (one partition, as specified); the purchase whose answer the
+    deletion took is answered again when resent; every served stream's catalog entry is back."""
+    market.start_worker()
+    market.open_accounts("seller1", "buyer1")
+    bs, topics = market.broker.bootstrap, market.topics
+    inbox = topics.inbox("buyer1")
+    buyer = helpers.party("buyer1")
+
+    async def go(c: MarketClient) -> None:
+        streams = await _register(c, 12)
+        first = await c.buy("s0", max_price_minor=0, purchase_id="p1", party=buyer, timeout=60)
+        assert isinstance(first, PurchaseFulfilled), first
+        # a later answer: the market looked at the inbox before sending it, so it no longer
+        # keeps p1's answer to send again (it keeps what it sent since it last saw the inbox)
+        later = await c.buy("s2", max_price_minor=0, purchase_id="p0", party=buyer, timeout=60)
+        assert isinstance(later, PurchaseFulfilled), later
+        await _delete(bs, [inbox, topics.catalog])
+        # made while the inbox is missing: a release to a holder, and an answer to a purchase
+        # sent as raw bytes (a client would make the inbox itself before sending)
+        await c.publish("s0", [3.0, 4.0], value_id="v1")
+        raw = buyer.sign(Purchase, c.market, purchase_id="p2", buyer_id="buyer1",
+                         stream_id="s1", max_price_minor=0, requested_at_ms=now_ms())  # fmt: skip
+        await c.send(topics.purchases, "s1", raw.model_dump_json().encode())
+        made = await _until("the inbox and the catalog made again with one partition",
+                            lambda: _made(bs, [inbox, topics.catalog]))  # fmt: skip
+        assert made == {inbox: 1, topics.catalog: 1}
+        events = await _until("the held answers in the inbox", lambda: _answers(c))
+        assert [e.type for e in events] == ["value_released", "purchase_fulfilled"], events
+        assert "p1" not in {getattr(e, "purchase_id", None) for e in await _inbox(c, "buyer1")}
+        assert await _until("every stream's catalog entry", lambda: _all(c, streams))
+        # the answer the deletion took: the resent purchase is answered again (a first resend
+        # within 10 s of the answer gets `already_answered`; the client resends)
+        again = await c.buy("s0", max_price_minor=0, purchase_id="p1", party=buyer,
+                            timeout=DEADLINE, resend_every=5.0)  # fmt: skip
+        assert again == first
+
+    async def _answers(c: MarketClient) -> list[Any]:
+        got = [e for e in await _inbox(c, "buyer1")
+               if (isinstance(e, ValueReleased) and e.releases[0].value_id == "v1")
+               or (isinstance(e, PurchaseFulfilled) and e.purchase_id == "p2")]  # fmt: skip
+        return got if len(got) == 2 else []
+
+    async def _all(c: MarketClient, streams: list[str]) -> bool:
+        return set(streams) <= await _entries(c)
+
+    market.run(go)
+    assert set(market.ledger()) <= asyncio.run(_catalog_ids(market))
+    assert market.metric("emarket_topics_recreated_total", kind="inbox") >= 1
+    assert market.metric("emarket_topics_recreated_total", kind="catalog") >= 1
+    assert market.metric("emarket_catalog_entries_republished_total") >= 12
+    assert market.metric("emarket_dead_letters_total") == 0
+
+
+async def _made(bootstrap: str, names: list[str]) -> dict[str, int]:
+    found = await _partitions(bootstrap, names)
+    return found if set(found) == set(names) else {}
+
+
+async def _catalog_ids(market: Market) -> set[str]:
+    async with market.client() as c:
+        return await _entries(c)

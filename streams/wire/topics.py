@@ -174,6 +174,10 @@ class Topics:
         """How the catalog is created (at start-up, and again if it goes missing)."""
         return TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"})
 
+    def is_published(self, topic: str) -> bool:
+        """Whether the market publishes ``topic`` from its own state (an inbox, the catalog)."""
+        return topic == self.catalog or self.is_inbox(topic)
+
     def published_spec(self, topic: str) -> TopicSpec | None:
         """The spec of ``topic`` if it is one the market publishes from its own state (an
         inbox or the catalog), which it makes again when it goes missing; else None."""

@@ -265,6 +265,7 @@ class MarketWorker:
         def rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             # the tables now hold what other workers wrote while they owned these partitions
             worker.core.invalidate_indexes()
+            worker.catalog.ready.set()  # the streams store now holds this worker's streams
             log.info("rebalance complete; expiry indexes will be rebuilt from the tables")
 
         app.on_rebalance_complete.connect(rebalanced)

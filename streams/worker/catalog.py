@@ -65,6 +65,9 @@ class CatalogRebuild:
         self.producer = producer
         self.metrics = metrics
         self._due = asyncio.Event()
+        self.ready = asyncio.Event()
+        """Set once the tables are recovered (the first rebalance completed): before, the
+        ``streams`` store does not hold this worker's streams yet."""
         self.published = 0
         """Entries published again since the worker started (tests, diagnostics)."""
 
@@ -81,6 +84,7 @@ class CatalogRebuild:
         """Publish the entries again each time :meth:`start` is called, until cancelled."""
         while True:
             await self._due.wait()
+            await self.ready.wait()
             self._due.clear()
             try:
                 await self._publish()

@@ -100,7 +100,7 @@ class TopicWatch:
     def acked(self, r: Record) -> None:
         """Keep ``r``, acknowledged, until its topic is next seen whole (or hold it again at
         once if its topic is already known to be gone: it went nowhere)."""
-        if self.topics.published_spec(r.topic) is None:
+        if not self.topics.is_published(r.topic):
             return
         if self.inboxes.is_lost(r.topic):
             self.inboxes.requeue(r.topic, [r])
@@ -113,7 +113,7 @@ class TopicWatch:
     def missing(self, r: Record) -> bool:
         """Take ``r``, refused because its topic does not exist, to send once it is made again
         (False for a topic the broker refused to make too often: ``r`` is dead-lettered)."""
-        if self.topics.published_spec(r.topic) is None or self.inboxes.gave_up(r.topic):
+        if not self.topics.is_published(r.topic) or self.inboxes.gave_up(r.topic):
             return False
         self._lose(r.topic, "the broker says it does not exist", after=[r])
         return True
@@ -122,8 +122,9 @@ class TopicWatch:
     async def before_send(self, records: list[Record]) -> None:
         """Look at the topics ``records`` go to that are known to exist (the others are held
         anyway); a lost one is forgotten, so they are held for it."""
-        names = sorted({r.topic for r in records if r.topic in self.inboxes.known})
-        await self.check([n for n in names if self.topics.published_spec(n) is not None])
+        known, published = self.inboxes.known, self.topics.is_published
+        names = {r.topic for r in records if r.topic in known and published(r.topic)}
+        await self.check(sorted(names))
 
     async def check(self, names: list[str]) -> dict[str, dict[int, int]]:
         """Ask the broker about ``names`` (a metadata request per :data:`NAMES_PER_REQUEST`

@@ -1,16 +1,19 @@
 """State the market can rebuild: a deleted inbox or catalog is made again, nothing paid for is lost
-(issue #39, part 5).
+(issue #39, part 5), on the real embedded broker.
 
 On the embedded broker anyone may delete a topic. Before, an answer written to a deleted inbox
 was acknowledged by the broker and lost (no dead letter, no metric), the producer's next
 metadata refresh made the topic again with 4 partitions and none of its settings, and a deleted
 catalog lost the entry of every stream registered before, for good. Now the worker notices
 (before sending, and every few seconds), makes the topic again with its spec, sends what it
-held for it in order, and publishes the catalog entries of its streams again.
+held for it in order, and publishes the catalog entries of its streams again
+(:mod:`streams.worker.topic_watch`, :mod:`streams.worker.catalog`).
 
-The broker tests delete topics with aiokafka's admin client while the market runs, as anyone on
-the broker may; they check the topics through a metadata request that creates nothing, so the
-test itself never makes what it checks for.
+The tests delete topics with aiokafka's admin client while the market runs, as anyone on the
+broker may, and check them through a metadata request that creates nothing, so a test never
+makes what it checks for. They use the market only as a client would (each fails on the
+market before #39: the topics are never made again with their settings, and what was sent
+while they were gone never arrives).
 """
 
 from __future__ import annotations
@@ -18,305 +21,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.metadata import MetadataRequest
 
-from streams.clients.client import MarketClient, TopicReader, now_ms
-from streams.wire.answers import verify_answer
+from streams.clients.client import MarketClient, now_ms
 from streams.wire.events import LinearPrecisionSpec, PurchaseFulfilled, ValueReleased
 from streams.wire.events import PurchaseRequest as Purchase
-from streams.wire.topics import Topics
-from streams.worker import catalog, inboxes, topic_watch
-from streams.worker.catalog import CatalogRebuild
-from streams.worker.config import Settings
-from streams.worker.inboxes import Inboxes
-from streams.worker.metrics import build_metrics
-from streams.worker.tables import Record
-from streams.worker.topic_watch import SWEEP, TopicWatch
 
 from . import helpers
 from .conftest import Market
-
-T = Topics("t")
-A, B = T.inbox("a"), T.inbox("b")
-
-
-class _Producer:
-    def __init__(self) -> None:
-        self.sent: list[Record] = []
-        self.sends: list[int] = []
-        self.metrics = build_metrics()
-
-    async def send_all(self, records: list[Record]) -> None:
-        self.sent.extend(records)
-        self.sends.append(len(records))
-
-
-class _Admin:
-    """Creates every topic asked for; records what it was asked."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[str]]] = []
-
-    async def create_topics(self, topics: list[NewTopic]) -> Any:
-        self.calls.append(("create", [t.name for t in topics]))
-        return SimpleNamespace(topic_errors=[(t.name, 0, None) for t in topics])
-
-    async def delete_topics(self, names: list[str]) -> Any:
-        self.calls.append(("delete", list(names)))
-
-
-class _Broker:
-    """What the checks are told: ``topics`` (name → partition count) and the catalog's latest
-    offset; the names each metadata request asked about."""
-
-    def __init__(self, **topics: int) -> None:
-        self.topics = dict(topics)
-        self.asked: list[list[str]] = []
-        self.catalog_end = 0
-
-    async def leaders(self, app: Any, names: list[str]) -> dict[str, dict[int, int]]:
-        self.asked.append(list(names))
-        return {n: dict.fromkeys(range(self.topics[n]), 1) for n in names if n in self.topics}
-
-    async def offsets(self, app: Any, wanted: dict[tuple[str, int], int]) -> dict[Any, int]:
-        return {tp: self.catalog_end for tp in wanted}
-
-
-def _watch(monkeypatch: pytest.MonkeyPatch, broker: _Broker, accounts: Any = None,
-           **settings: Any) -> tuple[TopicWatch, Inboxes, _Producer]:  # fmt: skip
-    producer = _Producer()
-    boxes = Inboxes(SimpleNamespace(), Settings(**settings), T, producer)  # type: ignore[arg-type]
-    boxes.known |= {A, B, T.catalog}
-    watch = TopicWatch(SimpleNamespace(), T, boxes, accounts or {})
-    boxes.confirm = watch.before_send
-    monkeypatch.setattr(topic_watch, "topic_leaders", broker.leaders)
-    monkeypatch.setattr(topic_watch, "latest_offsets", broker.offsets)
-    return watch, boxes, producer
-
-
-async def _drain(boxes: Inboxes, admin: _Admin) -> None:
-    while boxes.pending():
-        await boxes._make(admin, list(boxes._queued.values()))  # type: ignore[arg-type]
-
-
-def _values(records: list[Record]) -> list[bytes]:
-    return [r.value or b"" for r in records]
-
-
-def test_what_was_sent_to_a_topic_since_it_was_last_seen_goes_first_once_it_is_made_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A topic found gone: the records acknowledged on it since the last check that saw it
-    whole are sent again first, then one acknowledged while it was known to be gone, then what
-    batches held for it; the batch's events are acknowledged once those are sent, the topic is
-    counted as made again and its listeners told."""
-    async def go() -> None:
-        broker = _Broker(**{A: 1, B: 1, T.catalog: 1})
-        watch, boxes, producer = _watch(monkeypatch, broker)
-        remade: list[list[str]] = []
-        boxes.remade.append(remade.append)
-        watch.acked(Record(A, b"k", b"a1"))
-        await watch.check([A])  # seen whole: a1 is let go
-        watch.acked(Record(A, b"k", b"a2"))
-        watch.acked(Record(A, b"k", b"a3"))
-        watch.acked(Record(B, b"k", b"b1"))
-        del broker.topics[A]
-        acks: list[str] = []
-        ready, held = await boxes.admit([], [Record(A, b"k", b"a5"), Record(B, b"k", b"b2")],
-                                        lambda: acks.append("batch"))  # fmt: skip
-        assert held and _values(ready) == [b"b2"]  # the other inbox is still there
-        watch.acked(Record(A, b"k", b"a4"))  # was in flight when the check found A gone
-        assert not boxes.known & {A} and boxes.is_lost(A)
-        broker.topics[A] = 1
-        await _drain(boxes, _Admin())
-        assert _values(producer.sent) == [b"a2", b"a3", b"a4", b"a5"]
-        assert acks == ["batch"] and remade == [[A]] and A in boxes.known
-        kinds = {k: producer.metrics.topics_recreated.labels(k)._value.get()
-                 for k in ("inbox", "catalog")}  # fmt: skip
-        assert kinds == {"inbox": 1, "catalog": 0}
-
-    asyncio.run(go())
-
-
-def test_records_acknowledged_during_a_check_wait_for_the_next(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def go() -> None:
-        broker = _Broker(**{A: 1})
-        watch, _, _ = _watch(monkeypatch, broker)
-        asked = broker.leaders
-
-        async def slow(app: Any, names: list[str]) -> dict[str, dict[int, int]]:
-            watch.acked(Record(A, b"k", b"during"))  # acknowledged after the check began
-            return await asked(app, names)
-
-        monkeypatch.setattr(topic_watch, "topic_leaders", slow)
-        watch.acked(Record(A, b"k", b"before"))
-        await watch.check([A])
-        assert [_values([r]) for _, r in watch._kept[A]] == [[b"during"]]
-
-    asyncio.run(go())
-
-
-def test_an_inbox_with_another_partition_count_is_deleted_then_made_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """What the embedded broker makes when a producer names a deleted topic: 4 partitions,
-    none of the settings."""
-    async def go() -> None:
-        watch, boxes, _ = _watch(monkeypatch, _Broker(**{A: 4}))
-        await watch.check([A])
-        admin = _Admin()
-        await _drain(boxes, admin)
-        assert admin.calls == [("delete", [A]), ("create", [A])]
-
-    asyncio.run(go())
-
-
-def test_a_send_refused_for_a_missing_topic_is_held_not_dead_lettered(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    watch, boxes, _ = _watch(monkeypatch, _Broker(), permanent_retries=1)
-    r = Record(A, b"k", b"v")
-    assert watch.missing(r) and boxes.is_lost(A) and boxes._held[A] == [r]
-    assert not watch.missing(Record(T.rejections, None, b"r"))  # not the market's to remake
-    boxes._given_up.add(B)
-    assert not watch.missing(Record(B, None, b"v"))  # the broker refused to make it: dead letter
-
-
-def test_on_the_embedded_broker_a_topic_made_afresh_over_earlier_records_is_made_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Tansu keeps the records produced to a topic that did not exist under the next topic of
-    that name (and a batch overlapping them is never readable): such a topic is deleted, which
-    removes them, and made again before anything is sent to it."""
-    async def go() -> None:
-        broker = _Broker()
-        _, boxes, producer = _watch(monkeypatch, broker, tansu=True)
-        broker.catalog_end = 3
-        monkeypatch.setattr(inboxes, "topic_leaders", broker.leaders)
-        monkeypatch.setattr(inboxes, "latest_offsets", broker.offsets)
-        broker.topics[A] = 1
-        boxes.forget(A, [Record(A, b"k", b"a1")])
-        admin = _Admin()
-        await boxes._make(admin, list(boxes._queued.values()))  # type: ignore[arg-type]
-        assert admin.calls == [("create", [A]), ("delete", [A])] and producer.sent == []
-        broker.catalog_end = 0  # the next one is empty
-        await _drain(boxes, admin)
-        assert admin.calls[2:] == [("create", [A])] and _values(producer.sent) == [b"a1"]
-
-    asyncio.run(go())
-
-
-def test_a_catalog_whose_latest_offset_went_back_was_emptied(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def go() -> None:
-        broker = _Broker(**{T.catalog: 1})
-        watch, _, producer = _watch(monkeypatch, broker)
-        emptied: list[int] = []
-        watch.on_emptied = lambda: emptied.append(1)
-        for end in (5, 9, 9, 2, 3):
-            broker.catalog_end = end
-            await watch.sweep()
-        assert emptied == [1]
-        assert producer.metrics.topics_recreated.labels("catalog")._value.get() == 1
-
-    asyncio.run(go())
-
-
-def test_the_sweep_names_the_catalog_the_kept_topics_and_the_accounts_inboxes_in_turn(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Never a request for every topic: each check names the catalog, the topics with records
-    kept and the next :data:`SWEEP` inboxes of the accounts this worker holds."""
-    async def go() -> None:
-        accounts = {f"acc{i}": None for i in range(SWEEP + 50)} | {"not an id": None}
-        broker = _Broker(**{T.catalog: 1, A: 1})
-        watch, boxes, _ = _watch(monkeypatch, broker, accounts)
-        watch.acked(Record(A, b"k", b"v"))
-        await watch.sweep()
-        await watch.sweep()
-        first, second = (set(a) for a in broker.asked)
-        assert {T.catalog, A} <= first and A not in second  # let go of after the first
-        swept = (first | second) - {T.catalog, A}
-        assert swept == {T.inbox(a) for a in accounts if a != "not an id"}
-        assert len(first) == SWEEP + 2 and len(second) == 50 + 1
-        # missing inboxes of held accounts are made again
-        assert boxes.pending() == SWEEP + 50
-
-    asyncio.run(go())
-
-
-def test_the_catalog_is_published_again_from_the_registered_store_in_bounded_steps(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def go() -> None:
-        core = helpers.market_core("seller1")
-        first = {}
-        for i in range(7):
-            out = core.handle(T.registrations, helpers.registration(f"s{i}"))
-            assert out.status == "accepted", out.reason
-            first[f"s{i}"] = out.outputs[0].value
-        producer = _Producer()
-        boxes = SimpleNamespace(admit=_admit)
-        rebuild = CatalogRebuild(core, core.ctx.stores, boxes, producer,  # type: ignore[arg-type]
-                                 producer.metrics)  # fmt: skip
-        monkeypatch.setattr(catalog, "CHUNK", 3)
-        monkeypatch.setattr(catalog, "PAUSE", 0)
-        await rebuild._publish()
-        assert producer.sends == [3, 3, 1]
-        key = helpers.TEST_KEYS.signing_key.public_key()
-        for r in producer.sent:
-            assert r.topic == T.catalog and r.value == first[r.key.decode()]  # type: ignore[union-attr]
-            assert verify_answer(key, "t", T.catalog, r.value or b"", r.headers) is None
-        assert rebuild.published == 7
-
-    asyncio.run(go())
-
-
-async def _admit(specs: Any, records: list[Record], done: Any) -> tuple[list[Record], bool]:
-    return records, False
-
-
-def test_a_reader_follows_a_topic_made_again_under_it() -> None:
-    """A reader past the high watermark of a topic deleted and made again reads it again from
-    its beginning (the embedded broker answers such a fetch with nothing, for ever)."""
-    class _Consumer:
-        def __init__(self) -> None:
-            self.batches: list[dict[Any, list[Any]]] = []
-            self.high = 0
-            self.seeks: list[int] = []
-
-        async def getmany(self, timeout_ms: int) -> dict[Any, list[Any]]:
-            return self.batches.pop(0) if self.batches else {}
-
-        def highwater(self, tp: Any) -> int:
-            return self.high
-
-        def seek(self, tp: Any, offset: int) -> None:
-            self.seeks.append(offset)
-
-    async def go() -> None:
-        reader = TopicReader.__new__(TopicReader)  # no consumer of its own: the fake
-        fake = _Consumer()
-        reader._consumer, reader._next = fake, {}  # type: ignore[assignment]
-        tp = TopicPartition(A, 0)
-        rec = SimpleNamespace(offset=2, key=b"k", value=b"v", headers=[])
-        fake.batches = [{tp: [rec]}]
-        fake.high = 3
-        assert await reader.poll(0) == [(b"k", b"v")] and fake.seeks == []
-        fake.high = 1  # made again: one record so far
-        assert await reader.poll(0) == [] and fake.seeks == [0]
-        assert await reader.poll(0) == [] and fake.seeks == [0]  # once
-
-    asyncio.run(go())
 
 DEADLINE = 120.0
 """Seconds any step may take on a busy 2-core machine (each normally takes a few)."""
@@ -455,3 +172,106 @@ async def _made(bootstrap: str, names: list[str]) -> dict[str, int]:
 async def _catalog_ids(market: Market) -> set[str]:
     async with market.client() as c:
         return await _entries(c)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_catalog_deleted_and_made_again_empty_gets_every_workers_entries_back(
+    market: Market,
+) -> None:
+    """Two workers, their streams on both: the catalog is deleted and at once made again, empty
+    and with its settings (as ``init-topics`` or a stranger would), so a worker may never see it
+    missing; each sees its latest offset go back and publishes its own streams' entries again."""
+    market.start_worker()
+    market.start_worker()
+    market.open_accounts("seller1")
+    bs, topics = market.broker.bootstrap, market.topics
+
+    async def go(c: MarketClient) -> set[str]:
+        streams = set(await _register(c, 16))
+        await _delete(bs, [topics.catalog])
+        async def create(admin: AIOKafkaAdminClient) -> None:  # as `init-topics` makes it
+            compact = {"cleanup.policy": "compact"}
+            await admin.create_topics([NewTopic(topics.catalog, 1, 1, topic_configs=compact)])
+
+        await _admin(bs, create)
+        assert await _entries(c) == set()
+        return await _until("every stream's catalog entry",
+                            lambda: _every(c, streams))  # fmt: skip
+
+    async def _every(c: MarketClient, streams: set[str]) -> set[str]:
+        got = await _entries(c)
+        return got if streams <= got else set()
+
+    published = market.run(go)
+    served = market.ledger()
+    assert len(served) == 16 and set(served) <= published
+    assert market.metric("emarket_catalog_entries_republished_total") >= 16
+    assert all(w.alive() for w in market.workers)
+    assert asyncio.run(_partitions(bs, [topics.catalog])) == {topics.catalog: 1}
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_an_inbox_made_again_over_records_written_while_it_was_gone_delivers_every_answer(
+    market: Market,
+) -> None:
+    """What a stranger can do to an inbox on the embedded broker: delete it, write records to
+    it while it does not exist (the broker acknowledges them and keeps them where the next
+    topic of that name will be: its own records then start *under* them, and a batch that
+    overlaps one is never readable), and have the broker make it again with 4 partitions (a
+    producer naming it in a metadata request). The market makes each inbox again with one
+    partition and no such records, and every answer after reaches the buyer."""
+    market.start_worker()
+    market.open_accounts("seller1", "buyer1", "buyer2")
+    bs, topics = market.broker.bootstrap, market.topics
+    made_by_broker, ghosts_only = topics.inbox("buyer1"), topics.inbox("buyer2")
+
+    async def go(c: MarketClient) -> None:
+        await _register(c, 2)
+        for name in ("buyer1", "buyer2"):
+            got = await helpers.buy(c, name, "s0", max_price_minor=0, timeout=60)
+            assert isinstance(got, PurchaseFulfilled), got
+        await _stranger(bs, [made_by_broker, ghosts_only], remake=[made_by_broker])
+        assert await _partitions(bs, [made_by_broker, ghosts_only]) == {made_by_broker: 4}
+        await c.publish("s0", [3.0, 4.0], value_id="v1")  # released to both buyers
+        made = await _until("both inboxes made again with one partition",
+                            lambda: _made(bs, [made_by_broker, ghosts_only]))  # fmt: skip
+        assert made == {made_by_broker: 1, ghosts_only: 1}
+        for name in ("buyer1", "buyer2"):
+            await _until(f"v1 released to {name}", lambda n=name: _released(c, n, "v1"))  # type: ignore[misc]
+            got = await helpers.buy(c, name, "s1", max_price_minor=0, timeout=DEADLINE)
+            assert isinstance(got, PurchaseFulfilled), got
+        await c.publish("s0", [5.0, 6.0], value_id="v2")
+        for name in ("buyer1", "buyer2"):
+            await _until(f"v2 released to {name}", lambda n=name: _released(c, n, "v2"))  # type: ignore[misc]
+
+    market.run(go)
+    assert market.metric("emarket_topics_recreated_total", kind="inbox") >= 2
+    assert market.metric("emarket_dead_letters_total") == 0
+
+
+async def _released(c: MarketClient, buyer: str, value_id: str) -> bool:
+    return any(isinstance(e, ValueReleased) and e.releases[0].value_id == value_id
+               for e in await _inbox(c, buyer))  # fmt: skip
+
+
+async def _stranger(bootstrap: str, inboxes: list[str], *, remake: list[str]) -> None:
+    """Delete ``inboxes``, write three records to each in one batch while it does not exist,
+    then have the broker make those in ``remake`` again (a metadata request naming them)."""
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await prod.start()
+    try:
+        for name in inboxes:
+            await prod.partitions_for(name)  # known to the producer: it will write blindly
+        await _delete(bootstrap, inboxes)
+        sent = [await prod.send(name, b"junk %d" % i, key=b"k", partition=0)
+                for name in inboxes for i in range(3)]  # fmt: skip
+        acked = await asyncio.gather(*sent)
+        assert all(md.offset < 3 for md in acked)  # acknowledged, into no topic
+        assert await _partitions(bootstrap, inboxes) == {}
+        for name in remake:
+            prod.client.add_topic(name)
+        await prod.client.force_metadata_update()
+    finally:
+        await prod.stop()

@@ -103,7 +103,8 @@ class MarketWorker:
         """What notices a lost inbox or catalog and what publishes the catalog again, wired to
         the producer (every acknowledged output, every send to a missing topic) and to the
         inboxes (the check before a batch's outputs; the topics made again)."""
-        watch = TopicWatch(self.app, self.topics, self.inboxes, self.stores.accounts)
+        watch = TopicWatch(self.app, self.topics, self.inboxes, self.stores.accounts,
+                           remake_misfits=self.settings.tansu)  # fmt: skip
         catalog = CatalogRebuild(self.core, self.stores, self.inboxes, self.producer,
                                  self.metrics)  # fmt: skip
         self.producer.on_acked = watch.acked

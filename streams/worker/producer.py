@@ -110,6 +110,14 @@ class Producer:
                 delay = min(delay * 2, 5.0)
             pending = retry
 
+    def _partition(self, r: Record) -> int | None:
+        """``r``'s partition: an inbox's or the catalog's is 0, the one its spec has, whatever
+        the producer last learnt of the topic (one made again under it by someone else may
+        have had more)."""
+        if r.partition is None and self.topics.is_published(r.topic):
+            return 0
+        return r.partition
+
     def _taken(self, r: Record) -> bool:
         return self.on_missing is not None and self.on_missing(r)
 
@@ -122,8 +130,8 @@ class Producer:
             if fail_point and i == len(pending) // 2:
                 self.faults.hit(fail_point)
             try:
-                fut = await self.app.producer.send(r.topic, r.key, r.value, r.partition, None,
-                                                  r.headers)
+                fut = await self.app.producer.send(r.topic, r.key, r.value, self._partition(r),
+                                                  None, r.headers)  # fmt: skip
                 futures.append((r, fut))
             except Exception as exc:  # refused before sending (size, closed producer)
                 failed.append((r, exc))

@@ -58,6 +58,9 @@ CHECK_S = 2.0
 SWEEP = 200
 """Inboxes of held accounts named per periodic check beside the others: 4,096 accounts are all
 looked at within about 40 s, for ~2 ms of the broker's time per check."""
+CHECK_TIMEOUT_S = 5.0
+"""Longest a batch's outputs wait for the look before they are sent (a broker this slow is in
+trouble the probes report; what is sent is kept, and looked at again at the next check)."""
 NAMES_PER_REQUEST = 500
 """Most topics one metadata request names (~5 ms at 2,000 topics on the embedded broker)."""
 KEPT_BYTES = 64 * 1024 * 1024
@@ -79,11 +82,21 @@ class TopicWatch:
         Knows which topics exist; forgets the lost ones and makes them again.
     accounts : MutableMapping
         The accounts this worker holds (its ``accounts`` store): whose inboxes are swept.
+    remake_misfits : bool
+        Whether a topic found with another partition count than its spec is deleted and made
+        again (the embedded broker: only a topic deleted and made again by a producer's
+        metadata request has one, and what it holds was written since, kept here). Elsewhere
+        such a topic was made by someone on purpose and may hold a party's history: it is
+        reported once and used as it is.
     """
 
-    def __init__(self, app: Any, topics: Topics, inboxes: Inboxes,
-                 accounts: MutableMapping[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, app: Any, topics: Topics, inboxes: Inboxes, accounts: MutableMapping[str, Any],
+        *, remake_misfits: bool = True,
+    ) -> None:  # fmt: skip
         self.app = app
+        self.remake_misfits = remake_misfits
+        self._misfits: set[str] = set()
         self.topics = topics
         self.inboxes = inboxes
         self.accounts = accounts
@@ -137,7 +150,7 @@ class TopicWatch:
             self._check += 1
             began = self._check
             try:
-                got = await topic_leaders(self.app, chunk)
+                got = await asyncio.wait_for(topic_leaders(self.app, chunk), CHECK_TIMEOUT_S)
             except Exception as exc:  # an outage (the probes report it), or not started yet
                 log.debug("checking %d topics failed: %r", len(chunk), exc)
                 return found
@@ -155,11 +168,16 @@ class TopicWatch:
             parts = found.get(name)
             if parts is None:
                 self._lose(name, "it does not exist")
-            elif len(parts) != spec.partitions:
+            elif len(parts) != spec.partitions and self.remake_misfits:
                 why = (f"it has {len(parts)} partitions, not {spec.partitions} (made by someone "
                        "else, or by a producer's metadata request)")  # fmt: skip
                 self._lose(name, why, wrong=True)
             else:
+                if len(parts) != spec.partitions and name not in self._misfits:
+                    self._misfits.add(name)
+                    log.error("topic %s has %d partitions, not %d: made by someone else; the "
+                              "market writes to its partition 0 (readers read every one)",
+                              name, len(parts), spec.partitions)  # fmt: skip
                 self._settle(name, began)
 
     def _settle(self, name: str, began: int) -> None:

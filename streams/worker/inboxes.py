@@ -181,12 +181,18 @@ class Inboxes:
         held[front:front] = items
         self._front[topic] = front + len(items)
 
+    def look(self, records: list[Record]) -> Awaitable[None]:
+        """Start :attr:`confirm` on the topics of ``records`` now, to run beside the batch's
+        state round trips (a look costs one of its own, ~0.4 ms); :meth:`admit` waits for it."""
+        return asyncio.ensure_future(self.confirm(records))
+
     async def admit(
-        self, specs: list[TopicSpec], records: list[Record], done: Callable[[], None]
-    ) -> tuple[list[Record], bool]:
-        """:meth:`hold`, after :attr:`confirm` has looked at the topics of ``records``."""
-        if records:
-            await self.confirm(records)
+        self, specs: list[TopicSpec], records: list[Record], done: Callable[[], None],
+        looked: Awaitable[None] | None = None,
+    ) -> tuple[list[Record], bool]:  # fmt: skip
+        """:meth:`hold`, once :attr:`confirm` has looked at the topics of ``records`` (the
+        look :meth:`look` started, else one now)."""
+        await (self.confirm(records) if looked is None else looked)
         return self.hold(specs, records, done)
 
     def hold(

@@ -137,7 +137,8 @@ class TopicWatch:
         anyway); a lost one is forgotten, so they are held for it."""
         known, published = self.inboxes.known, self.topics.is_published
         names = {r.topic for r in records if r.topic in known and published(r.topic)}
-        await self.check(sorted(names))
+        if names:
+            await self.check(sorted(names))
 
     async def check(self, names: list[str]) -> dict[str, dict[int, int]]:
         """Ask the broker about ``names`` (a metadata request per :data:`NAMES_PER_REQUEST`

@@ -237,7 +237,8 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "last_batch": (Gauge, "last_batch_timestamp_seconds",
                    "Unix time of the last processed batch", [], {}),
     "inboxes_waiting": (Gauge, "inboxes_waiting",
-                        "Inbox topics queued for creation, their outputs held (new accounts)",
+                        "Inbox topics (or the catalog) queued for creation, their outputs held "
+                        "(new accounts, or topics found gone and made again)",
                         [], {}),
     "topics_recreated": (Counter, "topics_recreated",
                          "Topics the market publishes to (kind: inbox, catalog) found missing, "

@@ -28,8 +28,9 @@ dead-lettered by the producer like any output to a missing topic; a broker outag
 topic on the embedded broker): :class:`~streams.worker.topic_watch.TopicWatch` hands it to
 :meth:`Inboxes.forget` with the records sent to it since it was last seen whole, which go
 first in what is held for it; the catalog is such a topic too. It is made again with its
-spec (deleted first if it exists with another partition count) and what was held is sent, in
-order; :attr:`Inboxes.remade` hears of it (the catalog is then published again,
+spec (on the embedded broker deleted first if it exists with another partition count: only a
+producer's metadata request makes one there) and what was held is sent, in order;
+:attr:`Inboxes.remade` hears of it (the catalog is then published again,
 :mod:`streams.worker.catalog`) and ``emarket_topics_recreated_total`` counts it.
 
 **The embedded broker's ghosts.** Tansu 0.6 acknowledges a produce to a topic that does not

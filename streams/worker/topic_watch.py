@@ -128,7 +128,10 @@ class TopicWatch:
         (False for a topic the broker refused to make too often: ``r`` is dead-lettered)."""
         if not self.topics.is_published(r.topic) or self.inboxes.gave_up(r.topic):
             return False
-        self._lose(r.topic, "the broker says it does not exist", after=[r])
+        if self.inboxes.is_lost(r.topic):  # known already: behind what was sent before it
+            self.inboxes.requeue(r.topic, [r])
+        else:
+            self._lose(r.topic, "the broker says it does not exist", after=[r])
         return True
 
     # -- the checks ----------------------------------------------------------------------------

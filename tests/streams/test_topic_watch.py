@@ -184,8 +184,9 @@ def test_a_send_refused_for_a_missing_topic_is_held_not_dead_lettered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     watch, boxes, _ = _watch(monkeypatch, _Broker(), permanent_retries=1)
-    r = Record(A, b"k", b"v")
+    r, r2 = Record(A, b"k", b"v"), Record(A, b"k", b"v2")
     assert watch.missing(r) and boxes.is_lost(A) and boxes._held[A] == [r]
+    assert watch.missing(r2) and boxes._held[A] == [r, r2]
     assert not watch.missing(Record(T.rejections, None, b"r"))  # not the market's to remake
     boxes._given_up.add(B)
     assert not watch.missing(Record(B, None, b"v"))  # the broker refused to make it: dead letter

@@ -55,7 +55,9 @@ from streams.wire.events import (
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.directory import AccountReplica
+from streams.worker.history import StateReader
 from streams.worker.runner import ChildWorker
+from streams.worker.state_records import StateSeal, Version
 
 N_STREAMS, N_BUYERS, DIM = 20, 50, 8
 STALL_S = 60.0
@@ -367,11 +369,13 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
     records = [(f"acct-{i:019d}".encode(), seller_state.model_copy(update={
         "account_id": f"acct-{i:019d}", "key_id": f"{i:016x}"}).model_dump_json().encode())
         for i in range(accounts)]  # fmt: skip
-    replica = AccountReplica("127.0.0.1:9", topics.accounts, guard=None)  # type: ignore[arg-type]
+    reader = StateReader(StateSeal(bytes(32), bytes(32)))
+    replica = AccountReplica({}, topics.accounts, "soak-progress", reader)
 
     def replicate() -> AccountReplica:
         for key, value in records:
-            replica._apply(key, value)
+            replica._set(key.decode(), 0, Version(1 << 32, 1),
+                         AccountState.model_validate_json(value))  # fmt: skip
         return replica
 
     return HoldingCosts(

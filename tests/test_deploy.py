@@ -239,6 +239,45 @@ def test_security_setup_refuses_parties_that_would_be_someone_else(
     assert r.returncode == 2 and "refused" in r.stderr and why in r.stderr, r.stderr
 
 
+def _acl_commands(text: str) -> list[str]:
+    """Every ``acl`` command of the setup script, continuation lines joined."""
+    joined = text.replace("\\\n", " ")
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith("acl ")]
+
+
+def test_the_workers_group_and_state_are_theirs_alone() -> None:
+    """Issue #39: the consumer group (the app id) and the workers' own topics (``$APP_ID-``:
+    changelogs, the progress changelog, Faust's assignor topic) are granted to market-worker
+    and to nobody else; no grant anywhere names every topic or group, or every principal."""
+    text = (ROOT / "deploy/kafka/setup-security.sh").read_text()
+    acls = _acl_commands(text)
+    assert acls and not [a for a in acls if "'*'" in a or '"*"' in a or "User:*" in a]
+    groups = [a for a in acls if "--group" in a]
+    assert groups == ['acl "${W[@]}" --operation Read --operation Describe --group "$APP_ID"']
+    state = [a for a in acls if '"$APP_ID-"' in a]
+    assert len(state) == 1 and state[0].startswith('acl "${W[@]}"'), state
+    ops = set(re.findall(r"--operation (\w+)", state[0]))
+    assert ops == {"Read", "Write", "Create", "Describe", "DescribeConfigs"}, ops  # no Delete
+    assert "--resource-pattern-type prefixed" in state[0]
+    others = [a for a in acls if not a.startswith('acl "${W[@]}"')]
+    assert others and not [a for a in others if "APP_ID" in a or "--group" in a], others
+    assert "ALLOW_EVERYONE_IF_NO_ACL_FOUND" in yaml.safe_dump(SERVICES["kafka"]["environment"])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+@pytest.mark.parametrize(("prefix", "app_id"), [("p", "p.inbox.bob"), ("a-x", "a")])
+def test_security_setup_refuses_an_app_id_and_prefix_that_share_topics(
+    prefix: str, app_id: str
+) -> None:
+    """A party's inbox (``$PREFIX.inbox.<id>``) must never be one of the workers' topics."""
+    env = {"BOOTSTRAP": "127.0.0.1:1", "PREFIX": prefix, "PARTITIONS": "1", "APP_ID": app_id,
+           "ADMIN_PASSWORD": "x", "WORKER_PASSWORD": "x", "OPERATOR_PASSWORD": "x",
+           "SELLERS": "acme:pw", "BUYERS": "", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    r = subprocess.run(["bash", str(ROOT / "deploy/kafka/setup-security.sh")], env=env,
+                       capture_output=True, text=True, check=False, timeout=30)  # fmt: skip
+    assert r.returncode == 2 and "refused" in r.stderr and "names topics inside" in r.stderr
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
 def test_make_env_gives_a_party_that_sells_and_buys_one_password() -> None:
     script = str(ROOT / "deploy/make-env.sh")

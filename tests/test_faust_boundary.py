@@ -41,7 +41,9 @@ from streams.worker.faust_internals import (
     Upstream,
     _deliver,
     install_batched_intake,
+    install_takeover,
     install_tansu_compat,
+    proving_assignor,
     skip_table_settle,
     source_sha256,
     tune_fetch_wait,
@@ -53,6 +55,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RECORDED: dict[str, dict[str, str]] = {
     "faust-streaming==0.15.3": {
+        "faust.tables.manager:TableManager.on_rebalance":
+            "2d2c23a07bf5432854a01ad790af19bb7e7acc8062a6ac2934ff0db94bf3924a",
+        "faust.tables.recovery:Recovery.on_recovery_completed":
+            "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac",
+        "faust.transport.consumer:Consumer.perform_seek":
+            "0e8c130ff4b0afd82c0be9c5fd831316e10febc62c94032833911096e156d7c6",
+        "faust.transport.consumer:Consumer.seek":
+            "b86a9fe05f956b30cf299c787b6787c6e0349cbf1ae556f2456a1e97b15dbb22",
+        "faust.transport.consumer:Consumer.pause_partitions":
+            "27a1c94bdacd54de06593ec4eb040b32e9e7c9534e9af041f6ed66723df5f922",
+        "faust.stores.rocksdb:Store._db_for_partition":
+            "cb7e67d5f9efc4bced7b7ab09a55fe717c352daad5b693594e3f7ca52a98787f",
+        "faust.stores.rocksdb:Store._get":
+            "7ae8dfd6d7754a5952ae162d4d5cf0d51a8a020ed730a4a7c7dc7f7c84e73fb8",
+        "faust.stores.rocksdb:Store._iterkeys":
+            "12ecc1051cc5505d73fd9466067321c74f916abf110c66da03d6f858148b9479",
+        "faust.stores.rocksdb:Store._visible_items":
+            "545dc16a2b25e4a4c6ce4483ba808b7121b733ac32ecbdcbba78348248f816c2",
+        "faust.stores.rocksdb:Store.set_persisted_offset":
+            "b4c811926678346ebb8c40486dbc46d0fbac2bbeaa592384bd955112556acf45",
         "faust.transport.consumer:Consumer._drain_messages":
             "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
         "faust.transport.consumer:Consumer.getmany":
@@ -117,6 +139,24 @@ RECORDED: dict[str, dict[str, str]] = {
             "ba99cf23ea875c02ec56789188908e790bfa29ed6c8b7021e1ce939ade9c56b6",
         "faust.worker:Worker._on_sigint":
             "327193230c65ea83db83983b7a0a5f983e1658e3f4271a506838d96f507283f1",
+        "faust.assignor.partition_assignor:PartitionAssignor.metadata":
+            "6d7f0ebcd61e8b4d99aed38e57c4b47a68a868ed1be64c6e30f41ab665e740ae",
+        "faust.assignor.partition_assignor:PartitionAssignor.assign":
+            "25f1cbbba9d46748e0b1ccd1356277859176d8e1db9cb485fd38f15433f9b24e",
+        "faust.assignor.partition_assignor:PartitionAssignor.on_assignment":
+            "72f34bf053d696b51a6ec8c7f30ba5111800be760aa63dd28f6fcb5a29291f24",
+        "faust.assignor.partition_assignor:PartitionAssignor._perform_assignment":
+            "1e0bf2c5c8f42574670a8ef7661a043919c8e03b59ec966ce8109a36fd20fa52",
+        "faust.assignor.partition_assignor:PartitionAssignor._protocol_assignments":
+            "e231e876d04a222d3b2ff202dbcb2292184f33266d63bb5298b12309c88bc78d",
+        "faust.assignor.partition_assignor:PartitionAssignor._compress":
+            "de873849928dbd83c7b33c73c9fa60452bb0608a1f75ea6e7010c261dd297325",
+        "faust.assignor.partition_assignor:PartitionAssignor._decompress":
+            "d65b7310c43aebd78c1e7a92f9b2cacf80401821336b6e67d38cb7e6c90e6383",
+        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._ensure_consumer":
+            "ff4a4c693b7ec63f4a76dfb61c419380bef70dd32383fe38ebcfcc27091605a6",
+        "faust.transport.drivers.aiokafka:ConsumerRebalanceListener.on_partitions_assigned":
+            "1c1f8406ad3698a6770a4ececb2f8074c0e80bea9ad0a0f4879baacb4ea996da",
     },
     "mode-streaming==0.7.1": {
         "mode.worker:Worker._on_sigterm":
@@ -145,6 +185,14 @@ RECORDED: dict[str, dict[str, str]] = {
             "2f1ba70443327538800d348e61042cdedd5a5e6306f40ebe1a06dddba7494c45",
         "aiokafka.consumer.fetcher:Fetcher.__init__":
             "bf21ecb7e0f210b7c90ddabf89b02ae088d97d93cd157cea11429d13737eea2a",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance.perform_group_join":
+            "ff2c2109b2e9868dc23f43643160ea3d87c40093adc03e5e8c9a45c81844ea75",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance._on_join_leader":
+            "c57a3e85197dcc20a2b17c312a6750a383729059af9adacc9f0617e729b8e34d",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._perform_assignment":
+            "a5cf61fa973201996a1b81e3486e6928dd7bf3f9f8e0384a2fbd0085f774f125",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._on_join_complete":
+            "0b0b3d204b408f3ce3c3cc7d2168d6425e442c5a074b3f3193a897a510d80594",
     },
 }  # fmt: skip
 
@@ -247,13 +295,16 @@ def every_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every patch of faust_internals installed, and everything put back afterwards."""
     from aiokafka.consumer.group_coordinator import GroupCoordinator
     from faust.tables.manager import TableManager
+    from faust.tables.recovery import Recovery
     from faust.transport.consumer import Consumer
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
     for owner, name in ((AIOKafkaConsumerThread, "_create_worker_consumer"),
                         (AIOKafkaConsumerThread, "_highwaters"),
                         (GroupCoordinator, "_maybe_leave_group"), (TableManager, "on_start"),
-                        (Consumer, "_drain_messages"),
+                        (Consumer, "_drain_messages"), (Consumer, "perform_seek"),
+                        (Consumer, "_commit_offsets"), (TableManager, "on_rebalance"),
+                        (Recovery, "on_recovery_completed"), (Recovery, "_resume_streams"),
                         (faust_internals, "_tansu_installed")):  # fmt: skip
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(faust_internals, "_tansu_installed", False)
@@ -261,6 +312,7 @@ def every_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     tune_fetch_wait(15)
     skip_table_settle()
     install_tansu_compat()
+    install_takeover()
     yield
 
 
@@ -282,7 +334,8 @@ def _patched_upstream_attributes() -> set[str]:
 def test_every_patch_has_a_recorded_hash(every_patch: None) -> None:
     targets = {u.target for u in UPSTREAM}
     patched = _patched_upstream_attributes()
-    assert len(patched) == 5, patched  # the drain loop, the consumer, tables, two for Tansu
+    # the drain loop, the consumer, tables, two for Tansu, five for the takeover
+    assert len(patched) == 10, patched
     assert patched <= targets, patched - targets
     # the hashes are of the upstream code, not of our replacements
     drain = next(u for u in UPSTREAM if u.qualname == "Consumer._drain_messages")
@@ -292,7 +345,7 @@ def test_every_patch_has_a_recorded_hash(every_patch: None) -> None:
 
 def test_every_private_method_the_boundary_overrides_has_a_recorded_hash() -> None:
     targets = {u.target for u in UPSTREAM}
-    classes = [worker_class(lambda: None)]
+    classes = [worker_class(lambda: None), proving_assignor(None)]
     classes += [c for c in vars(faust_internals).values()
                 if inspect.isclass(c) and c.__module__ == faust_internals.__name__]  # fmt: skip
     overridden = set()

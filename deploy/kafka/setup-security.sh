@@ -6,10 +6,11 @@
 # Principals (Kafka ACLs are the second layer: every event is also signed by its account's key,
 # and the market checks the signature whoever wrote it):
 #   market-worker  reads the input topics (and writes them: a signed event a producer put on
-#                  another partition than its id's is moved to its own), owns its consumer group
-#                  and Faust's internal topics, writes the catalog, rejections, refusals, dead
-#                  letters, its identity record and every inbox (it creates them when accounts
-#                  are opened)
+#                  another partition than its id's is moved to its own), is the only principal
+#                  with any ACL on its consumer group "$APP_ID" and on the workers' own topics
+#                  "$APP_ID-*" (Faust's changelogs and assignor topic, the progress changelog),
+#                  writes the catalog, rejections, refusals, dead letters, its identity record
+#                  and every inbox (it creates them when accounts are opened)
 #   operator       reads the rejections and dead letters (`epsilon-market rejections`)
 #   <seller>       one principal per seller: writes accounts, registrations and values, reads the
 #                  catalog, the market's identity and refusals (public, signed: the clients
@@ -51,6 +52,14 @@ check_parties() {  # "id:password,..."
 }
 check_parties "${SELLERS:-}"
 check_parties "${BUYERS:-}"
+# The workers' own topics ("$APP_ID-...") and the market's ("$PREFIX....", a party's inbox among
+# them) must not share names: a party's inbox grant would otherwise reach the workers' state.
+case "$APP_ID-" in "$PREFIX".*)
+  echo "refused: APP_ID '$APP_ID' names topics inside the market's prefix '$PREFIX.'" >&2; exit 2 ;;
+esac
+case "$PREFIX." in "$APP_ID"-*)
+  echo "refused: PREFIX '$PREFIX' names topics inside the workers' own '$APP_ID-'" >&2; exit 2 ;;
+esac
 CONF=$(mktemp)
 trap 'rm -f "$CONF"' EXIT
 cat > "$CONF" <<PROPS
@@ -93,8 +102,13 @@ for t in catalog rejections refusals deadletters; do
 done
 acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.market"
 acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$PREFIX.inbox."
-acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$APP_ID-"
-acl "${W[@]}" --operation All --resource-pattern-type prefixed --group "$APP_ID"
+# The workers' state and membership, theirs alone (docs/operations.md, "Group membership"): no
+# other principal has an ACL on these, and with allow.everyone.if.no.acl.found=false nobody
+# else may read, write, join or describe them. Not Delete, Alter or AlterConfigs: the worker's
+# password cannot delete the state or shorten its retention.
+acl "${W[@]}" --operation Read --operation Write --operation Create --operation Describe \
+  --operation DescribeConfigs --resource-pattern-type prefixed --topic "$APP_ID-"
+acl "${W[@]}" --operation Read --operation Describe --group "$APP_ID"
 acl "${W[@]}" --operation Describe --operation IdempotentWrite --cluster
 
 scram operator "$OPERATOR_PASSWORD"

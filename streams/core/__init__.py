@@ -14,7 +14,7 @@
                         ``stream_store`` loads it once per event and saves it in one place
 ``ledger``              the privacy ledger: the one writer of values' losses and window sums
 ``products/``           what a stream sells (vectors, histograms, running totals), one protocol
-``replay/``             recall, keep, forget; time admission; watermarks; repair; legacy keys
+``replay/``             recall, keep, forget; time admission; watermarks
 ``delivery``            subscription deliveries, batched per buyer and stream
 ``state``               the stored records and their stores; ``codecs`` their bytes
 ``context``             the services every handler shares; ``outputs`` what handlers return

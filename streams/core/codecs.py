@@ -7,9 +7,7 @@ binary codec of :mod:`market.codec`. The records kept for the dedup horizon, one
 one per value that left its window, are many and long-lived, so they are packed binary: a
 purchase's decision in at most :data:`~.state.PURCHASE_RECORD_BYTES`, an eviction mark in at
 most :data:`~.state.VALUE_MARK_BYTES` (``tests/streams/test_core_records.py`` checks both).
-Records an earlier version wrote (JSON purchases, text marks, stream records with their
-registration inline) are read as well. The worker
-registers these functions as Faust codecs (:mod:`streams.worker.tables`).
+The worker seals these bytes on the changelogs (:mod:`streams.worker.tables`).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from market.codec import (
 from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState
-from .replay.legacy import INLINE_REGISTRATION, purchase_from_json, stream_from_json
 from .state import (
     EvictedValue,
     HoldersBase,
@@ -47,9 +44,9 @@ __all__ = [
     "encode_value",
 ]
 
-_EVICTED = b"EVIC"  # an earlier version's text mark: EVIC<seq>:<hex digest>:<published>
-_MARK = b"EVM2"
-_MARK_BODY = struct.Struct("<q32sqQ")  # seq, SHA-256, published_at_ms, numbering
+_EVICTED = b"EVIC"  # a mark whose digest is not a SHA-256: EVIC<seq>:<digest>:<published>
+_MARK = b"EVM3"
+_MARK_BODY = struct.Struct("<q32sq")  # seq, SHA-256, published_at_ms
 _HISTOGRAM = b"EMHV"
 _PURCHASE = b"EMP2"
 # status, fingerprint, requested, price, level before, after, first seq, count, decided, digest
@@ -73,27 +70,26 @@ def _sha(hexdigest: str) -> bytes | None:
 
 def encode_value(obj: ValueState) -> bytes:
     """A value's chain state or histogram counts (binary codecs) or its eviction mark
-    (``EVM2`` + seq, digest, publication time and numbering packed: 60 bytes)."""
+    (``EVM3`` + seq, digest and publication time packed: 52 bytes)."""
     if isinstance(obj, EvictedValue):
         raw = _sha(obj.digest)
         if raw is None:  # not a SHA-256 in hex: kept as text, whatever it is
-            mark = f"{obj.seq}:{obj.digest}:{obj.published_at_ms}:{obj.numbering}"
-            return _EVICTED + mark.encode()
-        return _MARK + _MARK_BODY.pack(obj.seq, raw, obj.published_at_ms, obj.numbering)
+            return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
+        return _MARK + _MARK_BODY.pack(obj.seq, raw, obj.published_at_ms)
     if isinstance(obj, HistogramValue):
         return encode_histogram_value(obj)
     return encode_chain_state(obj)
 
 
 def decode_value(data: bytes) -> ValueState:
-    """Inverse of :func:`encode_value` (an earlier version's text marks included)."""
+    """Inverse of :func:`encode_value`."""
     if data.startswith(_MARK):
-        seq, raw, published, numbering = _MARK_BODY.unpack(data[len(_MARK) :])
-        return EvictedValue(seq, raw.hex(), published, numbering)
+        seq, raw, published = _MARK_BODY.unpack(data[len(_MARK) :])
+        return EvictedValue(seq, raw.hex(), published)
     if data.startswith(_EVICTED):
-        seq, digest, *rest = data[len(_EVICTED) :].decode().split(":")
-        published, numbering = (int(x) for x in [*rest, "0", "0"][:2])
-        return EvictedValue(int(seq), digest, published, numbering)
+        seq, rest = data[len(_EVICTED) :].decode().split(":", 1)
+        digest, published = rest.rsplit(":", 1)
+        return EvictedValue(int(seq), digest, int(published))
     if data.startswith(_HISTOGRAM):
         return decode_histogram_value(data)
     return decode_chain_state(data)
@@ -122,10 +118,9 @@ def encode_purchase(rec: PurchaseRecord) -> bytes:
 
 
 def decode_purchase(data: bytes) -> PurchaseRecord:
-    """Inverse of :func:`encode_purchase`; an earlier version's JSON record is read as a
-    decision that still carries its outcome (:func:`~.replay.legacy.purchase_from_json`)."""
+    """Inverse of :func:`encode_purchase`."""
     if not data.startswith(_PURCHASE):
-        return purchase_from_json(data)
+        raise ValueError("not a purchase record")
     at = len(_PURCHASE)
     status, fp, req, price, before, after, first, count, decided, digest = (
         _PURCHASE_BODY.unpack_from(data, at)
@@ -164,10 +159,7 @@ def encode_stream(record: StreamRecord) -> bytes:
 
 
 def decode_stream(data: bytes) -> StreamRecord:
-    """Inverse of :func:`encode_stream`; a record an earlier version wrote, its registration
-    inline, is read whole (:func:`~.replay.legacy.stream_from_json`)."""
-    if data.startswith(INLINE_REGISTRATION):
-        return stream_from_json(data)
+    """Inverse of :func:`encode_stream`."""
     return StreamRecord.model_validate_json(data)
 
 

@@ -52,9 +52,7 @@ from .outputs import Outcome, Output, Reject, dump
 from .planning import plan, target
 from .products import Product
 from .rejections import Source, rejection
-from .replay import legacy
 from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
-from .replay.repair import outcome_stands
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
 from .sales import sale
 from .state import PurchaseRecord
@@ -86,7 +84,8 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     fp = fingerprint(req)
     stream = streams.find(req.stream_id)
     earlier = _recall(ctx, stream, req)
-    if earlier is not None and _stands(stream, req, earlier, fp):
+    if earlier is not None:
+        _same_request(req, earlier, fp)
         return _again(ctx, stream, inc, earlier)
     heap = heap_of(ctx.records, stream, req.stream_id)
     try:
@@ -116,14 +115,12 @@ def _recall(ctx: Context, stream: Stream[Product] | None,
     watermark = None if stream is None else stream.state.purchase_watermark_ms
     ctx.admission.admit_age("purchase", req.requested_at_ms, watermark, req.purchase_id,
                             req.stream_id)  # fmt: skip
-    kept = ctx.records.purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id))
-    return kept if kept is not None else legacy.recall(ctx.records, req)
+    return ctx.records.purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id))
 
 
 def _admit(ctx: Context, req: PurchaseRequest) -> None:
-    """Refuse a new purchase whose id an old key holds, or which is from the future; a refusal
-    that cannot be kept raises :class:`_Unkept`."""
-    legacy.check_id(ctx.records, req)
+    """Refuse a new purchase from the future; a refusal that cannot be kept raises
+    :class:`_Unkept`."""
     ts = req.requested_at_ms
     try:
         ctx.admission.admit_time("purchase", ts, req.purchase_id)
@@ -140,20 +137,15 @@ def _admit(ctx: Context, req: PurchaseRequest) -> None:
         raise _Unkept(ahead) from None
 
 
-def _stands(stream: Stream[Product] | None, req: PurchaseRequest, record: PurchaseRecord,
-            fp: str) -> bool:  # fmt: skip
-    """Whether a resent purchase gets its kept outcome (:func:`outcome_stands`; ``False``: the
-    outcome of a lost batch, never sent, decided afresh); a refusal if the id meant something
-    else."""
+def _same_request(req: PurchaseRequest, record: PurchaseRecord, fp: str) -> None:
+    """Refuse a resent purchase id that meant something else (a kept decision is its stream's
+    state: a batch counts wholly or not at all, so the stream counts what it records)."""
     if record.fingerprint != fp:
         raise Reject(
             "idempotency_key_reused",
             f"purchase id {req.purchase_id!r} was already used by buyer {req.buyer_id!r} for a "
             "different request; use a new purchase id",
         )
-    if record.status != "fulfilled" or stream is None:
-        return True
-    return outcome_stands(stream, req.buyer_id, record)
 
 
 def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseRequest],
@@ -165,7 +157,7 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     last = ctx.records.answer_due(key)
     if last is not None:
         return _notice(ctx, inc, record, last, again=True)
-    if record.payload is not None:  # not yet sent for sure, or an earlier version's record
+    if record.payload is not None:  # not yet sent for sure (its batch's outputs may be lost)
         ctx.records.resent(key, record)
         outputs = _sent_again(ctx, req, record, record.payload)
         return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
@@ -187,7 +179,7 @@ def _sent_again(ctx: Context, req: PurchaseRequest, record: PurchaseRecord,
     if record.status == "rejected":
         return [out, Output(ctx.topics.rejections, req.stream_id.encode(), out.value)]
     receipt = _receipt_in(payload)
-    if receipt is None:  # an earlier version's outcome without a receipt
+    if receipt is None:  # never: a kept fulfilment carries its receipt
         return [out]
     return [out, sale(ctx, receipt, record.decided_at_ms)]
 

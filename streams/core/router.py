@@ -283,7 +283,6 @@ class MarketCore:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""
         self.ctx.records.invalidate()
         self.ctx.census.invalidate()
-        self.streams.renumber()
 
 
 def _parse(kind: Kind, raw: bytes) -> BaseModel:

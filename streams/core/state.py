@@ -34,13 +34,13 @@ handlers read ``state.registration``), and the stores keep the two apart: ``regi
 written once (:mod:`streams.core.stream_store`, its one writer), and the codec of ``streams``
 never writes the registration (:mod:`.codecs`). Both are keyed by stream id, so they are
 partitioned alike and a worker that takes a partition over recovers both. A stream is
-registered if and only if its ``streams`` record exists: that record is the truth, and a
-``registered`` record without one (a batch lost between the two) is no registration.
+registered if and only if its ``streams`` record exists. Both are written in the batch that
+registers the stream, and a batch counts wholly or not at all (:mod:`streams.worker.recovery`),
+so neither is ever found without the other.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
@@ -150,34 +150,12 @@ class Registered(BaseModel):
     #: the catalog entry's JSON, re-emitted byte for byte when the registration is resent
     catalog_payload: str
 
-    @property
-    def binding(self) -> str:
-        """What a stream's record names this registration by
-        (:attr:`StreamRecord.registered_sha256`): hex SHA-256 of the registration's signature,
-        the acceptance time, the catalog entry's SHA-256 and the noise fingerprint, each
-        NUL-terminated. Made of fields that are stored as written, so it does not move with
-        how a library encodes the record.
-
-        Two genuine records can exist for one stream id: a registration acked in a batch lost
-        before its stream's record, then another registration of that free id. Both carry the
-        market's state MAC, so whoever may append to the changelog could pair a stream's record
-        with the other one; the binding makes such a pair refused, never served.
-        """
-        cat = hashlib.sha256(self.catalog_payload.encode()).hexdigest()
-        parts = (self.registration.signature, str(self.accepted_at_ms), cat,
-                 self.secret_fingerprint)  # fmt: skip
-        return hashlib.sha256(b"".join(p.encode() + b"\0" for p in parts)).hexdigest()
-
 
 class StreamRecord(BaseModel):
     """What changes about a stream: the record its store holds, written after every event that
     changes it (how it was registered is in :class:`Registered`, apart)."""
 
     model_config = ConfigDict(extra="forbid")
-    #: :attr:`Registered.binding` of the registration this record was written with (set by
-    #: :mod:`streams.core.stream_store`, the one writer; checked by :func:`registered_of`, the
-    #: one place a record meets its registration); empty in records that carry it inline
-    registered_sha256: str = ""
     window: list[ValueEntry] = []
     next_seq: int = 0
     #: who holds what: every holder, or in a stored record that names a ``holders_base`` only
@@ -200,15 +178,6 @@ class StreamRecord(BaseModel):
     #: windows at or below this index without an entry in ``window_spent`` are closed: their
     #: sums were dropped, so a value published into one is refused (-1: none closed)
     window_floor: int = -1
-    #: the numbering the stream's arrival numbers (``next_seq``) now continue: one per worker
-    #: incarnation that took the stream on (:mod:`streams.core.replay.repair`)
-    numbering: int = 0
-    #: earlier numberings → the arrival number each ended at (at most ``MAX_NUMBERINGS``,
-    #: oldest first); a mark numbered under a numbering not here was left by a lost batch
-    numberings: dict[int, int] = {}
-    #: the highest count (``numbering >> 31``) of a numbering dropped from ``numberings``: a
-    #: mark under an unknown numbering no newer than it is old, not a lost batch's
-    numbering_floor: int = -1
 
 
 class StreamState(StreamRecord):
@@ -234,16 +203,11 @@ HOLDER_BYTES = 160
 WINDOW_SUM_BYTES = 48
 #: privacy-window sums a stream keeps besides those of the values it retains
 MAX_RECENT_WINDOWS = 256
-#: earlier numberings a stream's record keeps, and an upper bound on the JSON of one
-MAX_NUMBERINGS = 64
-#: the bits of a numbering that are its worker incarnation's random id (the rest: its count)
-INCARNATION_MASK = (1 << 31) - 1
-NUMBERING_BYTES = 48
 
 
 def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = False) -> int:
     """Most bytes a stream's record can take: a full window, every holder, every privacy-window
-    sum and numbering.
+    sum.
 
     The registration is refused if this (or :func:`registered_bound`) exceeds the message
     limit, so a stream's state can always be written (``tests/streams/test_core.py`` checks
@@ -253,7 +217,6 @@ def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = 
         WINDOW_ENTRY_BYTES * retain_last
         + HOLDER_BYTES * max_holders
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
-        + NUMBERING_BYTES * (MAX_NUMBERINGS + 1)
         + 1024
     )
 
@@ -284,7 +247,7 @@ class PurchaseRecord:
     stream_id: str
     requested_at_ms: int = 0
     price_minor: int = 0
-    #: the levels held before and after: what the purchase bought (a repair restores them)
+    #: the levels held before and after: what the purchase bought
     level_before: float = 0.0
     level_after: float = 0.0
     #: the values it covered: the window entries numbered ``first_seq … first_seq + count − 1``
@@ -318,25 +281,26 @@ class EvictedValue:
     seq: int
     digest: str
     published_at_ms: int = 0
-    #: the numbering ``seq`` was counted under (:func:`~.replay.repair.counted_under`), not
-    #: necessarily the stream's current one when the mark was left
-    numbering: int = 0
+
+    @classmethod
+    def of(cls, entry: ValueEntry) -> EvictedValue:
+        """The mark a value leaves when it leaves its stream's window."""
+        return cls(entry.seq, entry.digest, entry.published_at_ms)
 
 
 ValueState = ChainState | HistogramValue | EvictedValue
 
 
 class InconsistentStream(RuntimeError):
-    """A stream's record and its registration do not belong together (or one is missing):
-    the stream is not served, and its events are answered ``internal_error``, never applied
-    under another registration; scans over every stream (the census, the ledger) skip it."""
+    """A stream's record has no registration: the stream is not served, and its events are
+    answered ``internal_error``; scans over every stream (the census, the ledger) skip it.
+    (A batch writes both or neither, so only a bug or a state that did not verify leads
+    here.)"""
 
 
 def registered_of(stores: Stores, stream_id: str, record: StreamRecord) -> Registered:
     """How the stream of a stored record was registered: what the record carries (a stream
-    loaded in memory, or a record an earlier version wrote with its registration inline), else
-    its ``registered`` record, which a record of a registered stream always has (it is acked
-    before the stream's record: :mod:`streams.core.stream_store`)."""
+    loaded in memory), else its ``registered`` record, written in the same batch."""
     if isinstance(record, StreamState):
         return record.registered
     registered = stores.registered.get(stream_id)
@@ -344,12 +308,6 @@ def registered_of(stores: Stores, stream_id: str, record: StreamRecord) -> Regis
         raise InconsistentStream(
             f"stream {stream_id!r} has a record but the registered store does not hold its "
             "registration: its state is inconsistent"
-        )
-    if record.registered_sha256 != registered.binding:
-        raise InconsistentStream(
-            f"stream {stream_id!r} has a record written with another registration than the "
-            "registered store holds (a registration record appended again?): its state is "
-            "inconsistent, and it is not served"
         )
     return registered
 

@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 from ..wire.events import UNIT_OF, StreamRegistration, ValueItem
 from .ledger import Level, PrivacyLedger, latest_status
 from .outputs import StreamFigures
-from .state import INCARNATION_MASK, MAX_NUMBERINGS, Holder, StreamState, ValueEntry
+from .state import Holder, StreamState, ValueEntry
 from .terms import Terms
 
 __all__ = ["Stream"]
@@ -88,25 +88,6 @@ class Stream(Generic[P]):
         self.charged.append(buyer_id)
         self.touch()
         return holder
-
-    # -- arrival numbers -------------------------------------------------------------------------
-    def number_under(self, numbering: int) -> None:
-        """Continue the arrival numbers under a new numbering of this worker incarnation (its
-        random id ``numbering`` below a count one past the record's), ending the current one at
-        ``next_seq``: a mark numbered under a numbering the record does not know, and newer
-        than every numbering it dropped, is of a value a batch whose record was lost counted,
-        whatever its arrival number. The count orders numberings, the random id tells apart two
-        incarnations that took the stream from the same record (one of them lost)."""
-        st = self.state
-        if st.numbering & INCARNATION_MASK == numbering:
-            return
-        ended = list({**st.numberings, st.numbering: st.next_seq}.items())
-        dropped = ended[:-MAX_NUMBERINGS]
-        if dropped:
-            st.numbering_floor = max(st.numbering_floor, *(n >> 31 for n, _ in dropped))
-        st.numberings = dict(ended[-MAX_NUMBERINGS:])
-        st.numbering = ((st.numbering >> 31) + 1) << 31 | numbering
-        self.touch()
 
     # -- the window of retained values ----------------------------------------------------------
     def entry(self, value_id: str) -> ValueEntry | None:

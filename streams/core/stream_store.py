@@ -18,25 +18,15 @@ carries only the holders changed since; once those pass about √(2n) of the n h
 base is written. The record stays the truth and never refers to a base that can change:
 
 * a base is written to the one of two slots the stored record does *not* name, at most once
-  per stream and batch, so the slot the durable record names is never overwritten (a batch's
-  records are acknowledged before its streams' records, and the next batch starts after both);
-* a batch lost after its base but before its stream's record leaves the old record naming
-  the old, untouched slot: a replay finds the stream exactly as it was.
+  per stream and batch, so the slot the stored record names is never overwritten while that
+  record is the stream's.
 
 **Registered apart.** How a stream was registered (:class:`~.state.Registered`: the signed
 registration, its catalog entry) never changes, so it is not rewritten with the record: it is
 written to the ``registered`` store once, in the batch that registers the stream, and the
-record's codec leaves it out (:mod:`.codecs`). The same care as for bases keeps the record the
-truth:
-
-* ``registered`` is written with a batch's records, acknowledged before its streams' records,
-  so a durable stream record always finds its registration;
-* a batch lost after it but before the stream's record leaves a registration with no record,
-  which is no registration: the stream is unknown, and the replayed registration is decided
-  afresh (accepted again, its catalog entry made again: nobody was sent the first);
-* a record an earlier version wrote, its registration inline, is read as it is, and the first
-  event that changes its stream writes the registration to ``registered`` before the record
-  without it (rewritten only if what the store holds differs: at most once per stream).
+record's codec leaves it out (:mod:`.codecs`). A batch's records count wholly or not at all
+(:mod:`streams.worker.recovery`), so a stream's record always finds its registration, and a
+registration lost with its batch is decided afresh when replayed.
 
 Nothing else writes the ``holders`` or ``registered`` stores, and a stream is put back together
 (its registration, its base, then the holders its record carries) once when it is first
@@ -47,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -119,19 +108,12 @@ def holders_of(stores: Stores, stream_id: str, record: StreamRecord) -> Mapping[
     return {**base.holders, **record.holders}
 
 
-def new_numbering() -> int:
-    """The random id of this worker incarnation's numberings (31 bits, never 0: 0 is the
-    numbering of records written before numberings existed; :meth:`Stream.number_under`)."""
-    return secrets.randbits(31) | 1
-
-
 class Streams:
     """The streams of this worker's partitions, as events load and save them."""
 
     def __init__(self, stores: Stores, keys: MarketKeys, max_streams: int,
                  batch: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
         self._stores = stores
-        self.numbering = new_numbering()
         self._keys = keys
         self._max_cached = max(MAX_CACHED_TERMS, max_streams)
         self._built: dict[str, Built] = {}
@@ -191,14 +173,8 @@ class Streams:
             return None
         _, terms, product = self.built(state.registration)
         stream = Stream(state, terms, product)
-        stream.number_under(self.numbering)
         self._loaded[stream_id] = stream
         return stream
-
-    def renumber(self) -> None:
-        """Take a new numbering (after a rebalance: streams may come back from another worker
-        whose batches were lost)."""
-        self.numbering = new_numbering()
 
     def create(self, state: StreamState, terms: Terms) -> Stream[Product]:
         """A newly registered stream (its product built now: a histogram stream's survival
@@ -207,7 +183,6 @@ class Streams:
         built = (reg, terms, product_for(reg, terms))
         self._keep(built)
         stream = Stream(state, terms, built[2])
-        stream.number_under(self.numbering)
         stream.touch()
         self._loaded[reg.stream_id] = stream
         self._whole[reg.stream_id] = _Whole(state, state, dict.fromkeys(state.holders),
@@ -237,15 +212,12 @@ class Streams:
 
     def _put_together(self, stream_id: str, stored: StreamRecord) -> _Whole:
         """A stored record with its registration and every holder (the stored object itself
-        when it has both); a record that carries its registration has it written apart when
-        next saved, unless ``registered`` holds it already."""
+        when it has both)."""
         whole = with_registration(self._stores, stream_id, stored)
-        held = self._stores.registered.get(stream_id)
-        unregistered = whole is stored and held != whole.registered
         if stored.holders_base is not None:
             whole = whole.model_copy(update={
                 "holders": dict(holders_of(self._stores, stream_id, stored))})  # fmt: skip
-        return _Whole(stored, whole, dict.fromkeys(stored.holders), unregistered=unregistered)
+        return _Whole(stored, whole, dict.fromkeys(stored.holders))
 
     def _stored(self, stream: Stream[Product]) -> StreamState:
         """What the stream's record stores: every holder, or a holders base and the holders
@@ -256,8 +228,6 @@ class Streams:
         if kept.unregistered:
             self._stores.registered[stream.id] = whole.registered
             kept.unregistered = False
-        if not whole.registered_sha256:  # a new stream, or a record written inline: named
-            whole.registered_sha256 = whole.registered.binding  # once (a loaded one matches)
         kept.since.update(dict.fromkeys(stream.charged))
         stream.charged.clear()
         batch = self._batch()

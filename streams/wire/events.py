@@ -1089,8 +1089,9 @@ class MarketIdentity(_Event):
     state_format: int | None = Field(
         None,
         exclude_if=_is_none,
-        description="the format of the state records' authenticators (docs/protocol.md §3); "
-        "absent in markets whose changelogs carry none",
+        description="the format of the state records (docs/protocol.md §3: 2, sealed, stamped "
+        "and committed by checkpoints; 1, authenticated only); absent in markets whose "
+        "changelogs carry no authenticator",
     )
     market_key_id: KeyId
     market_public_key: PublicKey | None = Field(

@@ -29,24 +29,36 @@ from .directory import AccountReplica
 from .faults import FaultInjector
 from .faust_internals import (
     attach_intake,
+    attach_takeover,
     install_batched_intake,
+    install_takeover,
     install_tansu_compat,
+    proving_assignor,
     quiet_libraries,
     skip_table_settle,
     tune_fetch_wait,
 )
+from .group_watch import DESCRIBE_EVERY_S, GroupWatch
+from .history import CheckpointBook, StateReader
 from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
+from .membership import SKEW_MS, Membership
 from .metrics import Metrics, build_metrics
 from .producer import Producer
-from .secrets import load_or_create_keys, state_mac_key
-from .state_mac import StateGuard, StateMac
-from .tables import WriteBackTable, register_codecs
+from .progress import Progress, progress_topic
+from .recovery import Takeover
+from .secrets import load_or_create_keys, membership_key, state_keys
+from .state_records import StateSeal
+from .tables import StateContext, WriteBackTable, register_codecs
 from .topic_watch import TopicWatch
 
 __all__ = ["MarketWorker", "create_worker"]
 
 log = logging.getLogger("emarket.worker")
+
+REBALANCE_TIMEOUT_S = 60.0
+"""Faust's ``broker_rebalance_timeout`` (its default), set explicitly: a membership proof may be
+this old when the leader judges it, plus the clocks' skew (:mod:`streams.worker.membership`)."""
 
 
 class MarketWorker:
@@ -60,14 +72,16 @@ class MarketWorker:
         tune_fetch_wait(settings.fetch_max_wait_ms)
         skip_table_settle()
         install_batched_intake()
+        install_takeover()
         register_codecs()
         self.topics = Topics(settings.prefix, settings.partitions)
         self.keys = keys or load_or_create_keys(settings.data_dir)
         self.metrics: Metrics = build_metrics()
+        self.group = self._group_watch()
         self.app = self._app()
         self.intake = Intake(self.app, set(self.topics.inputs()))
         attach_intake(self.app, self.intake)
-        self.state_guard, self.tables, self.replica = self._state()
+        self.progress, self.tables, self.replica = self._state()
         self.stores = Stores(**self.tables)
         self.core = MarketCore(
             self.stores,
@@ -92,9 +106,15 @@ class MarketWorker:
             self.producer.faults,
             self.inboxes,
             self.intake.ack,
+            self.progress,
             self.replica,
             profile=settings.profile_batches,
         )
+        self.takeover = Takeover(
+            list(self.tables.values()), self.state, self.progress, self.producer, self.metrics,
+            self._consumer_settings(), self.topics.inputs(),
+        )  # fmt: skip
+        attach_takeover(self.app, self.takeover)
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
@@ -114,25 +134,44 @@ class MarketWorker:
         watch.on_emptied = catalog.start
         return watch, catalog
 
-    def _state(self) -> tuple[StateGuard, dict[str, WriteBackTable], AccountReplica]:
-        """The tables and the account replica, sharing one guard: every changelog record is
-        written with the market's authenticator and read back only through it."""
-        s = self.settings
-        guard = StateGuard(
-            StateMac(state_mac_key(self.keys.noise_secret)), self.metrics.state_refused
-        )
+    def _state(self) -> tuple[Progress, dict[str, WriteBackTable], AccountReplica]:
+        """The tables, their checkpoints and the account replica: every changelog record is
+        sealed by the market and read back only through one reader, which refuses and counts
+        what is not the market's committed, newest state (:mod:`streams.worker.history`)."""
+        s, m = self.settings, self.metrics
+        seal = StateSeal(*state_keys(self.keys.noise_secret))
+        reader = StateReader(seal, m.state_refused, m.state_copies, m.state_uncommitted)
+        progress = Progress(seal, progress_topic(s.app_id))
+        self.state = StateContext(seal, reader, CheckpointBook(reader), self.topics.inputs(),
+                                  progress.version_for, progress.account,
+                                  progress.live.get)  # fmt: skip
         tables = {
-            name: WriteBackTable.create(self.app, name, s.partitions, guard)
+            name: WriteBackTable.create(self.app, name, s.partitions, self.state)
             for name in Stores.NAMES
         }
         replica = AccountReplica(
-            s.bootstrap,
+            self._consumer_settings(),
             tables["accounts"].table.changelog_topic.get_topic_name(),
-            guard,
-            fetch_wait_ms=min(s.fetch_max_wait_ms, 100),
-            **s.aiokafka_auth(),
+            progress.topic,
+            reader,
         )
-        return guard, tables, replica
+        return progress, tables, replica
+
+    def _consumer_settings(self) -> dict[str, Any]:
+        """How the worker's own readers of the changelogs connect (no consumer group)."""
+        s = self.settings
+        return {"bootstrap_servers": s.bootstrap,
+                "fetch_max_wait_ms": min(s.fetch_max_wait_ms, 100), **s.aiokafka_auth()}
+
+    def _group_watch(self) -> GroupWatch:
+        """The proofs this worker gives and checks in its consumer group (the app id)."""
+        s = self.settings
+        membership = Membership(membership_key(self.keys.noise_secret), s.app_id,
+                                window_ms=int(REBALANCE_TIMEOUT_S * 1000) + SKEW_MS)  # fmt: skip
+        inputs = frozenset((t, p) for t in self.topics.inputs() for p in range(s.partitions))
+        admin = {"bootstrap_servers": s.bootstrap, "request_timeout_ms": 10_000,
+                 **s.aiokafka_auth()}  # fmt: skip
+        return GroupWatch(membership, inputs, self.metrics, admin)
 
     def _app(self) -> faust.App:
         s = self.settings
@@ -164,6 +203,9 @@ class MarketWorker:
             # a fetched batch is handed to the intake whole: bound it (Faust's default is the
             # whole fetch, up to 50 MB)
             broker_max_poll_records=POLL_RECORDS,
+            # workers prove their membership to each other; a stranger is given nothing
+            PartitionAssignor=proving_assignor(self.group),
+            broker_rebalance_timeout=REBALANCE_TIMEOUT_S,
         )
 
     def _wire(self) -> None:
@@ -219,7 +261,8 @@ class MarketWorker:
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
             pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
-            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending)
+            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending,
+                              worker.unverified(), worker.group.health())  # fmt: skip
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -254,14 +297,30 @@ class MarketWorker:
         async def publish_catalog() -> None:
             await worker.catalog.run()
 
+        @app.timer(DESCRIBE_EVERY_S)  # type: ignore[untyped-decorator]
+        async def describe_group() -> None:
+            await worker.group.poll()
+
         async def stop_replica(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await worker.replica.stop()
+            await worker.group.close()
 
         app.on_before_shutdown.connect(stop_replica)
 
         @app.timer(2.0)  # type: ignore[untyped-decorator]
         async def probe() -> None:
             await worker.producer.probe()
+
+        async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            # the partitions' next owner recovers them from the changelogs: let the batch in
+            # flight commit first (it cannot be made to stop half way: its checkpoint decides)
+            try:
+                await asyncio.wait_for(worker.batches.idle.wait(), settings.session_timeout / 2)
+            except TimeoutError:
+                log.warning("partitions revoked while a batch is still being written: what it "
+                            "writes after the next owner's claim will not count there")
+
+        app.on_partitions_revoked.connect(revoked)
 
         def rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             # the tables now hold what other workers wrote while they owned these partitions
@@ -274,6 +333,15 @@ class MarketWorker:
     def refresh_gauges(self) -> None:
         web.refresh_gauges(self.metrics, self.stores, self.consumer(), self.topics,
                            self.settings.stall_seconds, self.started_at, self._vectors)  # fmt: skip
+        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
+        self.metrics.partitions_unverified.labels("replica").set(len(self.replica.unverified))
+
+    def unverified(self) -> dict[str, str]:
+        """What state this worker holds that is not what its checkpoint commits, and why:
+        partitions it does not serve, and partitions whose accounts its replica does not use."""
+        return {**{f"partition {p}": why for p, why in sorted(self.progress.unverified.items())},
+                **{f"accounts of partition {p}": why
+                   for p, why in sorted(self.replica.unverified.items())}}  # fmt: skip
 
     def consumer(self) -> Any:
         """Faust's consumer of the app, or None before the app has built it."""

@@ -3,26 +3,29 @@
 1. every event goes through :meth:`MarketCore.handle`, with Faust's "current event" set to it so
    table writes go to the changelog partition of the event's stream; an event naming an account
    the directory has not read yet waits for the directory (once per batch) and is handled again;
-2. the batch's state (every changed table key, once) is sent and **acknowledged** by the broker:
-   the records of values, purchases and accounts first, the streams' records last, so that a
-   stream's record is never durable without the records it counts (a purchase's charge without
-   its stored outcome would be fulfilled again after a crash between the two); the core repairs
-   the other way round when a batch is replayed;
+2. the batch's state (every changed table key, once, sealed and stamped with its partition's
+   next version) is sent and **acknowledged** by the broker, then each partition's checkpoint
+   (:mod:`streams.worker.progress`): the checkpoint is the batch's commit, so on recovery a
+   batch counts wholly or not at all, whichever of its records a crash let through
+   (:mod:`streams.worker.recovery`);
 3. the outputs (releases, receipts, rejections, catalog entries) are sent and acknowledged —
    or dead-lettered if the broker refuses one for good — and the events are acknowledged
-   afterwards (Faust commits them later). Outputs to an inbox not yet known to exist (an account
-   just opened) are handed to :class:`~streams.worker.inboxes.Inboxes` instead, which creates
-   such inboxes many at a time off the event path; the part's events are then acknowledged only
-   once those outputs are, and the next batch does not wait.
+   afterwards (Faust commits them later, once their partition's checkpoint records the
+   offsets). Outputs to an inbox not yet known to exist (an account just opened) are handed
+   to :class:`~streams.worker.inboxes.Inboxes` instead, which creates such inboxes many at a
+   time off the event path; the part's events are then acknowledged only once those outputs
+   are, and the next batch does not wait.
 
 A worker that dies at any point therefore never leaves a visible release whose state is not
-durable; the batch is processed again and the core's idempotency (and its pure-function noise)
+committed; the batch is processed again and the core's idempotency (and its pure-function noise)
 turns it into identical re-emissions. Whatever goes wrong with one event — even outside the
-core — becomes a rejection of that event; the rest of the batch proceeds.
+core — becomes a rejection of that event; the rest of the batch proceeds. Events of a partition
+this worker does not serve (its state did not verify) are left alone, unacknowledged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from .inboxes import Inboxes
 from .intake import InputEvent
 from .metrics import Metrics
 from .producer import Producer
+from .progress import Progress
 from .tables import Record, WriteBackTable
 
 __all__ = ["BatchProcessor"]
@@ -73,12 +77,14 @@ class BatchProcessor:
         faults: FaultInjector,
         inboxes: Inboxes,
         ack: Callable[[list[InputEvent]], None],
+        progress: Progress,
         replica: AccountReplica | None = None,
         *,
         profile: bool = False,
     ) -> None:
         self.core = core
         self.tables = tables
+        self.progress = progress
         self.producer = producer
         self.metrics = metrics
         self.faults = faults
@@ -86,6 +92,11 @@ class BatchProcessor:
         self.ack = ack
         self.replica = replica
         self.profile = profile
+        self.idle = asyncio.Event()
+        """Set while no batch is being processed: a rebalance waits for it before giving the
+        partitions up, so their next owner never recovers a state this worker is still
+        writing (:meth:`streams.worker.app.MarketWorker`)."""
+        self.idle.set()
 
     async def process(self, events: list[InputEvent]) -> None:
         """Process ``events`` (records of the input topics); return once outputs are acked,
@@ -98,9 +109,13 @@ class BatchProcessor:
         started = time.monotonic()
         self.metrics.batch_started()
         self.faults.hit("before_state")
-        rest = events
-        while rest:
-            rest = await self._part(rest, started)
+        rest = [ev for ev in events if self.progress.serves(ev.message.partition)]
+        self.idle.clear()
+        try:
+            while rest:
+                rest = await self._part(rest, started)
+        finally:
+            self.idle.set()
         self.metrics.batch_size.observe(len(events))
         self.metrics.batch_done(time.time())
 
@@ -115,12 +130,8 @@ class BatchProcessor:
         except Exception:  # a metric must never cost the batch its outcomes
             log.exception("could not count a batch's outcomes")
         t_proc = time.perf_counter()
-        drained = {tbl.name: tbl.drain() for tbl in self.tables}
-        last = drained.pop("streams", [])
         looked = self.inboxes.look(part.outputs)  # are their topics there? beside the state
-        await self.producer.send_all([r for rs in drained.values() for r in rs], dead_letter=False)
-        self.faults.hit("mid_state")
-        await self.producer.send_all(last, dead_letter=False)
+        await self._commit()
         t_state = time.perf_counter()
         self.faults.hit("after_state")
         done = events[: len(events) - len(part.rest)]
@@ -140,6 +151,27 @@ class BatchProcessor:
         for ts in part.purchase_times:
             self.metrics.purchase_latency.observe(max(0.0, now - ts))
         return part.rest
+
+    async def _commit(self) -> None:
+        """Send the part's state records, then (all acknowledged) its partitions' checkpoints;
+        then write the stores. Under the progress lock: no other checkpoint (an offset commit's)
+        is written in between."""
+        async with self.progress.lock:
+            try:
+                records = [r for tbl in self.tables for r in tbl.drain()]
+                if records:
+                    await self.producer.send_all(records, dead_letter=False)
+                    self.faults.hit("mid_state")
+                    for tbl in self.tables:
+                        for p, end in tbl.ends().items():
+                            self.progress.written(p, tbl.name, end)
+                    await self.producer.send_all(self.progress.batch_checkpoints(),
+                                                 dead_letter=False)  # fmt: skip
+                self.progress.commit_batch()
+            finally:
+                self.progress.abandon_batch()
+            for tbl in self.tables:
+                tbl.commit()
 
     async def _apply(self, events: list[InputEvent], started: float) -> _Part:
         """Run events through the core until the outputs reach the budget; return the part."""

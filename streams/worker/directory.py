@@ -1,20 +1,28 @@
-"""Every account of the market on every worker: a replica of the accounts table's changelog.
+"""Every account of the market on every worker: a replica of the accounts table's changelog, as
+its partitions' checkpoints commit it.
 
 Account events are processed by the worker owning the account's partition; a purchase or a
 value batch may land on any other worker, which needs the account's current key to check the
-signature. Each worker therefore tails the accounts changelog (all partitions, from the start,
-no consumer group) into memory. The replica is bounded by ``EMARKET_MAX_ACCOUNTS``.
+signature. Each worker therefore tails the accounts changelog and the progress changelog (all
+partitions, from the start, no consumer group) into memory. The replica is bounded by
+``EMARKET_MAX_ACCOUNTS``.
+
+A record counts only as the market's history says (:mod:`streams.worker.history`): sealed by the
+market for its partition, committed by a checkpoint of that partition (a record read before its
+checkpoint waits for it; one of a batch lost before its checkpoint never counts), and newer than
+the version the replica holds for the account — an older record appended again (a rotated-out
+key restored, say) is refused, counted and alerted. Once the replica has read a partition as
+far as its newest checkpoint says the market wrote, it compares what it holds there with the
+checkpoint's count and digest sum of the accounts store: a partition that does not match (a
+record deleted, or rolled back by compaction) is *unverified*, its accounts are not used (their
+events are refused as from an unknown account) and ``/health`` says so.
 
 An event may arrive right after its account was opened, before the replica has read it. The
 core then *defers* the event; :meth:`AccountReplica.caught_up_after` asks the broker for the
-end of every partition (one ListOffsets round trip, sent after the batch started, so after the
-account record the event depends on was acknowledged) and waits until the replica has read that
-far; then the event is handled again. Once per batch at most, so a flood of unknown accounts
-costs one round trip per batch, not per event (``bench/flood.py``).
-
-Every record is applied only if it carries the market's authenticator
-(:class:`~streams.worker.state_mac.StateGuard`): a record someone else appended to the changelog,
-a deletion included, is counted, logged and ignored, and the replica keeps what it had.
+end of every partition of both changelogs (one ListOffsets round trip, sent after the batch
+started, so after the account's record and checkpoint were acknowledged) and waits until the
+replica has read that far; then the event is handled again. Once per batch at most, so a flood
+of unknown accounts costs one round trip per batch, not per event (``bench/flood.py``).
 
 Tansu answers ListOffsets(latest) with the base offset of the newest record batch + 1 rather
 than the high watermark; since a consumer receives whole record batches, having read past that
@@ -27,33 +35,52 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ..wire.events import AccountState
-from .state_mac import StateGuard
+from .checkpoints import StoreSum
+from .history import CheckpointBook, StateReader, judge
+from .state_records import DIGEST_MODULUS, Version
 
-__all__ = ["AccountReplica"]
+__all__ = ["MAX_PENDING", "AccountReplica"]
 
 log = logging.getLogger("emarket.directory")
 
+STORE = "accounts"
+MAX_PENDING = 10_000
+"""Records a partition may hold waiting for their checkpoint; beyond, the oldest are dropped
+(a worker writes a batch's checkpoint right after its records, so more means a flood)."""
+
+
+@dataclass(slots=True)
+class _Held:
+    version: Version
+    partition: int
+    state: AccountState
+
 
 class AccountReplica:
-    """Accounts by id and by key id, read from ``topic`` (the accounts changelog)."""
+    """Accounts by id and by key id, read from ``topic`` (the accounts changelog) as
+    ``progress_topic``'s checkpoints commit them (see the module docstring)."""
 
-    def __init__(
-        self, bootstrap: str, topic: str, guard: StateGuard, *, fetch_wait_ms: int = 20,
-        **auth: Any,
-    ) -> None:  # fmt: skip
+    def __init__(self, settings: dict[str, Any], topic: str, progress_topic: str,
+                 reader: StateReader) -> None:  # fmt: skip
         self.topic = topic
-        self.guard = guard
-        self._accounts: dict[str, AccountState] = {}
+        self.progress_topic = progress_topic
+        self.reader = reader
+        self.book = CheckpointBook(reader)
+        self.unverified: dict[int, str] = {}
+        self._accounts: dict[str, _Held] = {}
         self._by_key: dict[str, str] = {}
-        self._settings: dict[str, Any] = dict(
-            bootstrap_servers=bootstrap, enable_auto_commit=False,
-            fetch_max_wait_ms=fetch_wait_ms, **auth,
-        )  # fmt: skip
+        self._pending: dict[int, list[tuple[Any, Version, AccountState | None]]] = {}
+        self._newest: dict[str, Version] = {}  # per account, the newest version read, pending
+        self._sums: dict[int, StoreSum] = {}
+        self._read_to: dict[int, int] = {}
+        self._checked: dict[int, Version] = {}
+        self._settings = {**settings, "enable_auto_commit": False}
         self._consumer: Any = None  # made in start(): aiokafka needs the running loop
         self._task: asyncio.Task[None] | None = None
         self._tps: list[TopicPartition] = []
@@ -61,10 +88,14 @@ class AccountReplica:
 
     # -- lookups (DirectoryReplica) -------------------------------------------------------------
     def get(self, account_id: str) -> AccountState | None:
-        return self._accounts.get(account_id)
+        held = self._accounts.get(account_id)
+        if held is None or held.partition in self.unverified:
+            return None
+        return held.state
 
     def owner_of_key(self, key_id: str) -> str | None:
-        return self._by_key.get(key_id)
+        owner = self._by_key.get(key_id)
+        return owner if owner is not None and self.get(owner) is not None else None
 
     def __len__(self) -> int:
         return len(self._accounts)
@@ -73,7 +104,8 @@ class AccountReplica:
     async def start(self, partitions: int) -> None:
         self._consumer = AIOKafkaConsumer(**self._settings)
         await self._consumer.start()
-        self._tps = [TopicPartition(self.topic, p) for p in range(partitions)]
+        self._tps = [TopicPartition(t, p) for t in (self.progress_topic, self.topic)
+                     for p in range(partitions)]  # fmt: skip
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
         self._task = asyncio.create_task(self._run(self._tps), name="account-replica")
@@ -131,24 +163,93 @@ class AccountReplica:
                     self.receive(rec)
             self._progress.set()
 
+    # -- records ----------------------------------------------------------------------------------
     def receive(self, rec: Any) -> None:
-        """Apply one record of the changelog (an aiokafka ``ConsumerRecord``) if the market
-        wrote it; refuse it otherwise (:class:`StateGuard`)."""
+        """Apply one record of either changelog (an aiokafka ``ConsumerRecord``) as the market's
+        history says (the module docstring)."""
+        p = rec.partition
+        if rec.topic == self.progress_topic:
+            if self.book.receive(rec, "account replica") is not None:
+                self._promote(p)
+        else:
+            self._account(rec)
+            self._read_to[p] = rec.offset + 1
+        self._check(p)
+
+    def _account(self, rec: Any) -> None:
         where = (rec.topic, rec.partition, rec.offset)
-        if not self.guard.admit("accounts", rec.key, rec.value, rec.headers, where=where,
-                                reader="account replica"):  # fmt: skip
+        opened = self.reader.open(STORE, rec.key, rec.value, rec.headers, where=where,
+                                  reader="account replica")  # fmt: skip
+        if opened is None:
             return
         try:
-            self._apply(rec.key, rec.value)
+            state = (None if opened.plaintext is None
+                     else AccountState.model_validate_json(opened.plaintext))  # fmt: skip
         except ValueError:  # the market's own record, unreadable: never stop the replica for it
             log.exception("unreadable account record at %s[%s]@%s", *where)
+            return
+        self._judge(rec, opened.stamp.version, state, where)
 
-    def _apply(self, key: bytes, value: bytes | None) -> None:
-        account_id = key.decode()
+    def _judge(self, rec: Any, version: Version, state: AccountState | None,
+               where: tuple[str, int, int]) -> None:  # fmt: skip
+        p, account_id = rec.partition, rec.key.decode("utf-8")
+        held = self._accounts.get(account_id)
+        before = None if held is None else held.version
+        newest = self._newest.get(account_id)  # one waiting for its checkpoint, if newer
+        if newest is not None and (before is None or newest > before) and version < newest:
+            before = newest  # an older record than one read already: judged against that one
+        verdict = judge(self.book.get(p), version, before, final=False)
+        if verdict == "apply":
+            self._set(account_id, p, version, state)
+        elif verdict == "pending":
+            self._newest[account_id] = max(version, newest or version)
+            waiting = self._pending.setdefault(p, [])
+            waiting.append((rec, version, state))
+            if len(waiting) > MAX_PENDING:
+                del waiting[0]
+        else:
+            self.reader.noted(STORE, verdict, rec.key, where, "account replica", before, version)
+
+    def _promote(self, p: int) -> None:
+        """A new checkpoint of ``p``: judge again what waited for one."""
+        waiting = self._pending.pop(p, [])
+        for rec, _, _ in waiting:
+            self._newest.pop(rec.key.decode("utf-8"), None)
+        for rec, version, state in waiting:
+            self._judge(rec, version, state, (rec.topic, rec.partition, rec.offset))
+
+    def _set(self, account_id: str, p: int, version: Version, state: AccountState | None) -> None:
+        sums = self._sums.setdefault(p, StoreSum())
         old = self._accounts.pop(account_id, None)
         if old is not None:
-            self._by_key.pop(old.key_id, None)
-        if value is not None:
-            state = AccountState.model_validate_json(value)
-            self._accounts[account_id] = state
+            self._by_key.pop(old.state.key_id, None)
+            sums.count -= 1
+            sums.digest -= self.reader.seal.digest(STORE, account_id, old.version)
+        if state is not None:
+            self._accounts[account_id] = _Held(version, p, state)
             self._by_key[state.key_id] = account_id
+            sums.count += 1
+            sums.digest += self.reader.seal.digest(STORE, account_id, version)
+        sums.digest %= DIGEST_MODULUS
+
+    def _check(self, p: int) -> None:
+        """Once ``p`` is read as far as its newest checkpoint says the market wrote, compare
+        what the replica holds there with the checkpoint's sums (once per checkpoint)."""
+        cp = self.book.latest.get(p)
+        if cp is None or self._checked.get(p) == cp.version:
+            return
+        want = cp.stores.get(STORE) or StoreSum()
+        if self._read_to.get(p, 0) < want.end:
+            return
+        self._checked[p] = cp.version
+        got = self._sums.get(p) or StoreSum()
+        if (got.count, got.digest) == (want.count, want.digest):
+            if self.unverified.pop(p, None) is not None:
+                log.warning("accounts of partition %d verify again (checkpoint %s)", p,
+                            tuple(cp.version))  # fmt: skip
+            return
+        self.unverified[p] = f"accounts: {got.count} held, {want.count} committed" + (
+            "" if got.count != want.count else ", other versions")
+        log.critical("account replica: partition %d's accounts are not what its checkpoint %s "
+                     "commits (%s): a changelog record was deleted or rolled back; its accounts "
+                     "are not used", p, tuple(cp.version), self.unverified[p])  # fmt: skip

@@ -20,17 +20,28 @@ reviewed for the pinned versions (:data:`PINNED`).
 * :func:`skip_table_settle` — ``TableManager.on_start`` is replaced without its 1 s sleep.
 * :func:`worker_class` — Faust's ``Worker`` with mode's private signal handlers and sentinel
   overridden (the stop deadline; no 1 s sleep before the loop closes).
-* The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_write` writes a
-  table's store with the bookkeeping Faust's own paths keep, :func:`set_current_event` sets the
-  "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a table's
-  changelog topic reading raw bytes, and :func:`verify_changelog` has recovery apply only the
-  records whose authenticator verifies (:mod:`streams.worker.state_mac`), decoded with our
-  codecs (:func:`register_codec`: Faust's codec extension point is its private
+* The table write path is bypassed (:mod:`streams.worker.tables`): :func:`store_put`,
+  :func:`store_get` and their kin read and write a table's store (objects in memory, sealed
+  records in RocksDB) with the bookkeeping Faust's own paths keep, :func:`set_current_event`
+  sets the "current event" Faust's stores read, :func:`rebuild_changelog_topic` remakes a
+  table's changelog topic reading raw bytes, and :func:`verify_changelog` has recovery apply only
+  the events the table admits (:mod:`streams.worker.history`: sealed by the market, committed,
+  newest), decoded by us (:func:`register_codec`: Faust's codec extension point is its private
   ``_dumps``/``_loads``).
-* Private reads: :func:`committed_offset` (consumer lag), :func:`producer_client` (broker
-  probes; :func:`topic_leaders` and :func:`latest_offsets`, the checks of the topics the market
-  publishes to, :mod:`streams.worker.topic_watch`).
+* :func:`install_takeover` — the rebalance, the end of recovery, the seek of the input
+  partitions and the offset commit are wrapped, so that a worker reads its partitions'
+  checkpoints before recovery, verifies and claims them after, seeks the inputs to the positions
+  its state proves, and checkpoints the offsets it commits (:mod:`streams.worker.recovery`).
+* Private reads and writes: :func:`committed_offset` (consumer lag) and
+  :func:`set_committed_offset`, :func:`producer_client` (broker probes; :func:`topic_leaders`
+  and :func:`latest_offsets`, the checks of the topics the market publishes to,
+  :mod:`streams.worker.topic_watch`).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
+* :func:`proving_assignor` — Faust's ``PartitionAssignor`` subclassed (Faust's own setting
+  installs it): each worker's JoinGroup metadata carries its membership proof, a leader gives a
+  member without one nothing and seals the assignment, and each worker checks the seal of its
+  own (:mod:`streams.worker.group_watch`); :func:`group_member` reads the coordinator's member
+  id and generation.
 
 **Changed only on the embedded Tansu broker** (:func:`install_tansu_compat`, ``--tansu``):
 
@@ -54,8 +65,10 @@ import asyncio
 import hashlib
 import importlib
 import inspect
+import json
 import logging
 import weakref
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,22 +85,33 @@ __all__ = [
     "RecoveredEvent",
     "Upstream",
     "attach_intake",
+    "attach_takeover",
     "committed_offset",
     "install_batched_intake",
+    "install_takeover",
     "install_tansu_compat",
     "intake_of",
     "latest_offsets",
     "learn_topics",
+    "partition_items",
+    "pause_inputs",
     "prefetch_backoff",
     "probe_broker",
     "producer_client",
     "quiet_libraries",
     "rebuild_changelog_topic",
     "register_codec",
+    "seek_input",
+    "set_committed_offset",
     "set_current_event",
+    "set_persisted_offset",
     "skip_table_settle",
     "source_sha256",
-    "store_write",
+    "store_get",
+    "store_is_serialized",
+    "store_keys",
+    "store_put",
+    "store_size",
     "topic_leaders",
     "track_unacked",
     "true_highwaters",
@@ -151,6 +175,24 @@ def _u(dist: str, module: str, names: str, use: str, by: str) -> list[Upstream]:
 
 _CONSUMER = "faust.transport.consumer"
 _DRIVER = "faust.transport.drivers.aiokafka"
+_ASSIGNOR = "faust.assignor.partition_assignor"
+_GROUPS = "aiokafka.consumer.group_coordinator"
+_MEMBERSHIP: tuple[Upstream, ...] = (
+    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor.metadata PartitionAssignor.assign "
+        "PartitionAssignor.on_assignment", "overridden", "proving_assignor"),
+    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor._perform_assignment "
+        "PartitionAssignor._protocol_assignments PartitionAssignor._compress "
+        "PartitionAssignor._decompress", "relied on", "proving_assignor"),
+    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._ensure_consumer "
+        "ConsumerRebalanceListener.on_partitions_assigned", "relied on", "group_member"),
+    *_u("aiokafka", _GROUPS, "CoordinatorGroupRebalance.perform_group_join "
+        "CoordinatorGroupRebalance._on_join_leader GroupCoordinator._perform_assignment "
+        "GroupCoordinator._on_join_complete", "relied on", "proving_assignor"),
+)
+"""What the membership proofs rely on: Faust's assignor (its metadata is JSON, its assignment
+zlib-compressed JSON, and it assigns exactly the members it is given), and aiokafka computing a
+member's metadata once per join, with the coordinator's member id, before JoinGroup (and its
+KIP-394 retry), and calling ``assign`` and ``on_assignment`` with the generation set."""
 UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _CONSUMER, "Consumer._drain_messages", "copied", "_drain_batches"),
     *_u("faust-streaming", _CONSUMER, "Consumer.getmany", "copied", "_deliver"),
@@ -173,10 +215,21 @@ UPSTREAM: tuple[Upstream, ...] = (
         "bypassed", "WriteBackTable"),
     *_u("faust-streaming", "faust.tables.base", "Collection._on_changelog_sent", "bypassed",
         "WriteBackTable.persisted"),
+    *_u("faust-streaming", "faust.tables.manager", "TableManager.on_rebalance", "wrapped",
+        "install_takeover"),
+    *_u("faust-streaming", "faust.tables.recovery",
+        "Recovery.on_recovery_completed Recovery._resume_streams", "wrapped", "install_takeover"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.perform_seek Consumer._commit_offsets",
+        "wrapped", "install_takeover"),
+    *_u("faust-streaming", _CONSUMER, "Consumer.seek Consumer.pause_partitions", "relied on",
+        "seek_input"),
+    *_u("faust-streaming", "faust.stores.rocksdb", "Store._db_for_partition Store._get "
+        "Store._iterkeys Store._visible_items Store.set_persisted_offset", "relied on",
+        "store_get"),
     *_u("faust-streaming", "faust.tables.base", "Collection._new_changelog_topic", "relied on",
         "rebuild_changelog_topic"),
     *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
-        "store_write"),
+        "store_put"),
     *_u("faust-streaming", "faust.tables.base", "Collection.apply_changelog_batch", "wrapped",
         "verify_changelog"),
     *_u("faust-streaming", "faust.stores.memory", "Store.apply_changelog_batch", "relied on",
@@ -186,7 +239,7 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", "faust.tables.recovery",
         "Recovery._restart_recovery.fun Recovery.flush_buffers", "relied on", "verify_changelog"),
     *_u("faust-streaming", "faust.stores.memory", "Store.on_recovery_completed", "relied on",
-        "store_write"),
+        "store_put"),
     *_u("faust-streaming", "faust.streams", "current_event", "relied on", "set_current_event"),
     *_u("faust-streaming", "faust.serializers.codecs", "Codec._dumps Codec._loads", "overridden",
         "register_codec"),
@@ -206,6 +259,7 @@ UPSTREAM: tuple[Upstream, ...] = (
         "tune_fetch_wait"),
     *_u("aiokafka", "aiokafka.consumer.fetcher", "Fetcher.__init__", "relied on",
         "tune_fetch_wait"),
+    *_MEMBERSHIP,
 )
 """Every upstream function behind this module, with what we do with it."""
 
@@ -551,59 +605,237 @@ def rebuild_changelog_topic(table: Any) -> None:
 
 
 @dataclass(frozen=True)
+class _RawMessage:
+    """A changelog message with another value: what RocksDB's recovery writes for a record
+    (its stamp, then its sealed value), with the fields its ``apply_changelog_batch`` reads."""
+
+    key: bytes
+    value: bytes | None
+    partition: int
+    offset: int
+    tp: Any
+
+
+@dataclass(frozen=True)
 class RecoveredEvent:
     """What Faust's stores read of a changelog event in ``apply_changelog_batch``: the
     decoded key and value (memory store) and the message (its raw key, value, partition and
-    offset: the RocksDB store writes those)."""
+    offset: the RocksDB store writes those). ``raw``, when given, replaces the message's value
+    for the RocksDB store."""
 
     key: Any
     value: Any
-    message: Any
+    original: Any
+    raw: bytes | None = None
+
+    @property
+    def message(self) -> Any:
+        m = self.original
+        if self.raw is None:
+            return m
+        return _RawMessage(m.key, self.raw, m.partition, m.offset, m.tp)
 
 
-def verify_changelog(table: Any, admit: Callable[[Any], tuple[Any, Any] | None]) -> None:
-    """Have Faust's recovery apply to ``table`` only the changelog records ``admit`` accepts.
+def verify_changelog(table: Any, admit: Callable[[list[Any]], list[RecoveredEvent]]) -> None:
+    """Have Faust's recovery apply to ``table`` only the changelog events ``admit`` returns.
 
-    ``admit`` receives each record's message (raw key, value, headers, topic, partition,
-    offset) and returns the decoded (key, value) to apply, or None to leave the store as it
-    was for that key. Recovery calls ``table.apply_changelog_batch`` with its buffered events
-    (after it has counted their offsets, so refusing one never stalls recovery); the table's
-    store then reads ``event.key``, ``event.value`` and ``event.message``
-    (:class:`RecoveredEvent`).
+    ``admit`` receives the messages of a buffered batch in order (raw key, value, headers,
+    topic, partition, offset) and returns the events to apply (:class:`RecoveredEvent`).
+    Recovery calls ``table.apply_changelog_batch`` with its buffered events (after it has
+    counted their offsets, so refusing one never stalls recovery); the table's store then
+    reads ``event.key``, ``event.value`` and ``event.message``.
     """
     apply = table.apply_changelog_batch
 
     def apply_changelog_batch(batch: Iterable[Any]) -> None:
-        kept = []
-        for event in batch:
-            got = admit(event.message)
-            if got is not None:
-                kept.append(RecoveredEvent(got[0], got[1], event.message))
-        apply(kept)
+        apply(admit([event.message for event in batch]))
 
     apply_changelog_batch.__wrapped__ = apply  # type: ignore[attr-defined]
     table.apply_changelog_batch = apply_changelog_batch
 
 
-def store_write(table: Any, key: str, value: Any, event: Any, *, delete: bool = False) -> None:
-    """Write (or ``delete``) one key of a Faust table's store directly, for ``event``.
+def store_is_serialized(table: Any) -> bool:
+    """Whether ``table``'s store keeps bytes (RocksDB) rather than objects (memory)."""
+    return hasattr(table.data, "_db_for_partition")
 
-    Keeps the bookkeeping Faust's own write and recovery paths keep: the "current event" the
-    RocksDB store picks its partition from, and the memory store's key → partition map, by
-    which it drops the keys of partitions revoked from this worker after a rebalance.
-    """
-    set_current_event(event)
+
+def store_get(table: Any, key: str, partition: int | None = None) -> Any:
+    """What ``table``'s store holds for ``key`` (None if nothing): the object in memory, the
+    bytes in RocksDB (looked up in ``partition``'s database when given, else where Faust's
+    key index or the current event says)."""
     store = table.data
-    if delete:
-        store.pop(key, None)
-    else:
-        store[key] = value
-    key_partition = getattr(store, "_key_partition", None)
-    if key_partition is not None:
-        if delete:
-            key_partition.pop(key, None)
+    if not store_is_serialized(table):
+        return store.data.get(key)
+    raw = key.encode("utf-8")
+    if partition is not None:
+        return store._db_for_partition(partition).get(raw)
+    return store._get(raw)
+
+
+def store_put(table: Any, key: str, partition: int, stored: Any) -> None:
+    """Write (``stored``) or delete (None) ``key`` of ``partition`` in ``table``'s store, with
+    the bookkeeping Faust's own paths keep: the memory store's key → partition map (by which it
+    drops revoked partitions' keys) and RocksDB's key index."""
+    store = table.data
+    if not store_is_serialized(table):
+        if stored is None:
+            store.data.pop(key, None)
+            store._key_partition.pop(key, None)
         else:
-            key_partition[key] = event.message.partition
+            store.data[key] = stored
+            store._key_partition[key] = partition
+        return
+    raw = key.encode("utf-8")
+    db = store._db_for_partition(partition)
+    if stored is None:
+        db.delete(raw)
+        store._key_index.pop(raw, None)
+    else:
+        db.put(raw, stored)
+        store._key_index[raw] = partition
+
+
+def store_keys(table: Any) -> Iterable[str]:
+    """Every key ``table``'s store holds (its assigned partitions')."""
+    store = table.data
+    if not store_is_serialized(table):
+        keys: Iterable[str] = store.data.keys()
+        return keys
+    return (k.decode("utf-8") for k in store._iterkeys())
+
+
+def store_size(table: Any) -> int:
+    """How many keys ``table``'s store holds."""
+    store = table.data
+    return len(store.data) if not store_is_serialized(table) else sum(1 for _ in store._iterkeys())
+
+
+def partition_items(table: Any, partition: int) -> Iterable[tuple[str, Any]]:
+    """Every (key, stored) of ``partition`` in ``table``'s store."""
+    store = table.data
+    if not store_is_serialized(table):
+        data = store.data
+        return [(k, data[k]) for k, p in store._key_partition.items() if p == partition]
+    db = store._db_for_partition(partition)
+    return ((k.decode("utf-8"), v) for k, v in store._visible_items(db))
+
+
+def set_persisted_offset(table: Any, topic: str, partition: int, offset: int) -> None:
+    """Record ``offset`` of ``topic``'s ``partition`` as the last one ``table``'s RocksDB store
+    has applied (recovery resumes after it)."""
+    from faust.types import TP  # noqa: PLC0415
+
+    table.data.set_persisted_offset(TP(topic, partition), offset)
+
+
+# --- taking partitions on -------------------------------------------------------------------
+
+_TAKEOVERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def attach_takeover(app: Any, takeover: Any) -> None:
+    """Have ``app``'s rebalances, seeks and commits go through ``takeover``
+    (:class:`streams.worker.recovery.Takeover`), once :func:`install_takeover` has patched
+    Faust."""
+    _TAKEOVERS[app] = takeover
+
+
+def install_takeover() -> None:
+    """Patch Faust (process-wide, idempotent; apps without a takeover are unchanged) so that
+
+    * ``TableManager.on_rebalance`` first awaits ``takeover.prepare(assigned, revoked)`` (the
+      checkpoints of the partitions newly assigned, read before table recovery starts);
+    * ``Recovery.on_recovery_completed`` and ``Recovery._resume_streams`` (the two ways a
+      rebalance ends: after recovering tables, or with nothing to recover) first await
+      ``takeover.recovered()``, which verifies and claims the partitions just recovered;
+    * ``Consumer.perform_seek`` (Faust seeks the input partitions to the group's committed
+      offsets there: when a rebalance ends, and when a fetch returns while the flow is
+      stopped) then awaits ``takeover.resume(consumer)``, which seeks them to the positions
+      the state proves;
+    * ``Consumer._commit_offsets`` first awaits ``takeover.commit_positions(offsets)``, which
+      checkpoints the offsets and returns those that may be committed.
+    """
+    from faust.tables.manager import TableManager  # noqa: PLC0415
+    from faust.tables.recovery import Recovery  # noqa: PLC0415
+    from faust.transport.consumer import Consumer  # noqa: PLC0415
+
+    if getattr(Consumer.perform_seek, "_emarket", False):
+        return
+    _patch(TableManager, "on_rebalance", _before_rebalance)
+    _patch(Recovery, "on_recovery_completed", _after_recovery)
+    _patch(Recovery, "_resume_streams", _after_recovery)
+    _patch(Consumer, "perform_seek", _after_seek)
+    _patch(Consumer, "_commit_offsets", _before_commit)
+
+
+def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``cls.name`` by ``make(original)``, marked as ours."""
+    original = getattr(cls, name)
+    fn = make(original)
+    fn._emarket = True
+    fn.__wrapped__ = original
+    setattr(cls, name, fn)
+
+
+def _before_rebalance(on_rebalance: Any) -> Any:
+    async def patched(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
+                      generation_id: int = 0) -> None:  # fmt: skip
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.prepare(set(assigned), set(revoked))
+        await on_rebalance(self, assigned, revoked, newly_assigned, generation_id)
+
+    return patched
+
+
+def _after_recovery(original: Any) -> Any:
+    async def patched(self: Any, generation_id: int = 0) -> None:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.recovered()
+        await original(self, generation_id)
+
+    return patched
+
+
+def _after_seek(perform_seek: Any) -> Any:
+    async def patched(self: Any) -> None:
+        await perform_seek(self)
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            await takeover.resume(self)
+
+    return patched
+
+
+def _before_commit(commit_offsets: Any) -> Any:
+    async def patched(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        takeover = _TAKEOVERS.get(self.app)
+        if takeover is not None:
+            offsets = await takeover.commit_positions(offsets)
+            if not offsets:
+                return False
+        done: bool = await commit_offsets(self, offsets,
+                                          start_new_transaction=start_new_transaction)  # fmt: skip
+        return done
+
+    return patched
+
+
+async def seek_input(consumer: Any, tp: Any, offset: int) -> None:
+    """Seek an input partition of Faust's consumer to ``offset`` (its read offset follows)."""
+    await consumer.seek(tp, offset)
+
+
+def set_committed_offset(consumer: Any, tp: Any, offset: int) -> None:
+    """What Faust believes is committed for ``tp`` (it commits only offsets past it, and the
+    worker's lag is measured from it): the proven position, not someone else's commit."""
+    consumer._committed_offset[tp] = offset
+
+
+def pause_inputs(consumer: Any, tps: Iterable[Any]) -> None:
+    """Stop fetching ``tps`` (a partition this worker does not serve)."""
+    consumer.pause_partitions(tps)
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -775,3 +1007,107 @@ def install_tansu_compat() -> None:
     AIOKafkaConsumerThread._highwaters = _highwaters  # type: ignore[method-assign]
     GroupCoordinator._maybe_leave_group = _maybe_leave_group
     _tansu_installed = True
+
+
+# --- group membership (issue #39) -------------------------------------------------------------
+# Kept apart from the rest of the boundary: Faust's assignor, wrapped by a subclass (installed
+# through Faust's public ``PartitionAssignor`` setting), and the coordinator's member id and
+# generation, read where Faust itself reads them.
+
+__all__ += ["group_member", "proving_assignor"]
+
+
+def group_member(app: Any) -> tuple[str, int]:
+    """This worker's member id in its consumer group ("" before the broker gave it one) and
+    the group's generation, as aiokafka's coordinator holds them (Faust reads the generation
+    the same way, ``ConsumerRebalanceListener.on_partitions_assigned``). Call it on the
+    consumer's thread."""
+    coordinator = app.consumer._thread._ensure_consumer()._coordinator
+    return coordinator.member_id or "", int(coordinator.generation)
+
+
+def _pairs(assignment: Iterable[tuple[str, Iterable[int]]]) -> list[tuple[str, int]]:
+    """(topic, partition) pairs of a Kafka protocol assignment."""
+    return [(t, int(p)) for t, ps in assignment for p in ps]
+
+
+def _assignment_object(assignor: Any, user_data: bytes) -> dict[str, Any] | None:
+    """The JSON object of a Faust assignment's user data (Faust compresses it), or None."""
+    try:
+        obj = json.loads(assignor._decompress(user_data))
+    except (ValueError, zlib.error, UnicodeDecodeError, TypeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _nothing(assignor: Any, metadata: Any) -> Any:
+    """An empty assignment a Faust worker accepts: its own URL, no partitions."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment  # noqa: PLC0415
+    from faust.assignor.client_assignment import ClientAssignment, ClientMetadata  # noqa: PLC0415
+
+    try:
+        url = str(ClientMetadata.loads(metadata.user_data).url)
+    except Exception:  # a stranger's metadata: it gets an empty URL
+        url = ""
+    empty = ClientMetadata(assignment=ClientAssignment(actives={}, standbys={}), url=url,
+                           changelog_distribution={}, external_topic_distribution={},
+                           topic_groups={})  # fmt: skip
+    return ConsumerProtocolMemberAssignment(assignor.version, [],
+                                            assignor._compress(empty.dumps()))  # fmt: skip
+
+
+def _sealed(assignor: Any, assignment: Any, seal: dict[str, Any]) -> Any:
+    """``assignment`` with ``seal`` in its user data's JSON (Faust keeps keys it does not know)."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment  # noqa: PLC0415
+
+    from .assignment_seal import SEAL_FIELD  # noqa: PLC0415
+
+    obj = _assignment_object(assignor, assignment.user_data) or {}
+    obj[SEAL_FIELD] = seal
+    data = assignor._compress(json.dumps(obj, separators=(",", ":")).encode())
+    return ConsumerProtocolMemberAssignment(assignment.version, assignment.assignment, data)
+
+
+def proving_assignor(watch: Any) -> type[Any]:
+    """Faust's ``PartitionAssignor`` with the market's membership proofs (``watch``: a
+    :class:`streams.worker.group_watch.GroupWatch`).
+
+    * ``metadata``: Faust's JoinGroup metadata, with this worker's proof in its JSON
+      (``watch.metadata``), bound to its member id once it has one;
+    * ``assign`` (on the leader): Faust assigns the members whose proofs stand; every other
+      member gets an empty assignment in Faust's form (it still answers the protocol), and
+      every assignment carries the leader's seal of the whole (``watch.seal``);
+    * ``on_assignment``: the seal of this worker's assignment goes to ``watch.assigned``
+      before Faust reads the assignment (which may raise on a stranger's bytes).
+    """
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata  # noqa: PLC0415
+    from faust.assignor import PartitionAssignor  # noqa: PLC0415
+
+    from .assignment_seal import SEAL_FIELD  # noqa: PLC0415
+
+    class ProvingAssignor(PartitionAssignor):
+        def metadata(self, topics: Any) -> Any:
+            meta = super().metadata(topics)
+            member_id, _ = group_member(self.app)
+            return ConsumerProtocolMemberMetadata(meta.version, meta.subscription,
+                                                  watch.metadata(meta.user_data, member_id))
+
+        def assign(self, cluster: Any, member_metadata: Any) -> Any:
+            leader, generation = group_member(self.app)
+            refused = watch.judge({m: md.user_data for m, md in member_metadata.items()},
+                                  leader)  # fmt: skip
+            proven = {m: md for m, md in member_metadata.items() if m not in refused}
+            result = dict(super().assign(cluster, proven)) if proven else {}
+            result.update({m: _nothing(self, member_metadata[m]) for m in refused})
+            given = {m: _pairs(a.assignment) for m, a in result.items() if m not in refused}
+            seal = watch.seal(generation, leader, given, refused)
+            return {m: _sealed(self, a, seal) for m, a in result.items()}
+
+        def on_assignment(self, assignment: Any) -> None:
+            member_id, generation = group_member(self.app)
+            obj = _assignment_object(self, assignment.user_data)
+            seal = None if obj is None else obj.get(SEAL_FIELD)
+            watch.assigned(generation, member_id, _pairs(assignment.assignment), seal)
+            super().on_assignment(assignment)
+
+    return ProvingAssignor

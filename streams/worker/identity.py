@@ -16,7 +16,7 @@ refused, not served: this version no longer has v1's samplers, and serving it wi
 re-noise every level it sold.
 
 The record also names the format of the authenticators on the market's state records
-(``state_format``, :mod:`streams.worker.state_mac`). A market made before them has changelogs
+(``state_format``, :mod:`streams.worker.state_records`). A market made before them has changelogs
 whose records carry none: a worker of this version would refuse every one of them as forged and
 start empty, so it refuses to start instead, saying so (there is no migration: signing the old
 records now would vouch for whatever a stranger had appended to them).
@@ -45,7 +45,7 @@ from market.histogram_chain import noise_check_histogram
 from ..core import MarketKeys
 from ..wire.events import MarketIdentity
 from ..wire.topics import Topics
-from .state_mac import VERSION as STATE_FORMAT
+from .state_records import FORMAT as STATE_FORMAT
 
 __all__ = ["MarketIdentityError", "check_identity", "identity_of"]
 
@@ -148,9 +148,12 @@ def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: st
             "release that made it"
         )
     raise MarketIdentityError(
-        f"this market's state records carry authenticators of state format "
-        f"v{theirs.state_format} (recorded in {topic}); this worker reads v{ours.state_format}. "
-        "Serve it with the epsilon-market release that made it"
+        f"this market's state records are of state format v{theirs.state_format} (recorded in "
+        f"{topic}); this worker reads v{ours.state_format} (sealed, versioned records committed "
+        "by checkpoints, docs/protocol.md §3). There is no migration: vouching now for the old "
+        "records would vouch for whatever was appended to them. Start a new market with a new "
+        "--prefix (its accounts, streams and holdings do not carry over), or keep serving this "
+        "one with the epsilon-market release that made it"
     )
 
 

@@ -20,9 +20,18 @@ from prometheus_client import (
 )
 
 from ..core.outputs import Outcome
-from .state_mac import STORES
+from ..core.state import Stores
+from .history import PROGRESS
+from .membership import REFUSALS
 
-__all__ = ["DEAD_LETTER_KINDS", "TOPIC_KINDS", "Metrics", "build_metrics", "dead_letter_kind"]
+__all__ = [
+    "DEAD_LETTER_KINDS",
+    "REFUSED_REASONS",
+    "TOPIC_KINDS",
+    "Metrics",
+    "build_metrics",
+    "dead_letter_kind",
+]
 
 NS = "emarket"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -44,6 +53,10 @@ class Metrics:
     rejections: Counter
     dead_letters: Counter
     state_refused: Counter
+    state_copies: Counter
+    state_uncommitted: Counter
+    partitions_unverified: Gauge
+    offsets_ahead: Counter
     purchase_latency: Histogram
     batch_size: Histogram
     privacy_spent: Gauge
@@ -60,6 +73,10 @@ class Metrics:
     stalled: Gauge
     last_batch: Gauge
     inboxes_waiting: Gauge
+    group_refused: Counter
+    group_untrusted: Gauge
+    group_unproven_partitions: Gauge
+    group_unproven_members: Gauge
     topics_recreated: Counter
     catalog_republished: Counter
     broker_is_up: bool = field(default=False, init=False)
@@ -194,9 +211,26 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                      "error (too_large, unauthorized, unknown_topic, other)",
                      ["reason"], {}),
     "state_refused": (Counter, "state_records_refused",
-                      "Changelog records read back (table recovery, account replica) without "
-                      "the market's valid authenticator: refused, never applied, by store",
-                      ["store"], {}),
+                      "Changelog records read back (table recovery, account replica) refused, "
+                      "never applied, by store and reason: forged (no valid seal), moved "
+                      "(another partition's), older (a record appended again after a newer "
+                      "one: a rollback), checkpoint (an older checkpoint), foreign (appended to "
+                      "a partition this worker writes)", ["store", "reason"], {}),
+    "state_copies": (Counter, "state_records_copies",
+                     "Changelog records read back that repeat the version already held (a "
+                     "producer's retry, or a copy someone appended): changed nothing", ["store"],
+                     {}),
+    "state_uncommitted": (Counter, "state_records_uncommitted",
+                          "Changelog records of batches lost before their checkpoint: never "
+                          "applied", ["store"], {}),
+    "partitions_unverified": (Gauge, "partitions_unverified",
+                              "Partitions whose state read back is not what their checkpoint "
+                              "commits, by reader: tables (assigned here: not served), replica "
+                              "(their accounts not used)", ["reader"], {}),
+    "offsets_ahead": (Counter, "offsets_ahead",
+                      "Consumer-group offsets found ahead of the position this worker's state "
+                      "proves (committed by someone else): ignored, the events processed; by "
+                      "input (accounts, registrations, values, purchases)", ["input"], {}),
     "purchase_latency": (Histogram, "purchase_latency_seconds",
                          "Time from a purchase's broker timestamp to its outcome being "
                          "acknowledged", [], {"buckets": LATENCY_BUCKETS}),
@@ -240,6 +274,22 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                         "Inbox topics (or the catalog) queued for creation, their outputs held "
                         "(new accounts, or topics found gone and made again)",
                         [], {}),
+    "group_refused": (Counter, "group_members_refused",
+                      "Members of the workers' consumer group this worker, as its leader, gave "
+                      "nothing: they did not prove they are workers of this market (reason: "
+                      + ", ".join(REFUSALS) + ")", ["reason"], {}),
+    "group_untrusted": (Gauge, "group_untrusted",
+                        "1 while /health says 'untrusted_group' (same rule): input partitions "
+                        "not all held by proven workers, a leader that is not one, or this "
+                        "worker refused its place; else 0", [], {}),
+    "group_unproven_partitions": (Gauge, "group_unproven_partitions",
+                                  "Input partitions not held by a proven worker of this market, "
+                                  "as this worker sees its consumer group (held by a member "
+                                  "without a proof, under a leader without one, or by nobody); "
+                                  "/health is 503 while above 0", [], {}),
+    "group_unproven_members": (Gauge, "group_unproven_members",
+                               "Members of the workers' consumer group without a valid proof "
+                               "that they are workers of this market", [], {}),
     "topics_recreated": (Counter, "topics_recreated",
                          "Topics the market publishes to (kind: inbox, catalog) found missing, "
                          "emptied or with the wrong partition count, and made again with their "
@@ -268,8 +318,15 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.releases.labels(kind)
     for kind in DEAD_LETTER_KINDS:  # at 0 from the start: the first dead letter is an increase
         m.dead_letters.labels(kind)
-    for store in STORES:  # the same for the first forged state record
-        m.state_refused.labels(store)
+    for store in (*Stores.NAMES, PROGRESS):  # the same for the first refused state record
+        for reason in REFUSED_REASONS:
+            m.state_refused.labels(store, reason)
+    for reader in ("tables", "replica"):
+        m.partitions_unverified.labels(reader).set(0)
+    for kind in INPUT_KINDS:
+        m.offsets_ahead.labels(kind)
+    for reason in REFUSALS:  # and for the first stranger refused a place in the group
+        m.group_refused.labels(reason)
     for kind in TOPIC_KINDS:  # and for the first topic someone deleted
         m.topics_recreated.labels(kind)
     return m
@@ -278,6 +335,13 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
 #: ``kind`` label of ``emarket_topics_recreated_total``: the topics the market publishes to
 #: from its own state, and makes again when they go missing
 TOPIC_KINDS = ("inbox", "catalog")
+
+
+#: ``input`` label of ``emarket_offsets_ahead_total``: the input topics, named without prefix
+INPUT_KINDS = ("accounts", "registrations", "values", "purchases")
+
+#: ``reason`` label of ``emarket_state_records_refused_total`` (:mod:`streams.worker.history`)
+REFUSED_REASONS = ("forged", "moved", "older", "checkpoint", "foreign")
 
 #: ``reason`` label of ``emarket_dead_letters_total``: a closed set, so that every series
 #: exists at 0 before its first dead letter (an alert on ``increase`` sees the first one) and

@@ -67,11 +67,14 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
 async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     """Wait for the broker, create the market's topics, and check the market's identity."""
     from .identity import check_identity  # noqa: PLC0415
+    from .progress import progress_spec  # noqa: PLC0415
 
     auth = settings.aiokafka_auth()
     topics = Topics(settings.prefix, settings.partitions)
     await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
+    await ensure_topics(settings.bootstrap, [progress_spec(settings.app_id, settings.partitions)],
+                        settings.replication, **auth)  # fmt: skip
     await check_input_partitions(settings.bootstrap, topics, **auth)
     await check_identity(settings.bootstrap, topics, keys, **auth)
 
@@ -142,16 +145,23 @@ class ChildWorker:
             body = resp.read()
         return json.loads(body) if path != "/metrics" else body.decode()
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
+    def wait_healthy(self, timeout: float = 60.0, *, ok_only: bool = True) -> None:
+        """Return once ``/health`` answers ok (or, without ``ok_only``, answers at all: a
+        worker that reports a problem answers 503)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(
                     f"worker exited with status {self.proc and self.proc.returncode}"
                 )
-            with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            try:
                 self.get("/health", timeout=max(1.0, min(10.0, deadline - time.monotonic())))
                 return
+            except urllib.error.HTTPError:
+                if not ok_only:
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
             time.sleep(0.2)
         raise TimeoutError(f"worker on {self.url} not healthy within {timeout}s")
 

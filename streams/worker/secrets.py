@@ -11,8 +11,8 @@ Secrets are never logged: :class:`MarketKeys` has a redacting ``repr``. The nois
 sensitive as the exact values (with it and the stored state, noise can be recomputed); the
 signing key lets whoever holds it forge receipts.
 
-The key that authenticates the market's state records (:mod:`streams.worker.state_mac`) is not
-a third secret to keep: it is derived from the noise secret (:func:`state_mac_key`), which every
+The key that authenticates the market's state records (:mod:`streams.worker.state_records`) is not
+a third secret to keep: it is derived from the noise secret (:func:`state_keys`), which every
 worker of a market must share already (:mod:`streams.worker.identity` checks it). The operators'
 credential for per-buyer pages (:attr:`MarketKeys.operator_token`) is written beside the keys,
 to ``operator_token`` in the data directory (mode 0600), where ``epsilon-market ledger`` reads it.
@@ -36,27 +36,49 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["OPERATOR_TOKEN_FILE", "STATE_MAC_LABEL", "load_or_create_keys", "state_mac_key",
-           "write_operator_token"]
+__all__ = ["MEMBERSHIP_LABEL", "OPERATOR_TOKEN_FILE", "STATE_DIGEST_LABEL", "STATE_SEAL_LABEL",
+           "load_or_create_keys", "membership_key", "state_keys", "write_operator_token"]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
 OPERATOR_TOKEN_FILE = "operator_token"
 
-STATE_MAC_LABEL = b"emarket state-mac key v1"
-"""What the noise secret MACs to give the state key (``docs/protocol.md`` §3.2): a label no
-other derivation from the secret uses (the fingerprint's, the sealing keys' and the nonces'
-labels all differ from it and none is a prefix of it)."""
+STATE_SEAL_LABEL = b"emarket state seal key v2"
+"""What the noise secret MACs to give the key that seals state records (``docs/protocol.md``
+§3.2): a label no other derivation from the secret uses (the fingerprint's, the sealing keys'
+and the nonces' labels all differ from it and none is a prefix of another)."""
+STATE_DIGEST_LABEL = b"emarket state digest key v2"
+"""The same for the key of the partitions' digests (``docs/protocol.md`` §3.4)."""
 
 
-def state_mac_key(noise_secret: bytes) -> bytes:
-    """The key of the market's state-record tags: ``HMAC-SHA256(noise_secret, STATE_MAC_LABEL)``.
+def state_keys(noise_secret: bytes) -> tuple[bytes, bytes]:
+    """The keys of the market's state records: ``(seal key, digest key)``, each
+    ``HMAC-SHA256(noise_secret, label)``.
 
-    A key of its own (domain separation) rather than the noise secret itself, so that the
-    MACs over state records, which anyone can read on the changelogs, are never outputs of a
-    function that also gives noise, sealing keys or nonces.
+    Keys of their own (domain separation) rather than the noise secret itself, so that what
+    anyone can read on the changelogs (sealed records, their tags, checkpoints' digest sums) is
+    never an output of a function that also gives noise, sealing keys or nonces.
     """
-    return hmac.new(noise_secret, STATE_MAC_LABEL, "sha256").digest()
+    return (hmac.new(noise_secret, STATE_SEAL_LABEL, "sha256").digest(),
+            hmac.new(noise_secret, STATE_DIGEST_LABEL, "sha256").digest())  # fmt: skip
+
+
+MEMBERSHIP_LABEL = b"emarket membership key v1"
+"""What the noise secret MACs to give the key of the workers' group-membership proofs
+(``docs/protocol.md`` §13.1): a label of its own, no other derivation's prefix."""
+
+
+def membership_key(noise_secret: bytes) -> bytes:
+    """The key workers prove their group membership under:
+    ``HMAC-SHA256(noise_secret, MEMBERSHIP_LABEL)``.
+
+    A key of its own, not the state key: membership proofs travel in the consumer group's
+    metadata, which every member of the group (and on Kafka whoever may describe the group)
+    reads, and a tag there must never be a valid tag of a state record, nor the other way
+    round. Like the state key it is derived, not kept: every worker of a market shares the
+    noise secret already, and a worker that cannot derive it cannot prove it belongs.
+    """
+    return hmac.new(noise_secret, MEMBERSHIP_LABEL, "sha256").digest()
 
 
 def _write_secret(path: Path, data: bytes) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -142,20 +143,31 @@ def metrics_text(metrics: Metrics) -> bytes:
 
 
 def health(
-    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int
+    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int,
+    unverified: Mapping[str, str] | None = None,
+    group: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``/health``: "ok", else "degraded" (the broker does not answer) or "stalled" (see
-    :func:`is_stalled`, with ``EMARKET_STALL_SECONDS``); both served as 503."""
+    """``/health``: "ok", else "degraded" (the broker does not answer), "unverified" (state
+    recovered here is not what its checkpoint commits: ``unverified`` says where and how),
+    "untrusted_group" (input partitions are not all held by proven workers of this market, or
+    this worker was refused its place: ``group`` says which and why,
+    :mod:`streams.worker.group_watch`) or "stalled" (see :func:`is_stalled`, with
+    ``EMARKET_STALL_SECONDS``); all served as 503."""
     now = time.time()
     last = metrics.last_batch_at
     running = metrics.batch_started_at
     status = "ok"
     if not metrics.broker_is_up:
         status = "degraded"
+    elif unverified:
+        status = "unverified"
+    elif group is not None and not group["ok"]:
+        status = "untrusted_group"
     elif is_stalled(metrics, settings.stall_seconds, started, pending):
         status = "stalled"
     return {
         "status": status,
+        "unverified": dict(unverified or {}),
         "input_pending": pending,
         "app_id": settings.app_id,
         "broker": settings.broker,
@@ -163,6 +175,7 @@ def health(
         "last_batch_age_s": None if last is None else round(now - last, 3),
         "running_batch_age_s": None if running is None else round(now - running, 3),
         "market_key_id": keys.key_id,
+        "group": group,
     }
 
 

@@ -56,15 +56,18 @@ class Market:
         self.topics = Topics(self.settings.prefix, self.settings.partitions)
         self.workers: list[ChildWorker] = []
 
-    def start_worker(self, **overrides: Any) -> ChildWorker:
-        return self.start_worker_env({}, **overrides)
+    def start_worker(self, *, healthy: bool = True, **overrides: Any) -> ChildWorker:
+        """A worker of this market; waits until its /health answers ok (with ``healthy``)
+        or at all (without: a test of a worker that says it is not ok)."""
+        return self.start_worker_env({}, healthy=healthy, **overrides)
 
-    def start_worker_env(self, env: dict[str, str], **overrides: Any) -> ChildWorker:
+    def start_worker_env(self, env: dict[str, str], *, healthy: bool = True,
+                         **overrides: Any) -> ChildWorker:  # fmt: skip
         n = len(self.workers)
         s = replace(self.settings, web_port=find_free_port(), **overrides)
         w = ChildWorker(s, log_path=self.tmp / f"worker{n}.log", env=env).start()
         self.workers.append(w)
-        w.wait_healthy(timeout=60)
+        w.wait_healthy(timeout=60, ok_only=healthy)
         return w
 
     def client(self, party: Party | None = None) -> MarketClient:

@@ -534,10 +534,9 @@ def test_a_purchase_too_old_by_one_clock_is_too_old_on_every_worker() -> None:
 
 
 def test_one_purchase_id_on_two_streams_is_two_purchases_wherever_they_are_kept() -> None:
-    """Third round: records were keyed by buyer and purchase id but kept in their stream's
-    partition, so one id on two streams was two records under one key; a worker restoring both
-    partitions kept one, and the other purchase was fulfilled again. Keys now name the stream;
-    records written before (``buyer/purchase_id``) are still found for their stream."""
+    """Records were once keyed by buyer and purchase id but kept in their stream's partition, so
+    one id on two streams was two records under one key; a worker restoring both partitions kept
+    one, and the other purchase was fulfilled again. Keys name the stream."""
     c = new_core()
     for sid in ("s1", "s4"):
         c.handle(T.registrations, registration(sid))
@@ -546,22 +545,7 @@ def test_one_purchase_id_on_two_streams_is_two_purchases_wherever_they_are_kept(
     assert [c.handle(T.purchases, p).status for p in (first, second)] == ["fulfilled"] * 2
     assert sorted(c.stores.purchases) == ["alice/s1/order-1", "alice/s4/order-1"]
     assert [c.handle(T.purchases, p).status for p in (first, second)] == ["duplicate"] * 2
-    legacy = c.stores.purchases.pop("alice/s1/order-1")  # as an older version stored it
-    c.stores.purchases["alice/order-1"] = legacy
-    assert c.handle(T.purchases, first).status == "duplicate"
     assert c.stores.streams["s1"].holders["alice"].purchases == 1
-    # fourth round: an older version kept one id on two streams as one key; a worker restoring
-    # both partitions kept s4's, and s1's resend was fulfilled again. It is refused, as before.
-    c.stores.purchases["alice/order-1"] = c.stores.purchases.pop("alice/s4/order-1")
-    c.stores.purchases.pop("alice/s1/order-1", None)
-    out = c.handle(T.purchases, first)
-    assert (out.reason, out.price_minor) == ("idempotency_key_reused", 0)
-    assert c.stores.streams["s1"].holders["alice"].purchases == 1
-    # fifth round: that refusal is recorded in s1's own partition, so a worker that holds s1
-    # but not the legacy record refuses the copy too
-    assert c.stores.purchases["alice/s1/order-1"].status == "rejected"
-    del c.stores.purchases["alice/order-1"]
-    assert c.handle(T.purchases, first).status == "duplicate"
 
 
 def test_a_replayed_purchase_rewrites_its_stream_at_most_once_a_step() -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import pytest
 
 from streams.core import EvictedValue, MarketCore, PurchaseRecord, Stores
 from streams.core.codecs import CODECS, decode_purchase, decode_value, encode_purchase, encode_value
@@ -71,15 +72,14 @@ def test_records_a_market_keeps_are_within_the_bounds() -> None:
     assert len(marks) == 4 and max(map(len, marks)) <= VALUE_MARK_BYTES
 
 
-def test_an_earlier_versions_records_are_read() -> None:
-    outcome = {"type": "purchase_fulfilled", "level_before": 0.5, "level_after": 1.0,
-               "releases": [{"seq": 3}, {"seq": 4}]}  # fmt: skip
-    old = {"fingerprint": "ab" * 32, "status": "fulfilled", "stream_id": "temp",
-           "price_minor": 50, "payload": json.dumps(outcome), "requested_at_ms": 7}  # fmt: skip
-    rec = decode_purchase(json.dumps(old).encode())
-    assert (rec.level_after, rec.price_minor, rec.first_seq, rec.count) == (1.0, 50, 3, 2)
-    assert rec.payload == json.dumps(outcome)  # answered verbatim, as before
-    assert decode_value(b"EVIC12:" + b"ab" * 32 + b":99") == EvictedValue(12, "ab" * 32, 99)
+def test_a_mark_whose_digest_is_not_a_sha256_is_kept_as_text() -> None:
+    odd = EvictedValue(12, "not-a-sha:256", 99)
+    data = encode_value(odd)
+    assert data.startswith(b"EVIC") and decode_value(data) == odd
+    sha = EvictedValue(12, "ab" * 32, 99)
+    assert len(encode_value(sha)) == 52 and decode_value(encode_value(sha)) == sha
+    with pytest.raises(ValueError, match="not a purchase record"):
+        decode_purchase(b'{"fingerprint": "ab"}')
 
 
 # -- resends ---------------------------------------------------------------------------------------

@@ -1,14 +1,14 @@
-"""Records a stranger appends to the changelogs change nothing, after a restart or live (#29).
+"""Records a stranger appends to the changelogs change nothing, after a restart or live (#29, #39).
 
 The embedded broker lets anyone write any topic. A stranger (mallory) appends, to each of the
-five changelogs, records the market never wrote: alice's account mapped to mallory's keys
-(without a tag, with a made-up tag, and bob's genuine record moved under alice's id), a forged
-deletion of seller1's account, mallory as a holder of alice's stream, mallory as the seller of
-that stream (its registration rewritten), forged deletions of alice's purchase record, and
-release states moved to another value. The worker is restarted
-and rebuilds its tables and its account replica from those changelogs: alice still buys,
-her purchase replayed is not charged again, mallory's purchase signed as alice is refused, and
-the refusals are counted by store and logged with topic, partition and offset.
+five changelogs, records the market never sealed: alice's account mapped to mallory's keys
+(without a stamp, with a made-up stamp and garbage), bob's genuine record moved under alice's id
+or to another partition, a forged deletion of seller1's account, a made-up stream record, a
+registration rewritten, forged deletions of alice's purchase record, and release states moved to
+another value. The worker is restarted and rebuilds its tables and its account replica from
+those changelogs: alice still buys, her purchase replayed is not charged again, mallory's
+purchase signed as alice is refused, and the refusals are counted by store and reason and logged
+with topic, partition and offset.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from aiokafka.structs import ConsumerRecord
 from streams.clients.client import MarketClient, now_ms
 from streams.wire.events import LinearLevelSpec, PurchaseFulfilled
 from streams.wire.signing import key_id_of
+from streams.worker.secrets import state_keys
+from streams.worker.state_records import StateSeal
 
 from . import helpers
 from .conftest import Market
 from .helpers import buy, party
+from .test_counts import TEST_KEYS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -61,61 +64,70 @@ async def read_changelog(market: Market, store: str) -> list[ConsumerRecord[byte
         await consumer.stop()
 
 
+def opened(store: str, rec: ConsumerRecord[bytes, bytes]) -> bytes | None:
+    """A changelog record's plaintext, opened with the test market's noise secret (what only
+    the market, or an auditor holding its secret, can do; None for a deletion)."""
+    got = StateSeal(*state_keys(TEST_KEYS.noise_secret)).open(store, rec.key, rec.value,
+                                                              rec.headers)  # fmt: skip
+    assert not isinstance(got, str), got
+    return got.plaintext
+
+
 def latest(records: list[ConsumerRecord[bytes, bytes]], key: Callable[[bytes], bool]) -> Any:
     found = [r for r in records if r.key is not None and key(r.key) and r.value is not None]
     assert found, "no such record on the changelog"
     return found[-1]
 
 
-def mallory_as_alice(alice: Any) -> bytes:
-    state = json.loads(alice.value)
+def mallory_as_alice() -> bytes:
     mallory = party("mallory")
-    state.update(signing_key=mallory.public_key, version=state["version"] + 1,
-                 key_id=key_id_of(mallory.public_key))  # fmt: skip
-    return json.dumps(state).encode()
+    return json.dumps({"account_id": "alice", "version": 2, "signing_key": mallory.public_key,
+                       "key_id": key_id_of(mallory.public_key), "opened_at_ms": 1,
+                       "updated_at_ms": 2}).encode()  # fmt: skip
+
+
+def made_up_stamp(partition: int, seal: bool = False) -> list[tuple[str, bytes]]:
+    stamp = b"\x02" + partition.to_bytes(4, "big") + os.urandom(21)
+    return [("emarket-state", stamp + (os.urandom(40) if seal else b""))]
 
 
 async def forgeries(market: Market) -> dict[str, list[Forgery]]:
     """What mallory appends, by store (read from the changelogs as he would)."""
-    made_up = [("emarket-state", b"\x01" + os.urandom(32))]
     accounts = await read_changelog(market, "accounts")
     alice = latest(accounts, lambda k: k == b"alice")
     bob = latest(accounts, lambda k: k == b"bob")
     seller = latest(accounts, lambda k: k == b"seller1")
-    streams = await read_changelog(market, "streams")
-    stream = latest(streams, lambda k: k == b"s")
-    held = json.loads(stream.value)
-    held["holders"] = {"mallory": {"level": 4.0, "paid_minor": 0, "purchases": 1}}
-    held_bytes = json.dumps(held).encode()
+    stream = latest(await read_changelog(market, "streams"), lambda k: k == b"s")
     registered = latest(await read_changelog(market, "registered"), lambda k: k == b"s")
-    taken = json.loads(registered.value)
-    taken["registration"]["seller_id"] = "mallory"
-    taken_bytes = json.dumps(taken).encode()
     purchases = await read_changelog(market, "purchases")
     bought = latest(purchases, lambda k: k.startswith(b"alice/") and k.endswith(b"/p1"))
     releases = await read_changelog(market, "releases")
     v1 = latest(releases, lambda k: k == b"s/v1")
+    other = (bob.partition + 1) % market.settings.partitions
+    garbage = os.urandom(64)
     return {
         "accounts": [
-            (b"alice", mallory_as_alice(alice), [], alice.partition),
-            (b"alice", mallory_as_alice(alice), made_up, alice.partition),
+            (b"alice", mallory_as_alice(), [], alice.partition),  # no stamp
+            (b"alice", garbage, made_up_stamp(alice.partition), alice.partition),
             (b"alice", bob.value, list(bob.headers), alice.partition),  # moved to another key
+            (b"bob", bob.value, list(bob.headers), other),  # moved to another partition
             (b"seller1", None, [], seller.partition),  # a deletion
+            (b"seller1", None, made_up_stamp(seller.partition, seal=True), seller.partition),
         ],
         "streams": [
-            (b"s", held_bytes, [], stream.partition),
-            (b"s", held_bytes, list(stream.headers), stream.partition),  # a tag reused
+            (b"s", garbage, made_up_stamp(stream.partition), stream.partition),
+            (b"s", registered.value, list(registered.headers), stream.partition),  # a store moved
         ],
         "registered": [
-            (b"s", taken_bytes, [], registered.partition),
-            (b"s", taken_bytes, list(registered.headers), registered.partition),  # a tag reused
+            (b"s", garbage, [], registered.partition),
+            (b"s", stream.value, list(stream.headers), registered.partition),
         ],
         "purchases": [
             (bought.key, None, [], bought.partition),
-            (bought.key, None, list(bought.headers), bought.partition),
+            (bought.key, None, made_up_stamp(bought.partition, seal=True), bought.partition),
         ],
         "releases": [
-            (b"s/v0", v1.value, list(v1.headers), v1.partition),
+            (b"s/v0", v1.value, list(v1.headers), v1.partition),  # moved to another value
             (b"s/v2", b"\x00garbage", [], v1.partition),
         ],
     }
@@ -201,14 +213,15 @@ def test_forged_changelog_records_change_nothing_after_a_restart(
     wait_for("the refusals counted", lambda: all(
         refused(market, n) >= k for n, k in expected.items()))  # fmt: skip
     logs = market.logs()
-    assert f"that the market did not write (no tag) at {changelog(market, 'accounts')}[" in logs
+    assert f"accounts store (forged: no stamp) at {changelog(market, 'accounts')}[" in logs
+    assert "accounts store (moved: stamped for partition" in logs
 
     # live: the replica refuses a forged account record as it arrives
     before = refused(market, "accounts")
     alice = latest(market.run(lambda c: read_changelog(market, "accounts")),
                    lambda k: k == b"alice")  # fmt: skip
     market.run(lambda c: append(market, "accounts", [
-        (b"alice", mallory_as_alice(alice), [], alice.partition)]))  # fmt: skip
+        (b"alice", mallory_as_alice(), [], alice.partition)]))  # fmt: skip
     wait_for("the live forgery counted", lambda: refused(market, "accounts") >= before + 1)
     mallory_buys_as_alice(market, "m2")
     wait_for("mallory's second purchase refused", lambda: market.metric(

@@ -11,7 +11,7 @@ from typing import Any
 
 from streams.core import MarketCore, Stores
 from streams.core.codecs import CODECS
-from streams.core.state import HOLDER_BYTES, HoldersBase, StreamState
+from streams.core.state import HOLDER_BYTES
 from streams.core.stream_store import INLINE_HOLDERS, holders_of
 from streams.wire.topics import Topics
 
@@ -111,30 +111,3 @@ def test_the_changelogs_read_back_give_the_same_stream() -> None:
     assert _whole(restarted) == _whole(c)
 
 
-def test_a_batch_lost_after_its_base_is_replayed_as_if_never_applied() -> None:
-    """The lost batch wrote a base to the other slot (durable with the purchase records) but not
-    the stream's record: the restarted worker reads the old record and its untouched base, and
-    the replay charges each buyer once, ending where the batch would have."""
-    c = _core()
-    for b in BUYERS[:60]:
-        _buy(c, b, "p1")
-    assert c.stores.streams["s"].holders_base is not None
-    before = _snapshot(c)
-    batch = [purchase("s", b, "p1", requested_at_ms=NOW) for b in BUYERS[60:]]
-    batch += [purchase("s", b, "p2", requested_at_ms=NOW) for b in BUYERS[:10]]
-    with c.batch():
-        sent = [c.handle(T.purchases, raw) for raw in batch]
-    after = _snapshot(c)
-    assert after["holders"] != before["holders"]  # the lost batch wrote a base
-    durable = {n: after[n] for n in after} | {"streams": before["streams"]}
-    for tables in (durable, copy.deepcopy(durable)):
-        for stores in (Stores(**copy.deepcopy(tables)), _read_back(tables)):
-            restarted = MarketCore(stores, TEST_KEYS, T, clock=lambda: NOW)
-            assert len(_whole(restarted)) == 60  # as before the batch
-            with restarted.batch():
-                again = [restarted.handle(T.purchases, raw) for raw in batch]
-            assert [o.outputs[0].value for o in again] == [o.outputs[0].value for o in sent]
-            assert _whole(restarted) == _whole(c)
-            st: StreamState = restarted.stores.streams["s"]
-            assert st.revenue_minor == c.stores.streams["s"].revenue_minor
-            assert all(isinstance(v, HoldersBase) for v in restarted.stores.holders.values())

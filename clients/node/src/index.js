@@ -7,6 +7,6 @@ export { receiptBytes, releasesDigest, commitment, verifyReceipt, verifyOutcome,
 export { answerBytes, verifyAnswer, requestDigest, ANSWER_HEADER } from './answers.js';
 export { stringKey, nameKeys, STRING_KEY_LABEL } from './histogram.js';
 export { murmur2, partitionOf } from './partition.js';
-export { stateKey, stateCovered, stateHeader } from './state.js';
+export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state.js';
 export { encodeIdentity } from './identity.js';
 export { MarketClient, Refused, TimedOut } from './kafka.js';

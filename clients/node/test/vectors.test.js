@@ -1,4 +1,4 @@
-// Every vector of docs/vectors/*.json and of docs/protocol.md that a client computes: §2.4, §3.3,
+// Every vector of docs/vectors/*.json and of docs/protocol.md that a client computes: §2.4, §3.6,
 // §4.4, §8.4, §11.7, §12.6 and the four files of §10 (§6.8's worked example is §2.4's version 3).
 // The noise vectors of §1.8 are the market's: a client never computes noise.
 import { test } from 'node:test';
@@ -14,7 +14,7 @@ import {
   canonicalBytes, signBytes, verifyBytes, verifyEvent, keyId, Party, fromHex, toHex, toB64, fromB64, utf8,
   valuesAad, seal, open, sealBatch, openReleases, envelopeKey, receiptBytes, releasesDigest, commitment,
   verifyReceipt, verifyOutcome, ReceiptInvalid, answerBytes, verifyAnswer, stringKey, murmur2, partitionOf,
-  stateKey, stateCovered, stateHeader, encodeIdentity,
+  stateKeys, stateStamp, stateAad, openState, entryDigest, encodeIdentity,
 } from '../src/index.js';
 import { embeddedJson } from '../src/protocol-doc.js';
 
@@ -169,15 +169,25 @@ test('keys.json and §8.2: murmur2 and partitions', () => {
   assert.equal(murmur2(utf8('foobar')) | 0, -790332482);
 });
 
-test('protocol.md §3.3: state record authenticators', () => {
+test('protocol.md §3.6: state records, format 2', () => {
   const v = embeddedJson(PROTOCOL, '<!-- state vectors: begin -->', '<!-- state vectors: end -->');
-  const k = stateKey(fromHex(v.noise_secret));
-  assert.equal(toHex(k), v.state_key);
-  for (const r of v.records) {
-    const value = r.value == null ? null : fromHex(r.value);
-    assert.equal(toHex(stateCovered(r.store, fromHex(r.key), value)), r.covered);
-    assert.equal(toHex(stateHeader(k, r.store, fromHex(r.key), value)), r.header);
+  const [kSeal, kDigest] = stateKeys(fromHex(v.noise_secret));
+  assert.equal(toHex(kSeal), v.seal_key);
+  assert.equal(toHex(kDigest), v.digest_key);
+  for (const r of [...v.records, v.checkpoint.record]) {
+    const stamp = stateStamp(r);
+    assert.equal(toHex(stamp), r.stamp);
+    assert.equal(toHex(stateAad(r.store, fromHex(r.key), stamp, r.value == null)), r.aad);
+    const got = openState(kSeal, r.store, fromHex(r.key), fromHex(r.header), r.value == null ? null : fromHex(r.value));
+    assert.equal(got.plaintext == null ? null : toHex(got.plaintext), r.plaintext);
+    const other = fromHex(r.key).slice();
+    other[0] ^= 1; // moved to another key: the seal does not open
+    assert.throws(() => openState(kSeal, r.store, other, fromHex(r.header), r.value == null ? null : fromHex(r.value)));
   }
+  for (const d of v.digests) {
+    assert.equal(entryDigest(kDigest, d.store, d.key, d.epoch, d.n).toString(16).padStart(64, '0'), d.digest);
+  }
+  assert.equal(JSON.stringify(JSON.parse(v.checkpoint.plaintext)), v.checkpoint.plaintext);
 });
 
 test('protocol.md §11.7: receipts', () => {

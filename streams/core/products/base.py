@@ -28,9 +28,8 @@ from ..context import Context
 from ..delivery import Release
 from ..ledger import Level
 from ..outputs import Reject
-from ..replay.repair import ahead_of_stream, mark_of
 from ..replay.watermarks import cap_values
-from ..state import ValueEntry, ValueState, record_key
+from ..state import EvictedValue, ValueEntry, ValueState, record_key
 from ..stream import Stream
 from ..terms import Terms
 
@@ -108,11 +107,8 @@ class Product(ABC):
 
     def known(self, ctx: Context, stream: Stream[Any], value_id: str) -> ValueState | None:
         """What the market keeps of a value it has seen (its state or mark), ``None`` if it is
-        new; a record its stream does not count was left by a lost batch: the value is new."""
-        known = ctx.records.value(record_key(stream.id, value_id))
-        if known is not None and ahead_of_stream(stream, value_id, known):
-            return None
-        return known
+        new."""
+        return ctx.records.value(record_key(stream.id, value_id))
 
     def prepare(  # noqa: B027 - optional hook, default: nothing
         self, ctx: Context, stream: Stream[Any], items: Sequence[ValueItem]
@@ -182,7 +178,7 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
     for old in stream.evict():
-        ctx.records.mark_value(sid, record_key(sid, old.value_id), mark_of(stream, old),
+        ctx.records.mark_value(sid, record_key(sid, old.value_id), EvictedValue.of(old),
                                expires=True)  # fmt: skip
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     cap_values(ctx.records, stream)

@@ -20,7 +20,6 @@ from market.histogram_chain import HistogramValue
 from ...wire.events import ValueItem
 from ..context import Context
 from ..delivery import Release
-from ..replay.repair import settle_evictions
 from ..replay.watermarks import saw_value
 from ..state import EvictedValue, ValueState, record_key
 from ..stream import Stream
@@ -77,8 +76,7 @@ class Retained(Product):
         return deliver(ctx, stream, entry, by_level, held), new_noise
 
     def retained_states(self, ctx: Context, stream: Stream[Any]) -> list[State]:
-        """The states of the values in the window (a lost batch's evictions settled first)."""
-        settle_evictions(ctx.records, stream)
+        """The states of the values in the window."""
         states: list[State] = []
         for e in stream.state.window:
             state = ctx.records.value(record_key(stream.id, e.value_id))

@@ -38,9 +38,8 @@ from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ..context import Context
 from ..delivery import Release
 from ..outputs import Reject
-from ..replay.repair import mark_of
 from ..replay.watermarks import saw_value
-from ..state import ValueState, record_key
+from ..state import EvictedValue, ValueState, record_key
 from ..stream import Stream
 from .base import Exact, Product, digest_values, drop_state, numbers, retire, store_state
 
@@ -108,7 +107,7 @@ class Totals(Product):
         retained increment may have been forgotten by a rebuilt index of the horizon)."""
         known = super().known(ctx, stream, value_id)
         if known is None and (entry := stream.entry(value_id)) is not None:
-            known = mark_of(stream, entry)
+            known = EvictedValue.of(entry)
         return known
 
     def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
@@ -124,7 +123,7 @@ class Totals(Product):
         saw_value(stream, item.published_at_ms)
         stream.ledger.record_value(entry, [stream.ledger.level(lv) for lv in by_level])
         key = record_key(stream.id, item.value_id)
-        ctx.records.mark_value(stream.id, key, mark_of(stream, entry), expires=False)  # dedup
+        ctx.records.mark_value(stream.id, key, EvictedValue.of(entry), expires=False)  # dedup
         retire(ctx, stream)
         self._retain_nodes(ctx, stream, oldest)
         released = ctx.deliveries.queue(st, item.value_id, entry.seq, by_level,

@@ -4,8 +4,6 @@
 ``admission``    which events are too old, or too far ahead, to be applied
 ``records``      purchase outcomes and value marks: recall, keep, forget (their one writer)
 ``watermarks``   how far back each stream's records reach, kept in the stream's record
-``repair``       a replayed batch whose stream records were lost: count each thing once
-``legacy``       outcomes under an earlier version's keys, and when that module can go
 ===============  ================================================================================
 
 The handlers read: recall → fulfil or refuse → keep. Everything else about keeping records is

@@ -1,16 +1,21 @@
-"""Random batches lost at ``mid_state`` and replayed, against the same batch never lost.
+"""Random batches lost, or committed without their outputs, and replayed (#39).
 
-A batch of values and purchases on a ``window`` stream or an ``event`` stream is applied, its
-records kept and its stream's record dropped (what a crash at the ``mid_state`` fail point
-leaves), and replayed on a restarted core:
+A batch's state counts wholly or not at all (its partition's checkpoint commits it:
+``streams/worker/recovery.py``), so a worker that dies leaves one of two states: the batch lost
+(the stores as before it: a crash before its checkpoint) or the batch committed but its outputs
+never sent (a crash after its checkpoint). The worker that takes over replays the events from
+the positions the last checkpoint proves. A batch of values and purchases on a ``window`` or
+an ``event`` stream is applied, one of the two states kept, and replayed on a restarted core:
 
-* in its own order, the replay ends in the state the batch would have left and sends the very
-  releases it would have sent (noise is a pure function of the request);
-* values first or purchases first (the two travel on different topics), the replay is a valid
-  history of its own: every retained value's loss, and every privacy window's sum, is what the
-  releases actually sent spent, within the cap; each buyer holds and paid for exactly the
-  purchases it was told of; a release of one value at one level is always the same numbers;
-  and each holder received every retained value at its level, or was told it was withheld.
+* lost, in its own order, the replay ends in the state the batch would have left and sends the
+  very releases it would have sent (noise is a pure function of the request);
+* lost, values first or purchases first (the two travel on different topics), the replay is a
+  valid history of its own: every retained value's loss, and every privacy window's sum, is
+  what the releases actually sent spent, within the cap; each buyer holds and paid for exactly
+  the purchases it was told of; a release of one value at one level is always the same numbers;
+  and each holder received every retained value at its level, or was told it was withheld;
+* committed, the replay sends every purchase's outcome again byte for byte, charges nobody
+  again and ingests no value twice.
 """
 
 from __future__ import annotations
@@ -73,16 +78,13 @@ def _stores(c: MarketCore) -> dict[str, dict[str, Any]]:
     return copy.deepcopy({n: dict(getattr(c.stores, n)) for n in vars(c.stores)})
 
 
-def _restarted(before: dict[str, dict[str, Any]], c: MarketCore) -> MarketCore:
-    """A restarted worker over what a crash at ``mid_state`` left: every record of the batch,
-    the streams' records of before it."""
-    tables = _stores(c) | {"streams": before["streams"]}
-    return MarketCore(Stores(**tables), TEST_KEYS, T, clock=lambda: NOW)
+def _restarted(tables: dict[str, dict[str, Any]]) -> MarketCore:
+    """A restarted worker over the stores a crash left (copied)."""
+    return MarketCore(Stores(**copy.deepcopy(tables)), TEST_KEYS, T, clock=lambda: NOW)
 
 
 def _record(c: MarketCore) -> dict[str, Any]:
-    """The stream's record but its numbering (each worker incarnation takes its own)."""
-    return c.stores.streams["s"].model_dump(exclude={"numbering", "numberings"})
+    return c.stores.streams["s"].model_dump()
 
 
 def _run(c: MarketCore, events: list[Event]) -> list[Any]:
@@ -126,13 +128,13 @@ def test_a_batch_lost_and_replayed_in_its_order_ends_as_if_never_lost(seed: int)
     _check_history(clean, _inbox(early) + sent_clean, KINDS[kind])  # the checks hold uncrashed
     c, _ = _start(np.random.default_rng(seed), kind)
     before = _stores(c)
-    _lose(c, batch)  # nothing of it was sent
-    restarted = _restarted(before, c)
+    _lose(c, batch)  # nothing of it was sent, nothing of it counts
+    restarted = _restarted(before)
     sent = _inbox(_run(restarted, batch + after))
     assert _releases(sent) == _releases(sent_clean)
     assert _record(restarted) == _record(clean)
-    assert {k: v.payload for k, v in restarted.stores.purchases.items()} == {
-        k: v.payload for k, v in clean.stores.purchases.items()}  # fmt: skip
+    assert {k: (v.status, v.digest, v.reason) for k, v in restarted.stores.purchases.items()} == {
+        k: (v.status, v.digest, v.reason) for k, v in clean.stores.purchases.items()}  # fmt: skip
 
 
 def _check_history(c: MarketCore, sent: list[Any], cap: dict[str, Any]) -> None:
@@ -171,7 +173,7 @@ def test_a_batch_lost_and_replayed_in_another_order_is_a_valid_history(
     c, early = _start(np.random.default_rng(seed), kind)
     before = _stores(c)
     _lose(c, batch)
-    restarted = _restarted(before, c)
+    restarted = _restarted(before)
     replay = values + purchases if order == "values first" else purchases + values
     sent = _inbox(early) + _inbox(_run(restarted, replay + after))
     clean, _ = _start(np.random.default_rng(seed), kind)
@@ -184,21 +186,21 @@ def test_a_batch_lost_and_replayed_in_another_order_is_a_valid_history(
 
 @pytest.mark.parametrize("seed", range(40))
 def test_a_batch_lost_while_replaying_uncommitted_events_counts_each_value_once(seed: int) -> None:
-    """The first events were applied and made durable but never committed; a restarted worker
-    replays them with the next ones in one batch, lost at ``mid_state`` (its new values may
-    evict earlier ones its stream's record still counts); the next worker replays it all
-    again. Every value is counted once, as in a run never lost, and what is sent is a valid
-    history."""
+    """The first events were applied and committed, but their input positions were not yet
+    (a checkpoint of positions follows the offsets Faust commits); a restarted worker replays
+    them with the next ones in one batch, lost (its new values may evict earlier ones); the next
+    worker replays it all again. Every value is counted once, as in a run never lost, and what
+    is sent is a valid history."""
     kind, batch, after, _ = _scenario(seed)
     rng = np.random.default_rng(seed)
     c = market_core("seller1", *BUYERS, now=NOW)
     assert c.handle(T.registrations, registration("s", **KINDS[kind])).status == "accepted"
     early = _events(rng, kind, 4, "a")
     sent = _inbox(_run(c, early))
-    lost = MarketCore(Stores(**_stores(c)), TEST_KEYS, T, clock=lambda: NOW)  # a restart
+    lost = _restarted(_stores(c))  # a restart
     before = _stores(lost)
     _lose(lost, early + batch)
-    restarted = _restarted(before, lost)
+    restarted = _restarted(before)
     sent += _inbox(_run(restarted, early + batch + after))
     clean, _ = _start(np.random.default_rng(seed), kind)
     _run(clean, batch + after)
@@ -208,3 +210,47 @@ def test_a_batch_lost_while_replaying_uncommitted_events_counts_each_value_once(
     for (_, vid, lv), nums in _releases(sent).items():
         assert numbers.setdefault((vid, lv), nums) == nums  # one value, one level: one release
     _check_history(restarted, sent, KINDS[kind])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_batch_committed_without_its_outputs_is_answered_again_and_charged_once(
+    seed: int,
+) -> None:
+    """The batch's state was committed but its outputs never sent: the replay answers every
+    purchase with the very bytes it would have sent, charges nobody again and counts no value
+    twice; what is sent from then on is what a run never interrupted sends."""
+    kind, batch, after, _ = _scenario(seed)
+    clean, _ = _start(np.random.default_rng(seed), kind)
+    first = _run(clean, batch)
+    sent_clean = _inbox(_run(clean, after))
+    c, _ = _start(np.random.default_rng(seed), kind)
+    _lose(c, batch)  # applied, committed: its outputs lost
+    restarted = _restarted(_stores(c))
+    again = _run(restarted, batch)
+    for one, two in zip(first, again, strict=True):
+        if one.kind == "purchase" and one.status == "fulfilled":  # the very bytes again
+            assert two.status == "duplicate"
+            assert [o.value for o in two.outputs if o.topic.startswith(T.inbox(""))] == [
+                o.value for o in one.outputs if o.topic.startswith(T.inbox(""))]
+        elif one.kind == "purchase":  # refused again, for the same reason
+            assert two.status in ("duplicate", "rejected") and two.reason == one.reason
+    assert _releases(_inbox(_run(restarted, after))) == _releases(sent_clean)
+    assert _record(restarted) == _record(clean)
+
+
+def test_a_purchase_committed_whose_answer_was_lost_is_answered_again_and_charged_once() -> None:
+    """The simplest case of the above: the purchase is a duplicate, its kept bytes are sent
+    again, and the buyer holds (and paid for) the level once."""
+    c = market_core("seller1", "alice", now=NOW)
+    assert c.handle(T.registrations, registration("s")).status == "accepted"
+    for i in range(3):
+        c.handle(T.values, value("s", f"v{i}", [1.0 + i, 2.0, 3.0], published_at_ms=NOW))
+    raw = purchase("s", "alice", "p1", requested_at_ms=NOW)
+    with c.batch():
+        first = c.handle(T.purchases, raw)
+    assert first.status == "fulfilled"
+    restarted = _restarted(_stores(c))
+    again = restarted.handle(T.purchases, raw)
+    assert again.status == "duplicate" and again.outputs[0].value == first.outputs[0].value
+    holder = restarted.stores.streams["s"].holders["alice"]
+    assert (holder.purchases, holder.paid_minor) == (1, first.price_minor)

@@ -113,6 +113,7 @@ class TopicReader:
             max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
         )
+        self._next: dict[TopicPartition, int] = {}
 
     async def start(self, wait: float = 5.0, *, from_end: bool = False) -> None:
         """Assign every partition and seek to its beginning (``from_end``: to the newest
@@ -152,8 +153,21 @@ class TopicReader:
 
     async def poll_records(self, timeout: float = 0.5) -> list[Message]:
         """Like :meth:`poll`, with each record's headers (what carries the market's
-        signature of an answer)."""
+        signature of an answer).
+
+        A partition whose high watermark falls below the next offset to read was deleted and
+        made again under the reader (anyone may delete a topic on the embedded broker, and the
+        market makes a lost inbox again): it is read again from its beginning, where the new
+        topic's records are, instead of waiting past them."""
         batch = await self._consumer.getmany(timeout_ms=int(timeout * 1000))
+        for tp, recs in batch.items():
+            if recs:
+                self._next[tp] = recs[-1].offset + 1
+        for tp, next_offset in list(self._next.items()):
+            high = self._consumer.highwater(tp)
+            if high is not None and high < next_offset:
+                self._next[tp] = 0
+                self._consumer.seek(tp, 0)
         return [(r.key, r.value, list(r.headers or ())) for recs in batch.values() for r in recs
                 if r.value is not None]  # fmt: skip
 

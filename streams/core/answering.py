@@ -20,7 +20,7 @@ from ..wire.answers import answer_header, refusal_value
 from .context import Context
 from .outputs import Outcome, Output
 
-__all__ = ["sign_deliveries", "sign_outcome"]
+__all__ = ["sign_deliveries", "sign_outcome", "sign_published"]
 
 #: a notice that an outcome was already sent is not a refusal: the answer is in the inbox
 _NOT_REFUSALS = frozenset({"already_answered"})
@@ -78,3 +78,10 @@ def sign_deliveries(ctx: Context, outputs: list[Output]) -> None:
     """Sign a batch's subscription deliveries in place: each answers no single event (it
     gathers the releases of the batch's values), so it is bound to its inbox alone."""
     outputs[:] = [_signed(ctx, o, None) if ctx.topics.is_inbox(o.topic) else o for o in outputs]
+
+
+def sign_published(ctx: Context, out: Output) -> Output:
+    """``out`` (a catalog entry published again from the market's state, which no event asked
+    for) signed for its topic alone, as a delivery is: its bytes are those first published,
+    and a reader believes them by the market's signature for the catalog."""
+    return _signed(ctx, out, None)

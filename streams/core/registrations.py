@@ -14,6 +14,7 @@ from __future__ import annotations
 from market.pricing import price_list, sellable_levels
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
+from .answering import sign_published
 from .context import Context
 from .delivery import release_bytes
 from .incoming import Incoming
@@ -23,7 +24,7 @@ from .state import Registered, StreamState, registered_bound, stream_record_boun
 from .stream_store import Streams
 from .terms import terms_of
 
-__all__ = ["EPSILON_DELTA", "register"]
+__all__ = ["EPSILON_DELTA", "entry_again", "register"]
 
 EPSILON_DELTA = 1e-6
 """δ at which catalog entries state ε for Gaussian and Poisson streams."""
@@ -92,6 +93,15 @@ def _again(ctx: Context, reg: StreamRegistration, existing: Registered) -> Outco
         stream_id=reg.stream_id,
         mechanism=reg.mechanism,
     )
+
+
+def entry_again(ctx: Context, registered: Registered) -> Output:
+    """A registered stream's catalog entry, to publish again when the catalog lost it (anyone
+    may delete or empty a topic on the embedded broker): the bytes accepted at registration,
+    kept for good in ``registered``, signed for the catalog alone (no event asked for it)."""
+    reg = registered.registration
+    entry = Output(ctx.topics.catalog, reg.stream_id.encode(), registered.catalog_payload.encode())
+    return sign_published(ctx, entry)
 
 
 def _check_record_size(ctx: Context, reg: StreamRegistration, catalog_bytes: int) -> None:

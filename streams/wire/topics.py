@@ -163,12 +163,27 @@ class Topics:
             TopicSpec(self.registrations, p, _delete(horizon)),
             TopicSpec(self.values, p, _delete(horizon)),
             TopicSpec(self.purchases, p, _delete(30)),
-            TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"}),
+            self.catalog_spec(),
             TopicSpec(self.rejections, 1, _delete(30)),
             TopicSpec(self.deadletters, 1, _delete(30)),
             TopicSpec(self.refusals, 1, REFUSALS_CONFIG),
             TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         ]
+
+    def catalog_spec(self) -> TopicSpec:
+        """How the catalog is created (at start-up, and again if it goes missing)."""
+        return TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"})
+
+    def is_published(self, topic: str) -> bool:
+        """Whether the market publishes ``topic`` from its own state (an inbox, the catalog)."""
+        return topic == self.catalog or self.is_inbox(topic)
+
+    def published_spec(self, topic: str) -> TopicSpec | None:
+        """The spec of ``topic`` if it is one the market publishes from its own state (an
+        inbox or the catalog), which it makes again when it goes missing; else None."""
+        if topic == self.catalog:
+            return self.catalog_spec()
+        return self.inbox_topic_spec(topic) if self.is_inbox(topic) else None
 
     def inbox_spec(self, account_id: str) -> TopicSpec:
         return self.inbox_topic_spec(self.inbox(account_id))

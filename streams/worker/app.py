@@ -22,6 +22,7 @@ from ..core import MarketCore, MarketKeys, Stores
 from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
+from .catalog import CatalogRebuild
 from .config import Settings
 from .deadline import STOP_DEADLINE_S, exit_after
 from .directory import AccountReplica
@@ -49,6 +50,7 @@ from .recovery import Takeover
 from .secrets import load_or_create_keys, membership_key, state_keys
 from .state_records import StateSeal
 from .tables import StateContext, WriteBackTable, register_codecs
+from .topic_watch import TopicWatch
 
 __all__ = ["MarketWorker", "create_worker"]
 
@@ -95,6 +97,7 @@ class MarketWorker:
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
         self.inboxes = Inboxes(self.app, settings, self.topics, self.producer)
+        self.watch, self.catalog = self._rebuilding()
         self.batches = BatchProcessor(
             self.core,
             list(self.tables.values()),
@@ -115,6 +118,21 @@ class MarketWorker:
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
+
+    def _rebuilding(self) -> tuple[TopicWatch, CatalogRebuild]:
+        """What notices a lost inbox or catalog and what publishes the catalog again, wired to
+        the producer (every acknowledged output, every send to a missing topic) and to the
+        inboxes (the check before a batch's outputs; the topics made again)."""
+        watch = TopicWatch(self.app, self.topics, self.inboxes, self.stores.accounts,
+                           remake_misfits=self.settings.tansu)  # fmt: skip
+        catalog = CatalogRebuild(self.core, self.stores, self.inboxes, self.producer,
+                                 self.metrics)  # fmt: skip
+        self.producer.on_acked = watch.acked
+        self.producer.on_missing = watch.missing
+        self.inboxes.confirm = watch.before_send
+        self.inboxes.remade.append(catalog.remade)
+        watch.on_emptied = catalog.start
+        return watch, catalog
 
     def _state(self) -> tuple[Progress, dict[str, WriteBackTable], AccountReplica]:
         """The tables, their checkpoints and the account replica: every changelog record is
@@ -271,6 +289,14 @@ class MarketWorker:
         async def make_inboxes() -> None:
             await worker.inboxes.run()
 
+        @app.task  # type: ignore[untyped-decorator]
+        async def watch_topics() -> None:
+            await worker.watch.run()
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def publish_catalog() -> None:
+            await worker.catalog.run()
+
         @app.timer(DESCRIBE_EVERY_S)  # type: ignore[untyped-decorator]
         async def describe_group() -> None:
             await worker.group.poll()
@@ -299,6 +325,7 @@ class MarketWorker:
         def rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             # the tables now hold what other workers wrote while they owned these partitions
             worker.core.invalidate_indexes()
+            worker.catalog.ready.set()  # the streams store now holds this worker's streams
             log.info("rebalance complete; expiry indexes will be rebuilt from the tables")
 
         app.on_rebalance_complete.connect(rebalanced)

@@ -130,11 +130,13 @@ class BatchProcessor:
         except Exception:  # a metric must never cost the batch its outcomes
             log.exception("could not count a batch's outcomes")
         t_proc = time.perf_counter()
+        looked = self.inboxes.look(part.outputs)  # are their topics there? beside the state
         await self._commit()
         t_state = time.perf_counter()
         self.faults.hit("after_state")
         done = events[: len(events) - len(part.rest)]
-        ready, held = self.inboxes.hold(part.topics, part.outputs, lambda: self.ack(done))
+        ready, held = await self.inboxes.admit(part.topics, part.outputs,
+                                               lambda: self.ack(done), looked)  # fmt: skip
         await self.producer.send_all(ready, fail_point="mid_output")
         t_out = time.perf_counter()
         if self.profile:

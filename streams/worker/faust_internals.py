@@ -33,7 +33,9 @@ reviewed for the pinned versions (:data:`PINNED`).
   checkpoints before recovery, verifies and claims them after, seeks the inputs to the positions
   its state proves, and checkpoints the offsets it commits (:mod:`streams.worker.recovery`).
 * Private reads and writes: :func:`committed_offset` (consumer lag) and
-  :func:`set_committed_offset`, :func:`producer_client` (broker probes).
+  :func:`set_committed_offset`, :func:`producer_client` (broker probes; :func:`topic_leaders`
+  and :func:`latest_offsets`, the checks of the topics the market publishes to,
+  :mod:`streams.worker.topic_watch`).
 * :func:`quiet_libraries` — process-wide logger levels of aiokafka, Faust and mode.
 * :func:`proving_assignor` — Faust's ``PartitionAssignor`` subclassed (Faust's own setting
   installs it): each worker's JoinGroup metadata carries its membership proof, a leader gives a
@@ -73,6 +75,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.protocol.offset import OffsetRequest
 from faust.serializers import codecs
 
 __all__ = [
@@ -88,6 +91,7 @@ __all__ = [
     "install_takeover",
     "install_tansu_compat",
     "intake_of",
+    "latest_offsets",
     "learn_topics",
     "partition_items",
     "pause_inputs",
@@ -108,6 +112,7 @@ __all__ = [
     "store_keys",
     "store_put",
     "store_size",
+    "topic_leaders",
     "track_unacked",
     "true_highwaters",
     "tune_fetch_wait",
@@ -203,7 +208,7 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.add_topic "
         "AIOKafkaClient.force_metadata_update", "relied on", "learn_topics"),
     *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.get_random_node AIOKafkaClient.send",
-        "relied on", "probe_broker"),
+        "relied on", "probe_broker, topic_leaders, latest_offsets"),
     *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
         "skip_table_settle"),
     *_u("faust-streaming", "faust.tables.table", "Table.on_key_set Table.on_key_del",
@@ -873,6 +878,51 @@ async def learn_topics(app: Any, names: Iterable[str]) -> None:
     waits = [client.add_topic(name) for name in names]
     if waits:
         await asyncio.gather(*waits)
+
+
+async def topic_leaders(app: Any, names: Iterable[str]) -> dict[str, dict[int, int]] | None:
+    """Each of the topics ``names`` that exists: partition → leader's node id, from one
+    metadata request of ``app``'s producer naming those topics only, which never creates one
+    (a missing topic is absent from the answer); None if no broker is known yet.
+
+    aiokafka's own metadata requests allow the broker to create what they name, and the
+    embedded broker then makes a topic with 4 partitions and none of its settings: a check
+    must not make what it checks for.
+    """
+    wanted = list(names)
+    client = producer_client(app)
+    node = client.get_random_node()
+    if node is None:
+        return None
+    response = await client.send(node, MetadataRequest(wanted, allow_auto_topic_creation=False))
+    found: dict[str, dict[int, int]] = {}
+    for code, name, _internal, partitions, *_ in response.topics:
+        if code == 0 and partitions:
+            found[name] = {p[1]: p[2] for p in partitions}
+    return found
+
+
+async def latest_offsets(app: Any, leaders: Mapping[tuple[str, int], int]) -> dict[
+        tuple[str, int], int]:  # fmt: skip
+    """The latest offset the broker reports (ListOffsets) of each (topic, partition) in
+    ``leaders``, asked of its leader; a partition that answers with an error is left out.
+
+    On the embedded broker this is the base offset of the newest batch + 1, not the high
+    watermark (the module docstring): still an offset that never moves back while the topic
+    lives, which is all the checks compare.
+    """
+    by_node: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for (topic, partition), node in leaders.items():
+        by_node.setdefault(node, {}).setdefault(topic, []).append((partition, -1))
+    client = producer_client(app)
+    out: dict[tuple[str, int], int] = {}
+    for node, topics in by_node.items():
+        response = await client.send(node, OffsetRequest(-1, 0, list(topics.items())))
+        for topic, partitions in response.topics:
+            for partition, code, *info in partitions:
+                if code == 0 and info:
+                    out[(topic, partition)] = int(info[1] if len(info) > 1 else info[0][0])
+    return out
 
 
 # --- Tansu ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Inbox topics, made off the event path: many per request, while batches go on.
+"""Inbox topics (and the catalog), made off the event path: many per request, while batches go on.
 
 Creating a topic costs the broker more with every topic it holds, and a batch that waited for
 the inboxes of the accounts it opened would hold every other event behind them (2,000 openings:
@@ -23,6 +23,24 @@ batches proceed, and an input partition's committed offset only waits behind the
 (``Intake.ack`` keeps each partition's acknowledgements in order). An inbox the broker refuses
 to create for good (``Settings.permanent_retries`` attempts) has its outputs sent anyway, to be
 dead-lettered by the producer like any output to a missing topic; a broker outage is waited out.
+
+**Made again.** The same holds for a topic the market published to and lost (anyone may delete a
+topic on the embedded broker): :class:`~streams.worker.topic_watch.TopicWatch` hands it to
+:meth:`Inboxes.forget` with the records sent to it since it was last seen whole, which go
+first in what is held for it; the catalog is such a topic too. It is made again with its
+spec (on the embedded broker deleted first if it exists with another partition count: only a
+producer's metadata request makes one there) and what was held is sent, in order;
+:attr:`Inboxes.remade` hears of it (the catalog is then published again,
+:mod:`streams.worker.catalog`) and ``emarket_topics_recreated_total`` counts it.
+
+**The embedded broker's ghosts.** Tansu 0.6 acknowledges a produce to a topic that does not
+exist and stores the records where the topic's partition would be: unreadable, until a topic
+of that name is made again, whose own offsets then start at 0 *under* them. Its first produces
+fail (``UnknownError``: the object exists) and a later batch that overlaps one of them is
+acknowledged but never readable (measured: docs/operations.md, "The embedded broker"). So on
+that broker a topic made here afresh is checked before anything is sent to it: a latest offset
+above 0 means such records are there, and the topic is deleted (which removes them) and made
+again. Whatever they were, this market's outputs among them are held here, sent again.
 """
 
 from __future__ import annotations
@@ -30,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +56,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ..wire.topics import Topics, TopicSpec
 from .config import Settings
-from .faust_internals import learn_topics
+from .faust_internals import latest_offsets, learn_topics, topic_leaders
 from .producer import Producer
 from .tables import Record
 
@@ -46,7 +64,8 @@ __all__ = ["LIST_WAIT_S", "Inboxes"]
 
 log = logging.getLogger("emarket.worker")
 
-_FINE = {0, 36}  # created, or TOPIC_ALREADY_EXISTS
+_CREATED, _EXISTS = 0, 36  # created, TOPIC_ALREADY_EXISTS
+_FINE = {_CREATED, _EXISTS}
 LIST_WAIT_S = 30.0
 """Longest the agent waits for the broker's inboxes to be listed before its first batch."""
 DUTY = 0.5
@@ -70,8 +89,13 @@ class _Waiter:
     done: Callable[[], None]
 
 
+async def _no_check(records: list[Record]) -> None:
+    return None
+
+
 class Inboxes:
-    """The worker's inbox topics: those known to exist, those queued, and what waits for them.
+    """The worker's inbox topics and catalog: those known to exist, those queued (new, or lost
+    and to be made again), and what waits for them.
 
     Parameters
     ----------
@@ -95,6 +119,10 @@ class Inboxes:
         self._held: dict[str, list[Record]] = {}
         self._waiters: list[_Waiter] = []
         self._failures: dict[str, int] = {}
+        self._lost: set[str] = set()  # forgotten: made again, then counted and announced
+        self._wrong: set[str] = set()  # exist with another partition count: deleted first
+        self._front: dict[str, int] = {}  # records of a lost topic's held list sent before
+        self._given_up: set[str] = set()
         self._size = max(1, settings.inbox_batch)
         self._wake = asyncio.Event()
         self.listed = asyncio.Event()
@@ -103,10 +131,70 @@ class Inboxes:
         that exist."""
         self.created = 0
         """Inboxes this worker's requests created or found existing (tests, diagnostics)."""
+        self.confirm: Callable[[list[Record]], Awaitable[None]] = _no_check
+        """Checks, before a batch's records are routed, that the topics they go to still
+        exist (:meth:`~streams.worker.topic_watch.TopicWatch.before_send`): a lost one is
+        forgotten, so its records are held."""
+        self.remade: list[Callable[[list[str]], None]] = []
+        """Told of topics made again after they were lost, once what was held is sent."""
 
     def pending(self) -> int:
         """Inboxes queued and not yet usable."""
         return len(self._queued)
+
+    def queued(self, topic: str) -> bool:
+        """Whether ``topic`` waits to be made (new, or lost)."""
+        return topic in self._queued
+
+    def is_lost(self, topic: str) -> bool:
+        """Whether ``topic`` was lost and is not made again yet (what is sent to it now is
+        sent to a topic that is not there)."""
+        return topic in self._lost
+
+    def gave_up(self, topic: str) -> bool:
+        """Whether the broker refused to make ``topic`` too often (its records are then
+        dead-lettered, not held)."""
+        return topic in self._given_up
+
+    def forget(self, topic: str, records: Iterable[Record] = (), *, wrong: bool = False) -> None:
+        """``topic`` is gone (or exists with another partition count: ``wrong``): hold what is
+        sent to it from now on, make it again, and send ``records`` first (sent to it since it
+        was last seen whole, oldest first), before anything held later."""
+        spec = self.topics.published_spec(topic)
+        if spec is None:
+            return
+        self.known.discard(topic)
+        self._given_up.discard(topic)
+        self._lost.add(topic)
+        if wrong:
+            self._wrong.add(topic)
+        self.requeue(topic, records)
+        self._queued.setdefault(topic, spec)
+        self._wake.set()
+        self.producer.metrics.inboxes_waiting.set(len(self._queued))
+
+    def requeue(self, topic: str, records: Iterable[Record]) -> None:
+        """Hold ``records`` of the lost ``topic`` (sent to it while it was not there) after
+        those requeued before and before anything held since it was lost."""
+        held = self._held.setdefault(topic, [])
+        front = self._front.get(topic, 0)
+        items = list(records)
+        held[front:front] = items
+        self._front[topic] = front + len(items)
+
+    def look(self, records: list[Record]) -> Awaitable[None]:
+        """Start :attr:`confirm` on the topics of ``records`` now, to run beside the batch's
+        state round trips (a look costs one of its own, ~0.4 ms); :meth:`admit` waits for it."""
+        return asyncio.ensure_future(self.confirm(records))
+
+    async def admit(
+        self, specs: list[TopicSpec], records: list[Record], done: Callable[[], None],
+        looked: Awaitable[None] | None = None,
+    ) -> tuple[list[Record], bool]:  # fmt: skip
+        """:meth:`hold`, once :attr:`confirm` has looked at the topics of ``records`` (the
+        look :meth:`look` started, else one now)."""
+        await (self.confirm(records) if looked is None else looked)
+        return self.hold(specs, records, done)
 
     def hold(
         self, specs: list[TopicSpec], records: list[Record], done: Callable[[], None]
@@ -124,10 +212,11 @@ class Inboxes:
         now: list[Record] = []
         waiting: set[str] = set()
         for r in records:
-            if r.topic in self.known or not self.topics.is_inbox(r.topic):
+            made = None if r.topic in self.known else self.topics.published_spec(r.topic)
+            if made is None:
                 now.append(r)
                 continue
-            self._queued.setdefault(r.topic, self.topics.inbox_topic_spec(r.topic))
+            self._queued.setdefault(r.topic, made)
             self._held.setdefault(r.topic, []).append(r)
             waiting.add(r.topic)
         if waiting:
@@ -190,17 +279,21 @@ class Inboxes:
             log.warning("could not list the broker's topics (%r): inboxes will be checked "
                         "as they are used", exc)  # fmt: skip
             return
-        self.known.update(n for n in names if self.topics.is_inbox(n))
+        self.known.update(n for n in names if self.topics.published_spec(n) is not None)
 
     async def _make(self, admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
         """One CreateTopics request for ``specs``; release the inboxes that now exist (or that
         the broker refused too often); back off on an outage."""
         t0 = time.perf_counter()
-        ready = await self._create(admin, specs)
+        await self._delete(admin, [s.name for s in specs if s.name in self._wrong], "another "
+                           "partition count")  # fmt: skip
+        made = await self._create(admin, specs)
         self._resize(time.perf_counter() - t0, len(specs))
-        if ready is None:  # the broker did not answer: nothing changed, try again later
+        if made is None:  # the broker did not answer: nothing changed, try again later
             await asyncio.sleep(1.0)
             return
+        ready, fresh = made
+        ready = await self._without_ghosts(admin, ready, fresh)
         if ready:
             try:
                 await learn_topics(self.app, ready)
@@ -212,8 +305,11 @@ class Inboxes:
                  took * 1e3, len(self._queued))  # fmt: skip
         await asyncio.sleep(max(took * (1 / DUTY - 1), 0.5 if len(ready) < len(specs) else 0))
 
-    async def _create(self, admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str] | None:
-        """Names of ``specs`` that exist after one request (or are given up on), else None."""
+    async def _create(
+        self, admin: AIOKafkaAdminClient, specs: list[TopicSpec]
+    ) -> tuple[list[str], list[str]] | None:
+        """Names of ``specs`` that exist after one request (or are given up on), and those of
+        them this request created; None if the broker did not answer."""
         try:
             response = await admin.create_topics(
                 [NewTopic(s.name, s.partitions, self.settings.replication, topic_configs=s.config)
@@ -223,29 +319,84 @@ class Inboxes:
             log.warning("creating %d inboxes failed (%r); retrying", len(specs), exc)
             return None
         ready: list[str] = []
+        fresh: list[str] = []
         for name, code, *rest in response.topic_errors:
             if code in _FINE:
                 ready.append(name)
+                if code == _CREATED:
+                    fresh.append(name)
                 continue
             n = self._failures[name] = self._failures.get(name, 0) + 1
             log.error("the broker refused to create inbox %s (error %s %s), attempt %d",
                       name, code, rest[0] if rest else "", n)  # fmt: skip
             if n >= self.settings.permanent_retries:  # its outputs are dead-lettered
                 ready.append(name)
-        return ready
+                self._given_up.add(name)
+        return ready, fresh
+
+    async def _without_ghosts(
+        self, admin: AIOKafkaAdminClient, ready: list[str], fresh: list[str]
+    ) -> list[str]:
+        """``ready`` less the topics just made on the embedded broker that already hold
+        records written while no such topic existed (the module docstring): those are
+        deleted, which removes the records, and stay queued to be made again."""
+        if not self.settings.tansu or not fresh:
+            return ready
+        try:
+            leaders = await topic_leaders(self.app, fresh) or {}
+            ends = await latest_offsets(self.app, {(t, p): node for t, parts in leaders.items()
+                                                   for p, node in parts.items()})  # fmt: skip
+        except Exception as exc:  # then they are used as they are
+            log.warning("could not check %d new topics for earlier records: %r", len(fresh), exc)
+            return ready
+        ghosted = sorted({t for (t, _), end in ends.items() if end > 0})
+        if not ghosted:
+            return ready
+        wipe = [t for t in ghosted if self._failures.get(t, 0) < self.settings.permanent_retries]
+        for t in wipe:
+            self._failures[t] = self._failures.get(t, 0) + 1
+        log.warning("%d topics made again already held records written while they did not "
+                    "exist (the embedded broker keeps those): deleting and making them again: "
+                    "%s", len(wipe), wipe[:5])  # fmt: skip
+        await self._delete(admin, wipe, "records written while it did not exist")
+        return [n for n in ready if n not in set(wipe)]
+
+    async def _delete(self, admin: AIOKafkaAdminClient, names: list[str], why: str) -> None:
+        """Delete ``names`` (topics of ours that are not as made), to make them again."""
+        if not names:
+            return
+        self._wrong.difference_update(names)
+        try:
+            await admin.delete_topics(names)
+        except Exception as exc:  # making them says whether they still exist
+            log.warning("deleting %d topics (%s) failed: %r", len(names), why, exc)
+        else:
+            log.warning("deleted %d topics to make them again (%s): %s", len(names), why,
+                        names[:5])  # fmt: skip
 
     async def _release(self, names: list[str]) -> None:
         """Send what is held for ``names`` (and what arrives meanwhile), then mark them known
-        and give the acknowledgements that waited only for them."""
+        and give the acknowledgements that waited only for them; a topic lost again meanwhile
+        stays queued."""
+        remade = [n for n in names if n in self._lost]
+        self._lost.difference_update(names)
+        for n in names:
+            self._front.pop(n, None)
         while batch := [r for n in names for r in self._held.pop(n, [])]:
             await self.producer.send_all(batch)
-        done = set(names)
+        done = {n for n in names if n not in self._lost}
         self.known |= done
         self.created += len(done)
-        for n in names:
+        for n in done:
             self._queued.pop(n, None)
             self._failures.pop(n, None)
         self.producer.metrics.inboxes_waiting.set(len(self._queued))
+        self._wake_waiters(done)
+        remade = [n for n in remade if n in done]
+        if remade:
+            self._announce(remade)
+
+    def _wake_waiters(self, done: set[str]) -> None:
         still: list[_Waiter] = []
         for w in self._waiters:
             w.topics -= done
@@ -254,3 +405,16 @@ class Inboxes:
             else:
                 w.done()
         self._waiters = still
+
+    def _announce(self, remade: list[str]) -> None:
+        """Count the topics made again and tell :attr:`remade`."""
+        for n in remade:
+            kind = "catalog" if n == self.topics.catalog else "inbox"
+            self.producer.metrics.topics_recreated.labels(kind).inc()
+        log.warning("made %d lost topics again and sent what was held for them: %s",
+                    len(remade), remade[:5])  # fmt: skip
+        for hear in self.remade:
+            try:
+                hear(remade)
+            except Exception:  # a listener must not keep outputs from being released
+                log.exception("a listener of topics made again failed")

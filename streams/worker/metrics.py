@@ -24,7 +24,14 @@ from ..core.state import Stores
 from .history import PROGRESS
 from .membership import REFUSALS
 
-__all__ = ["DEAD_LETTER_KINDS", "REFUSED_REASONS", "Metrics", "build_metrics", "dead_letter_kind"]
+__all__ = [
+    "DEAD_LETTER_KINDS",
+    "REFUSED_REASONS",
+    "TOPIC_KINDS",
+    "Metrics",
+    "build_metrics",
+    "dead_letter_kind",
+]
 
 NS = "emarket"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -70,6 +77,8 @@ class Metrics:
     group_untrusted: Gauge
     group_unproven_partitions: Gauge
     group_unproven_members: Gauge
+    topics_recreated: Counter
+    catalog_republished: Counter
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
@@ -262,7 +271,8 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "last_batch": (Gauge, "last_batch_timestamp_seconds",
                    "Unix time of the last processed batch", [], {}),
     "inboxes_waiting": (Gauge, "inboxes_waiting",
-                        "Inbox topics queued for creation, their outputs held (new accounts)",
+                        "Inbox topics (or the catalog) queued for creation, their outputs held "
+                        "(new accounts, or topics found gone and made again)",
                         [], {}),
     "group_refused": (Counter, "group_members_refused",
                       "Members of the workers' consumer group this worker, as its leader, gave "
@@ -280,6 +290,14 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "group_unproven_members": (Gauge, "group_unproven_members",
                                "Members of the workers' consumer group without a valid proof "
                                "that they are workers of this market", [], {}),
+    "topics_recreated": (Counter, "topics_recreated",
+                         "Topics the market publishes to (kind: inbox, catalog) found missing, "
+                         "emptied or with the wrong partition count, and made again with their "
+                         "settings; what was held for them was then sent", ["kind"], {}),
+    "catalog_republished": (Counter, "catalog_entries_republished",
+                            "Catalog entries of this worker's streams published again from "
+                            "its registered store after the catalog was lost or emptied",
+                            [], {}),
 }  # fmt: skip
 
 
@@ -309,7 +327,14 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.offsets_ahead.labels(kind)
     for reason in REFUSALS:  # and for the first stranger refused a place in the group
         m.group_refused.labels(reason)
+    for kind in TOPIC_KINDS:  # and for the first topic someone deleted
+        m.topics_recreated.labels(kind)
     return m
+
+
+#: ``kind`` label of ``emarket_topics_recreated_total``: the topics the market publishes to
+#: from its own state, and makes again when they go missing
+TOPIC_KINDS = ("inbox", "catalog")
 
 
 #: ``input`` label of ``emarket_offsets_ahead_total``: the input topics, named without prefix

@@ -11,6 +11,11 @@ Two kinds of failure, treated differently:
   ``<p>.deadletters``, and ``emarket_dead_letters_total`` counts it) and the batch goes on.
   One bad message can no longer stop the market.
 
+A record to a topic the market publishes to from its own state (an inbox, the catalog) is
+followed further (:mod:`streams.worker.topic_watch`): :attr:`Producer.on_acked` hears of each
+one acknowledged, and :attr:`Producer.on_missing` may take one whose topic the broker says does
+not exist, to hold it until the topic is made again, instead of dead-lettering it.
+
 Resending is safe: changelog records and outputs are idempotent.
 """
 
@@ -20,6 +25,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import errors as kerr
@@ -62,6 +68,11 @@ class Producer:
         self.metrics = metrics
         self.faults = faults
         self._probed = False
+        self.on_acked: Callable[[Record], None] | None = None
+        """Told of every record acknowledged that is not a changelog record."""
+        self.on_missing: Callable[[Record], bool] | None = None
+        """Asked about a record refused because its topic does not exist: True if it took
+        the record (held until the topic is made again), so it is not dead-lettered."""
 
     async def send_all(
         self, records: list[Record], fail_point: str | None = None, *, dead_letter: bool = True
@@ -81,6 +92,8 @@ class Producer:
             failed = await self._attempt(pending, fail_point)
             retry: list[Record] = []
             for r, exc in failed:
+                if isinstance(exc, kerr.UnknownTopicOrPartitionError) and self._taken(r):
+                    continue
                 if dead_letter and isinstance(exc, PERMANENT):
                     n = attempts[id(r)] = attempts.get(id(r), 0) + 1
                     if n >= self.settings.permanent_retries:
@@ -97,6 +110,17 @@ class Producer:
                 delay = min(delay * 2, 5.0)
             pending = retry
 
+    def _partition(self, r: Record) -> int | None:
+        """``r``'s partition: an inbox's or the catalog's is 0, the one its spec has, whatever
+        the producer last learnt of the topic (one made again under it by someone else may
+        have had more)."""
+        if r.partition is None and self.topics.is_published(r.topic):
+            return 0
+        return r.partition
+
+    def _taken(self, r: Record) -> bool:
+        return self.on_missing is not None and self.on_missing(r)
+
     async def _attempt(
         self, pending: list[Record], fail_point: str | None
     ) -> list[tuple[Record, BaseException]]:
@@ -106,8 +130,8 @@ class Producer:
             if fail_point and i == len(pending) // 2:
                 self.faults.hit(fail_point)
             try:
-                fut = await self.app.producer.send(r.topic, r.key, r.value, r.partition, None,
-                                                  r.headers)
+                fut = await self.app.producer.send(r.topic, r.key, r.value, self._partition(r),
+                                                  None, r.headers)  # fmt: skip
                 futures.append((r, fut))
             except Exception as exc:  # refused before sending (size, closed producer)
                 failed.append((r, exc))
@@ -117,6 +141,8 @@ class Producer:
                 failed.append((r, res))
             elif r.table is not None:
                 r.table.persisted(res)
+            elif self.on_acked is not None:
+                self.on_acked(r)
         return failed
 
     async def _dead_letter(self, r: Record, exc: BaseException) -> None:

@@ -710,14 +710,15 @@ def store_size(table: Any) -> int:
     return len(store.data) if not store_is_serialized(table) else sum(1 for _ in store._iterkeys())
 
 
-def partition_items(table: Any, partition: int) -> Iterable[tuple[str, Any]]:
-    """Every (key, stored) of ``partition`` in ``table``'s store."""
+def partition_items(table: Any, partitions: set[int]) -> Iterable[tuple[int, str, Any]]:
+    """Every (partition, key, stored) of ``partitions`` in ``table``'s store: one pass over the
+    memory store's keys whatever the number of partitions, one database each in RocksDB."""
     store = table.data
     if not store_is_serialized(table):
         data = store.data
-        return [(k, data[k]) for k, p in store._key_partition.items() if p == partition]
-    db = store._db_for_partition(partition)
-    return ((k.decode("utf-8"), v) for k, v in store._visible_items(db))
+        return [(p, k, data[k]) for k, p in store._key_partition.items() if p in partitions]
+    return ((p, k.decode("utf-8"), v) for p in sorted(partitions)
+            for k, v in store._visible_items(store._db_for_partition(p)))
 
 
 def set_persisted_offset(table: Any, topic: str, partition: int, offset: int) -> None:

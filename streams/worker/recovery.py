@@ -40,25 +40,35 @@ from .progress import Progress
 from .state_records import DIGEST_MODULUS, StateSeal
 from .tables import Record, StateContext, WriteBackTable
 
-__all__ = ["Takeover", "verify_partition"]
+__all__ = ["Takeover", "held_sums", "verify_partition"]
 
 log = logging.getLogger("emarket.state")
 
 
-def verify_partition(
-    tables: Iterable[WriteBackTable], cp: Checkpoint, seal: StateSeal
-) -> str | None:
-    """Why the stores' ``cp.partition`` is not what ``cp`` says, or None if it is."""
-    problems = []
+def held_sums(
+    tables: Iterable[WriteBackTable], partitions: set[int], seal: StateSeal
+) -> dict[int, dict[str, StoreSum]]:
+    """What the stores hold in ``partitions``: per partition and store, the count of keys and
+    the sum of their digests (one pass over each store)."""
+    sums: dict[int, dict[str, StoreSum]] = {p: {} for p in partitions}
     for tbl in tables:
-        count, digest = 0, 0
-        for key, version in tbl.partition_entries(cp.partition):
-            count += 1
-            digest += seal.digest(tbl.name, key, version)
-        want = cp.stores.get(tbl.name) or StoreSum()
-        if count != want.count or digest % DIGEST_MODULUS != want.digest:
-            problems.append(f"{tbl.name}: {count} keys held, {want.count} committed"
-                            + ("" if count != want.count else ", other versions"))  # fmt: skip
+        for p, key, version in tbl.partition_entries(partitions):
+            s = sums[p].setdefault(tbl.name, StoreSum())
+            s.count += 1
+            s.digest = (s.digest + seal.digest(tbl.name, key, version)) % DIGEST_MODULUS
+    return sums
+
+
+def verify_partition(
+    held: Mapping[str, StoreSum], cp: Checkpoint, stores: Iterable[str]
+) -> str | None:
+    """Why the sums ``held`` of ``cp.partition``'s stores are not what ``cp`` says, or None."""
+    problems = []
+    for name in stores:
+        got, want = held.get(name) or StoreSum(), cp.stores.get(name) or StoreSum()
+        if (got.count, got.digest) != (want.count, want.digest):
+            problems.append(f"{name}: {got.count} keys held, {want.count} committed"
+                            + ("" if got.count != want.count else ", other versions"))  # fmt: skip
     return "; ".join(problems) or None
 
 
@@ -99,8 +109,9 @@ class Takeover:
         """Recovery is complete: verify and claim the partitions it recovered."""
         for tbl in self.tables:
             tbl.recovery_done()
+        sums = held_sums(self.tables, self._fresh, self.ctx.seal)
         for p in sorted(self._fresh):
-            await self._take(p)
+            await self._take(p, sums[p])
         self._fresh.clear()
         self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
 
@@ -115,9 +126,9 @@ class Takeover:
                 continue
             await self._seek(consumer, tp, cp.positions.get(tp.topic, 0))
 
-    async def _take(self, p: int) -> None:
+    async def _take(self, p: int, held: Mapping[str, StoreSum]) -> None:
         cp = self.ctx.book.get(p)
-        why = verify_partition(self.tables, cp, self.ctx.seal)
+        why = verify_partition(held, cp, [t.name for t in self.tables])
         if why is not None:
             self.progress.refuse(p, why)
             log.critical("partition %d: the state recovered is not what its checkpoint (version "

@@ -304,13 +304,13 @@ class WriteBackTable(MutableMapping[str, Any]):
         the same recovery)."""
         self._deleted.clear()
 
-    def partition_entries(self, partition: int) -> Iterator[tuple[str, Version]]:
-        """Every key the store holds in ``partition``, with its version."""
-        for key, stored in partition_items(self.table, partition):
+    def partition_entries(self, partitions: set[int]) -> Iterator[tuple[int, str, Version]]:
+        """Every key the store holds in ``partitions``, with its partition and version."""
+        for p, key, stored in partition_items(self.table, partitions):
             if self.serialized:
-                yield key, Stamp.from_bytes(stored).version
+                yield p, key, Stamp.from_bytes(stored).version
             else:
-                yield key, stored[0]
+                yield p, key, stored[0]
 
     def rewrite(self, key: str, partition: int, version: Version) -> tuple[Record, Version | None]:
         """A record giving ``key`` of ``partition`` its committed value again (or deleting it if

@@ -44,6 +44,7 @@ test-fast: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m bench.noise
+	$(PY) -m bench.state
 	$(PY) -m bench.service
 	$(PY) -m bench.flood
 	$(PY) -m bench.scale

@@ -37,6 +37,15 @@ def test_core_benchmark_runs() -> None:
     assert "\nmachine: " in out and "SIMD " in out
 
 
+@pytest.mark.slow
+def test_state_benchmark_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.state", "--quick"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert "| chain state | 3,300 |" in out and "One checkpoint per partition" in out
+
+
 def test_trace_counts_the_same_path_twice() -> None:
     """``bench.trace`` runs, finds both paths in the core, and its warm-up reaches the steady
     state (no warning: each event's twin took the same path)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,12 @@ def cli_parties(run: Any, pre: list[str], tmp: Any, *names: str) -> dict[str, li
         out[who] = ["--key-file", str(path)]
     return out
 
+
+def protocol_vectors(name: str) -> dict[str, Any]:
+    """The JSON block ``<!-- {name} vectors: begin -->`` … ``end`` of docs/protocol.md."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    block = re.search(rf"<!-- {name} vectors: begin -->\s*```json\n(.*?)\n```\s*"
+                      rf"<!-- {name} vectors: end -->", text, re.S)  # fmt: skip
+    assert block is not None, f"docs/protocol.md lost its {name} vectors block"
+    vectors: dict[str, Any] = json.loads(block.group(1))
+    return vectors

@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,9 @@ from streams.worker.membership import PROOF_FIELD, Membership, covered, proof_in
 from streams.worker.metrics import build_metrics
 from streams.worker.secrets import MEMBERSHIP_LABEL, membership_key
 
+from .helpers import protocol_vectors
 from .rogue_member import faust_like_metadata
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = membership_key(bytes(range(32)))
 NOW = 1_767_225_600_000
 GROUP = "epsilon-market"
@@ -51,12 +50,7 @@ def worker(nonce: int, now: int = NOW) -> Membership:
 
 
 def doc_vectors() -> dict[str, Any]:
-    text = (ROOT / "docs" / "protocol.md").read_text()
-    block = re.search(r"<!-- membership vectors: begin -->\s*```json\n(.*?)\n```\s*"
-                      r"<!-- membership vectors: end -->", text, re.S)  # fmt: skip
-    assert block is not None, "docs/protocol.md lost its membership vectors block"
-    vectors: dict[str, Any] = json.loads(block.group(1))
-    return vectors
+    return protocol_vectors("membership")
 
 
 def lp(text: str) -> bytes:

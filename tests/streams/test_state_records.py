@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -37,20 +36,15 @@ from streams.worker.state_vectors import build, render
 from streams.worker.tables import StateContext, WriteBackTable, register_codecs
 
 from . import helpers
+from .helpers import protocol_vectors
 from .test_counts import TEST_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
 SEAL = StateSeal(*state_keys(bytes(range(32))))
 E1, E2 = (1 << 32) | 7, (2 << 32) | 9
 
 
 def doc_vectors() -> dict[str, Any]:
-    text = (ROOT / "docs" / "protocol.md").read_text()
-    block = re.search(r"<!-- state vectors: begin -->\s*```json\n(.*?)\n```\s*"
-                      r"<!-- state vectors: end -->", text, re.S)  # fmt: skip
-    assert block is not None, "docs/protocol.md lost its state vectors block"
-    vectors: dict[str, Any] = json.loads(block.group(1))
-    return vectors
+    return protocol_vectors("state")
 
 
 # -- §3 written from the text -------------------------------------------------------------------

@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import json
 import zlib
-from pathlib import Path
 from typing import Any
 
 import faust

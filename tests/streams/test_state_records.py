@@ -14,7 +14,6 @@ import hmac
 import json
 import logging
 import struct
-from pathlib import Path
 from typing import Any
 
 import faust

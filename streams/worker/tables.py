@@ -216,8 +216,7 @@ class WriteBackTable(MutableMapping[str, Any]):
             stamp = Stamp(p, version, ctx.topic_index(msg.topic), msg.offset)
             plain = None if deleted else self._dumps(value)
             headers, payload = ctx.seal.seal(self.name, raw_key, plain, stamp)
-            old = self._sealed[key].version if key in self._sealed else self.held_version(key, p)
-            ctx.account(p, self.name, key, old, None if deleted else version)
+            ctx.account(p, self.name, key, self.held_version(key, p), None if deleted else version)
             raw = None if payload is None else stamp.to_bytes() + payload
             self._sealed[key] = _Sealed(p, version, value, raw)
             records.append(Record(topic, raw_key, payload, p, self, headers))

@@ -42,6 +42,7 @@ from .group_watch import DESCRIBE_EVERY_S, GroupWatch
 from .history import CheckpointBook, StateReader
 from .inboxes import LIST_WAIT_S, Inboxes
 from .intake import POLL_RECORDS, Intake
+from .local_checkpoints import LocalCheckpoints
 from .membership import SKEW_MS, Membership
 from .metrics import Metrics, build_metrics
 from .producer import Producer
@@ -141,7 +142,8 @@ class MarketWorker:
         s, m = self.settings, self.metrics
         seal = StateSeal(*state_keys(self.keys.noise_secret))
         reader = StateReader(seal, m.state_refused, m.state_copies, m.state_uncommitted)
-        progress = Progress(seal, progress_topic(s.app_id))
+        local = LocalCheckpoints(s.data_dir / f"{s.app_id}.checkpoints", seal)
+        progress = Progress(seal, progress_topic(s.app_id), local=local)
         self.state = StateContext(seal, reader, CheckpointBook(reader), self.topics.inputs(),
                                   progress.version_for, progress.account,
                                   progress.live.get)  # fmt: skip

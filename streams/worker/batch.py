@@ -157,6 +157,7 @@ class BatchProcessor:
         then write the stores. Under the progress lock: no other checkpoint (an offset commit's)
         is written in between."""
         async with self.progress.lock:
+            checkpoints: list[Record] = []
             try:
                 records = [r for tbl in self.tables for r in tbl.drain()]
                 if records:
@@ -165,13 +166,14 @@ class BatchProcessor:
                     for tbl in self.tables:
                         for p, end in tbl.ends().items():
                             self.progress.written(p, tbl.name, end)
-                    await self.producer.send_all(self.progress.batch_checkpoints(),
-                                                 dead_letter=False)  # fmt: skip
+                    checkpoints = self.progress.batch_checkpoints()
+                    await self.producer.send_all(checkpoints, dead_letter=False)
                 self.progress.commit_batch()
             finally:
                 self.progress.abandon_batch()
             for tbl in self.tables:
                 tbl.commit()
+            self.progress.keep(checkpoints)
 
     async def _apply(self, events: list[InputEvent], started: float) -> _Part:
         """Run events through the core until the outputs reach the budget; return the part."""

@@ -93,6 +93,20 @@ class Checkpoint:
             return n <= last
         return epoch <= self.floor
 
+    def explains(self, version: Version) -> bool:
+        """Whether a record of ``version`` that this checkpoint does not commit is one a worker
+        could have left without any checkpoint being lost: the batch after a committed one
+        (``n`` one past the last of its epoch), or a claim's rewrites (``n`` = 0) whose
+        checkpoint was never written. Anything else newer than this checkpoint means checkpoints
+        the changelog lost (deleted, or older ones appended in place of the newest)."""
+        epoch, n = version
+        if epoch == self.version.epoch:
+            return n == self.version.n + 1
+        last = self.ended.get(epoch)
+        if last is not None:
+            return n == last + 1
+        return n == 0 or epoch <= self.floor
+
     def claimed(self, after: int, now_ms: int) -> Checkpoint:
         """This checkpoint continued by a new epoch greater than ``after`` (and than its own):
         what a worker writes when it takes the partition on. The epoch it ends is kept in

@@ -95,6 +95,7 @@ __all__ = [
     "learn_topics",
     "partition_items",
     "pause_inputs",
+    "persisted_offset",
     "prefetch_backoff",
     "probe_broker",
     "producer_client",
@@ -719,6 +720,17 @@ def partition_items(table: Any, partitions: set[int]) -> Iterable[tuple[int, str
         return [(p, k, data[k]) for k, p in store._key_partition.items() if p in partitions]
     return ((p, k.decode("utf-8"), v) for p in sorted(partitions)
             for k, v in store._visible_items(store._db_for_partition(p)))
+
+
+def persisted_offset(table: Any, topic: str, partition: int) -> int | None:
+    """The last offset of ``topic``'s ``partition`` that ``table``'s RocksDB store has applied
+    (its recovery resumes after it); None in memory, or before the store applied any."""
+    from faust.types import TP  # noqa: PLC0415
+
+    if not store_is_serialized(table):
+        return None
+    offset = table.data.persisted_offset(TP(topic, partition))
+    return None if offset is None else int(offset)
 
 
 def set_persisted_offset(table: Any, topic: str, partition: int, offset: int) -> None:

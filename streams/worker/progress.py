@@ -29,6 +29,7 @@ from dataclasses import replace
 from ..wire.topics import TopicSpec
 from .checkpoints import Checkpoint, StoreSum
 from .history import PROGRESS
+from .local_checkpoints import LocalCheckpoints
 from .state_records import DIGEST_MODULUS, Stamp, StateSeal, Version
 from .tables import Record
 
@@ -62,11 +63,12 @@ class Progress:
         Seconds since the epoch (checkpoints say when they were written).
     """
 
-    def __init__(self, seal: StateSeal, topic: str,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(self, seal: StateSeal, topic: str, clock: Callable[[], float] = time.time,
+                 local: LocalCheckpoints | None = None) -> None:  # fmt: skip
         self.seal = seal
         self.topic = topic
         self.clock = clock
+        self.local = local
         self.live: dict[int, Checkpoint] = {}
         self.unverified: dict[int, str] = {}
         """Partitions assigned here whose state did not verify, and why (not served)."""
@@ -127,6 +129,15 @@ class Progress:
         """The checkpoint records of the batch (to send once its records are acknowledged)."""
         now = self._now_ms()
         return [self.record(replace(cp, written_at_ms=now)) for cp in self._batch.values()]
+
+    def keep(self, records: Iterable[Record]) -> None:
+        """Checkpoint records acknowledged, and the stores written: keep them on this worker's
+        disk too (:mod:`streams.worker.local_checkpoints`)."""
+        if self.local is None:
+            return
+        for r in records:
+            if r.partition is not None and r.value is not None and r.headers:
+                self.local.save(r.partition, r.headers, r.value)
 
     def commit_batch(self) -> None:
         """The batch's checkpoints are acknowledged: they are the partitions' state now."""

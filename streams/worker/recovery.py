@@ -98,12 +98,34 @@ class Takeover:
         self.progress.drop({tp.partition for tp in revoked} - inputs)
         fresh = (inputs | state) - set(self.progress.live) - set(self.progress.unverified)
         for p in fresh:
-            self.ctx.book.latest.pop(p, None)
-            self.ctx.stale.pop(p, None)
-            self.ctx.epochs.pop(p, None)
+            for known in (self.ctx.book.latest, self.ctx.stale, self.ctx.epochs,
+                          self.ctx.unexplained, self.ctx.local):  # fmt: skip
+                known.pop(p, None)
         await read_checkpoints(self.consumer_settings, self.progress.topic, sorted(fresh),
                                self.ctx.book)  # fmt: skip
+        self._trust_disk(fresh)
         self._fresh = (self._fresh | fresh) & inputs
+
+    def _trust_disk(self, partitions: set[int]) -> None:
+        """Where this worker's disk holds a newer checkpoint than the progress changelog's
+        newest, judge by it: the changelog lost checkpoints (deleted, or older ones appended in
+        place of the newest), and the claim will write the partition's history again."""
+        local = self.progress.local
+        if local is None:
+            return
+        for p in sorted(partitions):
+            mine = local.load(p)
+            if mine is None:
+                continue
+            self.ctx.local[p] = mine.version
+            logged = self.ctx.book.get(p)
+            if mine.version > logged.version:
+                log.error("partition %d: the progress changelog's newest checkpoint is %s, but "
+                          "this worker committed or read %s (its data directory keeps it): the "
+                          "changelog lost checkpoints (deleted, or older ones appended in place "
+                          "of the newest); recovery judges by the one on disk", p,
+                          tuple(logged.version), tuple(mine.version))  # fmt: skip
+                self.ctx.book.latest[p] = mine
 
     async def recovered(self) -> None:
         """Recovery is complete: verify and claim the partitions it recovered."""
@@ -129,6 +151,10 @@ class Takeover:
     async def _take(self, p: int, held: Mapping[str, StoreSum]) -> None:
         cp = self.ctx.book.get(p)
         why = verify_partition(held, cp, [t.name for t in self.tables])
+        lost = self.ctx.unexplained.get(p)
+        if lost is not None:
+            why = (f"a {lost} is newer than the checkpoint and no lost batch explains it: the "
+                   "progress changelog lost checkpoints" + ("" if why is None else f"; {why}"))
         if why is not None:
             self.progress.refuse(p, why)
             log.critical("partition %d: the state recovered is not what its checkpoint (version "
@@ -165,9 +191,11 @@ class Takeover:
                 if end is not None:
                     sums = claimed.stores.setdefault(tbl.name, StoreSum())
                     sums.end = max(sums.end, end)
-        await self.producer.send_all([self.progress.record(claimed)], dead_letter=False)
+        record = self.progress.record(claimed)
+        await self.producer.send_all([record], dead_letter=False)
         for tbl in self.tables:
             tbl.commit()
+        self.progress.keep([record])
         return claimed
 
     async def _seek(self, consumer: Any, tp: Any, proven: int) -> None:
@@ -195,4 +223,5 @@ class Takeover:
                     for cp, _ in moved:
                         if self.progress.serves(cp.partition):
                             self.progress.serve(cp)
+                    self.progress.keep(r for _, r in moved)
         return {**{tp: o for tp, o in offsets.items() if tp not in mine}, **allowed}

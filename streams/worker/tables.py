@@ -34,6 +34,7 @@ from .checkpoints import Checkpoint
 from .faust_internals import (
     RecoveredEvent,
     partition_items,
+    persisted_offset,
     rebuild_changelog_topic,
     register_codec,
     set_persisted_offset,
@@ -79,7 +80,11 @@ class StateContext:
     over what it wrote there itself (Faust's recovery reads a partition it keeps again after
     every rebalance); ``stale`` collects, per partition, the keys recovery found a record of
     that was never committed (rewritten when the partition is claimed:
-    :mod:`streams.worker.recovery`); ``epochs`` the greatest epoch recovery saw per partition.
+    :mod:`streams.worker.recovery`); ``epochs`` the greatest epoch recovery saw per partition;
+    ``unexplained``, per partition, a record newer than its checkpoint that no lost batch
+    explains (the changelog lost checkpoints: the partition does not verify); ``local``, per
+    partition, the version of the newest checkpoint this worker's disk holds
+    (:mod:`streams.worker.local_checkpoints`).
     """
 
     seal: StateSeal
@@ -91,6 +96,8 @@ class StateContext:
     serving: Callable[[int], Checkpoint | None] = lambda partition: None
     stale: dict[int, set[tuple[str, str]]] = field(default_factory=dict)
     epochs: dict[int, int] = field(default_factory=dict)
+    unexplained: dict[int, str] = field(default_factory=dict)
+    local: dict[int, Version] = field(default_factory=dict)
 
     def topic_index(self, topic: str) -> int:
         try:
@@ -124,6 +131,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         self._pending: dict[str, tuple[Any, Any]] = {}
         self._sealed: dict[str, _Sealed] = {}
         self._deleted: dict[str, Version] = {}  # deletions recovery read (this tenure)
+        self._resumed: dict[int, bool] = {}  # partitions recovery resumed after a stored offset
         self._ends: dict[int, int] = {}
 
     @classmethod
@@ -266,16 +274,36 @@ class WriteBackTable(MutableMapping[str, Any]):
             key, version, p = m.key.decode("utf-8"), opened.stamp.version, m.partition
             ctx.epochs[p] = max(ctx.epochs.get(p, 0), version.epoch)
             before = held.get(key) or self.held_version(key, p) or self._deleted.get(key)
-            verdict = judge(ctx.book.get(p), version, before, final=True)
+            cp = ctx.book.get(p)
+            verdict = judge(cp, version, before, final=True)
+            if verdict == "apply" and self.behind_disk(p, version):
+                verdict, before = "older", ctx.local[p]
             if verdict != "apply":
                 ctx.reader.noted(self.name, verdict, m.key, where, "table recovery", before,
                                  version)  # fmt: skip
                 if verdict == "void":
                     ctx.stale.setdefault(p, set()).add((self.name, key))
+                    if not cp.explains(version):
+                        ctx.unexplained.setdefault(p, f"{self.name} record {key!r} of version "
+                                                      f"{tuple(version)}")  # fmt: skip
                 continue
             held[key] = version
             kept.append(self.restored(key, opened.stamp, opened.plaintext, m))
         return kept
+
+    def behind_disk(self, partition: int, version: Version) -> bool:
+        """Whether a record read back by a RocksDB store's recovery is no newer than what the
+        store held when it last wrote (the newest checkpoint on this worker's disk): recovery
+        resumes after the records the store applied, so a record at or below that version is an
+        old one appended again (a key deleted since, say, which the store no longer knows)."""
+        if not self.serialized or partition not in self.ctx.local:
+            return False
+        topic = self.table.changelog_topic.get_topic_name()
+        resumed = self._resumed.get(partition)
+        if resumed is None:
+            resumed = self._resumed[partition] = (
+                persisted_offset(self.table, topic, partition) is not None)
+        return resumed and version <= self.ctx.local[partition]
 
     def passed_over(self, m: Any, where: tuple[str, int, int]) -> bool:
         """Whether ``m`` is of a partition this worker serves: its own record (passed over), or
@@ -302,6 +330,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         """Forget the deletions recovery read (they guarded only against older records read in
         the same recovery)."""
         self._deleted.clear()
+        self._resumed.clear()
 
     def partition_entries(self, partitions: set[int]) -> Iterator[tuple[int, str, Version]]:
         """Every key the store holds in ``partitions``, with its partition and version."""

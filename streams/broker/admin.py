@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -64,13 +65,17 @@ class PartitionCountError(RuntimeError):
     """An input topic has another partition count than the market is configured with."""
 
 
-async def check_input_partitions(bootstrap: str, topics: Topics, **auth: Any) -> None:
-    """Raise :class:`PartitionCountError` unless every input topic has ``topics.partitions``.
+async def check_input_partitions(
+    bootstrap: str, topics: Topics, state: Sequence[str] = (), **auth: Any
+) -> None:
+    """Raise :class:`PartitionCountError` unless every input topic, and each of the workers'
+    ``state`` topics that exists, has ``topics.partitions``.
 
     The market refuses an event that is not on the partition Kafka's default partitioner gives
     its id (:meth:`Topics.partition_of`, computed with ``topics.partitions``). Input topics made
-    beforehand with another count would have every event refused; stop at start-up instead,
-    saying what to change.
+    beforehand with another count would have every event refused, and a changelog or the
+    progress changelog with another count (made by someone else) would leave partitions without
+    their state: stop at start-up instead, saying what to change.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **auth)
     await admin.start()
@@ -80,9 +85,17 @@ async def check_input_partitions(bootstrap: str, topics: Topics, **auth: Any) ->
         await admin.close()
     wrong = {
         name: len(parts)
-        for name in topics.inputs()
+        for name in (*topics.inputs(), *state)
         if (parts := cluster.partitions_for_topic(name)) and len(parts) != topics.partitions
     }
+    if wrong and not set(wrong) & set(topics.inputs()):
+        found = ", ".join(f"{name} has {n}" for name, n in sorted(wrong.items()))
+        raise PartitionCountError(
+            f"the market's state topics have {topics.partitions} partitions but {found}: made "
+            "by someone else (on a broker without ACLs anyone may). Its state cannot be read "
+            "there: delete the topic if it holds nothing of the market's, or restore it "
+            "(docs/operations.md, 'State that does not verify')"
+        )
     if wrong:
         found = ", ".join(f"{name} has {n}" for name, n in sorted(wrong.items()))
         raise PartitionCountError(

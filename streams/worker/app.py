@@ -47,6 +47,7 @@ from .membership import SKEW_MS, Membership
 from .metrics import Metrics, build_metrics
 from .producer import Producer
 from .progress import Progress, progress_topic
+from .progress_watch import ProgressWatch
 from .recovery import Takeover
 from .secrets import load_or_create_keys, membership_key, state_keys
 from .state_records import StateSeal
@@ -116,6 +117,9 @@ class MarketWorker:
             self._consumer_settings(), self.topics.inputs(),
         )  # fmt: skip
         attach_takeover(self.app, self.takeover)
+        self.replica.on_checkpoint = self.takeover.observed
+        self.progress_watch = ProgressWatch(self.app, settings, self.progress, self.producer,
+                                            self.metrics)  # fmt: skip
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
@@ -298,6 +302,10 @@ class MarketWorker:
         @app.task  # type: ignore[untyped-decorator]
         async def publish_catalog() -> None:
             await worker.catalog.run()
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def watch_progress() -> None:
+            await worker.progress_watch.run()
 
         @app.timer(DESCRIBE_EVERY_S)  # type: ignore[untyped-decorator]
         async def describe_group() -> None:

@@ -35,21 +35,24 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ..wire.events import AccountState
-from .checkpoints import StoreSum
+from .checkpoints import Checkpoint, StoreSum
 from .history import CheckpointBook, StateReader, judge
 from .state_records import DIGEST_MODULUS, Version
 
-__all__ = ["MAX_PENDING", "AccountReplica"]
+__all__ = ["MAX_PENDING", "REREAD_CHECK_S", "AccountReplica"]
 
 log = logging.getLogger("emarket.directory")
 
 STORE = "accounts"
+REREAD_CHECK_S = 1.0
+"""Seconds between two looks for a changelog made again under the replica."""
 MAX_PENDING = 10_000
 """Records a partition may hold waiting for their checkpoint; beyond, the oldest are dropped
 (a worker writes a batch's checkpoint right after its records, so more means a flood)."""
@@ -85,11 +88,20 @@ class AccountReplica:
         self._task: asyncio.Task[None] | None = None
         self._tps: list[TopicPartition] = []
         self._progress = asyncio.Event()
+        self.on_checkpoint: Callable[[Checkpoint], None] | None = None
+        """Called with every checkpoint newer than the last read of its partition (the worker
+        fences itself when another worker takes a partition it serves over)."""
 
     # -- lookups (DirectoryReplica) -------------------------------------------------------------
     def get(self, account_id: str) -> AccountState | None:
+        """The account as committed; None while a newer record of it waits for its checkpoint
+        (a key rotation in flight: its old key must not pass meanwhile), and for a partition
+        whose accounts do not verify."""
         held = self._accounts.get(account_id)
         if held is None or held.partition in self.unverified:
+            return None
+        newer = self._newest.get(account_id)
+        if newer is not None and newer > held.version:
             return None
         return held.state
 
@@ -151,9 +163,13 @@ class AccountReplica:
         return all([await self._consumer.position(tp) >= end for tp, end in ends.items()])
 
     async def _run(self, tps: list[TopicPartition]) -> None:
+        looked = time.monotonic()
         while True:
             try:
                 batch = await self._consumer.getmany(*tps, timeout_ms=100)
+                if time.monotonic() - looked > REREAD_CHECK_S:
+                    looked = time.monotonic()
+                    await self._made_again(tps)
             except Exception as exc:  # broker outage: keep trying, lookups use what we have
                 log.debug("account replica fetch failed: %r", exc)
                 await asyncio.sleep(0.5)
@@ -163,14 +179,46 @@ class AccountReplica:
                     self.receive(rec)
             self._progress.set()
 
+    async def _made_again(self, tps: list[TopicPartition]) -> None:
+        """Read again from the start each partition whose end is now below this replica's
+        position: its topic was deleted and made again (a broker gives a reader no error then,
+        and it would wait for ever past the new records)."""
+        for tp in tps:
+            end = self._consumer.highwater(tp)
+            if end is None or end >= await self._consumer.position(tp):
+                continue
+            log.warning("account replica: %s[%d] ends at %d, below what it had read: the topic "
+                        "was made again; reading it again from the start", tp.topic,
+                        tp.partition, end)  # fmt: skip
+            self._forget(tp)
+            self._consumer.seek(tp, 0)
+
+    def _forget(self, tp: TopicPartition) -> None:
+        """Forget what was read of ``tp``: its checkpoints, or its accounts."""
+        p = tp.partition
+        self._checked.pop(p, None)
+        if tp.topic == self.progress_topic:
+            self.book.latest.pop(p, None)
+            return
+        for account_id, held in list(self._accounts.items()):
+            if held.partition == p:
+                self._set(account_id, p, held.version, None)
+        for rec, _, _ in self._pending.pop(p, []):
+            self._newest.pop(rec.key.decode("utf-8"), None)
+        for known in (self._sums, self._read_to):
+            known.pop(p, None)
+
     # -- records ----------------------------------------------------------------------------------
     def receive(self, rec: Any) -> None:
         """Apply one record of either changelog (an aiokafka ``ConsumerRecord``) as the market's
         history says (the module docstring)."""
         p = rec.partition
         if rec.topic == self.progress_topic:
-            if self.book.receive(rec, "account replica") is not None:
+            cp = self.book.receive(rec, "account replica")
+            if cp is not None:
                 self._promote(p)
+                if self.on_checkpoint is not None:
+                    self.on_checkpoint(cp)
         else:
             self._account(rec)
             self._read_to[p] = rec.offset + 1

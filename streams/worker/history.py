@@ -167,8 +167,8 @@ async def read_checkpoints(
     await consumer.start()
     try:
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         deadline = time.monotonic() + timeout
+        await asyncio.wait_for(consumer.seek_to_beginning(*tps), timeout)
         left = set(tps)
         while left:
             if time.monotonic() > deadline:

@@ -291,9 +291,11 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                                "Members of the workers' consumer group without a valid proof "
                                "that they are workers of this market", [], {}),
     "topics_recreated": (Counter, "topics_recreated",
-                         "Topics the market publishes to (kind: inbox, catalog) found missing, "
-                         "emptied or with the wrong partition count, and made again with their "
-                         "settings; what was held for them was then sent", ["kind"], {}),
+                         "Topics the market publishes to (kind: inbox, catalog; progress: the "
+                         "checkpoints) found missing, emptied or with the wrong partition count, "
+                         "and made again with their settings; what was held for them (the "
+                         "checkpoints: the newest of each partition served) was then sent",
+                         ["kind"], {}),
     "catalog_republished": (Counter, "catalog_entries_republished",
                             "Catalog entries of this worker's streams published again from "
                             "its registered store after the catalog was lost or emptied",
@@ -334,7 +336,7 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
 
 #: ``kind`` label of ``emarket_topics_recreated_total``: the topics the market publishes to
 #: from its own state, and makes again when they go missing
-TOPIC_KINDS = ("inbox", "catalog")
+TOPIC_KINDS = ("inbox", "catalog", "progress")
 
 
 #: ``input`` label of ``emarket_offsets_ahead_total``: the input topics, named without prefix

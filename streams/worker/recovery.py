@@ -209,6 +209,22 @@ class Takeover:
         await seek_input(consumer, tp, proven)
         set_committed_offset(consumer, tp, proven)
 
+    def observed(self, cp: Checkpoint) -> None:
+        """A checkpoint read on the progress changelog (by the account replica): one of a
+        partition this worker serves, newer than its own and of another epoch, means another
+        worker took the partition over (a rebalance this worker missed, or a leader that gave it
+        to two workers). This worker stops serving it at once — its writes would not count —
+        and says so (``/health`` unverified, ``MarketStateUnverified``); a later rebalance or a
+        restart takes it on again from the changelogs."""
+        live = self.progress.live.get(cp.partition)
+        if live is None or cp.version.epoch == live.version.epoch or cp.version <= live.version:
+            return
+        why = (f"another worker took it over (its checkpoint {tuple(cp.version)} after this "
+               f"worker's {tuple(live.version)})")  # fmt: skip
+        self.progress.refuse(cp.partition, why)
+        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
+        log.critical("partition %d: %s; this worker stops serving it", cp.partition, why)
+
     async def commit_positions(self, offsets: Mapping[Any, int]) -> dict[Any, int]:
         """Before Faust commits ``offsets`` (TP → next offset): record them in the partitions'
         checkpoints; return the offsets that may be committed (those of served partitions)."""

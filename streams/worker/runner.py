@@ -66,6 +66,7 @@ def run_worker(settings: Settings, on_forced_exit: Callable[[], None] | None = N
 
 async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     """Wait for the broker, create the market's topics, and check the market's identity."""
+    from ..core.state import Stores  # noqa: PLC0415
     from .identity import check_identity  # noqa: PLC0415
     from .progress import progress_spec  # noqa: PLC0415
 
@@ -75,7 +76,9 @@ async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
     await ensure_topics(settings.bootstrap, [progress_spec(settings.app_id, settings.partitions)],
                         settings.replication, **auth)  # fmt: skip
-    await check_input_partitions(settings.bootstrap, topics, **auth)
+    state = [progress_spec(settings.app_id, settings.partitions).name,
+             *(f"{settings.app_id}-{name}-changelog" for name in Stores.NAMES)]
+    await check_input_partitions(settings.bootstrap, topics, state, **auth)
     await check_identity(settings.bootstrap, topics, keys, **auth)
 
 

@@ -55,6 +55,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RECORDED: dict[str, dict[str, str]] = {
     "faust-streaming==0.15.3": {
+        "faust.stores.rocksdb:Store.partition_path":
+            "0cc4eae7dc33fcf199f5a271d5186984f3a18af73a5168a9961e71518eb7ab14",
+        "faust.stores.rocksdb:Store.revoke_partitions":
+            "3f85447a24fc34ffd1ecb5039f502ac6049d92fbd61d91371049bab01203e390",
+        "faust.tables.recovery:Recovery.on_rebalance":
+            "aa4d997a1795ceae3880f98311b46935d9ae1a183a699b9a283bb4306bc8641f",
         "faust.tables.manager:TableManager.on_rebalance":
             "2d2c23a07bf5432854a01ad790af19bb7e7acc8062a6ac2934ff0db94bf3924a",
         "faust.tables.recovery:Recovery.on_recovery_completed":

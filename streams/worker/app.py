@@ -113,7 +113,7 @@ class MarketWorker:
             profile=settings.profile_batches,
         )
         self.takeover = Takeover(
-            list(self.tables.values()), self.state, self.progress, self.producer, self.metrics,
+            self.app, list(self.tables.values()), self.state, self.progress, self.producer, self.metrics,
             self._consumer_settings(), self.topics.inputs(),
         )  # fmt: skip
         attach_takeover(self.app, self.takeover)

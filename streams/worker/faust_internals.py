@@ -87,6 +87,7 @@ __all__ = [
     "attach_intake",
     "attach_takeover",
     "committed_offset",
+    "forget_partition",
     "install_batched_intake",
     "install_takeover",
     "install_tansu_compat",
@@ -227,6 +228,10 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", "faust.stores.rocksdb", "Store._db_for_partition Store._get "
         "Store._iterkeys Store._visible_items Store.set_persisted_offset", "relied on",
         "store_get"),
+    *_u("faust-streaming", "faust.stores.rocksdb", "Store.partition_path Store.revoke_partitions",
+        "relied on", "forget_partition"),
+    *_u("faust-streaming", "faust.tables.recovery", "Recovery.on_rebalance", "relied on",
+        "forget_partition"),
     *_u("faust-streaming", "faust.tables.base", "Collection._new_changelog_topic", "relied on",
         "rebuild_changelog_topic"),
     *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
@@ -720,6 +725,36 @@ def partition_items(table: Any, partitions: set[int]) -> Iterable[tuple[int, str
         return [(p, k, data[k]) for k, p in store._key_partition.items() if p in partitions]
     return ((p, k.decode("utf-8"), v) for p in sorted(partitions)
             for k, v in store._visible_items(store._db_for_partition(p)))
+
+
+def forget_partition(app: Any, table: Any, partition: int) -> None:
+    """Drop what ``table`` holds of ``partition`` — its keys (memory store), or its database
+    (RocksDB: closed and deleted, its persisted offset with it) — and where Faust's recovery
+    had read its changelog to, so that the next recovery reads the partition from the start.
+
+    For a partition this worker keeps across a rebalance but whose state it no longer trusts
+    (another worker took it over meanwhile, or it did not verify): Faust would otherwise only
+    read what was written since."""
+    import gc  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from faust.types import TP  # noqa: PLC0415
+
+    store = table.data
+    if store_is_serialized(table):
+        store._dbs.pop(partition, None)
+        for key in [k for k, p in store._key_index.items() if p == partition]:
+            del store._key_index[key]
+        gc.collect()  # rocksdict closes a database when it is collected
+        shutil.rmtree(store.partition_path(partition), ignore_errors=True)
+    else:
+        for key in [k for k, p in store._key_partition.items() if p == partition]:
+            store.data.pop(key, None)
+            del store._key_partition[key]
+    tp = TP(table.changelog_topic.get_topic_name(), partition)
+    recovery = app.tables.recovery
+    recovery.active_offsets.pop(tp, None)
+    recovery.active_highwaters.pop(tp, None)
 
 
 def persisted_offset(table: Any, topic: str, partition: int) -> int | None:

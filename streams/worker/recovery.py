@@ -32,7 +32,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .checkpoints import Checkpoint, StoreSum
-from .faust_internals import committed_offset, pause_inputs, seek_input, set_committed_offset
+from .faust_internals import (
+    committed_offset,
+    forget_partition,
+    pause_inputs,
+    seek_input,
+    set_committed_offset,
+)
 from .history import read_checkpoints
 from .metrics import Metrics
 from .producer import Producer
@@ -75,9 +81,10 @@ def verify_partition(
 class Takeover:
     """What a worker does around Faust's recovery of the partitions it is given (module doc)."""
 
-    def __init__(self, tables: list[WriteBackTable], ctx: StateContext, progress: Progress,
-                 producer: Producer, metrics: Metrics, consumer_settings: dict[str, Any],
-                 inputs: tuple[str, ...]) -> None:  # fmt: skip
+    def __init__(self, app: Any, tables: list[WriteBackTable], ctx: StateContext,
+                 progress: Progress, producer: Producer, metrics: Metrics,
+                 consumer_settings: dict[str, Any], inputs: tuple[str, ...]) -> None:  # fmt: skip
+        self.app = app
         self.tables = tables
         self.ctx = ctx
         self.progress = progress
@@ -96,7 +103,12 @@ class Takeover:
         inputs = {tp.partition for tp in assigned if tp.topic in self.inputs}
         state = {tp.partition for tp in assigned if tp.topic in changelogs}
         self.progress.drop({tp.partition for tp in revoked} - inputs)
-        fresh = (inputs | state) - set(self.progress.live) - set(self.progress.unverified)
+        again = set(self.progress.unverified) & (inputs | state)
+        for p in sorted(again):  # not trusted: read from the changelogs again, from the start
+            for tbl in self.tables:
+                forget_partition(self.app, tbl.table, p)
+        self.progress.drop(again)
+        fresh = (inputs | state) - set(self.progress.live)
         for p in fresh:
             for known in (self.ctx.book.latest, self.ctx.stale, self.ctx.epochs,
                           self.ctx.unexplained, self.ctx.local):  # fmt: skip

@@ -113,8 +113,8 @@ class MarketWorker:
             profile=settings.profile_batches,
         )
         self.takeover = Takeover(
-            self.app, list(self.tables.values()), self.state, self.progress, self.producer, self.metrics,
-            self._consumer_settings(), self.topics.inputs(),
+            self.app, list(self.tables.values()), self.state, self.progress, self.producer,
+            self.metrics, self._consumer_settings(), self.topics.inputs(),
         )  # fmt: skip
         attach_takeover(self.app, self.takeover)
         self.replica.on_checkpoint = self.takeover.observed

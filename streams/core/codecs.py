@@ -48,6 +48,10 @@ _EVICTED = b"EVIC"  # a mark whose digest is not a SHA-256: EVIC<seq>:<digest>:<
 _MARK = b"EVM3"
 _MARK_BODY = struct.Struct("<q32sq")  # seq, SHA-256, published_at_ms
 _HISTOGRAM = b"EMHV"
+_PADDED = b"EMPH"  # a histogram value padded: EMPH ‖ u32 length ‖ EMHV… ‖ zeros to a power of two
+HISTOGRAM_MIN = 256
+"""The least bytes a histogram value's record takes (then the next power of two): its size
+would otherwise say how many keys the seller's value had, on the changelog and on disk."""
 _PURCHASE = b"EMP2"
 # status, fingerprint, requested, price, level before, after, first seq, count, decided, digest
 _PURCHASE_BODY = struct.Struct("<c32sqqddqIq32s")
@@ -77,7 +81,9 @@ def encode_value(obj: ValueState) -> bytes:
             return _EVICTED + f"{obj.seq}:{obj.digest}:{obj.published_at_ms}".encode()
         return _MARK + _MARK_BODY.pack(obj.seq, raw, obj.published_at_ms)
     if isinstance(obj, HistogramValue):
-        return encode_histogram_value(obj)
+        body = encode_histogram_value(obj)
+        size = max(HISTOGRAM_MIN, 1 << (len(body) + 8 - 1).bit_length())
+        return (_PADDED + len(body).to_bytes(4, "big") + body).ljust(size, b"\0")
     return encode_chain_state(obj)
 
 
@@ -90,6 +96,9 @@ def decode_value(data: bytes) -> ValueState:
         seq, rest = data[len(_EVICTED) :].decode().split(":", 1)
         digest, published = rest.rsplit(":", 1)
         return EvictedValue(int(seq), digest, int(published))
+    if data.startswith(_PADDED):
+        size = int.from_bytes(data[4:8], "big")
+        return decode_histogram_value(data[8 : 8 + size])
     if data.startswith(_HISTOGRAM):
         return decode_histogram_value(data)
     return decode_chain_state(data)

@@ -52,6 +52,7 @@ __all__ = [
     "seal_releases",
     "seal_values",
     "values_aad",
+    "values_padded_length",
     "values_plaintext",
 ]
 
@@ -193,10 +194,27 @@ def values_aad(market: str, market_key_b64: str, batch: ValueBatch) -> bytes:
 
 def values_plaintext(items: Sequence[ValueItem]) -> bytes:
     """What is sealed: a JSON array with one object per item, in order, ``{"values": [...]}``
-    and on a histogram item also ``"keys": [...]`` (``docs/protocol.md`` §4.2)."""
+    and on a histogram item also ``"keys": [...]``, then spaces up to
+    :func:`values_padded_length` (``docs/protocol.md`` §4.2)."""
     rows = [{"values": list(i.values), **({} if i.keys is None else {"keys": list(i.keys)})}
             for i in items]  # fmt: skip
-    return json.dumps(rows, separators=(",", ":"), allow_nan=True).encode()
+    plain = json.dumps(rows, separators=(",", ":"), allow_nan=True).encode()
+    return padded(plain, values_padded_length(plain, items))
+
+
+def values_padded_length(plaintext: bytes, items: Sequence[ValueItem]) -> int:
+    """The length a seller's sealed plaintext is padded to: each number as if it took
+    :data:`NUMBER_WIDTH` characters, so the envelope's size says nothing of the numbers' signs,
+    digits or exponents, only how many there are; a histogram batch's (whose keys are text of
+    any length) then rounded up to the next power of two, at least :data:`PAD_MIN`."""
+    size = len(plaintext)
+    for i in items:
+        if i.values:
+            spelled = json.dumps(list(i.values), separators=(",", ":"), allow_nan=True)
+            size += (NUMBER_WIDTH + 1) * len(i.values) + 1 - len(spelled)
+    if any(i.keys is not None for i in items):
+        size = max(PAD_MIN, 1 << (size - 1).bit_length())
+    return size
 
 
 def seal_values(

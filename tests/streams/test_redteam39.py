@@ -531,9 +531,9 @@ def test_record_sizes_reveal_nothing_of_a_sellers_numbers(market: Market) -> Non
         assert not isinstance(await c.register(hist), Rejection)
         assert not isinstance(await c.register(counts), Rejection)
         await c.publish("h", small_h, value_id="h-small")
-        await c.publish("h", big_h, value_id="h-big")
+        await c.publish("h", big_h, value_id="h-large")
         await c.publish("c", [1.0, 2.0], value_id="c-small")
-        await c.publish("c", [123456789.0, 987654321.0], value_id="c-big")
+        await c.publish("c", [123456789.0, 987654321.0], value_id="c-large")
 
     market.run(go)
     market.wait_ingested("h", 2)
@@ -546,7 +546,7 @@ def test_record_sizes_reveal_nothing_of_a_sellers_numbers(market: Market) -> Non
         body = json.loads(r.value)
         batch[body["items"][0]["value_id"]] = len(r.value)
     leaks = {}
-    for a, b in (("h-small", "h-big"), ("c-small", "c-big")):
+    for a, b in (("h-small", "h-large"), ("c-small", "c-large")):
         sid = a[0]
         if size.get(f"{sid}/{a}") != size.get(f"{sid}/{b}"):
             leaks[f"releases changelog {sid}"] = (size.get(f"{sid}/{a}"), size.get(f"{sid}/{b}"))

@@ -51,9 +51,24 @@ export function open(envelope, priv, aad) {
   return chacha20poly1305(key, nonce, aad).decrypt(fromB64(envelope.ciphertext));
 }
 
-/** The plaintext of a sealed batch (§4.2): `[{"values": [...], "keys"?: [...]}, …]`. */
+/**
+ * The plaintext of a sealed batch (§4.2): `[{"values": [...], "keys"?: [...]}, …]`, then
+ * spaces: each number counts 24 characters (`25·n + 1 − len(J)` per item), and a batch with
+ * histogram keys is rounded up to a power of two, at least 1,024 bytes.
+ */
 export function valuesPlaintext(items) {
-  return utf8(JSON.stringify(items.map((it) => (it.keys != null ? { values: it.values ?? [], keys: it.keys } : { values: it.values ?? [] }))));
+  const json = JSON.stringify(items.map((it) => (it.keys != null ? { values: it.values ?? [], keys: it.keys } : { values: it.values ?? [] })));
+  let size = utf8(json).length;
+  for (const it of items) {
+    const n = (it.values ?? []).length;
+    if (n) size += 25 * n + 1 - JSON.stringify(it.values).length;
+  }
+  if (items.some((it) => it.keys != null)) {
+    let p = 1;
+    while (p < size) p *= 2;
+    size = Math.max(1024, p);
+  }
+  return utf8(json + ' '.repeat(size - utf8(json).length));
 }
 
 /**

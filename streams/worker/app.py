@@ -321,6 +321,11 @@ class MarketWorker:
         async def probe() -> None:
             await worker.producer.probe()
 
+        self._rebalance_hooks()
+
+    def _rebalance_hooks(self) -> None:
+        app, settings, worker = self.app, self.settings, self
+
         async def revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             # the partitions' next owner recovers them from the changelogs: let the batch in
             # flight commit first (it cannot be made to stop half way: its checkpoint decides)

@@ -1,8 +1,10 @@
-"""Red team of #39: a stranger on the log against real workers on the embedded broker.
+"""An independent red team's attacks on #39, on real workers and the embedded broker.
 
-Each test is one attack; its assertions state what the market promises (docs/operations.md,
-"Security", "State that does not verify", "Group membership"; docs/protocol.md §3, §13). A test
-that fails is a finding (see the report on branch ``redteam39``).
+Each test is one attack a stranger on the log made (deleting the progress changelog,
+replacing it by older checkpoints, a leader giving partitions to two workers, an old record of
+a deleted key, sizes, a lost batch's records appended again); its assertions state what the
+market promises (docs/operations.md, "Security", "State that does not verify", "Group
+membership"; docs/protocol.md §3, §4.2, §13). Each failed on the code the red team attacked.
 """
 
 from __future__ import annotations
@@ -129,20 +131,6 @@ def test_progress_changelog_deleted_loses_nothing(market: Market) -> None:
     _after_reset(market, first)
 
 
-def test_progress_and_purchases_deleted_lose_nothing_silently(market: Market) -> None:
-    """Delete the checkpoints and the purchases topic (both deletable by anyone here; on Kafka
-    the purchases past their retention are gone the same way): bob's level-1 holding must not
-    vanish while /health says ok, and he must not pay twice."""
-    _, first = bought_window(market)
-    for w in market.workers:
-        w.stop()
-    asyncio.run(delete_topics(market, progress_topic(market), market.topics.purchases))
-    w = market.start_worker(healthy=False)
-    time.sleep(3)
-    assert health(w)["status"] == "ok"  # what the attack relies on (the first test's finding)
-    _after_reset(market, first)
-
-
 # -- the account replica, live ----------------------------------------------------------------
 def streams_on_every_partition(market: Market) -> dict[int, str]:
     out: dict[int, str] = {}
@@ -195,7 +183,7 @@ def old_key_buys_everywhere(market: Market, streams: dict[int, str], pid: str) -
     return {sid: market.ledger()[sid]["holders"] for sid in streams.values()}
 
 
-@pytest.mark.parametrize("delete", ["nothing", "progress", "accounts"])
+@pytest.mark.parametrize("delete", ["progress", "accounts"])
 def test_rotated_out_key_buys_nowhere(market: Market, delete: str) -> None:
     """alice rotates her key (the old one leaked). Whatever a stranger deletes (the progress
     changelog, the accounts changelog) while the workers run, no worker may accept her old key
@@ -556,45 +544,6 @@ def test_record_sizes_reveal_nothing_of_a_sellers_numbers(market: Market) -> Non
 
 
 # -- offsets committed behind ----------------------------------------------------------------
-async def commit_offsets(market: Market, offset: int) -> None:
-    """Commit ``offset`` for every input partition of the workers' group, from outside it."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    c = AIOKafkaConsumer(bootstrap_servers=market.broker.bootstrap,
-                         group_id=market.settings.app_id, enable_auto_commit=False)  # fmt: skip
-    await c.start()
-    try:
-        tps = [TopicPartition(t, p) for t in market.topics.inputs()
-               for p in range(market.settings.partitions)]  # fmt: skip
-        c.assign(tps)
-        await c.commit({tp: offset for tp in tps})
-    finally:
-        await c.stop()
-
-
-def test_offsets_committed_behind_re_answer_and_charge_nothing(market: Market) -> None:
-    """A stranger commits offset 0 for every input partition while the worker is away (Tansu
-    refuses a non-member's commit while the group has members): the restarted worker starts
-    where its checkpoints prove, so bob's inbox holds one answer to his purchase and he paid
-    once."""
-    bought_window(market)
-    time.sleep(3)
-    for w in market.workers:
-        w.stop()
-    asyncio.run(commit_offsets(market, 0))
-    market.start_worker()
-
-    async def inbox(c: MarketClient) -> list[Any]:
-        await asyncio.sleep(8)
-        return [e async for e in helpers.tail(c, "bob", idle_timeout=2.0)]
-
-    events = market.run(inbox)
-    answers = [e for e in events if getattr(e, "purchase_id", None) == "p1"
-               or getattr(e, "request_id", None) == "p1"]
-    assert len(answers) == 1, answers
-    assert market.ledger()["w"]["holders"]["bob"]["paid_minor"] == 100
-
-
 # -- the progress changelog made again with another partition count --------------------------------
 async def create_topic(market: Market, topic: str, partitions: int) -> None:
     from aiokafka.admin import NewTopic
@@ -641,6 +590,9 @@ def test_a_lost_batchs_records_appended_again_much_later_count_for_nothing(marke
     lost = list(market.run(lambda c: read_changelog(market, "accounts")))
     assert lost, "the lost batch left no record"
     market.start_worker()
+    # the openings are replayed from the positions the state proves; a resend of each is
+    # answered once it is (the registration below would otherwise race its seller's opening)
+    market.open_accounts("seller1", "alice")
     rotated = Party("alice", party("alice-2").signing_key, key_version=2)
 
     async def setup(c: MarketClient) -> None:

@@ -9,7 +9,9 @@ processes it started.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -136,10 +138,47 @@ class Market:
         for w in self.workers:
             w.stop()
 
+    def stop_workers(self, timeout: float = 90.0) -> None:
+        """Stop the live workers one at a time, each after the others have rejoined the group.
+
+        Tansu 0.6 keeps a leader that leaves during a rebalance as the group's leader, and no
+        worker joins that group again (docs/operations.md, the embedded broker): a test that
+        stops several workers and starts another must not let them leave together.
+        """
+        live = [w for w in self.workers if w.alive()]
+        for i, w in enumerate(live):
+            rest = live[i + 1:]
+            before = {id(r): _generation(r) for r in rest}
+            w.stop()
+            deadline = time.monotonic() + timeout
+            while rest and not all(_generation(r) > before[id(r)]
+                                   and _status(r) not in ("", "degraded") for r in rest):
+                assert time.monotonic() < deadline, "the other workers never rejoined"
+                time.sleep(0.2)
+
     def logs(self) -> str:
         return "\n".join(
             p.read_text(errors="replace")[-5000:] for p in sorted(self.tmp.glob("worker*.log"))
         )
+
+
+def _health(w: ChildWorker) -> dict[str, Any]:
+    """``/health``'s body, 503 included; empty while the worker does not answer."""
+    try:
+        return dict(w.get("/health", timeout=10))
+    except urllib.error.HTTPError as err:
+        return dict(json.loads(err.read()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _status(w: ChildWorker) -> str:
+    return str(_health(w).get("status", ""))
+
+
+def _generation(w: ChildWorker) -> int:
+    group = _health(w).get("group") or {}
+    return int(group.get("generation") or -1)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Crash anywhere: the worker is killed at random fail points at least 100 times.
+"""Crash anywhere: the worker is killed at random fail points 60 times.
 
 Two independent markets ("lanes") run on the shared broker. In each, a driver keeps sending
 values, purchases (steps up a ladder, targets above the cap, resends of earlier purchases), while

@@ -100,8 +100,7 @@ def test_genuine_old_records_appended_again_undo_nothing(market: Market, store: 
     accounts = market.run(lambda c: read_changelog(market, "accounts"))
     old_alice = next(r for r in accounts if r.key == b"alice")  # her first key's record
     assert (opened("accounts", old_alice) or b"").find(party("alice").public_key.encode()) > 0
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     market.run(lambda c: append(market, "accounts", [
         (old_alice.key, old_alice.value, list(old_alice.headers), old_alice.partition)]))
     market.run(lambda c: append(market, "streams", [
@@ -181,8 +180,7 @@ def test_a_stranger_committing_offsets_past_purchases_loses_none(market: Market)
     market.run(setup)
     for sid in ("s0", "s1"):
         market.wait_ingested(sid, 1)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     sent = [helpers.purchase(f"s{i % 2}", b, f"victim-{b}", max_price=1000,
                              market=market.topics.prefix, requested_at_ms=now_ms())
             for i, b in enumerate(buyers)]  # fmt: skip
@@ -226,8 +224,7 @@ def test_a_deleted_changelog_leaves_its_partitions_unserved_and_says_so(market: 
         return await buy(c, "alice", "e", max_price_minor=1000, purchase_id="p1")
 
     assert isinstance(market.run(setup), PurchaseFulfilled)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
 
     async def delete() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=market.broker.bootstrap)

@@ -80,16 +80,17 @@ def test_progress_changelog_deleted_while_stopped_is_noticed(market: Market) -> 
     new, empty market: a worker that never held the partitions (another machine: no
     checkpoints on its disk) does not serve those whose state records exist."""
     bought_window(market)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     asyncio.run(delete_topics(market, progress_topic(market)))
     elsewhere = market.tmp / "another-machine"
     helpers.write_test_keys(elsewhere)
     w = market.start_worker(healthy=False, data_dir=elsewhere)
-    time.sleep(3)
-    h = health(w)
-    uncommitted = market.metric("emarket_state_records_uncommitted_total")
-    assert h["status"] == "unverified", (h, uncommitted)
+    try:
+        wait_for("the worker does not serve the unproven partitions",
+                 lambda: _status(w) == "unverified", timeout=60)
+    except AssertionError as exc:
+        uncommitted = market.metric("emarket_state_records_uncommitted_total")
+        raise AssertionError((health(w), uncommitted)) from exc
 
 
 def _after_reset(market: Market, first: PurchaseFulfilled) -> None:
@@ -124,8 +125,7 @@ def test_progress_changelog_deleted_loses_nothing(market: Market) -> None:
     """Only the checkpoints deleted: the worker replays every input from offset 0 across four
     topics in whatever order the fetches give; what was committed must still hold."""
     _, first = bought_window(market)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     asyncio.run(delete_topics(market, progress_topic(market)))
     market.start_worker(healthy=False)
     _after_reset(market, first)
@@ -170,16 +170,19 @@ def owner_of(market: Market, sid: str) -> int:
 def old_key_buys_everywhere(market: Market, streams: dict[int, str], pid: str) -> dict[str, Any]:
     """alice's rotated-out key buys on every stream; each stream's answer (in her inbox)."""
 
-    async def go(c: MarketClient) -> dict[str, Any]:
+    def answered() -> float:
+        return (market.metric("emarket_rejections_total")
+                + market.metric("emarket_purchases_total", outcome="fulfilled"))
+
+    async def go(c: MarketClient) -> None:
         for sid in streams.values():
             raw = helpers.purchase(sid, "alice", f"{pid}-{sid}", max_price=1000,
                                    market=market.topics.prefix, requested_at_ms=now_ms())
             await c.send(c.topics.purchases, sid, raw)
-        await asyncio.sleep(8)
-        return {}
 
+    before = answered()
     market.run(go)
-    time.sleep(2)
+    wait_for("every purchase answered", lambda: answered() >= before + len(streams))
     return {sid: market.ledger()[sid]["holders"] for sid in streams.values()}
 
 
@@ -231,8 +234,7 @@ def test_old_checkpoints_in_place_of_the_newest_roll_nothing_back(market: Market
     first = market.run(bought)
     assert isinstance(first, PurchaseFulfilled) and first.price_minor == 100
     time.sleep(2)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     asyncio.run(delete_topics(market, progress_topic(market), market.topics.purchases))
     market.run(lambda c: append(market, "progress", [
         (r.key, r.value, list(r.headers), r.partition) for r in old]))
@@ -284,8 +286,7 @@ def test_a_deleted_keys_old_record_appended_again_is_refused(market: Market, sto
         last[r.key] = r
     dead = [k for k, r in last.items() if r.value is None and k in earlier]
     assert dead, "no tree node was deleted"
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     old = earlier[dead[0]]
     market.run(lambda c: append(market, "releases", [
         (old.key, old.value, list(old.headers), old.partition)]))
@@ -385,8 +386,7 @@ def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
     assert all(isinstance(o, PurchaseFulfilled) and o.price_minor == 50 for o in step2), step2
     time.sleep(5)  # offsets committed
     forged_before = market.metric("emarket_state_records_refused_total", reason="checkpoint")
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     w = market.start_worker(healthy=False)
     wait_for("the restarted worker took its partitions on", lambda: _status(w) in (
         "ok", "unverified"), timeout=90)
@@ -561,8 +561,7 @@ def test_progress_changelog_with_one_partition_is_noticed(market: Market) -> Non
     away: the worker must say so (not serve, /health not ok), never crash-loop or serve a
     partition whose checkpoints it cannot write or read."""
     bought_window(market)
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     asyncio.run(delete_topics(market, progress_topic(market)))
     asyncio.run(create_topic(market, progress_topic(market), 1))
     s = replace(market.settings, web_port=find_free_port())
@@ -603,8 +602,7 @@ def test_a_lost_batchs_records_appended_again_much_later_count_for_nothing(marke
     market.run(setup)
     market.wait_ingested("e", 1)
     again = [(r.key, r.value, list(r.headers), r.partition) for r in lost]
-    for w in market.workers:
-        w.stop()
+    market.stop_workers()
     market.run(lambda c: append(market, "accounts", again))
     w = market.start_worker(healthy=False)
     time.sleep(3)

@@ -117,9 +117,7 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             f"one this market's state was made with ({theirs.noise_secret_fingerprint}, recorded "
             f"in {topic}); starting would re-noise levels already released. Start it with the "
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
-            f"new market. If this market is new and has never served, someone else wrote {topic} "
-            "before its first worker: delete that topic and start again, and let only the "
-            "market's workers write to it"
+            f"new market. {_written_by_someone_else(topic)}"
         )
     if theirs.noise_format != ours.noise_format:
         made = f"noise format v{theirs.noise_format or 1}"
@@ -138,7 +136,7 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             f"({theirs.market_key_id}, recorded in {topic}); clients believe only answers and "
             "receipts signed by the market's key, so every one this worker signed would be "
             "refused as forged. Start it with the market's EMARKET_SIGNING_KEY (or its data "
-            "directory)"
+            f"directory). {_written_by_someone_else(topic)}"
         )
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
@@ -154,6 +152,12 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "format: one of the two implementations is wrong (docs/protocol.md §1.7 states the "
             "format's check). Report it; do not serve this market with this worker"
         )
+
+
+def _written_by_someone_else(topic: str) -> str:
+    return (f"If this market is new and has never served, someone else wrote the first record "
+            f"of {topic} before its first worker did (docs/protocol.md §12.1.1): delete that "
+            "topic and start again, and let only the market's workers write to it")  # fmt: skip
 
 
 def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:

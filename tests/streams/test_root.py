@@ -178,6 +178,8 @@ def test_a_spoiled_root_stops_the_worker_and_both_clients_alike(
     assert reason in error[0] or "not a market identity" in error[0], error
     assert f"{market.topics.identity} (partition 0, offset 0)" in error[0], error
     assert "delete the topic" in error[0] and "prefix" in error[0], error
+    assert (f"market key {TEST_KEYS.key_id}: clients pin it with "
+            f"EMARKET_MARKET_KEY={TEST_KEYS.public_key_b64}") in r.stdout, r.stdout  # fmt: skip
 
 
 @needs_node

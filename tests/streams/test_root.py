@@ -98,10 +98,11 @@ def _spoil(market: Market, value: bytes | None) -> None:
     asyncio.run(go())
 
 
-def _python_client(market: Market, pinned: str | None) -> dict[str, Any]:
-    warnings: list[str] = []
+def _python_clients(market: Market, *pins: str | None) -> list[dict[str, Any]]:
+    """What a fresh Python client concludes, given each key of ``pins`` (None: none)."""
 
-    async def go() -> dict[str, Any]:
+    async def one(pinned: str | None) -> dict[str, Any]:
+        warnings: list[str] = []
         async with MarketClient(market.broker.bootstrap, market.topics, market_public_key=pinned,
                                 on_warning=warnings.append) as c:  # fmt: skip
             try:
@@ -111,38 +112,58 @@ def _python_client(market: Market, pinned: str | None) -> dict[str, Any]:
             raw = key.public_bytes_raw()
             return {"key": base64.b64encode(raw).decode(), "warnings": warnings}
 
+    async def go() -> list[dict[str, Any]]:
+        return [await one(p) for p in pins]
+
     return asyncio.run(go())
 
 
 _NODE_CLIENT = """
 import { MarketClient, MarketRootError } from './src/index.js';
-const [broker, prefix, pinned] = process.argv.slice(1);
-const warnings = [];
-const c = new MarketClient({ broker, prefix, marketPublicKey: pinned || null, timeoutMs: 10000,
-                             warn: (m) => warnings.push(m) });
-let out;
-try {
-  await c.connect();
-  out = { key: c.marketPublicKey, warnings };
-} catch (err) {
-  if (!(err instanceof MarketRootError)) throw err;
-  out = { reason: err.reason, message: err.message, warnings };
-} finally {
-  await c.close();
+const [broker, prefix, ...pins] = process.argv.slice(1);
+const outs = [];
+for (const pinned of pins) {
+  const warnings = [];
+  const c = new MarketClient({ broker, prefix, marketPublicKey: pinned || null, timeoutMs: 10000,
+                               warn: (m) => warnings.push(m) });
+  try {
+    await c.connect();
+    outs.push({ key: c.marketPublicKey, warnings });
+  } catch (err) {
+    if (!(err instanceof MarketRootError)) throw err;
+    outs.push({ reason: err.reason, message: err.message, warnings });
+  } finally {
+    await c.close();
+  }
 }
-console.log(JSON.stringify(out));
+console.log(JSON.stringify(outs));
 """
 
 
-def _node_client(market: Market, pinned: str | None) -> dict[str, Any]:
+def _node_clients(market: Market, *pins: str | None) -> list[dict[str, Any]]:
+    """What a fresh Node client concludes, given each key of ``pins`` (None: none)."""
     assert NODE is not None
     r = subprocess.run(
         [NODE, "--input-type=module", "-e", _NODE_CLIENT, market.broker.bootstrap,
-         market.topics.prefix, pinned or ""],
+         market.topics.prefix, *(p or "" for p in pins)],
         cwd=NODE_DIR, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+    return list(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _python_cli(market: Market, *args: str) -> subprocess.CompletedProcess[str]:
+    pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
+    return subprocess.run([sys.executable, "-m", "streams", *pre, *args], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def _node_cli(market: Market, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    assert NODE is not None
+    pre = [NODE, "bin/emarket.js", "--broker", market.broker.bootstrap,
+           "--prefix", market.topics.prefix, "--timeout", "10"]  # fmt: skip
+    return subprocess.run([*pre, *args], cwd=NODE_DIR, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
 
 
 def _worker(market: Market) -> subprocess.CompletedProcess[str]:
@@ -160,15 +181,21 @@ def _worker(market: Market) -> subprocess.CompletedProcess[str]:
     ids=["malformed", "tombstone"],
 )
 def test_a_spoiled_root_stops_the_worker_and_both_clients_alike(
-    market: Market, value: bytes | None, reason: str
+    market: Market, tmp_path: Path, value: bytes | None, reason: str
 ) -> None:
     _spoil(market, value)
-    for pinned in (None, TEST_KEYS.public_key_b64):
-        py, node = _python_client(market, pinned), _node_client(market, pinned)
+    pins = (None, TEST_KEYS.public_key_b64)
+    for py, node in zip(_python_clients(market, *pins), _node_clients(market, *pins), strict=True):
         assert py["reason"] == node["reason"] == reason, (py, node)
         for said in (py["message"], node["message"]):
             assert f"{market.topics.identity} (partition 0, offset 0)" in said, said
             assert f"delete the topic {market.topics.identity}" in said, said
+    (tmp_path / "outcome.json").write_text("{}")  # checked with the market's key: read first
+    node_cli = _node_cli(market, tmp_path, "verify-receipt", str(tmp_path / "outcome.json"))
+    for cli in _python_cli(market, "catalog"), node_cli:
+        assert cli.returncode == 1, cli.stdout + cli.stderr
+        assert "Traceback" not in cli.stderr and reason in cli.stderr, cli.stderr
+        assert f"delete the topic {market.topics.identity}" in cli.stderr, cli.stderr
     r = _worker(market)
     out = r.stdout + r.stderr
     assert r.returncode == 6, out[-3000:]
@@ -191,12 +218,12 @@ def test_a_foreign_identity_is_refused_when_pinned_and_warned_of_when_trusted(
     theirs = ours.model_copy(update={"market_public_key": FOREIGN,
                                      "market_key_id": FOREIGN_ID})  # fmt: skip
     _spoil(market, theirs.model_dump_json().encode())
-    pinned = TEST_KEYS.public_key_b64
-    py, node = _python_client(market, pinned), _node_client(market, pinned)
+    pins = (TEST_KEYS.public_key_b64, None)
+    (py, py_tofu), (node, node_tofu) = _python_clients(market, *pins), _node_clients(market, *pins)
     assert py["reason"] == node["reason"] == "foreign", (py, node)
     assert FOREIGN in py["message"] and FOREIGN in node["message"]
     assert not py["warnings"] and not node["warnings"]
-    py, node = _python_client(market, None), _node_client(market, None)
+    py, node = py_tofu, node_tofu
     assert py["key"] == node["key"] == FOREIGN, (py, node)
     for warned in (py["warnings"], node["warnings"]):
         assert len(warned) == 1 and "on first use" in warned[0], warned

@@ -95,6 +95,7 @@ async function withClient(o, p, fn) {
   try {
     await c.connect();
   } catch (err) {
+    await c.close(); // its readers would keep the process alive
     if (err instanceof TimedOut || err instanceof MarketRootError) throw err;
     const e = new Error(`cannot reach the market: ${err.message}`);
     e.exitCode = 4;

@@ -211,8 +211,10 @@ class MarketClient:
         ``market_sealing_key``: the market's X25519 key to seal values to (default: read from
         the catalog); ``seal_values`` False sends clear numbers (a market refuses them unless
         its operators accept them while clients migrate). ``market_public_key``: the market's
-        Ed25519 key (base64) that answers must be signed with (default: the one ``<p>.market``
-        publishes); ``on_warning`` is told of every message skipped as not the market's."""
+        Ed25519 key (base64) that answers must be signed with, pinned: a market whose identity
+        record names another is refused (default: the one ``<p>.market`` publishes, trusted on
+        first use with a warning; docs/protocol.md §12.1.1); ``on_warning`` is told of every
+        message skipped as not the market's, and of a key trusted on first use."""
         self.bootstrap = bootstrap
         self.market_public_key = market_public_key or None
         self._market_key: Ed25519PublicKey | None = None

@@ -4,6 +4,7 @@ signed bytes."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
@@ -16,7 +17,14 @@ from pydantic import ValidationError
 
 from streams.clients.keys import Party
 from streams.core import MarketCore
-from streams.wire.events import INBOX_EVENT, PurchaseRequest, Rejection, TableSpec, ValueItem
+from streams.wire.events import (
+    INBOX_EVENT,
+    OpenAccount,
+    PurchaseRequest,
+    Rejection,
+    TableSpec,
+    ValueItem,
+)
 from streams.wire.signing import MarketRef, canonical_bytes, sign, signed, verify
 from streams.wire.topics import Topics
 
@@ -193,3 +201,36 @@ def test_a_key_file_keeps_its_key_version(tmp_path: Path) -> None:
                     max_price_minor=1, requested_at_ms=1)  # fmt: skip
     assert verify(SIGNED_FOR, ev, again.public_key, generation=3)
     assert not verify(SIGNED_FOR, ev, again.public_key)
+
+
+def _signed_v1(model: Any, signer: Party, **fields: Any) -> bytes:
+    """``fields`` signed as a client of protocol v1 signs: the bytes of §2 without the market
+    key id, under the head ``emarket-sig-v1``."""
+    draft = signer.sign(model, SIGNED_FOR, **fields)
+    data = canonical_bytes(SIGNED_FOR, draft)
+    head = b"emarket-sig-v2\x00" + b"s\x00\x00\x00\x01" + MARKET.encode()
+    key_id = b"s\x00\x00\x00\x10" + SIGNED_FOR.key_id.encode()
+    assert data.startswith(head + key_id)
+    v1 = b"emarket-sig-v1\x00" + b"s\x00\x00\x00\x01" + MARKET.encode() + data[len(head + key_id):]
+    signature = base64.b64encode(signer.signing_key.sign(v1)).decode()
+    return draft.model_copy(update={"signature": signature}).model_dump_json().encode()
+
+
+def test_events_signed_with_protocol_v1_are_refused_with_what_to_do() -> None:
+    """Bytes of the first version name no market key: an opening and a purchase signed that
+    way are never applied, and the refusal says why (``old_signature_format``) and what to do;
+    the purchase's refusal reaches its account's inbox."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    opening = _signed_v1(OpenAccount, party("bob"), account_id="bob",
+                         signing_key=party("bob").public_key, opened_at_ms=1_000)  # fmt: skip
+    out = c.handle(T.accounts, opening)
+    assert (out.status, out.reason) == ("rejected", "old_signature_format")
+    assert c.ctx.directory.get("bob") is None
+    buy = _signed_v1(PurchaseRequest, party("alice"), purchase_id="p1", buyer_id="alice",
+                     stream_id="temp", max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
+    out = c.handle(T.purchases, buy)
+    assert (out.status, out.reason) == ("rejected", "old_signature_format")
+    [inbox] = [o for o in out.outputs if o.topic == T.inbox("alice")]
+    rej = INBOX_EVENT.validate_json(inbox.value)
+    assert isinstance(rej, Rejection) and "Update the client" in rej.message

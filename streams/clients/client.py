@@ -392,7 +392,8 @@ class MarketClient:
         """Register a stream (``fields`` of a registration, signed here) and wait for the catalog
         entry or the rejection."""
         me = self._me(party)
-        reg = me.sign(StreamRegistration, await self.signing_market(), **{"seller_id": me.account_id, **fields})
+        market = await self.signing_market()
+        reg = me.sign(StreamRegistration, market, **{"seller_id": me.account_id, **fields})
         payload = reg.model_dump_json().encode()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()

@@ -51,7 +51,7 @@ from .sealing import (
 from .signing import MarketRef, answer_bytes, canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 
-__all__ = ["MARKET", "PROTOCOL_VERSION", "SIGNED_FOR", "SIGNED_EVENTS", "build", "render"]
+__all__ = ["MARKET", "PROTOCOL_VERSION", "SIGNED_EVENTS", "SIGNED_FOR", "build", "render"]
 
 PROTOCOL_VERSION = 2
 MARKET = "t"
@@ -279,7 +279,8 @@ def _negative_zero(key: Ed25519PrivateKey) -> dict[str, Any]:
     head = (f'{{"type":"values","stream_id":"temp","seller_id":"alice","key_id":"{model.key_id}",'
             f'"signature":"{model.signature}","items":[{{"value_id":"v1","published_at_ms":1000,'
             '"values":[')  # fmt: skip
-    return {"canonical_bytes": canonical_bytes(SIGNED_FOR, model).hex(), "signature": model.signature,
+    data = canonical_bytes(SIGNED_FOR, model)
+    return {"canonical_bytes": data.hex(), "signature": model.signature,
             "texts": [head + zero + ",1.0]}]}" for zero in ("-0.0", "0", "0.0")]}  # fmt: skip
 
 

@@ -20,7 +20,18 @@ from streams.core.replay.records import (
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
-from .helpers import SIGNED_FOR, TEST_KEYS, signed_for, open_accounts, party, purchase, quote, registration, value, values
+from .helpers import (
+    SIGNED_FOR,
+    TEST_KEYS,
+    open_accounts,
+    party,
+    purchase,
+    quote,
+    registration,
+    signed_for,
+    value,
+    values,
+)
 
 T = Topics("t")
 PARTIES = ("seller1", "alice", "bob", "carol", "sealed_alice")
@@ -694,8 +705,8 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
     t = Topics("p")
     for bad in ("x.alice2", "a..", ".", "a.b"):
         with pytest.raises(ValueError, match="pattern"):
-            party("alice").sign(OpenAccount, signed_for("p"), account_id=bad, signing_key=party("a").public_key,
-                                opened_at_ms=1)  # fmt: skip
+            party("alice").sign(OpenAccount, signed_for("p"), account_id=bad,
+                                signing_key=party("a").public_key, opened_at_ms=1)  # fmt: skip
     ident = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
 
     @settings(max_examples=300)
@@ -838,7 +849,8 @@ def test_rotations_leave_no_key_behind_in_the_directory() -> None:
     current = party("alice")
     for version in range(2, 52):
         new = party(f"k{version}")
-        rot = Party("alice", current.signing_key).rotate_to(new, SIGNED_FOR, version, rotated_at_ms=2_000)
+        rot = Party("alice", current.signing_key).rotate_to(new, SIGNED_FOR, version,
+                                                            rotated_at_ms=2_000)  # fmt: skip
         assert c.handle(T.accounts, rot.model_dump_json().encode()).status == "accepted"
         current = new
     assert len(c.ctx.directory._keys) == before

@@ -27,7 +27,17 @@ from streams.core import MarketCore, Stores
 from streams.wire.events import Rejection
 from streams.wire.topics import Topics, murmur2
 
-from .helpers import MARKET, SIGNED_FOR, TEST_KEYS, account, party, purchase, quote, registration, value
+from .helpers import (
+    MARKET,
+    SIGNED_FOR,
+    TEST_KEYS,
+    account,
+    party,
+    purchase,
+    quote,
+    registration,
+    value,
+)
 
 T = Topics(MARKET)
 

@@ -26,12 +26,13 @@ from streams.wire.signing import (
     SodiumSigningKey,
     ed25519_verify,
     key_id_of,
+    sign,
     valid_signing_key,
     verify,
 )
 from streams.wire.vectors import SIGNED_EVENTS
 
-from .helpers import market_core, registration, value
+from .helpers import market_core, party, registration, value
 
 DOCS = Path(__file__).parents[2] / "docs"
 VECTORS = DOCS / "vectors"
@@ -200,3 +201,25 @@ def test_the_markets_key_signs_with_libsodium_the_bytes_openssl_signs() -> None:
     keys = MarketKeys(signing_key=key, noise_secret=b"n" * 32)
     assert isinstance(keys.signing_key, SodiumSigningKey)
     assert keys.public_key == key.public_key()
+
+
+def test_rotations_to_keys_that_are_not_keys_are_refused() -> None:
+    """``rotate_keys``, signed by the account's current key, to the identity as signing key or
+    to a sealing key spelled with its top bit set (the same u-coordinate, a second spelling),
+    is refused ``invalid_key`` and leaves the account as it was."""
+    core = market_core("sealed-alice")
+    t = core.ctx.topics
+    alice = party("sealed-alice")
+    honest = alice.rotate_to(party("sealed-alice-2"), core.ctx.market, 2, rotated_at_ms=2_000)
+    sealing = bytearray(base64.b64decode(honest.sealing_key or ""))
+    sealing[31] |= 0x80
+    for change in ({"signing_key": base64.b64encode(IDENTITY).decode()},
+                   {"sealing_key": base64.b64encode(bytes(sealing)).decode()}):  # fmt: skip
+        bad = honest.model_copy(update=change)
+        bad = bad.model_copy(update={
+            "signature": sign(core.ctx.market, bad, alice.signing_key),
+            "new_key_signature": sign(core.ctx.market, bad, party("sealed-alice-2").signing_key),
+        })  # fmt: skip
+        out = core.handle(t.accounts, bad.model_dump_json().encode())
+        assert (out.status, out.reason) == ("rejected", "invalid_key"), change
+    assert core.ctx.directory.get("sealed-alice").version == 1  # type: ignore[union-attr]

@@ -2,7 +2,9 @@
 
 It speaks only the public wire format (:mod:`streams.wire`) over aiokafka, so it doubles as a
 reference for clients in other languages. A client acts as one :class:`~.keys.Party`: every
-event it sends is signed with the party's key, and the market answers in the party's inbox
+event it sends is signed with the party's key for one market, named by its prefix and its key's
+id (:attr:`MarketClient.market`: the client reads the market's key before it signs anything),
+and the market answers in the party's inbox
 topic, which the client reads from the beginning (no consumer group) matching answers by
 request id — that also works on the embedded broker, whose "latest offset" answer is unreliable.
 

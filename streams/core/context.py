@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from market.envelope import Sealer
 from market.rng import KeyedRngFactory, NoiseKeys
 
+from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from .allowance import Allowance
 from .census import Quota, StreamCensus
@@ -103,8 +104,11 @@ class Context:
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
+    market: MarketRef = field(init=False)
+    """What every signature the market accepts names: its prefix and its key id (§2)."""
 
     def __post_init__(self) -> None:
+        self.market = MarketRef(self.topics.prefix, self.keys.key_id)
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores)

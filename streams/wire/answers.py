@@ -60,6 +60,8 @@ REFUSAL_TEXTS: dict[str, str] = {
     "bad_signature": "the signature does not verify with the account's key: sign with the key "
     "file of the account it names (the account may belong to another key)",
     "key_rotated": "signed with a past key of the account: sign again with its current key",
+    "old_signature_format": "signed with protocol v1, which names no market key: update the "
+    "client and sign again",
     "account_exists": "the account id is already open with another key: choose another id",
     "invalid_event": "not a valid event of its topic (see docs/schemas)",
     "too_large": "the event is larger than the market accepts: split it",

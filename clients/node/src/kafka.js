@@ -3,7 +3,8 @@
 import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
 import { utf8, sha256Of, toHex } from './bytes.js';
-import { signEvent } from './signing.js';
+import { signEvent, marketRef } from './signing.js';
+import { keyId } from './keys.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';
@@ -199,7 +200,7 @@ export class MarketClient {
   async send(event, { sign = true, newParty } = {}) {
     const topic = this.topic(INPUT[event.type]);
     const signed = sign
-      ? signEvent(event, { prefix: this.prefix, seed: this.party.signingSeed, keyId: this.party.keyId, generation: this.party.keyVersion, newSeed: newParty?.signingSeed })
+      ? signEvent(event, { market: marketRef(this.prefix, keyId(this.marketPublicKey)), seed: this.party.signingSeed, keyId: this.party.keyId, generation: this.party.keyVersion, newSeed: newParty?.signingSeed })
       : event;
     const bytes = Buffer.from(utf8(JSON.stringify(signed)));
     const id = signed[ID_FIELD[INPUT[event.type]]];

@@ -4,7 +4,6 @@ import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
 import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
-import { keyId } from './keys.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 from market import MarketError
 from market.envelope import EnvelopeError, Sealer
 
+from ..wire.answers import REFUSAL_BYTES
 from ..wire.events import (
     ACCOUNTS_EVENT,
     PURCHASES_EVENT,
@@ -57,7 +58,7 @@ from ..wire.events import (
 from ..wire.sealing import open_values
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from . import accounts, purchases, quotes, registrations, values
-from .answering import sign_deliveries, sign_outcome
+from .answering import dropped_outputs, sign_deliveries, sign_outcome
 from .auth import acting_for, authenticate
 from .context import Context, Limits
 from .delivery import Deliveries
@@ -66,6 +67,7 @@ from .incoming import Incoming
 from .keys import MarketKeys
 from .outputs import Defer, Kind, Outcome, Output, Reject
 from .placement import Misplaced, check_partition, forward
+from .refusal_budget import RefusalBudget
 from .rejections import Source, rejection
 from .replay import Admission, Records
 from .state import Stores
@@ -125,6 +127,7 @@ class MarketCore:
             require_encryption=require_encryption,
         )
         self.streams = Streams(stores, keys, limits.max_streams, lambda: self.ctx.records.epoch)
+        self.refusals = RefusalBudget(limits.refusals, clock)
         self._batched = False
         self.accept_clear_values = accept_clear_values
 
@@ -156,7 +159,20 @@ class MarketCore:
         """
         raw = value or b""
         outcome = self._handle(topic, raw, partition, offset, final)
-        return sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
+        if _unproven_refusal(self.ctx, outcome):
+            size = sum(len(o.value) for o in outcome.outputs) + REFUSAL_BYTES
+            outcome.dropped = self.refusals.admit(topic, partition, offset, raw,
+                                                  outcome.reason or "refused", size)  # fmt: skip
+            if outcome.dropped is not None:
+                outcome.outputs = []
+        outcome = sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
+        if not self._batched:
+            outcome.outputs.extend(self.dropped_summaries())
+        return outcome
+
+    def dropped_summaries(self) -> list[Output]:
+        """The summaries of the intervals ended with refusals not written (each once)."""
+        return [o for d in self.refusals.due() for o in dropped_outputs(self.ctx, d)]
 
     def _handle(
         self, topic: str, raw: bytes, partition: int | None, offset: int | None, final: bool
@@ -276,6 +292,7 @@ class MarketCore:
             with self.ctx.deliveries.batch() as outputs:
                 yield outputs
             sign_deliveries(self.ctx, outputs)
+            outputs.extend(self.dropped_summaries())
         finally:
             self._batched = False
 
@@ -283,6 +300,14 @@ class MarketCore:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""
         self.ctx.records.invalidate()
         self.ctx.census.invalidate()
+
+
+def _unproven_refusal(ctx: Context, outcome: Outcome) -> bool:
+    """Whether ``outcome`` refuses an event no account was proven to send: its only outputs go
+    to the operators (:mod:`.refusal_budget` bounds those)."""
+    return outcome.status == "rejected" and bool(outcome.outputs) and all(
+        o.topic == ctx.topics.rejections for o in outcome.outputs
+    )
 
 
 def _parse(kind: Kind, raw: bytes) -> BaseModel:

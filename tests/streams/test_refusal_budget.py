@@ -92,6 +92,24 @@ def test_a_proven_senders_refusals_are_never_dropped() -> None:
         assert out.dropped is None and any(o.topic == t.inbox("bob") for o in out.outputs)
 
 
+def test_every_topic_the_market_writes_has_a_byte_bound_kafka_holds() -> None:
+    """``retention.bytes`` on every topic that deletes (Kafka deletes closed segments only, so
+    its segments are smaller than the bound); compacted ones roll segments too. The identity
+    record alone has none: its first record is the trust root."""
+    t = Topics("t", 4)
+    specs = [*t.specs(), t.inbox_spec("alice")]
+    for spec in specs:
+        c = spec.config
+        if spec.name == t.identity:
+            assert "retention.bytes" not in c
+            continue
+        if "delete" in c["cleanup.policy"]:
+            assert int(c["segment.bytes"]) < int(c["retention.bytes"]) <= 4096 * 1024**2, spec
+        else:
+            assert int(c["segment.bytes"]) <= 64 * 1024**2, spec
+    assert {s.name for s in specs} >= {t.rejections, t.refusals, t.deadletters, t.catalog}
+
+
 # -- on the embedded broker, with a worker ------------------------------------------------------
 FLOOD_S = 10.0
 RATE = 2_000  # garbage records a second, over the four partitions of the purchases topic

@@ -98,27 +98,20 @@ class RefusalBudget:
         self._windows: dict[tuple[str, int | None], _Window] = {}
         self._closed: list[Dropped] = []
 
-    def admit(
-        self, topic: str, partition: int | None, offset: int | None, raw: bytes, reason: str,
-        size: int,
-    ) -> str | None:  # fmt: skip
-        """None if the refusal (``size`` bytes of records) of ``raw`` read from ``topic`` at
-        ``partition`` is to be written; else the cause (:data:`DROP_CAUSES`) it is not."""
+    def refuse(
+        self, topic: str, partition: int | None, offset: int | None, raw: bytes, reason: str
+    ) -> str | None:
+        """None if the refusal of ``raw``, read from ``topic`` at ``partition`` and ``offset``
+        for ``reason``, is to be written (then call :meth:`answered` with its size); else the
+        cause (:data:`DROP_CAUSES`) it is not, counted for the interval's summary. Asked before
+        the refusal is built: a dropped one costs a digest, not a rejection."""
         window = self._window(topic, partition)
-        h = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8, key=self._key)
-        h.update(raw)  # the bytes on one partition: a copy elsewhere is answered there
-        digest = h.digest()
-        if digest in self._recent:
+        if self._digest(topic, partition, raw) in self._recent:
             cause = "repeated"
         elif (window.answered >= self.bounds.per_interval
-              or window.bytes + size > self.bounds.bytes_per_interval):  # fmt: skip
+              or window.bytes >= self.bounds.bytes_per_interval):  # fmt: skip
             cause = "over_bound"
         else:
-            window.answered += 1
-            window.bytes += size
-            self._recent[digest] = None
-            if len(self._recent) > self.bounds.recent:
-                del self._recent[next(iter(self._recent))]
             return None
         d = window.dropped
         if d is None:
@@ -131,6 +124,21 @@ class RefusalBudget:
         d.reasons[reason] = d.reasons.get(reason, 0) + 1
         d.last_offset = offset
         return cause
+
+    def answered(self, topic: str, partition: int | None, raw: bytes, size: int) -> None:
+        """Count the refusal of ``raw`` (``size`` bytes of records) written: a partition's
+        answers pass :attr:`RefusalBounds.bytes_per_interval` by one answer at most."""
+        window = self._window(topic, partition)
+        window.answered += 1
+        window.bytes += size
+        self._recent[self._digest(topic, partition, raw)] = None
+        if len(self._recent) > self.bounds.recent:
+            del self._recent[next(iter(self._recent))]
+
+    def _digest(self, topic: str, partition: int | None, raw: bytes) -> bytes:
+        h = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8, key=self._key)
+        h.update(raw)  # the bytes on one partition: a copy elsewhere is answered there
+        return h.digest()
 
     def due(self) -> list[Dropped]:
         """The summaries of intervals that have ended with something not answered (each

@@ -159,12 +159,6 @@ class MarketCore:
         """
         raw = value or b""
         outcome = self._handle(topic, raw, partition, offset, final)
-        if _unproven_refusal(self.ctx, outcome):
-            size = sum(len(o.value) for o in outcome.outputs) + REFUSAL_BYTES
-            outcome.dropped = self.refusals.admit(topic, partition, offset, raw,
-                                                  outcome.reason or "refused", size)  # fmt: skip
-            if outcome.dropped is not None:
-                outcome.outputs = []
         outcome = sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
         if not self._batched:
             outcome.outputs.extend(self.dropped_summaries())
@@ -184,14 +178,14 @@ class MarketCore:
         kind: Kind = {t.accounts: "account", t.registrations: "registration", t.values: "value",
                       t.purchases: "purchase"}.get(topic, "unknown")  # type: ignore[assignment]
         if len(raw) > ctx.limits.max_message_bytes:
-            return rejection(ctx, kind, src, Reject(
+            return self._refuse(kind, src, Reject(
                 "too_large",
                 f"the event is {len(raw)} bytes; the market accepts at most "
                 f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
             ))  # fmt: skip
         if kind == "unknown":
             unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
-            return rejection(ctx, "unknown", src, unknown)
+            return self._refuse("unknown", src, unknown)
         return self._guard(kind, src, lambda: self._signed(kind, src, final))
 
     def _signed(self, kind: Kind, src: Source, final: bool) -> Outcome:
@@ -249,18 +243,34 @@ class MarketCore:
         except Misplaced as where:  # a proven sender's event, moved to its own partition
             return forward(kind, src, where, None if kind == "account" else where.key)
         except Reject as rej:
-            return rejection(self.ctx, kind, src, rej)
+            return self._refuse(kind, src, rej)
         except MarketError as exc:  # e.g. parameters the engine refuses
-            return rejection(self.ctx, kind, src, Reject(exc.code, exc.message))
+            return self._refuse(kind, src, Reject(exc.code, exc.message))
         except ValidationError as exc:
-            return rejection(self.ctx, kind, src, _invalid(kind, exc))
+            return self._refuse(kind, src, _invalid(kind, exc))
         except Exception as exc:  # a bug must not stop the market: reject, log, carry on
             log.exception("internal error while processing a %s event", kind)
-            return rejection(self.ctx, kind, src, Reject(
+            return self._refuse(kind, src, Reject(
                 "internal_error",
                 "the market could not process this event; the operators have been alerted "
                 f"({type(exc).__name__})",
             ))  # fmt: skip
+
+    def _refuse(self, kind: Kind, src: Source, rej: Reject) -> Outcome:
+        """The rejection of ``src`` for ``rej``; of an event no account was proven to send
+        (``rej.sender`` None: it is shown to the operators alone), within the bounds of
+        :mod:`.refusal_budget`, else counted and not written."""
+        if rej.sender is not None:
+            return rejection(self.ctx, kind, src, rej)
+        topic, partition, offset, raw = src
+        cause = self.refusals.refuse(topic, partition, offset, raw, rej.reason)
+        if cause is not None:
+            return Outcome(kind, "rejected", reason=rej.reason, stream_id=rej.stream,
+                           dropped=cause)  # fmt: skip
+        outcome = rejection(self.ctx, kind, src, rej)
+        size = sum(len(o.value) for o in outcome.outputs) + REFUSAL_BYTES
+        self.refusals.answered(topic, partition, raw, size)
+        return outcome
 
     def internal_error(
         self, topic: str, value: bytes | None, partition: int | None, offset: int | None,
@@ -300,14 +310,6 @@ class MarketCore:
         """Forget in-memory indexes built from the stores (call after every rebalance)."""
         self.ctx.records.invalidate()
         self.ctx.census.invalidate()
-
-
-def _unproven_refusal(ctx: Context, outcome: Outcome) -> bool:
-    """Whether ``outcome`` refuses an event no account was proven to send: its only outputs go
-    to the operators (:mod:`.refusal_budget` bounds those)."""
-    return outcome.status == "rejected" and bool(outcome.outputs) and all(
-        o.topic == ctx.topics.rejections for o in outcome.outputs
-    )
 
 
 def _parse(kind: Kind, raw: bytes) -> BaseModel:

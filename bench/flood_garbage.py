@@ -76,6 +76,15 @@ def rss_mb(pid: int | None) -> float:
     return 0.0
 
 
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user and system) process ``pid`` has used (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 async def write_garbage(bootstrap: str, topic: str, rate: int, seconds: float, size: int,
                         partitions: int) -> int:  # fmt: skip
     """Write random ``size``-byte records to ``topic`` at ``rate`` a second for ``seconds``,
@@ -159,6 +168,7 @@ class Result:
     drain_s: float
     written: int
     bound: int
+    cpu: dict[str, float]  # CPU seconds each process used from the flood's start until read
 
 
 async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, f: Flood
@@ -190,6 +200,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
             # the flood, with the buyer's purchases spread over it
             pids = {"broker": broker.pid, "worker": worker.proc.pid if worker.proc else None}
             start = {k: rss_mb(p) for k, p in pids.items()}
+            cpu0 = {k: cpu_s(p) for k, p in pids.items()}
             samples: list[float] = []
             with Peak(pids) as peak:
                 t0 = time.monotonic()
@@ -208,6 +219,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
                 drain_s = time.monotonic() - t_end
                 span_ms = int((time.monotonic() - t0) * 1000)
             after = {k: rss_mb(p) for k, p in pids.items()}
+            cpu = {k: cpu_s(p) - cpu0[k] for k, p in pids.items()}
             counts = await asyncio.gather(*(_count(settings.bootstrap, t)
                                             for t in (topics.rejections, topics.refusals)))
         finally:
@@ -217,7 +229,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
     return Result(idle, samples, sent, control_sent, control_mb,
                   (start["broker"], peak.peak["broker"], after["broker"]),
                   (start["worker"], peak.peak["worker"], after["worker"]),
-                  drain_s, written, bound)  # fmt: skip
+                  drain_s, written, bound, cpu)  # fmt: skip
 
 
 def _print(r: Result, f: Flood, machine: Machine) -> bool:
@@ -248,7 +260,9 @@ def _print(r: Result, f: Flood, machine: Machine) -> bool:
           f"flood's own records account for {garbage_mb:.0f} MB of the broker's growth")
     print(f"records the market wrote to <p>.rejections and <p>.refusals: {r.written:,} "
           f"(bound {r.bound:,}; two a garbage record before the bound: {2 * r.sent:,})")
-    print(f"the worker read the whole flood {r.drain_s:.1f} s after it ended")
+    print(f"the worker read the whole flood {r.drain_s:.1f} s after it ended; CPU used meanwhile: "
+          f"worker {r.cpu['worker']:.1f} s ({r.cpu['worker'] / r.sent * 1e6:.0f} µs a record), "
+          f"broker {r.cpu['broker']:.1f} s ({r.cpu['broker'] / r.sent * 1e6:.0f} µs a record)")
     ok = (_pct(r.flood, 0.95) <= GOAL_RATIO * i95 and r.written <= r.bound
           and w_growth <= WORKER_BOUND_MB and b_growth <= broker_bound)  # fmt: skip
     print(f"\ngoals (p95 ≤ {GOAL_RATIO:.0f}× idle, records and memory within their bounds): "

@@ -8,7 +8,8 @@ run:
    each on its own stream: the baseline;
 2. **control** — the same garbage at the same rate for a few seconds to a topic nobody reads,
    for what the broker keeps of a stranger's records by itself (the market cannot bound that:
-   on the embedded broker nothing is ever deleted);
+   on the embedded broker nothing is ever deleted), while the buyer's purchases go on (what
+   the broker and the writer cost her on a shared machine, not the market);
 3. **flood** — the garbage to the purchases topic (spread over its partitions) from another
    process, while the buyer's purchases go on at a steady pace over the whole flood.
 
@@ -62,6 +63,7 @@ class Flood:
     control_s: float
     idle: int  # idle samples
     samples: int  # samples spread over the flood (one stream each)
+    control_samples: int  # samples spread over the control
     size: int = 1  # bytes per garbage record
 
 
@@ -115,6 +117,17 @@ def _writer(bootstrap: str, topic: str, f: Flood, partitions: int) -> subprocess
                             stdout=subprocess.PIPE)  # fmt: skip
 
 
+async def _paced(probe: Probe, tag: str, n: int, seconds: float) -> list[float]:
+    """``n`` purchases spread evenly over ``seconds`` (each on its stream ``tag<i>``)."""
+    t0, out = time.monotonic(), []
+    for i in range(n):
+        wait = t0 + i * seconds / n - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        out.append(await probe.one(f"{tag}{i}"))
+    return out
+
+
 class Peak:
     """The highest RSS of some processes, sampled every half second while running."""
 
@@ -159,6 +172,7 @@ async def _count(bootstrap: str, topic: str) -> int:
 @dataclass
 class Result:
     idle: list[float]
+    control: list[float]  # while the same garbage went to a topic nobody reads
     flood: list[float]
     sent: int
     control_sent: int
@@ -177,7 +191,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
     async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
         await c.open_account(SELLER, timeout=60)
         await c.open_account(BUYER, timeout=60)
-        await _streams(c, {"idle": f.idle, "flood": f.samples})
+        await _streams(c, {"idle": f.idle, "control": f.control_samples, "flood": f.samples})
         reader = TopicReader(settings.bootstrap, topics.inbox(BUYER.account_id),
                              fetch_max_wait_ms=READ_WAIT_MS)  # fmt: skip
         await reader.start()
@@ -193,6 +207,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
             b0 = rss_mb(broker.pid)
             control = replace(f, seconds=f.control_s)
             w = _writer(settings.bootstrap, f"{settings.prefix}.control", control, 4)
+            beside = await _paced(probe, "control", f.control_samples, f.control_s)
             out, _ = await asyncio.to_thread(w.communicate)
             control_sent = int(out)
             await asyncio.sleep(1.0)
@@ -201,16 +216,10 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
             pids = {"broker": broker.pid, "worker": worker.proc.pid if worker.proc else None}
             start = {k: rss_mb(p) for k, p in pids.items()}
             cpu0 = {k: cpu_s(p) for k, p in pids.items()}
-            samples: list[float] = []
             with Peak(pids) as peak:
                 t0 = time.monotonic()
                 w = _writer(settings.bootstrap, topics.purchases, f, settings.partitions)
-                pace = f.seconds / f.samples
-                for i in range(f.samples):
-                    wait = t0 + i * pace - time.monotonic()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    samples.append(await probe.one(f"flood{i}"))
+                samples = await _paced(probe, "flood", f.samples, f.seconds)
                 out, _ = await asyncio.to_thread(w.communicate)
                 sent = int(out)
                 t_end = time.monotonic()
@@ -226,7 +235,7 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
             await reader.stop()
     written = sum(counts) - sum(before)
     bound = RefusalBounds().records_bound(settings.partitions, span_ms)
-    return Result(idle, samples, sent, control_sent, control_mb,
+    return Result(idle, beside, samples, sent, control_sent, control_mb,
                   (start["broker"], peak.peak["broker"], after["broker"]),
                   (start["worker"], peak.peak["worker"], after["worker"]),
                   drain_s, written, bound, cpu)  # fmt: skip
@@ -239,8 +248,10 @@ def _print(r: Result, f: Flood, machine: Machine) -> bool:
           f"purchases topic ({os.cpu_count()} cores; one worker; closed loop)\n")  # fmt: skip
     print("| condition | samples | p50 ms | p95 ms | p99 ms | max ms | p95 vs idle |")
     print("|---|---|---|---|---|---|---|")
-    for name, s in (("idle (baseline)", r.idle), (f"during the flood ({r.sent:,} records)",
-                                                   r.flood)):  # fmt: skip
+    rows = (("idle (baseline)", r.idle),
+            (f"control: garbage to a topic nobody reads ({r.control_sent:,} records)", r.control),
+            (f"during the flood ({r.sent:,} records)", r.flood))  # fmt: skip
+    for name, s in rows:
         print(f"| {name} | {len(s)} | {_pct(s, 0.5):.1f} | {_pct(s, 0.95):.1f} | "
               f"{_pct(s, 0.99):.1f} | {max(s) * 1e3:.1f} | {_pct(s, 0.95) / i95:.2f}x |")
     per_record_kb = r.control_mb * 1024 / max(1, r.control_sent)
@@ -272,7 +283,7 @@ def _print(r: Result, f: Flood, machine: Machine) -> bool:
 
 
 def run(quick: bool, rate: int | None, seconds: float | None) -> int:
-    f = Flood(5_000, 60.0, 10.0, 50, 200) if not quick else Flood(5_000, 10.0, 3.0, 20, 40)
+    f = Flood(5_000, 60.0, 10.0, 50, 200, 40) if not quick else Flood(5_000, 10.0, 3.0, 20, 40, 10)
     f = replace(f, rate=rate or f.rate, seconds=seconds or f.seconds)
     workdir = Path(tempfile.mkdtemp(prefix="emarket-garbage-"))
     machine = Machine.now()

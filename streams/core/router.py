@@ -34,6 +34,7 @@ Replay safety lives in :mod:`streams.core.replay`; see also ``docs/architecture.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -246,8 +247,9 @@ class MarketCore:
             return self._refuse(kind, src, rej)
         except MarketError as exc:  # e.g. parameters the engine refuses
             return self._refuse(kind, src, Reject(exc.code, exc.message))
-        except ValidationError as exc:
-            return self._refuse(kind, src, _invalid(kind, exc))
+        except ValidationError as exc:  # no account proved: the refusal is built if written
+            return self._refuse(kind, src, _invalid_code(exc), functools.partial(_invalid, kind,
+                                                                                 exc))
         except Exception as exc:  # a bug must not stop the market: reject, log, carry on
             log.exception("internal error while processing a %s event", kind)
             return self._refuse(kind, src, Reject(
@@ -256,17 +258,23 @@ class MarketCore:
                 f"({type(exc).__name__})",
             ))  # fmt: skip
 
-    def _refuse(self, kind: Kind, src: Source, rej: Reject) -> Outcome:
-        """The rejection of ``src`` for ``rej``; of an event no account was proven to send
-        (``rej.sender`` None: it is shown to the operators alone), within the bounds of
+    def _refuse(self, kind: Kind, src: Source, rej: Reject | str,
+                build: Callable[[], Reject] | None = None) -> Outcome:  # fmt: skip
+        """The rejection of ``src`` for ``rej`` (or for the code ``rej``, the refusal made by
+        ``build`` only if it is written); of an event no account was proven to send (no
+        ``sender``: it is shown to the operators alone), within the bounds of
         :mod:`.refusal_budget`, else counted and not written."""
-        if rej.sender is not None:
+        if isinstance(rej, Reject) and rej.sender is not None:
             return rejection(self.ctx, kind, src, rej)
         topic, partition, offset, raw = src
-        cause = self.refusals.refuse(topic, partition, offset, raw, rej.reason)
+        code = rej.reason if isinstance(rej, Reject) else rej
+        cause = self.refusals.refuse(topic, partition, offset, raw, code)
         if cause is not None:
-            return Outcome(kind, "rejected", reason=rej.reason, stream_id=rej.stream,
-                           dropped=cause)  # fmt: skip
+            return Outcome(kind, "rejected", reason=code, dropped=cause,
+                           stream_id=rej.stream if isinstance(rej, Reject) else None)  # fmt: skip
+        if not isinstance(rej, Reject):
+            assert build is not None
+            rej = build()
         outcome = rejection(self.ctx, kind, src, rej)
         size = sum(len(o.value) for o in outcome.outputs) + REFUSAL_BYTES
         self.refusals.answered(topic, partition, raw, size)
@@ -323,6 +331,14 @@ def _parse(kind: Kind, raw: bytes) -> BaseModel:
         return account
     parsed: BaseModel = PURCHASES_EVENT.validate_json(raw)
     return parsed
+
+
+def _invalid_code(exc: ValidationError) -> str:
+    """The code :func:`_invalid` gives ``exc``, without building its message."""
+    for e in exc.errors(include_url=False, include_input=False, include_context=False):
+        if e["type"] in REFUSAL_CODES:
+            return e["type"]
+    return "invalid_event"
 
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:

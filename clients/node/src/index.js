@@ -10,3 +10,4 @@ export { murmur2, partitionOf } from './partition.js';
 export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state.js';
 export { encodeIdentity } from './identity.js';
 export { MarketClient, Refused, TimedOut } from './kafka.js';
+export { MarketRootError, readRoot, trustedKey, rootVerdict } from './root.js';

@@ -18,6 +18,10 @@ What was not answered is told once per partition and interval, in one summary
 (:class:`Dropped`, written by :mod:`.answering`), and counted in the worker's metrics. A refusal
 shown to a proven sender (in its inbox) is never dropped here: that sender pays for it with its
 own allowances.
+
+The budget is a worker's, in memory: a partition that moves to another worker (a rebalance, a
+restart) starts its interval and its recent digests afresh there, so a rebalance can let one
+more interval's answers through.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["DROP_CAUSES", "Dropped", "RefusalBounds", "RefusalBudget"]
 
@@ -95,6 +100,7 @@ class RefusalBudget:
         self._clock = clock
         self._key = secrets.token_bytes(16)  # this worker's: digests are never shown
         self._recent: dict[bytes, None] = {}
+        self._hashers: dict[tuple[str, int | None], Any] = {}  # keyed, per partition
         self._windows: dict[tuple[str, int | None], _Window] = {}
         self._closed: list[Dropped] = []
 
@@ -136,8 +142,13 @@ class RefusalBudget:
             del self._recent[next(iter(self._recent))]
 
     def _digest(self, topic: str, partition: int | None, raw: bytes) -> bytes:
-        h = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8, key=self._key)
-        h.update(raw)  # the bytes on one partition: a copy elsewhere is answered there
+        base = self._hashers.get((topic, partition))
+        if base is None:  # the bytes on one partition: a copy elsewhere is answered there
+            base = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8,
+                                   key=self._key)  # fmt: skip
+            self._hashers[(topic, partition)] = base
+        h = base.copy()
+        h.update(raw)
         return h.digest()
 
     def due(self) -> list[Dropped]:

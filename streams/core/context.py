@@ -19,6 +19,7 @@ from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
+from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
 from .replay.records import Caps
 from .state import Stores
@@ -63,6 +64,8 @@ class Limits:
     max_event_work: int = 12_000_000
     #: records one stream keeps at most for the dedup horizon (purchases, eviction marks)
     record_caps: Caps = field(default_factory=Caps)
+    #: answers to events no account was proven to send, per input partition and interval
+    refusals: RefusalBounds = field(default_factory=RefusalBounds)
 
     @staticmethod
     def work(values: int, steps: int, dimension: int) -> int:

@@ -75,6 +75,9 @@ REFUSAL_TEXTS: dict[str, str] = {
     "unsafe_integer": "an integer beyond 2^53 - 1 in magnitude (docs/protocol.md §2.2)",
     "duplicate_price_level": "two keys of the price table name the same level",
     "internal_error": "the market could not process the event; the operators were alerted",
+    "refusals_dropped": "events on this partition whose signature proved no account were "
+    "counted, not answered one by one: the same bytes were answered already, or more came in "
+    "the interval than the market answers (docs/protocol.md §9)",
 }
 """The fixed text a refusal carries for a code (any other code gets a generic one): texts
 written by the market, never by the event's sender, since the record is public."""

@@ -19,6 +19,7 @@ from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
 from .replay import Admission, Records
+from .replay.quotes import AnsweredQuotes
 from .replay.records import Caps
 from .state import Stores
 
@@ -103,6 +104,7 @@ class Context:
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
+    quotes: AnsweredQuotes = field(init=False)
 
     def __post_init__(self) -> None:
         self.noise = NoiseKeys(self.keys.noise_secret)
@@ -111,3 +113,4 @@ class Context:
         self.allowance = Allowance(self.limits.max_openings_per_minute,
                                    self.limits.max_quotes_per_minute, self.topics.partitions,
                                    self.clock)  # fmt: skip
+        self.quotes = AnsweredQuotes(self.clock)

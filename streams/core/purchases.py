@@ -6,8 +6,10 @@ of the outcome), and a resend is never charged again (a resend with other parame
 refused, ``idempotency_key_reused``). How records are recalled, kept and forgotten is
 :mod:`streams.core.replay`'s.
 
-A resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a
-fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
+A resend of a purchase whose outcome was surely sent, to an inbox that still holds it, is counted
+and answered nowhere (:meth:`~.replay.records.Records.in_inbox`): the buyer's client finds the
+outcome in its inbox, and a copy anyone else writes again must not add to that inbox. Otherwise a
+resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
 request, receipts are deterministic and envelopes are sealed with a sender key and nonce
 derived from the secret, the buyer's key, the AAD and the plaintext — and sent only if it is
 byte for byte the outcome first sent (its digest); a refusal is refused again with its reason
@@ -153,6 +155,9 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     """A resent purchase whose outcome stands: that outcome again (at most once an interval);
     never a second charge."""
     req = inc.event
+    if ctx.records.in_inbox(ctx.topics.inbox(req.buyer_id), record):
+        return Outcome("purchase", "duplicate", reason="already_answered",
+                       stream_id=record.stream_id)  # fmt: skip
     key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
     last = ctx.records.answer_due(key)
     if last is not None:

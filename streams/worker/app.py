@@ -136,6 +136,7 @@ class MarketWorker:
         self.producer.on_missing = watch.missing
         self.inboxes.confirm = watch.before_send
         self.inboxes.remade.append(catalog.remade)
+        self.inboxes.remade.append(self.core.ctx.records.inboxes_remade)
         watch.on_emptied = catalog.start
         return watch, catalog
 

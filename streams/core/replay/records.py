@@ -19,9 +19,12 @@ on a stream nobody has registered have no watermark: they are forgotten by the c
 :data:`CLOCK_RECORD_MS` late, on their input partition, and that partition keeps at most
 :attr:`Caps.unknown` of them (beyond that a refusal cannot be kept, and says so).
 
-A resend is answered at most once per :data:`ANSWER_INTERVAL_MS` (:meth:`Records.answer_due`);
-in between it gets a short notice, so resending one purchase cannot make the market send its
-outcome again and again.
+A resend of a purchase whose outcome was surely sent adds nothing to the buyer's inbox, which
+holds the outcome (:meth:`Records.in_inbox`): anyone can write the buyer's signed bytes again.
+Otherwise (the outcome may not have been sent, or the inbox was lost and made again) a resend is
+answered at most once per :data:`ANSWER_INTERVAL_MS` (:meth:`Records.answer_due`); in between it
+gets a short notice, so resending one purchase cannot make the market send its outcome again and
+again.
 
 A refusal of a purchase dated more than the horizon ahead outlives every other record, so one
 buyer may have at most :data:`MAX_FAR_FUTURE_RECORDS` of them on a partition
@@ -143,6 +146,7 @@ class Records:
         # which may be dropped once the epoch is later and the clock is past the time
         self._young: dict[str, list[tuple[int, int, str]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
+        self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
         self._stores = stores
@@ -187,6 +191,25 @@ class Records:
     def begin_batch(self) -> None:
         """A new batch begins: the outputs of every earlier one have been sent."""
         self.epoch += 1
+
+    def inboxes_remade(self, topics: list[str]) -> None:
+        """Told (by the worker) that ``topics`` were lost and made again now: what was answered
+        in them before is gone, so a resend is answered in full once more (:meth:`in_inbox`)."""
+        now = self.clock()
+        for topic in topics:
+            self._remade[topic] = now
+            self._remade.move_to_end(topic)
+            if len(self._remade) > MAX_ANSWERED:
+                self._remade.popitem(last=False)
+
+    def in_inbox(self, inbox: str, record: PurchaseRecord) -> bool:
+        """Whether ``record``'s outcome was surely sent to ``inbox`` and is still there: its
+        bytes were dropped once sent (:meth:`settle`), and this worker has not seen the inbox
+        made again since the purchase was decided. A resend of such a purchase adds nothing to
+        the inbox: the buyer's client reads its inbox from the beginning and finds the answer
+        there, and a copy written by anyone else must not add to a mailbox kept for a year."""
+        remade = self._remade.get(inbox)
+        return record.payload is None and (remade is None or remade < record.decided_at_ms)
 
     def answer_due(self, key: str) -> int | None:
         """``None`` if a resend of the purchase under ``key`` is to be answered in full now

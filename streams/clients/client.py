@@ -53,6 +53,7 @@ from ..wire.events import (
     AccountState,
     CatalogEntry,
     InboxPayload,
+    Invitation,
     MarketIdentity,
     PurchaseFulfilled,
     PurchaseRequest,
@@ -318,9 +319,11 @@ class MarketClient:
 
     # -- accounts -------------------------------------------------------------------------------
     async def open_account(
-        self, party: Party | None = None, *, timeout: float = 30.0
+        self, party: Party | None = None, *, timeout: float = 30.0,
+        invitation: Invitation | None = None,
     ) -> AccountState | Rejection:
-        """Open the party's account (pin its keys) and wait until the market confirms it.
+        """Open the party's account (pin its keys) and wait until the market confirms it; a
+        market that opens accounts by invitation wants the operators' ``invitation``.
 
         Raises
         ------
@@ -329,7 +332,7 @@ class MarketClient:
             genuine answer to this request: the account belongs to another key).
         """
         me = self._me(party)
-        event = me.open_account(self.market)
+        event = me.open_account(self.market, invitation=invitation)
         payload = event.model_dump_json().encode()
         got = await self._request(
             self.topics.accounts, me.account_id, payload,

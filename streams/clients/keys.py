@@ -30,7 +30,7 @@ from ..wire.ids import ID_PATTERN, public_b64
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ..wire.events import OpenAccount, RotateKeys
+    from ..wire.events import Invitation, OpenAccount, RotateKeys
 
 __all__ = ["KeyFileError", "Party"]
 
@@ -92,13 +92,16 @@ class Party:
 
         return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
-    def open_account(self, market: str, *, opened_at_ms: int | None = None) -> OpenAccount:
+    def open_account(self, market: str, *, opened_at_ms: int | None = None,
+                     invitation: Invitation | None = None) -> OpenAccount:  # fmt: skip
+        """The opening of this party's account, with the operators' ``invitation`` if the
+        market opens accounts by invitation (it is not under the party's signature)."""
         from ..wire.events import OpenAccount  # noqa: PLC0415
 
         return self.sign(
             OpenAccount, market, account_id=self.account_id, signing_key=self.public_key,
             sealing_key=self.sealing_public_key,
-            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000,
+            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000, invitation=invitation,
         )  # fmt: skip
 
     def rotate_to(

@@ -4,8 +4,10 @@ Every seller and buyer is an account with an Ed25519 signing key (every event it
 signed with it) and, for buyers, an X25519 sealing key (every release to it is sealed for it).
 
 * ``open_account`` is signed with the key it pins (proof of possession). The first valid one for
-  an id wins; resending it is harmless; another key for a taken id is refused. Openings are
-  rate-limited per input partition (:mod:`streams.core.allowance`). The outcome names the
+  an id wins; resending it is harmless; another key for a taken id is refused. A market that
+  opens by invitation (``Limits.openings``) also wants the operators' invitation for the id
+  (:mod:`streams.wire.invitations`). Openings are rate-limited per input partition
+  (:mod:`streams.core.allowance`). The outcome names the
   account's inbox topic, which the worker creates before it sends the batch's outputs — no
   other event names a topic to create.
 * ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
@@ -24,6 +26,7 @@ from __future__ import annotations
 from market.envelope import EnvelopeError, validate_public_key
 
 from ..wire.events import MAX_RETIRED_KEYS, AccountState, OpenAccount, RetiredKey, RotateKeys
+from ..wire.invitations import InvitationError, check_invitation
 from ..wire.signing import key_id_of, verify
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
@@ -91,6 +94,12 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
                 claimed=ev.account_id,
             )
         return _confirm(ctx, existing, "duplicate")
+    if ctx.limits.openings == "invite":
+        try:
+            check_invitation(ev.invitation, ctx.topics.prefix, ctx.keys.public_key, ev.account_id,
+                             ev.signing_key, ctx.clock())  # fmt: skip
+        except InvitationError as exc:
+            raise Reject(exc.reason, str(exc), claimed=ev.account_id) from None
     _check_sealing_key(ev.sealing_key, claimed=ev.account_id)
     if len(ctx.directory) >= ctx.limits.max_accounts:
         raise Reject(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from market.envelope import Sealer
 from market.rng import KeyedRngFactory, NoiseKeys
@@ -51,6 +52,10 @@ class Limits:
     #: (core/allowance.py)
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
+    #: "invite": an opening needs the operators' invitation (docs/protocol.md §6.1.1), the
+    #: deployment's default; "open": anyone may open an account (local use), within the
+    #: openings allowance (core/allowance.py)
+    openings: Literal["invite", "open"] = "open"
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)

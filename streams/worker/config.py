@@ -25,6 +25,13 @@ def _env(name: str, default: Any, cast: Any = str) -> Any:
     return default if raw is None or raw == "" else cast(raw)
 
 
+def _openings(text: str) -> str:
+    """``EMARKET_OPENINGS``: ``invite`` or ``open``."""
+    if text not in ("invite", "open"):
+        raise ValueError(f"EMARKET_OPENINGS must be 'invite' or 'open', not {text!r}")
+    return text
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a worker needs. Defaults suit the embedded broker; see docs/operations.md."""
@@ -87,6 +94,9 @@ class Settings:
     #: and quotes one account may ask a minute (on each worker); see core.allowance.
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
+    #: ``invite``: an account opens only with the operators' invitation (``epsilon-market
+    #: invite``), the deployment's default; ``open``: anyone may open one (local use).
+    openings: str = "open"
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
@@ -138,6 +148,7 @@ class Settings:
                 "MAX_OPENINGS_PER_MINUTE", cls.max_openings_per_minute, int
             ),
             max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
+            openings=_openings(_env("OPENINGS", cls.openings)),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
@@ -164,6 +175,7 @@ class Settings:
             max_holders=self.max_holders,
             max_openings_per_minute=self.max_openings_per_minute,
             max_quotes_per_minute=self.max_quotes_per_minute,
+            openings="invite" if self.openings == "invite" else "open",
             max_event_output_bytes=self.max_event_output_bytes,
             max_event_work=self.max_event_work,
         )

@@ -10,10 +10,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.wire.invitations import invitation_bytes, invite
+from streams.wire.events import Invitation
+from streams.wire.invitations import check_invitation, invitation_bytes, invite
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, party
+from .helpers import TEST_KEYS, party, protocol_vectors
 
 T = Topics("t")
 NOW = 1_000_000
@@ -82,3 +83,17 @@ def test_the_invitation_bytes_are_the_protocols() -> None:
     assert got == (b"emarket-invite-v1\x00" + b"s\x00\x00\x00\x01t"
                    + b"s\x00\x00\x00\x1056475aa75463474c" + b"s\x00\x00\x00\x05alice" + b"n"
                    + b"i" + (1000).to_bytes(8, "big"))  # fmt: skip
+
+
+def test_the_protocols_invitation_vectors() -> None:
+    book = protocol_vectors("invitation")
+    public = TEST_KEYS.signing_key.public_key()
+    for v in book["vectors"]:
+        inv = Invitation.model_validate(v["invitation"])
+        signed = invitation_bytes(book["market_prefix"], inv.market_key_id, inv.account_id,
+                                  inv.signing_key, inv.expires_at_ms)  # fmt: skip
+        assert signed.hex() == v["bytes"]
+        made = invite(TEST_KEYS.signing_key, book["market_prefix"], inv.account_id,
+                      inv.expires_at_ms, inv.signing_key)  # fmt: skip
+        assert made == inv  # Ed25519 signatures are deterministic
+        check_invitation(inv, "t", public, "alice", party("alice").public_key, 0)

@@ -272,10 +272,14 @@ export class MarketClient {
     throw new TimedOut(`no answer to ${sent.event.type} within ${ms} ms (resending the same bytes is safe)`);
   }
 
-  /** Open this party's account (§6.1); returns the `account` answer, checked to pin our keys. */
-  async openAccount({ openedAtMs = Date.now() } = {}) {
+  /**
+   * Open this party's account (§6.1), with the operators' `invitation` (§6.1.1) where the market
+   * opens accounts by invitation only; returns the `account` answer, checked to pin our keys.
+   */
+  async openAccount({ openedAtMs = Date.now(), invitation } = {}) {
     const p = this.party;
-    const sent = await this.send({ type: 'open_account', account_id: p.accountId, signing_key: p.signingKey, sealing_key: p.sealingKey, opened_at_ms: openedAtMs });
+    const event = { type: 'open_account', account_id: p.accountId, signing_key: p.signingKey, sealing_key: p.sealingKey, opened_at_ms: openedAtMs };
+    const sent = await this.send(invitation ? { ...event, invitation } : event);
     const acc = await this.answer(sent, (d) => d.type === 'account');
     if (acc.account_id !== p.accountId || acc.signing_key !== p.signingKey || (acc.sealing_key ?? null) !== p.sealingKey) {
       throw new Refused('account_exists', `account ${p.accountId} belongs to another key`, acc);

@@ -69,6 +69,8 @@ from ..wire.events import (
 )
 from ..wire.sealing import open_event, seal_values
 from ..wire.topics import Topics
+from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
+from ..wire.work import solve
 from .keys import Party
 
 __all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "TopicReader", "ValueData", "now_ms"]
@@ -84,6 +86,8 @@ log = logging.getLogger("emarket.client")
 
 REFUSAL_GRACE = 1.0
 """Seconds a refusal waits for the inbox's rejection of the same bytes, which says more."""
+MAX_CLIENT_WORK_BITS = DEFAULT_WORK_BITS + 4
+"""The most proof of work an opening of this client does (16 times the default's)."""
 
 
 class MarketKeyError(ValueError):
@@ -208,6 +212,7 @@ class MarketClient:
         self._sealing_keys: dict[str, str] = {}
         self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
+        self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -332,14 +337,22 @@ class MarketClient:
             genuine answer to this request: the account belongs to another key).
         """
         me = self._me(party)
-        event = me.open_account(self.market, invitation=invitation)
-        payload = event.model_dump_json().encode()
-        got = await self._request(
-            self.topics.accounts, me.account_id, payload,
-            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
-            timeout=timeout, create_inbox=False,
-        )  # fmt: skip
-        assert isinstance(got, AccountState | Rejection)
+        while True:
+            bits = self._work_bits
+            work = None if bits == 0 else await asyncio.to_thread(
+                solve, self.market, me.account_id, me.public_key, bits)  # fmt: skip
+            event = me.open_account(self.market, invitation=invitation, work=work)
+            got = await self._request(
+                self.topics.accounts, me.account_id, event.model_dump_json().encode(),
+                lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
+                timeout=timeout, create_inbox=False,
+            )  # fmt: skip
+            assert isinstance(got, AccountState | Rejection)
+            if not (isinstance(got, Rejection) and got.reason == "more_work"
+                    and bits < MAX_CLIENT_WORK_BITS):  # fmt: skip
+                break
+            # an open market asks proof of work (docs/protocol.md §6.1.2): its default, then more
+            self._work_bits = DEFAULT_WORK_BITS if bits < DEFAULT_WORK_BITS else bits + 2
         if isinstance(got, AccountState) and (got.signing_key, got.sealing_key) != (
             me.public_key, me.sealing_public_key
         ):

@@ -28,6 +28,7 @@ from market.envelope import EnvelopeError, validate_public_key
 from ..wire.events import MAX_RETIRED_KEYS, AccountState, OpenAccount, RetiredKey, RotateKeys
 from ..wire.invitations import InvitationError, check_invitation
 from ..wire.signing import key_id_of, verify
+from ..wire.work import work_bits
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
 from .placement import Misplaced, check_partition, refuse_misplaced
@@ -100,6 +101,8 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
                              ev.signing_key, ctx.clock())  # fmt: skip
         except InvitationError as exc:
             raise Reject(exc.reason, str(exc), claimed=ev.account_id) from None
+    elif ctx.limits.opening_work:
+        _check_work(ctx, ev)
     _check_sealing_key(ev.sealing_key, claimed=ev.account_id)
     if len(ctx.directory) >= ctx.limits.max_accounts:
         raise Reject(
@@ -119,6 +122,22 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
         updated_at_ms=ev.opened_at_ms,
     )
     return _store(ctx, state, "accepted")
+
+
+def _check_work(ctx: Context, ev: OpenAccount) -> None:
+    """Refuse an opening of an open market that carries less work than the market asks
+    (:mod:`streams.wire.work`): what bounds one sender's openings by its computing power."""
+    need = ctx.limits.opening_work
+    got = 0 if ev.work is None else work_bits(ctx.topics.prefix, ev.account_id, ev.signing_key,
+                                              ev.work)  # fmt: skip
+    if got < need:
+        raise Reject(
+            "more_work",
+            f"this market opens an account for {need} bits of proof of work "
+            f"(EMARKET_OPENING_WORK; docs/protocol.md §6.1.2) and the opening carries {got}: "
+            "the client library and `epsilon-market account open` do the work",
+            claimed=ev.account_id, bits=need,
+        )
 
 
 def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:

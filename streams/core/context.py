@@ -56,6 +56,8 @@ class Limits:
     #: deployment's default; "open": anyone may open an account (local use), within the
     #: openings allowance (core/allowance.py)
     openings: Literal["invite", "open"] = "open"
+    #: in an open market, the proof of work an opening carries, in bits (wire/work.py; 0: none)
+    opening_work: int = 0
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)

@@ -272,6 +272,11 @@ class OpenAccount(_Signed):
         None, exclude_if=_is_none,
         description="the operators' invitation (markets that open accounts by invitation only)",
     )
+    work: Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{1,32}$", strict=True)] | None = (
+        Field(None, exclude_if=_is_none,
+              description="proof of work for this opening (open markets: docs/protocol.md "
+              "§6.1.2); not signed by the account")
+    )  # fmt: skip
 
 
 class RotateKeys(_Signed):

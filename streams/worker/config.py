@@ -12,6 +12,7 @@ from ..broker.auth import kafka_auth
 if TYPE_CHECKING:
     from ..core.context import Limits
 from ..wire.topics import DEDUP_HORIZON_MS
+from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 
 __all__ = ["Settings"]
 
@@ -97,6 +98,9 @@ class Settings:
     #: ``invite``: an account opens only with the operators' invitation (``epsilon-market
     #: invite``), the deployment's default; ``open``: anyone may open one (local use).
     openings: str = "open"
+    #: In an open market, the proof of work (bits) an opening carries (0: none): what bounds
+    #: one sender's openings by its computing power (wire/work.py).
+    opening_work: int = DEFAULT_WORK_BITS
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
@@ -149,6 +153,7 @@ class Settings:
             ),
             max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
             openings=_openings(_env("OPENINGS", cls.openings)),
+            opening_work=_env("OPENING_WORK", cls.opening_work, int),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
@@ -176,6 +181,7 @@ class Settings:
             max_openings_per_minute=self.max_openings_per_minute,
             max_quotes_per_minute=self.max_quotes_per_minute,
             openings="invite" if self.openings == "invite" else "open",
+            opening_work=self.opening_work,
             max_event_output_bytes=self.max_event_output_bytes,
             max_event_work=self.max_event_work,
         )

@@ -17,7 +17,7 @@ from streams.core.context import Limits
 from streams.wire.topics import Topics
 from streams.wire.work import leading_zero_bits, solve, work_bits
 
-from .helpers import TEST_KEYS, party
+from .helpers import TEST_KEYS, party, protocol_vectors
 
 T = Topics("t")
 BITS = 18  # ~2.6e5 hashes an opening: ~0.2-0.5 s of one core in Python
@@ -76,3 +76,16 @@ def test_a_stranger_flooding_openings_does_not_stop_an_honest_one() -> None:
 def test_leading_zero_bits() -> None:
     assert leading_zero_bits(b"\x00\x00\xff") == 16 and leading_zero_bits(b"\x80") == 0
     assert leading_zero_bits(b"\x00\x01") == 15 and leading_zero_bits(b"\x00") == 8
+
+
+def test_the_protocols_work_vector() -> None:
+    import hashlib
+
+    from streams.wire import work
+
+    v = protocol_vectors("work")
+    raw = bytes.fromhex(v["bytes"])
+    assert raw == work._head(v["market_prefix"], v["account_id"], v["signing_key"]) + work._s(
+        v["work"])  # fmt: skip
+    assert hashlib.sha256(raw).hexdigest() == v["sha256"]
+    assert work_bits(v["market_prefix"], v["account_id"], v["signing_key"], v["work"]) == v["bits"]

@@ -99,8 +99,10 @@ class Settings:
     #: invite``), the deployment's default; ``open``: anyone may open one (local use).
     openings: str = "open"
     #: In an open market, the proof of work (bits) an opening carries (0: none): what bounds
-    #: one sender's openings by its computing power (wire/work.py).
-    opening_work: int = DEFAULT_WORK_BITS
+    #: one sender's openings by its computing power (wire/work.py). ``serve`` and ``worker``
+    #: (settings from the environment) ask ``DEFAULT_WORK_BITS`` unless told otherwise;
+    #: settings made in code (benchmarks, tests) ask none unless they say so.
+    opening_work: int = 0
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
@@ -153,7 +155,7 @@ class Settings:
             ),
             max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
             openings=_openings(_env("OPENINGS", cls.openings)),
-            opening_work=_env("OPENING_WORK", cls.opening_work, int),
+            opening_work=_env("OPENING_WORK", DEFAULT_WORK_BITS, int),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),

@@ -8,8 +8,9 @@ refused, ``idempotency_key_reused``). How records are recalled, kept and forgott
 
 A resend of a purchase whose outcome was surely sent, to an inbox that still holds it, is counted
 and answered nowhere (:meth:`~.replay.records.Records.in_inbox`): the buyer's client finds the
-outcome in its inbox, and a copy anyone else writes again must not add to that inbox. Otherwise a
-resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
+outcome in its inbox, and a copy anyone else writes again must not add to that inbox. Otherwise
+a resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a
+fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
 request, receipts are deterministic and envelopes are sealed with a sender key and nonce
 derived from the secret, the buyer's key, the AAD and the plaintext — and sent only if it is
 byte for byte the outcome first sent (its digest); a refusal is refused again with its reason

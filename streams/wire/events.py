@@ -237,6 +237,9 @@ class PrivacyWindow(BaseModel):
 
 
 # ----------------------------------------------------------------------- party → market
+Work = Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{1,32}$", strict=True)]
+
+
 class Invitation(BaseModel):
     """The operators' leave to open one account, signed with the market's key
     (docs/protocol.md §6.1.1): a market that opens accounts by invitation only refuses an
@@ -272,11 +275,11 @@ class OpenAccount(_Signed):
         None, exclude_if=_is_none,
         description="the operators' invitation (markets that open accounts by invitation only)",
     )
-    work: Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{1,32}$", strict=True)] | None = (
-        Field(None, exclude_if=_is_none,
-              description="proof of work for this opening (open markets: docs/protocol.md "
-              "§6.1.2); not signed by the account")
-    )  # fmt: skip
+    work: Work | None = Field(
+        None, exclude_if=_is_none,
+        description="proof of work for this opening (open markets: docs/protocol.md §6.1.2); "
+        "not signed by the account",
+    )
 
 
 class RotateKeys(_Signed):

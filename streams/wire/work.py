@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-__all__ = ["DEFAULT_BITS", "MAX_BITS", "DOMAIN", "leading_zero_bits", "solve", "work_bits"]
+__all__ = ["DEFAULT_BITS", "DOMAIN", "MAX_BITS", "leading_zero_bits", "solve", "work_bits"]
 
 DOMAIN = b"emarket-work-v1\x00"
 DEFAULT_BITS = 20

@@ -59,7 +59,7 @@ def cmd_invite(args: argparse.Namespace) -> int:
     show(args, inv, f"{where}\ninvitation for account {args.account!r} in market "
          f"{args.prefix!r} (key {inv.market_key_id}), valid until {expires} ms"
          + ("" if args.signing_key else " for any key: give it to the party only")
-         + f"\nthe party runs: epsilon-market account open --invitation FILE")  # fmt: skip
+         + "\nthe party runs: epsilon-market account open --invitation FILE")  # fmt: skip
     return 0
 
 

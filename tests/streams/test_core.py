@@ -487,10 +487,9 @@ def test_a_purchase_from_the_future_is_refused_for_good() -> None:
         "fulfilled"
     )
     now[0] += 3 * 3_600_000  # the clock has caught up: the copy meets its refusal
+    c.ctx.records.inboxes_remade([T.inbox("bob")])  # else a resend adds nothing to it
     again = c.handle(T.purchases, ahead)
-    assert (again.status, again.price_minor, again.outputs) == ("duplicate", 0, [])
-    c.ctx.records.inboxes_remade([T.inbox("bob")])  # the inbox lost: the refusal is sent again
-    again = c.handle(T.purchases, ahead)
+    assert (again.status, again.price_minor) == ("duplicate", 0)
     assert b"request_from_the_future" in again.outputs[0].value
     assert c.stores.streams["temp"].holders["bob"].purchases == 1
 

@@ -147,6 +147,7 @@ class Records:
         self._young: dict[str, list[tuple[int, int, str]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
         self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
+        self._taken_ms = clock()  # when this worker last took its partitions on
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
         self._stores = stores
@@ -209,7 +210,12 @@ class Records:
         the inbox: the buyer's client reads its inbox from the beginning and finds the answer
         there, and a copy written by anyone else must not add to a mailbox kept for a year."""
         remade = self._remade.get(inbox)
-        return record.payload is None and (remade is None or remade < record.decided_at_ms)
+        if record.payload is not None or (remade is not None and remade >= record.decided_at_ms):
+            return False
+        # a refusal keeps no bytes: one decided shortly before this worker took the partition
+        # on may be of a batch whose outputs were lost (see STRANDED_MS)
+        stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
+        return not (record.status == "rejected" and stranded)
 
     def answer_due(self, key: str) -> int | None:
         """``None`` if a resend of the purchase under ``key`` is to be answered in full now
@@ -299,6 +305,7 @@ class Records:
         self._heaps.clear()
         self._far.clear()
         self._young.clear()
+        self._taken_ms = self.clock()
 
     def _cap(self, kind: HorizonKind, heap_id: str, cap: int,
              store: MutableMapping[str, Any]) -> int | None:  # fmt: skip

@@ -66,9 +66,10 @@ def _stranger(bootstrap: str, prefix: str, partitions: int, bits: int, until: fl
                 if time.time() >= until:
                     return
                 p = Party.generate(name, sealing=False)
-                work = solve(prefix, name, p.public_key, bits)
+                work = await asyncio.to_thread(solve, prefix, name, p.public_key, bits)
                 raw = p.open_account(prefix, work=work).model_dump_json().encode()
-                await prod.send(topics.accounts, raw, key=name.encode(), partition=PARTITION)
+                await prod.send_and_wait(topics.accounts, raw, key=name.encode(),
+                                         partition=PARTITION)  # fmt: skip
                 with sent.get_lock():
                     sent.value += 1
         finally:

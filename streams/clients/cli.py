@@ -42,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default=os.environ.get("EMARKET_PREFIX", "emarket"),
                    help="the market's topic prefix (default emarket)")  # fmt: skip
     p.add_argument("--market-key", default=os.environ.get("EMARKET_MARKET_KEY") or None,
-                   help="the market's Ed25519 key (base64) its answers must be signed with; "
-                   "default $EMARKET_MARKET_KEY, else the one the market's identity record "
-                   "publishes")  # fmt: skip
+                   help="the market's Ed25519 key (base64) its answers must be signed with, "
+                   "pinned: a market whose identity record names another is refused; default "
+                   "$EMARKET_MARKET_KEY, else the one the identity record names, trusted on "
+                   "first use with a warning")  # fmt: skip
     p.add_argument("--json", action="store_true", default=False, help=output.JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)

@@ -30,6 +30,7 @@ skipping an event during a consumer-group rebalance.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import logging
@@ -47,6 +48,7 @@ from market.receipts import parse_public_key
 
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
+from ..broker.first_record import first_record
 from ..wire.answers import AnswerError, describe, verify_answer
 from ..wire.events import (
     INBOX_EVENT,
@@ -54,7 +56,6 @@ from ..wire.events import (
     CatalogEntry,
     InboxPayload,
     Invitation,
-    MarketIdentity,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
@@ -67,13 +68,15 @@ from ..wire.events import (
     ValueOutcome,
     ValuesAccepted,
 )
+from ..wire.root import RootError, read_root, trusted_key
 from ..wire.sealing import open_event, seal_values
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .keys import Party
 
-__all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "TopicReader", "ValueData", "now_ms"]
+__all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "MarketRootError", "TopicReader",
+           "ValueData", "now_ms"]
 
 ValueData = Sequence[float] | Mapping[str, float] | Mapping[int, float]
 """A value's numbers; on a histogram stream, its counts by key (a key not listed counts 0)."""
@@ -92,6 +95,22 @@ MAX_CLIENT_WORK_BITS = DEFAULT_WORK_BITS + 4
 
 class MarketKeyError(ValueError):
     """The market's signing key is not known: nothing the market says can be checked."""
+
+
+class MarketRootError(MarketKeyError):
+    """The market's trust root (the first record of ``<p>.market``) cannot be trusted:
+    ``reason`` is ``tombstone``, ``malformed`` or ``foreign`` (docs/protocol.md §12.1.1)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _parse_market_key(text: str) -> Ed25519PublicKey:
+    try:
+        return parse_public_key(text)
+    except ReceiptError as exc:
+        raise MarketKeyError(f"the market's key: {exc.message}") from None
 
 
 def now_ms() -> int:
@@ -197,10 +216,12 @@ class MarketClient:
         ``market_sealing_key``: the market's X25519 key to seal values to (default: read from
         the catalog); ``seal_values`` False sends clear numbers (a market refuses them unless
         its operators accept them while clients migrate). ``market_public_key``: the market's
-        Ed25519 key (base64) that answers must be signed with (default: the one ``<p>.market``
-        publishes); ``on_warning`` is told of every message skipped as not the market's."""
+        Ed25519 key (base64) that answers must be signed with, pinned: a market whose identity
+        record names another is refused (default: the one ``<p>.market`` publishes, trusted on
+        first use with a warning; docs/protocol.md §12.1.1); ``on_warning`` is told of every
+        message skipped as not the market's, and of a key trusted on first use."""
         self.bootstrap = bootstrap
-        self.market_public_key = market_public_key
+        self.market_public_key = market_public_key or None
         self._market_key: Ed25519PublicKey | None = None
         self.on_warning = on_warning or log.warning
         self.market_sealing_key = market_sealing_key
@@ -254,55 +275,61 @@ class MarketClient:
         return int(meta.partition), int(meta.offset)
 
     async def market_key(self, *, wait: float = 30.0) -> Ed25519PublicKey:
-        """The key every answer must be signed with: the one given, else the one the first
-        record of ``<p>.market`` publishes (the record every worker of the market checks its
-        secrets against), read once and kept; waits up to ``wait`` seconds for a market whose
-        first worker has not started yet.
+        """The key every answer must be signed with, read once and kept: the market's trust
+        root (the first record of partition 0 of ``<p>.market``, whatever it is: the record
+        every worker of the market checks its secrets against, docs/protocol.md §12.1.1) must
+        be a valid market identity; its key must be the one given (``market_public_key``,
+        pinned), else it is trusted on first use, with a warning naming it and how to pin it.
+        Waits up to ``wait`` seconds for a market whose first worker has not started yet.
 
         Raises
         ------
+        MarketRootError
+            The root is a tombstone, not a market identity, or names another key than the
+            pinned one: the market's trust root is spoiled (its ``reason`` says which).
         MarketKeyError
-            The record publishes no key (a market made before answers were signed) or no valid
-            one.
+            The pinned key is not a key, or the root publishes none (a market made before
+            answers were signed) and none is pinned.
         TimeoutError
             No record within ``wait``: no worker of this market has ever started.
         """
         if self._market_key is None:
-            text = self.market_public_key or await self._published_key(wait)
-            try:
-                self._market_key = parse_public_key(text)
-            except ReceiptError as exc:
-                raise MarketKeyError(f"the market's key: {exc.message}") from None
+            pinned = self.market_public_key
+            if pinned is not None:
+                _parse_market_key(pinned)
+            text = await self._published_key(wait)
+            self._market_key = _parse_market_key(text)
+            if pinned is None:
+                self.on_warning(
+                    f"warning: trusting the market key {self._key_id(text)} ({text}) that "
+                    f"{self.topics.identity} names, on first use: nothing proves it is the "
+                    f"market's. Pin it: --market-key {text} (EMARKET_MARKET_KEY, "
+                    "market_public_key=; its operators publish it, `epsilon-market serve` prints "
+                    "it)"
+                )
         return self._market_key
 
     async def _published_key(self, wait: float) -> str:
-        deadline = time.monotonic() + wait
-        first = None
-        while first is None and time.monotonic() < deadline:
-            reader = TopicReader(self.bootstrap, self.topics.identity, **self.auth)
-            try:
-                await reader.start(wait=max(0.1, min(2.0, deadline - time.monotonic())))
-            except LookupError:
-                continue
-            try:
-                while first is None and time.monotonic() < deadline:
-                    batch = await reader.poll(0.2)
-                    first = batch[0][1] if batch else None  # the one the workers check
-            finally:
-                await reader.stop()
-        if first is None:
-            raise TimeoutError(f"no market identity on {self.topics.identity} within {wait}s: "
-                               "has a worker of this market started?")  # fmt: skip
+        """The market key the root of ``<p>.market`` vouches for (the pinned one if given and
+        the root agrees); raises as :meth:`market_key`."""
+        topic = self.topics.identity
         try:
-            key = MarketIdentity.model_validate_json(first).market_public_key
-        except ValueError:
-            key = None
-        if key is None:
-            raise MarketKeyError(
-                f"{self.topics.identity} publishes no market key (a market made before answers "
-                "were signed): pass the market's key (market_public_key in the catalog)"
-            )
-        return key
+            first = await first_record(self.bootstrap, topic, timeout=wait, wait_for_one=True,
+                                       **self.auth)  # fmt: skip
+        except TimeoutError:
+            raise TimeoutError(f"no market identity on {topic} within {wait}s: has a worker "
+                               "of this market started?") from None  # fmt: skip
+        assert first is not None  # waited for one
+        try:
+            return trusted_key(topic, read_root(topic, *first), self.market_public_key)
+        except RootError as exc:
+            if exc.reason == "no_key":
+                raise MarketKeyError(exc.message) from None
+            raise MarketRootError(exc.reason, exc.message) from None
+
+    @staticmethod
+    def _key_id(text: str) -> str:
+        return hashlib.sha256(base64.b64decode(text)).hexdigest()[:16]
 
     def believe(
         self, topic: str, value: bytes, headers: list[tuple[str, bytes]], key: Ed25519PublicKey

@@ -25,6 +25,7 @@ from ..wire.money import format_money
 from ..wire.topics import Topics
 from ..worker.config import Settings
 from ..worker.runner import ChildWorker
+from ..worker.secrets import load_or_create_keys
 from .client import MarketClient
 from .demo_histogram import play_histograms
 from .keys import Party
@@ -101,7 +102,9 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
     rng = np.random.default_rng()  # the demo's made-up readings, not privacy noise
     seller = Party.generate("acme-sensors", sealing=False)
     buyer = Party.generate("buyer-1")
-    async with MarketClient(settings.bootstrap, topics, party=seller) as client:
+    market_key = load_or_create_keys(settings.data_dir).public_key_b64  # the demo's own: pinned
+    async with MarketClient(settings.bootstrap, topics, party=seller,
+                            market_public_key=market_key) as client:  # fmt: skip
         for who in (seller, buyer):
             opened = await client.open_account(who)
             if isinstance(opened, Rejection):

@@ -32,18 +32,19 @@ line of defence the core checks on every event.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from market.chain import DOMAIN, FORMAT, noise_check
 from market.histogram_chain import noise_check_histogram
 
+from ..broker.first_record import first_record
 from ..core import MarketKeys
 from ..wire.events import MarketIdentity
+from ..wire.root import RootError, read_root
 from ..wire.topics import Topics
 from .state_records import FORMAT as STATE_FORMAT
 
@@ -74,23 +75,39 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
 async def check_identity(
     bootstrap: str, topics: Topics, keys: MarketKeys, *, timeout: float = 30.0, **auth: Any
 ) -> MarketIdentity:
-    """Claim the market for this worker's secret, or check it matches; raise if it does not."""
+    """Claim the market for this worker's secret, or check it matches; raise if it does not.
+
+    The market's identity is its trust root, the first record of partition 0 of ``<p>.market``
+    whatever it is (:mod:`streams.wire.root`): one that is not a valid identity spoils the
+    market, and the worker refuses to start, naming the record."""
     ours = identity_of(keys)
-    tp = TopicPartition(topics.identity, 0)
-    first = await _first_record(bootstrap, tp, timeout, auth)
+    topic = topics.identity
+    first = await _first_record(bootstrap, topic, timeout, auth)
     if first is None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **auth)
         await producer.start()
         try:
-            await producer.send_and_wait(tp.topic, ours.model_dump_json().encode(), partition=0)
+            await producer.send_and_wait(topic, ours.model_dump_json().encode(), partition=0)
         finally:
             await producer.stop()
-        first = await _first_record(bootstrap, tp, timeout, auth)
+        first = await _first_record(bootstrap, topic, timeout, auth)
         if first is None:
-            raise MarketIdentityError(f"wrote the market identity to {tp.topic} but cannot read it")
-    theirs = MarketIdentity.model_validate_json(first)
-    _compare(ours, theirs, tp.topic)
+            raise MarketIdentityError(f"wrote the market identity to {topic} but cannot read it")
+    try:
+        theirs = read_root(topic, *first)
+    except RootError as exc:
+        raise MarketIdentityError(exc.message) from None
+    _compare(ours, theirs, topic)
     return theirs
+
+
+async def _first_record(
+    bootstrap: str, topic: str, timeout: float, auth: dict[str, Any]
+) -> tuple[int, bytes | None] | None:
+    try:
+        return await first_record(bootstrap, topic, timeout=timeout, wait_for_one=False, **auth)
+    except TimeoutError:
+        raise MarketIdentityError(f"could not read {topic} within {timeout}s") from None
 
 
 def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
@@ -100,7 +117,7 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             f"one this market's state was made with ({theirs.noise_secret_fingerprint}, recorded "
             f"in {topic}); starting would re-noise levels already released. Start it with the "
             "market's EMARKET_NOISE_SECRET (or its data directory), or use a new --prefix for a "
-            "new market"
+            f"new market. {_written_by_someone_else(topic)}"
         )
     if theirs.noise_format != ours.noise_format:
         made = f"noise format v{theirs.noise_format or 1}"
@@ -119,7 +136,7 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             f"({theirs.market_key_id}, recorded in {topic}); clients believe only answers and "
             "receipts signed by the market's key, so every one this worker signed would be "
             "refused as forged. Start it with the market's EMARKET_SIGNING_KEY (or its data "
-            "directory)"
+            f"directory). {_written_by_someone_else(topic)}"
         )
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
@@ -135,6 +152,12 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "format: one of the two implementations is wrong (docs/protocol.md §1.7 states the "
             "format's check). Report it; do not serve this market with this worker"
         )
+
+
+def _written_by_someone_else(topic: str) -> str:
+    return (f"If this market is new and has never served, someone else wrote the first record "
+            f"of {topic} before its first worker did (docs/protocol.md §12.1.1): delete that "
+            "topic and start again, and let only the market's workers write to it")  # fmt: skip
 
 
 def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
@@ -155,28 +178,3 @@ def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: st
         "--prefix (its accounts, streams and holdings do not carry over), or keep serving this "
         "one with the epsilon-market release that made it"
     )
-
-
-async def _first_record(
-    bootstrap: str, tp: TopicPartition, timeout: float, auth: dict[str, Any]
-) -> bytes | None:
-    """The first record of ``tp``, or None once a fetch has shown the partition is empty."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50, **auth
-    )
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=200, max_records=1)
-            for rec in batch.get(tp, []):
-                if rec.value is not None:
-                    return bytes(rec.value)
-            if consumer.highwater(tp) == 0:  # from a fetch response, right on every broker
-                return None
-            await asyncio.sleep(0)
-        raise MarketIdentityError(f"could not read {tp.topic} within {timeout}s")
-    finally:
-        await consumer.stop()

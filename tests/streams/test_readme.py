@@ -111,6 +111,8 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert r.returncode == 0, out
     assert "Traceback" not in out, out
     assert code == 0, "".join(serve.lines)
+    assert re.search(r"key id [0-9a-f]{16}", "".join(serve.lines)), "".join(serve.lines)
+    assert "on first use" not in out, out  # the walkthrough pins the key serve printed
     assert out.count(" accepted") == 2, out  # each publish waited for its answer
     assert "bought level 0.5 (epsilon) of temp for 0.50 EUR: 2 values (outcome" in out
     assert "bought level 1 (epsilon) of temp for 0.50 EUR: 2 values" in out

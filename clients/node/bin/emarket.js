@@ -4,13 +4,14 @@
 // 2 bad input, 3 no answer in time, 4 broker unreachable.
 import { parseArgs } from 'node:util';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { MarketClient, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, openReleases, nameKeys } from '../src/index.js';
+import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, openReleases, nameKeys, decodePublicKey } from '../src/index.js';
 
 const USAGE = `usage: emarket [global options] COMMAND [options]
 
 global options (or their environment variables):
   --broker HOST:PORT   EMARKET_BROKER            --prefix P    EMARKET_PREFIX (default emarket)
-  --market-key B64     EMARKET_MARKET_KEY (else read from <prefix>.market)
+  --market-key B64     EMARKET_MARKET_KEY: the key to pin (else the one <prefix>.market names, trusted
+                       on first use with a warning)
   --key-file PATH      EMARKET_KEY_FILE          --json        machine-readable output
   --timeout SECONDS    how long to wait for an answer (default 30)
 
@@ -74,9 +75,17 @@ function party(o) {
 function client(o, p) {
   const broker = o.broker ?? process.env.EMARKET_BROKER;
   if (!broker) throw new BadInput('--broker (or EMARKET_BROKER) is required');
+  const pinned = o['market-key'] ?? process.env.EMARKET_MARKET_KEY ?? null;
+  if (pinned) {
+    try {
+      decodePublicKey(pinned);
+    } catch (err) {
+      throw new BadInput(`--market-key (EMARKET_MARKET_KEY): ${err.message}`);
+    }
+  }
   return new MarketClient({
     broker, prefix: o.prefix ?? process.env.EMARKET_PREFIX ?? 'emarket', party: p,
-    marketPublicKey: o['market-key'] ?? process.env.EMARKET_MARKET_KEY ?? null,
+    marketPublicKey: pinned,
     timeoutMs: 1000 * num(o.timeout ?? '30', 'timeout'),
   });
 }
@@ -86,7 +95,8 @@ async function withClient(o, p, fn) {
   try {
     await c.connect();
   } catch (err) {
-    if (err instanceof TimedOut) throw err;
+    await c.close(); // its readers would keep the process alive
+    if (err instanceof TimedOut || err instanceof MarketRootError) throw err;
     const e = new Error(`cannot reach the market: ${err.message}`);
     e.exitCode = 4;
     throw e;
@@ -246,6 +256,7 @@ async function main() {
     };
     if (err instanceof Refused) return fail(1, err.reason, err.detail);
     if (err instanceof ReceiptInvalid) return fail(1, 'receipt_invalid', err.message);
+    if (err instanceof MarketRootError) return fail(1, `market_root_${err.reason}`, err.message);
     if (err instanceof BadInput) return fail(2, 'bad_input', err.message);
     if (err instanceof TimedOut) return fail(3, 'timeout', err.message);
     if (err.exitCode === 4) return fail(4, 'unreachable', err.message);

@@ -9,6 +9,8 @@ import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
+import { keyId, decodePublicKey } from './keys.js';
+import { readRoot, trustedKey } from './root.js';
 
 /** The market said no: `reason` is the code of §9. */
 export class Refused extends Error {
@@ -114,7 +116,8 @@ export class MarketClient {
   constructor({ broker, prefix, party = null, marketPublicKey = null, timeoutMs = 30000, warn = (m) => console.error(`warning: ${m}`) }) {
     this.prefix = prefix;
     this.party = party;
-    this.marketPublicKey = marketPublicKey;
+    this.pinnedKey = marketPublicKey || null;
+    this.marketPublicKey = this.pinnedKey;
     this.timeoutMs = timeoutMs;
     this.warn = warn;
     this.kafka = new Kafka({
@@ -141,7 +144,7 @@ export class MarketClient {
   async connect() {
     await this.producer.connect();
     await this.admin.connect();
-    if (!this.marketPublicKey) this.marketPublicKey = await this.readMarketKey();
+    this.marketPublicKey = await this.readMarketKey();
     return this;
   }
 
@@ -166,15 +169,23 @@ export class MarketClient {
     return this.readers.get(topic);
   }
 
-  /** The market key its identity record `<p>.market` publishes (§12.1). */
+  /**
+   * The market key this client trusts (§12.1.1): the market's trust root, the first record of
+   * partition 0 of `<p>.market` whatever it is, must be a market identity; its key must be the
+   * pinned one (`marketPublicKey`) if given, else it is trusted on first use, with a warning.
+   * Throws MarketRootError (its `reason` says why) when the root cannot be trusted.
+   */
   async readMarketKey() {
     const topic = this.topic('market');
+    const pinned = this.pinnedKey;
+    if (pinned) decodePublicKey(pinned);
     if (!(await this.topicExists(topic))) throw new Error(`${topic} does not exist: no market with prefix ${this.prefix}`);
     const r = await this.reader(topic);
-    const doc = await r.find((rec) => (rec.value ? JSON.parse(rec.value.toString('utf8')) : undefined), this.timeoutMs);
-    if (!doc) throw new TimedOut(`no identity record on ${topic}`);
-    if (!doc.market_public_key) throw new Error(`${topic} publishes no market key: pass it (EMARKET_MARKET_KEY)`);
-    return doc.market_public_key;
+    const first = await r.find((rec) => (rec.partition === 0 ? rec : undefined), this.timeoutMs);
+    if (!first) throw new TimedOut(`no identity record on ${topic}: has a worker of this market started?`);
+    const key = trustedKey(topic, readRoot(topic, Number(first.offset), first.value), pinned);
+    if (!pinned) this.warn(`trusting the market key ${keyId(key)} (${key}) that ${topic} names, on first use: nothing proves it is the market's. Pin it: --market-key ${key} (EMARKET_MARKET_KEY, marketPublicKey)`);
+    return key;
   }
 
   async partitionCount(topic) {

@@ -105,7 +105,7 @@ def run_client(
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
-    from ..client import MarketClient, MarketKeyError  # noqa: PLC0415
+    from ..client import MarketClient, MarketKeyError, MarketRootError  # noqa: PLC0415
 
     boot = bootstrap(args)
     # a client command reports a broker failure once, as an error line with what to do;
@@ -132,6 +132,8 @@ def run_client(
         ) from None
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
+    except MarketRootError as exc:  # no key to pass would make this market trustworthy
+        raise CommandError(f"the market's trust root ({exc.reason}): {exc}", EXIT_REFUSED) from None
     except MarketKeyError as exc:
         raise CommandError(
             f"{exc}; pass --market-key KEY (EMARKET_MARKET_KEY; `epsilon-market serve` prints it)"

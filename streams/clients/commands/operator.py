@@ -44,11 +44,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
           "leave this running and use a second terminal:", flush=True)  # fmt: skip
     pages = f"http://{settings.web_host}:{settings.web_port}"
-    market_key = _market_key_of(settings)
+    key_id, market_key = _market_key_of(settings)
     print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
           flush=True)  # fmt: skip
-    print("  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with; clients "
-          "believe nothing it did not sign)", flush=True)  # fmt: skip
+    print(f"  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with, key id "
+          f"{key_id}; clients believe nothing it did not sign, and given this key (pinned) they "
+          "trust no other; without it they trust the key <prefix>.market names, with a "
+          "warning)", flush=True)  # fmt: skip
     print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
           flush=True)  # fmt: skip
     print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
@@ -64,11 +66,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             broker.stop()
 
 
-def _market_key_of(settings: Any) -> str:
-    """The public half of the key the worker will sign with (loaded, or made, as it will)."""
+def _market_key_of(settings: Any) -> tuple[str, str]:
+    """(key id, public key) of the key the worker will sign with (loaded, or made, as it
+    will): what clients pin (docs/protocol.md §12.1.1)."""
     from ...worker.secrets import load_or_create_keys  # noqa: PLC0415
 
-    return str(load_or_create_keys(settings.data_dir).public_key_b64)
+    keys = load_or_create_keys(settings.data_dir)
+    return str(keys.key_id), str(keys.public_key_b64)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -78,6 +82,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if taken:
         print(taken, file=sys.stderr)
         return 2
+    key_id, market_key = _market_key_of(settings)
+    print(f"epsilon-market worker: market key {key_id}: clients pin it with "
+          f"EMARKET_MARKET_KEY={market_key} (--market-key)", flush=True)  # fmt: skip
     return _run(settings)
 
 

@@ -97,7 +97,7 @@ def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
     core.handle(T.registrations, registration("temp"))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     first = core.handle(T.purchases, purchase("temp", "alice", "p1"))
-    kept = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
+    kept = core.handle(T.purchases, purchase("temp", "alice", "p1"))  # a copy: nothing
     assert (kept.status, kept.reason, kept.outputs) == ("duplicate", "already_answered", [])
     record = core.stores.purchases["alice/temp/p1"]
     assert record.payload is None  # a later batch: the outcome was sent, only the decision kept
@@ -106,8 +106,9 @@ def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
     again = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
     assert again.status == "duplicate"
     assert again.outputs[0].value == first.outputs[0].value  # recomputed, byte for byte
-    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
-    assert (soon.status, soon.reason) == ("duplicate", "already_answered")
+    assert core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5)).outputs == []
+    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=6))
+    assert (soon.status, soon.reason) == ("duplicate", "already_answered")  # signed anew
     (notice,) = soon.outputs
     rej = Rejection.model_validate_json(notice.value)
     assert rej.details["retry_after_ms"] == ANSWER_INTERVAL_MS and len(notice.value) < 1024

@@ -19,12 +19,14 @@ on a stream nobody has registered have no watermark: they are forgotten by the c
 :data:`CLOCK_RECORD_MS` late, on their input partition, and that partition keeps at most
 :attr:`Caps.unknown` of them (beyond that a refusal cannot be kept, and says so).
 
-A resend of a purchase whose outcome was surely sent adds nothing to the buyer's inbox, which
-holds the outcome (:meth:`Records.in_inbox`): anyone can write the buyer's signed bytes again.
-Otherwise (the outcome may not have been sent, or the inbox was lost and made again) a resend is
-answered at most once per :data:`ANSWER_INTERVAL_MS` (:meth:`Records.answer_due`); in between it
-gets a short notice, so resending one purchase cannot make the market send its outcome again and
-again.
+A copy of a purchase's first request whose outcome was surely sent adds nothing to the buyer's
+inbox, which holds the outcome (:meth:`Records.in_inbox`): anyone can write the buyer's signed
+bytes again. A resend signed anew (another request time: only the buyer can make one, e.g. a new
+process of its client), or a copy whose outcome may not have been sent or whose inbox was lost
+and made again, is answered once (:meth:`Records.first_answer`: a copy of that resend adds
+nothing either), and the outcome is sent again at most once per :data:`ANSWER_INTERVAL_MS`
+(:meth:`Records.answer_due`); in between a resend gets a short notice, so resending one purchase
+cannot make the market send its outcome again and again.
 
 A refusal of a purchase dated more than the horizon ahead outlives every other record, so one
 buyer may have at most :data:`MAX_FAR_FUTURE_RECORDS` of them on a partition
@@ -147,6 +149,7 @@ class Records:
         self._young: dict[str, list[tuple[int, int, str]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
         self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
+        self._resends: OrderedDict[tuple[str, int], int] = OrderedDict()  # resend -> answered at
         self._taken_ms = clock()  # when this worker last took its partitions on
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
@@ -216,6 +219,24 @@ class Records:
         # on may be of a batch whose outputs were lost (see STRANDED_MS)
         stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
         return not (record.status == "rejected" and stranded)
+
+    def first_answer(self, key: str, requested_at_ms: int, inbox: str) -> bool:
+        """Whether the resend of the purchase under ``key`` stamped ``requested_at_ms`` is
+        answered here for the first time since ``inbox`` was last made (then noted): each
+        signed resend is answered once, and a copy of it written again adds nothing (least
+        recently answered forgotten past :data:`MAX_ANSWERED`, and all on a restart: one more
+        answer each)."""
+        seen = (key, requested_at_ms)
+        at = self._resends.get(seen)
+        remade = self._remade.get(inbox)
+        if at is not None and (remade is None or remade <= at):
+            self._resends.move_to_end(seen)
+            return False
+        self._resends[seen] = self.clock()
+        self._resends.move_to_end(seen)
+        if len(self._resends) > MAX_ANSWERED:
+            self._resends.popitem(last=False)
+        return True
 
     def answer_due(self, key: str) -> int | None:
         """``None`` if a resend of the purchase under ``key`` is to be answered in full now

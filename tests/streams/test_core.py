@@ -106,7 +106,8 @@ def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
     again = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
     assert again.status == "duplicate"
     assert again.outputs[0].value == first.outputs[0].value  # recomputed, byte for byte
-    assert core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5)).outputs == []
+    copy = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
+    assert copy.outputs == []  # a copy of that resend
     soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=6))
     assert (soon.status, soon.reason) == ("duplicate", "already_answered")  # signed anew
     (notice,) = soon.outputs

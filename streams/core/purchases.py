@@ -11,7 +11,7 @@ it, is counted and answered nowhere (:meth:`~.replay.records.Records.in_inbox`):
 client finds the outcome in its inbox, and a copy anyone else writes again must not add to that
 inbox. A resend signed anew (another request time, e.g. by a new process of the buyer's client)
 is answered once, and so is a copy whose outcome may be missing; a copy of either adds nothing
-(:meth:`~.replay.records.Records.first_answer`). The outcome is sent again at most once per
+(:meth:`~.replay.records.Records.resend_due`). The outcome is sent again at most once per
 :data:`~.replay.records.ANSWER_INTERVAL_MS`: a
 fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
 request, receipts are deterministic and envelopes are sealed with a sender key and nonce
@@ -163,10 +163,11 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     inbox = ctx.topics.inbox(req.buyer_id)
     copy = req.requested_at_ms == record.requested_at_ms  # the first request's, re-sent
     if (copy and ctx.records.in_inbox(inbox, record)) or (
-            not ctx.records.first_answer(key, req.requested_at_ms, inbox)):  # fmt: skip
+            not ctx.records.resend_due(key, req.requested_at_ms, inbox)):  # fmt: skip
         return Outcome("purchase", "duplicate", reason="already_answered",
                        stream_id=record.stream_id)  # fmt: skip
     last = ctx.records.answer_due(key)
+    ctx.records.resend_answered(key, req.requested_at_ms, final=last is None)
     if last is not None:
         return _notice(ctx, inc, record, last, again=True)
     if record.payload is not None:  # not yet sent for sure (its batch's outputs may be lost)

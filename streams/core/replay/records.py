@@ -23,7 +23,7 @@ A copy of a purchase's first request whose outcome was surely sent adds nothing 
 inbox, which holds the outcome (:meth:`Records.in_inbox`): anyone can write the buyer's signed
 bytes again. A resend signed anew (another request time: only the buyer can make one, e.g. a new
 process of its client), or a copy whose outcome may not have been sent or whose inbox was lost
-and made again, is answered once (:meth:`Records.first_answer`: a copy of that resend adds
+and made again, is answered once (:meth:`Records.resend_due`: a copy of that resend adds
 nothing either), and the outcome is sent again at most once per :data:`ANSWER_INTERVAL_MS`
 (:meth:`Records.answer_due`); in between a resend gets a short notice, so resending one purchase
 cannot make the market send its outcome again and again.
@@ -149,7 +149,8 @@ class Records:
         self._young: dict[str, list[tuple[int, int, str]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
         self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
-        self._resends: OrderedDict[tuple[str, int], int] = OrderedDict()  # resend -> answered at
+        # resend (key, request time) -> when answered, and whether with its outcome
+        self._resends: OrderedDict[tuple[str, int], tuple[int, bool]] = OrderedDict()
         self._taken_ms = clock()  # when this worker last took its partitions on
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
@@ -220,23 +221,29 @@ class Records:
         stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
         return not (record.status == "rejected" and stranded)
 
-    def first_answer(self, key: str, requested_at_ms: int, inbox: str) -> bool:
-        """Whether the resend of the purchase under ``key`` stamped ``requested_at_ms`` is
-        answered here for the first time since ``inbox`` was last made (then noted): each
-        signed resend is answered once, and a copy of it written again adds nothing (least
-        recently answered forgotten past :data:`MAX_ANSWERED`, and all on a restart: one more
-        answer each)."""
-        seen = (key, requested_at_ms)
-        at = self._resends.get(seen)
+    def resend_due(self, key: str, requested_at_ms: int, inbox: str) -> bool:
+        """Whether the resend of the purchase under ``key`` stamped ``requested_at_ms`` is to
+        be answered: not if it had its answer since ``inbox`` was last made, nor if it was told
+        to ask again less than :data:`ANSWER_INTERVAL_MS` ago. So each signed resend is
+        answered once, and a copy of it written again adds nothing (least recently answered
+        forgotten past :data:`MAX_ANSWERED`, and all on a restart: one more answer each)."""
+        seen = self._resends.get((key, requested_at_ms))
+        if seen is None:
+            return True
+        at, final = seen
         remade = self._remade.get(inbox)
-        if at is not None and (remade is None or remade <= at):
-            self._resends.move_to_end(seen)
-            return False
-        self._resends[seen] = self.clock()
+        if remade is not None and remade > at:
+            return True
+        return not final and self.clock() - at >= ANSWER_INTERVAL_MS
+
+    def resend_answered(self, key: str, requested_at_ms: int, *, final: bool) -> None:
+        """Note that this resend was answered now: with its outcome (``final``), or told to ask
+        again after the interval."""
+        seen = (key, requested_at_ms)
+        self._resends[seen] = (self.clock(), final)
         self._resends.move_to_end(seen)
         if len(self._resends) > MAX_ANSWERED:
             self._resends.popitem(last=False)
-        return True
 
     def answer_due(self, key: str) -> int | None:
         """``None`` if a resend of the purchase under ``key`` is to be answered in full now

@@ -36,7 +36,7 @@ serve: $(VENV)/.installed
 test: $(VENV)/.installed $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m ruff check market streams tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -n 3 --dist worksteal  # 3 processes on 2 cores: most tests wait on workers
+	$(PY) -m pytest -n 4 --dist worksteal  # 4 processes on 2 cores: most tests wait on workers
 
 # market and core unit tests, no broker (< 60 s): the loop to run while editing
 test-fast: $(VENV)/.installed

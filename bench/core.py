@@ -45,7 +45,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.machine import Machine
-from bench.service import BENCH_KEYS, SELLER, STEPS, _purchase, _registration, _value_payload
+from bench.service import (
+    BENCH_KEYS,
+    SELLER,
+    STEPS,
+    _purchase,
+    _registration,
+    _value_payload,
+    bench_market,
+)
 from market import ChainState
 from market._draws import Draws
 from market.envelope import Sealer
@@ -79,7 +87,8 @@ def _core(*parties: Party) -> tuple[MarketCore, Topics]:
     # the keys values are sealed to; one seller registers every stream
     core = MarketCore(Stores(), BENCH_KEYS, topics, limits=Limits(max_streams_per_seller=4096))
     for who in (SELLER, *parties):
-        out = core.handle(topics.accounts, who.open_account(MARKET).model_dump_json().encode())
+        opening = who.open_account(bench_market(MARKET)).model_dump_json().encode()
+        out = core.handle(topics.accounts, opening)
         assert out.status == "accepted", out.reason
     return core, topics
 
@@ -119,7 +128,7 @@ def purchases(n_streams: int) -> Measure:
     core, t = _core(buyer)
     levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
     for s in range(n_streams):
-        reg = SELLER.sign(StreamRegistration, MARKET, seller_id=SELLER.account_id,
+        reg = SELLER.sign(StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id,
                           **_registration(f"p{s}", levels, levels[-1]))  # fmt: skip
         _check(core.handle(t.registrations, reg.model_dump_json().encode()), "accepted")
         for i in range(RETAINED):
@@ -133,7 +142,7 @@ def purchases(n_streams: int) -> Measure:
 
     core_us = _timed(run, len(reqs))
     req = PurchaseRequest.model_validate_json(reqs[0])
-    signed = canonical_bytes(MARKET, req)
+    signed = canonical_bytes(bench_market(MARKET), req)
     buyer_key = buyer.public_key
     sig = buyer.signing_key.sign(signed)
     sign = BENCH_KEYS.signing_key.sign
@@ -164,7 +173,7 @@ def values(n: int) -> Measure:
     subs = [Party.generate(f"sub{i}", sealing=False) for i in range(2)]
     core, t = _core(*subs)
     _check(core.handle(t.registrations, SELLER.sign(
-        StreamRegistration, MARKET, seller_id=SELLER.account_id,
+        StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id,
         **_registration("v", [0.5, 1.0], 1e6)).model_dump_json().encode()), "accepted")  # fmt: skip
     for i in range(RETAINED):
         _check(core.handle(t.values, _value_payload(i, MARKET, "v")), "accepted")
@@ -182,7 +191,7 @@ def values(n: int) -> Measure:
     core_us = _timed(run, n)
     batch = ValueBatch.model_validate_json(raws[0])
     assert batch.sealed is not None
-    signed = canonical_bytes(MARKET, batch)
+    signed = canonical_bytes(bench_market(MARKET), batch)
     sig = SELLER.signing_key.sign(signed)
     seller_key = SELLER.public_key
     opener = BENCH_KEYS.opener
@@ -212,11 +221,12 @@ def memory(n: int) -> tuple[float, float]:
     core, t = _core(*subs)
     reg = _registration("m", [0.5, 1.0, 2.0], 2.0) | {"retain_last": n + 1}
     _check(core.handle(t.registrations, SELLER.sign(
-        StreamRegistration, MARKET, seller_id=SELLER.account_id, **reg,
+        StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id, **reg,
     ).model_dump_json().encode()), "accepted")  # fmt: skip
     _check(core.handle(t.values, _value_payload(0, MARKET, "m")), "accepted")
     for level, sub in zip((0.5, 1.0, 2.0), subs, strict=True):
-        req = sub.sign(PurchaseRequest, MARKET, purchase_id="m", buyer_id=sub.account_id,
+        req = sub.sign(PurchaseRequest, bench_market(MARKET), purchase_id="m",
+                       buyer_id=sub.account_id,
                        stream_id="m", max_price_minor=0, target_level=level,
                        requested_at_ms=now_ms())  # fmt: skip
         _check(core.handle(t.purchases, req.model_dump_json().encode()), "fulfilled")

@@ -1,6 +1,7 @@
 """Flood benchmark: what a cheap flood does to a legitimate buyer's latency.
 
-Run ``python -m bench.flood`` (``--quick`` for a smoke run). It starts the embedded broker and
+Run ``python -m bench.flood`` (``--quick`` for a smoke run; ``--garbage`` for the 1-byte garbage
+flood of issue #40, :mod:`bench.flood_garbage`). It starts the embedded broker and
 one worker, then measures one legitimate buyer's purchase latency (send → outcome in her
 inbox, closed loop, each purchase on its own stream) in the same run:
 
@@ -169,6 +170,18 @@ def _accepted(worker: ChildWorker) -> float:
     return 0.0
 
 
+def rejected_purchases(worker: ChildWorker) -> float:
+    """Events of the purchases topic the worker refused
+    (``emarket_purchases_total{outcome="rejected"}``): how much of a garbage flood it read."""
+    for fam in text_string_to_metric_families(worker.get("/metrics")):
+        for sample in fam.samples:
+            if sample.name == "emarket_purchases_total" and (
+                sample.labels.get("outcome") == "rejected"
+            ):
+                return sample.value
+    return 0.0
+
+
 async def _all_exist(admin: AIOKafkaAdminClient, names: set[str]) -> bool:
     return names <= set(await admin.list_topics())
 
@@ -268,7 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flood", type=int, default=None, help="unsigned purchases")
     p.add_argument("--openings", type=int, default=None, help="signed openings per round")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--garbage", action="store_true",
+                   help="the garbage flood of issue #40 instead (bench/flood_garbage.py)")
+    p.add_argument("--rate", type=int, default=None, help="--garbage: records a second")
+    p.add_argument("--seconds", type=float, default=None, help="--garbage: how long")
     args = p.parse_args(argv)
+    if args.garbage:
+        from bench import flood_garbage  # it builds on this module's buyer
+
+        return flood_garbage.run(args.quick, args.rate, args.seconds)
     sizes = Sizes(10, 2000, 300, 1, 20) if args.quick else Sizes(50, 10_000, 2000, 2, 150)
     sizes = replace(sizes, junk=args.flood or sizes.junk, openings=args.openings or
                     sizes.openings, rounds=args.rounds or sizes.rounds)  # fmt: skip

@@ -34,6 +34,7 @@ from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
 from streams.wire.events import AccountState, Rejection
+from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics
 from streams.wire.work import DEFAULT_BITS, solve
 from streams.worker.config import Settings
@@ -53,8 +54,8 @@ def _ids_on(topics: Topics, prefix: str) -> Any:
             yield name
 
 
-def _stranger(bootstrap: str, prefix: str, partitions: int, bits: int, until: float,
-              sent: Any) -> None:  # fmt: skip
+def _stranger(bootstrap: str, prefix: str, key_id: str, partitions: int, bits: int,
+              until: float, sent: Any) -> None:  # fmt: skip
     """One process: openings on one partition as fast as the work lets it, until ``until``."""
     topics = Topics(prefix, partitions)
 
@@ -67,7 +68,8 @@ def _stranger(bootstrap: str, prefix: str, partitions: int, bits: int, until: fl
                     return
                 p = Party.generate(name, sealing=False)
                 work = await asyncio.to_thread(solve, prefix, name, p.public_key, bits)
-                raw = p.open_account(prefix, work=work).model_dump_json().encode()
+                event = p.open_account(MarketRef(prefix, key_id), work=work)
+                raw = event.model_dump_json().encode()
                 await prod.send_and_wait(topics.accounts, raw, key=name.encode(),
                                          partition=PARTITION)  # fmt: skip
                 with sent.get_lock():
@@ -100,7 +102,7 @@ async def _honest(settings: Settings, topics: Topics, until: float,
             work = await asyncio.to_thread(solve, topics.prefix, p.account_id, p.public_key,
                                            settings.opening_work)  # fmt: skip
             t1 = time.perf_counter()
-            raw = p.open_account(topics.prefix, work=work).model_dump_json().encode()
+            raw = p.open_account(await c.signing_market(), work=work).model_dump_json().encode()
             got = await c._request(
                 topics.accounts, p.account_id, raw,
                 lambda ev: isinstance(ev, AccountState | Rejection), inbox=p.account_id,
@@ -162,11 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                   "openings | their work, median s | confirmed after sending: median s | "
                   "worst s | honest refused | /health behind |")
             print("|---|---|---|---|---|---|---|---|---|")
+            key_id = worker.get("/health")["market_key_id"]
             until = time.time() + args.minutes * 60
             sent = multiprocessing.Value("i", 0)
             procs = [multiprocessing.Process(
-                target=_stranger, args=(settings.bootstrap, settings.prefix, settings.partitions,
-                                        args.work, until, sent), daemon=True)
+                target=_stranger, args=(settings.bootstrap, settings.prefix, key_id,
+                                        settings.partitions, args.work, until, sent), daemon=True)
                 for _ in range(args.strangers)]  # fmt: skip
             for proc in procs:
                 proc.start()

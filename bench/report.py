@@ -251,8 +251,9 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
                       limits=Limits(max_message_bytes=64 << 20))  # fmt: skip
     seller, buyer = Party.generate("seller", sealing=False), Party.generate("buyer", sealing=False)
     for p in (seller, buyer):
-        core.handle(topics.accounts, p.open_account("r", opened_at_ms=1).model_dump_json().encode())
-    reg = seller.sign(StreamRegistration, "r", stream_id=stream_id, seller_id="seller",
+        opening = p.open_account(core.ctx.market, opened_at_ms=1)
+        core.handle(topics.accounts, opening.model_dump_json().encode())
+    reg = seller.sign(StreamRegistration, core.ctx.market, stream_id=stream_id, seller_id="seller",
                       mechanism="gaussian", sensitivity=1.0,
                       pricing=LinearLevelSpec(rate_per_level=1.0), **registration)  # fmt: skip
     core.handle(topics.registrations, reg.model_dump_json().encode())
@@ -260,10 +261,11 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
 
     def send(kind: str, signer: Any, **fields: Any) -> list[Any]:
         model, topic = kinds[kind]
-        event = signer.sign(model, "r", **fields)
+        event = signer.sign(model, core.ctx.market, **fields)
         if isinstance(event, ValueBatch):  # sealed to the market's key, as a client sends it
             sealed = seal_values(event, "r", keys.sealing_public_b64)
-            event = signer.sign(model, "r", **sealed.model_dump(exclude={"key_id", "signature"}))
+            event = signer.sign(model, core.ctx.market,
+                                **sealed.model_dump(exclude={"key_id", "signature"}))
         raw = event.model_dump_json().encode()
         return [INBOX_EVENT.validate_json(o.value) for o in core.handle(topic, raw).outputs
                 if o.topic == topics.inbox("buyer")]  # fmt: skip

@@ -75,6 +75,7 @@ from streams.wire.events import (
     ValueBatch,
 )
 from streams.wire.sealing import seal_values
+from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics, TopicSpec
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -173,12 +174,19 @@ MARKET_ENV = {**BENCH_ENV, "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}
 stream (hundreds; 64 by default)."""
 
 
+def bench_market(prefix: str) -> MarketRef:
+    """What the benchmarks' parties sign for: the market of topic prefix ``prefix`` whose keys
+    are :data:`BENCH_KEYS`."""
+    return MarketRef(prefix, BENCH_KEYS.key_id)
+
+
 def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
     """A value batch of ``fields``, its numbers sealed to :data:`BENCH_KEYS` as a client seals
     them, signed by ``seller``."""
-    clear = seller.sign(ValueBatch, market, **fields)
+    clear = seller.sign(ValueBatch, bench_market(market), **fields)
     sealed = seal_values(clear, market, BENCH_KEYS.sealing_public_b64)
-    return seller.sign(ValueBatch, market, **sealed.model_dump(exclude={"key_id", "signature"}))
+    return seller.sign(ValueBatch, bench_market(market),
+                       **sealed.model_dump(exclude={"key_id", "signature"}))  # fmt: skip
 
 
 def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
@@ -501,7 +509,7 @@ async def _purchase_streams(b: _Bench, names: list[str]) -> None:
     await catalog.start()
     try:
         for name in names:
-            reg = SELLER.sign(StreamRegistration, market, seller_id=SELLER.account_id,
+            reg = SELLER.sign(StreamRegistration, bench_market(market), seller_id=SELLER.account_id,
                               **_registration(name, levels, levels[-1]))  # fmt: skip
             await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
             for i in range(4):
@@ -518,7 +526,7 @@ async def _purchase_streams(b: _Bench, names: list[str]) -> None:
 
 def _purchase(market: str, buyer: Party, stream: str, k: int) -> bytes:
     """A signed purchase of the next step of ``stream`` (its ``k``-th), signed before timing."""
-    req = buyer.sign(PurchaseRequest, market, purchase_id=f"{stream}-{k}",
+    req = buyer.sign(PurchaseRequest, bench_market(market), purchase_id=f"{stream}-{k}",
                      buyer_id=buyer.account_id, stream_id=stream, max_price_minor=0,
                      requested_at_ms=now_ms())  # fmt: skip
     return req.model_dump_json().encode()

@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bench.machine import Machine
-from bench.service import BENCH_ENV, BENCH_KEYS, sealed_batch
+from bench.service import BENCH_ENV, BENCH_KEYS, bench_market, sealed_batch
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient, now_ms
 from streams.clients.keys import Party
@@ -185,7 +185,8 @@ async def _load(
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
                     buyer, s2 = buyers[sent_p % N_BUYERS], f"s{(sent_p // N_BUYERS) % N_STREAMS}"
-                    req = buyer.sign(PurchaseRequest, topics.prefix, purchase_id=f"p{sent_p}",
+                    req = buyer.sign(PurchaseRequest, bench_market(topics.prefix),
+                                     purchase_id=f"p{sent_p}",
                                      buyer_id=buyer.account_id, stream_id=s2,
                                      max_price_minor=10_000, requested_at_ms=now_ms())  # fmt: skip
                     await prod.send(topics.purchases, req.model_dump_json().encode(),
@@ -233,7 +234,7 @@ def _feed_core(core: MarketCore, topics: Topics, seller: Party, n: int, start: i
 def _buy_core(core: MarketCore, topics: Topics, buyers: list[Party], n: int) -> None:
     for k in range(n):
         buyer, s = buyers[k % len(buyers)], f"s{(k // len(buyers)) % N_STREAMS}"
-        req = buyer.sign(PurchaseRequest, topics.prefix, purchase_id=f"p{k}",
+        req = buyer.sign(PurchaseRequest, bench_market(topics.prefix), purchase_id=f"p{k}",
                          buyer_id=buyer.account_id, stream_id=s, max_price_minor=10_000,
                          requested_at_ms=now_ms())  # fmt: skip
         core.handle(topics.purchases, req.model_dump_json().encode())
@@ -294,9 +295,9 @@ def record_costs(n_values: int = 4_000, n_purchases: int = 1_000) -> RecordCosts
     seller = Party.generate("soak", sealing=False)
     buyers = [Party.generate(f"b{i}", sealing=False) for i in range(N_BUYERS)]
     for who in (seller, *buyers):
-        core.handle(topics.accounts, who.open_account(topics.prefix).model_dump_json().encode())
+        core.handle(topics.accounts, who.open_account(core.ctx.market).model_dump_json().encode())
     for i in range(N_STREAMS):
-        reg = seller.sign(StreamRegistration, topics.prefix, stream_id=f"s{i}", seller_id="soak",
+        reg = seller.sign(StreamRegistration, core.ctx.market, stream_id=f"s{i}", seller_id="soak",
                           mechanism="laplace", sensitivity=1.0, dimension=DIM, steps=LADDER,
                           cap=LADDER[-1], retain_last=16, currency="EUR",
                           pricing={"kind": "linear_level", "rate_per_level": 100.0})  # fmt: skip
@@ -341,8 +342,8 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
     core = MarketCore(Stores(), MarketKeys(Ed25519PrivateKey.generate(), b"s" * 32), topics,
                       limits=Limits(max_streams_per_seller=streams + 1))  # fmt: skip
     seller = Party.generate("soak", sealing=False)
-    core.handle(topics.accounts, seller.open_account(topics.prefix).model_dump_json().encode())
-    regs = [seller.sign(StreamRegistration, topics.prefix, stream_id=f"s{i:05d}",
+    core.handle(topics.accounts, seller.open_account(core.ctx.market).model_dump_json().encode())
+    regs = [seller.sign(StreamRegistration, core.ctx.market, stream_id=f"s{i:05d}",
                         seller_id="soak", mechanism="laplace", sensitivity=1.0, dimension=DIM,
                         steps=LADDER, cap=LADDER[-1], retain_last=16,
                         pricing=LinearLevelSpec(rate_per_level=100.0),

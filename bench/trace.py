@@ -50,6 +50,7 @@ from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
 from streams.wire.sealing import seal_values
+from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics
 
 MARKET = "benchtrace"
@@ -164,20 +165,23 @@ def _send(core: MarketCore, topic: str, raw: bytes, status: str) -> None:
 KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
                   noise_secret=b"n" * 32)  # fmt: skip
 """The traced market's keys (sellers seal their values to it)."""
+SIGNED_FOR = MarketRef(MARKET, KEYS.key_id)
+"""What the traced parties sign for."""
 
 def _value(stream: str, i: int) -> bytes:
     """A signed batch of one value of :data:`DIM` numbers (its id ``v{i}``)."""
     item = {"value_id": f"v{i}", "values": [20.0 + i] * DIM, "published_at_ms": NOW_MS}
-    clear = SELLER.sign(ValueBatch, MARKET, stream_id=stream, seller_id=SELLER.account_id,
+    clear = SELLER.sign(ValueBatch, SIGNED_FOR, stream_id=stream, seller_id=SELLER.account_id,
                         items=[item])  # fmt: skip
     sealed = seal_values(clear, MARKET, KEYS.sealing_public_b64)  # as a client sends it
-    batch = SELLER.sign(ValueBatch, MARKET, **sealed.model_dump(exclude={"key_id", "signature"}))
+    fields = sealed.model_dump(exclude={"key_id", "signature"})
+    batch = SELLER.sign(ValueBatch, SIGNED_FOR, **fields)
     return batch.model_dump_json().encode()
 
 
 def _purchase(stream: str, buyer: Party, pid: str) -> bytes:
     """A signed purchase of the next step (no level named), at any price below 10,000 EUR."""
-    req = buyer.sign(PurchaseRequest, MARKET, purchase_id=pid, buyer_id=buyer.account_id,
+    req = buyer.sign(PurchaseRequest, SIGNED_FOR, purchase_id=pid, buyer_id=buyer.account_id,
                      stream_id=stream, max_price_minor=10**6,
                      requested_at_ms=NOW_MS)  # fmt: skip
     return req.model_dump_json().encode()
@@ -186,7 +190,7 @@ def _purchase(stream: str, buyer: Party, pid: str) -> bytes:
 def _register(core: MarketCore, t: Topics, stream: str, steps: list[float]) -> None:
     """Register a Laplace stream of :data:`DIM` numbers keeping :data:`RETAINED` values."""
     reg = SELLER.sign(
-        StreamRegistration, MARKET, stream_id=stream, seller_id=SELLER.account_id,
+        StreamRegistration, SIGNED_FOR, stream_id=stream, seller_id=SELLER.account_id,
         mechanism="laplace", sensitivity=1.0, dimension=DIM, steps=steps, cap=steps[-1],
         retain_last=RETAINED, pricing={"kind": "linear_level", "rate_per_level": 100},
         currency="EUR",
@@ -200,7 +204,7 @@ def market_core() -> tuple[MarketCore, Topics]:
     t = Topics(MARKET)
     core = MarketCore(Stores(), KEYS, t, clock=lambda: NOW_MS)
     for who in (SELLER, *HOLDERS, BUYER):
-        _send(core, t.accounts, who.open_account(MARKET, opened_at_ms=NOW_MS)
+        _send(core, t.accounts, who.open_account(SIGNED_FOR, opened_at_ms=NOW_MS)
               .model_dump_json().encode(), "accepted")  # fmt: skip
     _register(core, t, "v", [0.5, 1.0])
     for stream in ("p", "w"):

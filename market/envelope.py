@@ -94,6 +94,7 @@ def parse_public_key(text: str) -> X25519PublicKey:
 
 
 _PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+_P25519 = 2**255 - 19
 
 
 def validate_public_key(text: str) -> X25519PublicKey:
@@ -102,9 +103,16 @@ def validate_public_key(text: str) -> X25519PublicKey:
     A low-order point (all zeros, and a handful of others) makes every shared secret zero:
     ``cryptography`` refuses the exchange, so such a key would make every seal for it fail
     (and sealing with it would not be secret anyway). Check keys when they are accepted, not
-    when something is first sealed for them.
+    when something is first sealed for them. A key is also written in its one canonical
+    encoding (RFC 7748: the u-coordinate below 2²⁵⁵ − 19, the top bit clear): the other spelling
+    of a key is refused, not read as the key it reduces to.
     """
     key = parse_public_key(text)
+    if int.from_bytes(base64.b64decode(text), "little") >= _P25519:
+        raise EnvelopeError(
+            "this X25519 public key is not canonically encoded (its u-coordinate is 2^255 - 19 "
+            "or more, or its top bit is set)"
+        )
     try:
         _PROBE.exchange(key)
     except ValueError as exc:

@@ -2,7 +2,9 @@
 
 It speaks only the public wire format (:mod:`streams.wire`) over aiokafka, so it doubles as a
 reference for clients in other languages. A client acts as one :class:`~.keys.Party`: every
-event it sends is signed with the party's key, and the market answers in the party's inbox
+event it sends is signed with the party's key for one market, named by its prefix and its key's
+id (:attr:`MarketClient.market`: the client reads the market's key before it signs anything),
+and the market answers in the party's inbox
 topic, which the client reads from the beginning (no consumer group) matching answers by
 request id — that also works on the embedded broker, whose "latest offset" answer is unreliable.
 
@@ -44,7 +46,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from market.errors import ReceiptError
-from market.receipts import parse_public_key
+from market.receipts import key_id, parse_public_key
 
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
@@ -70,6 +72,7 @@ from ..wire.events import (
 )
 from ..wire.root import RootError, read_root, trusted_key
 from ..wire.sealing import open_event, seal_values
+from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
@@ -259,9 +262,33 @@ class MarketClient:
         await self._producer.stop()
 
     @property
-    def market(self) -> str:
-        """What signatures name as the market: the topic prefix."""
-        return self.topics.prefix
+    def market(self) -> MarketRef:
+        """What signatures name as the market: its topic prefix and its key's id (§2). Known
+        once :meth:`signing_market` (or any request) has read the market's key, or at once
+        when the client was given ``market_public_key``.
+
+        Raises
+        ------
+        MarketKeyError
+            The market's key has not been read yet.
+        """
+        if self._market_key is not None:
+            return MarketRef(self.topics.prefix, key_id(self._market_key))
+        if self.market_public_key is not None:
+            try:
+                return MarketRef.of(self.topics.prefix, self.market_public_key)
+            except ValueError:
+                raise MarketKeyError("market_public_key is not an Ed25519 key in base64") from None
+        raise MarketKeyError(
+            "signatures name the market's key, which this client has not read yet: await "
+            "client.signing_market() first (or pass market_public_key)"
+        )
+
+    async def signing_market(self, *, wait: float = 30.0) -> MarketRef:
+        """What signatures name as the market, reading its key first if need be
+        (:meth:`market_key`): a party signs nothing before it knows which market it signs for."""
+        await self.market_key(wait=wait)
+        return self.market
 
     def _me(self, party: Party | None) -> Party:
         me = party or self.party
@@ -337,7 +364,7 @@ class MarketClient:
         """(the SHA-256 of the event it answers, the message) if the market signed ``value``
         for ``topic``; else None, with a warning."""
         try:
-            request = verify_answer(key, self.market, topic, value, headers)
+            request = verify_answer(key, self.topics.prefix, topic, value, headers)
         except AnswerError as exc:
             self.on_warning(f"warning: ignored {describe(value)} in {topic}: {exc}; it was "
                             "written by someone else (forged?)")  # fmt: skip
@@ -367,8 +394,8 @@ class MarketClient:
         while True:
             bits = self._work_bits
             work = None if bits == 0 else await asyncio.to_thread(
-                solve, self.market, me.account_id, me.public_key, bits)  # fmt: skip
-            event = me.open_account(self.market, invitation=invitation, work=work)
+                solve, self.topics.prefix, me.account_id, me.public_key, bits)  # fmt: skip
+            event = me.open_account(await self.signing_market(), invitation=invitation, work=work)
             got = await self._request(
                 self.topics.accounts, me.account_id, event.model_dump_json().encode(),
                 lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
@@ -393,7 +420,8 @@ class MarketClient:
         signed by both, and wait for the market's answer to these bytes: the account's new
         state, or its refusal (``stale_key_version``: not the account's version + 1)."""
         me = self._me(party)
-        payload = me.rotate_to(new, self.market, version).model_dump_json().encode()
+        market = await self.signing_market()
+        payload = me.rotate_to(new, market, version).model_dump_json().encode()
         got = await self._request(
             self.topics.accounts, me.account_id, payload,
             lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
@@ -409,7 +437,8 @@ class MarketClient:
         """Register a stream (``fields`` of a registration, signed here) and wait for the catalog
         entry or the rejection."""
         me = self._me(party)
-        reg = me.sign(StreamRegistration, self.market, **{"seller_id": me.account_id, **fields})
+        market = await self.signing_market()
+        reg = me.sign(StreamRegistration, market, **{"seller_id": me.account_id, **fields})
         payload = reg.model_dump_json().encode()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()
@@ -445,8 +474,10 @@ class MarketClient:
     ) -> ValueBatch:  # fmt: skip
         """A signed batch of (value id, numbers, publication time) — ids and times remembered so
         a resend of the same id carries its original time. On a histogram stream a value's
-        numbers are a mapping from keys (text, or whole numbers) to counts."""
+        numbers are a mapping from keys (text, or whole numbers) to counts. Signed for
+        :attr:`market`: the market's key must have been read (:meth:`signing_market`)."""
         me = self._me(party)
+        market = self.market
         rows = []
         for given, values, stamp in items:
             vid = given or uuid.uuid4().hex[:16]
@@ -459,7 +490,7 @@ class MarketClient:
             else:
                 row["values"] = list(values)
             rows.append(row)
-        return me.sign(ValueBatch, self.market, stream_id=stream_id, seller_id=me.account_id,
+        return me.sign(ValueBatch, market, stream_id=stream_id, seller_id=me.account_id,
                        items=rows)  # fmt: skip
 
     async def publish_batch(
@@ -490,8 +521,10 @@ class MarketClient:
         if batch.sealed is not None or not self.seal_values:
             return batch
         key = self.market_sealing_key or await self.sealing_key_of(batch.stream_id)
-        fields = seal_values(batch, self.market, key).model_dump(exclude={"key_id", "signature"})
-        return self._me(party).sign(ValueBatch, self.market, **fields)
+        fields = seal_values(batch, self.topics.prefix, key).model_dump(
+            exclude={"key_id", "signature"}
+        )
+        return self._me(party).sign(ValueBatch, await self.signing_market(), **fields)
 
     async def sealing_key_of(self, stream_id: str) -> str:
         """The market's sealing key as the catalog lists it (cached per stream).
@@ -550,7 +583,7 @@ class MarketClient:
         lines: list[ValueOutcome] = []
         for start in range(0, len(batch.items), size):
             rows = [i.model_dump() for i in batch.items[start : start + size]]
-            part = me.sign(ValueBatch, self.market, stream_id=batch.stream_id,
+            part = me.sign(ValueBatch, await self.signing_market(), stream_id=batch.stream_id,
                            seller_id=batch.seller_id, items=rows)  # fmt: skip
             got = await self.publish_batch(part, timeout=timeout, party=party)
             assert got is not None  # waited for
@@ -572,6 +605,7 @@ class MarketClient:
         """Publish one value (numbers, or on a histogram stream a mapping key → count); return
         its id. A resend keeps its identity (the id's first publication time). With ``wait``,
         raise :class:`ValueError` if the market refused it."""
+        await self.signing_market()
         batch = self.value_batch(stream_id, [(value_id, values, published_at_ms)])
         answer = await self.publish_batch(batch, wait=wait, timeout=timeout)
         vid = batch.items[0].value_id
@@ -602,7 +636,7 @@ class MarketClient:
     def believe_catalog(self, value: bytes, headers: Any, key: Ed25519PublicKey) -> bool:
         """Whether ``value`` is a catalog entry the market signed for its catalog topic."""
         try:
-            verify_answer(key, self.market, self.topics.catalog, value, headers)
+            verify_answer(key, self.topics.prefix, self.topics.catalog, value, headers)
             CatalogEntry.model_validate_json(value)
         except AnswerError as exc:
             self.on_warning(f"warning: ignored {describe(value)} in {self.topics.catalog}: {exc}; "
@@ -670,7 +704,7 @@ class MarketClient:
         pid = purchase_id or uuid.uuid4().hex[:20]
         stamp = requested_at_ms or self._requested.setdefault((me.account_id, pid), now_ms())
         req = me.sign(
-            PurchaseRequest, self.market, purchase_id=pid, buyer_id=me.account_id,
+            PurchaseRequest, await self.signing_market(), purchase_id=pid, buyer_id=me.account_id,
             stream_id=stream_id, target_level=target_level, accuracy=accuracy,
             most_accurate=most_accurate, max_price_minor=max_price_minor, currency=currency,
             requested_at_ms=stamp,
@@ -697,7 +731,7 @@ class MarketClient:
         me = self._me(party)
         qid = uuid.uuid4().hex[:20]
         req = me.sign(
-            QuoteRequest, self.market, quote_id=qid, buyer_id=me.account_id,
+            QuoteRequest, await self.signing_market(), quote_id=qid, buyer_id=me.account_id,
             stream_id=stream_id, target_level=target_level, accuracy=accuracy,
             requested_at_ms=now_ms(),
         )  # fmt: skip

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from ..wire.events import Invitation, OpenAccount, RotateKeys
+    from ..wire.signing import MarketRef
 
 __all__ = ["KeyFileError", "Party"]
 
@@ -86,13 +87,13 @@ class Party:
         return f"Party({self.account_id!r}, key={self.public_key[:8]}…)"
 
     # -- events ---------------------------------------------------------------------------------
-    def sign(self, model: type[M], market: str, **fields: Any) -> M:
-        """A signed event of type ``model`` for the market whose topic prefix is ``market``."""
+    def sign(self, model: type[M], market: MarketRef, **fields: Any) -> M:
+        """A signed event of type ``model`` for ``market`` (its prefix and key id)."""
         from ..wire.signing import signed  # noqa: PLC0415 - pydantic and numpy, when first used
 
         return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
-    def open_account(self, market: str, *, opened_at_ms: int | None = None,
+    def open_account(self, market: MarketRef, *, opened_at_ms: int | None = None,
                      invitation: Invitation | None = None,
                      work: str | None = None) -> OpenAccount:  # fmt: skip
         """The opening of this party's account, with the operators' ``invitation`` if the
@@ -108,7 +109,7 @@ class Party:
         )  # fmt: skip
 
     def rotate_to(
-        self, new: Party, market: str, version: int, *, rotated_at_ms: int | None = None
+        self, new: Party, market: MarketRef, version: int, *, rotated_at_ms: int | None = None
     ) -> RotateKeys:
         """The event replacing this party's keys by ``new``'s (signed by both)."""
         from ..wire.events import RotateKeys  # noqa: PLC0415

@@ -27,8 +27,9 @@ from market.envelope import EnvelopeError, validate_public_key
 
 from ..wire.events import MAX_RETIRED_KEYS, AccountState, OpenAccount, RetiredKey, RotateKeys
 from ..wire.invitations import InvitationError, check_invitation
-from ..wire.signing import key_id_of, verify
+from ..wire.signing import key_id_of, signed_v1, valid_signing_key, verify
 from ..wire.work import work_bits
+from .auth import old_signature_format
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
 from .placement import Misplaced, check_partition, refuse_misplaced
@@ -69,16 +70,19 @@ def _signed_by_owner(ctx: Context, ev: OpenAccount | RotateKeys) -> str | None:
     acct = ctx.directory.get(ev.account_id)
     if acct is None or ev.key_id != acct.key_id:
         return None
-    return ev.account_id if verify(ctx.topics.prefix, ev, acct.signing_key) else None
+    return ev.account_id if verify(ctx.market, ev, acct.signing_key) else None
 
 
 def _self_signed(ctx: Context, ev: OpenAccount) -> bool:
     """Whether ``ev`` is signed with the key it pins (its proof of possession)."""
-    return ev.key_id == key_id_of(ev.signing_key) and verify(ctx.topics.prefix, ev, ev.signing_key)
+    return ev.key_id == key_id_of(ev.signing_key) and verify(ctx.market, ev, ev.signing_key)
 
 
 def _open(ctx: Context, ev: OpenAccount) -> Outcome:
+    _check_signing_key(ev.signing_key, claimed=ev.account_id)
     if not _self_signed(ctx, ev):
+        if signed_v1(ctx.market, ev, ev.signing_key):
+            raise old_signature_format(ev.account_id, claimed=ev.account_id)
         raise Reject(
             "bad_signature",
             f"open_account for {ev.account_id!r} must be signed with the key it pins "
@@ -141,18 +145,21 @@ def _check_work(ctx: Context, ev: OpenAccount) -> None:
 
 
 def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
-    market = ctx.topics.prefix
+    market = ctx.market
     acct = ctx.stores.accounts.get(ev.account_id)
     if acct is None:
         raise Reject("unknown_account", f"account {ev.account_id!r} is not open",
                      claimed=ev.account_id)  # fmt: skip
     if ev.key_id != acct.key_id or not verify(market, ev, acct.signing_key):
+        if ev.key_id == acct.key_id and signed_v1(market, ev, acct.signing_key):
+            raise old_signature_format(ev.account_id, sender=ev.account_id)
         raise Reject(
             "bad_signature",
             f"rotate_keys for {ev.account_id!r} must be signed with its current key "
             f"({acct.key_id}); the signature does not match",
             claimed=ev.account_id,
         )
+    _check_signing_key(ev.signing_key, sender=ev.account_id)
     if not verify(market, ev, ev.signing_key, ev.new_key_signature):
         raise Reject(
             "bad_signature",
@@ -176,6 +183,20 @@ def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
         "retired": retired[-MAX_RETIRED_KEYS:],
     })  # fmt: skip
     return _store(ctx, state, "accepted")
+
+
+def _check_signing_key(key: str, **who: str) -> None:
+    """Refuse a signing key nobody holds the secret of (the identity, another small-order or
+    mixed-order point, a non-canonical encoding): strict verification refuses every signature
+    under it, and a lax one would accept signatures by nobody (docs/protocol.md §5)."""
+    if not valid_signing_key(key):
+        raise Reject(
+            "invalid_key",
+            "the signing key is not an Ed25519 public key anyone holds the secret of (a point "
+            "of small or mixed order, or a non-canonical encoding); generate a new one "
+            "(epsilon-market keygen)",
+            **who,
+        )
 
 
 def _check_sealing_key(key: str | None, **who: str) -> None:

@@ -17,10 +17,15 @@ import hashlib
 import json
 
 from ..wire.answers import answer_header, refusal_value
+from ..wire.events import Rejection
 from .context import Context
-from .outputs import Outcome, Output
+from .outputs import Outcome, Output, dump
+from .refusal_budget import Dropped
 
-__all__ = ["sign_deliveries", "sign_outcome", "sign_published"]
+__all__ = ["DROPPED", "dropped_outputs", "sign_deliveries", "sign_outcome", "sign_published"]
+
+DROPPED = "refusals_dropped"
+"""The code of the summary of what was not answered on one partition in one interval."""
 
 #: a notice that an outcome was already sent is not a refusal: the answer is in the inbox
 _NOT_REFUSALS = frozenset({"already_answered"})
@@ -85,3 +90,30 @@ def sign_published(ctx: Context, out: Output) -> Output:
     for) signed for its topic alone, as a delivery is: its bytes are those first published,
     and a reader believes them by the market's signature for the catalog."""
     return _signed(ctx, out, None)
+
+
+def dropped_outputs(ctx: Context, d: Dropped) -> list[Output]:
+    """The summary of the refusals not written for ``d``'s partition and interval
+    (docs/protocol.md §9): a ``rejection`` with code ``refusals_dropped`` for the operators,
+    its counts in ``details``, and a signed ``refusal`` with that code on ``<p>.refusals``
+    (keyed by the partition: a sender whose bytes were read there, between the offsets named,
+    learns why no refusal of its own came). Nothing of any event is quoted."""
+    where = f"{d.topic}[{d.partition}]"
+    b = ctx.limits.refusals
+    message = (
+        f"{d.total} events on {where} whose signature proved no account were not answered "
+        f"one by one in the {b.interval_ms} ms from {d.start_ms}: {d.repeated} repeated bytes "
+        f"already answered, {d.over_bound} over the bound of {b.per_interval} answers or "
+        f"{b.bytes_per_interval} bytes per partition and interval; their codes are in details"
+    )
+    details = {"interval_start_ms": d.start_ms, "interval_ms": d.interval_ms,
+               "repeated": d.repeated, "over_bound": d.over_bound,
+               "reasons": dict(sorted(d.reasons.items())), "first_offset": d.first_offset,
+               "last_offset": d.last_offset}  # fmt: skip
+    summary = Rejection(reason=DROPPED, message=message, source_topic=d.topic,
+                        source_partition=d.partition, source_offset=d.first_offset,
+                        payload="", payload_bytes=0, payload_sha256=hashlib.sha256().hexdigest(),
+                        details=details)  # fmt: skip
+    record = Output(ctx.topics.refusals, f"{DROPPED}.{where}".encode(),
+                    refusal_value(DROPPED, d.topic, d.partition, d.last_offset))  # fmt: skip
+    return [Output(ctx.topics.rejections, None, dump(summary)), _signed(ctx, record, None)]

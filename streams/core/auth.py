@@ -17,11 +17,11 @@ from typing import Any
 from market import MarketError
 
 from ..wire.events import AccountState
-from ..wire.signing import key_id_of, verify
+from ..wire.signing import key_id_of, signed_v1, verify
 from .context import Context
 from .outputs import Defer, Misplaced, Reject
 
-__all__ = ["acting_for", "authenticate"]
+__all__ = ["acting_for", "authenticate", "old_signature_format"]
 
 log = logging.getLogger("emarket.core")
 
@@ -46,11 +46,14 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
             "open), then send the event again",
             sender=_proven_sender(ctx, event), claimed=account_id,
         )  # fmt: skip
-    market = ctx.topics.prefix
+    market = ctx.market
     if event.key_id == acct.key_id and verify(market, event, acct.signing_key,
                                               generation=acct.version):  # fmt: skip
         return acct
     _refuse_if_rotated(ctx, event, acct)
+    if event.key_id == acct.key_id and signed_v1(ctx.market, event, acct.signing_key,
+                                                 generation=acct.version):  # fmt: skip
+        raise old_signature_format(account_id, sender=account_id)
     sender = _proven_sender(ctx, event)
     if event.key_id != acct.key_id:
         signer = f"account {sender!r}" if sender else "a key the market does not know"
@@ -64,6 +67,18 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
     )  # fmt: skip
 
 
+def old_signature_format(account_id: str, **who: str) -> Reject:
+    """The refusal of an event whose signature verifies only over the first version's bytes
+    (``emarket-sig-v1``), which name no market key: never applied, in any market."""
+    return Reject(
+        "old_signature_format",
+        f"the event for {account_id!r} is signed with protocol v1 (emarket-sig-v1), which names "
+        "no market key; it was not applied and never will be. Update the client and sign it "
+        "again: signatures now name the market's key id (docs/protocol.md §2)",
+        **who,
+    )
+
+
 def _refuse_if_rotated(ctx: Context, event: Any, acct: AccountState) -> None:
     """Refuse ``event`` as ``key_rotated``, to its account, if one of the account's past keys
     signed it at the version that key had (a request in flight during a rotation, or bytes
@@ -71,7 +86,7 @@ def _refuse_if_rotated(ctx: Context, event: Any, acct: AccountState) -> None:
     for past in reversed(acct.retired):
         if key_id_of(past.signing_key) != event.key_id:
             continue
-        if verify(ctx.topics.prefix, event, past.signing_key, generation=past.version):
+        if verify(ctx.market, event, past.signing_key, generation=past.version):
             raise Reject(
                 "key_rotated",
                 f"the event was signed with key {event.key_id} at key version {past.version} "
@@ -93,7 +108,7 @@ def _proven_sender(ctx: Context, event: Any) -> str | None:
     acct = ctx.directory.get(owner)
     if acct is None or acct.key_id != event.key_id:
         return None
-    verified = verify(ctx.topics.prefix, event, acct.signing_key, generation=acct.version)
+    verified = verify(ctx.market, event, acct.signing_key, generation=acct.version)
     return owner if verified else None
 
 

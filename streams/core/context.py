@@ -13,12 +13,14 @@ from typing import Literal
 from market.envelope import Sealer
 from market.rng import KeyedRngFactory, NoiseKeys
 
+from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from .allowance import Allowance
 from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
 from .keys import MarketKeys
+from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
 from .replay.quotes import AnsweredQuotes
 from .replay.records import Caps
@@ -70,6 +72,8 @@ class Limits:
     max_event_work: int = 12_000_000
     #: records one stream keeps at most for the dedup horizon (purchases, eviction marks)
     record_caps: Caps = field(default_factory=Caps)
+    #: answers to events no account was proven to send, per input partition and interval
+    refusals: RefusalBounds = field(default_factory=RefusalBounds)
 
     @staticmethod
     def work(values: int, steps: int, dimension: int) -> int:
@@ -112,8 +116,11 @@ class Context:
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
     quotes: AnsweredQuotes = field(init=False)
+    market: MarketRef = field(init=False)
+    """What every signature the market accepts names: its prefix and its key id (§2)."""
 
     def __post_init__(self) -> None:
+        self.market = MarketRef(self.topics.prefix, self.keys.key_id)
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores)

@@ -79,6 +79,8 @@ class Outcome:
     items: list[tuple[str, str | None]] = field(default_factory=list)
     #: the account a deferred event waits for (status "deferred": nothing was changed)
     waiting_for: str | None = None
+    #: a refusal not written (:data:`~.refusal_budget.DROP_CAUSES`): counted, not answered
+    dropped: str | None = None
 
 
 class Reject(Exception):

@@ -34,6 +34,7 @@ Replay safety lives in :mod:`streams.core.replay`; see also ``docs/architecture.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from pydantic import BaseModel, ValidationError
 from market import MarketError
 from market.envelope import EnvelopeError, Sealer
 
+from ..wire.answers import REFUSAL_BYTES
 from ..wire.events import (
     ACCOUNTS_EVENT,
     PURCHASES_EVENT,
@@ -57,7 +59,7 @@ from ..wire.events import (
 from ..wire.sealing import open_values
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from . import accounts, purchases, quotes, registrations, values
-from .answering import sign_deliveries, sign_outcome
+from .answering import dropped_outputs, sign_deliveries, sign_outcome
 from .auth import acting_for, authenticate
 from .context import Context, Limits
 from .delivery import Deliveries
@@ -66,6 +68,7 @@ from .incoming import Incoming
 from .keys import MarketKeys
 from .outputs import Defer, Kind, Outcome, Output, Reject
 from .placement import Misplaced, check_partition, forward
+from .refusal_budget import RefusalBudget
 from .rejections import Source, rejection
 from .replay import Admission, Records
 from .state import Stores
@@ -125,6 +128,7 @@ class MarketCore:
             require_encryption=require_encryption,
         )
         self.streams = Streams(stores, keys, limits.max_streams, lambda: self.ctx.records.epoch)
+        self.refusals = RefusalBudget(limits.refusals, clock)
         self._batched = False
         self.accept_clear_values = accept_clear_values
 
@@ -156,7 +160,14 @@ class MarketCore:
         """
         raw = value or b""
         outcome = self._handle(topic, raw, partition, offset, final)
-        return sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
+        outcome = sign_outcome(self.ctx, outcome, raw, topic, partition, offset)
+        if not self._batched:
+            outcome.outputs.extend(self.dropped_summaries())
+        return outcome
+
+    def dropped_summaries(self) -> list[Output]:
+        """The summaries of the intervals ended with refusals not written (each once)."""
+        return [o for d in self.refusals.due() for o in dropped_outputs(self.ctx, d)]
 
     def _handle(
         self, topic: str, raw: bytes, partition: int | None, offset: int | None, final: bool
@@ -168,14 +179,14 @@ class MarketCore:
         kind: Kind = {t.accounts: "account", t.registrations: "registration", t.values: "value",
                       t.purchases: "purchase"}.get(topic, "unknown")  # type: ignore[assignment]
         if len(raw) > ctx.limits.max_message_bytes:
-            return rejection(ctx, kind, src, Reject(
+            return self._refuse(kind, src, Reject(
                 "too_large",
                 f"the event is {len(raw)} bytes; the market accepts at most "
                 f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
             ))  # fmt: skip
         if kind == "unknown":
             unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
-            return rejection(ctx, "unknown", src, unknown)
+            return self._refuse("unknown", src, unknown)
         return self._guard(kind, src, lambda: self._signed(kind, src, final))
 
     def _signed(self, kind: Kind, src: Source, final: bool) -> Outcome:
@@ -233,18 +244,41 @@ class MarketCore:
         except Misplaced as where:  # a proven sender's event, moved to its own partition
             return forward(kind, src, where, None if kind == "account" else where.key)
         except Reject as rej:
-            return rejection(self.ctx, kind, src, rej)
+            return self._refuse(kind, src, rej)
         except MarketError as exc:  # e.g. parameters the engine refuses
-            return rejection(self.ctx, kind, src, Reject(exc.code, exc.message))
-        except ValidationError as exc:
-            return rejection(self.ctx, kind, src, _invalid(kind, exc))
+            return self._refuse(kind, src, Reject(exc.code, exc.message))
+        except ValidationError as exc:  # no account proved: the refusal is built if written
+            return self._refuse(kind, src, _invalid_code(exc), functools.partial(_invalid, kind,
+                                                                                 exc))
         except Exception as exc:  # a bug must not stop the market: reject, log, carry on
             log.exception("internal error while processing a %s event", kind)
-            return rejection(self.ctx, kind, src, Reject(
+            return self._refuse(kind, src, Reject(
                 "internal_error",
                 "the market could not process this event; the operators have been alerted "
                 f"({type(exc).__name__})",
             ))  # fmt: skip
+
+    def _refuse(self, kind: Kind, src: Source, rej: Reject | str,
+                build: Callable[[], Reject] | None = None) -> Outcome:  # fmt: skip
+        """The rejection of ``src`` for ``rej`` (or for the code ``rej``, the refusal made by
+        ``build`` only if it is written); of an event no account was proven to send (no
+        ``sender``: it is shown to the operators alone), within the bounds of
+        :mod:`.refusal_budget`, else counted and not written."""
+        if isinstance(rej, Reject) and rej.sender is not None:
+            return rejection(self.ctx, kind, src, rej)
+        topic, partition, offset, raw = src
+        code = rej.reason if isinstance(rej, Reject) else rej
+        cause = self.refusals.refuse(topic, partition, offset, raw, code)
+        if cause is not None:
+            return Outcome(kind, "rejected", reason=code, dropped=cause,
+                           stream_id=rej.stream if isinstance(rej, Reject) else None)  # fmt: skip
+        if not isinstance(rej, Reject):
+            assert build is not None
+            rej = build()
+        outcome = rejection(self.ctx, kind, src, rej)
+        size = sum(len(o.value) for o in outcome.outputs) + REFUSAL_BYTES
+        self.refusals.answered(topic, partition, raw, size)
+        return outcome
 
     def internal_error(
         self, topic: str, value: bytes | None, partition: int | None, offset: int | None,
@@ -276,6 +310,7 @@ class MarketCore:
             with self.ctx.deliveries.batch() as outputs:
                 yield outputs
             sign_deliveries(self.ctx, outputs)
+            outputs.extend(self.dropped_summaries())
         finally:
             self._batched = False
 
@@ -296,6 +331,14 @@ def _parse(kind: Kind, raw: bytes) -> BaseModel:
         return account
     parsed: BaseModel = PURCHASES_EVENT.validate_json(raw)
     return parsed
+
+
+def _invalid_code(exc: ValidationError) -> str:
+    """The code :func:`_invalid` gives ``exc``, without building its message."""
+    for e in exc.errors(include_url=False, include_input=False, include_context=False):
+        if e["type"] in REFUSAL_CODES:
+            return e["type"]
+    return "invalid_event"
 
 
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:

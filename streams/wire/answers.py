@@ -60,6 +60,8 @@ REFUSAL_TEXTS: dict[str, str] = {
     "bad_signature": "the signature does not verify with the account's key: sign with the key "
     "file of the account it names (the account may belong to another key)",
     "key_rotated": "signed with a past key of the account: sign again with its current key",
+    "old_signature_format": "signed with protocol v1, which names no market key: update the "
+    "client and sign again",
     "account_exists": "the account id is already open with another key: choose another id",
     "invalid_event": "not a valid event of its topic (see docs/schemas)",
     "too_large": "the event is larger than the market accepts: split it",
@@ -78,6 +80,9 @@ REFUSAL_TEXTS: dict[str, str] = {
     "bad_invitation": "the invitation is not this market's for this account id and key: ask "
     "the operators for one of your own",
     "invitation_expired": "the invitation has expired: ask the operators for a new one",
+    "refusals_dropped": "events on this partition whose signature proved no account were "
+    "counted, not answered one by one: the same bytes were answered already, or more came in "
+    "the interval than the market answers (docs/protocol.md §9)",
 }
 """The fixed text a refusal carries for a code (any other code gets a generic one): texts
 written by the market, never by the event's sender, since the record is public."""

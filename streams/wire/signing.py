@@ -3,7 +3,7 @@
 The signature does not cover JSON text (float formatting differs between languages) but these
 bytes, which any language can reproduce::
 
-    b"emarket-sig-v1\\x00" · market prefix · event type · [generation] · the event's fields
+    b"emarket-sig-v2\\x00" · market prefix · market key id · event type · [generation] · fields
 
 where ``[generation]`` is, for an account past its first keys, ``i`` + its key version (nothing
 at version 1, and never in account events, which carry their version themselves). Each item is
@@ -13,8 +13,11 @@ tagged and sized: ``s`` + u32 length + UTF-8 for text, ``i`` + i64 for integers,
 The bytes are those of the event *as read*: a field the JSON leaves out is signed as its
 default (``n`` where the default is null), so leaving a field out and sending its default are
 one event. A double is signed with ``-0.0`` read as ``0.0``: a JSON writer that prints negative
-zero as ``0`` (JavaScript's) sends the number that was signed. The market prefix is in the
-bytes so a signed event cannot be replayed into another market; an ``accuracy`` target is ``n``
+zero as ``0`` (JavaScript's) sends the number that was signed. The market is named by its prefix
+*and* the key id of its Ed25519 key (:class:`MarketRef`): markets started with the same defaults
+share a prefix, never a key, so nothing signed for one verifies in another. Bytes of the first
+version (``emarket-sig-v1``, the prefix alone) verify nowhere; :func:`signed_v1` only tells
+their sender why (``old_signature_format``). An ``accuracy`` target is ``n``
 when absent, else ``b`` 1 then its rmse, half_width and confidence. The generation makes bytes
 signed before a rotation verify under no later key
 version, even after a rotation back to their key. The fields are every one that matters:
@@ -43,15 +46,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar
 
 import nacl.bindings
 import nacl.exceptions
 import numpy as np
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel
 
@@ -68,6 +72,7 @@ from .events import (
 from .ids import public_b64
 
 __all__ = [
+    "MarketRef",
     "SodiumSigningKey",
     "answer_bytes",
     "canonical_bytes",
@@ -77,18 +82,49 @@ __all__ = [
     "public_b64",
     "sign",
     "signed",
+    "signed_v1",
+    "valid_signing_key",
     "verify",
 ]
 
-DOMAIN = b"emarket-sig-v1\x00"
+DOMAIN = b"emarket-sig-v2\x00"
+"""The head of every byte string a party signs (docs/protocol.md §2)."""
+DOMAIN_V1 = b"emarket-sig-v1\x00"
+"""The head of the first version's bytes, which named no market key; the market's answers
+keep it (§12.2): the market's own key signs them, which binds them to the market already."""
+_KEY_ID = re.compile(r"[0-9a-f]{16}")
 _PLACEHOLDER = "A" * 86 + "=="
 M = TypeVar("M", bound=BaseModel)
 
 
+@dataclass(frozen=True)
+class MarketRef:
+    """The market a party signs for: its topic prefix and the key id of its Ed25519 key (the
+    ``market_key_id`` of its identity record, docs/protocol.md §2). The key id is what makes
+    the market one: every market started with defaults is ``emarket``."""
+
+    prefix: str
+    key_id: str
+
+    def __post_init__(self) -> None:
+        if not _KEY_ID.fullmatch(self.key_id):
+            raise ValueError(
+                f"a market key id is 16 lower-case hex digits, got {self.key_id!r}: pass the "
+                "market's key id (market_key_id of its <prefix>.market record)"
+            )
+
+    @classmethod
+    def of(cls, prefix: str, market_public_key: str) -> MarketRef:
+        """The market whose Ed25519 public key (base64) is ``market_public_key``."""
+        return cls(prefix, key_id_of(market_public_key))
+
+
 class _Canon:
-    def __init__(self, market: str, kind: str) -> None:
-        self.parts: list[bytes] = [DOMAIN]
-        self.s(market).s(kind)
+    def __init__(self, head: bytes, names: Sequence[str], kind: str) -> None:
+        self.parts: list[bytes] = [head]
+        for name in names:
+            self.s(name)
+        self.s(kind)
 
     def s(self, x: str | None) -> _Canon:
         if x is None:
@@ -199,11 +235,22 @@ _FIELDS: dict[str, Callable[[_Canon, Any], None]] = {
 _ACCOUNT_EVENTS = frozenset({"open_account", "rotate_keys"})
 
 
-def canonical_bytes(market: str, event: Any, generation: int = 1) -> bytes:
-    """The bytes ``event`` (or a dict-like stand-in with its fields) is signed over, by an
-    account at key version ``generation`` (account events carry their version themselves)."""
+def canonical_bytes(market: MarketRef, event: Any, generation: int = 1) -> bytes:
+    """The bytes ``event`` (or a dict-like stand-in with its fields) is signed over for
+    ``market``, by an account at key version ``generation`` (account events carry their version
+    themselves)."""
+    if not isinstance(market, MarketRef):
+        raise TypeError(f"a signature names the market by a MarketRef, not {market!r}")
+    return _bytes(_Canon(DOMAIN, (market.prefix, market.key_id), event.type), event, generation)
+
+
+def _v1_bytes(prefix: str, event: Any, generation: int) -> bytes:
+    """The first version's bytes of ``event``: no market key id (never accepted)."""
+    return _bytes(_Canon(DOMAIN_V1, (prefix,), event.type), event, generation)
+
+
+def _bytes(c: _Canon, event: Any, generation: int) -> bytes:
     kind = event.type
-    c = _Canon(market, kind)
     if generation < 1:
         raise ValueError(f"a key version is at least 1, got {generation}")
     if generation > 1 and kind not in _ACCOUNT_EVENTS:
@@ -219,7 +266,7 @@ def answer_bytes(market: str, topic: str, request_sha256: str | None, value: byt
     (``n`` for a message that answers no single event: a batch's deliveries) and the hex
     SHA-256 of the message's exact value bytes. The topic binds it to one inbox, the request
     to one event: neither can be moved to another."""
-    c = _Canon(market, "answer").s(topic).s(request_sha256)
+    c = _Canon(DOMAIN_V1, (market,), "answer").s(topic).s(request_sha256)
     return c.s(hashlib.sha256(value).hexdigest()).done()
 
 
@@ -234,7 +281,7 @@ def key_id_of(b64: str) -> str:
     return key_id(parse_signing_key(b64))
 
 
-def sign(market: str, event: Any, key: Ed25519PrivateKey, *, generation: int = 1) -> str:
+def sign(market: MarketRef, event: Any, key: Ed25519PrivateKey, *, generation: int = 1) -> str:
     """Base64 signature of ``event``'s canonical bytes, by an account at key version
     ``generation``."""
     data = canonical_bytes(market, event, generation)
@@ -242,7 +289,7 @@ def sign(market: str, event: Any, key: Ed25519PrivateKey, *, generation: int = 1
 
 
 def signed(
-    model: type[M], market: str, key: Ed25519PrivateKey, *, generation: int = 1, **fields: Any
+    model: type[M], market: MarketRef, key: Ed25519PrivateKey, *, generation: int = 1, **fields: Any
 ) -> M:
     """Build a signed event of type ``model`` from its fields (``key_id`` and ``signature`` are
     filled in), by an account at key version ``generation``."""
@@ -253,33 +300,42 @@ def signed(
 
 
 def ed25519_verify(public_key_b64: str, signature: bytes, message: bytes) -> bool:
-    """Whether ``signature`` is the Ed25519 signature of ``message`` by the key (base64): the
-    one verification of the event path, with OpenSSL's verdicts at libsodium's speed.
+    """Whether ``signature`` is the Ed25519 signature of ``message`` by the key (base64), as
+    libsodium's strict verification (``crypto_sign_open``) says: the one verification of the
+    event path, and the fastest here (about half OpenSSL's CPU time).
 
-    libsodium (PyNaCl) verifies in about half the CPU time of OpenSSL (``cryptography``) and
-    accepts only what OpenSSL accepts: both check the same cofactorless equation over the
-    bytes as sent and refuse a scalar ``S`` ≥ L, and libsodium also refuses public keys and
-    ``R`` of small order and non-canonical keys, which OpenSSL accepts (RFC 8032 allows both).
-    A signature libsodium refuses is therefore handed to OpenSSL, whose verdict stands: what
-    the market accepts is exactly what it accepted with OpenSSL alone
-    (``tests/streams/test_signing_strictness.py``), and only refusals pay for both.
-    A key that is not 32 bytes of base64 verifies nothing.
+    RFC 8032 lets a verifier accept public keys and ``R`` of small order and keys in
+    non-canonical encoding; libsodium refuses them, and so does the market. OpenSSL accepts
+    them: with the identity point as the key, ``R`` = identity and ``S`` = 0 is a valid
+    signature of every message, i.e. a signature by nobody
+    (``tests/streams/test_signing_strictness.py``). A key that is not 32 bytes of base64
+    verifies nothing.
     """
     try:
-        key = parse_signing_key(public_key_b64)
+        raw = _raw_public(public_key_b64)
     except ValueError:
         return False
-    if len(signature) == nacl.bindings.crypto_sign_BYTES:
-        try:
-            nacl.bindings.crypto_sign_open(signature + message, _raw_public(public_key_b64))
-            return True
-        except nacl.exceptions.BadSignatureError:
-            pass
+    if len(signature) != nacl.bindings.crypto_sign_BYTES:
+        return False
     try:
-        key.verify(signature, message)
-    except InvalidSignature:
+        nacl.bindings.crypto_sign_open(signature + message, raw)
+    except (nacl.exceptions.BadSignatureError, ValueError):
         return False
     return True
+
+
+def valid_signing_key(public_key_b64: str) -> bool:
+    """Whether the Ed25519 public key (base64) is a key someone holds the secret of: 32 bytes
+    encoding, canonically, a point of the prime-order subgroup other than the identity
+    (libsodium's ``crypto_core_ed25519_is_valid_point``). Every key made from a seed is one;
+    the identity, the other small-order points, mixed-order points and a second spelling of a
+    point (y ≥ p) are not, and an account pinning one could be signed for by anybody
+    (docs/protocol.md §5)."""
+    try:
+        raw = _raw_public(public_key_b64)
+    except ValueError:
+        return False
+    return bool(nacl.bindings.crypto_core_ed25519_is_valid_point(raw))
 
 
 class SodiumSigningKey(Ed25519PrivateKey):
@@ -321,13 +377,27 @@ def _raw_public(b64: str) -> bytes:
 
 
 def verify(
-    market: str, event: Any, public_key_b64: str, signature: str | None = None, *,
+    market: MarketRef, event: Any, public_key_b64: str, signature: str | None = None, *,
     generation: int = 1,
 ) -> bool:  # fmt: skip
-    """True if ``signature`` (default: the event's) is the key's signature of the event, made
-    at key version ``generation``."""
+    """True if ``signature`` (default: the event's) is the key's signature of the event for
+    ``market``, made at key version ``generation``."""
     try:
         raw = base64.b64decode(signature or event.signature, validate=True)
         return ed25519_verify(public_key_b64, raw, canonical_bytes(market, event, generation))
+    except (ValueError, OverflowError, struct.error):
+        return False
+
+
+def signed_v1(
+    market: MarketRef, event: Any, public_key_b64: str, signature: str | None = None, *,
+    generation: int = 1,
+) -> bool:  # fmt: skip
+    """True if the signature is the key's over the event's *first-version* bytes (which name
+    the market by its prefix only): such an event is never applied, and this only names the
+    reason (``old_signature_format``) for a sender whose client signs that way."""
+    try:
+        raw = base64.b64decode(signature or event.signature, validate=True)
+        return ed25519_verify(public_key_b64, raw, _v1_bytes(market.prefix, event, generation))
     except (ValueError, OverflowError, struct.error):
         return False

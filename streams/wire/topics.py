@@ -8,19 +8,24 @@ Account events are keyed by ``account_id``; every worker reads the accounts tabl
 verify signatures on any stream.
 
 =========================  ===========  ===========  ==========================================
-topic                      key          partitions   retention / cleanup
+topic                      key          partitions   retention / cleanup (bytes per partition)
 =========================  ===========  ===========  ==========================================
-<p>.accounts               account_id   P            delete, 30 days (requests; the accounts
-                                                     table is the record)
-<p>.registrations          stream_id    P            delete, 7 days (the catalog is the record)
-<p>.catalog                stream_id    1            compact (latest accepted registration)
-<p>.values                 stream_id    P            delete, 7 days (the dedup horizon)
-<p>.purchases              stream_id    P            delete, 30 days (purchases and quotes)
-<p>.inbox.<account_id>     request id   1            delete, 365 days (one party's outcomes,
-                                                     releases, receipts, quotes, rejections);
-                                                     created when the account is opened
-<p>.rejections             stream_id    1            delete, 30 days (every refusal, operators)
-<p>.deadletters            topic        1            delete, 30 days (outputs refused for good)
+<p>.accounts               account_id   P            delete, 30 days, 1 GiB (requests; the
+                                                     accounts table is the record)
+<p>.registrations          stream_id    P            delete, 7 days, 1 GiB (the catalog is the
+                                                     record)
+<p>.catalog                stream_id    1            compact, 16 MiB segments (latest accepted
+                                                     registration)
+<p>.values                 stream_id    P            delete, 7 days (the dedup horizon), 4 GiB
+<p>.purchases              stream_id    P            delete, 30 days, 1 GiB (purchases, quotes)
+<p>.inbox.<account_id>     request id   1            delete, 365 days, 1 GiB (one party's
+                                                     outcomes, releases, receipts, quotes,
+                                                     rejections); created when the account is
+                                                     opened
+<p>.rejections             stream_id    1            delete, 30 days, 256 MiB (every refusal,
+                                                     operators)
+<p>.deadletters            topic        1            delete, 30 days, 64 MiB (outputs refused
+                                                     for good)
 <p>.refusals               SHA-256 of   1            compact + delete, 1 day and 64 MiB (why
                            the event                 each refused event was refused: a code,
                                                      signed; public)
@@ -29,9 +34,16 @@ topic                      key          partitions   retention / cleanup
 <app>-<table>-changelog    key          P            compact (Faust tables: state)
 =========================  ===========  ===========  ==========================================
 
+Each byte bound is ``retention.bytes``, with ``segment.bytes`` a quarter of it (at most 64 MiB):
+Kafka deletes whole closed segments only, so a partition holds at most the bound and one
+segment. Compacted topics are bounded by their keys (streams, accounts, partitions: each capped
+by :class:`~streams.core.context.Limits`). ``<p>.market`` has no byte bound: its first record is
+the market's identity, which no bound may delete, and the market writes no other.
+
 Topic names are built, never parsed: ids match ``[A-Za-z0-9_-]{1,64}`` (no dots), so
 ``<p>.inbox.<id>`` is injective. The embedded Tansu broker stores the retention and cleanup
-configs but enforces neither.
+configs but enforces none of them: there the market bounds what strangers make it write
+(:mod:`streams.core.refusal_budget`; docs/operations.md, "Bounds on the topics").
 
 **Partition = murmur2(key) mod P**, Kafka's default partitioner (the Java client's, aiokafka's and
 librdkafka's ``murmur2_random``; *not* librdkafka's own default, ``consistent_random``). The
@@ -47,7 +59,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DAY_MS", "DEDUP_HORIZON_MS", "REFUSALS_CONFIG", "TopicSpec", "Topics", "murmur2"]
+__all__ = [
+    "DAY_MS", "DEDUP_HORIZON_MS", "MIB", "REFUSALS_CONFIG", "TopicSpec", "Topics", "murmur2",
+]
 
 DAY_MS = 86_400_000
 DEDUP_HORIZON_MS = 7 * DAY_MS
@@ -83,18 +97,28 @@ class TopicSpec:
     config: dict[str, str]
 
 
+MIB = 1024 * 1024
+
+
+def _bytes(limit: int) -> dict[str, str]:
+    """A partition's byte bound: ``retention.bytes``, and segments small enough for Kafka to
+    delete (it deletes closed segments only: the default 1 GiB segment would outlive a smaller
+    bound)."""
+    return {"retention.bytes": str(limit), "segment.bytes": str(min(limit // 4, 64 * MIB))}
+
+
 REFUSALS_CONFIG = {
     "cleanup.policy": "compact,delete",
     "retention.ms": str(DAY_MS),
-    "retention.bytes": str(64 * 1024 * 1024),
+    **_bytes(64 * MIB),
 }
 """``<p>.refusals``: a sender reads its refusal within seconds of sending, so a day is ample;
 compaction keeps one record per refused byte string (a resend is refused under the same key),
 and 64 MiB (about 140,000 refusals of at most 512 B) bounds it whatever the rate of refusals."""
 
 
-def _delete(days: int) -> dict[str, str]:
-    return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
+def _delete(days: int, limit: int) -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS), **_bytes(limit)}
 
 
 @dataclass(frozen=True)
@@ -159,20 +183,21 @@ class Topics:
         p = self.partitions
         horizon = DEDUP_HORIZON_MS // DAY_MS
         return [
-            TopicSpec(self.accounts, p, _delete(30)),
-            TopicSpec(self.registrations, p, _delete(horizon)),
-            TopicSpec(self.values, p, _delete(horizon)),
-            TopicSpec(self.purchases, p, _delete(30)),
+            TopicSpec(self.accounts, p, _delete(30, 1024 * MIB)),
+            TopicSpec(self.registrations, p, _delete(horizon, 1024 * MIB)),
+            TopicSpec(self.values, p, _delete(horizon, 4096 * MIB)),
+            TopicSpec(self.purchases, p, _delete(30, 1024 * MIB)),
             self.catalog_spec(),
-            TopicSpec(self.rejections, 1, _delete(30)),
-            TopicSpec(self.deadletters, 1, _delete(30)),
+            TopicSpec(self.rejections, 1, _delete(30, 256 * MIB)),
+            TopicSpec(self.deadletters, 1, _delete(30, 64 * MIB)),
             TopicSpec(self.refusals, 1, REFUSALS_CONFIG),
             TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
         ]
 
     def catalog_spec(self) -> TopicSpec:
         """How the catalog is created (at start-up, and again if it goes missing)."""
-        return TopicSpec(self.catalog, 1, {"cleanup.policy": "compact"})
+        return TopicSpec(self.catalog, 1, {"cleanup.policy": "compact",
+                                           "segment.bytes": str(16 * MIB)})  # fmt: skip
 
     def is_published(self, topic: str) -> bool:
         """Whether the market publishes ``topic`` from its own state (an inbox, the catalog)."""
@@ -196,4 +221,4 @@ class Topics:
         """How the inbox named ``topic`` is created (the same for every account)."""
         if not self.is_inbox(topic):
             raise ValueError(f"{topic!r} is not an inbox of market {self.prefix!r}")
-        return TopicSpec(topic, 1, _delete(365))
+        return TopicSpec(topic, 1, _delete(365, 1024 * MIB))

@@ -48,14 +48,20 @@ from .sealing import (
     values_aad,
     values_plaintext,
 )
-from .signing import answer_bytes, canonical_bytes, public_b64, sign, signed
+from .signing import MarketRef, answer_bytes, canonical_bytes, public_b64, sign, signed
 from .topics import Topics, murmur2
 
-__all__ = ["MARKET", "PROTOCOL_VERSION", "SIGNED_EVENTS", "build", "render"]
+__all__ = ["MARKET", "PROTOCOL_VERSION", "SIGNED_EVENTS", "SIGNED_FOR", "build", "render"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MARKET = "t"
 SIGNING_SEED = bytes(range(32))
+MARKET_SEED = bytes(range(32))
+"""The market's Ed25519 key: that of the receipts (§11.7) and the sale (``sales.json``)."""
+SIGNED_FOR = MarketRef(
+    MARKET, key_id(Ed25519PrivateKey.from_private_bytes(MARKET_SEED).public_key())
+)
+"""The market the events are signed for: prefix ``t`` and the key id of :data:`MARKET_SEED`."""
 SEALING_SEED = bytes(range(32, 64))
 NEW_SIGNING_SEED = bytes(range(64, 96))
 NOISE_SECRET = b"n" * 32
@@ -213,7 +219,7 @@ def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:
     for name, kind, given, generation in _CASES:
         fields = sealed_fields if "<sealed>" in given else {
             k: subst.get(v, v) if isinstance(v, str) else v for k, v in given.items()}
-        model = signed(SIGNED_EVENTS[kind], MARKET, key, generation=generation, **fields)
+        model = signed(SIGNED_EVENTS[kind], SIGNED_FOR, key, generation=generation, **fields)
         events.append(_entry(name, kind, fields, model, generation))
     rotation = _rotation(key, new)
     events.insert(2, _entry("rotate_keys to version 2", "rotate_keys",
@@ -222,6 +228,7 @@ def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:
     return {
         "protocol_version": PROTOCOL_VERSION,
         "market": MARKET,
+        "market_key_id": SIGNED_FOR.key_id,
         "signer": {
             "ed25519_private_key": SIGNING_SEED.hex(), "public_key": public_b64(key),
             "key_id": key_id(key.public_key()), "x25519_private_key": SEALING_SEED.hex(),
@@ -238,10 +245,10 @@ def _signing(sealed_fields: dict[str, Any]) -> dict[str, Any]:
 
 def _rotation(key: Ed25519PrivateKey, new: Ed25519PrivateKey) -> RotateKeys:
     """Signed by the current key (``signature``) and the new one (``new_key_signature``)."""
-    draft = signed(RotateKeys, MARKET, key, account_id="alice", version=2,
+    draft = signed(RotateKeys, SIGNED_FOR, key, account_id="alice", version=2,
                    signing_key=public_b64(new), rotated_at_ms=2000,
                    new_key_signature="A" * 86 + "==")  # fmt: skip
-    return draft.model_copy(update={"new_key_signature": sign(MARKET, draft, new)})
+    return draft.model_copy(update={"new_key_signature": sign(SIGNED_FOR, draft, new)})
 
 
 def _sent(model: BaseModel, drop: tuple[str, ...]) -> dict[str, Any]:
@@ -255,7 +262,7 @@ def _sent(model: BaseModel, drop: tuple[str, ...]) -> dict[str, Any]:
 def _entry(
     name: str, kind: str, fields: dict[str, Any], model: Any, generation: int
 ) -> dict[str, Any]:
-    data = canonical_bytes(MARKET, model, generation)
+    data = canonical_bytes(SIGNED_FOR, model, generation)
     sent = {"type": kind, **fields, "key_id": model.key_id}
     sent["signature"] = model.signature
     if isinstance(model, RotateKeys):
@@ -268,11 +275,12 @@ def _negative_zero(key: Ed25519PrivateKey) -> dict[str, Any]:
     """One signed batch, and three JSON texts of it that all verify: -0.0 is signed as 0.0."""
     fields: dict[str, Any] = {"stream_id": "temp", "seller_id": "alice",
               "items": [{"value_id": "v1", "values": [-0.0, 1.0], "published_at_ms": 1000}]}
-    model = signed(ValueBatch, MARKET, key, **fields)
+    model = signed(ValueBatch, SIGNED_FOR, key, **fields)
     head = (f'{{"type":"values","stream_id":"temp","seller_id":"alice","key_id":"{model.key_id}",'
             f'"signature":"{model.signature}","items":[{{"value_id":"v1","published_at_ms":1000,'
             '"values":[')  # fmt: skip
-    return {"canonical_bytes": canonical_bytes(MARKET, model).hex(), "signature": model.signature,
+    data = canonical_bytes(SIGNED_FOR, model)
+    return {"canonical_bytes": data.hex(), "signature": model.signature,
             "texts": [head + zero + ",1.0]}]}" for zero in ("-0.0", "0", "0.0")]}  # fmt: skip
 
 

@@ -200,7 +200,7 @@ class BatchProcessor:
                 part.topics.extend(outcome.create_topics)
                 if outcome.kind == "purchase" and outcome.status != "forwarded" and (
                     ev.message.timestamp
-                ):  # a forwarded one is timed where it is decided
+                ) and outcome.dropped is None:  # a forwarded one is timed where it is decided
                     part.purchase_times.append(float(ev.message.timestamp))
                 size += sum(len(o.value or b"") for o in outcome.outputs)
                 if size + self.core.pending_output_bytes >= budget:

@@ -20,6 +20,7 @@ from prometheus_client import (
 )
 
 from ..core.outputs import Outcome
+from ..core.refusal_budget import DROP_CAUSES
 from ..core.state import Stores
 from .history import PROGRESS
 from .membership import REFUSALS
@@ -51,6 +52,7 @@ class Metrics:
     releases: Counter
     noise_draws: Counter
     rejections: Counter
+    refusals_dropped: Counter
     dead_letters: Counter
     state_refused: Counter
     state_copies: Counter
@@ -106,6 +108,8 @@ class Metrics:
         # refused as a whole has no items
         if o.status == "rejected" and not o.items:
             inc(self.rejections, (o.reason or "unknown",))
+        if o.dropped:
+            inc(self.refusals_dropped, (o.dropped,))
         mech = o.mechanism or "unknown"
         for status, reason in o.items:  # the values of a batch, one by one
             inc(self.values, (mech, status))
@@ -203,6 +207,12 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
                     ["mechanism"], {}),
     "rejections": (Counter, "rejections", "Events refused (to the rejections topic), by reason",
                    ["reason"], {}),
+    "refusals_dropped": (Counter, "refusals_dropped",
+                         "Refusals of events no account was proven to send that were counted, "
+                         "not written (cause: repeated, the same bytes answered already; "
+                         "over_bound, the partition's answers of the interval at their bound); "
+                         "each interval's are summed up in one refusals_dropped rejection",
+                         ["cause"], {}),
     "forwarded": (Counter, "events_forwarded",
                   "Events a producer wrote to another input partition than their id's, moved "
                   "to their own (kind: account, registration, value, purchase, quote)",
@@ -324,6 +334,8 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.purchases.labels(outcome)
     for kind in ("purchase", "subscription", "replay"):
         m.releases.labels(kind)
+    for cause in DROP_CAUSES:
+        m.refusals_dropped.labels(cause)
     for kind in DEAD_LETTER_KINDS:  # at 0 from the start: the first dead letter is an increase
         m.dead_letters.labels(kind)
     for store in (*Stores.NAMES, PROGRESS):  # the same for the first refused state record

@@ -24,6 +24,7 @@ from streams.clients.keys import Party
 from streams.core import MarketCore, MarketKeys, Stores
 from streams.wire.events import PurchaseRequest, QuoteRequest, StreamRegistration, ValueBatch
 from streams.wire.sealing import seal_values
+from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics
 from streams.worker.secrets import NOISE_FILE, SIGNING_FILE
 
@@ -31,7 +32,11 @@ TEST_KEYS = MarketKeys(
     signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
     noise_secret=b"n" * 32,
 )
-MARKET = "t"  # the tests' topic prefix: signatures name the market they are for
+MARKET = "t"  # the tests' topic prefix
+SIGNED_FOR = MarketRef(MARKET, TEST_KEYS.key_id)
+"""What the tests' signatures name: the test market's prefix and the key id of ``TEST_KEYS``."""
+Market = str | MarketRef
+"""A market the helpers sign for: a prefix (of a market with ``TEST_KEYS``) or a MarketRef."""
 _PLACEHOLDER = "A" * 86 + "=="
 
 
@@ -41,6 +46,16 @@ def write_test_keys(data_dir: Path) -> None:
     pem = TEST_KEYS.signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
     (data_dir / SIGNING_FILE).write_bytes(pem)
     (data_dir / NOISE_FILE).write_bytes(TEST_KEYS.noise_secret)
+
+
+def signed_for(market: Market = MARKET) -> MarketRef:
+    """The market signatures name: ``market`` itself, or the market of prefix ``market`` whose
+    keys are ``TEST_KEYS`` (this module is the one place that knows their key id)."""
+    return market if isinstance(market, MarketRef) else MarketRef(market, TEST_KEYS.key_id)
+
+
+def prefix_of(market: Market) -> str:
+    return market.prefix if isinstance(market, MarketRef) else market
 
 
 @functools.cache
@@ -54,8 +69,9 @@ def party(name: str) -> Party:
     return Party(name, Ed25519PrivateKey.from_private_bytes(seed), sealing)
 
 
-def account(name: str, market: str = MARKET, opened_at_ms: int = 1_000) -> bytes:
-    return party(name).open_account(market, opened_at_ms=opened_at_ms).model_dump_json().encode()
+def account(name: str, market: Market = MARKET, opened_at_ms: int = 1_000) -> bytes:
+    opening = party(name).open_account(signed_for(market), opened_at_ms=opened_at_ms)
+    return opening.model_dump_json().encode()
 
 
 def market_core(
@@ -72,11 +88,11 @@ def open_accounts(core: MarketCore, *names: str) -> None:
     """Open the named accounts (the accounts topic is the core's first input)."""
     t = core.ctx.topics
     for name in names:
-        out = core.handle(t.accounts, account(name, t.prefix))
+        out = core.handle(t.accounts, account(name, core.ctx.market))
         assert out.status in ("accepted", "duplicate"), out.reason
 
 
-def registration(stream_id: str = "temp", market: str = MARKET, **kw: Any) -> bytes:
+def registration(stream_id: str = "temp", market: Market = MARKET, **kw: Any) -> bytes:
     body: dict[str, Any] = {
         "stream_id": stream_id,
         "seller_id": "seller1",
@@ -107,7 +123,7 @@ def assert_registration_refused(core: MarketCore, fields: dict[str, Any], says: 
                                            "signature": "A" * 86 + "=="})  # fmt: skip
 
 
-def value(stream_id: str, value_id: str, values: list[float], market: str = MARKET,
+def value(stream_id: str, value_id: str, values: list[float], market: Market = MARKET,
           **kw: Any) -> bytes:  # fmt: skip
     """A batch of one value, signed by the stream's seller (``seller_id``, default seller1), its
     numbers sealed to ``TEST_KEYS`` (``sealed_for``: another market's keys; ``clear``: not)."""
@@ -120,7 +136,7 @@ def value(stream_id: str, value_id: str, values: list[float], market: str = MARK
     return signed_batch(market, signer, body, **sealing)
 
 
-def values(stream_id: str, items: list[tuple[str, list[float]]], market: str = MARKET,
+def values(stream_id: str, items: list[tuple[str, list[float]]], market: Market = MARKET,
            published_at_ms: int = 1_000, seller: str = "seller1", clear: bool = False,
            ) -> bytes:  # fmt: skip
     body = {"stream_id": stream_id, "seller_id": seller,
@@ -129,7 +145,7 @@ def values(stream_id: str, items: list[tuple[str, list[float]]], market: str = M
     return signed_batch(market, party(seller), body, clear=clear)
 
 
-def signed_batch(market: str, signer: Party, body: dict[str, Any], *, clear: bool = False,
+def signed_batch(market: Market, signer: Party, body: dict[str, Any], *, clear: bool = False,
                  sealed_for: MarketKeys = TEST_KEYS) -> bytes:  # fmt: skip
     """A value batch of ``body``, its numbers sealed to ``sealed_for`` as the client seals them
     (deterministically: the same body gives the same bytes), then signed; ``clear``: unsealed.
@@ -139,14 +155,15 @@ def signed_batch(market: str, signer: Party, body: dict[str, Any], *, clear: boo
     except ValueError:
         return _signed(ValueBatch, market, signer, body)
     if not clear:
-        seed = hashlib.sha256(draft.model_dump_json().encode() + market.encode()).digest()
-        draft = seal_values(draft, market, sealed_for.sealing_public_b64, seed=seed)
+        prefix = prefix_of(market)
+        seed = hashlib.sha256(draft.model_dump_json().encode() + prefix.encode()).digest()
+        draft = seal_values(draft, prefix, sealed_for.sealing_public_b64, seed=seed)
     fields = draft.model_dump(exclude={"key_id", "signature"})
     return _signed(ValueBatch, market, signer, fields)
 
 
 def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,
-             market: str = MARKET, **kw: Any) -> bytes:  # fmt: skip
+             market: Market = MARKET, **kw: Any) -> bytes:  # fmt: skip
     signer = party(kw.pop("signer", buyer))
     body: dict[str, Any] = {
         "purchase_id": pid,
@@ -159,17 +176,17 @@ def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,
     return _signed(PurchaseRequest, market, signer, body)
 
 
-def quote(stream_id: str, buyer: str, qid: str, market: str = MARKET, **kw: Any) -> bytes:
+def quote(stream_id: str, buyer: str, qid: str, market: Market = MARKET, **kw: Any) -> bytes:
     body: dict[str, Any] = {"quote_id": qid, "buyer_id": buyer, "stream_id": stream_id,
                             "requested_at_ms": 1_000}  # fmt: skip
     body.update(kw)
     return _signed(QuoteRequest, market, party(buyer), body)
 
 
-def _signed(model: Any, market: str, signer: Party, body: dict[str, Any]) -> bytes:
+def _signed(model: Any, market: Market, signer: Party, body: dict[str, Any]) -> bytes:
     """Sign ``body`` if it is a valid event; else return it unsigned (tests of bad input)."""
     try:
-        event = signer.sign(model, market, **body)
+        event = signer.sign(model, signed_for(market), **body)
     except ValueError:
         return json.dumps({"type": model.model_fields["type"].default, **body}).encode()
     return json.dumps(event.model_dump(), allow_nan=True).encode()  # NaN stays NaN (attacks)

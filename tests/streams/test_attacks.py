@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from streams.clients.client import MarketClient, TopicReader, now_ms
 from streams.wire.events import (
     AccountState,
+    OpenAccount,
     PurchaseFulfilled,
     Rejection,
     RotateKeys,
@@ -88,7 +89,7 @@ def test_buying_or_rotating_keys_as_someone_else_is_refused(market: Market) -> N
         await c.send(c.topics.purchases, "temp", forged)
         # ...and a rotation of alice's keys to hers, signed with her own key too
         eve = party("eve")
-        steal = eve.sign(RotateKeys, m, account_id="alice", version=2,
+        steal = eve.sign(RotateKeys, helpers.signed_for(m), account_id="alice", version=2,
                          signing_key=eve.public_key, rotated_at_ms=now_ms(),
                          new_key_signature="A" * 86 + "==")  # fmt: skip
         await c.send(c.topics.accounts, "alice", steal.model_dump_json().encode())
@@ -146,7 +147,7 @@ def test_events_written_to_a_foreign_partition_are_moved_and_have_one_fate(marke
     market.open_accounts("seller1", "alice", "eve")
     t, m = market.topics, market.topics.prefix
     mallory_as_alice = party("eve").sign(
-        type(party("alice").open_account(m)), m, account_id="alice",
+        OpenAccount, helpers.signed_for(m), account_id="alice",
         signing_key=party("eve").public_key, sealing_key=None, opened_at_ms=now_ms())  # fmt: skip
     alice_buys = helpers.purchase("temp", "alice", "misplaced", max_price=10**6, market=m,
                                   requested_at_ms=now_ms())  # the next step, no target  # fmt: skip

@@ -39,6 +39,7 @@ from .helpers import (
     party,
     purchase,
     registration,
+    signed_for,
     value,
 )
 
@@ -105,7 +106,7 @@ def _resigned(body: dict[str, Any], signer: str = "seller1", market: str = MARKE
     """``body`` (a value batch) signed again by ``signer``: what a seller, or a thief who owns
     another stream, can make of sealed numbers it has read on the values topic."""
     fields = {k: v for k, v in body.items() if k not in ("key_id", "signature")}
-    return party(signer).sign(ValueBatch, market, **fields).model_dump_json().encode()
+    return party(signer).sign(ValueBatch, signed_for(market), **fields).model_dump_json().encode()
 
 
 def _core(**kw: Any) -> MarketCore:

@@ -20,7 +20,18 @@ from streams.core.replay.records import (
 from streams.wire.events import INBOX_EVENT, CatalogEntry, PurchaseFulfilled, QuoteAnswer, Rejection
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, open_accounts, party, purchase, quote, registration, value, values
+from .helpers import (
+    SIGNED_FOR,
+    TEST_KEYS,
+    open_accounts,
+    party,
+    purchase,
+    quote,
+    registration,
+    signed_for,
+    value,
+    values,
+)
 
 T = Topics("t")
 PARTIES = ("seller1", "alice", "bob", "carol", "sealed_alice")
@@ -703,8 +714,8 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
     t = Topics("p")
     for bad in ("x.alice2", "a..", ".", "a.b"):
         with pytest.raises(ValueError, match="pattern"):
-            party("alice").sign(OpenAccount, "p", account_id=bad, signing_key=party("a").public_key,
-                                opened_at_ms=1)  # fmt: skip
+            party("alice").sign(OpenAccount, signed_for("p"), account_id=bad,
+                                signing_key=party("a").public_key, opened_at_ms=1)  # fmt: skip
     ident = st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True)
 
     @settings(max_examples=300)
@@ -772,19 +783,19 @@ def test_a_sealing_key_nothing_can_be_sealed_for_is_refused() -> None:
 
     c = new_core()
     evil = party("evil")
-    opened = evil.sign(OpenAccount, "t", account_id="evil", signing_key=evil.public_key,
+    opened = evil.sign(OpenAccount, SIGNED_FOR, account_id="evil", signing_key=evil.public_key,
                        sealing_key=LOW_ORDER_KEY, opened_at_ms=1)  # fmt: skip
     out = c.handle(T.accounts, opened.model_dump_json().encode())
     assert out.status == "rejected" and out.reason == "invalid_key"
     assert "evil" not in c.stores.accounts and not out.create_topics
     # and by rotation, signed correctly by alice with her own keys
     alice = party("alice")
-    rotated = alice.rotate_to(alice, "t", version=2, rotated_at_ms=2)
+    rotated = alice.rotate_to(alice, SIGNED_FOR, version=2, rotated_at_ms=2)
     bad = rotated.model_copy(update={"sealing_key": LOW_ORDER_KEY})
     from streams.wire.signing import sign
 
-    bad = bad.model_copy(update={"signature": sign("t", bad, alice.signing_key)})
-    bad = bad.model_copy(update={"new_key_signature": sign("t", bad, alice.signing_key)})
+    bad = bad.model_copy(update={"signature": sign(SIGNED_FOR, bad, alice.signing_key)})
+    bad = bad.model_copy(update={"new_key_signature": sign(SIGNED_FOR, bad, alice.signing_key)})
     out = c.handle(T.accounts, bad.model_dump_json().encode())
     assert out.status == "rejected" and out.reason == "invalid_key"
 
@@ -847,7 +858,8 @@ def test_rotations_leave_no_key_behind_in_the_directory() -> None:
     current = party("alice")
     for version in range(2, 52):
         new = party(f"k{version}")
-        rot = Party("alice", current.signing_key).rotate_to(new, "t", version, rotated_at_ms=2_000)
+        rot = Party("alice", current.signing_key).rotate_to(new, SIGNED_FOR, version,
+                                                            rotated_at_ms=2_000)  # fmt: skip
         assert c.handle(T.accounts, rot.model_dump_json().encode()).status == "accepted"
         current = new
     assert len(c.ctx.directory._keys) == before

@@ -212,7 +212,7 @@ def test_a_catalog_entry_someone_else_wrote_is_skipped(
     t = market.topics
     core = MarketCore(Stores(), evil, t, clock=lambda: 1_000)
     open_accounts(core, "seller1")
-    reg = core.handle(t.registrations, registration("temp", market=t.prefix))
+    reg = core.handle(t.registrations, registration("temp", market=core.ctx.market))
     forged = next(o.value for o in reg.outputs if o.topic == t.catalog)
 
     async def write(c: MarketClient) -> None:

@@ -29,6 +29,7 @@ from streams.wire.topics import Topics
 from tests.applications.test_histogram import COUNTS, SUPPORT, assert_same_law, run, summaries
 
 from .helpers import (
+    SIGNED_FOR,
     TEST_KEYS,
     assert_registration_refused,
     market_core,
@@ -91,7 +92,7 @@ def test_signatures_bind_the_key_space_and_the_keys() -> None:
     reg = StreamRegistration.model_validate_json(registration("s", **WORDS))
     laxer = reg.model_copy(update={"histogram": reg.histogram.model_copy(  # type: ignore[union-attr]
         update={"false_keys": 900.0})})  # fmt: skip
-    assert canonical_bytes("t", reg) != canonical_bytes("t", laxer)
+    assert canonical_bytes(SIGNED_FOR, reg) != canonical_bytes(SIGNED_FOR, laxer)
     c = new_core(accept_clear_values=True)  # clear keys, to forge them
     stream(c)
     forged = json.loads(value("h", "v", [1.0, 2.0], keys=["a", "b"], clear=True))

@@ -132,9 +132,10 @@ async def _buy(c: MarketClient, stream: str) -> float:
 async def _flood(c: MarketClient, market: Market, parties: list[Party]) -> None:
     prod = AIOKafkaProducer(bootstrap_servers=market.broker.bootstrap, linger_ms=5)
     await prod.start()
+    signed_for = await c.signing_market()
     try:
         futs = [await prod.send(market.topics.accounts,
-                                p.open_account(c.market).model_dump_json().encode(),
+                                p.open_account(signed_for).model_dump_json().encode(),
                                 key=p.account_id.encode()) for p in parties]  # fmt: skip
         await asyncio.gather(*futs)
     finally:

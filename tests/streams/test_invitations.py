@@ -14,7 +14,7 @@ from streams.wire.events import Invitation
 from streams.wire.invitations import check_invitation, invitation_bytes, invite
 from streams.wire.topics import Topics
 
-from .helpers import TEST_KEYS, party, protocol_vectors
+from .helpers import TEST_KEYS, party, protocol_vectors, signed_for
 
 T = Topics("t")
 NOW = 1_000_000
@@ -25,7 +25,7 @@ def _core() -> MarketCore:
 
 
 def _opening(name: str, invitation: Any = None) -> bytes:
-    ev = party(name).open_account(T.prefix, opened_at_ms=NOW, invitation=invitation)
+    ev = party(name).open_account(signed_for(T.prefix), opened_at_ms=NOW, invitation=invitation)
     return ev.model_dump_json().encode()
 
 

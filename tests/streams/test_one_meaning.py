@@ -4,6 +4,7 @@ signed bytes."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
@@ -16,11 +17,18 @@ from pydantic import ValidationError
 
 from streams.clients.keys import Party
 from streams.core import MarketCore
-from streams.wire.events import INBOX_EVENT, PurchaseRequest, Rejection, TableSpec, ValueItem
-from streams.wire.signing import canonical_bytes, sign, signed, verify
+from streams.wire.events import (
+    INBOX_EVENT,
+    OpenAccount,
+    PurchaseRequest,
+    Rejection,
+    TableSpec,
+    ValueItem,
+)
+from streams.wire.signing import MarketRef, canonical_bytes, sign, signed, verify
 from streams.wire.topics import Topics
 
-from .helpers import MARKET, market_core, party, purchase, registration, value
+from .helpers import MARKET, SIGNED_FOR, market_core, party, purchase, registration, value
 
 T = Topics(MARKET)
 
@@ -106,7 +114,7 @@ def test_a_signed_integer_field_beyond_2_to_the_53_is_refused_however_spelled(
 # ------------------------------------------------------------------------------ key rotation
 def _rotate(c: MarketCore, old: Party, new: Party, version: int) -> None:
     rot = Party("alice", old.signing_key, key_version=version - 1).rotate_to(
-        new, MARKET, version, rotated_at_ms=2_000)
+        new, SIGNED_FOR, version, rotated_at_ms=2_000)
     out = c.handle(T.accounts, rot.model_dump_json().encode())
     assert out.status == "accepted", out.outputs[0].value[:300]
 
@@ -132,7 +140,7 @@ def test_a_purchase_signed_with_a_rotated_key_is_refused_to_its_sender() -> None
     assert "version 2" in rej.message and "sign" in rej.message and "again" in rej.message
     # signed anew with the current key (version 2) it is fulfilled
     new = Party("alice", party("alice-2").signing_key, key_version=2)
-    again = new.sign(PurchaseRequest, MARKET, purchase_id="p1b", buyer_id="alice",
+    again = new.sign(PurchaseRequest, SIGNED_FOR, purchase_id="p1b", buyer_id="alice",
                      stream_id="temp", max_price_minor=10**6, requested_at_ms=1_000)
     assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
 
@@ -150,28 +158,34 @@ def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key()
     assert out.status == "rejected", "old signed bytes were fulfilled after a rotation back"
     assert out.reason == "key_rotated"
     again = Party("alice", party("alice").signing_key, key_version=3).sign(
-        PurchaseRequest, MARKET, purchase_id="p-new", buyer_id="alice", stream_id="temp",
+        PurchaseRequest, SIGNED_FOR, purchase_id="p-new", buyer_id="alice", stream_id="temp",
         max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
     assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
 
 
 def test_the_signing_vectors_of_the_protocol() -> None:
     """docs/protocol.md §2.4: the canonical bytes and signatures of one purchase at key versions
-    1 and 3; a signature verifies at its own version only."""
+    1 and 3 for the market ``t`` of key id ``56475aa75463474c``; a signature verifies at its own
+    version only, for its own market only, and the same event signed with the first version's
+    bytes (no market key id) verifies nowhere."""
     text = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
     table = text.split("<!-- signing vectors: begin -->")[1].split("<!-- signing vectors: end")[0]
     rows = re.findall(r"^\| (\d+) \| `([0-9a-f]+)` \| `([A-Za-z0-9+/=]+)` \|$", table, re.M)
     assert [r[0] for r in rows] == ["1", "3"]
     key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
-    event = signed(PurchaseRequest, "t", key, purchase_id="p1", buyer_id="alice",
+    market = MarketRef("t", "56475aa75463474c")
+    event = signed(PurchaseRequest, market, key, purchase_id="p1", buyer_id="alice",
                    stream_id="temp", max_price_minor=100, requested_at_ms=1000)  # fmt: skip
     public = "A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg="
+    other = MarketRef("t", "0123456789abcdef")  # same prefix, another market key
     for version, data, signature in rows:
         g = int(version)
-        assert canonical_bytes("t", event, g).hex() == data
-        assert sign("t", event, key, generation=g) == signature
-        assert verify("t", event, public, signature, generation=g)
-        assert not verify("t", event, public, signature, generation={1: 3, 3: 1}[g])
+        assert canonical_bytes(market, event, g).hex() == data
+        assert data.startswith(b"emarket-sig-v2\x00".hex())
+        assert sign(market, event, key, generation=g) == signature
+        assert verify(market, event, public, signature, generation=g)
+        assert not verify(market, event, public, signature, generation={1: 3, 3: 1}[g])
+        assert not verify(other, event, public, signature, generation=g)
 
 
 def test_a_key_file_keeps_its_key_version(tmp_path: Path) -> None:
@@ -183,7 +197,40 @@ def test_a_key_file_keeps_its_key_version(tmp_path: Path) -> None:
     dataclasses.replace(rotated, key_version=3).save_over(path)
     again = Party.load(path)
     assert again.key_version == 3 and again.public_key == rotated.public_key
-    ev = again.sign(PurchaseRequest, "t", purchase_id="p", buyer_id="alice", stream_id="s",
+    ev = again.sign(PurchaseRequest, SIGNED_FOR, purchase_id="p", buyer_id="alice", stream_id="s",
                     max_price_minor=1, requested_at_ms=1)  # fmt: skip
-    assert verify("t", ev, again.public_key, generation=3)
-    assert not verify("t", ev, again.public_key)
+    assert verify(SIGNED_FOR, ev, again.public_key, generation=3)
+    assert not verify(SIGNED_FOR, ev, again.public_key)
+
+
+def _signed_v1(model: Any, signer: Party, **fields: Any) -> bytes:
+    """``fields`` signed as a client of protocol v1 signs: the bytes of §2 without the market
+    key id, under the head ``emarket-sig-v1``."""
+    draft = signer.sign(model, SIGNED_FOR, **fields)
+    data = canonical_bytes(SIGNED_FOR, draft)
+    head = b"emarket-sig-v2\x00" + b"s\x00\x00\x00\x01" + MARKET.encode()
+    key_id = b"s\x00\x00\x00\x10" + SIGNED_FOR.key_id.encode()
+    assert data.startswith(head + key_id)
+    v1 = b"emarket-sig-v1\x00" + b"s\x00\x00\x00\x01" + MARKET.encode() + data[len(head + key_id):]
+    signature = base64.b64encode(signer.signing_key.sign(v1)).decode()
+    return draft.model_copy(update={"signature": signature}).model_dump_json().encode()
+
+
+def test_events_signed_with_protocol_v1_are_refused_with_what_to_do() -> None:
+    """Bytes of the first version name no market key: an opening and a purchase signed that
+    way are never applied, and the refusal says why (``old_signature_format``) and what to do;
+    the purchase's refusal reaches its account's inbox."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    opening = _signed_v1(OpenAccount, party("bob"), account_id="bob",
+                         signing_key=party("bob").public_key, opened_at_ms=1_000)  # fmt: skip
+    out = c.handle(T.accounts, opening)
+    assert (out.status, out.reason) == ("rejected", "old_signature_format")
+    assert c.ctx.directory.get("bob") is None
+    buy = _signed_v1(PurchaseRequest, party("alice"), purchase_id="p1", buyer_id="alice",
+                     stream_id="temp", max_price_minor=10**6, requested_at_ms=1_000)  # fmt: skip
+    out = c.handle(T.purchases, buy)
+    assert (out.status, out.reason) == ("rejected", "old_signature_format")
+    [inbox] = [o for o in out.outputs if o.topic == T.inbox("alice")]
+    rej = INBOX_EVENT.validate_json(inbox.value)
+    assert isinstance(rej, Rejection) and "Update the client" in rej.message

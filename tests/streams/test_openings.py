@@ -17,7 +17,7 @@ from streams.core.context import Limits
 from streams.wire.topics import Topics
 from streams.wire.work import leading_zero_bits, solve, work_bits
 
-from .helpers import TEST_KEYS, party, protocol_vectors
+from .helpers import TEST_KEYS, party, protocol_vectors, signed_for
 
 T = Topics("t")
 BITS = 18  # ~2.6e5 hashes an opening: ~0.2-0.5 s of one core in Python
@@ -31,7 +31,7 @@ def _opening(name: str, bits: int = BITS, work: str | None = None) -> bytes:
     p = party(name)
     if work is None and bits:
         work = solve(T.prefix, p.account_id, p.public_key, bits)
-    return p.open_account(T.prefix, work=work).model_dump_json().encode()
+    return p.open_account(signed_for(T.prefix), work=work).model_dump_json().encode()
 
 
 def _ids_on(partition: int, n: int, prefix: str) -> list[str]:

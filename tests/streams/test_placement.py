@@ -27,7 +27,17 @@ from streams.core import MarketCore, Stores
 from streams.wire.events import Rejection
 from streams.wire.topics import Topics, murmur2
 
-from .helpers import MARKET, TEST_KEYS, account, party, purchase, quote, registration, value
+from .helpers import (
+    MARKET,
+    SIGNED_FOR,
+    TEST_KEYS,
+    account,
+    party,
+    purchase,
+    quote,
+    registration,
+    value,
+)
 
 T = Topics(MARKET)
 
@@ -76,7 +86,7 @@ def test_an_account_opened_on_a_foreign_partition_cannot_take_an_id() -> None:
     # mallory signs an open_account for "alice" with her own key, to a partition the other
     # worker owns: that worker has no "alice" and would have pinned mallory's key to it
     mallory_as_alice = Party("alice", party("mallory").signing_key)
-    raw = mallory_as_alice.open_account(MARKET, opened_at_ms=1_000).model_dump_json().encode()
+    raw = mallory_as_alice.open_account(SIGNED_FOR, opened_at_ms=1_000).model_dump_json().encode()
     out = foreign.handle(T.accounts, raw, partition=_other("alice"), offset=3)
     partition, fwd = _forwarded(out, T.accounts, raw, "alice")  # moved to alice's partition,
     assert len(foreign.stores.accounts) == 0  # nothing written where it was
@@ -90,7 +100,7 @@ def test_an_unproven_account_event_on_a_foreign_partition_is_refused_not_forward
     assert core.handle(T.accounts, account("bob"), partition=T.partition_of("bob")).status == (
         "accepted"
     )
-    forged = party("mallory").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    forged = party("mallory").rotate_to(party("bob2"), SIGNED_FOR, 2, rotated_at_ms=2_000)
     raw = forged.model_dump_json().encode().replace(b'"mallory"', b'"bob"')
     out = core.handle(T.accounts, raw, partition=_other("bob"), offset=5)
     assert (out.status, out.reason) == ("rejected", "wrong_partition")
@@ -117,7 +127,7 @@ def test_a_rotation_the_directory_cannot_prove_yet_waits_for_it_then_is_forwarde
 
     replica = Replica()
     lagging = MarketCore(Stores(), TEST_KEYS, T, clock=lambda: 1_000, replica=replica)
-    raw = party("bob").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    raw = party("bob").rotate_to(party("bob2"), SIGNED_FOR, 2, rotated_at_ms=2_000)
     raw_bytes = raw.model_dump_json().encode()
     out = lagging.handle(T.accounts, raw_bytes, partition=_other("bob"), final=False)
     assert (out.status, out.waiting_for, out.outputs) == ("deferred", "bob", [])
@@ -130,7 +140,7 @@ def test_a_rotation_on_a_foreign_partition_is_forwarded_and_applied_at_home() ->
     core = _worker()
     home = T.partition_of("bob")
     assert core.handle(T.accounts, account("bob"), partition=home).status == "accepted"
-    raw = party("bob").rotate_to(party("bob2"), MARKET, 2, rotated_at_ms=2_000)
+    raw = party("bob").rotate_to(party("bob2"), SIGNED_FOR, 2, rotated_at_ms=2_000)
     raw_bytes = raw.model_dump_json().encode()
     out = core.handle(T.accounts, raw_bytes, partition=_other("bob"))
     partition, fwd = _forwarded(out, T.accounts, raw_bytes, "bob")

@@ -39,9 +39,9 @@ from streams.wire.events import (
     published_schema,
 )
 from streams.wire.sealing import open_values, values_aad
-from streams.wire.signing import canonical_bytes, verify
+from streams.wire.signing import MarketRef, canonical_bytes, verify
 from streams.wire.topics import Topics
-from streams.wire.vectors import MARKET, SIGNED_EVENTS, build, render
+from streams.wire.vectors import MARKET, SIGNED_EVENTS, SIGNED_FOR, build, render
 
 from .helpers import MARKET as HELPER_MARKET
 from .helpers import market_core, registration, value
@@ -81,8 +81,11 @@ def test_each_signing_vector_verifies_with_the_primitives_alone(entry: dict[str,
     doc = _load("signing.json")
     event = SIGNED_EVENTS[entry["event"]["type"]].model_validate(entry["event"])
     data = bytes.fromhex(entry["canonical_bytes"])
-    assert canonical_bytes(doc["market"], event, entry["key_version"]) == data
-    assert data.startswith(b"emarket-sig-v1\x00" + b"s\x00\x00\x00\x01" + doc["market"].encode())
+    market = MarketRef(doc["market"], doc["market_key_id"])
+    assert market == SIGNED_FOR
+    assert canonical_bytes(market, event, entry["key_version"]) == data
+    assert data.startswith(b"emarket-sig-v2\x00" + b"s\x00\x00\x00\x01" + doc["market"].encode()
+                           + b"s\x00\x00\x00\x10" + doc["market_key_id"].encode())
     pub = Ed25519PrivateKey.from_private_bytes(
         bytes.fromhex(doc["signer"]["ed25519_private_key"])).public_key()
     pub.verify(base64.b64decode(entry["signature"]), data)
@@ -101,7 +104,7 @@ def test_omitted_fields_are_signed_as_their_defaults() -> None:
     full = {**entry["event"], "target_level": None, "accuracy": None, "most_accurate": False,
             "currency": "EUR", "schema_version": 1}  # fmt: skip
     event = SIGNED_EVENTS["purchase"].model_validate(full)
-    assert canonical_bytes(MARKET, event).hex() == entry["canonical_bytes"]
+    assert canonical_bytes(SIGNED_FOR, event).hex() == entry["canonical_bytes"]
 
 
 def test_negative_zero_is_signed_and_read_as_zero() -> None:
@@ -111,8 +114,8 @@ def test_negative_zero_is_signed_and_read_as_zero() -> None:
     vec = doc["negative_zero"]
     for text in vec["texts"]:
         batch = ValueBatch.model_validate_json(text)
-        assert canonical_bytes(MARKET, batch).hex() == vec["canonical_bytes"]
-        assert verify(MARKET, batch, doc["signer"]["public_key"])
+        assert canonical_bytes(SIGNED_FOR, batch).hex() == vec["canonical_bytes"]
+        assert verify(SIGNED_FOR, batch, doc["signer"]["public_key"])
         exact = as_float_vector(batch.items[0].values)
         assert math.copysign(1.0, exact[0]) == 1.0  # what the market keeps, digests and noises
     plus = struct.pack("<d", 0.0).hex()
@@ -362,7 +365,7 @@ def test_the_canonical_bytes_follow_from_the_spec_alone(entry: dict[str, Any]) -
     filled in by the tables of §6, gives the vectors' bytes."""
     e = entry["event"]
     g = entry["key_version"]
-    head = b"emarket-sig-v1\x00" + _s(MARKET) + _s(e["type"])
+    head = b"emarket-sig-v2\x00" + _s(MARKET) + _s(SIGNED_FOR.key_id) + _s(e["type"])
     if g >= 2 and e["type"] not in ("open_account", "rotate_keys"):
         head += _i(g)
     assert (head + _SPEC[e["type"]](e)).hex() == entry["canonical_bytes"]

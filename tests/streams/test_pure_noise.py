@@ -253,6 +253,7 @@ def test_a_market_with_another_secret_refuses_the_stream() -> None:
     a.handle(*LOG[0])
     other = MarketKeys(Ed25519PrivateKey.from_private_bytes(bytes(32)), b"m" * 32)
     b = MarketCore(a.stores, other, T, clock=lambda: NOW)  # the same tables, another secret
-    out = b.handle(T.values, value("s", "v9", [1.0] * 50, published_at_ms=NOW, sealed_for=other))
+    out = b.handle(T.values, value("s", "v9", [1.0] * 50, published_at_ms=NOW, sealed_for=other,
+                       market=b.ctx.market))  # fmt: skip
     assert out.reason == "market_secret_mismatch"
     assert "EMARKET_NOISE_SECRET" in json.loads(out.outputs[0].value)["message"]

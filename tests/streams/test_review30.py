@@ -140,7 +140,9 @@ def test_only_the_catalog_entries_the_market_signed_name_the_sealing_key() -> No
     evil = MarketKeys(Ed25519PrivateKey.from_private_bytes(b"e" * 32), b"x" * 32)
     other = MarketCore(Stores(), evil, T, clock=lambda: 1_000)
     helpers.open_accounts(other, "seller1")
-    [forged] = [o for o in other.handle(T.registrations, reg).outputs if o.topic == T.catalog]
+    copied = registration(market=other.ctx.market)  # signed for it: reg itself is refused there
+    assert other.handle(T.registrations, reg).reason == "bad_signature"
+    [forged] = [o for o in other.handle(T.registrations, copied).outputs if o.topic == T.catalog]
     unsigned = (b"temp", forged.value, [])
     resigned = (b"temp", forged.value, list(forged.headers))  # signed, by another key
     client = _client()

@@ -26,6 +26,7 @@ from streams.wire.signing import canonical_bytes
 from streams.wire.topics import Topics
 
 from .helpers import (
+    SIGNED_FOR,
     TEST_KEYS,
     assert_registration_refused,
     market_core,
@@ -88,7 +89,7 @@ def test_registrations_that_cannot_be_sold_as_totals_are_refused(fields: Any, sa
 def test_the_signature_binds_the_product_and_the_tree() -> None:
     reg = StreamRegistration.model_validate_json(registration("s", **TOTALS))
     taller = reg.model_copy(update={"tree_height": 3})
-    assert canonical_bytes("t", reg) != canonical_bytes("t", taller)
+    assert canonical_bytes(SIGNED_FOR, reg) != canonical_bytes(SIGNED_FOR, taller)
     forged = json.loads(registration("s", **TOTALS))
     forged["tree_height"] = 3  # a lower sensitivity under the seller's signature
     assert new_core().handle(T.registrations, json.dumps(forged).encode()).reason == (

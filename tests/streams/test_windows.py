@@ -25,6 +25,7 @@ from streams.wire.topics import Topics
 
 from . import helpers
 from .helpers import (
+    SIGNED_FOR,
     TEST_KEYS,
     assert_registration_refused,
     market_core,
@@ -96,7 +97,7 @@ def test_registrations_that_cannot_be_accounted_are_refused(fields: Any, says: s
 def test_the_signature_binds_the_window_and_event_streams_sign_as_before() -> None:
     reg = StreamRegistration.model_validate_json(windowed())
     bigger = reg.model_copy(update={"window": reg.window.model_copy(update={"cap": 25.0})})  # type: ignore[union-attr]
-    assert canonical_bytes("t", reg) != canonical_bytes("t", bigger)
+    assert canonical_bytes(SIGNED_FOR, reg) != canonical_bytes(SIGNED_FOR, bigger)
     c = new_core()
     forged = json.loads(windowed())
     forged["window"]["cap"] = 25.0  # a bigger cap under the seller's signature
@@ -104,7 +105,7 @@ def test_the_signature_binds_the_window_and_event_streams_sign_as_before() -> No
     assert (out.status, out.reason) == ("rejected", "bad_signature")
     plain = StreamRegistration.model_validate_json(registration("s"))
     as_event = plain.model_copy(update={"privacy_unit": "event"})
-    assert canonical_bytes("t", plain) == canonical_bytes("t", as_event)
+    assert canonical_bytes(SIGNED_FOR, plain) == canonical_bytes(SIGNED_FOR, as_event)
     with pytest.raises(ValidationError):
         StreamRegistration.model_validate({**json.loads(windowed()), "privacy_unit": "event"})
 

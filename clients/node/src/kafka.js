@@ -3,7 +3,7 @@
 import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
 import { utf8, sha256Of, toHex } from './bytes.js';
-import { signEvent } from './signing.js';
+import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
@@ -200,7 +200,7 @@ export class MarketClient {
   async send(event, { sign = true, newParty } = {}) {
     const topic = this.topic(INPUT[event.type]);
     const signed = sign
-      ? signEvent(event, { prefix: this.prefix, seed: this.party.signingSeed, keyId: this.party.keyId, generation: this.party.keyVersion, newSeed: newParty?.signingSeed })
+      ? signEvent(event, { market: marketRef(this.prefix, keyId(this.marketPublicKey)), seed: this.party.signingSeed, keyId: this.party.keyId, generation: this.party.keyVersion, newSeed: newParty?.signingSeed })
       : event;
     const bytes = Buffer.from(utf8(JSON.stringify(signed)));
     const id = signed[ID_FIELD[INPUT[event.type]]];

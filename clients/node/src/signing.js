@@ -3,11 +3,26 @@ import { ed25519 } from '@noble/curves/ed25519';
 import { sha256 } from '@noble/hashes/sha2';
 import { Items, utf8, toB64, fromB64, concat, checkInteger } from './bytes.js';
 
-const HEAD = concat(utf8('emarket-sig-v1'), Uint8Array.of(0));
+const Point = ed25519.Point;
 
-/** The common head `"emarket-sig-v1" ‖ 00 ‖ s(prefix) ‖ s(type) ‖ [i(generation)]` (§2). */
-function head(prefix, type, generation) {
-  const it = new Items(HEAD).s(prefix).s(type);
+const HEAD = concat(utf8('emarket-sig-v2'), Uint8Array.of(0));
+const KEY_ID = /^[0-9a-f]{16}$/;
+
+/**
+ * The market a party signs for (§2): its topic `prefix` and `keyId`, the key id of its Ed25519
+ * key (`market_key_id` of `<p>.market`). Markets started with the same defaults share a prefix,
+ * never a key: what is signed for one verifies in no other.
+ */
+export function marketRef(prefix, keyId) {
+  if (typeof prefix !== 'string') throw new Error('a market is named by its prefix and its key id');
+  if (!KEY_ID.test(keyId ?? '')) throw new Error(`a market key id is 16 lower-case hex digits, got ${keyId}: pass the market's key id (market_key_id of <prefix>.market)`);
+  return { prefix, keyId };
+}
+
+/** The common head `"emarket-sig-v2" ‖ 00 ‖ s(prefix) ‖ s(market key id) ‖ s(type) ‖ [i(generation)]` (§2). */
+function head(market, type, generation) {
+  const { prefix, keyId } = marketRef(market?.prefix, market?.keyId);
+  const it = new Items(HEAD).s(prefix).s(keyId).s(type);
   const g = checkInteger(generation ?? 1, 'key version');
   if (g < 1) throw new Error('key version must be at least 1');
   if (g >= 2 && type !== 'open_account' && type !== 'rotate_keys') it.i(g, 'key version');
@@ -104,13 +119,13 @@ const FIELDS = {
 export const EVENT_TYPES = Object.keys(FIELDS);
 
 /**
- * The canonical bytes of `event` in the market `prefix`, signed at key version `generation`
- * (§2, §6). Omitted fields are signed as their defaults (§2.5).
+ * The canonical bytes of `event` for `market` (`marketRef(prefix, keyId)`), signed at key
+ * version `generation` (§2, §6). Omitted fields are signed as their defaults (§2.5).
  */
-export function canonicalBytes(event, prefix, generation = 1) {
+export function canonicalBytes(event, market, generation = 1) {
   const fields = FIELDS[event.type];
   if (!fields) throw new Error(`unknown event type ${event.type}`);
-  const it = head(prefix, event.type, generation);
+  const it = head(market, event.type, generation);
   fields(it, event);
   return it.bytes();
 }
@@ -121,26 +136,52 @@ export const ed25519Public = (seed) => ed25519.getPublicKey(seed);
 /** Base64 of the Ed25519 signature of `message` (§5). */
 export const signBytes = (seed, message) => toB64(ed25519.sign(message, seed));
 
-/** Whether `signature` (base64) verifies `message` under `publicKey` (32 bytes or base64). */
+/**
+ * Whether `signature` (base64) verifies `message` under `publicKey` (32 bytes or base64), as
+ * libsodium's strict verification says (§2): RFC 8032's equation with `S` < L, and neither the
+ * key nor `R` of small order nor in non-canonical encoding (else `R` = identity, `S` = 0 would
+ * verify every message under the identity key: a signature by nobody, §5.1).
+ */
 export function verifyBytes(publicKey, message, signature) {
   try {
     const pk = typeof publicKey === 'string' ? fromB64(publicKey) : publicKey;
-    return ed25519.verify(fromB64(signature), message, pk, { zip215: false });
+    const sig = fromB64(signature);
+    if (pk.length !== 32 || sig.length !== 64) return false;
+    if (Point.fromHex(pk, false).isSmallOrder()) return false;
+    if (Point.fromHex(sig.slice(0, 32), false).isSmallOrder()) return false;
+    return ed25519.verify(sig, message, pk, { zip215: false });
   } catch {
     return false;
   }
 }
 
 /**
- * Sign `event` (a plain object with its `type`) with `seed` at `generation`: returns a copy with
+ * Whether `publicKey` (32 bytes or base64) may be an account's signing key (§5): the canonical
+ * encoding of a point of the prime-order subgroup other than the identity, as libsodium's
+ * `crypto_core_ed25519_is_valid_point` says. The market refuses any other (`invalid_key`).
+ */
+export function validSigningKey(publicKey) {
+  try {
+    const pk = typeof publicKey === 'string' ? fromB64(publicKey) : publicKey;
+    if (pk.length !== 32) return false;
+    const p = Point.fromHex(pk, false);
+    return !p.isSmallOrder() && p.isTorsionFree();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Sign `event` (a plain object with its `type`) for `market` (`marketRef`) with `seed` at
+ * `generation`: returns a copy with
  * `key_id` and `signature` (and, for a rotation, `new_key_signature` by `newSeed`).
  */
-export function signEvent(event, { prefix, seed, keyId, generation = 1, newSeed } = {}) {
+export function signEvent(event, { market, seed, keyId, generation = 1, newSeed } = {}) {
   const out = { ...event };
   delete out.signature;
   delete out.new_key_signature;
   out.key_id = keyId;
-  const msg = canonicalBytes(out, prefix, generation);
+  const msg = canonicalBytes(out, market, generation);
   out.signature = signBytes(seed, msg);
   if (event.type === 'rotate_keys') {
     if (!newSeed) throw new Error('a rotation is also signed by the new key (newSeed)');
@@ -150,15 +191,15 @@ export function signEvent(event, { prefix, seed, keyId, generation = 1, newSeed 
 }
 
 /**
- * Whether a received `event` verifies under `publicKey` (base64) at `generation`: its canonical
+ * Whether a received `event` verifies for `market` under `publicKey` (base64) at `generation`: its canonical
  * bytes (with defaults) and its `signature`, and that `key_id` names that key.
  */
-export function verifyEvent(event, prefix, publicKey, generation = 1) {
+export function verifyEvent(event, market, publicKey, generation = 1) {
   try {
     const pk = fromB64(publicKey);
     const id = Buffer.from(sha256(pk)).toString('hex').slice(0, 16);
     if (event.key_id !== id) return false;
-    return verifyBytes(pk, canonicalBytes(event, prefix, generation), event.signature);
+    return verifyBytes(pk, canonicalBytes(event, market, generation), event.signature);
   } catch {
     return false;
   }

@@ -11,7 +11,7 @@ import { hkdf } from '@noble/hashes/hkdf';
 import { sha256 } from '@noble/hashes/sha2';
 import { hmac } from '@noble/hashes/hmac';
 import {
-  canonicalBytes, signBytes, verifyBytes, verifyEvent, keyId, Party, fromHex, toHex, toB64, fromB64, utf8,
+  canonicalBytes, marketRef, validSigningKey, signBytes, verifyBytes, verifyEvent, keyId, Party, fromHex, toHex, toB64, fromB64, utf8,
   valuesAad, seal, open, sealBatch, openReleases, envelopeKey, receiptBytes, releasesDigest, commitment,
   verifyReceipt, verifyOutcome, ReceiptInvalid, answerBytes, verifyAnswer, stringKey, murmur2, partitionOf,
   stateKeys, stateStamp, stateAad, openState, entryDigest, encodeIdentity, workBytes, solveWork,
@@ -24,6 +24,7 @@ const docs = process.env.EMARKET_DOCS ?? join(here, '..', '..', '..', 'docs');
 const PROTOCOL = join(docs, 'protocol.md');
 const vec = (name) => JSON.parse(readFileSync(join(docs, 'vectors', name), 'utf8'));
 const signing = vec('signing.json');
+const MARKET = marketRef(signing.market, signing.market_key_id);
 const sealing = vec('sealing.json');
 const keys = vec('keys.json');
 
@@ -39,31 +40,31 @@ test('signing.json: the signer\'s keys and key ids', () => {
 for (const v of signing.events) {
   test(`signing.json: ${v.name}`, () => {
     const seed = fromHex(signing.signer.ed25519_private_key);
-    const bytes = canonicalBytes(v.event, signing.market, v.key_version);
+    const bytes = canonicalBytes(v.event, MARKET, v.key_version);
     assert.equal(toHex(bytes), v.canonical_bytes);
     assert.equal(signBytes(seed, bytes), v.signature);
     assert.equal(v.event.signature, v.signature);
-    assert.ok(verifyEvent(v.event, signing.market, signing.signer.public_key, v.key_version));
+    assert.ok(verifyEvent(v.event, MARKET, signing.signer.public_key, v.key_version));
     if (v.event.type === 'rotate_keys') {
       assert.ok(verifyBytes(signing.new_signer.public_key, bytes, v.event.new_key_signature));
       assert.equal(signBytes(fromHex(signing.new_signer.ed25519_private_key), bytes), v.event.new_key_signature);
     }
     // Spelled out with every default, the bytes do not change (§2.5).
-    assert.ok(verifyEvent(JSON.parse(JSON.stringify(v.event)), signing.market, signing.signer.public_key, v.key_version));
+    assert.ok(verifyEvent(JSON.parse(JSON.stringify(v.event)), MARKET, signing.signer.public_key, v.key_version));
   });
 }
 
 test('signing.json: purchase with defaults spelled out signs alike (§2.5)', () => {
   const v = signing.events.find((e) => e.name === 'purchase, defaults');
   const full = { ...v.event, target_level: null, currency: 'EUR', accuracy: null, most_accurate: false };
-  assert.equal(toHex(canonicalBytes(full, signing.market, 1)), v.canonical_bytes);
+  assert.equal(toHex(canonicalBytes(full, MARKET, 1)), v.canonical_bytes);
 });
 
 test('signing.json: negative_zero verifies for every spelling', () => {
   const nz = signing.negative_zero;
   for (const text of nz.texts) {
     const ev = JSON.parse(text);
-    assert.equal(toHex(canonicalBytes(ev, signing.market, 1)), nz.canonical_bytes);
+    assert.equal(toHex(canonicalBytes(ev, MARKET, 1)), nz.canonical_bytes);
     assert.ok(verifyBytes(signing.signer.public_key, fromHex(nz.canonical_bytes), ev.signature));
   }
   assert.equal(signBytes(fromHex(signing.signer.ed25519_private_key), fromHex(nz.canonical_bytes)), nz.signature);
@@ -76,9 +77,26 @@ test('protocol.md §2.4: the signing table (versions 1 and 3)', () => {
   assert.equal(rows.length, 2);
   const ev = { type: 'purchase', purchase_id: 'p1', buyer_id: 'alice', stream_id: 'temp', max_price_minor: 100, requested_at_ms: 1000 };
   for (const [, g, hex, sig] of rows) {
-    const b = canonicalBytes(ev, 't', Number(g));
+    const b = canonicalBytes(ev, marketRef('t', '56475aa75463474c'), Number(g));
     assert.equal(toHex(b), hex);
     assert.equal(signBytes(fromHex('000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f'), b), sig);
+    // the same prefix with another market key: another market, and the signature verifies not
+    const elsewhere = canonicalBytes(ev, marketRef('t', '0123456789abcdef'), Number(g));
+    assert.equal(verifyBytes('A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg=', elsewhere, sig), false);
+  }
+  assert.throws(() => canonicalBytes(ev, 't', 1), /prefix and its key id/);
+});
+
+test('protocol.md §5.1: negative key and signature vectors', () => {
+  const text = readFileSync(PROTOCOL, 'utf8');
+  const signing = text.slice(text.indexOf('<!-- signing vectors: begin -->'), text.indexOf('<!-- signing vectors: end -->'));
+  const message = fromHex([...signing.matchAll(/^\| 1 \| `([0-9a-f]+)`/gm)][0][1]);
+  const block = text.slice(text.indexOf('<!-- negative key vectors: begin -->'), text.indexOf('<!-- negative key vectors: end -->'));
+  const rows = [...block.matchAll(/^\| ([^|`]+) \| `([A-Za-z0-9+/=]+)` \| `([A-Za-z0-9+/=]+)` \| `?(\w+)`? \| (\w+) \|$/gm)];
+  assert.equal(rows.length, 5);
+  for (const [, name, key, sig, opening, verdict] of rows) {
+    assert.equal(validSigningKey(key), opening === 'accepted', name);
+    assert.equal(verifyBytes(key, message, sig), verdict === 'verifies', name);
   }
 });
 

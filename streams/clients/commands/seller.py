@@ -134,7 +134,9 @@ def cmd_register(args: argparse.Namespace) -> int:
         description=args.description, **_privacy(args), **_product(args),
     )  # fmt: skip
     try:
-        party.sign(StreamRegistration, args.prefix, **fields)
+        StreamRegistration.model_validate(  # checked here; signed once the market key is read
+            {**fields, "key_id": "0" * 16, "signature": "A" * 86 + "=="}
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -235,6 +237,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             c.market_sealing_key = c.market_sealing_key or await c.sealing_key_of(args.stream)
         except (LookupError, ValueError) as exc:
             raise CommandError(f"{exc} (or pass --market-sealing-key)") from None
+        await c.signing_market()  # what every batch is signed for
         _check_counts(c.registration_of(args.stream), rows)
         for start in range(0, len(rows), per_batch):
             batch = c.value_batch(args.stream, rows[start : start + per_batch])

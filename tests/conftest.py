@@ -22,6 +22,10 @@ settings.load_profile("deterministic")
 # keeps them off the terminal and still lets them propagate to pytest's capture.
 logging.getLogger("aiokafka").addHandler(logging.NullHandler())
 
+# An open market asks a proof of work for each opening (about a second of a core): the tests'
+# markets (`serve`, `demo`, workers they start) ask none unless a test asks for it
+os.environ.setdefault("EMARKET_OPENING_WORK", "0")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Start each test that runs for minutes (chaos, soak) first in its own test process.

@@ -74,6 +74,7 @@ def test_compose_has_the_production_shape() -> None:
     for w in WORKERS.values():
         assert w["environment"]["EMARKET_BROKER"] == "kafka://kafka:9092"
         assert w["environment"]["EMARKET_STORE"] == "rocksdb://"
+        assert w["environment"]["EMARKET_OPENINGS"] == "${EMARKET_OPENINGS:-invite}"  # issue #40
 
 
 def test_every_referenced_file_exists() -> None:

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from .commands import buyer, operator, output, party, sales, seller
+from .commands import buyer, invite, operator, output, party, sales, seller
 from .commands.common import EXIT_USAGE, CommandError
 
 __all__ = ["build_parser", "main"]
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=False, help=output.JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)
+    invite.add_commands(sub)
     party.add_commands(sub)
     seller.add_commands(sub)
     sales.add_commands(sub)

@@ -57,6 +57,7 @@ from ..wire.events import (
     AccountState,
     CatalogEntry,
     InboxPayload,
+    Invitation,
     PurchaseFulfilled,
     PurchaseRequest,
     QuoteAnswer,
@@ -73,6 +74,8 @@ from ..wire.root import RootError, read_root, trusted_key
 from ..wire.sealing import open_event, seal_values
 from ..wire.signing import MarketRef
 from ..wire.topics import Topics
+from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
+from ..wire.work import solve
 from .keys import Party
 
 __all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "MarketRootError", "TopicReader",
@@ -89,6 +92,8 @@ log = logging.getLogger("emarket.client")
 
 REFUSAL_GRACE = 1.0
 """Seconds a refusal waits for the inbox's rejection of the same bytes, which says more."""
+MAX_CLIENT_WORK_BITS = DEFAULT_WORK_BITS + 4
+"""The most proof of work an opening of this client does (16 times the default's)."""
 
 
 class MarketKeyError(ValueError):
@@ -231,6 +236,7 @@ class MarketClient:
         self._sealing_keys: dict[str, str] = {}
         self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
+        self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -372,9 +378,11 @@ class MarketClient:
 
     # -- accounts -------------------------------------------------------------------------------
     async def open_account(
-        self, party: Party | None = None, *, timeout: float = 30.0
+        self, party: Party | None = None, *, timeout: float = 30.0,
+        invitation: Invitation | None = None,
     ) -> AccountState | Rejection:
-        """Open the party's account (pin its keys) and wait until the market confirms it.
+        """Open the party's account (pin its keys) and wait until the market confirms it; a
+        market that opens accounts by invitation wants the operators' ``invitation``.
 
         Raises
         ------
@@ -383,14 +391,22 @@ class MarketClient:
             genuine answer to this request: the account belongs to another key).
         """
         me = self._me(party)
-        event = me.open_account(await self.signing_market())
-        payload = event.model_dump_json().encode()
-        got = await self._request(
-            self.topics.accounts, me.account_id, payload,
-            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
-            timeout=timeout, create_inbox=False,
-        )  # fmt: skip
-        assert isinstance(got, AccountState | Rejection)
+        while True:
+            bits = self._work_bits
+            work = None if bits == 0 else await asyncio.to_thread(
+                solve, self.topics.prefix, me.account_id, me.public_key, bits)  # fmt: skip
+            event = me.open_account(await self.signing_market(), invitation=invitation, work=work)
+            got = await self._request(
+                self.topics.accounts, me.account_id, event.model_dump_json().encode(),
+                lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
+                timeout=timeout, create_inbox=False,
+            )  # fmt: skip
+            assert isinstance(got, AccountState | Rejection)
+            if not (isinstance(got, Rejection) and got.reason == "more_work"
+                    and bits < MAX_CLIENT_WORK_BITS):  # fmt: skip
+                break
+            # an open market asks proof of work (docs/protocol.md §6.1.2): its default, then more
+            self._work_bits = DEFAULT_WORK_BITS if bits < DEFAULT_WORK_BITS else bits + 2
         if isinstance(got, AccountState) and (got.signing_key, got.sealing_key) != (
             me.public_key, me.sealing_public_key
         ):

@@ -30,7 +30,7 @@ from ..wire.ids import ID_PATTERN, public_b64
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ..wire.events import OpenAccount, RotateKeys
+    from ..wire.events import Invitation, OpenAccount, RotateKeys
     from ..wire.signing import MarketRef
 
 __all__ = ["KeyFileError", "Party"]
@@ -93,13 +93,19 @@ class Party:
 
         return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
-    def open_account(self, market: MarketRef, *, opened_at_ms: int | None = None) -> OpenAccount:
+    def open_account(self, market: MarketRef, *, opened_at_ms: int | None = None,
+                     invitation: Invitation | None = None,
+                     work: str | None = None) -> OpenAccount:  # fmt: skip
+        """The opening of this party's account, with the operators' ``invitation`` if the
+        market opens accounts by invitation, or the proof of ``work`` an open market asks
+        (neither is under the party's signature)."""
         from ..wire.events import OpenAccount  # noqa: PLC0415
 
         return self.sign(
             OpenAccount, market, account_id=self.account_id, signing_key=self.public_key,
             sealing_key=self.sealing_public_key,
-            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000,
+            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000, invitation=invitation,
+            work=work,
         )  # fmt: skip
 
     def rotate_to(

@@ -4,8 +4,10 @@ Every seller and buyer is an account with an Ed25519 signing key (every event it
 signed with it) and, for buyers, an X25519 sealing key (every release to it is sealed for it).
 
 * ``open_account`` is signed with the key it pins (proof of possession). The first valid one for
-  an id wins; resending it is harmless; another key for a taken id is refused. Openings are
-  rate-limited per input partition (:mod:`streams.core.allowance`). The outcome names the
+  an id wins; resending it is harmless; another key for a taken id is refused. A market that
+  opens by invitation (``Limits.openings``) also wants the operators' invitation for the id
+  (:mod:`streams.wire.invitations`). Openings are rate-limited per input partition
+  (:mod:`streams.core.allowance`). The outcome names the
   account's inbox topic, which the worker creates before it sends the batch's outputs — no
   other event names a topic to create.
 * ``rotate_keys`` must carry the next version, be signed by the current key *and* by the new one.
@@ -24,7 +26,9 @@ from __future__ import annotations
 from market.envelope import EnvelopeError, validate_public_key
 
 from ..wire.events import MAX_RETIRED_KEYS, AccountState, OpenAccount, RetiredKey, RotateKeys
+from ..wire.invitations import InvitationError, check_invitation
 from ..wire.signing import key_id_of, signed_v1, valid_signing_key, verify
+from ..wire.work import work_bits
 from .auth import old_signature_format
 from .context import Context
 from .outputs import Defer, Outcome, Output, Reject, dump
@@ -95,6 +99,14 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
                 claimed=ev.account_id,
             )
         return _confirm(ctx, existing, "duplicate")
+    if ctx.limits.openings == "invite":
+        try:
+            check_invitation(ev.invitation, ctx.topics.prefix, ctx.keys.public_key, ev.account_id,
+                             ev.signing_key, ctx.clock())  # fmt: skip
+        except InvitationError as exc:
+            raise Reject(exc.reason, str(exc), claimed=ev.account_id) from None
+    elif ctx.limits.opening_work:
+        _check_work(ctx, ev)
     _check_sealing_key(ev.sealing_key, claimed=ev.account_id)
     if len(ctx.directory) >= ctx.limits.max_accounts:
         raise Reject(
@@ -114,6 +126,22 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
         updated_at_ms=ev.opened_at_ms,
     )
     return _store(ctx, state, "accepted")
+
+
+def _check_work(ctx: Context, ev: OpenAccount) -> None:
+    """Refuse an opening of an open market that carries less work than the market asks
+    (:mod:`streams.wire.work`): what bounds one sender's openings by its computing power."""
+    need = ctx.limits.opening_work
+    got = 0 if ev.work is None else work_bits(ctx.topics.prefix, ev.account_id, ev.signing_key,
+                                              ev.work)  # fmt: skip
+    if got < need:
+        raise Reject(
+            "more_work",
+            f"this market opens an account for {need} bits of proof of work "
+            f"(EMARKET_OPENING_WORK; docs/protocol.md §6.1.2) and the opening carries {got}: "
+            "the client library and `epsilon-market account open` do the work",
+            claimed=ev.account_id, bits=need,
+        )
 
 
 def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:

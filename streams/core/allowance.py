@@ -108,6 +108,10 @@ class Allowance:
                  clock: Callable[[], int]) -> None:  # fmt: skip
         self.openings_share = math.ceil(openings_per_minute / partitions)
         self.openings_per_minute = openings_per_minute
+        self._clock = clock
+        #: openings refused ``rate_limited``, and when the last was (``/health``: behind)
+        self.openings_refused = 0
+        self.openings_refused_at_ms: int | None = None
         self._openings = RateLimit(self.openings_share, clock)
         self._quotes = RateLimit(quotes_per_minute, clock)
 
@@ -116,6 +120,8 @@ class Allowance:
         ``account_id``: nobody is proven by a refused opening)."""
         wait = self._openings.take(str(partition))
         if wait:
+            self.openings_refused += 1
+            self.openings_refused_at_ms = self._clock()
             raise Reject(
                 "rate_limited",
                 f"the market opens at most {self.openings_per_minute} accounts a minute "
@@ -125,6 +131,12 @@ class Allowance:
                 claimed=account_id, retry_after_ms=wait, limit="openings_per_minute",
                 per_minute=self.openings_per_minute,
             )  # fmt: skip
+
+    def openings_behind(self, within_ms: int = MINUTE_MS) -> bool:
+        """Whether an opening was refused ``rate_limited`` within the last ``within_ms``: the
+        allowance is spent, and honest openings wait too."""
+        last = self.openings_refused_at_ms
+        return last is not None and self._clock() - last < within_ms
 
     def quote(self, buyer_id: str) -> None:
         """Spend one quote of ``buyer_id`` or raise ``rate_limited``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from market.envelope import Sealer
 from market.rng import KeyedRngFactory, NoiseKeys
@@ -21,6 +22,7 @@ from .directory import Directory
 from .keys import MarketKeys
 from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
+from .replay.quotes import AnsweredQuotes
 from .replay.records import Caps
 from .state import Stores
 
@@ -52,6 +54,12 @@ class Limits:
     #: (core/allowance.py)
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
+    #: "invite": an opening needs the operators' invitation (docs/protocol.md §6.1.1), the
+    #: deployment's default; "open": anyone may open an account (local use), within the
+    #: openings allowance (core/allowance.py)
+    openings: Literal["invite", "open"] = "open"
+    #: in an open market, the proof of work an opening carries, in bits (wire/work.py; 0: none)
+    opening_work: int = 0
     #: buyers holding a level on one stream (the stream's record must fit in one message)
     max_holders: int = 2_000
     #: bytes of a refused event's payload kept in its rejection (the rest: size and SHA-256)
@@ -107,6 +115,7 @@ class Context:
     rngs: KeyedRngFactory = field(init=False)  # histogram chains' generators
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
+    quotes: AnsweredQuotes = field(init=False)
     market: MarketRef = field(init=False)
     """What every signature the market accepts names: its prefix and its key id (§2)."""
 
@@ -118,3 +127,4 @@ class Context:
         self.allowance = Allowance(self.limits.max_openings_per_minute,
                                    self.limits.max_quotes_per_minute, self.topics.partitions,
                                    self.clock)  # fmt: skip
+        self.quotes = AnsweredQuotes(self.clock)

@@ -6,7 +6,13 @@ of the outcome), and a resend is never charged again (a resend with other parame
 refused, ``idempotency_key_reused``). How records are recalled, kept and forgotten is
 :mod:`streams.core.replay`'s.
 
-A resend is answered at most once per :data:`~.replay.records.ANSWER_INTERVAL_MS`: a
+A copy of a purchase's first request whose outcome was surely sent, to an inbox that still holds
+it, is counted and answered nowhere (:meth:`~.replay.records.Records.in_inbox`): the buyer's
+client finds the outcome in its inbox, and a copy anyone else writes again must not add to that
+inbox. A resend signed anew (another request time, e.g. by a new process of the buyer's client)
+is answered once, and so is a copy whose outcome may be missing; a copy of either adds nothing
+(:meth:`~.replay.records.Records.resend_due`). The outcome is sent again at most once per
+:data:`~.replay.records.ANSWER_INTERVAL_MS`: a
 fulfilment's outcome is then *recomputed* from the decision — noise is a pure function of the
 request, receipts are deterministic and envelopes are sealed with a sender key and nonce
 derived from the secret, the buyer's key, the AAD and the plaintext — and sent only if it is
@@ -154,7 +160,14 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     never a second charge."""
     req = inc.event
     key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
+    inbox = ctx.topics.inbox(req.buyer_id)
+    copy = req.requested_at_ms == record.requested_at_ms  # the first request's, re-sent
+    if (copy and ctx.records.in_inbox(inbox, record)) or (
+            not ctx.records.resend_due(key, req.requested_at_ms, inbox)):  # fmt: skip
+        return Outcome("purchase", "duplicate", reason="already_answered",
+                       stream_id=record.stream_id)  # fmt: skip
     last = ctx.records.answer_due(key)
+    ctx.records.resend_answered(key, req.requested_at_ms, final=last is None)
     if last is not None:
         return _notice(ctx, inc, record, last, again=True)
     if record.payload is not None:  # not yet sent for sure (its batch's outputs may be lost)

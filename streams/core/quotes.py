@@ -5,7 +5,9 @@ whether a privacy window has room for it, and the level a purchase with the same
 buy. A quote changes nothing: it is answered, never recorded. Its answer is many times its
 request, so each account may ask a bounded number of quotes a minute
 (:class:`~.allowance.Allowance`, :attr:`~.context.Limits.max_quotes_per_minute`); beyond that a
-quote is refused (``rate_limited``) with the time to wait.
+quote is refused (``rate_limited``) with the time to wait. A quote has an age limit, and a copy
+of one already decided is answered nowhere and spends nothing (:mod:`.replay.quotes`): anyone
+can write a buyer's signed quote again, and must not fill the buyer's inbox or allowance with it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from .accuracy import error_info
 from .context import Context
 from .incoming import Incoming
 from .ledger import latest_status
-from .outputs import Outcome, Output, dump
+from .outputs import Outcome, Output, Reject, dump
 from .planning import offers, plan, target
+from .rejections import rejection
 from .stream_store import Streams
 
 __all__ = ["quote"]
@@ -28,6 +31,12 @@ __all__ = ["quote"]
 def quote(ctx: Context, streams: Streams, inc: Incoming[QuoteRequest]) -> Outcome:
     """Answer what a purchase would cost, without buying."""
     req = inc.event
+    try:
+        first = ctx.quotes.admit(req.buyer_id, req.quote_id, req.requested_at_ms)
+    except Reject as stale:  # no inbox: a stale copy may be anyone's (.replay.quotes)
+        return rejection(ctx, "quote", inc.src, stale)
+    if not first:
+        return Outcome("quote", "duplicate", reason="already_answered", stream_id=req.stream_id)
     ctx.allowance.quote(req.buyer_id)  # before any work: an answer is ~29x its request
     stream = streams.load(req.stream_id)
     level = target(stream, req.buyer_id, req)

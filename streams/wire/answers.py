@@ -75,6 +75,11 @@ REFUSAL_TEXTS: dict[str, str] = {
     "unsafe_integer": "an integer beyond 2^53 - 1 in magnitude (docs/protocol.md §2.2)",
     "duplicate_price_level": "two keys of the price table name the same level",
     "internal_error": "the market could not process the event; the operators were alerted",
+    "invitation_required": "this market opens accounts by invitation only: ask its operators "
+    "for one (epsilon-market invite) and open with it (account open --invitation)",
+    "bad_invitation": "the invitation is not this market's for this account id and key: ask "
+    "the operators for one of your own",
+    "invitation_expired": "the invitation has expired: ask the operators for a new one",
     "refusals_dropped": "events on this partition whose signature proved no account were "
     "counted, not answered one by one: the same bytes were answered already, or more came in "
     "the interval than the market answers (docs/protocol.md §9)",

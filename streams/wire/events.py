@@ -75,6 +75,7 @@ __all__ = [
     "Identifier",
     "InboxEvent",
     "InboxPayload",
+    "Invitation",
     "KeySpace",
     "LevelUnit",
     "LinearLevelSpec",
@@ -236,11 +237,31 @@ class PrivacyWindow(BaseModel):
 
 
 # ----------------------------------------------------------------------- party → market
+Work = Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{1,32}$", strict=True)]
+
+
+class Invitation(BaseModel):
+    """The operators' leave to open one account, signed with the market's key
+    (docs/protocol.md §6.1.1): a market that opens accounts by invitation only refuses an
+    opening without a valid one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    account_id: Identifier
+    signing_key: PublicKey | None = Field(
+        None, description="the one signing key the account may pin (null: any key)"
+    )
+    expires_at_ms: Millis = Field(description="no opening is accepted with it after this time")
+    market_key_id: KeyId = Field(description="the key id of the market key that signed it")
+    signature: Signature = Field(description="Ed25519 signature by the market's key, base64")
+
+
 class OpenAccount(_Signed):
     """Open an account: pins its signing key (and sealing key) to the id (``<p>.accounts``).
 
     The first valid ``open_account`` for an id wins; its inbox topic is created then. Signed with
-    the key it pins, which proves the sender holds it.
+    the key it pins, which proves the sender holds it. A market that opens accounts by
+    invitation only also wants the operators' ``invitation`` for the id (not itself signed by
+    the account: the market's signature on it binds the id).
     """
 
     type: Literal["open_account"] = "open_account"
@@ -250,6 +271,15 @@ class OpenAccount(_Signed):
         None, description="X25519: releases to the account are sealed for it (buyers need one)"
     )
     opened_at_ms: Millis
+    invitation: Invitation | None = Field(
+        None, exclude_if=_is_none,
+        description="the operators' invitation (markets that open accounts by invitation only)",
+    )
+    work: Work | None = Field(
+        None, exclude_if=_is_none,
+        description="proof of work for this opening (open markets: docs/protocol.md §6.1.2); "
+        "not signed by the account",
+    )
 
 
 class RotateKeys(_Signed):

@@ -136,6 +136,7 @@ class MarketWorker:
         self.producer.on_missing = watch.missing
         self.inboxes.confirm = watch.before_send
         self.inboxes.remade.append(catalog.remade)
+        self.inboxes.remade.append(self.core.ctx.records.inboxes_remade)
         watch.on_emptied = catalog.start
         return watch, catalog
 
@@ -268,7 +269,8 @@ class MarketWorker:
         async def health_page(view: Any, request: Any) -> Any:
             pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
             body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending,
-                              worker.unverified(), worker.group.health())  # fmt: skip
+                              worker.unverified(), worker.group.health(),
+                              worker.openings())  # fmt: skip
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -348,6 +350,11 @@ class MarketWorker:
     def refresh_gauges(self) -> None:
         web.refresh_gauges(self.metrics, self.stores, self.consumer(), self.topics,
                            self.settings.stall_seconds, self.started_at, self._vectors)  # fmt: skip
+        self.metrics.openings_behind.set(1 if self.openings()["behind"] else 0)
+
+    def openings(self) -> dict[str, Any]:
+        """How account openings fare on this worker (``/health``)."""
+        return web.openings_health(self.settings, self.core.ctx.allowance, self.inboxes.pending())
         self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
         self.metrics.partitions_unverified.labels("replica").set(len(self.replica.unverified))
 

@@ -12,6 +12,7 @@ from ..broker.auth import kafka_auth
 if TYPE_CHECKING:
     from ..core.context import Limits
 from ..wire.topics import DEDUP_HORIZON_MS
+from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 
 __all__ = ["Settings"]
 
@@ -23,6 +24,13 @@ def _truthy(text: str) -> bool:
 def _env(name: str, default: Any, cast: Any = str) -> Any:
     raw = os.environ.get(f"EMARKET_{name}")
     return default if raw is None or raw == "" else cast(raw)
+
+
+def _openings(text: str) -> str:
+    """``EMARKET_OPENINGS``: ``invite`` or ``open``."""
+    if text not in ("invite", "open"):
+        raise ValueError(f"EMARKET_OPENINGS must be 'invite' or 'open', not {text!r}")
+    return text
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,14 @@ class Settings:
     #: and quotes one account may ask a minute (on each worker); see core.allowance.
     max_openings_per_minute: int = 600
     max_quotes_per_minute: int = 60
+    #: ``invite``: an account opens only with the operators' invitation (``epsilon-market
+    #: invite``), the deployment's default; ``open``: anyone may open one (local use).
+    openings: str = "open"
+    #: In an open market, the proof of work (bits) an opening carries (0: none): what bounds
+    #: one sender's openings by its computing power (wire/work.py). ``serve`` and ``worker``
+    #: (settings from the environment) ask ``DEFAULT_WORK_BITS`` unless told otherwise;
+    #: settings made in code (benchmarks, tests) ask none unless they say so.
+    opening_work: int = 0
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
     #: Buyers holding a level on one stream at most (its record must fit in one message).
@@ -138,6 +154,8 @@ class Settings:
                 "MAX_OPENINGS_PER_MINUTE", cls.max_openings_per_minute, int
             ),
             max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
+            openings=_openings(_env("OPENINGS", cls.openings)),
+            opening_work=_env("OPENING_WORK", DEFAULT_WORK_BITS, int),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
@@ -164,6 +182,8 @@ class Settings:
             max_holders=self.max_holders,
             max_openings_per_minute=self.max_openings_per_minute,
             max_quotes_per_minute=self.max_quotes_per_minute,
+            openings="invite" if self.openings == "invite" else "open",
+            opening_work=self.opening_work,
             max_event_output_bytes=self.max_event_output_bytes,
             max_event_work=self.max_event_work,
         )

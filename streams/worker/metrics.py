@@ -75,6 +75,7 @@ class Metrics:
     stalled: Gauge
     last_batch: Gauge
     inboxes_waiting: Gauge
+    openings_behind: Gauge
     group_refused: Counter
     group_untrusted: Gauge
     group_unproven_partitions: Gauge
@@ -283,6 +284,11 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "inboxes_waiting": (Gauge, "inboxes_waiting",
                         "Inbox topics (or the catalog) queued for creation, their outputs held "
                         "(new accounts, or topics found gone and made again)",
+                        [], {}),
+    "openings_behind": (Gauge, "openings_behind",
+                        "1 while account openings fall behind, as /health's openings.behind "
+                        "says: an opening was refused rate_limited within the last minute, or "
+                        "more inbox topics wait for creation than one request makes; else 0",
                         [], {}),
     "group_refused": (Counter, "group_members_refused",
                       "Members of the workers' consumer group this worker, as its leader, gave "

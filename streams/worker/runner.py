@@ -121,7 +121,9 @@ class ChildWorker:
         out: Any = subprocess.DEVNULL
         if self.log_path is not None:
             out = self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _signal()
-        env = {**os.environ, **self.env}
+        s = self.settings  # the opening rules as settings say (no flags: operators set them)
+        env = {**os.environ, "EMARKET_OPENINGS": s.openings,
+               "EMARKET_OPENING_WORK": str(s.opening_work), **self.env}  # fmt: skip
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams", *settings_args(self.settings)],
             stdout=out,

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from market import ChainState
 
 from ..core import MarketKeys, Stores
+from ..core.allowance import Allowance
 from ..core.ledger import latest_status
 from ..core.state import InconsistentStream, with_registration
 from ..core.stream_store import holders_of
@@ -146,13 +147,16 @@ def health(
     metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int,
     unverified: Mapping[str, str] | None = None,
     group: dict[str, Any] | None = None,
+    openings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``/health``: "ok", else "degraded" (the broker does not answer), "unverified" (state
     recovered here is not what its checkpoint commits: ``unverified`` says where and how),
     "untrusted_group" (input partitions are not all held by proven workers of this market, or
     this worker was refused its place: ``group`` says which and why,
     :mod:`streams.worker.group_watch`) or "stalled" (see :func:`is_stalled`, with
-    ``EMARKET_STALL_SECONDS``); all served as 503."""
+    ``EMARKET_STALL_SECONDS``); all served as 503. ``openings`` says whether account openings
+    fall behind (:func:`openings_health`): not a reason for a 503, which would have the worker
+    restarted, but for an alert (``MarketOpeningsBehind``)."""
     now = time.time()
     last = metrics.last_batch_at
     running = metrics.batch_started_at
@@ -176,6 +180,26 @@ def health(
         "running_batch_age_s": None if running is None else round(now - running, 3),
         "market_key_id": keys.key_id,
         "group": group,
+        "openings": openings,
+    }
+
+
+def openings_health(
+    settings: Settings, allowance: Allowance, inboxes_waiting: int
+) -> dict[str, Any]:
+    """Account openings on this worker: the mode, the proof of work an opening carries, the
+    openings refused ``rate_limited`` (the allowance spent: honest openings are refused too)
+    and the inbox topics waiting to be made; ``behind`` when one was refused within the last
+    minute or more inboxes wait than one creation request makes (``EMARKET_INBOX_BATCH``)."""
+    refused_recently = allowance.openings_behind()
+    return {
+        "mode": settings.openings,
+        "work_bits": settings.opening_work if settings.openings == "open" else 0,
+        "per_minute": allowance.openings_per_minute,
+        "refused_rate_limited": allowance.openings_refused,
+        "last_refused_at_ms": allowance.openings_refused_at_ms,
+        "inboxes_waiting": inboxes_waiting,
+        "behind": refused_recently or inboxes_waiting > settings.inbox_batch,
     }
 
 

@@ -53,6 +53,7 @@ class Market:
             data_dir=tmp / "data",
             log_level="info",
             require_encryption=False,  # the test parties' names say whether they seal
+            opening_work=0,  # no proof of work an opening (test_openings.py asks for it)
         ).for_tansu()
         helpers.write_test_keys(self.settings.data_dir)  # helpers seal values to its key
         self.topics = Topics(self.settings.prefix, self.settings.partitions)

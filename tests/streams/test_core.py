@@ -100,24 +100,30 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
 
 
 def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
-    """A resend is answered with the very bytes first sent, recomputed from the decision, at
-    most once every ANSWER_INTERVAL_MS; in between it gets a short notice, never silence."""
+    """A resend whose outcome is in the inbox adds nothing to it; once the inbox was lost, a
+    resend is answered with the very bytes first sent, recomputed from the decision, at most
+    once every ANSWER_INTERVAL_MS; in between it gets a short notice, never silence."""
     now = [1_000]
     core = new_core(clock=lambda: now[0])
     core.handle(T.registrations, registration("temp"))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     first = core.handle(T.purchases, purchase("temp", "alice", "p1"))
-    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
-    assert (soon.status, soon.reason) == ("duplicate", "already_answered")
-    (notice,) = soon.outputs
-    rej = Rejection.model_validate_json(notice.value)
-    assert rej.details["retry_after_ms"] == ANSWER_INTERVAL_MS and len(notice.value) < 1024
+    kept = core.handle(T.purchases, purchase("temp", "alice", "p1"))  # a copy: nothing
+    assert (kept.status, kept.reason, kept.outputs) == ("duplicate", "already_answered", [])
     record = core.stores.purchases["alice/temp/p1"]
     assert record.payload is None  # a later batch: the outcome was sent, only the decision kept
     now[0] += ANSWER_INTERVAL_MS
+    core.ctx.records.inboxes_remade([T.inbox("alice")])  # the inbox was lost, and made again
     again = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
     assert again.status == "duplicate"
     assert again.outputs[0].value == first.outputs[0].value  # recomputed, byte for byte
+    copy = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5))
+    assert copy.outputs == []  # a copy of that resend
+    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=6))
+    assert (soon.status, soon.reason) == ("duplicate", "already_answered")  # signed anew
+    (notice,) = soon.outputs
+    rej = Rejection.model_validate_json(notice.value)
+    assert rej.details["retry_after_ms"] == ANSWER_INTERVAL_MS and len(notice.value) < 1024
     assert core.stores.streams["temp"].holders["alice"].paid_minor == 50
     assert core.stores.streams["temp"].revenue_minor == 50
 
@@ -149,6 +155,7 @@ def test_price_too_high_quotes_the_price() -> None:
     assert "costs 2.00 EUR, more than the purchase's max_price_minor" in rej.message
     # the refusal is recorded: a resend gets the same refusal, however the stream has changed
     now[0] += ANSWER_INTERVAL_MS
+    core.ctx.records.inboxes_remade([T.inbox("alice")])  # else a resend adds nothing to it
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     again = core.handle(
         T.purchases, purchase("temp", "alice", "p1", max_price=10**6, target_level=2.0)
@@ -186,6 +193,7 @@ def test_a_purchase_of_no_more_than_the_level_held_is_refused_with_what_to_do() 
         assert rej.details["held_level"] == 2.0 and "inbox" in rej.message
         assert len(out.outputs[0].value) < 4096  # what is stored for it is small
     now[0] += ANSWER_INTERVAL_MS
+    core.ctx.records.inboxes_remade([T.inbox("alice")])  # else a resend adds nothing to it
     again = buyer_events(core.handle(T.purchases, bought))[0]
     assert again.releases[0].values == hi.releases[0].values
 
@@ -492,6 +500,7 @@ def test_a_purchase_from_the_future_is_refused_for_good() -> None:
         "fulfilled"
     )
     now[0] += 3 * 3_600_000  # the clock has caught up: the copy meets its refusal
+    c.ctx.records.inboxes_remade([T.inbox("bob")])  # else a resend adds nothing to it
     again = c.handle(T.purchases, ahead)
     assert (again.status, again.price_minor) == ("duplicate", 0)
     assert b"request_from_the_future" in again.outputs[0].value

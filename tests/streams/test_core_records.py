@@ -94,12 +94,13 @@ def test_a_sealed_purchase_is_recomputed_byte_for_byte_while_its_values_are_reta
     assert isinstance(ev, PurchaseFulfilled) and ev.sealed is not None
     c.handle(T.values, value("temp", "v2", [4.0, 2.0, 3.0]))  # the window moves on
     now[0] += ANSWER_INTERVAL_MS
+    c.ctx.records.inboxes_remade([T.inbox("sealed_alice")])  # else a resend adds nothing
     again = c.handle(T.purchases, purchase("temp", "sealed_alice", "p"))
     assert again.status == "duplicate" and again.outputs[0].value == first.outputs[0].value
     now[0] += ANSWER_INTERVAL_MS
     for i in range(3, 6):  # v0 leaves the window: the outcome cannot be recomputed
         c.handle(T.values, value("temp", f"v{i}", [1.0, 2.0, 3.0]))
-    late = c.handle(T.purchases, purchase("temp", "sealed_alice", "p"))
+    late = c.handle(T.purchases, purchase("temp", "sealed_alice", "p", requested_at_ms=1_001))
     (notice,) = late.outputs
     rej = Rejection.model_validate_json(notice.value)
     assert (late.status, rej.reason, rej.details["retry_after_ms"]) == (
@@ -114,9 +115,9 @@ def test_a_flood_of_resends_gets_one_outcome_per_interval_and_notices_between() 
     c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     first = c.handle(T.purchases, purchase("temp", "alice", "p"))
     sent = 0
-    for _ in range(100):
-        now[0] += 500  # 50 s of resends, two a second
-        out = c.handle(T.purchases, purchase("temp", "alice", "p"))
+    for i in range(100):
+        now[0] += 500  # 50 s of resends, two a second, each signed anew
+        out = c.handle(T.purchases, purchase("temp", "alice", "p", requested_at_ms=1_001 + i))
         assert out.status == "duplicate" and len(out.outputs) == 1
         sent += out.outputs[0].value == first.outputs[0].value
         assert out.outputs[0].value == first.outputs[0].value or out.reason == "already_answered"

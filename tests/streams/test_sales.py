@@ -104,10 +104,16 @@ def test_a_resend_answered_from_the_record_is_no_new_sale() -> None:
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
     first = core.handle(T.purchases, purchase("temp", "alice", "p1"))
     assert len(sales_in(first)) == 1
-    soon = core.handle(T.purchases, purchase("temp", "alice", "p1"))  # within the interval
-    assert soon.reason == "already_answered" and not sales_in(soon)
+    kept = core.handle(T.purchases, purchase("temp", "alice", "p1"))  # its outcome is in the inbox
+    assert kept.reason == "already_answered" and not kept.outputs
     now[0] += ANSWER_INTERVAL_MS
-    again = core.handle(T.purchases, purchase("temp", "alice", "p1"))  # recomputed in full
+    core.ctx.records.inboxes_remade([T.inbox("alice")])  # the inbox lost: answered again
+    first_again = core.handle(T.purchases, purchase("temp", "alice", "p1"))
+    assert first_again.outputs[0].value == first.outputs[0].value and not sales_in(first_again)
+    soon = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5_001))
+    assert soon.reason == "already_answered" and not sales_in(soon)  # within the interval
+    now[0] += ANSWER_INTERVAL_MS
+    again = core.handle(T.purchases, purchase("temp", "alice", "p1", requested_at_ms=5_002))
     assert again.status == "duplicate" and again.outputs[0].value == first.outputs[0].value
     assert not sales_in(again)
     assert core.stores.streams["temp"].revenue_minor == 50

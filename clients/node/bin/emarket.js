@@ -17,7 +17,7 @@ global options (or their environment variables):
 
 commands:
   keygen --account ID --out PATH [--no-sealing]
-  account open
+  account open [--invitation FILE]   FILE: the operators' invitation (invite-only markets)
   account rotate --out NEW_KEY_FILE [--no-sealing]   new keys, signed by the old and the new
   register --stream ID --steps 0.5,1,2 --cap 4 (--price-per-level R | --prices 0.5=10,1=20)
            [--mechanism laplace] [--sensitivity 1] [--dimension 1] [--retain-last N]
@@ -34,7 +34,7 @@ class BadInput extends Error {}
 const OPTIONS = {
   broker: { type: 'string' }, prefix: { type: 'string' }, 'market-key': { type: 'string' }, 'key-file': { type: 'string' },
   json: { type: 'boolean' }, timeout: { type: 'string' }, help: { type: 'boolean', short: 'h' },
-  account: { type: 'string' }, out: { type: 'string' }, 'no-sealing': { type: 'boolean' },
+  account: { type: 'string' }, out: { type: 'string' }, 'no-sealing': { type: 'boolean' }, invitation: { type: 'string' },
   stream: { type: 'string' }, steps: { type: 'string' }, cap: { type: 'string' }, 'price-per-level': { type: 'string' },
   prices: { type: 'string' }, mechanism: { type: 'string' }, sensitivity: { type: 'string' }, dimension: { type: 'string' },
   'retain-last': { type: 'string' }, currency: { type: 'string' }, description: { type: 'string' }, histogram: { type: 'string' },
@@ -172,7 +172,8 @@ const COMMANDS = {
     }
     if (args[0] !== 'open') throw new BadInput('usage: emarket account open | account rotate --out NEW_KEY_FILE');
     const p = party(o);
-    const acc = await withClient(o, p, (c) => c.openAccount());
+    const invitation = o.invitation ? JSON.parse(readFileSync(o.invitation, 'utf8')) : undefined;
+    const acc = await withClient(o, p, (c) => c.openAccount({ invitation }));
     emit(o, acc, `account ${acc.account_id} is open (key ${acc.key_id}, version ${acc.version})`);
   },
   async register(o) {

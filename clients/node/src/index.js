@@ -9,5 +9,6 @@ export { stringKey, nameKeys, STRING_KEY_LABEL } from './histogram.js';
 export { murmur2, partitionOf } from './partition.js';
 export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state.js';
 export { encodeIdentity } from './identity.js';
+export { workBytes, solveWork, leadingZeroBits, DEFAULT_WORK_BITS } from './work.js';
 export { MarketClient, Refused, TimedOut } from './kafka.js';
 export { MarketRootError, readRoot, trustedKey, rootVerdict } from './root.js';

@@ -4,6 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { Kafka, logLevel } from 'kafkajs';
 import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
+import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';
@@ -283,11 +284,28 @@ export class MarketClient {
     throw new TimedOut(`no answer to ${sent.event.type} within ${ms} ms (resending the same bytes is safe)`);
   }
 
-  /** Open this party's account (§6.1); returns the `account` answer, checked to pin our keys. */
-  async openAccount({ openedAtMs = Date.now() } = {}) {
+  /**
+   * Open this party's account (§6.1), with the operators' `invitation` (§6.1.1) where the market
+   * opens accounts by invitation only; returns the `account` answer, checked to pin our keys.
+   */
+  async openAccount({ openedAtMs = Date.now(), invitation } = {}) {
     const p = this.party;
-    const sent = await this.send({ type: 'open_account', account_id: p.accountId, signing_key: p.signingKey, sealing_key: p.sealingKey, opened_at_ms: openedAtMs });
-    const acc = await this.answer(sent, (d) => d.type === 'account');
+    let acc;
+    for (;;) {
+      // an open market asks proof of work (§6.1.2): none at first, then its default, then more
+      const bits = this.workBits ?? 0;
+      const event = { type: 'open_account', account_id: p.accountId, signing_key: p.signingKey, sealing_key: p.sealingKey, opened_at_ms: openedAtMs };
+      if (invitation) event.invitation = invitation;
+      if (bits) event.work = solveWork(this.prefix, p.accountId, p.signingKey, bits);
+      const sent = await this.send(event);
+      try {
+        acc = await this.answer(sent, (d) => d.type === 'account');
+        break;
+      } catch (e) {
+        if (!(e instanceof Refused && e.reason === 'more_work' && bits < MAX_WORK_BITS)) throw e;
+        this.workBits = bits < DEFAULT_WORK_BITS ? DEFAULT_WORK_BITS : bits + 2;
+      }
+    }
     if (acc.account_id !== p.accountId || acc.signing_key !== p.signingKey || (acc.sealing_key ?? null) !== p.sealingKey) {
       throw new Refused('account_exists', `account ${p.accountId} belongs to another key`, acc);
     }

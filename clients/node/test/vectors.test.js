@@ -14,7 +14,8 @@ import {
   canonicalBytes, marketRef, validSigningKey, signBytes, verifyBytes, verifyEvent, keyId, Party, fromHex, toHex, toB64, fromB64, utf8,
   valuesAad, seal, open, sealBatch, openReleases, envelopeKey, receiptBytes, releasesDigest, commitment,
   verifyReceipt, verifyOutcome, ReceiptInvalid, answerBytes, verifyAnswer, stringKey, murmur2, partitionOf,
-  stateKeys, stateStamp, stateAad, openState, entryDigest, encodeIdentity,
+  stateKeys, stateStamp, stateAad, openState, entryDigest, encodeIdentity, workBytes, solveWork,
+  leadingZeroBits, sha256Of,
 } from '../src/index.js';
 import { embeddedJson } from '../src/protocol-doc.js';
 
@@ -288,4 +289,14 @@ test('protocol.md §12.6: answers the market signs', () => {
     assert.equal(verifyAnswer({ prefix: v.market, topic: m.topic, value: Buffer.from(m.value + ' '), headers, marketPublicKey: v.market_public_key }).ok, false);
     assert.equal(verifyAnswer({ prefix: v.market, topic: m.topic, value: Buffer.from(m.value), headers: {}, marketPublicKey: v.market_public_key }).ok, false);
   }
+});
+
+test('protocol.md §6.1.2: the proof-of-work vector', () => {
+  const v = embeddedJson(PROTOCOL, '<!-- work vectors: begin -->', '<!-- work vectors: end -->');
+  const raw = workBytes(v.market_prefix, v.account_id, v.signing_key, v.work);
+  assert.equal(toHex(raw), v.bytes);
+  assert.equal(toHex(sha256Of(raw)), v.sha256);
+  assert.equal(leadingZeroBits(sha256Of(raw)), v.bits);
+  const w = solveWork(v.market_prefix, v.account_id, v.signing_key, 8);
+  assert.ok(leadingZeroBits(sha256Of(workBytes(v.market_prefix, v.account_id, v.signing_key, w))) >= 8);
 });

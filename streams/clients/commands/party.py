@@ -40,10 +40,11 @@ def cmd_account_open(args: argparse.Namespace) -> int:
     from ...wire.events import Rejection  # noqa: PLC0415
 
     party = load_party(args)
+    invitation = _invitation(args.invitation)
 
     async def body(c: Any) -> Any:
         try:
-            return await c.open_account(timeout=args.timeout)
+            return await c.open_account(timeout=args.timeout, invitation=invitation)
         except ValueError as exc:  # a confirmation that pins someone else's keys
             raise CommandError(f"account not opened: {exc}", EXIT_REFUSED) from None
 
@@ -55,6 +56,23 @@ def cmd_account_open(args: argparse.Namespace) -> int:
     show(args, out, f"account {out.account_id!r} is open (key {out.key_id}, version "
          f"{out.version}); its inbox is {args.prefix}.inbox.{out.account_id}")  # fmt: skip
     return 0
+
+
+def _invitation(path: str | None) -> Any:
+    """The invitation in the file ``path`` (``epsilon-market invite``'s output), or None."""
+    if path is None:
+        return None
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from ...wire.events import Invitation  # noqa: PLC0415
+
+    try:
+        return Invitation.model_validate_json(Path(path).read_bytes())
+    except OSError as exc:
+        raise CommandError(f"cannot read the invitation {path}: {exc.strerror}") from None
+    except ValidationError as exc:
+        raise CommandError(f"{path} is not an invitation (epsilon-market invite writes one): "
+                           f"{exc.errors()[0]['msg']}") from None  # fmt: skip
 
 
 def cmd_account_rotate(args: argparse.Namespace) -> int:
@@ -101,6 +119,8 @@ def add_commands(sub: Any) -> None:
     sp = asub.add_parser("open", help="pin the key file's keys to its account id")
     sp.add_argument("--key-file", default=None)
     sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument("--invitation", default=None, metavar="FILE",
+                    help="the operators' invitation (markets that open accounts by invitation)")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_open, command="account open")
     sp = asub.add_parser("rotate", help="replace the account's keys (signed with the old ones)")

@@ -19,9 +19,14 @@ on a stream nobody has registered have no watermark: they are forgotten by the c
 :data:`CLOCK_RECORD_MS` late, on their input partition, and that partition keeps at most
 :attr:`Caps.unknown` of them (beyond that a refusal cannot be kept, and says so).
 
-A resend is answered at most once per :data:`ANSWER_INTERVAL_MS` (:meth:`Records.answer_due`);
-in between it gets a short notice, so resending one purchase cannot make the market send its
-outcome again and again.
+A copy of a purchase's first request whose outcome was surely sent adds nothing to the buyer's
+inbox, which holds the outcome (:meth:`Records.in_inbox`): anyone can write the buyer's signed
+bytes again. A resend signed anew (another request time: only the buyer can make one, e.g. a new
+process of its client), or a copy whose outcome may not have been sent or whose inbox was lost
+and made again, is answered once (:meth:`Records.resend_due`: a copy of that resend adds
+nothing either), and the outcome is sent again at most once per :data:`ANSWER_INTERVAL_MS`
+(:meth:`Records.answer_due`); in between a resend gets a short notice, so resending one purchase
+cannot make the market send its outcome again and again.
 
 A refusal of a purchase dated more than the horizon ahead outlives every other record, so one
 buyer may have at most :data:`MAX_FAR_FUTURE_RECORDS` of them on a partition
@@ -143,6 +148,10 @@ class Records:
         # which may be dropped once the epoch is later and the clock is past the time
         self._young: dict[str, list[tuple[int, int, str]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
+        self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
+        # resend (key, request time) -> when answered, and whether with its outcome
+        self._resends: OrderedDict[tuple[str, int], tuple[int, bool]] = OrderedDict()
+        self._taken_ms = clock()  # when this worker last took its partitions on
         self.step_ms = max(1, min(WATERMARK_STEP_MS, horizon_ms // 64))
         self.clock = clock
         self._stores = stores
@@ -187,6 +196,54 @@ class Records:
     def begin_batch(self) -> None:
         """A new batch begins: the outputs of every earlier one have been sent."""
         self.epoch += 1
+
+    def inboxes_remade(self, topics: list[str]) -> None:
+        """Told (by the worker) that ``topics`` were lost and made again now: what was answered
+        in them before is gone, so a resend is answered in full once more (:meth:`in_inbox`)."""
+        now = self.clock()
+        for topic in topics:
+            self._remade[topic] = now
+            self._remade.move_to_end(topic)
+            if len(self._remade) > MAX_ANSWERED:
+                self._remade.popitem(last=False)
+
+    def in_inbox(self, inbox: str, record: PurchaseRecord) -> bool:
+        """Whether ``record``'s outcome was surely sent to ``inbox`` and is still there: its
+        bytes were dropped once sent (:meth:`settle`), and this worker has not seen the inbox
+        made again since the purchase was decided. A resend of such a purchase adds nothing to
+        the inbox: the buyer's client reads its inbox from the beginning and finds the answer
+        there, and a copy written by anyone else must not add to a mailbox kept for a year."""
+        remade = self._remade.get(inbox)
+        if record.payload is not None or (remade is not None and remade >= record.decided_at_ms):
+            return False
+        # a refusal keeps no bytes: one decided shortly before this worker took the partition
+        # on may be of a batch whose outputs were lost (see STRANDED_MS)
+        stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
+        return not (record.status == "rejected" and stranded)
+
+    def resend_due(self, key: str, requested_at_ms: int, inbox: str) -> bool:
+        """Whether the resend of the purchase under ``key`` stamped ``requested_at_ms`` is to
+        be answered: not if it had its answer since ``inbox`` was last made, nor if it was told
+        to ask again less than :data:`ANSWER_INTERVAL_MS` ago. So each signed resend is
+        answered once, and a copy of it written again adds nothing (least recently answered
+        forgotten past :data:`MAX_ANSWERED`, and all on a restart: one more answer each)."""
+        seen = self._resends.get((key, requested_at_ms))
+        if seen is None:
+            return True
+        at, final = seen
+        remade = self._remade.get(inbox)
+        if remade is not None and remade > at:
+            return True
+        return not final and self.clock() - at >= ANSWER_INTERVAL_MS
+
+    def resend_answered(self, key: str, requested_at_ms: int, *, final: bool) -> None:
+        """Note that this resend was answered now: with its outcome (``final``), or told to ask
+        again after the interval."""
+        seen = (key, requested_at_ms)
+        self._resends[seen] = (self.clock(), final)
+        self._resends.move_to_end(seen)
+        if len(self._resends) > MAX_ANSWERED:
+            self._resends.popitem(last=False)
 
     def answer_due(self, key: str) -> int | None:
         """``None`` if a resend of the purchase under ``key`` is to be answered in full now
@@ -276,6 +333,7 @@ class Records:
         self._heaps.clear()
         self._far.clear()
         self._young.clear()
+        self._taken_ms = self.clock()
 
     def _cap(self, kind: HorizonKind, heap_id: str, cap: int,
              store: MutableMapping[str, Any]) -> int | None:  # fmt: skip

@@ -189,6 +189,9 @@ def _signed(model: Any, market: Market, signer: Party, body: dict[str, Any]) -> 
         event = signer.sign(model, signed_for(market), **body)
     except ValueError:
         return json.dumps({"type": model.model_fields["type"].default, **body}).encode()
+    raw = event.model_dump_json().encode()  # the bytes the client library sends for it
+    if json.loads(raw) == event.model_dump():
+        return raw
     return json.dumps(event.model_dump(), allow_nan=True).encode()  # NaN stays NaN (attacks)
 
 

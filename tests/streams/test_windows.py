@@ -167,14 +167,15 @@ def test_quotes_say_which_levels_fit_and_the_window(core: MarketCore) -> None:
     publish(core, "v0", 0)
     publish(core, "v1", 1)
     core.handle(T.purchases, purchase("home", "alice", "a1", target_level=1.0))
-    (ans,) = inbox(core.handle(T.purchases, quote("home", "bob", "q1")), "bob")
+    (ans,) = inbox(core.handle(T.purchases, quote("home", "bob", "q1", requested_at_ms=NOW)), "bob")
     assert isinstance(ans, QuoteAnswer) and ans.privacy_window is not None
     assert [(o.level, o.fits_window) for o in ans.offers] == [(0.5, True), (1.0, True),
                                                                (2.0, False)]  # fmt: skip
     assert (ans.privacy_window.spent, ans.privacy_window.headroom) == (2.0, 0.5)
     event_core = new_core()
     event_core.handle(T.registrations, registration("plain"))
-    (ans,) = inbox(event_core.handle(T.purchases, quote("plain", "bob", "q1")), "bob")
+    asked = quote("plain", "bob", "q1", requested_at_ms=NOW)
+    (ans,) = inbox(event_core.handle(T.purchases, asked), "bob")
     assert ans.privacy_window is None and {o.fits_window for o in ans.offers} == {None}
 
 
@@ -298,7 +299,7 @@ def test_a_quote_checks_a_level_below_the_one_held_at_the_held_level() -> None:
     c.handle(T.purchases, purchase("home", "bob", "b1", target_level=0.5))
     for i in range(3):  # v2 reaches bob at 0.5 and is withheld from alice
         publish(c, f"v{i}", i)
-    (ans,) = inbox(c.handle(T.purchases, quote("home", "alice", "q")), "alice")
+    (ans,) = inbox(c.handle(T.purchases, quote("home", "alice", "q", requested_at_ms=NOW)), "alice")
     fits = {o.level: o.fits_window for o in ans.offers}
     out = c.handle(T.purchases, purchase("home", "alice", "a2", target_level=0.5))
     assert fits[0.5] is False and out.reason == "already_held"  # (nothing to buy below it)

@@ -84,6 +84,7 @@ class SoakResult:
     samples: list[Sample] = field(default_factory=list)
     rejections: float = 0.0
     errors_in_log: int = 0
+    error_lines: list[str] = field(default_factory=list)
     values: int = 0
     purchases: int = 0
     duration: float = 0.0
@@ -417,9 +418,9 @@ def run_soak(
         finally:
             w.stop()
         log = (workdir / "worker.log").read_text(errors="replace")
-        res.errors_in_log = sum(
-            1 for line in log.splitlines() if "[ERROR]" in line or "Traceback" in line
-        )
+        res.error_lines = [line for line in log.splitlines()
+                           if "[ERROR]" in line or "Traceback" in line]  # fmt: skip
+        res.errors_in_log = len(res.error_lines)
     return res
 
 

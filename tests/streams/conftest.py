@@ -66,11 +66,16 @@ class Market:
 
     def start_worker_env(self, env: dict[str, str], *, healthy: bool = True,
                          **overrides: Any) -> ChildWorker:  # fmt: skip
+        w = self.spawn_worker(env, **overrides)
+        w.wait_healthy(timeout=60, ok_only=healthy)
+        return w
+
+    def spawn_worker(self, env: dict[str, str] | None = None, **overrides: Any) -> ChildWorker:
+        """A worker of this market, started and not waited for (several started at once)."""
         n = len(self.workers)
         s = replace(self.settings, web_port=find_free_port(), **overrides)
-        w = ChildWorker(s, log_path=self.tmp / f"worker{n}.log", env=env).start()
+        w = ChildWorker(s, log_path=self.tmp / f"worker{n}.log", env=env or {}).start()
         self.workers.append(w)
-        w.wait_healthy(timeout=60, ok_only=healthy)
         return w
 
     def client(self, party: Party | None = None) -> MarketClient:
@@ -153,7 +158,7 @@ class Market:
             w.stop()
             deadline = time.monotonic() + timeout
             while rest and not all(_generation(r) > before[id(r)]
-                                   and _status(r) not in ("", "degraded") for r in rest):
+                                   and status_of(r) not in ("", "degraded") for r in rest):
                 assert time.monotonic() < deadline, "the other workers never rejoined"
                 time.sleep(0.2)
 
@@ -163,7 +168,7 @@ class Market:
         )
 
 
-def _health(w: ChildWorker) -> dict[str, Any]:
+def health_of(w: ChildWorker) -> dict[str, Any]:
     """``/health``'s body, 503 included; empty while the worker does not answer."""
     try:
         return dict(w.get("/health", timeout=10))
@@ -173,12 +178,12 @@ def _health(w: ChildWorker) -> dict[str, Any]:
         return {}
 
 
-def _status(w: ChildWorker) -> str:
-    return str(_health(w).get("status", ""))
+def status_of(w: ChildWorker) -> str:
+    return str(health_of(w).get("status", ""))
 
 
 def _generation(w: ChildWorker) -> int:
-    group = _health(w).get("group") or {}
+    group = health_of(w).get("group") or {}
     return int(group.get("generation") or -1)
 
 

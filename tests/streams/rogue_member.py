@@ -39,6 +39,14 @@ def faust_like_metadata(url: str = ROGUE_URL) -> bytes:
     return bytes(meta.dumps())
 
 
+def member_url(meta: Any) -> str:
+    """The web URL a member's Faust metadata names; a member without one is a rogue."""
+    try:
+        return str(json.loads(meta.user_data)["url"])
+    except (ValueError, KeyError, TypeError):
+        return ROGUE_URL
+
+
 def _faust_assignment(url: str, actives: dict[str, list[int]]) -> ConsumerProtocolMemberAssignment:
     """What Faust's ``on_assignment`` accepts: the partitions, and the same as a Faust
     ``ClientMetadata`` (zlib-compressed JSON) naming the member's own URL."""
@@ -89,10 +97,7 @@ class RogueMember:
         mine = {t: [0] for t in self.inputs}
         out: dict[str, Any] = {}
         for member, meta in members.items():
-            try:
-                url = json.loads(meta.user_data)["url"]
-            except (ValueError, KeyError, TypeError):
-                url = ROGUE_URL
+            url = member_url(meta)
             if url == ROGUE_URL:
                 out[member] = _faust_assignment(url, mine)
                 continue

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -27,20 +26,13 @@ from streams.wire.events import PurchaseFulfilled, Rejection
 from streams.worker.runner import ChildWorker
 
 from . import helpers
-from .conftest import Market
+from .conftest import Market, health_of, status_of
 from .helpers import buy, party
-from .rogue_member import ROGUE_URL, RogueMember, _faust_assignment
+from .rogue_member import ROGUE_URL, RogueMember, _faust_assignment, member_url
 from .test_forged_state import append, changelog, read_changelog, wait_for
 from .test_history import W, event_stream, window_stream
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-
-def health(w: Any) -> dict[str, Any]:
-    try:
-        return dict(w.get("/health"))
-    except urllib.error.HTTPError as exc:  # 503: the body says why
-        return dict(json.loads(exc.read()))
 
 
 async def delete_topics(market: Market, *topics: str) -> None:
@@ -87,10 +79,10 @@ def test_progress_changelog_deleted_while_stopped_is_noticed(market: Market) -> 
     w = market.start_worker(healthy=False, data_dir=elsewhere)
     try:
         wait_for("the worker does not serve the unproven partitions",
-                 lambda: _status(w) == "unverified", timeout=60)
+                 lambda: status_of(w) == "unverified", timeout=60)
     except AssertionError as exc:
         uncommitted = market.metric("emarket_state_records_uncommitted_total")
-        raise AssertionError((health(w), uncommitted)) from exc
+        raise AssertionError((health_of(w), uncommitted)) from exc
 
 
 def _after_reset(market: Market, first: PurchaseFulfilled) -> None:
@@ -142,11 +134,8 @@ def streams_on_every_partition(market: Market) -> dict[int, str]:
     return out
 
 
-def two_workers_with_streams(market: Market) -> dict[int, str]:
-    """Two workers, a stream with one value on every partition, seller1 and alice open."""
-    market.start_worker()
-    market.start_worker()
-    market.open_accounts("seller1", "alice")
+def streams_with_a_value(market: Market) -> dict[int, str]:
+    """A stream of seller1's on every partition, each with one value ingested."""
     streams = streams_on_every_partition(market)
 
     async def setup(c: MarketClient) -> None:
@@ -158,6 +147,14 @@ def two_workers_with_streams(market: Market) -> dict[int, str]:
     for sid in streams.values():
         market.wait_ingested(sid, 1)
     return streams
+
+
+def two_workers_with_streams(market: Market) -> dict[int, str]:
+    """Two workers, a stream with one value on every partition, seller1 and alice open."""
+    market.start_worker()
+    market.start_worker()
+    market.open_accounts("seller1", "alice")
+    return streams_with_a_value(market)
 
 
 def owner_of(market: Market, sid: str) -> int:
@@ -243,7 +240,7 @@ def test_old_checkpoints_in_place_of_the_newest_roll_nothing_back(market: Market
         (r.key, r.value, list(r.headers), r.partition) for r in old]))
     w = market.start_worker(healthy=False)
     time.sleep(3)
-    status = health(w)["status"]
+    status = health_of(w)["status"]
 
     async def again(c: MarketClient) -> Any:
         return await buy(c, "bob", "w", target_level=1.0, max_price_minor=1000, purchase_id="p2")
@@ -294,7 +291,7 @@ def test_a_deleted_keys_old_record_appended_again_is_refused(market: Market, sto
     market.run(lambda c: append(market, "releases", [
         (old.key, old.value, list(old.headers), old.partition)]))
     w = market.start_worker(store=store, healthy=False)
-    wait_for("the restarted worker serves", lambda: _status(w) == "ok")
+    wait_for("the restarted worker serves", lambda: status_of(w) == "ok")
     wait_for("the old record refused", lambda: market.metric(
         "emarket_state_records_refused_total", reason="older", store="releases") >= 1)
 
@@ -307,10 +304,7 @@ class SplitBrainRogue(RogueMember):
     def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for member, meta in members.items():
-            try:
-                url = json.loads(meta.user_data)["url"]
-            except (ValueError, KeyError, TypeError):
-                url = ROGUE_URL
+            url = member_url(meta)
             if url == ROGUE_URL:
                 out[member] = _faust_assignment(url, {})
                 continue
@@ -318,22 +312,6 @@ class SplitBrainRogue(RogueMember):
                        for t in sorted(meta.subscription)}  # fmt: skip
             out[member] = _faust_assignment(url, {t: ps for t, ps in actives.items() if ps})
         return out
-
-
-def _start_child(market: Market) -> ChildWorker:
-    s = market.settings
-    n = len(market.workers)
-    w = ChildWorker(replace(s, web_port=find_free_port()),
-                    log_path=market.tmp / f"worker{n}.log").start()  # fmt: skip
-    market.workers.append(w)
-    return w
-
-
-def _status(w: ChildWorker) -> str:
-    try:
-        return str(health(w)["status"])
-    except OSError:
-        return ""
 
 
 def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
@@ -344,16 +322,7 @@ def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
     restart: bob's second step, paid after the rogue left, is still his."""
     first = market.start_worker()
     market.open_accounts("seller1", "bob")
-    streams = list(streams_on_every_partition(market).values())
-
-    async def setup(c: MarketClient) -> None:
-        for sid in streams:
-            assert not isinstance(await c.register(event_stream(sid)), Rejection)
-            await c.publish(sid, [1.0, 2.0, 3.0], value_id="v0")
-
-    market.run(setup)
-    for sid in streams:
-        market.wait_ingested(sid, 1)
+    streams = list(streams_with_a_value(market).values())
     first.stop()
     rogue = SplitBrainRogue(market.broker.bootstrap, market.settings.app_id,
                             market.topics.inputs())  # fmt: skip
@@ -361,10 +330,10 @@ def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
     async def under_rogue() -> list[Any]:
         await rogue.start()
         await rogue.wait_assigned(90)
-        ws = [_start_child(market), _start_child(market)]
+        ws = [market.spawn_worker(), market.spawn_worker()]
         try:
             deadline = time.monotonic() + 90
-            while not all(_status(w) for w in ws):
+            while not all(status_of(w) for w in ws):
                 assert time.monotonic() < deadline, "the workers never answered"
                 await asyncio.sleep(0.5)
             await asyncio.sleep(5)
@@ -377,7 +346,7 @@ def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
     step1 = asyncio.run(under_rogue())
     assert all(isinstance(o, PurchaseFulfilled) for o in step1), step1
     wait_for("both workers healthy once the rogue left", lambda: all(
-        _status(w) == "ok" for w in market.workers if w.alive()), timeout=90)
+        status_of(w) == "ok" for w in market.workers if w.alive()), timeout=90)
 
     async def step(c: MarketClient) -> list[Any]:
         return [await buy(c, "bob", sid, target_level=1.0, max_price_minor=1000,
@@ -389,10 +358,10 @@ def test_a_rogue_leader_giving_a_partition_to_two_workers_loses_nothing_later(
     forged_before = market.metric("emarket_state_records_refused_total", reason="checkpoint")
     market.stop_workers()
     w = market.start_worker(healthy=False)
-    wait_for("the restarted worker took its partitions on", lambda: _status(w) in (
+    wait_for("the restarted worker took its partitions on", lambda: status_of(w) in (
         "ok", "unverified"), timeout=90)
     time.sleep(3)
-    h = health(w)
+    h = health_of(w)
     led = market.ledger()
     lost = {sid: led.get(sid, {}).get("holders") for sid in streams
             if (led.get(sid, {}).get("holders") or {}).get("bob", {}).get("level") != 1.0}
@@ -417,16 +386,7 @@ def test_after_a_rogue_leader_left_rotations_reach_every_worker(market: Market) 
     first = market.start_worker()
     accounts = accounts_on_every_partition(market)
     market.open_accounts("seller1", *accounts.values())
-    streams = list(streams_on_every_partition(market).values())
-
-    async def setup(c: MarketClient) -> None:
-        for sid in streams:
-            assert not isinstance(await c.register(event_stream(sid)), Rejection)
-            await c.publish(sid, [1.0, 2.0, 3.0], value_id="v0")
-
-    market.run(setup)
-    for sid in streams:
-        market.wait_ingested(sid, 1)
+    streams = list(streams_with_a_value(market).values())
     first.stop()
     rogue = SplitBrainRogue(market.broker.bootstrap, market.settings.app_id,
                             market.topics.inputs())  # fmt: skip
@@ -434,10 +394,10 @@ def test_after_a_rogue_leader_left_rotations_reach_every_worker(market: Market) 
     async def under_rogue() -> None:
         await rogue.start()
         await rogue.wait_assigned(90)
-        ws = [_start_child(market), _start_child(market)]
+        ws = [market.spawn_worker(), market.spawn_worker()]
         try:
             deadline = time.monotonic() + 90
-            while not all(_status(w) for w in ws):
+            while not all(status_of(w) for w in ws):
                 assert time.monotonic() < deadline, "the workers never answered"
                 await asyncio.sleep(0.5)
             await asyncio.sleep(8)
@@ -446,7 +406,7 @@ def test_after_a_rogue_leader_left_rotations_reach_every_worker(market: Market) 
 
     asyncio.run(under_rogue())
     wait_for("both workers healthy once the rogue left", lambda: all(
-        _status(w) == "ok" for w in market.workers if w.alive()), timeout=90)
+        status_of(w) == "ok" for w in market.workers if w.alive()), timeout=90)
 
     async def rotate(c: MarketClient) -> None:
         for name in accounts.values():
@@ -608,7 +568,7 @@ def test_a_lost_batchs_records_appended_again_much_later_count_for_nothing(marke
     market.stop_workers()
     market.run(lambda c: append(market, "accounts", again))
     w = market.start_worker(healthy=False)
-    wait_for("the restarted worker serves", lambda: _status(w) == "ok")
+    wait_for("the restarted worker serves", lambda: status_of(w) == "ok")
     market.run(lambda c: append(market, "accounts", again))  # live
     time.sleep(3)
 
@@ -622,4 +582,4 @@ def test_a_lost_batchs_records_appended_again_much_later_count_for_nothing(marke
     wait_for("the old key refused", lambda: market.metric(
         "emarket_rejections_total", reason="key_rotated") >= 1)
     assert market.ledger()["e"]["holders"]["alice"]["purchases"] == 1
-    assert health(w)["status"] == "ok", health(w)
+    assert health_of(w)["status"] == "ok", health_of(w)

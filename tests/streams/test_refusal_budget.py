@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench.flood_garbage import write_garbage
 from streams.clients.client import MarketClient, now_ms
 from streams.core import MarketCore, Stores
 from streams.core.refusal_budget import RefusalBounds
@@ -146,25 +147,6 @@ def _summaries(rejections: list[bytes]) -> list[Rejection]:
             if r.reason == "refusals_dropped"]  # fmt: skip
 
 
-async def _flood(bootstrap: str, topic: str, seconds: float, rate: int) -> int:
-    """Write distinct garbage records to ``topic`` at ``rate`` a second for ``seconds``."""
-    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
-    await prod.start()
-    sent = 0
-    try:
-        t0 = time.monotonic()
-        while (elapsed := time.monotonic() - t0) < seconds:
-            due = int(elapsed * rate) + 1
-            for i in range(sent, due):
-                await prod.send(topic, i.to_bytes(4, "big"), partition=i % 4)
-            sent = due
-            await asyncio.sleep(0.01)
-        await prod.flush()
-    finally:
-        await prod.stop()
-    return sent
-
-
 @pytest.mark.broker
 @pytest.mark.slow
 def test_a_garbage_flood_costs_the_market_a_bounded_number_of_records(market: Market) -> None:
@@ -182,7 +164,8 @@ def test_a_garbage_flood_costs_the_market_a_bounded_number_of_records(market: Ma
         assert not isinstance(entry, Rejection), entry
         await c.publish("s", [1.0], value_id="v0")
         market.wait_ingested("s", 1)
-        flood = asyncio.create_task(_flood(market.broker.bootstrap, t.purchases, FLOOD_S, RATE))
+        garbage = write_garbage(market.broker.bootstrap, t.purchases, RATE, FLOOD_S, 4, 4)
+        flood = asyncio.create_task(garbage)
         await asyncio.sleep(FLOOD_S / 2)
         bought = await buy(c, "bob", "s", max_price_minor=0, purchase_id="during",
                            requested_at_ms=now_ms())  # fmt: skip
@@ -206,7 +189,7 @@ def test_a_garbage_flood_costs_the_market_a_bounded_number_of_records(market: Ma
     deadline = time.monotonic() + 60
     while not (told := _summaries(asyncio.run(_read(market.broker.bootstrap, t.rejections)))):
         assert time.monotonic() < deadline, "no refusals_dropped summary on the rejections topic"
-        asyncio.run(_flood(market.broker.bootstrap, t.purchases, 0.01, 400))
+        asyncio.run(write_garbage(market.broker.bootstrap, t.purchases, 400, 0.01, 4, 4))
         time.sleep(2)
     assert {r.source_topic for r in told} == {t.purchases}
     dropped = market.metric("emarket_refusals_dropped_total")

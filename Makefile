@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# the Node.js client (clients/node), installed from its lock file; tests/streams/test_node_client.py
+# the Node.js client (clients/node), installed from its lock file; tests/streams/clients/test_node_client.py
 # runs it and skips with a reason when node or these modules are missing
 NODE_CLIENT := clients/node
 $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
@@ -35,6 +35,7 @@ serve: $(VENV)/.installed
 
 test: $(VENV)/.installed $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m ruff check market streams tests bench
+	$(PY) -m ruff format --check market streams tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -n 4 --dist worksteal  # 4 processes on 2 cores: most tests wait on workers
 
@@ -58,7 +59,7 @@ soak: $(VENV)/.installed
 schemas: $(VENV)/.installed
 	$(PY) -m streams schemas --out docs/schemas
 
-# the protocol's test vectors (docs/protocol.md §10), checked by tests/streams/test_protocol_spec.py
+# the protocol's test vectors (docs/protocol.md §10), checked by tests/streams/wire/test_protocol_spec.py
 vectors: $(VENV)/.installed
 	$(PY) -m streams vectors --out docs/vectors
 

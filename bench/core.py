@@ -128,8 +128,12 @@ def purchases(n_streams: int) -> Measure:
     core, t = _core(buyer)
     levels = [round(0.25 * (k + 1), 2) for k in range(STEPS)]
     for s in range(n_streams):
-        reg = SELLER.sign(StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id,
-                          **_registration(f"p{s}", levels, levels[-1]))  # fmt: skip
+        reg = SELLER.sign(
+            StreamRegistration,
+            bench_market(MARKET),
+            seller_id=SELLER.account_id,
+            **_registration(f"p{s}", levels, levels[-1]),
+        )
         _check(core.handle(t.registrations, reg.model_dump_json().encode()), "accepted")
         for i in range(RETAINED):
             _check(core.handle(t.values, _value_payload(i, MARKET, f"p{s}")), "accepted")
@@ -153,10 +157,13 @@ def purchases(n_streams: int) -> Measure:
     assert to is not None
     sealer = Sealer(os.urandom(32))
     sealer.seal(to, b"")  # the buyer's sender key is derived once, then cached
-    floor = (_per_call(lambda: ed25519_verify(buyer_key, sig, signed))
-             + _per_call(lambda: sealer.seal(to, releases, b"aad"))
-             + _per_call(lambda: sign(receipt)) + _per_call(lambda: sign(answer))
-             + _per_call(lambda: sign(receipt)))  # fmt: skip
+    floor = (
+        _per_call(lambda: ed25519_verify(buyer_key, sig, signed))
+        + _per_call(lambda: sealer.seal(to, releases, b"aad"))
+        + _per_call(lambda: sign(receipt))
+        + _per_call(lambda: sign(answer))
+        + _per_call(lambda: sign(receipt))
+    )
     keyed = RETAINED * _per_call(_keyed_draw())
     return Measure("purchase (next step, 4 values, sealed, receipt)", core_us, floor, keyed)
 
@@ -172,9 +179,20 @@ def values(n: int) -> Measure:
     """``n`` values, one per signed batch, on a stream with 2 holders; core batches of 100."""
     subs = [Party.generate(f"sub{i}", sealing=False) for i in range(2)]
     core, t = _core(*subs)
-    _check(core.handle(t.registrations, SELLER.sign(
-        StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id,
-        **_registration("v", [0.5, 1.0], 1e6)).model_dump_json().encode()), "accepted")  # fmt: skip
+    _check(
+        core.handle(
+            t.registrations,
+            SELLER.sign(
+                StreamRegistration,
+                bench_market(MARKET),
+                seller_id=SELLER.account_id,
+                **_registration("v", [0.5, 1.0], 1e6),
+            )
+            .model_dump_json()
+            .encode(),
+        ),
+        "accepted",
+    )
     for i in range(RETAINED):
         _check(core.handle(t.values, _value_payload(i, MARKET, "v")), "accepted")
     for sub in subs:
@@ -199,9 +217,12 @@ def values(n: int) -> Measure:
     aad = values_aad(MARKET, opener.public_b64, batch)
     sign = BENCH_KEYS.signing_key.sign
     answer = b"a" * 300  # a values_accepted answer's signed bytes
-    floor = (_per_call(lambda: ed25519_verify(seller_key, sig, signed))
-             + _per_call(lambda: opener.open(envelope, aad)) + _per_call(lambda: sign(answer))
-             + len(subs) / 100 * _per_call(lambda: sign(answer)))  # fmt: skip
+    floor = (
+        _per_call(lambda: ed25519_verify(seller_key, sig, signed))
+        + _per_call(lambda: opener.open(envelope, aad))
+        + _per_call(lambda: sign(answer))
+        + len(subs) / 100 * _per_call(lambda: sign(answer))
+    )
     keyed = 2 * _per_call(_keyed_draw())
     return Measure("value (8 numbers, 2 holders)", core_us, floor, keyed)
 
@@ -220,15 +241,32 @@ def memory(n: int) -> tuple[float, float]:
     subs = [Party.generate(f"mem{i}", sealing=False) for i in range(3)]
     core, t = _core(*subs)
     reg = _registration("m", [0.5, 1.0, 2.0], 2.0) | {"retain_last": n + 1}
-    _check(core.handle(t.registrations, SELLER.sign(
-        StreamRegistration, bench_market(MARKET), seller_id=SELLER.account_id, **reg,
-    ).model_dump_json().encode()), "accepted")  # fmt: skip
+    _check(
+        core.handle(
+            t.registrations,
+            SELLER.sign(
+                StreamRegistration,
+                bench_market(MARKET),
+                seller_id=SELLER.account_id,
+                **reg,
+            )
+            .model_dump_json()
+            .encode(),
+        ),
+        "accepted",
+    )
     _check(core.handle(t.values, _value_payload(0, MARKET, "m")), "accepted")
     for level, sub in zip((0.5, 1.0, 2.0), subs, strict=True):
-        req = sub.sign(PurchaseRequest, bench_market(MARKET), purchase_id="m",
-                       buyer_id=sub.account_id,
-                       stream_id="m", max_price_minor=0, target_level=level,
-                       requested_at_ms=now_ms())  # fmt: skip
+        req = sub.sign(
+            PurchaseRequest,
+            bench_market(MARKET),
+            purchase_id="m",
+            buyer_id=sub.account_id,
+            stream_id="m",
+            max_price_minor=0,
+            target_level=level,
+            requested_at_ms=now_ms(),
+        )
         _check(core.handle(t.purchases, req.model_dump_json().encode()), "fulfilled")
     raws = [_value_payload(1 + i, MARKET, "m") for i in range(n)]
 
@@ -262,7 +300,7 @@ def render(runs: list[list[Measure]], mem: list[tuple[float, float]] | None = No
         "| path | core CPU µs/event | crypto floor CPU µs | core / floor | keyed generators "
         "CPU µs | goal |",
         "|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for i, first in enumerate(runs[0]):
         ms = [run[i] for run in runs]
         ratio = statistics.median(m.core_us / m.floor_us for m in ms)
@@ -274,13 +312,15 @@ def render(runs: list[list[Measure]], mem: list[tuple[float, float]] | None = No
             f"{_spread([m.keyed_us for m in ms], ',.0f')} | <= {GOAL_RATIO:g}x: {verdict} |"
         )
     what = f"min / median / max of {len(runs)} runs" if len(runs) > 1 else "one run"
-    out = (f"CPU time of this thread (`time.thread_time`): the core over all its events, each "
-           f"floor primitive over {FLOOR_REPS} calls. The floor is every cryptographic "
-           "operation the protocol requires of the market for the event, made with the core's "
-           "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
-           "sale notice); a value's verification, envelope opening, answer signature and share "
-           f"of its holders' delivery signatures. Each cell: {what}; ratios are taken "
-           "within a run, goals judged on their median.\n\n" + "\n".join(lines))  # fmt: skip
+    out = (
+        f"CPU time of this thread (`time.thread_time`): the core over all its events, each "
+        f"floor primitive over {FLOOR_REPS} calls. The floor is every cryptographic "
+        "operation the protocol requires of the market for the event, made with the core's "
+        "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
+        "sale notice); a value's verification, envelope opening, answer signature and share "
+        f"of its holders' delivery signatures. Each cell: {what}; ratios are taken "
+        "within a run, goals judged on their median.\n\n" + "\n".join(lines)
+    )
     if mem:
         heap = statistics.median(h for h, _ in mem)
         ok = "ok" if heap <= MEMORY_GOAL else "MISS"
@@ -305,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs or (1 if args.quick else 3)):
         runs.append([purchases(n_streams), values(n_values)])
         mem.append(memory(min(n_values, 999)))  # a stream retains at most 1,000 values
-    print(f"## Market core per event ({n_streams * STEPS:,} purchases, {n_values:,} values "
-          f"per run, in process, {os.cpu_count()} cores)\n")  # fmt: skip
+    print(
+        f"## Market core per event ({n_streams * STEPS:,} purchases, {n_values:,} values "
+        f"per run, in process, {os.cpu_count()} cores)\n"
+    )
     print(render(runs, mem))
     print(f"\n{machine.line()}")
     return 0

@@ -81,11 +81,19 @@ class Round:
 
 
 def _junk(i: int) -> bytes:
-    return json.dumps({
-        "schema_version": 1, "type": "purchase", "purchase_id": f"junk{i}",
-        "buyer_id": f"victim{i}", "stream_id": "s", "max_price_minor": 10**12,
-        "requested_at_ms": 1, "key_id": f"{i:016x}", "signature": "A" * 86 + "==",
-    }).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "type": "purchase",
+            "purchase_id": f"junk{i}",
+            "buyer_id": f"victim{i}",
+            "stream_id": "s",
+            "max_price_minor": 10**12,
+            "requested_at_ms": 1,
+            "key_id": f"{i:016x}",
+            "signature": "A" * 86 + "==",
+        }
+    ).encode()
 
 
 class Probe:
@@ -95,9 +103,15 @@ class Probe:
         self.c, self.reader = c, reader
 
     async def one(self, stream: str) -> float:
-        req = BUYER.sign(PurchaseRequest, self.c.market, purchase_id=f"p-{stream}",
-                         buyer_id=BUYER.account_id, stream_id=stream, max_price_minor=0,
-                         requested_at_ms=now_ms())  # fmt: skip
+        req = BUYER.sign(
+            PurchaseRequest,
+            self.c.market,
+            purchase_id=f"p-{stream}",
+            buyer_id=BUYER.account_id,
+            stream_id=stream,
+            max_price_minor=0,
+            requested_at_ms=now_ms(),
+        )
         t0 = time.perf_counter()
         await self.c.send(self.c.topics.purchases, stream, req.model_dump_json().encode())
         deadline = time.monotonic() + 120
@@ -119,32 +133,47 @@ class Probe:
 async def _streams(c: MarketClient, tags: dict[str, int]) -> None:
     for tag, n in tags.items():
         for i in range(n):
-            await c.register(dict(
-                stream_id=f"{tag}{i}", mechanism="laplace", sensitivity=1.0,
-                dimension=DIM, steps=[1.0], cap=1.0, retain_last=1,
-                pricing=LinearPrecisionSpec(rate_per_precision=0.0),
-            ), timeout=60)  # fmt: skip
+            await c.register(
+                dict(
+                    stream_id=f"{tag}{i}",
+                    mechanism="laplace",
+                    sensitivity=1.0,
+                    dimension=DIM,
+                    steps=[1.0],
+                    cap=1.0,
+                    retain_last=1,
+                    pricing=LinearPrecisionSpec(rate_per_precision=0.0),
+                ),
+                timeout=60,
+            )
             await c.publish(f"{tag}{i}", [1.0] * DIM, value_id="v0")
 
 
-async def _junk_row(probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAdminClient,
-                    topics: Topics, sizes: Sizes) -> tuple[Row, float, int]:  # fmt: skip
+async def _junk_row(
+    probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAdminClient, topics: Topics, sizes: Sizes
+) -> tuple[Row, float, int]:
     """The junk flood's row, how long it took to send, and the topics it created."""
     before = set(await admin.list_topics())
     t0 = time.perf_counter()
-    futs = [await prod.send(topics.purchases, _junk(i), key=f"victim{i}".encode())
-            for i in range(sizes.junk)]  # fmt: skip
+    futs = [
+        await prod.send(topics.purchases, _junk(i), key=f"victim{i}".encode())
+        for i in range(sizes.junk)
+    ]
     done = asyncio.Event()
     done.set()
     samples = await probe.until("junk", sizes.lat, sizes.lat, done)
     await asyncio.gather(*futs)
     created = set(await admin.list_topics()) - before
-    return Row(f"during {sizes.junk:,} unsigned purchases", samples), \
-        time.perf_counter() - t0, len(created)  # fmt: skip
+    return (
+        Row(f"during {sizes.junk:,} unsigned purchases", samples),
+        time.perf_counter() - t0,
+        len(created),
+    )
 
 
-async def _wait_all(check: Callable[[], object], done: asyncio.Event, t0: float,
-                    period: float = 0.1) -> float:  # fmt: skip
+async def _wait_all(
+    check: Callable[[], object], done: asyncio.Event, t0: float, period: float = 0.1
+) -> float:
     """Seconds from ``t0`` until ``check()`` is true (it may be a coroutine); sets ``done``.
 
     Checked seldom: listing the topics costs the broker more with every inbox (~0.26 s at
@@ -186,14 +215,21 @@ async def _all_exist(admin: AIOKafkaAdminClient, names: set[str]) -> bool:
     return names <= set(await admin.list_topics())
 
 
-async def _opening_round(probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAdminClient,
-                         worker: ChildWorker, sizes: Sizes, r: int,
-                         ) -> tuple[Row, Round]:  # fmt: skip
+async def _opening_round(
+    probe: Probe,
+    prod: AIOKafkaProducer,
+    admin: AIOKafkaAdminClient,
+    worker: ChildWorker,
+    sizes: Sizes,
+    r: int,
+) -> tuple[Row, Round]:
     """One round of signed openings sent at once, with the buyer's samples meanwhile."""
     topics, n = probe.c.topics, sizes.openings
     parties = [Party.generate(f"flood{r}x{i}") for i in range(n)]
-    payloads = [(p.account_id.encode(), p.open_account(probe.c.market).model_dump_json().encode())
-                for p in parties]  # fmt: skip
+    payloads = [
+        (p.account_id.encode(), p.open_account(probe.c.market).model_dump_json().encode())
+        for p in parties
+    ]
     names = {topics.inbox(p.account_id) for p in parties}
     accepted0 = await asyncio.to_thread(_accepted, worker)
     applied, ready = asyncio.Event(), asyncio.Event()
@@ -205,23 +241,32 @@ async def _opening_round(probe: Probe, prod: AIOKafkaProducer, admin: AIOKafkaAd
     applied_s, ready_s = await asyncio.gather(
         _wait_all(lambda: _accepted(worker) >= accepted0 + n, applied, t0, period=0.25),
         _wait_all(lambda: _all_exist(admin, names), ready, t0, period=1.0),
-    )  # fmt: skip
+    )
     samples = await sampling
-    row = Row(f"during {n:,} signed openings, round {r + 1} ({2 + r * n:,} accounts before)",
-              samples)  # fmt: skip
+    row = Row(
+        f"during {n:,} signed openings, round {r + 1} ({2 + r * n:,} accounts before)", samples
+    )
     return row, Round(2 + r * n, sent_s, applied_s, ready_s)
 
 
-async def _run(settings: Settings, worker: ChildWorker, sizes: Sizes
-               ) -> tuple[list[Row], float, int, list[Round]]:  # fmt: skip
+async def _run(
+    settings: Settings, worker: ChildWorker, sizes: Sizes
+) -> tuple[list[Row], float, int, list[Round]]:
     topics = Topics(settings.prefix, settings.partitions)
     async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
         await c.open_account(SELLER, timeout=60)
         await c.open_account(BUYER, timeout=60)
-        await _streams(c, {"idle": sizes.lat, "junk": sizes.lat,
-                           **{f"open{r}-": sizes.streams for r in range(sizes.rounds)}})
-        reader = TopicReader(settings.bootstrap, topics.inbox(BUYER.account_id),
-                             fetch_max_wait_ms=READ_WAIT_MS)  # fmt: skip
+        await _streams(
+            c,
+            {
+                "idle": sizes.lat,
+                "junk": sizes.lat,
+                **{f"open{r}-": sizes.streams for r in range(sizes.rounds)},
+            },
+        )
+        reader = TopicReader(
+            settings.bootstrap, topics.inbox(BUYER.account_id), fetch_max_wait_ms=READ_WAIT_MS
+        )
         await reader.start()
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
         await admin.start()
@@ -247,30 +292,49 @@ async def _run(settings: Settings, worker: ChildWorker, sizes: Sizes
     return rows, junk_s, created, rounds
 
 
-def _print(rows: list[Row], junk_s: float, created: int, rounds: list[Round],
-           sizes: Sizes, workdir: Path, machine: Machine) -> None:  # fmt: skip
+def _print(
+    rows: list[Row],
+    junk_s: float,
+    created: int,
+    rounds: list[Round],
+    sizes: Sizes,
+    workdir: Path,
+    machine: Machine,
+) -> None:
     idle50, idle99 = _pct(rows[0].samples, 0.5), _pct(rows[0].samples, 0.99)
-    print(f"## A legitimate purchase during a flood ({os.cpu_count()} cores; closed loop, "
-          "each row measured in this run)\n")  # fmt: skip
+    print(
+        f"## A legitimate purchase during a flood ({os.cpu_count()} cores; closed loop, "
+        "each row measured in this run)\n"
+    )
     print("| condition | samples | p50 ms | p99 ms | max ms | p50 vs idle | p99 vs idle |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         p50, p99 = _pct(row.samples, 0.5), _pct(row.samples, 0.99)
-        print(f"| {row.name} | {len(row.samples)} | {p50:.1f} | {p99:.1f} | "
-              f"{max(row.samples) * 1e3:.1f} | {p50 / idle50:.2f}x | {p99 / idle99:.2f}x |")
-    print(f"\njunk flood: {sizes.junk:,} unsigned purchases sent in {junk_s:.1f} s; topics "
-          f"created by it: {created} (must be 0)")  # fmt: skip
+        print(
+            f"| {row.name} | {len(row.samples)} | {p50:.1f} | {p99:.1f} | "
+            f"{max(row.samples) * 1e3:.1f} | {p50 / idle50:.2f}x | {p99 / idle99:.2f}x |"
+        )
+    print(
+        f"\njunk flood: {sizes.junk:,} unsigned purchases sent in {junk_s:.1f} s; topics "
+        f"created by it: {created} (must be 0)"
+    )
     print(f"\n## {sizes.openings:,} signed account openings sent at once, per round\n")
-    print("| accounts before | sent in s | applied by the worker in s | ms per account "
-          "| all inboxes exist after s | ms per account |")  # fmt: skip
+    print(
+        "| accounts before | sent in s | applied by the worker in s | ms per account "
+        "| all inboxes exist after s | ms per account |"
+    )
     print("|---|---|---|---|---|---|")
     for rnd in rounds:
         n = sizes.openings
-        print(f"| {rnd.before:,} | {rnd.sent_s:.2f} | {rnd.applied_s:.2f} | "
-              f"{rnd.applied_s / n * 1e3:.2f} | {rnd.ready_s:.2f} | {rnd.ready_s / n * 1e3:.2f} |")
+        print(
+            f"| {rnd.before:,} | {rnd.sent_s:.2f} | {rnd.applied_s:.2f} | "
+            f"{rnd.applied_s / n * 1e3:.2f} | {rnd.ready_s:.2f} | {rnd.ready_s / n * 1e3:.2f} |"
+        )
     worst = max(_pct(row.samples, 0.99) for row in rows[2:]) if rows[2:] else 0.0
-    print(f"\npurchase p99 during the openings < {GOAL_P99_MS:.0f} ms: "
-          f"{'yes' if worst < GOAL_P99_MS else 'NO'} (worst round {worst:.1f} ms)")  # fmt: skip
+    print(
+        f"\npurchase p99 during the openings < {GOAL_P99_MS:.0f} ms: "
+        f"{'yes' if worst < GOAL_P99_MS else 'NO'} (worst round {worst:.1f} ms)"
+    )
     print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result
     print(machine.line())
 
@@ -281,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flood", type=int, default=None, help="unsigned purchases")
     p.add_argument("--openings", type=int, default=None, help="signed openings per round")
     p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--garbage", action="store_true",
-                   help="the garbage flood of issue #40 instead (bench/flood_garbage.py)")
+    p.add_argument(
+        "--garbage",
+        action="store_true",
+        help="the garbage flood of issue #40 instead (bench/flood_garbage.py)",
+    )
     p.add_argument("--rate", type=int, default=None, help="--garbage: records a second")
     p.add_argument("--seconds", type=float, default=None, help="--garbage: how long")
     args = p.parse_args(argv)
@@ -291,20 +358,32 @@ def main(argv: list[str] | None = None) -> int:
 
         return flood_garbage.run(args.quick, args.rate, args.seconds)
     sizes = Sizes(10, 2000, 300, 1, 20) if args.quick else Sizes(50, 10_000, 2000, 2, 150)
-    sizes = replace(sizes, junk=args.flood or sizes.junk, openings=args.openings or
-                    sizes.openings, rounds=args.rounds or sizes.rounds)  # fmt: skip
+    sizes = replace(
+        sizes,
+        junk=args.flood or sizes.junk,
+        openings=args.openings or sizes.openings,
+        rounds=args.rounds or sizes.rounds,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="emarket-flood-"))
     machine = Machine.now()
     tag = uuid.uuid4().hex[:6]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = replace(
-            Settings(broker=broker.url, app_id=f"flood-{tag}", prefix=f"flood{tag}",
-                     data_dir=workdir / "data", web_port=find_free_port(),
-                     log_level="info", require_encryption=False).for_tansu(),
+            Settings(
+                broker=broker.url,
+                app_id=f"flood-{tag}",
+                prefix=f"flood{tag}",
+                data_dir=workdir / "data",
+                web_port=find_free_port(),
+                log_level="info",
+                require_encryption=False,
+            ).for_tansu(),
             fetch_max_wait_ms=10,
-        )  # fmt: skip
-        env = {"EMARKET_MAX_OPENINGS_PER_MINUTE": str(10 * sizes.openings * sizes.rounds + 100),
-               "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}  # one seller registers every stream
+        )
+        env = {
+            "EMARKET_MAX_OPENINGS_PER_MINUTE": str(10 * sizes.openings * sizes.rounds + 100),
+            "EMARKET_MAX_STREAMS_PER_SELLER": "4096",
+        }  # one seller registers every stream
         worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
         try:
             worker.wait_healthy(90)

@@ -87,8 +87,9 @@ def cpu_s(pid: int | None) -> float:
         return 0.0
 
 
-async def write_garbage(bootstrap: str, topic: str, rate: int, seconds: float, size: int,
-                        partitions: int) -> int:  # fmt: skip
+async def write_garbage(
+    bootstrap: str, topic: str, rate: int, seconds: float, size: int, partitions: int
+) -> int:
     """Write random ``size``-byte records to ``topic`` at ``rate`` a second for ``seconds``,
     spread over ``partitions``; return how many."""
     # batched as any producer batches (one record a batch costs the broker ~0.9 kB a record
@@ -112,9 +113,21 @@ async def write_garbage(bootstrap: str, topic: str, rate: int, seconds: float, s
 
 def _writer(bootstrap: str, topic: str, f: Flood, partitions: int) -> subprocess.Popen[bytes]:
     """The stranger, in a process of its own (its CPU is not the buyer's)."""
-    return subprocess.Popen([sys.executable, "-m", "bench.flood_garbage", "--write", bootstrap,
-                             topic, str(f.rate), str(f.seconds), str(f.size), str(partitions)],
-                            stdout=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.flood_garbage",
+            "--write",
+            bootstrap,
+            topic,
+            str(f.rate),
+            str(f.seconds),
+            str(f.size),
+            str(partitions),
+        ],
+        stdout=subprocess.PIPE,
+    )
 
 
 async def _paced(probe: Probe, tag: str, n: int, seconds: float) -> list[float]:
@@ -153,8 +166,12 @@ class Peak:
 async def _count(bootstrap: str, topic: str) -> int:
     """Records in ``topic``'s one partition, read to the end (the embedded broker's "latest"
     offset is wrong)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=50)  # fmt: skip
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -185,15 +202,15 @@ class Result:
     cpu: dict[str, float]  # CPU seconds each process used from the flood's start until read
 
 
-async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, f: Flood
-               ) -> Result:  # fmt: skip
+async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, f: Flood) -> Result:
     topics = Topics(settings.prefix, settings.partitions)
     async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
         await c.open_account(SELLER, timeout=60)
         await c.open_account(BUYER, timeout=60)
         await _streams(c, {"idle": f.idle, "control": f.control_samples, "flood": f.samples})
-        reader = TopicReader(settings.bootstrap, topics.inbox(BUYER.account_id),
-                             fetch_max_wait_ms=READ_WAIT_MS)  # fmt: skip
+        reader = TopicReader(
+            settings.bootstrap, topics.inbox(BUYER.account_id), fetch_max_wait_ms=READ_WAIT_MS
+        )
         await reader.start()
         try:
             await reader.poll(1.0)
@@ -201,8 +218,9 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
             done = asyncio.Event()
             done.set()
             idle = await probe.until("idle", f.idle, f.idle, done)
-            before = await asyncio.gather(*(_count(settings.bootstrap, t)
-                                            for t in (topics.rejections, topics.refusals)))
+            before = await asyncio.gather(
+                *(_count(settings.bootstrap, t) for t in (topics.rejections, topics.refusals))
+            )
             # the control: what the broker keeps of the garbage itself
             b0 = rss_mb(broker.pid)
             control = replace(f, seconds=f.control_s)
@@ -229,31 +247,48 @@ async def _run(settings: Settings, broker: EmbeddedBroker, worker: ChildWorker, 
                 span_ms = int((time.monotonic() - t0) * 1000)
             after = {k: rss_mb(p) for k, p in pids.items()}
             cpu = {k: cpu_s(p) - cpu0[k] for k, p in pids.items()}
-            counts = await asyncio.gather(*(_count(settings.bootstrap, t)
-                                            for t in (topics.rejections, topics.refusals)))
+            counts = await asyncio.gather(
+                *(_count(settings.bootstrap, t) for t in (topics.rejections, topics.refusals))
+            )
         finally:
             await reader.stop()
     written = sum(counts) - sum(before)
     bound = RefusalBounds().records_bound(settings.partitions, span_ms)
-    return Result(idle, beside, samples, sent, control_sent, control_mb,
-                  (start["broker"], peak.peak["broker"], after["broker"]),
-                  (start["worker"], peak.peak["worker"], after["worker"]),
-                  drain_s, written, bound, cpu)  # fmt: skip
+    return Result(
+        idle,
+        beside,
+        samples,
+        sent,
+        control_sent,
+        control_mb,
+        (start["broker"], peak.peak["broker"], after["broker"]),
+        (start["worker"], peak.peak["worker"], after["worker"]),
+        drain_s,
+        written,
+        bound,
+        cpu,
+    )
 
 
 def _print(r: Result, f: Flood, machine: Machine) -> bool:
     """Print the tables; return whether every goal was met."""
     i95 = _pct(r.idle, 0.95)
-    print(f"## {f.rate:,} garbage records of {f.size} B a second for {f.seconds:.0f} s on the "
-          f"purchases topic ({os.cpu_count()} cores; one worker; closed loop)\n")  # fmt: skip
+    print(
+        f"## {f.rate:,} garbage records of {f.size} B a second for {f.seconds:.0f} s on the "
+        f"purchases topic ({os.cpu_count()} cores; one worker; closed loop)\n"
+    )
     print("| condition | samples | p50 ms | p95 ms | p99 ms | max ms | p95 vs idle |")
     print("|---|---|---|---|---|---|---|")
-    rows = (("idle (baseline)", r.idle),
-            (f"control: garbage to a topic nobody reads ({r.control_sent:,} records)", r.control),
-            (f"during the flood ({r.sent:,} records)", r.flood))  # fmt: skip
+    rows = (
+        ("idle (baseline)", r.idle),
+        (f"control: garbage to a topic nobody reads ({r.control_sent:,} records)", r.control),
+        (f"during the flood ({r.sent:,} records)", r.flood),
+    )
     for name, s in rows:
-        print(f"| {name} | {len(s)} | {_pct(s, 0.5):.1f} | {_pct(s, 0.95):.1f} | "
-              f"{_pct(s, 0.99):.1f} | {max(s) * 1e3:.1f} | {_pct(s, 0.95) / i95:.2f}x |")
+        print(
+            f"| {name} | {len(s)} | {_pct(s, 0.5):.1f} | {_pct(s, 0.95):.1f} | "
+            f"{_pct(s, 0.99):.1f} | {max(s) * 1e3:.1f} | {_pct(s, 0.95) / i95:.2f}x |"
+        )
     per_record_kb = r.control_mb * 1024 / max(1, r.control_sent)
     garbage_mb = r.sent * per_record_kb / 1024
     answers_mb = r.bound * per_record_kb / 1024 * 2  # a generous per-answer cost
@@ -262,22 +297,38 @@ def _print(r: Result, f: Flood, machine: Machine) -> bool:
     w_growth = max(r.worker_mb[1:]) - r.worker_mb[0]
     print("\n| process | RSS before MB | peak MB | after MB | growth MB | bound MB |")
     print("|---|---|---|---|---|---|")
-    print(f"| broker | {r.broker_mb[0]:.0f} | {r.broker_mb[1]:.0f} | {r.broker_mb[2]:.0f} | "
-          f"{b_growth:.0f} | {broker_bound:.0f} |")
-    print(f"| worker | {r.worker_mb[0]:.0f} | {r.worker_mb[1]:.0f} | {r.worker_mb[2]:.0f} | "
-          f"{w_growth:.0f} | {WORKER_BOUND_MB:.0f} |")
-    print(f"\ncontrol: {r.control_sent:,} of the same records to a topic nobody reads grew the "
-          f"broker by {r.control_mb:.1f} MB ({per_record_kb * 1024:.0f} B a record): the "
-          f"flood's own records account for {garbage_mb:.0f} MB of the broker's growth")
-    print(f"records the market wrote to <p>.rejections and <p>.refusals: {r.written:,} "
-          f"(bound {r.bound:,}; two a garbage record before the bound: {2 * r.sent:,})")
-    print(f"the worker read the whole flood {r.drain_s:.1f} s after it ended; CPU used meanwhile: "
-          f"worker {r.cpu['worker']:.1f} s ({r.cpu['worker'] / r.sent * 1e6:.0f} µs a record), "
-          f"broker {r.cpu['broker']:.1f} s ({r.cpu['broker'] / r.sent * 1e6:.0f} µs a record)")
-    ok = (_pct(r.flood, 0.95) <= GOAL_RATIO * i95 and r.written <= r.bound
-          and w_growth <= WORKER_BOUND_MB and b_growth <= broker_bound)  # fmt: skip
-    print(f"\ngoals (p95 ≤ {GOAL_RATIO:.0f}× idle, records and memory within their bounds): "
-          f"{'met' if ok else 'NOT met'}")  # fmt: skip
+    print(
+        f"| broker | {r.broker_mb[0]:.0f} | {r.broker_mb[1]:.0f} | {r.broker_mb[2]:.0f} | "
+        f"{b_growth:.0f} | {broker_bound:.0f} |"
+    )
+    print(
+        f"| worker | {r.worker_mb[0]:.0f} | {r.worker_mb[1]:.0f} | {r.worker_mb[2]:.0f} | "
+        f"{w_growth:.0f} | {WORKER_BOUND_MB:.0f} |"
+    )
+    print(
+        f"\ncontrol: {r.control_sent:,} of the same records to a topic nobody reads grew the "
+        f"broker by {r.control_mb:.1f} MB ({per_record_kb * 1024:.0f} B a record): the "
+        f"flood's own records account for {garbage_mb:.0f} MB of the broker's growth"
+    )
+    print(
+        f"records the market wrote to <p>.rejections and <p>.refusals: {r.written:,} "
+        f"(bound {r.bound:,}; two a garbage record before the bound: {2 * r.sent:,})"
+    )
+    print(
+        f"the worker read the whole flood {r.drain_s:.1f} s after it ended; CPU used meanwhile: "
+        f"worker {r.cpu['worker']:.1f} s ({r.cpu['worker'] / r.sent * 1e6:.0f} µs a record), "
+        f"broker {r.cpu['broker']:.1f} s ({r.cpu['broker'] / r.sent * 1e6:.0f} µs a record)"
+    )
+    ok = (
+        _pct(r.flood, 0.95) <= GOAL_RATIO * i95
+        and r.written <= r.bound
+        and w_growth <= WORKER_BOUND_MB
+        and b_growth <= broker_bound
+    )
+    print(
+        f"\ngoals (p95 ≤ {GOAL_RATIO:.0f}× idle, records and memory within their bounds): "
+        f"{'met' if ok else 'NOT met'}"
+    )
     print(machine.line())
     return ok
 
@@ -290,11 +341,17 @@ def run(quick: bool, rate: int | None, seconds: float | None) -> int:
     tag = uuid.uuid4().hex[:6]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = replace(
-            Settings(broker=broker.url, app_id=f"garbage-{tag}", prefix=f"garbage{tag}",
-                     data_dir=workdir / "data", web_port=find_free_port(),
-                     log_level="info", require_encryption=False).for_tansu(),
+            Settings(
+                broker=broker.url,
+                app_id=f"garbage-{tag}",
+                prefix=f"garbage{tag}",
+                data_dir=workdir / "data",
+                web_port=find_free_port(),
+                log_level="info",
+                require_encryption=False,
+            ).for_tansu(),
             fetch_max_wait_ms=10,
-        )  # fmt: skip
+        )
         env = {"EMARKET_MAX_STREAMS_PER_SELLER": "4096"}  # one seller registers every stream
         worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
         try:
@@ -308,5 +365,8 @@ def run(quick: bool, rate: int | None, seconds: float | None) -> int:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:
     bootstrap, topic, rate, seconds, size, partitions = sys.argv[2:8]
-    print(asyncio.run(write_garbage(bootstrap, topic, int(rate), float(seconds), int(size),
-                                    int(partitions))))  # fmt: skip
+    print(
+        asyncio.run(
+            write_garbage(bootstrap, topic, int(rate), float(seconds), int(size), int(partitions))
+        )
+    )

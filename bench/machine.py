@@ -115,10 +115,16 @@ class Machine:
         start = " / ".join(f"{x:.2f}" for x in self.load_start)
         end = " / ".join(f"{x:.2f}" for x in now)
         busy = max(self.load_start[0], now[0]) > self.cores
-        return (f"machine: {self.cpu}, {self.cores} cores, SIMD {self.simd}, {self.numpy}; "
-                f"load average (1 / 5 / 15 min) {start} at start, {end} at end"
-                + (f" (BUSY: load above {self.cores} cores; CPU time per event grows too, "
-                   "compare only runs at similar load)" if busy else ""))  # fmt: skip
+        return (
+            f"machine: {self.cpu}, {self.cores} cores, SIMD {self.simd}, {self.numpy}; "
+            f"load average (1 / 5 / 15 min) {start} at start, {end} at end"
+            + (
+                f" (BUSY: load above {self.cores} cores; CPU time per event grows too, "
+                "compare only runs at similar load)"
+                if busy
+                else ""
+            )
+        )
 
 
 def cpu_seconds(pid: int) -> float:

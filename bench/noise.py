@@ -116,12 +116,17 @@ def speed_runs(n: int, repeat: int, runs: int) -> list[list[str]]:
         ours = [t[i][3] for t in tables]
         ratio = [t[i][4] for t in tables]
         mid = statistics.median(ratio)
-        spread = (f"{min(ratio):.2f} / {mid:.2f} / {max(ratio):.2f}x" if runs > 1
-                  else f"{mid:.2f}x")  # fmt: skip
-        cells.append([
-            name, op, f"{statistics.median(base):.2f}", f"{statistics.median(ours):.2f}", spread,
-            f"<= {goals[op]:g}x: " + ("ok" if mid <= goals[op] else "MISS"),
-        ])  # fmt: skip
+        spread = f"{min(ratio):.2f} / {mid:.2f} / {max(ratio):.2f}x" if runs > 1 else f"{mid:.2f}x"
+        cells.append(
+            [
+                name,
+                op,
+                f"{statistics.median(base):.2f}",
+                f"{statistics.median(ours):.2f}",
+                spread,
+                f"<= {goals[op]:g}x: " + ("ok" if mid <= goals[op] else "MISS"),
+            ]
+        )
     return cells
 
 
@@ -203,8 +208,9 @@ def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, st
         ch.release(v, top, ("s", f"v{next(calls)}", "d"), rngs)
 
     def sparse() -> None:
-        m = SparseHistogramRelease(keys, counts, dimension=chain.domain, sensitivity=1.0,
-                                   rng=next(calls), grid=chain.grid)  # fmt: skip
+        m = SparseHistogramRelease(
+            keys, counts, dimension=chain.domain, sensitivity=1.0, rng=next(calls), grid=chain.grid
+        )
         for lvl, tau in zip(chain.levels, chain.thresholds, strict=True):
             m.release(lvl, tau)
 
@@ -222,22 +228,37 @@ def histogram_table(repeat: int) -> list[tuple[str, str, float, float, float, st
         # (function, calls per turn) called in turn, turns per sample
         ([(sparse, 1), (ours, b), (first, 1)], 1),
         ([(dense, 1), (ours, 1)], b),
-        ([(functools.partial(ours, small, v_small), 1),
-          (functools.partial(ours, large, v_large), 1)], 2 * b),
-    ]  # fmt: skip
+        (
+            [
+                (functools.partial(ours, small, v_small), 1),
+                (functools.partial(ours, large, v_large), 1),
+            ],
+            2 * b,
+        ),
+    ]
     samples = [[_round_robin(fns, turns) for _ in range(repeat)] for fns, turns in groups]
     cases = [  # comparison, (group, baseline's place, ours' place)
-        (HIST_SPARSE, (0, 0, 1)), (HIST_FIRST, (0, 0, 2)), (HIST_VECTOR, (1, 0, 1)),
+        (HIST_SPARSE, (0, 0, 1)),
+        (HIST_FIRST, (0, 0, 2)),
+        (HIST_VECTOR, (1, 0, 1)),
         (HIST_DOMAIN, (2, 0, 1)),
-    ]  # fmt: skip
+    ]
     rows = []
     for op, (g, i_base, i_ours) in cases:
         base_t = [x[i_base] for x in samples[g]]
         ours_t = [x[i_ours] for x in samples[g]]
         t_ours, t_base = statistics.median(ours_t), statistics.median(base_t)
         ratio = t_ours / t_base
-        rows.append(("histogram", op, t_base * 1e3, t_ours * 1e3, ratio,
-                     "ok" if ratio <= HIST_GOALS[op] else "MISS"))  # fmt: skip
+        rows.append(
+            (
+                "histogram",
+                op,
+                t_base * 1e3,
+                t_ours * 1e3,
+                ratio,
+                "ok" if ratio <= HIST_GOALS[op] else "MISS",
+            )
+        )
     return rows
 
 
@@ -273,8 +294,10 @@ def histogram_markdown(repeat: int, runs: int) -> str:
         base = statistics.median(t[i][2] for t in tables)
         ours = statistics.median(t[i][3] for t in tables)
         verdict = "ok" if mid <= HIST_GOALS[op] else "MISS"
-        lines.append(f"| {name} | {op} | {base:.3f} | {ours:.3f} | {spread} | "
-                     f"<= {HIST_GOALS[op]:g}x: {verdict} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {op} | {base:.3f} | {ours:.3f} | {spread} | "
+            f"<= {HIST_GOALS[op]:g}x: {verdict} |"
+        )
     return "\n".join(lines)
 
 

@@ -54,8 +54,9 @@ def _ids_on(topics: Topics, prefix: str) -> Any:
             yield name
 
 
-def _stranger(bootstrap: str, prefix: str, key_id: str, partitions: int, bits: int,
-              until: float, sent: Any) -> None:  # fmt: skip
+def _stranger(
+    bootstrap: str, prefix: str, key_id: str, partitions: int, bits: int, until: float, sent: Any
+) -> None:
     """One process: openings on one partition as fast as the work lets it, until ``until``."""
     topics = Topics(prefix, partitions)
 
@@ -70,8 +71,9 @@ def _stranger(bootstrap: str, prefix: str, key_id: str, partitions: int, bits: i
                 work = await asyncio.to_thread(solve, prefix, name, p.public_key, bits)
                 event = p.open_account(MarketRef(prefix, key_id), work=work)
                 raw = event.model_dump_json().encode()
-                await prod.send_and_wait(topics.accounts, raw, key=name.encode(),
-                                         partition=PARTITION)  # fmt: skip
+                await prod.send_and_wait(
+                    topics.accounts, raw, key=name.encode(), partition=PARTITION
+                )
                 with sent.get_lock():
                     sent.value += 1
         finally:
@@ -88,9 +90,15 @@ def _metric(worker: ChildWorker, name: str, **labels: str) -> float:
     return 0.0
 
 
-async def _honest(settings: Settings, topics: Topics, until: float,
-                  rows: list[dict[str, Any]], worker: ChildWorker, sent: Any,
-                  minute_s: float) -> None:  # fmt: skip
+async def _honest(
+    settings: Settings,
+    topics: Topics,
+    until: float,
+    rows: list[dict[str, Any]],
+    worker: ChildWorker,
+    sent: Any,
+    minute_s: float,
+) -> None:
     ids = _ids_on(topics, f"h{uuid.uuid4().hex[:6]}x")
     start = time.time()
     row: dict[str, Any] = {"lat": [], "work": [], "refused": 0, "behind": False}
@@ -99,15 +107,20 @@ async def _honest(settings: Settings, topics: Topics, until: float,
         while time.time() < until:
             p = Party.generate(next(ids))
             t0 = time.perf_counter()  # the work the market asks, as its client does it
-            work = await asyncio.to_thread(solve, topics.prefix, p.account_id, p.public_key,
-                                           settings.opening_work)  # fmt: skip
+            work = await asyncio.to_thread(
+                solve, topics.prefix, p.account_id, p.public_key, settings.opening_work
+            )
             t1 = time.perf_counter()
             raw = p.open_account(await c.signing_market(), work=work).model_dump_json().encode()
             got = await c._request(
-                topics.accounts, p.account_id, raw,
-                lambda ev: isinstance(ev, AccountState | Rejection), inbox=p.account_id,
-                timeout=120, create_inbox=False,
-            )  # fmt: skip
+                topics.accounts,
+                p.account_id,
+                raw,
+                lambda ev: isinstance(ev, AccountState | Rejection),
+                inbox=p.account_id,
+                timeout=120,
+                create_inbox=False,
+            )
             took = time.perf_counter() - t0
             if isinstance(got, AccountState):
                 row["lat"].append(time.perf_counter() - t1)
@@ -119,7 +132,8 @@ async def _honest(settings: Settings, topics: Topics, until: float,
             if time.time() >= next_row:
                 row["sent"] = sent.value
                 row["accounts"] = await asyncio.to_thread(
-                    _metric, worker, "emarket_account_events_total", outcome="accepted")
+                    _metric, worker, "emarket_account_events_total", outcome="accepted"
+                )
                 rows.append(row)
                 _print_row(len(rows), row)
                 row = {"lat": [], "work": [], "refused": 0, "behind": False}
@@ -132,9 +146,11 @@ def _print_row(n: int, row: dict[str, Any]) -> None:
     med = f"{statistics.median(lat):.2f}" if lat else "-"
     worst = f"{max(lat):.2f}" if lat else "-"
     wmed = f"{statistics.median(work):.2f}" if work else "-"
-    print(f"| {n} | {row['sent']:,} | {int(row['accounts']):,} | {len(lat)} | {wmed} | {med} | "
-          f"{worst} | {row['refused']} | {'yes' if row['behind'] else 'no'} |",
-          flush=True)  # fmt: skip
+    print(
+        f"| {n} | {row['sent']:,} | {int(row['accounts']):,} | {len(lat)} | {wmed} | {med} | "
+        f"{worst} | {row['refused']} | {'yes' if row['behind'] else 'no'} |",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,29 +164,51 @@ def main(argv: list[str] | None = None) -> int:
     machine = Machine.now()
     tag = uuid.uuid4().hex[:6]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        settings = Settings(broker=broker.url, app_id=f"open-{tag}", prefix=f"open{tag}",
-                            data_dir=workdir / "data", web_port=find_free_port(),
-                            log_level="info", opening_work=args.work).for_tansu()  # fmt: skip
+        settings = Settings(
+            broker=broker.url,
+            app_id=f"open-{tag}",
+            prefix=f"open{tag}",
+            data_dir=workdir / "data",
+            web_port=find_free_port(),
+            log_level="info",
+            opening_work=args.work,
+        ).for_tansu()
         settings = replace(settings, openings="open")
         topics = Topics(settings.prefix, settings.partitions)
         worker = ChildWorker(settings, log_path=workdir / "market.log").start()
         try:
             worker.wait_healthy(90)
-            print(f"one worker, {settings.partitions} partitions, work {args.work} bits, "
-                  f"openings {settings.max_openings_per_minute} a minute "
-                  f"({settings.max_openings_per_minute // settings.partitions} on partition "
-                  f"{PARTITION}); {args.strangers} stranger process(es) on partition {PARTITION}")
-            print("| row | stranger openings sent (total) | accounts opened (total) | honest "
-                  "openings | their work, median s | confirmed after sending: median s | "
-                  "worst s | honest refused | /health behind |")
+            print(
+                f"one worker, {settings.partitions} partitions, work {args.work} bits, "
+                f"openings {settings.max_openings_per_minute} a minute "
+                f"({settings.max_openings_per_minute // settings.partitions} on partition "
+                f"{PARTITION}); {args.strangers} stranger process(es) on partition {PARTITION}"
+            )
+            print(
+                "| row | stranger openings sent (total) | accounts opened (total) | honest "
+                "openings | their work, median s | confirmed after sending: median s | "
+                "worst s | honest refused | /health behind |"
+            )
             print("|---|---|---|---|---|---|---|---|---|")
             key_id = worker.get("/health")["market_key_id"]
             until = time.time() + args.minutes * 60
             sent = multiprocessing.Value("i", 0)
-            procs = [multiprocessing.Process(
-                target=_stranger, args=(settings.bootstrap, settings.prefix, key_id,
-                                        settings.partitions, args.work, until, sent), daemon=True)
-                for _ in range(args.strangers)]  # fmt: skip
+            procs = [
+                multiprocessing.Process(
+                    target=_stranger,
+                    args=(
+                        settings.bootstrap,
+                        settings.prefix,
+                        key_id,
+                        settings.partitions,
+                        args.work,
+                        until,
+                        sent,
+                    ),
+                    daemon=True,
+                )
+                for _ in range(args.strangers)
+            ]
             for proc in procs:
                 proc.start()
             rows: list[dict[str, Any]] = []
@@ -181,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             worker.stop()
     lat = [x for r in rows for x in r["lat"]]
     if lat:
-        print(f"honest openings: {len(lat)}, confirmed after sending: median "
-              f"{statistics.median(lat):.2f} s, worst {max(lat):.2f} s, within 2 s: "
-              f"{sum(x <= 2.0 for x in lat)}")
+        print(
+            f"honest openings: {len(lat)}, confirmed after sending: median "
+            f"{statistics.median(lat):.2f} s, worst {max(lat):.2f} s, within 2 s: "
+            f"{sum(x <= 2.0 for x in lat)}"
+        )
     print(f"(logs: {workdir})", file=sys.stderr)
     print(machine.line())
     return 0

@@ -39,10 +39,12 @@ def main() -> None:
         web_enabled=False,
         topic_partitions=4,
     )
-    source = app.topic(args.source, value_type=bytes, value_serializer="raw", key_type=bytes,
-                       key_serializer="raw")  # fmt: skip
-    sink = app.topic(args.sink, value_type=bytes, value_serializer="raw", key_type=bytes,
-                     key_serializer="raw")  # fmt: skip
+    source = app.topic(
+        args.source, value_type=bytes, value_serializer="raw", key_type=bytes, key_serializer="raw"
+    )
+    sink = app.topic(
+        args.sink, value_type=bytes, value_serializer="raw", key_type=bytes, key_serializer="raw"
+    )
 
     @app.agent(source)
     async def forward(stream: Any) -> None:

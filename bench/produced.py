@@ -43,15 +43,23 @@ class Produced:
 
 
 def _consumer(bootstrap: str) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                            max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
-                            fetch_max_wait_ms=50)  # fmt: skip
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+        fetch_max_wait_ms=50,
+    )
 
 
 async def _partitions(c: AIOKafkaConsumer, want: Callable[[str], bool]) -> list[TopicPartition]:
     cluster = await c._client.fetch_all_metadata()  # fresh, not the consumer's cached view
-    return [TopicPartition(t, p) for t in sorted(cluster.topics()) if want(t)
-            for p in sorted(cluster.partitions_for_topic(t) or ())]  # fmt: skip
+    return [
+        TopicPartition(t, p)
+        for t in sorted(cluster.topics())
+        if want(t)
+        for p in sorted(cluster.partitions_for_topic(t) or ())
+    ]
 
 
 async def ends(bootstrap: str, want: Callable[[str], bool]) -> dict[TopicPartition, int]:
@@ -67,9 +75,12 @@ async def ends(bootstrap: str, want: Callable[[str], bool]) -> dict[TopicPartiti
 
 
 async def produced_since(
-    bootstrap: str, want: Callable[[str], bool], start: dict[TopicPartition, int],
-    since_ms: int, events: int,
-) -> Produced:  # fmt: skip
+    bootstrap: str,
+    want: Callable[[str], bool],
+    start: dict[TopicPartition, int],
+    since_ms: int,
+    events: int,
+) -> Produced:
     """Every record of the topics ``want`` accepts stamped at or after ``since_ms``, read from
     ``start`` (0 for a partition made since) to the end."""
     c = _consumer(bootstrap)

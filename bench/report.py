@@ -69,8 +69,12 @@ def accuracy(out: Path, n: int, steps: int) -> str:
     for ax, mech in zip(axes, ("laplace", "gaussian"), strict=True):
         r = [x for x in rows if x[0] == mech]
         k = [x[1] for x in r]
-        for col, label in ((2, "lossless"), (3, "composition (newest)"),
-                           (4, "composition + inverse-variance"), (5, "ε-doubling")):  # fmt: skip
+        for col, label in (
+            (2, "lossless"),
+            (3, "composition (newest)"),
+            (4, "composition + inverse-variance"),
+            (5, "ε-doubling"),
+        ):
             ax.plot(k, [x[col] for x in r], marker="o", ms=3, label=label)
         ax.set_yscale("log")
         ax.set_xlabel("relaxation steps k (equal increments)")
@@ -103,8 +107,13 @@ def andersson_fig2(out: Path, n: int) -> str:
         rows.append([m, f"{var_ind[-1] * 2 * 5.0:.2f}"])
     st = ReleaseState(Gaussian(1.0), np.zeros(n))
     grid = np.geomspace(0.001, 5.0, 20)
-    ax.plot(grid, [float(np.var(st.release(r, rng=rng))) for r in grid], "k-", lw=2,
-            label="lossless (any number of releases)")  # fmt: skip
+    ax.plot(
+        grid,
+        [float(np.var(st.release(r, rng=rng))) for r in grid],
+        "k-",
+        lw=2,
+        label="lossless (any number of releases)",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("ρ")
@@ -151,14 +160,24 @@ def conditional(out: Path, n: int) -> str:
         y = np.asarray(mech.decode(point))
         atom = float(np.mean(y == x))
         moved = y[y != x]
-        ax.hist(moved, bins=200, range=(-3, 4), density=True, alpha=0.5,
-                label="sampled (continuous part)")  # fmt: skip
+        ax.hist(
+            moved,
+            bins=200,
+            range=(-3, 4),
+            density=True,
+            alpha=0.5,
+            label="sampled (continuous part)",
+        )
         t = np.linspace(-3, 4, 1000)
         dens = (
             (e2**2 - e1**2) / (2 * e2) * np.exp(-e1 * np.abs(t - x) - e2 * np.abs(t) + e1 * abs(x))
         )
-        ax.plot(t, dens / (1 - e1 / e2 * math.exp(-(e2 - e1) * abs(x))), "k-",
-                label="eq. (22), normalised")  # fmt: skip
+        ax.plot(
+            t,
+            dens / (1 - e1 / e2 * math.exp(-(e2 - e1) * abs(x))),
+            "k-",
+            label="eq. (22), normalised",
+        )
         ax.axvline(x, color="r", ls="--", label=f"atom at x: {atom:.3f} sampled")
         ax.set_title(f"V2 | V1 = {x}  (ε1 = 1, ε2 = 2)")
         ax.legend(fontsize=8)
@@ -203,8 +222,15 @@ def discrete_laplace(out: Path, n: int) -> str:
         got.append(float(np.mean(a == b)))
         want.append(w0 + (1 - w0) * (1 - p1) / (1 + p1))
         cont.append(r**2)
-        rows.append([f"{e1:g} → {e2:g}", f"{got[-1]:.4f}", f"{want[-1]:.4f}", f"{w0:.4f}",
-                     f"{cont[-1]:.4f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{e1:g} → {e2:g}",
+                f"{got[-1]:.4f}",
+                f"{want[-1]:.4f}",
+                f"{w0:.4f}",
+                f"{cont[-1]:.4f}",
+            ]
+        )
     ax = axes[1]
     ax.plot(ratios, got, "o", label="sampled P(V_ε1 = V_ε2)")
     ax.plot(ratios, want, "k-", label="w0 + (1 − w0)·c1")
@@ -220,8 +246,10 @@ def discrete_laplace(out: Path, n: int) -> str:
         f"(|k| ≤ 8): relaxed release {tv_relaxed:.4f} (sampling error), rounded continuous "
         f"Laplace {tv_naive:.4f}: the rounded sampler is another law (it puts "
         f"{np.mean(naive == 0):.3f} at 0 against {_dlap_pmf(e_lo, np.array([0]))[0]:.3f}).\n\n"
-        + _table(["step", "P(V1 = V2) sampled", "w0 + (1 − w0)·c1", "w0 alone",
-                  "continuous (ε1/ε2)²"], rows)
+        + _table(
+            ["step", "P(V1 = V2) sampled", "w0 + (1 − w0)·c1", "w0 alone", "continuous (ε1/ε2)²"],
+            rows,
+        )
     )
 
 
@@ -247,15 +275,23 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
 
     topics = Topics("r")
     keys = MarketKeys(Ed25519PrivateKey.generate(), b"report" * 6)
-    core = MarketCore(Stores(), keys, topics, clock=lambda: 1_000,
-                      limits=Limits(max_message_bytes=64 << 20))  # fmt: skip
+    core = MarketCore(
+        Stores(), keys, topics, clock=lambda: 1_000, limits=Limits(max_message_bytes=64 << 20)
+    )
     seller, buyer = Party.generate("seller", sealing=False), Party.generate("buyer", sealing=False)
     for p in (seller, buyer):
         opening = p.open_account(core.ctx.market, opened_at_ms=1)
         core.handle(topics.accounts, opening.model_dump_json().encode())
-    reg = seller.sign(StreamRegistration, core.ctx.market, stream_id=stream_id, seller_id="seller",
-                      mechanism="gaussian", sensitivity=1.0,
-                      pricing=LinearLevelSpec(rate_per_level=1.0), **registration)  # fmt: skip
+    reg = seller.sign(
+        StreamRegistration,
+        core.ctx.market,
+        stream_id=stream_id,
+        seller_id="seller",
+        mechanism="gaussian",
+        sensitivity=1.0,
+        pricing=LinearLevelSpec(rate_per_level=1.0),
+        **registration,
+    )
     core.handle(topics.registrations, reg.model_dump_json().encode())
     kinds = {"values": (ValueBatch, topics.values), "purchase": (PurchaseRequest, topics.purchases)}
 
@@ -264,11 +300,15 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
         event = signer.sign(model, core.ctx.market, **fields)
         if isinstance(event, ValueBatch):  # sealed to the market's key, as a client sends it
             sealed = seal_values(event, "r", keys.sealing_public_b64)
-            event = signer.sign(model, core.ctx.market,
-                                **sealed.model_dump(exclude={"key_id", "signature"}))
+            event = signer.sign(
+                model, core.ctx.market, **sealed.model_dump(exclude={"key_id", "signature"})
+            )
         raw = event.model_dump_json().encode()
-        return [INBOX_EVENT.validate_json(o.value) for o in core.handle(topic, raw).outputs
-                if o.topic == topics.inbox("buyer")]  # fmt: skip
+        return [
+            INBOX_EVENT.validate_json(o.value)
+            for o in core.handle(topic, raw).outputs
+            if o.topic == topics.inbox("buyer")
+        ]
 
     return seller, buyer, send
 
@@ -276,16 +316,30 @@ def _report_market(stream_id: str, **registration: Any) -> tuple[Any, Any, Any]:
 def _service_totals(height: int, dim: int, rho: float) -> dict[int, float]:
     """RMS error of each running total a subscriber at ``rho`` receives from the market core
     (the service's own code path), over ``dim`` coordinates of zero increments."""
-    seller, buyer, send = _report_market("tot", dimension=dim, steps=[rho], cap=rho,
-                                         retain_last=1, product="running_totals",
-                                         tree_height=height)  # fmt: skip
-    send("purchase", buyer, purchase_id="p", buyer_id="buyer", stream_id="tot",
-         max_price_minor=10**6, requested_at_ms=1)  # fmt: skip
+    seller, buyer, send = _report_market(
+        "tot",
+        dimension=dim,
+        steps=[rho],
+        cap=rho,
+        retain_last=1,
+        product="running_totals",
+        tree_height=height,
+    )
+    send(
+        "purchase",
+        buyer,
+        purchase_id="p",
+        buyer_id="buyer",
+        stream_id="tot",
+        max_price_minor=10**6,
+        requested_at_ms=1,
+    )
     rmse: dict[int, float] = {}
     zero = [0.0] * dim
     for b in range(0, 1 << height, 16):
-        items = [{"value_id": f"v{i}", "values": zero, "published_at_ms": 1}
-                 for i in range(b, b + 16)]  # fmt: skip
+        items = [
+            {"value_id": f"v{i}", "values": zero, "published_at_ms": 1} for i in range(b, b + 16)
+        ]
         for ev in send("values", seller, stream_id="tot", seller_id="seller", items=items):
             for r in ev.releases:
                 rmse[r.seq + 1] = float(np.sqrt(np.mean(np.square(r.values))))
@@ -323,10 +377,11 @@ def running_totals(out: Path, quick: bool) -> str:
     ax.set_ylabel("MSE over the totals of the stream")
     ax.legend(fontsize=8)
     img = _save(fig, out, "running_totals")
-    rows = [[x, int(x).bit_count(), f"{measured[x]:.3f}", f"{theory[x - 1]:.3f}",
-             f"{naive[x - 1]:.3f}"]
-            for x in dict.fromkeys((1, 2, 3, 7, 8, 255, 256, 511, (1 << height) - 1, 1 << height))
-            if x in measured]  # fmt: skip
+    rows = [
+        [x, int(x).bit_count(), f"{measured[x]:.3f}", f"{theory[x - 1]:.3f}", f"{naive[x - 1]:.3f}"]
+        for x in dict.fromkeys((1, 2, 3, 7, 8, 255, 256, 511, (1 << height) - 1, 1 << height))
+        if x in measured
+    ]
     return (
         f"![running_totals]({img})\n\nLeft: what a subscriber at ρ = {rho:g} received from the "
         f"market core for each of 2^{height} totals ({dim} coordinates each). Right: the MSE "
@@ -343,18 +398,37 @@ def _service_histograms(
     each level in turn of a histogram stream holding ``values`` copies of ``counts`` (each
     under its own value id, so with its own noise): level → releases (keys, noisy counts)."""
     seller, buyer, send = _report_market(
-        "h", dimension=len(counts), steps=levels, cap=levels[-1], retain_last=values,
+        "h",
+        dimension=len(counts),
+        steps=levels,
+        cap=levels[-1],
+        retain_last=values,
         product="histogram",
         histogram={"key_space": "integers", "domain_size": 2**40, "false_keys": 1.0},
-    )  # fmt: skip
+    )
     for b in range(0, values, 50):
-        items = [{"value_id": f"v{i}", "keys": list(counts), "values": list(counts.values()),
-                  "published_at_ms": 1} for i in range(b, min(values, b + 50))]  # fmt: skip
+        items = [
+            {
+                "value_id": f"v{i}",
+                "keys": list(counts),
+                "values": list(counts.values()),
+                "published_at_ms": 1,
+            }
+            for i in range(b, min(values, b + 50))
+        ]
         send("values", seller, stream_id="h", seller_id="seller", items=items)
     out: dict[float, list[tuple[list[str], list[float]]]] = {}
     for i, lvl in enumerate(levels):
-        (ev,) = send("purchase", buyer, purchase_id=f"p{i}", buyer_id="buyer", stream_id="h",
-                     target_level=lvl, max_price_minor=10**6, requested_at_ms=1)  # fmt: skip
+        (ev,) = send(
+            "purchase",
+            buyer,
+            purchase_id=f"p{i}",
+            buyer_id="buyer",
+            stream_id="h",
+            target_level=lvl,
+            max_price_minor=10**6,
+            requested_at_ms=1,
+        )
         out[lvl] = [(r.keys or [], r.values) for r in ev.releases]
     return out
 
@@ -369,8 +443,10 @@ def _selected_error(counts: list[float], tau: float, sigma: float) -> tuple[floa
     phi = np.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
     p = special.ndtr(-a)
     shown = float(p.sum())
-    return (math.sqrt(sigma**2 * float((p + a * phi).sum()) / shown),
-            sigma * float(phi.sum()) / shown)  # fmt: skip
+    return (
+        math.sqrt(sigma**2 * float((p + a * phi).sum()) / shown),
+        sigma * float(phi.sum()) / shown,
+    )
 
 
 HIST_STREAM_LEVELS = [0.01, 0.1, 1.0, 10.0]
@@ -389,17 +465,37 @@ def _false_keys_panel(
     and of the distinct ones over a value's releases against m; returns the latter."""
     levels = list(got)
     values = len(got[levels[0]])
-    distinct = [len({k for lv in levels for k in got[lv][i][0] if k not in counts})
-                for i in range(values)]  # fmt: skip
+    distinct = [
+        len({k for lv in levels for k in got[lv][i][0] if k not in counts}) for i in range(values)
+    ]
     total = (float(np.mean(distinct)), float(np.std(distinct) / math.sqrt(values)))
     labels = [f"ρ = {lv:g}" for lv in levels] + [f"all {len(levels)},\ndistinct"]
-    ax.bar(labels, [x for x, _ in per_level] + [total[0]],
-           yerr=[x for _, x in per_level] + [total[1]], capsize=3,
-           color=["C0"] * len(levels) + ["C1"], label="measured (± standard error)")  # fmt: skip
-    ax.hlines(m / len(levels), -0.4, len(levels) - 0.6, colors="k", lw=0.9, ls="--",
-              label=f"tolerance per release, m/K = {m / len(levels):g}")  # fmt: skip
-    ax.hlines(m, len(levels) - 0.4, len(levels) + 0.4, colors="r", lw=0.9, ls="--",
-              label=f"tolerance over all releases, m = {m:g}")  # fmt: skip
+    ax.bar(
+        labels,
+        [x for x, _ in per_level] + [total[0]],
+        yerr=[x for _, x in per_level] + [total[1]],
+        capsize=3,
+        color=["C0"] * len(levels) + ["C1"],
+        label="measured (± standard error)",
+    )
+    ax.hlines(
+        m / len(levels),
+        -0.4,
+        len(levels) - 0.6,
+        colors="k",
+        lw=0.9,
+        ls="--",
+        label=f"tolerance per release, m/K = {m / len(levels):g}",
+    )
+    ax.hlines(
+        m,
+        len(levels) - 0.4,
+        len(levels) + 0.4,
+        colors="r",
+        lw=0.9,
+        ls="--",
+        label=f"tolerance over all releases, m = {m:g}",
+    )
     ax.set_ylabel("keys with a zero count released")
     ax.set_title("false keys per value", fontsize=10)
     ax.legend(fontsize=7)
@@ -416,8 +512,9 @@ def histogram_stream(out: Path, quick: bool) -> str:
     levels, grid, per = HIST_STREAM_LEVELS, HIST_STREAM_COUNTS, 5
     domain, m = 2**40, 1.0
     spacing = domain // (len(grid) * per)  # keys spread over the domain
-    counts = {str((i * per + j) * spacing + 7): float(c)
-              for i, c in enumerate(grid) for j in range(per)}  # fmt: skip
+    counts = {
+        str((i * per + j) * spacing + 7): float(c) for i, c in enumerate(grid) for j in range(per)
+    }
     values = 100 if quick else 1000
     got = _service_histograms(levels, counts, values)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=[1.35, 1])
@@ -442,11 +539,17 @@ def histogram_stream(out: Path, quick: bool) -> str:
         want_rms, want_bias = _selected_error([float(c) for c in grid], tau, sigma)
         e = np.asarray(err)
         false_per_level.append((float(np.mean(false)), float(np.std(false) / math.sqrt(values))))
-        rows.append([f"{lvl:g}", f"{tau:.2f}", f"{sigma:.3f}",
-                     " / ".join(f"{recall[grid.index(c)]:.2f}" for c in (1, 5, 20, 80)),
-                     f"{float(np.sqrt(np.mean(e * e))):.3f} / {want_rms:.3f}",
-                     f"{float(np.mean(e)):+.3f} / {want_bias:+.3f}",
-                     f"{false_per_level[-1][0]:.3f} ± {false_per_level[-1][1]:.3f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{lvl:g}",
+                f"{tau:.2f}",
+                f"{sigma:.3f}",
+                " / ".join(f"{recall[grid.index(c)]:.2f}" for c in (1, 5, 20, 80)),
+                f"{float(np.sqrt(np.mean(e * e))):.3f} / {want_rms:.3f}",
+                f"{float(np.mean(e)):+.3f} / {want_bias:+.3f}",
+                f"{false_per_level[-1][0]:.3f} ± {false_per_level[-1][1]:.3f}",
+            ]
+        )
     axes[0].set_xscale("log")
     axes[0].set_xlabel("true count of a key")
     axes[0].set_ylabel("fraction of releases showing it")
@@ -459,9 +562,15 @@ def histogram_stream(out: Path, quick: bool) -> str:
     predicted = sum(first)
     over = max(f * len(levels) / m for f in first[1:]) - 1.0
     img = _save(fig, out, "histogram_stream")
-    headers = ["ρ", "threshold τ", "σ = Δ/√(2ρ)", "share shown at counts 1 / 5 / 20 / 80",
-               "RMS error: measured / expected", "mean error: measured / expected",
-               f"zero-count keys per release (m/K = {m / len(levels):g})"]  # fmt: skip
+    headers = [
+        "ρ",
+        "threshold τ",
+        "σ = Δ/√(2ρ)",
+        "share shown at counts 1 / 5 / 20 / 80",
+        "RMS error: measured / expected",
+        "mean error: measured / expected",
+        f"zero-count keys per release (m/K = {m / len(levels):g})",
+    ]
     return (
         f"![histogram_stream]({img})\n\n{values} values of a histogram stream over 2^40 "
         f"integer keys, each the same {len(counts)} keys (true counts "
@@ -515,8 +624,13 @@ def histograms(out: Path, quick: bool) -> str:
             for r in rounds:
                 dm.release(*r)
             dense_t.append((time.perf_counter() - t0) / len(rounds))
-        rows.append([f"2^{int(math.log2(d))}", f"{sparse_t[-1] * 1e3:.1f}",
-                     f"{dense_t[-1] * 1e3:.1f}" if d <= 2**20 else "—"])  # fmt: skip
+        rows.append(
+            [
+                f"2^{int(math.log2(d))}",
+                f"{sparse_t[-1] * 1e3:.1f}",
+                f"{dense_t[-1] * 1e3:.1f}" if d <= 2**20 else "—",
+            ]
+        )
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.loglog(ds, sparse_t, "o-", label="efficient (Alg. 6, exact)")
     ax.loglog(ds[: len(dense_t)], dense_t, "s-", label="dense (Alg. 3)")
@@ -552,9 +666,10 @@ def rappor(out: Path, quick: bool) -> str:
     cands = [f"site{i}" for i in range(8)]
     truth = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.07, 0.05, 0.03])
     users = rng.choice(len(cands), size=2000 if quick else 20000, p=truth)
-    ladder = [RapporParams(k=64, hashes=2, alpha=a, beta=b, gamma=g)
-              for a, b, g in [(0.8, 0.6, 0.45), (0.6, 0.7, 0.35), (0.4, 0.8, 0.25),
-                              (0.2, 0.9, 0.1)]]  # fmt: skip
+    ladder = [
+        RapporParams(k=64, hashes=2, alpha=a, beta=b, gamma=g)
+        for a, b, g in [(0.8, 0.6, 0.45), (0.6, 0.7, 0.35), (0.4, 0.8, 0.25), (0.2, 0.9, 0.1)]
+    ]
     clients = [RapporClient(cands[u], ladder[0], rng=rng) for u in users]
     rows, errs = [], []
     for p in ladder:
@@ -584,13 +699,29 @@ def social(out: Path, quick: bool) -> str:
     ax.set_ylabel("MSE of the group's estimate")
     ax.legend(fontsize=8)
     img = _save(fig, out, "social")
-    rows = [[s, f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{e1:.2f}", f"{e2:.1f}"]
-            for s, a, b, c, e1, e2 in zip(res.group_sizes, res.lossless_mse, res.independent_mse,
-                                          res.best_member_mse, res.lossless_epsilon,
-                                          res.independent_epsilon, strict=True)]  # fmt: skip
+    rows = [
+        [s, f"{a:.2f}", f"{b:.2f}", f"{c:.2f}", f"{e1:.2f}", f"{e2:.1f}"]
+        for s, a, b, c, e1, e2 in zip(
+            res.group_sizes,
+            res.lossless_mse,
+            res.independent_mse,
+            res.best_member_mse,
+            res.lossless_epsilon,
+            res.independent_epsilon,
+            strict=True,
+        )
+    ]
     return f"![social]({img})\n\n" + _table(
-        ["group", "lossless MSE", "independent MSE", "closest member MSE", "ε lossless (max)",
-         "ε independent (sum)"], rows)  # fmt: skip
+        [
+            "group",
+            "lossless MSE",
+            "independent MSE",
+            "closest member MSE",
+            "ε lossless (max)",
+            "ε independent (sum)",
+        ],
+        rows,
+    )
 
 
 def _speed_sizes(quick: bool) -> tuple[int, int, int]:
@@ -634,8 +765,10 @@ def service(quick: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------- report
-_GENERATED = re.compile(r"(Generated by `python -m bench\.report` on .*?, \d{4}-\d{2}-\d{2})"
-                        r"(?: \(sections regenerated alone since say so[^)]*\))?\.")
+_GENERATED = re.compile(
+    r"(Generated by `python -m bench\.report` on .*?, \d{4}-\d{2}-\d{2})"
+    r"(?: \(sections regenerated alone since say so[^)]*\))?\."
+)
 """The header's date sentence, with the note a regeneration of single sections adds to it."""
 
 
@@ -657,9 +790,10 @@ def _splice(path: Path, sections: list[tuple[str, Any]], only: list[str]) -> int
         elif title in existing:
             out.append(existing[title])
     head = _GENERATED.sub(
-        lambda m: f"{m.group(1)} (sections regenerated alone since say so, the latest on "
-        f"{today}).", head, count=1,
-    )  # fmt: skip
+        lambda m: f"{m.group(1)} (sections regenerated alone since say so, the latest on {today}).",
+        head,
+        count=1,
+    )
     path.write_text("\n## ".join([head, *out]).rstrip("\n") + "\n")
     return 0
 
@@ -670,10 +804,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-service", action="store_true")
     p.add_argument("--out", default=str(ROOT / "docs"))
     p.add_argument(
-        "--only", action="append", default=[], metavar="TITLE",
+        "--only",
+        action="append",
+        default=[],
+        metavar="TITLE",
         help="regenerate only the sections whose title contains TITLE (repeatable), in the "
         "existing report, leaving the others as they were",
-    )  # fmt: skip
+    )
     args = p.parse_args(argv)
     docs = Path(args.out)
     figs = docs / "report"
@@ -682,28 +819,33 @@ def main(argv: list[str] | None = None) -> int:
     q = args.quick
     sections: list[tuple[str, Any]] = [
         ("Accuracy after k relaxation steps", lambda: accuracy(figs, n // 2, 10 if q else 20)),
-        ("Many independent releases vs lossless (Andersson et al., Fig. 2)",
-         lambda: andersson_fig2(figs, n)),
-        ("Sample paths of the Laplace process (Koufogiannis et al., Fig. 1)",
-         lambda: sample_paths(figs)),
-        ("Conditional law of V2 given V1 (Koufogiannis et al., Fig. 3)",
-         lambda: conditional(figs, n * 5)),
+        (
+            "Many independent releases vs lossless (Andersson et al., Fig. 2)",
+            lambda: andersson_fig2(figs, n),
+        ),
+        (
+            "Sample paths of the Laplace process (Koufogiannis et al., Fig. 1)",
+            lambda: sample_paths(figs),
+        ),
+        (
+            "Conditional law of V2 given V1 (Koufogiannis et al., Fig. 3)",
+            lambda: conditional(figs, n * 5),
+        ),
         ("Exact counts: discrete Laplace gradual release", lambda: discrete_laplace(figs, n)),
         ("Running totals: continual counting through the tree", lambda: running_totals(figs, q)),
-        ("Sparse histograms: time per round against the domain size",
-         lambda: histograms(figs, q)),
-        ("Histogram streams: keys above a threshold, bought step by step",
-         lambda: histogram_stream(figs, q)),
+        ("Sparse histograms: time per round against the domain size", lambda: histograms(figs, q)),
+        (
+            "Histogram streams: keys above a threshold, bought step by step",
+            lambda: histogram_stream(figs, q),
+        ),
         ("Factorization mechanism: prefix sums", lambda: factorization(figs)),
         ("RAPPOR with relaxable parameters", lambda: rappor(figs, q)),
         ("Per-recipient levels in a social network: collusion", lambda: social(figs, q)),
         ("Speed of the samplers against numpy (same run)", lambda: speed(q)),
-        ("Speed of histogram releases against the library (same run)",
-         lambda: histogram_speed(q)),
-        ("Market core per event against its cryptographic floor (same run)",
-         lambda: core_cost(q)),
+        ("Speed of histogram releases against the library (same run)", lambda: histogram_speed(q)),
+        ("Market core per event against its cryptographic floor (same run)", lambda: core_cost(q)),
         ("Service throughput and latency (same broker)", lambda: service(q)),
-    ]  # fmt: skip
+    ]
     if args.only:
         return _splice(docs / "report.md", sections, args.only)
     if args.no_service:

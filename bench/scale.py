@@ -85,8 +85,10 @@ async def _ingest_many(b: _Bench, n: int) -> tuple[float, Cost | None]:
     reader = await b.reader([b.topics.inbox(x.account_id) for x in holders])
     await _drain([reader], 2 + 2 * len(streams), 10)
     market = b.topics.prefix
-    payloads = [(_value_payload(i, market, streams[i % len(streams)]),
-                 streams[i % len(streams)].encode()) for i in range(n)]  # fmt: skip
+    payloads = [
+        (_value_payload(i, market, streams[i % len(streams)]), streams[i % len(streams)].encode())
+        for i in range(n)
+    ]
     await b.open()
     t0 = time.perf_counter()
     futs = [await b.prod.send(b.topics.values, p, key=k) for p, k in payloads]
@@ -97,16 +99,18 @@ async def _ingest_many(b: _Bench, n: int) -> tuple[float, Cost | None]:
     return rate, cost
 
 
-async def _run_paths(settings: Settings, n: int, meter: Meter, workers: int,
-                     idle_s: float) -> list[Measure]:  # fmt: skip
+async def _run_paths(
+    settings: Settings, n: int, meter: Meter, workers: int, idle_s: float
+) -> list[Measure]:
     from aiokafka import AIOKafkaProducer
 
     topics = Topics(settings.prefix, settings.partitions)
     out = []
     async with MarketClient(settings.bootstrap, topics, party=SELLER) as c:
         await c.open_account(SELLER, timeout=60)
-        prod = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5,
-                                max_batch_size=262144)  # fmt: skip
+        prod = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=262144
+        )
         await prod.start()
         window = Window(meter, settings.bootstrap, None, idle_s)  # CPU, not bytes
         b = _Bench(topics, settings.bootstrap, c, prod, [], n, 10, window)
@@ -126,15 +130,21 @@ async def _run_paths(settings: Settings, n: int, meter: Meter, workers: int,
     return out
 
 
-def measure(broker: EmbeddedBroker, workers: int, n: int, workdir: Path,
-            idle_s: float = IDLE_S) -> list[Measure]:  # fmt: skip
+def measure(
+    broker: EmbeddedBroker, workers: int, n: int, workdir: Path, idle_s: float = IDLE_S
+) -> list[Measure]:
     tag = uuid.uuid4().hex[:6]
     base = replace(
-        Settings(broker=broker.url, app_id=f"scale-{tag}", prefix=f"scale{tag}",
-                 partitions=PARTITIONS, log_level="warn",
-                 require_encryption=False).for_tansu(),
+        Settings(
+            broker=broker.url,
+            app_id=f"scale-{tag}",
+            prefix=f"scale{tag}",
+            partitions=PARTITIONS,
+            log_level="warn",
+            require_encryption=False,
+        ).for_tansu(),
         fetch_max_wait_ms=FETCH_WAIT_MS,
-    )  # fmt: skip
+    )
     # the workers of one market share its signing key and noise secret (values are sealed to
     # it), and one seller registers every stream
     env = MARKET_ENV
@@ -172,7 +182,7 @@ def render(runs: list[list[Measure]]) -> str:
         "| path | workers | events/s | vs 1 worker | worker µs/event | net of idle | events "
         "per worker CPU-second | broker µs/event | net of idle | idle cores: workers, broker |",
         "|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for first in runs[0]:
         ms = [m for run in runs for m in run if (m.path, m.workers) == (first.path, first.workers)]
         base = [m.rate for run in runs for m in run if (m.path, m.workers) == (first.path, 1)]
@@ -211,14 +221,21 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="emarket-scale-"))
     machine = Machine.now()
     results = [one_run(n, counts, workdir / f"run{i}", idle_s) for i in range(runs)]
-    print(f"## Scaling on the embedded broker ({n:,} events per path, {PARTITIONS} partitions, "
-          f"{runs} runs)\n")  # fmt: skip
+    print(
+        f"## Scaling on the embedded broker ({n:,} events per path, {PARTITIONS} partitions, "
+        f"{runs} runs)\n"
+    )
     print(render(results))
-    per_core = {path: statistics.median(m.per_core for run in results for m in run
-                                        if m.path == path and m.workers == 1)
-                for path in ("ingest", "purchase")}  # fmt: skip
-    print("\nmedian events per worker CPU-second, one worker: "
-          + ", ".join(f"{k} {v:,.0f}" for k, v in per_core.items()))  # fmt: skip
+    per_core = {
+        path: statistics.median(
+            m.per_core for run in results for m in run if m.path == path and m.workers == 1
+        )
+        for path in ("ingest", "purchase")
+    }
+    print(
+        "\nmedian events per worker CPU-second, one worker: "
+        + ", ".join(f"{k} {v:,.0f}" for k, v in per_core.items())
+    )
     print(machine.line())
     print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result
     return 0

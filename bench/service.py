@@ -114,8 +114,9 @@ class Cost:
         def add(a: Usage, b: Usage) -> Usage:
             return Usage(a.wall_s + b.wall_s, {k: a.cpu_s[k] + b.cpu_s[k] for k in a.cpu_s})
 
-        return Cost(self.events + other.events, add(self.load, other.load),
-                    add(self.idle, other.idle))  # fmt: skip
+        return Cost(
+            self.events + other.events, add(self.load, other.load), add(self.idle, other.idle)
+        )
 
 
 @dataclass
@@ -164,10 +165,14 @@ class Window:
 
 SELLER = Party.generate("bench", sealing=False)
 #: the benchmarked markets' keys (written to their data directories): values are sealed to them
-BENCH_KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
-                        noise_secret=b"bench noise secret, 32 bytes...!")  # fmt: skip
-BENCH_ENV = {"EMARKET_SIGNING_KEY": base64.b64encode(bytes(range(32))).decode(),
-             "EMARKET_NOISE_SECRET": base64.b64encode(BENCH_KEYS.noise_secret).decode()}
+BENCH_KEYS = MarketKeys(
+    signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
+    noise_secret=b"bench noise secret, 32 bytes...!",
+)
+BENCH_ENV = {
+    "EMARKET_SIGNING_KEY": base64.b64encode(bytes(range(32))).decode(),
+    "EMARKET_NOISE_SECRET": base64.b64encode(BENCH_KEYS.noise_secret).decode(),
+}
 """What makes a child worker use :data:`BENCH_KEYS`."""
 MARKET_ENV = {**BENCH_ENV, "EMARKET_MAX_STREAMS_PER_SELLER": "4096"}
 """A benchmarked worker's environment: :data:`BENCH_KEYS`, and one seller registers every
@@ -185,17 +190,26 @@ def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
     them, signed by ``seller``."""
     clear = seller.sign(ValueBatch, bench_market(market), **fields)
     sealed = seal_values(clear, market, BENCH_KEYS.sealing_public_b64)
-    return seller.sign(ValueBatch, bench_market(market),
-                       **sealed.model_dump(exclude={"key_id", "signature"}))  # fmt: skip
+    return seller.sign(
+        ValueBatch, bench_market(market), **sealed.model_dump(exclude={"key_id", "signature"})
+    )
 
 
 def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
     """A signed batch of one value (signed before any clock starts)."""
     batch = sealed_batch(
-        SELLER, market, stream_id=stream, seller_id=SELLER.account_id,
-        items=[{"value_id": f"v{i:07d}", "values": [20.0 + 0.001 * i] * DIM,
-                "published_at_ms": now_ms()}],
-    )  # fmt: skip
+        SELLER,
+        market,
+        stream_id=stream,
+        seller_id=SELLER.account_id,
+        items=[
+            {
+                "value_id": f"v{i:07d}",
+                "values": [20.0 + 0.001 * i] * DIM,
+                "published_at_ms": now_ms(),
+            }
+        ],
+    )
     return batch.model_dump_json().encode()
 
 
@@ -284,10 +298,25 @@ def faust_passthrough(
     asyncio.run(ensure_topics(broker.bootstrap, [TopicSpec(src, 4, {}), TopicSpec(dst, 4, {})]))
     log = open(workdir / "passthrough.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.passthrough", "--broker", broker.url, "--source", src,
-         "--sink", dst, "--app-id", f"bench-pt-{tag}", "--fetch-max-wait-ms", str(FETCH_WAIT_MS)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.passthrough",
+            "--broker",
+            broker.url,
+            "--source",
+            src,
+            "--sink",
+            dst,
+            "--app-id",
+            f"bench-pt-{tag}",
+            "--fetch-max-wait-ms",
+            str(FETCH_WAIT_MS),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         asyncio.run(_wait_forwarding(broker.bootstrap, src, dst))
         meter = Meter({WORKER: [proc.pid], BROKER: [_pid(broker)], GENERATOR: [os.getpid()]})
@@ -363,10 +392,15 @@ class _Bench:
 
 def _registration(stream: str, steps: list[float], cap: float) -> dict[str, object]:
     return dict(
-        stream_id=stream, mechanism="laplace", sensitivity=1.0,
-        dimension=DIM, steps=steps, cap=cap, retain_last=4,
+        stream_id=stream,
+        mechanism="laplace",
+        sensitivity=1.0,
+        dimension=DIM,
+        steps=steps,
+        cap=cap,
+        retain_last=4,
         pricing=LinearPrecisionSpec(rate_per_precision=0.0),
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -419,8 +453,7 @@ def market_paths(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Run:
     try:
         worker.wait_healthy(90)
         assert worker.proc is not None
-        meter = Meter({WORKER: [worker.proc.pid], BROKER: [_pid(broker)],
-                       GENERATOR: [os.getpid()]})  # fmt: skip
+        meter = Meter({WORKER: [worker.proc.pid], BROKER: [_pid(broker)], GENERATOR: [os.getpid()]})
         ours = (f"{settings.prefix}.", f"{settings.app_id}-")  # its topics and changelogs
         window = Window(meter, broker.bootstrap, lambda t: t.startswith(ours), sizes.idle_s)
         return asyncio.run(_market(settings, sizes, window))
@@ -448,8 +481,10 @@ async def _market(settings: Settings, sizes: Sizes, window: Window) -> Run:
                 await _stop_readers(b)
             busy = rows[-1].rate / 2
             paced = []
-            for rate, n, name in ((PACED_RATE, sizes.paced_slow, PACED_SLOW),
-                                  (busy, sizes.paced_busy, PACED_BUSY)):  # fmt: skip
+            for rate, n, name in (
+                (PACED_RATE, sizes.paced_slow, PACED_SLOW),
+                (busy, sizes.paced_busy, PACED_BUSY),
+            ):
                 paced.append(await _paced_purchases(b, rate, n, name))
                 await _stop_readers(b)
             return Run(rows, paced)
@@ -509,8 +544,12 @@ async def _purchase_streams(b: _Bench, names: list[str]) -> None:
     await catalog.start()
     try:
         for name in names:
-            reg = SELLER.sign(StreamRegistration, bench_market(market), seller_id=SELLER.account_id,
-                              **_registration(name, levels, levels[-1]))  # fmt: skip
+            reg = SELLER.sign(
+                StreamRegistration,
+                bench_market(market),
+                seller_id=SELLER.account_id,
+                **_registration(name, levels, levels[-1]),
+            )
             await b.client.send(b.topics.registrations, name, reg.model_dump_json().encode())
             for i in range(4):
                 await b.client.send(b.topics.values, name, _value_payload(i, market, name))
@@ -518,17 +557,25 @@ async def _purchase_streams(b: _Bench, names: list[str]) -> None:
         while missing and time.monotonic() < deadline:
             missing -= {k for k, _ in await catalog.poll(0.2)}
         if missing:
-            raise TimeoutError(f"{len(missing)} of {len(names)} registrations not in the catalog "
-                               "(refused? the seller's inbox says why, e.g. too_many_streams)")
+            raise TimeoutError(
+                f"{len(missing)} of {len(names)} registrations not in the catalog "
+                "(refused? the seller's inbox says why, e.g. too_many_streams)"
+            )
     finally:
         await catalog.stop()
 
 
 def _purchase(market: str, buyer: Party, stream: str, k: int) -> bytes:
     """A signed purchase of the next step of ``stream`` (its ``k``-th), signed before timing."""
-    req = buyer.sign(PurchaseRequest, bench_market(market), purchase_id=f"{stream}-{k}",
-                     buyer_id=buyer.account_id, stream_id=stream, max_price_minor=0,
-                     requested_at_ms=now_ms())  # fmt: skip
+    req = buyer.sign(
+        PurchaseRequest,
+        bench_market(market),
+        purchase_id=f"{stream}-{k}",
+        buyer_id=buyer.account_id,
+        stream_id=stream,
+        max_price_minor=0,
+        requested_at_ms=now_ms(),
+    )
     return req.model_dump_json().encode()
 
 
@@ -554,8 +601,11 @@ async def _purchases(b: _Bench) -> Row:
     await _drain([lat_reader], 1, 5)
     await asyncio.sleep(2.0)  # let the registrations and values land
 
-    payloads = [(_purchase(market, buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
-                for k in range(steps) for i in range(n_streams)]  # fmt: skip
+    payloads = [
+        (_purchase(market, buyers[i % len(buyers)], f"p{i}", k), f"p{i}".encode())
+        for k in range(steps)
+        for i in range(n_streams)
+    ]
     await b.open()
     t0 = time.perf_counter()
     futs = [await b.prod.send(b.topics.purchases, p, key=key) for p, key in payloads]
@@ -594,9 +644,13 @@ Job = tuple[str, bytes, bytes]
 
 
 async def _open_loop(
-    boot: str, topic: str, jobs: list[Job], rate: float, reader: TopicReader,
+    boot: str,
+    topic: str,
+    jobs: list[Job],
+    rate: float,
+    reader: TopicReader,
     id_of: Callable[[bytes], str],
-) -> list[float]:  # fmt: skip
+) -> list[float]:
     """Send ``jobs`` at ``rate`` per second (exponential gaps, seeded), each as soon as it is
     due, whatever is still in flight; return each one's send → outcome latency (seconds).
 
@@ -664,9 +718,14 @@ async def _paced_purchases(b: _Bench, rate: float, n: int, name: str) -> Paced:
     await _drain([reader], 1, 5)  # the account's confirmation
     await asyncio.sleep(2.0)  # let the registrations and values land
     market = b.topics.prefix
-    jobs = [(f"{streams[i % len(streams)]}-{i // len(streams)}",
-             _purchase(market, buyer, streams[i % len(streams)], i // len(streams)),
-             streams[i % len(streams)].encode()) for i in range(n)]  # fmt: skip
+    jobs = [
+        (
+            f"{streams[i % len(streams)]}-{i // len(streams)}",
+            _purchase(market, buyer, streams[i % len(streams)], i // len(streams)),
+            streams[i % len(streams)].encode(),
+        )
+        for i in range(n)
+    ]
     lat = await _open_loop(b.boot, b.topics.purchases, jobs, rate, reader, _fulfilled_id)
     return Paced(name, rate, _pct(lat, 0.5), _pct(lat, 0.99), n)
 
@@ -692,8 +751,9 @@ async def _fanout(b: _Bench) -> Row:
         await b.client.publish("fan", [1.0] * DIM, value_id=f"w{i}")
     holders = [Party.generate(f"fan{i}", sealing=False) for i in range(FANOUT_HOLDERS)]
     await asyncio.gather(*(b.client.open_account(who, timeout=60) for who in holders))
-    await asyncio.gather(*(b.client.buy("fan", max_price_minor=0, timeout=60, party=who)
-                           for who in holders))  # fmt: skip
+    await asyncio.gather(
+        *(b.client.buy("fan", max_price_minor=0, timeout=60, party=who) for who in holders)
+    )
     reader = await b.reader([b.topics.inbox(x.account_id) for x in holders])
     await _drain([reader], 2 * len(holders), 10)  # the accounts and the purchase outcomes
     market, n = b.topics.prefix, max(1, b.n // 4)
@@ -765,8 +825,10 @@ def _costs(runs: list[list[Row]], name: str) -> list[Cost]:
 def _cpu_ratios(runs: list[list[Row]], name: str, *, net: bool = False) -> list[float]:
     """Worker CPU per event of ``name`` ÷ the pass-through's, within each run."""
     base = _costs(runs, PASS_THROUGH)
-    return [c.us(WORKER, net=net) / max(p.us(WORKER, net=net), 1e-9)
-            for c, p in zip(_costs(runs, name), base, strict=True)]  # fmt: skip
+    return [
+        c.us(WORKER, net=net) / max(p.us(WORKER, net=net), 1e-9)
+        for c, p in zip(_costs(runs, name), base, strict=True)
+    ]
 
 
 CPU_ROWS = (PASS_THROUGH, INGEST, FANOUT, PURCHASE)
@@ -786,7 +848,7 @@ def render_cpu(runs: list[list[Row]]) -> str:
         "broker µs/event | net of idle | load generator µs/event | idle cores: worker, "
         "broker |",
         "|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for name in CPU_ROWS:
         cs = _costs(runs, name)
         worker = [c.us(WORKER) for c in cs]
@@ -806,9 +868,12 @@ def render_cpu(runs: list[list[Row]]) -> str:
     halves = [h for run in runs if (h := _by_name(run)[PASS_THROUGH].halves) is not None]
     if halves:
         each = ", ".join(f"{a.us(WORKER):,.0f} → {b.us(WORKER):,.0f}" for a, b in halves)
-        lines += ["", "The pass-through's row is two open-loop runs, before the market's paths and "
-                  f"after them; its worker µs/event in each, run by run: {each} (a difference is "
-                  "the machine's load changing, not the pass-through)."]  # fmt: skip
+        lines += [
+            "",
+            "The pass-through's row is two open-loop runs, before the market's paths and "
+            f"after them; its worker µs/event in each, run by run: {each} (a difference is "
+            "the machine's load changing, not the pass-through).",
+        ]
     return "\n".join(lines)
 
 
@@ -877,11 +942,14 @@ def render_wall(runs: list[list[Row]]) -> str:
 
 def render_paced(paced: list[list[Paced]]) -> str:
     """Latency under paced load: wall clock."""
-    out = ["Latency under paced load, **wall clock** (open loop, Poisson arrivals, a client "
-           "that sends each request at once): the pass-through forwarding a value, then a "
-           "sealed buyer's purchases (send → her outcome):", "",
-           "| path, offered rate | events/s | samples | p50 ms | p99 ms | goal |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "Latency under paced load, **wall clock** (open loop, Poisson arrivals, a client "
+        "that sends each request at once): the pass-through forwarding a value, then a "
+        "sealed buyer's purchases (send → her outcome):",
+        "",
+        "| path, offered rate | events/s | samples | p50 ms | p99 ms | goal |",
+        "|---|---|---|---|---|---|",
+    ]
     for i, first in enumerate(paced[0]):
         ps = [run[i] for run in paced]
         goal = GOAL_PACED_P99_MS.get(first.name)
@@ -889,9 +957,11 @@ def render_paced(paced: list[list[Paced]]) -> str:
         if goal:
             p99 = statistics.median([p.p99_ms for p in ps])
             verdict = f"p99 < {goal:g} ms: {_verdict(p99 < goal)}"
-        out.append(f"| {first.name} | {_spread([p.rate for p in ps], ',.0f')} | "
-                   f"{first.samples} | {_spread([p.p50_ms for p in ps], '.1f')} | "
-                   f"{_spread([p.p99_ms for p in ps], '.1f')} | {verdict} |")  # fmt: skip
+        out.append(
+            f"| {first.name} | {_spread([p.rate for p in ps], ',.0f')} | "
+            f"{first.samples} | {_spread([p.p50_ms for p in ps], '.1f')} | "
+            f"{_spread([p.p99_ms for p in ps], '.1f')} | {verdict} |"
+        )
     return "\n".join(out)
 
 
@@ -902,26 +972,40 @@ def render_goals(runs: list[list[Row]], paced: list[list[Paced]]) -> str:
         gross = statistics.median(_cpu_ratios(runs, name))
         net = statistics.median(_cpu_ratios(runs, name, net=True))
         what = name.split(" (")[0].removeprefix("market ")
-        out.append(f"  worker CPU per {'value' if name == INGEST else what} ÷ pass-through's "
-                   f"per event <= {goal:.1f}x: {_verdict(gross <= goal)} ({gross:.2f}x; net of "
-                   f"idle {net:.2f}x)")  # fmt: skip
+        out.append(
+            f"  worker CPU per {'value' if name == INGEST else what} ÷ pass-through's "
+            f"per event <= {goal:.1f}x: {_verdict(gross <= goal)} ({gross:.2f}x; net of "
+            f"idle {net:.2f}x)"
+        )
     for name in (INGEST, FANOUT, PURCHASE):
         p99 = statistics.median(_by_name(run)[name].p99_ms for run in runs)
-        out.append(f"  {name.split(' (')[0]}: closed-loop p99 < {GOAL_P99_MS:g} ms (wall clock): "
-                   f"{_verdict(p99 < GOAL_P99_MS)} ({p99:.1f} ms)")  # fmt: skip
+        out.append(
+            f"  {name.split(' (')[0]}: closed-loop p99 < {GOAL_P99_MS:g} ms (wall clock): "
+            f"{_verdict(p99 < GOAL_P99_MS)} ({p99:.1f} ms)"
+        )
     for i, first in enumerate(paced[0]):
         limit = GOAL_PACED_P99_MS.get(first.name)
         if limit:
             p99 = statistics.median(run[i].p99_ms for run in paced)
-            out.append(f"  {first.name}: p99 < {limit:g} ms (wall clock): "
-                       f"{_verdict(p99 < limit)} ({p99:.1f} ms)")  # fmt: skip
+            out.append(
+                f"  {first.name}: p99 < {limit:g} ms (wall clock): "
+                f"{_verdict(p99 < limit)} ({p99:.1f} ms)"
+            )
     return "\n".join(out)
 
 
 def render(runs: list[list[Row]], paced: list[list[Paced]]) -> str:
     """Every table and the goals, from every run."""
-    return "\n\n".join([render_cpu(runs), render_bytes(runs), render_wall(runs),
-                        render_paced(paced), render_goals(runs, paced)])  # fmt: skip
+    return "\n\n".join(
+        [
+            render_cpu(runs),
+            render_bytes(runs),
+            render_wall(runs),
+            render_paced(paced),
+            render_goals(runs, paced),
+        ]
+    )
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
@@ -933,8 +1017,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="emarket-bench-"))
     machine = Machine.now()
     results = [one_run(sizes, workdir / f"run{i}") for i in range(runs)]
-    print(f"## Service on the embedded broker ({sizes.n:,} events per open-loop run, "
-          f"{sizes.lat_n} closed-loop latency samples, {runs} runs)\n")  # fmt: skip
+    print(
+        f"## Service on the embedded broker ({sizes.n:,} events per open-loop run, "
+        f"{sizes.lat_n} closed-loop latency samples, {runs} runs)\n"
+    )
     print(render([r.rows for r in results], [r.paced for r in results]))
     print(machine.line())
     print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result (bench.report)

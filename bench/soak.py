@@ -129,8 +129,9 @@ def _read_sample(w: ChildWorker, t: float, sent_v: int, sent_p: int) -> Sample:
     )
 
 
-async def _catch_up(w: ChildWorker, res: SoakResult, t0: float, next_sample: float,
-                    counts: tuple[int, int, int]) -> None:  # fmt: skip
+async def _catch_up(
+    w: ChildWorker, res: SoakResult, t0: float, next_sample: float, counts: tuple[int, int, int]
+) -> None:
     """Wait for a lagging worker while it makes progress (a contended CPU slows it), sampling
     every 10 s; one that processes nothing for :data:`STALL_S` ends the run where it stands.
     ``counts``: the values to ingest, and the values and purchases sent."""
@@ -161,11 +162,18 @@ async def _load(
             await c.open_account(who, timeout=60)
         for i in range(N_STREAMS):
             await c.register(
-                dict(stream_id=f"s{i}", mechanism="laplace", sensitivity=1.0, dimension=DIM,
-                     steps=LADDER, cap=LADDER[-1], retain_last=16,
-                     pricing=LinearLevelSpec(rate_per_level=100.0)),
+                dict(
+                    stream_id=f"s{i}",
+                    mechanism="laplace",
+                    sensitivity=1.0,
+                    dimension=DIM,
+                    steps=LADDER,
+                    cap=LADDER[-1],
+                    retain_last=16,
+                    pricing=LinearLevelSpec(rate_per_level=100.0),
+                ),
                 timeout=60,
-            )  # fmt: skip
+            )
     prod = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=10)
     await prod.start()
     t0 = time.monotonic()
@@ -178,20 +186,35 @@ async def _load(
             due = int((time.monotonic() - t0) * rate) + 1
             while sent_v < min(due, n_values):
                 s = f"s{sent_v % N_STREAMS}"
-                batch = sealed_batch(seller, topics.prefix, stream_id=s, seller_id="soak",
-                                     items=[{"value_id": f"v{sent_v}",
-                                             "values": [20.0 + (sent_v % 7)] * DIM,
-                                             "published_at_ms": now_ms()}])  # fmt: skip
+                batch = sealed_batch(
+                    seller,
+                    topics.prefix,
+                    stream_id=s,
+                    seller_id="soak",
+                    items=[
+                        {
+                            "value_id": f"v{sent_v}",
+                            "values": [20.0 + (sent_v % 7)] * DIM,
+                            "published_at_ms": now_ms(),
+                        }
+                    ],
+                )
                 await prod.send(topics.values, batch.model_dump_json().encode(), key=s.encode())
                 sent_v += 1
                 if sent_v % per_purchase == 0 and sent_p < n_purchases:
                     buyer, s2 = buyers[sent_p % N_BUYERS], f"s{(sent_p // N_BUYERS) % N_STREAMS}"
-                    req = buyer.sign(PurchaseRequest, bench_market(topics.prefix),
-                                     purchase_id=f"p{sent_p}",
-                                     buyer_id=buyer.account_id, stream_id=s2,
-                                     max_price_minor=10_000, requested_at_ms=now_ms())  # fmt: skip
-                    await prod.send(topics.purchases, req.model_dump_json().encode(),
-                                    key=s2.encode())  # fmt: skip
+                    req = buyer.sign(
+                        PurchaseRequest,
+                        bench_market(topics.prefix),
+                        purchase_id=f"p{sent_p}",
+                        buyer_id=buyer.account_id,
+                        stream_id=s2,
+                        max_price_minor=10_000,
+                        requested_at_ms=now_ms(),
+                    )
+                    await prod.send(
+                        topics.purchases, req.model_dump_json().encode(), key=s2.encode()
+                    )
                     sent_p += 1
             now = time.monotonic() - t0
             if now >= next_sample:
@@ -225,9 +248,15 @@ class RecordCosts:
 def _feed_core(core: MarketCore, topics: Topics, seller: Party, n: int, start: int) -> None:
     for i in range(start, start + n):
         s = f"s{i % N_STREAMS}"
-        batch = sealed_batch(seller, topics.prefix, stream_id=s, seller_id="soak",
-                             items=[{"value_id": f"v{i}", "values": [20.0 + i % 7] * DIM,
-                                     "published_at_ms": now_ms()}])  # fmt: skip
+        batch = sealed_batch(
+            seller,
+            topics.prefix,
+            stream_id=s,
+            seller_id="soak",
+            items=[
+                {"value_id": f"v{i}", "values": [20.0 + i % 7] * DIM, "published_at_ms": now_ms()}
+            ],
+        )
         out = core.handle(topics.values, batch.model_dump_json().encode())
         assert out.status == "accepted", out.reason  # a refused value leaves no record
 
@@ -235,9 +264,15 @@ def _feed_core(core: MarketCore, topics: Topics, seller: Party, n: int, start: i
 def _buy_core(core: MarketCore, topics: Topics, buyers: list[Party], n: int) -> None:
     for k in range(n):
         buyer, s = buyers[k % len(buyers)], f"s{(k // len(buyers)) % N_STREAMS}"
-        req = buyer.sign(PurchaseRequest, bench_market(topics.prefix), purchase_id=f"p{k}",
-                         buyer_id=buyer.account_id, stream_id=s, max_price_minor=10_000,
-                         requested_at_ms=now_ms())  # fmt: skip
+        req = buyer.sign(
+            PurchaseRequest,
+            bench_market(topics.prefix),
+            purchase_id=f"p{k}",
+            buyer_id=buyer.account_id,
+            stream_id=s,
+            max_price_minor=10_000,
+            requested_at_ms=now_ms(),
+        )
         core.handle(topics.purchases, req.model_dump_json().encode())
 
 
@@ -298,10 +333,20 @@ def record_costs(n_values: int = 4_000, n_purchases: int = 1_000) -> RecordCosts
     for who in (seller, *buyers):
         core.handle(topics.accounts, who.open_account(core.ctx.market).model_dump_json().encode())
     for i in range(N_STREAMS):
-        reg = seller.sign(StreamRegistration, core.ctx.market, stream_id=f"s{i}", seller_id="soak",
-                          mechanism="laplace", sensitivity=1.0, dimension=DIM, steps=LADDER,
-                          cap=LADDER[-1], retain_last=16, currency="EUR",
-                          pricing={"kind": "linear_level", "rate_per_level": 100.0})  # fmt: skip
+        reg = seller.sign(
+            StreamRegistration,
+            core.ctx.market,
+            stream_id=f"s{i}",
+            seller_id="soak",
+            mechanism="laplace",
+            sensitivity=1.0,
+            dimension=DIM,
+            steps=LADDER,
+            cap=LADDER[-1],
+            retain_last=16,
+            currency="EUR",
+            pricing={"kind": "linear_level", "rate_per_level": 100.0},
+        )
         core.handle(topics.registrations, reg.model_dump_json().encode())
     _feed_core(core, topics, seller, 16 * N_STREAMS + n_values, 0)
     _buy_core(core, topics, buyers, n_purchases)
@@ -340,15 +385,32 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
     one more registered stream leaves in the core (``streams`` of them, no values), and a
     stream record with ``holders`` holders against one with none (ids of 24 characters)."""
     topics = Topics("soak", 1)
-    core = MarketCore(Stores(), MarketKeys(Ed25519PrivateKey.generate(), b"s" * 32), topics,
-                      limits=Limits(max_streams_per_seller=streams + 1))  # fmt: skip
+    core = MarketCore(
+        Stores(),
+        MarketKeys(Ed25519PrivateKey.generate(), b"s" * 32),
+        topics,
+        limits=Limits(max_streams_per_seller=streams + 1),
+    )
     seller = Party.generate("soak", sealing=False)
     core.handle(topics.accounts, seller.open_account(core.ctx.market).model_dump_json().encode())
-    regs = [seller.sign(StreamRegistration, core.ctx.market, stream_id=f"s{i:05d}",
-                        seller_id="soak", mechanism="laplace", sensitivity=1.0, dimension=DIM,
-                        steps=LADDER, cap=LADDER[-1], retain_last=16,
-                        pricing=LinearLevelSpec(rate_per_level=100.0),
-                        ).model_dump_json().encode() for i in range(streams)]  # fmt: skip
+    regs = [
+        seller.sign(
+            StreamRegistration,
+            core.ctx.market,
+            stream_id=f"s{i:05d}",
+            seller_id="soak",
+            mechanism="laplace",
+            sensitivity=1.0,
+            dimension=DIM,
+            steps=LADDER,
+            cap=LADDER[-1],
+            retain_last=16,
+            pricing=LinearLevelSpec(rate_per_level=100.0),
+        )
+        .model_dump_json()
+        .encode()
+        for i in range(streams)
+    ]
     core.handle(topics.registrations, regs[0])  # the first builds what all streams share
 
     def register() -> None:
@@ -361,23 +423,35 @@ def holding_costs(accounts: int = 2_000, streams: int = 200, holders: int = 2_00
     state = with_registration(core.stores, "s00001", core.stores.streams["s00001"])
     bare = encode(state)
     registered = CODECS["registered"][0](state.registered)
-    many = state.model_copy(update={"holders": {
-        f"buyer-{i:018d}": Holder(level=LADDER[3], paid_minor=400, purchases=4)
-        for i in range(holders)}})  # fmt: skip
+    many = state.model_copy(
+        update={
+            "holders": {
+                f"buyer-{i:018d}": Holder(level=LADDER[3], paid_minor=400, purchases=4)
+                for i in range(holders)
+            }
+        }
+    )
     full = encode(many)
     holder_heap = (_retained(lambda: decode(full)) - _retained(lambda: decode(bare))) / holders
 
     seller_state: AccountState = core.stores.accounts["soak"]
-    records = [(f"acct-{i:019d}".encode(), seller_state.model_copy(update={
-        "account_id": f"acct-{i:019d}", "key_id": f"{i:016x}"}).model_dump_json().encode())
-        for i in range(accounts)]  # fmt: skip
+    records = [
+        (
+            f"acct-{i:019d}".encode(),
+            seller_state.model_copy(update={"account_id": f"acct-{i:019d}", "key_id": f"{i:016x}"})
+            .model_dump_json()
+            .encode(),
+        )
+        for i in range(accounts)
+    ]
     reader = StateReader(StateSeal(bytes(32), bytes(32)))
     replica = AccountReplica({}, topics.accounts, "soak-progress", reader)
 
     def replicate() -> AccountReplica:
         for key, value in records:
-            replica._set(key.decode(), 0, Version(1 << 32, 1),
-                         AccountState.model_validate_json(value))  # fmt: skip
+            replica._set(
+                key.decode(), 0, Version(1 << 32, 1), AccountState.model_validate_json(value)
+            )
         return replica
 
     return HoldingCosts(
@@ -409,8 +483,11 @@ def run_soak(
         # the worker's default horizon, unless a short one is asked for (the CI soak's), so
         # that memory levels off within the run: eviction markers of values older than the
         # horizon are forgotten (resends of them are refused); values sealed to its key
-        env = dict(BENCH_ENV) if horizon is None else {"EMARKET_DEDUP_HORIZON": str(horizon),
-                                                       **BENCH_ENV}  # fmt: skip
+        env = (
+            dict(BENCH_ENV)
+            if horizon is None
+            else {"EMARKET_DEDUP_HORIZON": str(horizon), **BENCH_ENV}
+        )
         w = ChildWorker(settings, log_path=workdir / "worker.log", env=env).start()
         try:
             w.wait_healthy(90)
@@ -418,8 +495,9 @@ def run_soak(
         finally:
             w.stop()
         log = (workdir / "worker.log").read_text(errors="replace")
-        res.error_lines = [line for line in log.splitlines()
-                           if "[ERROR]" in line or "Traceback" in line]  # fmt: skip
+        res.error_lines = [
+            line for line in log.splitlines() if "[ERROR]" in line or "Traceback" in line
+        ]
         res.errors_in_log = len(res.error_lines)
     return res
 
@@ -438,8 +516,10 @@ def render(res: SoakResult) -> str:
             f"| {s.purchases_done:,.0f} | {s.lag:,.0f} | {s.rss_mb:.0f} | {s.releases:,.0f} "
             f"| {s.purchases_table:,.0f} |"
         )
-    out.append(f"\nrejections: {res.rejections:.0f}; errors in the worker log: "
-               f"{res.errors_in_log}; samples skipped (/metrics too slow): {res.skipped}")
+    out.append(
+        f"\nrejections: {res.rejections:.0f}; errors in the worker log: "
+        f"{res.errors_in_log}; samples skipped (/metrics too slow): {res.skipped}"
+    )
     return "\n".join(out)
 
 
@@ -452,38 +532,43 @@ def render_costs(res: SoakResult, costs: RecordCosts) -> str:
     if first is not None and last is not None and last.values_ingested > first.values_ingested:
         per = (last.rss_mb - first.rss_mb) * 2**20 / (last.values_ingested - first.values_ingested)
         grown = f"{per:,.0f} B"
-    return "\n".join([
-        "\n## Memory per kept record (dedup horizon: the default, 7 days, unless --horizon)\n",
-        "| record | bytes in its store's codec | heap in the memory store, with its index "
-        "| its index alone (records in RocksDB) |",
-        "|---|---|---|---|",
-        f"| purchase (decision) | {costs.purchase_bytes:.0f} B | {costs.purchase_heap:,.0f} B "
-        f"| {costs.purchase_index:,.0f} B |",
-        f"| value mark | {costs.mark_bytes:.0f} B | {costs.mark_heap:,.0f} B "
-        f"| {costs.mark_index:,.0f} B |",
-        f"\nworker RSS grown per value ingested, with one purchase per "
-        f"{max(1, res.values // max(1, res.purchases))} values: {grown}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "\n## Memory per kept record (dedup horizon: the default, 7 days, unless --horizon)\n",
+            "| record | bytes in its store's codec | heap in the memory store, with its index "
+            "| its index alone (records in RocksDB) |",
+            "|---|---|---|---|",
+            f"| purchase (decision) | {costs.purchase_bytes:.0f} B | {costs.purchase_heap:,.0f} B "
+            f"| {costs.purchase_index:,.0f} B |",
+            f"| value mark | {costs.mark_bytes:.0f} B | {costs.mark_heap:,.0f} B "
+            f"| {costs.mark_index:,.0f} B |",
+            f"\nworker RSS grown per value ingested, with one purchase per "
+            f"{max(1, res.values // max(1, res.purchases))} values: {grown}",
+        ]
+    )
 
 
 def render_holdings(h: HoldingCosts) -> str:
     """What an account, a stream and a holder take (:func:`holding_costs`)."""
-    return "\n".join([
-        "\n## Memory per account, stream and holder (in process, memory stores)\n",
-        "| what | bytes in its store's codec | heap |",
-        "|---|---|---|",
-        f"| account (heap: in the account replica, on every worker) | {h.account_bytes:,.0f} B "
-        f"| {h.account_heap:,.0f} B |",
-        f"| stream, no value, no holder (heap: record, registration, terms, product, census) "
-        f"| {h.stream_bytes:,.0f} B + {h.registered_bytes:,.0f} B registered (written once) "
-        f"| {h.stream_heap:,.0f} B |",
-        f"| holder (its entry in the stream's record) | {h.holder_bytes:,.0f} B "
-        f"| {h.holder_heap:,.0f} B |",
-        f"\na stream's record with all its {h.holders:,} holders: {h.full_record_bytes:,.0f} B in "
-        "its codec, about what a holders base of as many weighs: written once per "
-        f"~{math.isqrt(2 * h.holders)} holder changes, the record of each batch carrying only "
-        "the holders changed since (`streams/core/stream_store.py`)",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "\n## Memory per account, stream and holder (in process, memory stores)\n",
+            "| what | bytes in its store's codec | heap |",
+            "|---|---|---|",
+            f"| account (heap: in the account replica, on every worker) | {h.account_bytes:,.0f} B "
+            f"| {h.account_heap:,.0f} B |",
+            f"| stream, no value, no holder (heap: record, registration, terms, product, census) "
+            f"| {h.stream_bytes:,.0f} B + {h.registered_bytes:,.0f} B registered (written once) "
+            f"| {h.stream_heap:,.0f} B |",
+            f"| holder (its entry in the stream's record) | {h.holder_bytes:,.0f} B "
+            f"| {h.holder_heap:,.0f} B |",
+            f"\na stream's record with all its {h.holders:,} holders: "
+            f"{h.full_record_bytes:,.0f} B in "
+            "its codec, about what a holders base of as many weighs: written once per "
+            f"~{math.isqrt(2 * h.holders)} holder changes, the record of each batch carrying only "
+            "the holders changed since (`streams/core/stream_store.py`)",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,10 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--values", type=int, default=100_000)
     p.add_argument("--purchases", type=int, default=10_000)
     p.add_argument("--rate", type=float, default=500.0, help="values per second")
-    p.add_argument("--horizon", type=float, default=None,
-                   help="dedup horizon, seconds (default: the worker's, 7 days)")  # fmt: skip
-    p.add_argument("--costs-only", action="store_true",
-                   help="only what records, accounts, streams, holders take (no soak)")
+    p.add_argument(
+        "--horizon",
+        type=float,
+        default=None,
+        help="dedup horizon, seconds (default: the worker's, 7 days)",
+    )
+    p.add_argument(
+        "--costs-only",
+        action="store_true",
+        help="only what records, accounts, streams, holders take (no soak)",
+    )
     args = p.parse_args(argv)
     machine = Machine.now()
     if args.costs_only:

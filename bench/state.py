@@ -52,8 +52,18 @@ _V1 = b"emarket-state-v1"
 def v1_tag(key: bytes, store: str, rkey: bytes, value: bytes) -> bytes:
     """Format 1's header: ``u8(1) ‖ HMAC-SHA256(k, domain ‖ store ‖ key ‖ value)``."""
     name = store.encode()
-    covered = b"".join((_V1, bytes([len(name)]), name, len(rkey).to_bytes(4, "big"), rkey,
-                        b"\x01", len(value).to_bytes(4, "big"), value))  # fmt: skip
+    covered = b"".join(
+        (
+            _V1,
+            bytes([len(name)]),
+            name,
+            len(rkey).to_bytes(4, "big"),
+            rkey,
+            b"\x01",
+            len(value).to_bytes(4, "big"),
+            value,
+        )
+    )
     return b"\x01" + hmac.digest(key, covered, "sha256")
 
 
@@ -85,13 +95,17 @@ def measure(store: str, size: int, n: int) -> dict[str, float]:
 def checkpoint_cost(n: int) -> tuple[float, int]:
     """µs and bytes of one checkpoint record (six stores' sums, four positions, a few epochs)."""
     seal = StateSeal(os.urandom(32), os.urandom(32))
-    cp = Checkpoint(3, Version((7 << 32) | 99, 12_345), 1_780_000_000_000,
-                    {f"p.{t}": 10**6 for t in ("accounts", "registrations", "values",
-                                                "purchases")},
-                    {s: StoreSum(10**4, int.from_bytes(os.urandom(32), "big"), 10**6)
-                     for s in ("registered", "streams", "releases", "purchases", "accounts",
-                               "holders")},
-                    {(e << 32) | 5: 10**5 for e in range(1, 4)})  # fmt: skip
+    cp = Checkpoint(
+        3,
+        Version((7 << 32) | 99, 12_345),
+        1_780_000_000_000,
+        {f"p.{t}": 10**6 for t in ("accounts", "registrations", "values", "purchases")},
+        {
+            s: StoreSum(10**4, int.from_bytes(os.urandom(32), "big"), 10**6)
+            for s in ("registered", "streams", "releases", "purchases", "accounts", "holders")
+        },
+        {(e << 32) | 5: 10**5 for e in range(1, 4)},
+    )
 
     def one() -> object:
         return seal.seal(PROGRESS, b"3", cp.to_bytes(), Stamp(3, cp.version))
@@ -103,10 +117,12 @@ def checkpoint_cost(n: int) -> tuple[float, int]:
 def _row(name: str, runs: list[dict[str, float]]) -> str:
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     ratios = sorted((r["seal"] + r["digests"]) / r["tag"] for r in runs)
-    return (f"| {name} | {SIZES[name][1]:,} | {med['tag']:.2f} | {med['seal']:.2f} | "
-            f"{med['open']:.2f} | {med['digests']:.2f} | "
-            f"{ratios[0]:.1f}x / {statistics.median(ratios):.1f}x / {ratios[-1]:.1f}x | "
-            f"{med['v1_bytes']:.0f} | {med['v2_bytes']:.0f} |")  # fmt: skip
+    return (
+        f"| {name} | {SIZES[name][1]:,} | {med['tag']:.2f} | {med['seal']:.2f} | "
+        f"{med['open']:.2f} | {med['digests']:.2f} | "
+        f"{ratios[0]:.1f}x / {statistics.median(ratios):.1f}x / {ratios[-1]:.1f}x | "
+        f"{med['v1_bytes']:.0f} | {med['v2_bytes']:.0f} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,16 +132,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n, runs = (200, 1) if args.quick else (20_000, args.runs)
     machine = Machine.now()
-    print("State records: CPU µs per record, format 2 against format 1 measured in the same "
-          f"run ({n:,} calls per figure, median of {runs} runs)\n")
-    print("| record | plaintext B | v1 tag | v2 seal | v2 open | v2 digests | "
-          "(seal + digests) ÷ tag, min / med / max | v1 extra B | v2 extra B |")
+    print(
+        "State records: CPU µs per record, format 2 against format 1 measured in the same "
+        f"run ({n:,} calls per figure, median of {runs} runs)\n"
+    )
+    print(
+        "| record | plaintext B | v1 tag | v2 seal | v2 open | v2 digests | "
+        "(seal + digests) ÷ tag, min / med / max | v1 extra B | v2 extra B |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (store, size) in SIZES.items():
         print(_row(name, [measure(store, size, n) for _ in range(runs)]))
     us, size = checkpoint_cost(n)
-    print(f"\nOne checkpoint per partition a batch touches: {us:.2f} µs to seal, {size:,} B "
-          f"(header {HEADER!r} included)\n")
+    print(
+        f"\nOne checkpoint per partition a batch touches: {us:.2f} µs to seal, {size:,} B "
+        f"(header {HEADER!r} included)\n"
+    )
     print(machine.line())
 
 

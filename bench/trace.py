@@ -162,17 +162,20 @@ def _send(core: MarketCore, topic: str, raw: bytes, status: str) -> None:
         raise RuntimeError(f"expected {status}, got {out.status}: {out.reason}")
 
 
-KEYS = MarketKeys(signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
-                  noise_secret=b"n" * 32)  # fmt: skip
+KEYS = MarketKeys(
+    signing_key=Ed25519PrivateKey.from_private_bytes(bytes(range(32))), noise_secret=b"n" * 32
+)
 """The traced market's keys (sellers seal their values to it)."""
 SIGNED_FOR = MarketRef(MARKET, KEYS.key_id)
 """What the traced parties sign for."""
 
+
 def _value(stream: str, i: int) -> bytes:
     """A signed batch of one value of :data:`DIM` numbers (its id ``v{i}``)."""
     item = {"value_id": f"v{i}", "values": [20.0 + i] * DIM, "published_at_ms": NOW_MS}
-    clear = SELLER.sign(ValueBatch, SIGNED_FOR, stream_id=stream, seller_id=SELLER.account_id,
-                        items=[item])  # fmt: skip
+    clear = SELLER.sign(
+        ValueBatch, SIGNED_FOR, stream_id=stream, seller_id=SELLER.account_id, items=[item]
+    )
     sealed = seal_values(clear, MARKET, KEYS.sealing_public_b64)  # as a client sends it
     fields = sealed.model_dump(exclude={"key_id", "signature"})
     batch = SELLER.sign(ValueBatch, SIGNED_FOR, **fields)
@@ -181,20 +184,34 @@ def _value(stream: str, i: int) -> bytes:
 
 def _purchase(stream: str, buyer: Party, pid: str) -> bytes:
     """A signed purchase of the next step (no level named), at any price below 10,000 EUR."""
-    req = buyer.sign(PurchaseRequest, SIGNED_FOR, purchase_id=pid, buyer_id=buyer.account_id,
-                     stream_id=stream, max_price_minor=10**6,
-                     requested_at_ms=NOW_MS)  # fmt: skip
+    req = buyer.sign(
+        PurchaseRequest,
+        SIGNED_FOR,
+        purchase_id=pid,
+        buyer_id=buyer.account_id,
+        stream_id=stream,
+        max_price_minor=10**6,
+        requested_at_ms=NOW_MS,
+    )
     return req.model_dump_json().encode()
 
 
 def _register(core: MarketCore, t: Topics, stream: str, steps: list[float]) -> None:
     """Register a Laplace stream of :data:`DIM` numbers keeping :data:`RETAINED` values."""
     reg = SELLER.sign(
-        StreamRegistration, SIGNED_FOR, stream_id=stream, seller_id=SELLER.account_id,
-        mechanism="laplace", sensitivity=1.0, dimension=DIM, steps=steps, cap=steps[-1],
-        retain_last=RETAINED, pricing={"kind": "linear_level", "rate_per_level": 100},
+        StreamRegistration,
+        SIGNED_FOR,
+        stream_id=stream,
+        seller_id=SELLER.account_id,
+        mechanism="laplace",
+        sensitivity=1.0,
+        dimension=DIM,
+        steps=steps,
+        cap=steps[-1],
+        retain_last=RETAINED,
+        pricing={"kind": "linear_level", "rate_per_level": 100},
         currency="EUR",
-    )  # fmt: skip
+    )
     _send(core, t.registrations, reg.model_dump_json().encode(), "accepted")
 
 
@@ -204,8 +221,12 @@ def market_core() -> tuple[MarketCore, Topics]:
     t = Topics(MARKET)
     core = MarketCore(Stores(), KEYS, t, clock=lambda: NOW_MS)
     for who in (SELLER, *HOLDERS, BUYER):
-        _send(core, t.accounts, who.open_account(SIGNED_FOR, opened_at_ms=NOW_MS)
-              .model_dump_json().encode(), "accepted")  # fmt: skip
+        _send(
+            core,
+            t.accounts,
+            who.open_account(SIGNED_FOR, opened_at_ms=NOW_MS).model_dump_json().encode(),
+            "accepted",
+        )
     _register(core, t, "v", [0.5, 1.0])
     for stream in ("p", "w"):
         _register(core, t, stream, STEPS)
@@ -261,11 +282,21 @@ def events() -> tuple[MarketCore, list[Event]]:
             _send(core, t.purchases, _purchase(stream, BUYER, f"{stream}-{k}"), "fulfilled")
     n = RETAINED + 1
     return core, [
-        Event("value (1 value of 8 numbers, 2 holders, evicts 1)", t.values,
-              _value("v", n), _value("v", n + 1), "accepted"),
-        Event("purchase (step 3 of 16, 4 values in the window, sealed, receipt)", t.purchases,
-              _purchase("p", BUYER, "p-2"), _purchase("p", BUYER, "p-3"), "fulfilled"),
-    ]  # fmt: skip
+        Event(
+            "value (1 value of 8 numbers, 2 holders, evicts 1)",
+            t.values,
+            _value("v", n),
+            _value("v", n + 1),
+            "accepted",
+        ),
+        Event(
+            "purchase (step 3 of 16, 4 values in the window, sealed, receipt)",
+            t.purchases,
+            _purchase("p", BUYER, "p-2"),
+            _purchase("p", BUYER, "p-3"),
+            "fulfilled",
+        ),
+    ]
 
 
 def trace_one(core: MarketCore, topic: str, raw: bytes, status: str) -> Trace:
@@ -302,8 +333,7 @@ def render(name: str, trace: Trace) -> str:
 def summary(trace: Trace) -> str:
     """The line to quote in an issue note: calls, modules, entries, depth."""
     calls, entries = sum(trace.calls.values()), sum(trace.entries.values())
-    return (f"calls {calls}, modules {len(trace.calls)}, entries {entries}, "
-            f"depth {trace.depth}")  # fmt: skip
+    return f"calls {calls}, modules {len(trace.calls)}, entries {entries}, depth {trace.depth}"
 
 
 def main() -> int:
@@ -315,8 +345,9 @@ def main() -> int:
         print(render(ev.name, first))
         twin = trace_one(core, ev.topic, ev.twin, ev.status)
         if (twin.calls, twin.entries, twin.depth) != (first.calls, first.entries, first.depth):
-            print(f"warning: the next {ev.name.split()[0]} differs: {summary(twin)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"warning: the next {ev.name.split()[0]} differs: {summary(twin)}", file=sys.stderr
+            )
     return 0
 
 

@@ -167,8 +167,7 @@ class Draws:
         out.n, out.slots = sum(p.n for p in parts), parts[0].slots
         out._words = np.concatenate([p._words for p in parts], axis=1)
         out._segments = [seg for p in parts for seg in p._segments]
-        out._offsets = list(itertools.accumulate([seg[1] for seg in out._segments[:-1]],
-                                                 initial=0))  # fmt: skip
+        out._offsets = list(itertools.accumulate([seg[1] for seg in out._segments[:-1]], initial=0))
         return out
 
     @property

@@ -77,8 +77,9 @@ class Iv:
         p = self.prec
         down, up = _down(p), _up(p)
         pairs = [(self.lo, o.lo), (self.lo, o.hi), (self.hi, o.lo), (self.hi, o.hi)]
-        return Iv(min(down.multiply(a, b) for a, b in pairs),
-                  max(up.multiply(a, b) for a, b in pairs), p)  # fmt: skip
+        return Iv(
+            min(down.multiply(a, b) for a, b in pairs), max(up.multiply(a, b) for a, b in pairs), p
+        )
 
     def __truediv__(self, o: Iv) -> Iv:
         if o.lo <= 0 <= o.hi:
@@ -86,8 +87,9 @@ class Iv:
         p = self.prec
         down, up = _down(p), _up(p)
         pairs = [(self.lo, o.lo), (self.lo, o.hi), (self.hi, o.lo), (self.hi, o.hi)]
-        return Iv(min(down.divide(a, b) for a, b in pairs),
-                  max(up.divide(a, b) for a, b in pairs), p)  # fmt: skip
+        return Iv(
+            min(down.divide(a, b) for a, b in pairs), max(up.divide(a, b) for a, b in pairs), p
+        )
 
     def hull(self, o: Iv) -> Iv:
         return Iv(min(self.lo, o.lo), max(self.hi, o.hi), self.prec)
@@ -121,8 +123,9 @@ def sqrt(x: Iv) -> Iv:
     is clamped to 0."""
     near = _near(x.prec)
     lo = max(x.lo, Decimal(0))
-    return Iv(max(near.sqrt(lo).next_minus(near), Decimal(0)), near.sqrt(x.hi).next_plus(near),
-              x.prec)  # fmt: skip
+    return Iv(
+        max(near.sqrt(lo).next_minus(near), Decimal(0)), near.sqrt(x.hi).next_plus(near), x.prec
+    )
 
 
 @functools.lru_cache(maxsize=16)

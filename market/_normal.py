@@ -157,9 +157,7 @@ def add(h: Hidden, c: float, nz: Hidden) -> Hidden:
     return Hidden(z, err)
 
 
-def combine(
-    a: Sequence[Term], wa: Fraction, b: Sequence[Term], wb: Fraction
-) -> tuple[Term, ...]:
+def combine(a: Sequence[Term], wa: Fraction, b: Sequence[Term], wb: Fraction) -> tuple[Term, ...]:
     """The linear form ``wa·a + wb·b``: terms of one key (one normal vector, shared history)
     are merged, in the order they first appear."""
     merged: dict[bytes, Term] = {}

@@ -105,8 +105,9 @@ class _Law:
         pmf = np.empty(size)
         for b, start in enumerate(range(0, size, _BLOCK)):
             stop = min(start + _BLOCK, size)
-            pmf[start:stop] = np.cumprod(np.concatenate([anchors[b : b + 1],
-                                                         ratios[start : stop - 1]]))  # fmt: skip
+            pmf[start:stop] = np.cumprod(
+                np.concatenate([anchors[b : b + 1], ratios[start : stop - 1]])
+            )
         blocks = [np.cumsum(pmf[k : k + _BLOCK]) for k in range(0, size, _BLOCK)]
         offsets = np.concatenate([[0.0], np.cumsum([blk[-1] for blk in blocks])[:-1]])
         cdf = np.concatenate([blk + off for blk, off in zip(blocks, offsets, strict=True)])
@@ -275,8 +276,11 @@ def sample(laws: Sequence[_Law], which: NDArray[np.intp], draws: Draws) -> NDArr
         ok &= k < tab.cdf.shape[0]
         out[idx] = tab.lo + k
         for i in idx[~ok]:
-            out[i] = exact_outcome(law, draws.lazy(0, int(i)), int(tab.lo + np.searchsorted(
-                tab.cdf, u[i], side="right")))  # fmt: skip
+            out[i] = exact_outcome(
+                law,
+                draws.lazy(0, int(i)),
+                int(tab.lo + np.searchsorted(tab.cdf, u[i], side="right")),
+            )
     return out
 
 

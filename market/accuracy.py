@@ -212,8 +212,9 @@ def error_model(mechanism: Mechanism, level: float) -> ErrorModel:
         scale, offset = mechanism.sensitivity / lvl, 0.0
     else:  # pragma: no cover - the three families are all there is
         raise TypeError(f"no error model for {type(mechanism).__name__}")
-    return ErrorModel(mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset,
-                      grid)  # fmt: skip
+    return ErrorModel(
+        mechanism.name, lvl, mechanism.level_unit, scale, math.sqrt(var), offset, grid
+    )
 
 
 def cheapest_level(

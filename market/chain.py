@@ -123,8 +123,9 @@ class ReleaseChain:
         object.__setattr__(self, "levels", lv)
         mech = self.mechanism
         dim = mech.dimension if isinstance(mech, Laplace) else 0
-        desc = struct.pack(f"<BBdI{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity,
-                           dim, *lv)  # fmt: skip
+        desc = struct.pack(
+            f"<BBdI{len(lv)}d", mech.code, int(self.sealed), mech.sensitivity, dim, *lv
+        )
         object.__setattr__(self, "fingerprint", hashlib.sha256(DOMAIN + desc).digest()[:16])
         object.__setattr__(self, "_prefix", identity_bytes(DOMAIN, self.fingerprint))
 
@@ -231,17 +232,18 @@ class ReleaseChain:
         if not todo:
             return
         if isinstance(self.mechanism, Gaussian):
-            self._descend_gaussian([states[i] for i in todo], k,
-                                   [identities[i] for i in todo], keys)  # fmt: skip
+            self._descend_gaussian(
+                [states[i] for i in todo], k, [identities[i] for i in todo], keys
+            )
             return
         starts = [_start(states[i], k, len(self.levels)) for i in todo]
-        if self._descend_at_once([states[i] for i in todo], starts, k,
-                                 [identities[i] for i in todo], keys):  # fmt: skip
+        if self._descend_at_once(
+            [states[i] for i in todo], starts, k, [identities[i] for i in todo], keys
+        ):
             return
         for s in range(max(starts) - 1, k - 1, -1):
             batch = [i for i, b in zip(todo, starts, strict=True) if b > s]
-            self._lattice_step([states[i] for i in batch], s, [identities[i] for i in batch],
-                               keys)  # fmt: skip
+            self._lattice_step([states[i] for i in batch], s, [identities[i] for i in batch], keys)
 
     def _descend_at_once(
         self,
@@ -271,8 +273,12 @@ class ReleaseChain:
             return False
         (m,) = slots
         sizes = [int(bases[i].shape[0]) for i, _ in pairs]
-        draws = Draws.joined([Draws(self.key(keys, identities[i], s), n, m)
-                              for (i, s), n in zip(pairs, sizes, strict=True)])  # fmt: skip
+        draws = Draws.joined(
+            [
+                Draws(self.key(keys, identities[i], s), n, m)
+                for (i, s), n in zip(pairs, sizes, strict=True)
+            ]
+        )
         noise = mech.increments(steps, sizes, draws)
         if noise is None:
             return False
@@ -298,8 +304,12 @@ class ReleaseChain:
             else:
                 uppers.append(st.steps[s + 1])
         slots = mech.slots(self.levels[s], upper_level, None)
-        draws = Draws.joined([Draws(self.key(keys, ident, s), int(u.shape[0]), slots)
-                              for ident, u in zip(identities, uppers, strict=True)])  # fmt: skip
+        draws = Draws.joined(
+            [
+                Draws(self.key(keys, ident, s), int(u.shape[0]), slots)
+                for ident, u in zip(identities, uppers, strict=True)
+            ]
+        )
         upper = Anchor(upper_level, np.concatenate(uppers))
         out = mech.conditional(self.levels[s], upper, None, draws, upper.values).values
         start = 0
@@ -321,8 +331,9 @@ class ReleaseChain:
         sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
         h = _normal.Hidden(np.zeros(sum(sizes)), np.zeros(sum(sizes)))
         for s in range(top, k - 1, -1):
-            draws = Draws.joined([Draws(p[top - s].key, n, _normal.SLOTS)
-                                  for p, n in zip(paths, sizes, strict=True)])  # fmt: skip
+            draws = Draws.joined(
+                [Draws(p[top - s].key, n, _normal.SLOTS) for p, n in zip(paths, sizes, strict=True)]
+            )
             h = _normal.add(h, paths[0][top - s].coefficient(), _normal.normals(draws))
         base = np.concatenate([st.exact for st in states if st.exact is not None])
         offsets = list(itertools.accumulate(sizes, initial=0))
@@ -345,8 +356,13 @@ class ReleaseChain:
         terms = []
         for j in range(top, k - 1, -1):
             above = Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1])
-            terms.append(_normal.Term(self.key(keys, identity, j), Fraction(1),
-                                      mech.exact_variance(self.levels[j]) - above))  # fmt: skip
+            terms.append(
+                _normal.Term(
+                    self.key(keys, identity, j),
+                    Fraction(1),
+                    mech.exact_variance(self.levels[j]) - above,
+                )
+            )
         return tuple(terms)
 
 

@@ -100,8 +100,13 @@ def _path_bytes(path: tuple[Term, ...]) -> list[bytes]:
     for t in path:
         if t.q < 0 or t.r < 0 or len(t.key) != 32:
             raise StateFormatError("a Gaussian path term is out of range")
-        out += [t.key, _int_bytes(t.q.numerator), _int_bytes(t.q.denominator),
-                _int_bytes(t.r.numerator), _int_bytes(t.r.denominator)]  # fmt: skip
+        out += [
+            t.key,
+            _int_bytes(t.q.numerator),
+            _int_bytes(t.q.denominator),
+            _int_bytes(t.r.numerator),
+            _int_bytes(t.r.denominator),
+        ]
     return out
 
 
@@ -124,10 +129,19 @@ def encode_state(state: ReleaseState) -> bytes:
     flags = (1 if exact is not None else 0) | (2 if state.cap is not None else 0)
     levels = state.levels
     parts: list[bytes] = [
-        _HEADER.pack(_MAGIC, FORMAT_VERSION, mech.code, flags, 0, state.dimension,
-                     float(mech.sensitivity), state.cap or 0.0, len(levels)),
+        _HEADER.pack(
+            _MAGIC,
+            FORMAT_VERSION,
+            mech.code,
+            flags,
+            0,
+            state.dimension,
+            float(mech.sensitivity),
+            state.cap or 0.0,
+            len(levels),
+        ),
         np.asarray(levels, dtype="<f8").tobytes(),
-    ]  # fmt: skip
+    ]
     if exact is not None:
         parts.append(exact.astype(_item(mech), copy=False).tobytes())
     reference: NDArray[Any] | None = None
@@ -250,8 +264,9 @@ def decode_state(data: bytes) -> ReleaseState:
     if exact is None and not levels:
         raise StateFormatError("a sealed release state needs a release")
     points = {lvl: Anchor(lvl, v, paths.get(lvl, ())) for lvl, v in ints.items()}
-    return ReleaseState._restore(mech, dimension=dim, exact=exact, base=None, cap=cap_level,
-                                 points=points)  # fmt: skip
+    return ReleaseState._restore(
+        mech, dimension=dim, exact=exact, base=None, cap=cap_level, points=points
+    )
 
 
 def _read_int(r: _Reader) -> int:

@@ -245,8 +245,7 @@ class Sealer:
         """
         rpk, epk, cipher = self._recipient(recipient_b64)
         material = b"".join(
-            len(p).to_bytes(4, "big") + p
-            for p in (rpk, aad, hashlib.sha256(plaintext).digest())
+            len(p).to_bytes(4, "big") + p for p in (rpk, aad, hashlib.sha256(plaintext).digest())
         )
         nonce = hmac.digest(self._secret, b"emarket nonce v1" + material, "sha256")[:12]
         ct = cipher.encrypt(nonce, plaintext, aad)

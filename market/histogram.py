@@ -211,9 +211,13 @@ class SparseHistogramRelease:
     def _propagate(self, a: float, sd: float, lvl: float) -> None:
         """Cell masses of f_r(y) = 1{y <= a} (f_{r-1} * φ_sd)(y) on cells tiling [lo, a]."""
         self._grid, self._density = propagate(
-            self._grid, self._density, a, sd, self.sensitivity * math.sqrt(lvl / 2.0),
+            self._grid,
+            self._density,
+            a,
+            sd,
+            self.sensitivity * math.sqrt(lvl / 2.0),
             self._grid_size,
-        )  # fmt: skip
+        )
 
     def _fresh_indices(self, q: int) -> NDArray[np.int64]:
         """q distinct uniformly random indices in [0, d) outside the tracked set."""

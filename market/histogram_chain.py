@@ -488,8 +488,9 @@ def _survival_law(
             cdf /= cdf[-1]
         sigma = sensitivity / math.sqrt(2.0 * lvl)
         kept = cdf is not None
-        rounds.append(_Round(lvl, tau, sd, a, sigma, p, at if kept else None, cdf,
-                             width if kept else None))  # fmt: skip
+        rounds.append(
+            _Round(lvl, tau, sd, a, sigma, p, at if kept else None, cdf, width if kept else None)
+        )
         if graded:
             edges = graded_cells(a, sd, total_sd, cells)
             grid, density = propagate(grid, density, a, sd, total_sd, edges, width)

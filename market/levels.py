@@ -79,9 +79,7 @@ def canonical_level(level: Any, *, name: str = "level") -> float:
     if value <= 0.0:
         raise InvalidLevelError(f"{name} must be > 0")
     if not MIN_LEVEL <= value <= MAX_LEVEL:
-        raise InvalidLevelError(
-            f"{name} must be between {MIN_LEVEL:g} and {MAX_LEVEL:g}"
-        )
+        raise InvalidLevelError(f"{name} must be between {MIN_LEVEL:g} and {MAX_LEVEL:g}")
     return float(f"{value:.15g}")
 
 
@@ -107,9 +105,7 @@ def _as_vector(value: Any, dimension: int | None, what: str) -> NDArray[Any]:
             f"{what} has {arr.shape[0]} coordinates; the engine accepts at most {MAX_DIMENSION}"
         )
     if dimension is not None and arr.shape[0] != dimension:
-        raise DimensionMismatchError(
-            f"{what} does not have its stream's dimension {dimension}"
-        )
+        raise DimensionMismatchError(f"{what} does not have its stream's dimension {dimension}")
     return arr
 
 

@@ -246,8 +246,9 @@ class Mechanism(ABC):
         lvl = canonical_level(level)
         mech.check_level(lvl)
         exact = mech.validate_value(value)
-        draws = Draws(key_from(default_rng(rng)), int(exact.shape[0]),
-                      mech.slots(lvl, math.inf, None))  # fmt: skip
+        draws = Draws(
+            key_from(default_rng(rng)), int(exact.shape[0]), mech.slots(lvl, math.inf, None)
+        )
         return mech.decode(mech.conditional(lvl, mech.origin(exact), None, draws, exact))
 
 
@@ -663,8 +664,10 @@ class Poisson(Mechanism):
     ) -> Vector | None:
         for level, _ in steps:
             self.check_level(level)
-        laws = [_poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
-                for level, upper in steps]  # fmt: skip
+        laws = [
+            _poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
+            for level, upper in steps
+        ]
         which = np.repeat(np.arange(len(laws), dtype=np.intp), sizes)
         noise: Vector = _poisson.sample(laws, which, draws)
         return noise

@@ -195,9 +195,14 @@ def opening_key(noise_secret: bytes) -> bytes:
 
 
 def derive_opening(
-    key: bytes, *, buyer_id: str, stream_id: str, purchase_id: str, requested_at_ms: int,
+    key: bytes,
+    *,
+    buyer_id: str,
+    stream_id: str,
+    purchase_id: str,
+    requested_at_ms: int,
     level_after: float,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """A purchase's opening: a pure function of the market's secret and the purchase.
 
     Parameters
@@ -219,8 +224,9 @@ def derive_opening(
         replayed or recomputed purchase rebuilds byte-identical outcomes, and two purchases
         never share an opening (one shown cannot open another).
     """
-    ident = identity_bytes(buyer_id, stream_id, purchase_id, int(requested_at_ms),
-                           float(level_after) + 0.0)  # fmt: skip
+    ident = identity_bytes(
+        buyer_id, stream_id, purchase_id, int(requested_at_ms), float(level_after) + 0.0
+    )
     return hmac.digest(key, ident, "sha256")
 
 
@@ -324,17 +330,27 @@ class Receipt:
         """
         if self.legacy:
             return json.dumps(
-                self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                self.to_dict(),
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
                 allow_nan=False,
-            ).encode("utf-8")  # fmt: skip
+            ).encode("utf-8")
         parts = [DOMAIN, _i(self.receipt_version)]
-        parts += map(_s, (self.purchase_id, self.buyer_id, self.stream_id, self.seller_id,
-                          self.mechanism))  # fmt: skip
+        parts += map(
+            _s, (self.purchase_id, self.buyer_id, self.stream_id, self.seller_id, self.mechanism)
+        )
         parts += [_i(len(self.value_ids)), *map(_s, self.value_ids)]
-        parts += [_f(self.level_before), _f(self.level_after), _i(self.price_minor),
-                  _s(self.currency), _i(self.requested_at_ms), _s(self.market_key_id),
-                  _s(self.commitment),
-                  _s(self.ciphertext_digest) if self.ciphertext_digest else b"n"]  # fmt: skip
+        parts += [
+            _f(self.level_before),
+            _f(self.level_after),
+            _i(self.price_minor),
+            _s(self.currency),
+            _i(self.requested_at_ms),
+            _s(self.market_key_id),
+            _s(self.commitment),
+            _s(self.ciphertext_digest) if self.ciphertext_digest else b"n",
+        ]
         return b"".join(parts)
 
     @classmethod
@@ -354,16 +370,23 @@ class Receipt:
         if not isinstance(data, Mapping):
             raise ReceiptError(f"a receipt is a JSON object, got {type(data).__name__}")
         # an optional text written as null is absent (some writers spell absence so)
-        got = {k: v for k, v in data.items()
-               if k != "signature" and not (v is None and k in _OPTIONAL_TEXTS)}  # fmt: skip
+        got = {
+            k: v
+            for k, v in data.items()
+            if k != "signature" and not (v is None and k in _OPTIONAL_TEXTS)
+        }
         unknown = set(got) - set(_FIELDS)
         missing = set(_REQUIRED) - set(got)
         if unknown or missing:
             raise ReceiptError(
                 "receipt is malformed: "
-                + "; ".join([*(f"unknown field {k!r}" for k in sorted(unknown)),
-                             *(f"missing field {k!r}" for k in sorted(missing))])
-            )  # fmt: skip
+                + "; ".join(
+                    [
+                        *(f"unknown field {k!r}" for k in sorted(unknown)),
+                        *(f"missing field {k!r}" for k in sorted(missing)),
+                    ]
+                )
+            )
         for name in _TEXTS & set(got):
             if not isinstance(got[name], str):
                 raise ReceiptError(f"receipt field {name!r} is not text")
@@ -381,8 +404,18 @@ class Receipt:
 _FIELDS = tuple(f.name for f in fields(Receipt))
 _OPTIONAL_TEXTS = {"ciphertext_digest", "commitment", "release_digest"}
 _REQUIRED = tuple(f for f in _FIELDS if f not in _OPTIONAL_TEXTS)
-_TEXTS = {"purchase_id", "buyer_id", "stream_id", "seller_id", "mechanism", "currency",
-          "market_key_id", "ciphertext_digest", "commitment", "release_digest"}  # fmt: skip
+_TEXTS = {
+    "purchase_id",
+    "buyer_id",
+    "stream_id",
+    "seller_id",
+    "mechanism",
+    "currency",
+    "market_key_id",
+    "ciphertext_digest",
+    "commitment",
+    "release_digest",
+}
 _INTEGERS = {"price_minor", "requested_at_ms", "receipt_version"}
 _DOUBLES = ("level_before", "level_after")
 
@@ -564,9 +597,14 @@ def parse_public_key(text: Any) -> Ed25519PublicKey:
 
 #: Fields of a ``purchase_fulfilled`` event that repeat signed receipt fields.
 OUTER_FIELDS = (
-    "purchase_id", "buyer_id", "stream_id", "level_before", "level_after", "price_minor",
+    "purchase_id",
+    "buyer_id",
+    "stream_id",
+    "level_before",
+    "level_after",
+    "price_minor",
     "currency",
-)  # fmt: skip
+)
 
 
 def _releases_of(outcome: Mapping[str, Any]) -> list[ReleaseTriple]:
@@ -641,9 +679,13 @@ def verify_outcome(outcome: Any, public_key: Ed25519PublicKey) -> Receipt:
         )
     try:
         rec = verify_receipt(
-            receipt, receipt["signature"], releases, public_key, envelope=outcome.get("sealed"),
+            receipt,
+            receipt["signature"],
+            releases,
+            public_key,
+            envelope=outcome.get("sealed"),
             opening=_opening_of(outcome),
-        )  # fmt: skip
+        )
     except (TypeError, ValueError) as exc:
         raise ReceiptError(f"the outcome is malformed: {exc}") from None
     differ = [f for f in OUTER_FIELDS if outcome.get(f) != getattr(rec, f)]

@@ -101,8 +101,16 @@ class ReleaseState:
     True
     """
 
-    __slots__ = ("_base", "_cap", "_dimension", "_exact", "_levels", "_mechanism", "_points",
-                 "_releases")  # fmt: skip
+    __slots__ = (
+        "_base",
+        "_cap",
+        "_dimension",
+        "_exact",
+        "_levels",
+        "_mechanism",
+        "_points",
+        "_releases",
+    )
 
     def __init__(
         self,
@@ -371,8 +379,9 @@ class ReleaseState:
             raise ValueError(f"{len(states)} states but {len(identities)} identities")
         for st in states:
             st.check(lvl)
-        return [st.release(lvl, key=keys(*ident))
-                for st, ident in zip(states, identities, strict=True)]  # fmt: skip
+        return [
+            st.release(lvl, key=keys(*ident)) for st, ident in zip(states, identities, strict=True)
+        ]
 
     def _anchors(self, lvl: float) -> tuple[int, Anchor, Anchor | None]:
         """(insertion index, upper neighbour, lower neighbour) of a new level."""

@@ -99,9 +99,12 @@ class CollusionResult:
 
 
 def collusion_experiment(
-    epsilons: NDArray[np.float64], group_sizes: list[int], *, trials: int = 20_000,
+    epsilons: NDArray[np.float64],
+    group_sizes: list[int],
+    *,
+    trials: int = 20_000,
     rng: RngLike = None,
-) -> CollusionResult:  # fmt: skip
+) -> CollusionResult:
     """Groups made of the ``s`` most distant members (smallest ε) average their releases.
 
     Parameters

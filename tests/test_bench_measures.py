@@ -13,8 +13,11 @@ from bench.service import BROKER, WORKER, Cost, topic_kind
 
 
 def _cost(events: int, load_s: float, worker: float, idle_s: float, idle_worker: float) -> Cost:
-    return Cost(events, Usage(load_s, {WORKER: worker, BROKER: 0.0}),
-                Usage(idle_s, {WORKER: idle_worker, BROKER: 0.5}))  # fmt: skip
+    return Cost(
+        events,
+        Usage(load_s, {WORKER: worker, BROKER: 0.0}),
+        Usage(idle_s, {WORKER: idle_worker, BROKER: 0.5}),
+    )
 
 
 def test_net_cpu_subtracts_the_idle_rate_over_the_run_and_never_goes_negative() -> None:
@@ -33,8 +36,15 @@ def test_two_runs_add_up_to_their_events_and_seconds() -> None:
 
 
 def test_bytes_are_summed_per_topic_kind_per_event() -> None:
-    made = Produced(10, {"m.inbox.alice": (5, 1000), "m.inbox.bob": (5, 3000),
-                         "app-streams-changelog": (7, 700), "m.purchases": (10, 3620)})  # fmt: skip
+    made = Produced(
+        10,
+        {
+            "m.inbox.alice": (5, 1000),
+            "m.inbox.bob": (5, 3000),
+            "app-streams-changelog": (7, 700),
+            "m.purchases": (10, 3620),
+        },
+    )
     per = made.per_event(topic_kind)
     assert per["inbox.<account>"] == (pytest.approx(1.0), pytest.approx(400.0))
     assert per["changelog: streams"] == (pytest.approx(0.7), pytest.approx(70.0))

@@ -18,9 +18,12 @@ def test_noise_benchmark_runs() -> None:
         timeout=300,
     ).stdout
     assert "| laplace | relax |" in out
-    for row in ("top of 4 steps vs SparseHistogramRelease, 4 rounds",
-                "the same, plus building the stream's survival law",
-                "vs a Gaussian vector of as many numbers", "domain 2^60 vs 2^20"):  # fmt: skip
+    for row in (
+        "top of 4 steps vs SparseHistogramRelease, 4 rounds",
+        "the same, plus building the stream's survival law",
+        "vs a Gaussian vector of as many numbers",
+        "domain 2^60 vs 2^20",
+    ):
         assert f"| histogram | {row} |" in out
     assert "## Memory per stored value" in out
 
@@ -28,8 +31,11 @@ def test_noise_benchmark_runs() -> None:
 def test_core_benchmark_runs() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.core", "--quick"],
-        check=True, capture_output=True, text=True, timeout=300,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     for row in ("purchase (next step, 4 values, sealed, receipt)", "value (8 numbers, 2 holders)"):
         assert f"| {row} |" in out
     assert "| core CPU µs/event | crypto floor CPU µs | core / floor |" in out
@@ -41,7 +47,10 @@ def test_core_benchmark_runs() -> None:
 def test_state_benchmark_runs() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.state", "--quick"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     assert "| chain state | 3,300 |" in out and "One checkpoint per partition" in out
 
@@ -51,8 +60,11 @@ def test_trace_counts_the_same_path_twice() -> None:
     state (no warning: each event's twin took the same path)."""
     run = subprocess.run(
         [sys.executable, "-m", "bench.trace"],
-        check=True, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.stderr == "" and run.stdout.count("| module | entries | calls |") == 2
     for module in ("streams.wire.signing", "market.chain"):  # outside the core: stable names
         assert f"| {module} |" in run.stdout
@@ -69,8 +81,13 @@ def test_service_benchmark_runs() -> None:
         text=True,
         timeout=600,
     ).stdout
-    for row in ("raw aiokafka round trip", "Faust pass-through agent", "market ingest",
-                "market fan-out", "market purchase"):  # fmt: skip
+    for row in (
+        "raw aiokafka round trip",
+        "Faust pass-through agent",
+        "market ingest",
+        "market fan-out",
+        "market purchase",
+    ):
         assert f"| {row}" in out
     # CPU per event with the broker's and the idle rates, and the bytes produced
     assert "| path | worker µs/event | net of idle | worker ÷ pass-through |" in out
@@ -90,16 +107,28 @@ def test_service_benchmark_runs() -> None:
 def test_report_regenerates(tmp_path: object) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.report", "--quick", "--no-service", "--out", str(tmp_path)],
-        check=True, capture_output=True, text=True, timeout=600,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     assert "11 figures" in out
     from pathlib import Path
 
     report = (Path(str(tmp_path)) / "report.md").read_text()
-    for section in ("Accuracy after k relaxation steps", "Sample paths", "Sparse histograms",
-                    "Exact counts: discrete Laplace", "Running totals", "Histogram streams",
-                    "RAPPOR", "social network", "Speed of the samplers",
-                    "Speed of histogram releases", "Market core per event"):  # fmt: skip
+    for section in (
+        "Accuracy after k relaxation steps",
+        "Sample paths",
+        "Sparse histograms",
+        "Exact counts: discrete Laplace",
+        "Running totals",
+        "Histogram streams",
+        "RAPPOR",
+        "social network",
+        "Speed of the samplers",
+        "Speed of histogram releases",
+        "Market core per event",
+    ):
         assert section in report
     assert "| histogram | top of 4 steps vs SparseHistogramRelease" in report
     assert report.index("## Speed of the samplers") < report.index("## Speed of histogram")
@@ -114,10 +143,21 @@ def test_one_section_is_regenerated_in_place(tmp_path: object) -> None:
     before = "# Results report\n\nhead\n\n## Factorization mechanism: prefix sums\n\nold\n"
     path.write_text(before + "\n## Service throughput and latency (same broker)\n\nkept\n")
     subprocess.run(
-        [sys.executable, "-m", "bench.report", "--quick", "--out", str(tmp_path), "--only",
-         "Histogram streams"],
-        check=True, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.report",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--only",
+            "Histogram streams",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     text = path.read_text()
     assert text.startswith("# Results report\n\nhead\n\n## Histogram streams")
     assert "\n## Factorization mechanism: prefix sums\n\nold\n\n" in text  # untouched
@@ -136,18 +176,21 @@ def test_a_section_regenerated_alone_says_when_and_so_does_the_header(tmp_path: 
     from bench.report import _splice
 
     path = Path(str(tmp_path)) / "report.md"
-    head = ("# Results report\n\nGenerated by `python -m bench.report` on a 2-core machine, "
-            "2000-01-01. Every ratio is against a baseline.\n")  # fmt: skip
+    head = (
+        "# Results report\n\nGenerated by `python -m bench.report` on a 2-core machine, "
+        "2000-01-01. Every ratio is against a baseline.\n"
+    )
     path.write_text(head + "\n## A\n\nold a\n\n## B\n\nold b\n")
     sections = [("A", lambda: "new a"), ("B", lambda: "new b")]
     _splice(path, sections, ["A"])
     _splice(path, sections, ["A"])
     today = time.strftime("%Y-%m-%d")
     text = path.read_text()
-    assert ("on a 2-core machine, 2000-01-01 (sections regenerated alone since say so, the "
-            f"latest on {today}). Every ratio") in text, text  # fmt: skip
+    assert (
+        "on a 2-core machine, 2000-01-01 (sections regenerated alone since say so, the "
+        f"latest on {today}). Every ratio"
+    ) in text, text
     assert text.count("regenerated alone since") == 1, text
     note = f"*Regenerated alone (`python -m bench.report --only`) on {today}.*"
     assert f"## A\n\n{note}\n\nnew a\n" in text, text
     assert text.endswith("## B\n\nold b\n")  # untouched, and no path of a temporary directory
-

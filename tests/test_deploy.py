@@ -193,9 +193,10 @@ def test_replication_is_one_setting_for_topics_and_workers() -> None:
     assert SERVICES["kafka-init"]["environment"]["REPLICATION"] == "${EMARKET_REPLICATION:-1}"
     for w in WORKERS.values():
         assert w["environment"]["EMARKET_REPLICATION"] == "${EMARKET_REPLICATION:-1}"
-    assert '--replication-factor "${REPLICATION:-1}"' in (
-        ROOT / "deploy/kafka/setup-security.sh"
-    ).read_text()
+    assert (
+        '--replication-factor "${REPLICATION:-1}"'
+        in (ROOT / "deploy/kafka/setup-security.sh").read_text()
+    )
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
@@ -205,8 +206,10 @@ def test_make_env_sets_every_required_secret_in_a_form_the_worker_loads(tmp_path
     script = ROOT / "deploy/make-env.sh"
     out = subprocess.run(
         ["bash", str(script), "--sellers", "acme,s2", "--buyers", "alice"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     env = dict(line.split("=", 1) for line in out.splitlines() if line and line[0] != "#")
     required = set(re.findall(r"\$\{([A-Z_]+):\?", (ROOT / "docker-compose.yml").read_text()))
     assert required and required <= set(env), sorted(required - set(env))
@@ -224,19 +227,39 @@ def test_make_env_sets_every_required_secret_in_a_form_the_worker_loads(tmp_path
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
 @pytest.mark.parametrize(
     ("sellers", "buyers", "why"),
-    [("admin:pw", "", "market's own principals"), ("acme:pw", "market-worker:pw", "own"),
-     ("acme:pw", "operator:pw", "own"), ("acme:one", "acme:two", "twice"),
-     ("acme", "", "id:password"), ("a b:pw", "", "id:password")],
-)  # fmt: skip
+    [
+        ("admin:pw", "", "market's own principals"),
+        ("acme:pw", "market-worker:pw", "own"),
+        ("acme:pw", "operator:pw", "own"),
+        ("acme:one", "acme:two", "twice"),
+        ("acme", "", "id:password"),
+        ("a b:pw", "", "id:password"),
+    ],
+)
 def test_security_setup_refuses_parties_that_would_be_someone_else(
     sellers: str, buyers: str, why: str
 ) -> None:
     """Checked before anything is created: a buyer called `admin` would be a super user."""
-    env = {"BOOTSTRAP": "127.0.0.1:1", "PREFIX": "p", "PARTITIONS": "1", "APP_ID": "a",
-           "ADMIN_PASSWORD": "x", "WORKER_PASSWORD": "x", "OPERATOR_PASSWORD": "x",
-           "SELLERS": sellers, "BUYERS": buyers, "PATH": "/usr/bin:/bin"}  # fmt: skip
-    r = subprocess.run(["bash", str(ROOT / "deploy/kafka/setup-security.sh")], env=env,
-                       capture_output=True, text=True, check=False, timeout=30)  # fmt: skip
+    env = {
+        "BOOTSTRAP": "127.0.0.1:1",
+        "PREFIX": "p",
+        "PARTITIONS": "1",
+        "APP_ID": "a",
+        "ADMIN_PASSWORD": "x",
+        "WORKER_PASSWORD": "x",
+        "OPERATOR_PASSWORD": "x",
+        "SELLERS": sellers,
+        "BUYERS": buyers,
+        "PATH": "/usr/bin:/bin",
+    }
+    r = subprocess.run(
+        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
     assert r.returncode == 2 and "refused" in r.stderr and why in r.stderr, r.stderr
 
 
@@ -271,19 +294,38 @@ def test_security_setup_refuses_an_app_id_and_prefix_that_share_topics(
     prefix: str, app_id: str
 ) -> None:
     """A party's inbox (``$PREFIX.inbox.<id>``) must never be one of the workers' topics."""
-    env = {"BOOTSTRAP": "127.0.0.1:1", "PREFIX": prefix, "PARTITIONS": "1", "APP_ID": app_id,
-           "ADMIN_PASSWORD": "x", "WORKER_PASSWORD": "x", "OPERATOR_PASSWORD": "x",
-           "SELLERS": "acme:pw", "BUYERS": "", "PATH": "/usr/bin:/bin"}  # fmt: skip
-    r = subprocess.run(["bash", str(ROOT / "deploy/kafka/setup-security.sh")], env=env,
-                       capture_output=True, text=True, check=False, timeout=30)  # fmt: skip
+    env = {
+        "BOOTSTRAP": "127.0.0.1:1",
+        "PREFIX": prefix,
+        "PARTITIONS": "1",
+        "APP_ID": app_id,
+        "ADMIN_PASSWORD": "x",
+        "WORKER_PASSWORD": "x",
+        "OPERATOR_PASSWORD": "x",
+        "SELLERS": "acme:pw",
+        "BUYERS": "",
+        "PATH": "/usr/bin:/bin",
+    }
+    r = subprocess.run(
+        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
     assert r.returncode == 2 and "refused" in r.stderr and "names topics inside" in r.stderr
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
 def test_make_env_gives_a_party_that_sells_and_buys_one_password() -> None:
     script = str(ROOT / "deploy/make-env.sh")
-    out = subprocess.run(["bash", script, "--sellers", "acme", "--buyers", "acme,bob"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["bash", script, "--sellers", "acme", "--buyers", "acme,bob"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     env = dict(line.split("=", 1) for line in out.splitlines() if line and line[0] != "#")
     assert env["EMARKET_SELLERS"].split(",")[0] == env["EMARKET_BUYERS"].split(",")[0]
     for bad in (["--buyers", "admin"], ["--sellers", "operator"], ["--buyers", "a,a"]):
@@ -342,46 +384,71 @@ def render_alertmanager(tmp_path: Path, **env: str) -> subprocess.CompletedProce
     out = tmp_path / "alertmanager.yml"
     return subprocess.run(
         ["sh", str(ALERTMANAGER / "render.sh"), str(ALERTMANAGER / "alertmanager.yml"), str(out)],
-        env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 @pytest.mark.skipif(shutil.which("awk") is None, reason="awk not available")
 def test_alertmanager_config_renders_from_the_environment(tmp_path: Path) -> None:
     page = "https://hooks.example.org/page?token=a&b=|\\1$x"  # no character is special
-    r = render_alertmanager(tmp_path, EMARKET_ALERT_PAGE_URL=page,
-                            EMARKET_ALERT_TICKET_URL="http://tickets:8080/")  # fmt: skip
+    r = render_alertmanager(
+        tmp_path, EMARKET_ALERT_PAGE_URL=page, EMARKET_ALERT_TICKET_URL="http://tickets:8080/"
+    )
     assert r.returncode == 0, r.stderr
     rendered = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
     urls = {x["name"]: x["webhook_configs"][0]["url"] for x in rendered["receivers"]}
     assert urls == {"page": page, "ticket": "http://tickets:8080/"}
     if shutil.which("amtool"):  # Debian: prometheus-alertmanager
-        check = subprocess.run(["amtool", "check-config", str(tmp_path / "alertmanager.yml")],
-                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        check = subprocess.run(
+            ["amtool", "check-config", str(tmp_path / "alertmanager.yml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert check.returncode == 0 and "SUCCESS" in check.stdout, check.stdout + check.stderr
     # a receiver without a URL stops the start, naming what to set
     r = render_alertmanager(tmp_path / "x", EMARKET_ALERT_PAGE_URL=page)
     assert r.returncode == 2 and "EMARKET_ALERT_TICKET_URL" in r.stderr, r.stderr
     compose = SERVICES["alertmanager"]
-    assert compose["entrypoint"][1:] == ["/etc/alertmanager/render.sh",
-                                         "/etc/alertmanager/alertmanager.yml",
-                                         "/alertmanager/alertmanager.yml"]  # fmt: skip
+    assert compose["entrypoint"][1:] == [
+        "/etc/alertmanager/render.sh",
+        "/etc/alertmanager/alertmanager.yml",
+        "/alertmanager/alertmanager.yml",
+    ]
     assert "--config.file=/alertmanager/alertmanager.yml" in compose["command"]
 
 
-@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed "
-                    "(apt-get install prometheus-alertmanager)")  # fmt: skip
+@pytest.mark.skipif(
+    shutil.which("amtool") is None,
+    reason="amtool not installed (apt-get install prometheus-alertmanager)",
+)
 def test_amtool_routes_each_alert_to_its_receiver(tmp_path: Path) -> None:
-    r = render_alertmanager(tmp_path, EMARKET_ALERT_PAGE_URL="http://p/",
-                            EMARKET_ALERT_TICKET_URL="http://t/")  # fmt: skip
+    r = render_alertmanager(
+        tmp_path, EMARKET_ALERT_PAGE_URL="http://p/", EMARKET_ALERT_TICKET_URL="http://t/"
+    )
     assert r.returncode == 0, r.stderr
     expected = {"page": "page", "ticket": "ticket", "info": "ticket"}
     for alert, severity in alert_severities().items():
         out = subprocess.run(
-            ["amtool", "config", "routes", "test", "--config.file",
-             str(tmp_path / "alertmanager.yml"), f"alertname={alert}", f"severity={severity}"],
-            capture_output=True, text=True, timeout=60, check=True,
-        ).stdout.strip()  # fmt: skip
+            [
+                "amtool",
+                "config",
+                "routes",
+                "test",
+                "--config.file",
+                str(tmp_path / "alertmanager.yml"),
+                f"alertname={alert}",
+                f"severity={severity}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
         assert out == expected[severity], (alert, out)
 
 
@@ -401,11 +468,13 @@ def test_prometheus_alerts_through_the_alertmanager_and_scrapes_kafka() -> None:
     rules = yaml.safe_load((ROOT / mounts[config]).read_text())
     assert rules["rules"] and all("pattern" in r and "name" in r for r in rules["rules"])
     dockerfile = (ROOT / SERVICES["kafka"]["build"]["dockerfile"]).read_text()
-    add = re.search(r"ADD --chmod=644 \\\s+--checksum=sha256:([0-9a-f]{64}) \\\s+(\S+) \\\s+(\S+)",
-                    dockerfile)  # fmt: skip
+    add = re.search(
+        r"ADD --chmod=644 \\\s+--checksum=sha256:([0-9a-f]{64}) \\\s+(\S+) \\\s+(\S+)", dockerfile
+    )
     assert add, "the agent is fetched at a pinned version and checked"
-    version = re.search(r"/jmx_prometheus_javaagent/([\d.]+)/jmx_prometheus_javaagent-\1\.jar$",
-                        add[2])  # fmt: skip
+    version = re.search(
+        r"/jmx_prometheus_javaagent/([\d.]+)/jmx_prometheus_javaagent-\1\.jar$", add[2]
+    )
     assert version and version[1] in SERVICES["kafka"]["image"]
     assert add[3] == jar
     # a Kafka tool run in the container must not start a second agent on the same port
@@ -438,8 +507,9 @@ def test_worker_healthcheck_fails_when_health_says_503() -> None:
             env = {**os.environ, "EMARKET_WEB_PORT": str(server.server_address[1])}
             for status, ok in ((200, True), (503, False)):
                 _Health.status = status
-                r = subprocess.run([sys.executable, *args], env=env, capture_output=True,
-                                   timeout=30, check=False)  # fmt: skip
+                r = subprocess.run(
+                    [sys.executable, *args], env=env, capture_output=True, timeout=30, check=False
+                )
                 assert (r.returncode == 0) == ok, (status, r.stderr)
             assert w["environment"]["EMARKET_WEB_PORT"] == "6066"
             assert check["start_period"] and check["retries"] >= 2
@@ -499,16 +569,18 @@ def tls_handshake(ca: Path, cert: Path, key: Path, name: str) -> None:
 
         def serve() -> None:
             conn, _ = listener.accept()
-            with contextlib.suppress(ssl.SSLError, OSError), server_ctx.wrap_socket(
-                conn, server_side=True
-            ) as tls:
+            with (
+                contextlib.suppress(ssl.SSLError, OSError),
+                server_ctx.wrap_socket(conn, server_side=True) as tls,
+            ):
                 tls.recv(1)
 
         t = threading.Thread(target=serve, daemon=True)
         t.start()
-        with socket.create_connection(listener.getsockname(), timeout=10) as raw, (
-            client_ctx.wrap_socket(raw, server_hostname=name)
-        ) as tls:
+        with (
+            socket.create_connection(listener.getsockname(), timeout=10) as raw,
+            client_ctx.wrap_socket(raw, server_hostname=name) as tls,
+        ):
             tls.sendall(b"x")
         t.join(10)
 
@@ -517,9 +589,22 @@ def tls_handshake(ca: Path, cert: Path, key: Path, name: str) -> None:
 def test_tls_script_makes_material_clients_verify(tmp_path: Path) -> None:
     out = tmp_path / "tls"
     script = str(ROOT / "deploy/make-tls.sh")
-    r = subprocess.run(["bash", script, "--host", "market.example.org", "--host", "203.0.113.7",
-                        "--out", str(out)], capture_output=True, text=True, check=False,
-                       timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            "bash",
+            script,
+            "--host",
+            "market.example.org",
+            "--host",
+            "203.0.113.7",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     for secret in ("ca.key", "broker.key", "broker.p12", "keystore.password"):
         assert (out / secret).stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
@@ -529,23 +614,52 @@ def test_tls_script_makes_material_clients_verify(tmp_path: Path) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
         tls_handshake(ca, cert, key, "elsewhere.example.org")
     # the keystore opens with its password and holds the key and the chain to the CA
-    chain = subprocess.run(["openssl", "pkcs12", "-in", str(out / "broker.p12"), "-nokeys",
-                            "-passin", f"file:{out / 'keystore.password'}"],
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    chain = subprocess.run(
+        [
+            "openssl",
+            "pkcs12",
+            "-in",
+            str(out / "broker.p12"),
+            "-nokeys",
+            "-passin",
+            f"file:{out / 'keystore.password'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert chain.count("BEGIN CERTIFICATE") == 2
     if shutil.which("keytool"):
-        listed = subprocess.run(["keytool", "-list", "-keystore", str(out / "truststore.p12"),
-                                 "-storepass:file", str(out / "truststore.password")],
-                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        listed = subprocess.run(
+            [
+                "keytool",
+                "-list",
+                "-keystore",
+                str(out / "truststore.p12"),
+                "-storepass:file",
+                str(out / "truststore.password"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert "trustedCertEntry" in listed
     # again: the CA is kept (clients keep trusting it), the broker certificate is new
     first = cert.read_text()
-    subprocess.run(["bash", script, "--host", "other.example.org", "--out", str(out)],
-                   capture_output=True, check=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        ["bash", script, "--host", "other.example.org", "--out", str(out)],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
     assert cert.read_text() != first
     tls_handshake(ca, cert, key, "other.example.org")
-    bad = subprocess.run(["bash", script, "--out", str(tmp_path / "none")], capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    bad = subprocess.run(
+        ["bash", script, "--out", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode == 2 and "--host" in bad.stderr
     docs = (ROOT / "docs/operations.md").read_text()
     assert "deploy/make-tls.sh" in docs
@@ -559,8 +673,11 @@ def test_documented_account_outcomes_are_the_ones_counted() -> None:
     core = helpers.market_core()
     t = core.ctx.topics
     opened = helpers.account("alice")
-    seen = {core.handle(t.accounts, opened).status, core.handle(t.accounts, opened).status,
-            core.handle(t.accounts, b"{not json").status}  # fmt: skip
+    seen = {
+        core.handle(t.accounts, opened).status,
+        core.handle(t.accounts, opened).status,
+        core.handle(t.accounts, b"{not json").status,
+    }
     assert seen == {"accepted", "duplicate", "rejected"}
     docs = (ROOT / "docs/operations.md").read_text()
     (row,) = [line for line in docs.splitlines() if line.startswith("| `emarket_account_events")]

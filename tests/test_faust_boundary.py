@@ -55,152 +55,82 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RECORDED: dict[str, dict[str, str]] = {
     "faust-streaming==0.15.3": {
-        "faust.stores.rocksdb:Store.partition_path":
-            "0cc4eae7dc33fcf199f5a271d5186984f3a18af73a5168a9961e71518eb7ab14",
-        "faust.stores.rocksdb:Store.revoke_partitions":
-            "3f85447a24fc34ffd1ecb5039f502ac6049d92fbd61d91371049bab01203e390",
-        "faust.tables.recovery:Recovery.on_rebalance":
-            "aa4d997a1795ceae3880f98311b46935d9ae1a183a699b9a283bb4306bc8641f",
-        "faust.tables.manager:TableManager.on_rebalance":
-            "2d2c23a07bf5432854a01ad790af19bb7e7acc8062a6ac2934ff0db94bf3924a",
-        "faust.tables.recovery:Recovery.on_recovery_completed":
-            "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac",
-        "faust.transport.consumer:Consumer.perform_seek":
-            "0e8c130ff4b0afd82c0be9c5fd831316e10febc62c94032833911096e156d7c6",
-        "faust.transport.consumer:Consumer.seek":
-            "b86a9fe05f956b30cf299c787b6787c6e0349cbf1ae556f2456a1e97b15dbb22",
-        "faust.transport.consumer:Consumer.pause_partitions":
-            "27a1c94bdacd54de06593ec4eb040b32e9e7c9534e9af041f6ed66723df5f922",
-        "faust.stores.rocksdb:Store._db_for_partition":
-            "cb7e67d5f9efc4bced7b7ab09a55fe717c352daad5b693594e3f7ca52a98787f",
-        "faust.stores.rocksdb:Store._get":
-            "7ae8dfd6d7754a5952ae162d4d5cf0d51a8a020ed730a4a7c7dc7f7c84e73fb8",
-        "faust.stores.rocksdb:Store._iterkeys":
-            "12ecc1051cc5505d73fd9466067321c74f916abf110c66da03d6f858148b9479",
-        "faust.stores.rocksdb:Store._visible_items":
-            "545dc16a2b25e4a4c6ce4483ba808b7121b733ac32ecbdcbba78348248f816c2",
-        "faust.stores.rocksdb:Store.set_persisted_offset":
-            "b4c811926678346ebb8c40486dbc46d0fbac2bbeaa592384bd955112556acf45",
-        "faust.transport.consumer:Consumer._drain_messages":
-            "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
-        "faust.transport.consumer:Consumer.getmany":
-            "4b168d84882a70d6e3e2f9804430a63b92f8fd117d3187cbb4aeb54305bda34e",
-        "faust.transport.consumer:Consumer.track_message":
-            "217d7f1399a4cd8e15a43a64ecf50413b9b738058e5433e057f0dc3927a3fc03",
-        "faust.transport.consumer:Consumer._wait_next_records":
-            "6218e1969a636b3ff504ad1b8e7ad58a113572e43d746cc96d684ed5153032c6",
-        "faust.transport.consumer:Consumer._add_gap":
-            "4df2573ded7c1c2cde04dc6bde6d4480cb5875ef565256e56966b585ae39b1c1",
-        "faust.transport.consumer:Consumer._new_offset":
-            "1d2c7ea89a7ad4f1a216c1d51936e569162cd66bd56f889e13fd29c910b58eb0",
-        "faust.transport.consumer:Consumer._commit_offsets":
-            "1a6979904118844111259d182ca1c6e92ccc16364ccbe55c58e59d6e254a7adb",
-        "faust.transport.consumer:Consumer.ack":
-            "5fcf41cf45153475de3790dc56fec1b83335956dc8b3bf7ff6bbb2b57627f03f",
-        "faust.transport.drivers.aiokafka:Consumer._to_message":
-            "7c24f6511b2fcef7cbfe73526e78de033bfe0df211f1fd30509d699c9deb6ce4",
-        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._create_worker_consumer":
-            "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7",
-        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._highwaters":
-            "a7f4f97d9f32aca2777713e22671d70eae4b3ae51541bb09a90448ce83acefce",
-        "faust.transport.drivers.aiokafka:Producer.on_start":
-            "219c9a7a785d77b29016a7f32a12b29645eb9a84f4dd320eee420415eec54120",
-        "faust.tables.manager:TableManager.on_start":
-            "365dd25fbc0e068499c89e526516c638693a2d143b6ac249f84a60f5267fec9d",
-        "faust.tables.table:Table.on_key_set":
-            "a370e35ca55c2c7e36e93f0d4b485927c32d49199043cab2314572846184dd94",
-        "faust.tables.table:Table.on_key_del":
-            "4f2900b2f9d24a080d5cbc9eaa1f5566f1d11e56916e79b02f079c52f4751053",
-        "faust.tables.base:Collection._on_changelog_sent":
-            "60122c86a120d82cffa95da4c22323e12d67fa82f3112f08ac7f8edde7c47826",
-        "faust.tables.base:Collection._new_changelog_topic":
-            "77bea64b59f798094f8de7a939a2e159ae5cd55a0d1877728ef1e205fe7ef98c",
-        "faust.stores.memory:Store._create_batch_iterator":
-            "b082c8bcc040382347025bd5b08d31700b2e6b1d2c0232f1de551f1b5495d1ed",
-        "faust.tables.base:Collection.apply_changelog_batch":
-            "b980a78d3ae9b1e87f2d3fb63e0dcd2671341a1e60ea5233859d6bdd699d3029",
-        "faust.stores.memory:Store.apply_changelog_batch":
-            "71863e3cd727aac2001c4f19a393c637275eab36056c9a2d395ed1c7528e7647",
-        "faust.stores.rocksdb:Store.apply_changelog_batch":
-            "ea3344d369fc4ab5e3cdace30565691136035a463acb7b2551fdc0b8af71643b",
-        "faust.tables.recovery:Recovery._restart_recovery.fun":
-            "6bd8a8558a2dffe4c60b8150f23d721baa6b3d658367f911a3ad2187e20efc6f",
-        "faust.tables.recovery:Recovery.flush_buffers":
-            "6fa9c17f1071018c49cb6d411a34fb4a2c2ac4f41c3de650bbee15831abd6f1f",
-        "faust.tables.recovery:Recovery._resume_streams":
-            "d986a6710c1aca98f08c4c723fb3eadc5bf24576ad4eb9da3dd3eecedda2f24e",
-        "faust.stores.memory:Store.on_recovery_completed":
-            "a00bef343e139602606996e88809e62731a9113691ae678095266a52e0e0b013",
-        "faust.streams:current_event":
-            "3b821f1a78d86a58234dfe781fbf539775b00e66fdac9489c1c398a2d81d7e9d",
-        "faust.serializers.codecs:Codec._dumps":
-            "3efd56bca4bce2f97acb9ee82fb15a637f5b076240b0f6b5844cb2b6d1b1087b",
-        "faust.serializers.codecs:Codec._loads":
-            "02974d34db2ba5c794658ef84b0a615345e664ceee2a5e7a4a69b563a329dba6",
-        "faust.serializers.codecs:Codec.dumps":
-            "cf18c4ce2b00d8e67ad52630c1805a922dfd2995e9a2bd05fec49203327df43a",
-        "faust.serializers.codecs:Codec.loads":
-            "027828bc7440a51e764d3cfccd5741599d47e809bf6c74e446b483663ce444b0",
-        "faust.worker:Worker._on_sigterm":
-            "ba99cf23ea875c02ec56789188908e790bfa29ed6c8b7021e1ce939ade9c56b6",
-        "faust.worker:Worker._on_sigint":
-            "327193230c65ea83db83983b7a0a5f983e1658e3f4271a506838d96f507283f1",
-        "faust.assignor.partition_assignor:PartitionAssignor.metadata":
-            "6d7f0ebcd61e8b4d99aed38e57c4b47a68a868ed1be64c6e30f41ab665e740ae",
-        "faust.assignor.partition_assignor:PartitionAssignor.assign":
-            "25f1cbbba9d46748e0b1ccd1356277859176d8e1db9cb485fd38f15433f9b24e",
-        "faust.assignor.partition_assignor:PartitionAssignor.on_assignment":
-            "72f34bf053d696b51a6ec8c7f30ba5111800be760aa63dd28f6fcb5a29291f24",
-        "faust.assignor.partition_assignor:PartitionAssignor._perform_assignment":
-            "1e0bf2c5c8f42574670a8ef7661a043919c8e03b59ec966ce8109a36fd20fa52",
-        "faust.assignor.partition_assignor:PartitionAssignor._protocol_assignments":
-            "e231e876d04a222d3b2ff202dbcb2292184f33266d63bb5298b12309c88bc78d",
-        "faust.assignor.partition_assignor:PartitionAssignor._compress":
-            "de873849928dbd83c7b33c73c9fa60452bb0608a1f75ea6e7010c261dd297325",
-        "faust.assignor.partition_assignor:PartitionAssignor._decompress":
-            "d65b7310c43aebd78c1e7a92f9b2cacf80401821336b6e67d38cb7e6c90e6383",
-        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._ensure_consumer":
-            "ff4a4c693b7ec63f4a76dfb61c419380bef70dd32383fe38ebcfcc27091605a6",
-        "faust.transport.drivers.aiokafka:ConsumerRebalanceListener.on_partitions_assigned":
-            "1c1f8406ad3698a6770a4ececb2f8074c0e80bea9ad0a0f4879baacb4ea996da",
+        "faust.stores.rocksdb:Store.partition_path": "0cc4eae7dc33fcf199f5a271d5186984f3a18af73a5168a9961e71518eb7ab14",
+        "faust.stores.rocksdb:Store.revoke_partitions": "3f85447a24fc34ffd1ecb5039f502ac6049d92fbd61d91371049bab01203e390",
+        "faust.tables.recovery:Recovery.on_rebalance": "aa4d997a1795ceae3880f98311b46935d9ae1a183a699b9a283bb4306bc8641f",
+        "faust.tables.manager:TableManager.on_rebalance": "2d2c23a07bf5432854a01ad790af19bb7e7acc8062a6ac2934ff0db94bf3924a",
+        "faust.tables.recovery:Recovery.on_recovery_completed": "6ef567acf072e46da3fccbccc6d662371f634f622c3d510972d5df81f70ae3ac",
+        "faust.transport.consumer:Consumer.perform_seek": "0e8c130ff4b0afd82c0be9c5fd831316e10febc62c94032833911096e156d7c6",
+        "faust.transport.consumer:Consumer.seek": "b86a9fe05f956b30cf299c787b6787c6e0349cbf1ae556f2456a1e97b15dbb22",
+        "faust.transport.consumer:Consumer.pause_partitions": "27a1c94bdacd54de06593ec4eb040b32e9e7c9534e9af041f6ed66723df5f922",
+        "faust.stores.rocksdb:Store._db_for_partition": "cb7e67d5f9efc4bced7b7ab09a55fe717c352daad5b693594e3f7ca52a98787f",
+        "faust.stores.rocksdb:Store._get": "7ae8dfd6d7754a5952ae162d4d5cf0d51a8a020ed730a4a7c7dc7f7c84e73fb8",
+        "faust.stores.rocksdb:Store._iterkeys": "12ecc1051cc5505d73fd9466067321c74f916abf110c66da03d6f858148b9479",
+        "faust.stores.rocksdb:Store._visible_items": "545dc16a2b25e4a4c6ce4483ba808b7121b733ac32ecbdcbba78348248f816c2",
+        "faust.stores.rocksdb:Store.set_persisted_offset": "b4c811926678346ebb8c40486dbc46d0fbac2bbeaa592384bd955112556acf45",
+        "faust.transport.consumer:Consumer._drain_messages": "44a2500309e83c630493f6828af50166ec8d96a0b3e4fb2bab735f704ae93417",
+        "faust.transport.consumer:Consumer.getmany": "4b168d84882a70d6e3e2f9804430a63b92f8fd117d3187cbb4aeb54305bda34e",
+        "faust.transport.consumer:Consumer.track_message": "217d7f1399a4cd8e15a43a64ecf50413b9b738058e5433e057f0dc3927a3fc03",
+        "faust.transport.consumer:Consumer._wait_next_records": "6218e1969a636b3ff504ad1b8e7ad58a113572e43d746cc96d684ed5153032c6",
+        "faust.transport.consumer:Consumer._add_gap": "4df2573ded7c1c2cde04dc6bde6d4480cb5875ef565256e56966b585ae39b1c1",
+        "faust.transport.consumer:Consumer._new_offset": "1d2c7ea89a7ad4f1a216c1d51936e569162cd66bd56f889e13fd29c910b58eb0",
+        "faust.transport.consumer:Consumer._commit_offsets": "1a6979904118844111259d182ca1c6e92ccc16364ccbe55c58e59d6e254a7adb",
+        "faust.transport.consumer:Consumer.ack": "5fcf41cf45153475de3790dc56fec1b83335956dc8b3bf7ff6bbb2b57627f03f",
+        "faust.transport.drivers.aiokafka:Consumer._to_message": "7c24f6511b2fcef7cbfe73526e78de033bfe0df211f1fd30509d699c9deb6ce4",
+        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._create_worker_consumer": "c2701bfc3e6f6cad95c2be36d6a255a86e2c57d18d36cc1082b5fb5c482d99d7",
+        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._highwaters": "a7f4f97d9f32aca2777713e22671d70eae4b3ae51541bb09a90448ce83acefce",
+        "faust.transport.drivers.aiokafka:Producer.on_start": "219c9a7a785d77b29016a7f32a12b29645eb9a84f4dd320eee420415eec54120",
+        "faust.tables.manager:TableManager.on_start": "365dd25fbc0e068499c89e526516c638693a2d143b6ac249f84a60f5267fec9d",
+        "faust.tables.table:Table.on_key_set": "a370e35ca55c2c7e36e93f0d4b485927c32d49199043cab2314572846184dd94",
+        "faust.tables.table:Table.on_key_del": "4f2900b2f9d24a080d5cbc9eaa1f5566f1d11e56916e79b02f079c52f4751053",
+        "faust.tables.base:Collection._on_changelog_sent": "60122c86a120d82cffa95da4c22323e12d67fa82f3112f08ac7f8edde7c47826",
+        "faust.tables.base:Collection._new_changelog_topic": "77bea64b59f798094f8de7a939a2e159ae5cd55a0d1877728ef1e205fe7ef98c",
+        "faust.stores.memory:Store._create_batch_iterator": "b082c8bcc040382347025bd5b08d31700b2e6b1d2c0232f1de551f1b5495d1ed",
+        "faust.tables.base:Collection.apply_changelog_batch": "b980a78d3ae9b1e87f2d3fb63e0dcd2671341a1e60ea5233859d6bdd699d3029",
+        "faust.stores.memory:Store.apply_changelog_batch": "71863e3cd727aac2001c4f19a393c637275eab36056c9a2d395ed1c7528e7647",
+        "faust.stores.rocksdb:Store.apply_changelog_batch": "ea3344d369fc4ab5e3cdace30565691136035a463acb7b2551fdc0b8af71643b",
+        "faust.tables.recovery:Recovery._restart_recovery.fun": "6bd8a8558a2dffe4c60b8150f23d721baa6b3d658367f911a3ad2187e20efc6f",
+        "faust.tables.recovery:Recovery.flush_buffers": "6fa9c17f1071018c49cb6d411a34fb4a2c2ac4f41c3de650bbee15831abd6f1f",
+        "faust.tables.recovery:Recovery._resume_streams": "d986a6710c1aca98f08c4c723fb3eadc5bf24576ad4eb9da3dd3eecedda2f24e",
+        "faust.stores.memory:Store.on_recovery_completed": "a00bef343e139602606996e88809e62731a9113691ae678095266a52e0e0b013",
+        "faust.streams:current_event": "3b821f1a78d86a58234dfe781fbf539775b00e66fdac9489c1c398a2d81d7e9d",
+        "faust.serializers.codecs:Codec._dumps": "3efd56bca4bce2f97acb9ee82fb15a637f5b076240b0f6b5844cb2b6d1b1087b",
+        "faust.serializers.codecs:Codec._loads": "02974d34db2ba5c794658ef84b0a615345e664ceee2a5e7a4a69b563a329dba6",
+        "faust.serializers.codecs:Codec.dumps": "cf18c4ce2b00d8e67ad52630c1805a922dfd2995e9a2bd05fec49203327df43a",
+        "faust.serializers.codecs:Codec.loads": "027828bc7440a51e764d3cfccd5741599d47e809bf6c74e446b483663ce444b0",
+        "faust.worker:Worker._on_sigterm": "ba99cf23ea875c02ec56789188908e790bfa29ed6c8b7021e1ce939ade9c56b6",
+        "faust.worker:Worker._on_sigint": "327193230c65ea83db83983b7a0a5f983e1658e3f4271a506838d96f507283f1",
+        "faust.assignor.partition_assignor:PartitionAssignor.metadata": "6d7f0ebcd61e8b4d99aed38e57c4b47a68a868ed1be64c6e30f41ab665e740ae",
+        "faust.assignor.partition_assignor:PartitionAssignor.assign": "25f1cbbba9d46748e0b1ccd1356277859176d8e1db9cb485fd38f15433f9b24e",
+        "faust.assignor.partition_assignor:PartitionAssignor.on_assignment": "72f34bf053d696b51a6ec8c7f30ba5111800be760aa63dd28f6fcb5a29291f24",
+        "faust.assignor.partition_assignor:PartitionAssignor._perform_assignment": "1e0bf2c5c8f42574670a8ef7661a043919c8e03b59ec966ce8109a36fd20fa52",
+        "faust.assignor.partition_assignor:PartitionAssignor._protocol_assignments": "e231e876d04a222d3b2ff202dbcb2292184f33266d63bb5298b12309c88bc78d",
+        "faust.assignor.partition_assignor:PartitionAssignor._compress": "de873849928dbd83c7b33c73c9fa60452bb0608a1f75ea6e7010c261dd297325",
+        "faust.assignor.partition_assignor:PartitionAssignor._decompress": "d65b7310c43aebd78c1e7a92f9b2cacf80401821336b6e67d38cb7e6c90e6383",
+        "faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._ensure_consumer": "ff4a4c693b7ec63f4a76dfb61c419380bef70dd32383fe38ebcfcc27091605a6",
+        "faust.transport.drivers.aiokafka:ConsumerRebalanceListener.on_partitions_assigned": "1c1f8406ad3698a6770a4ececb2f8074c0e80bea9ad0a0f4879baacb4ea996da",
     },
     "mode-streaming==0.7.1": {
-        "mode.worker:Worker._on_sigterm":
-            "6b99528ef557db1d6cedc52e50441fec873e6da0573b9a1c61801ad05c94c3a4",
-        "mode.worker:Worker._on_sigint":
-            "25334ac514b211b25e986626beba784aa5f31e31327f8fbc5b987c7230645f6c",
-        "mode.worker:Worker._sentinel_task":
-            "6e66058cf3e1b61606c66359bae30b81a5aeb355cf4f7e2cb4748449560c3687",
-        "mode.utils.queues:FlowControlEvent.resume":
-            "4dcdc1253fd0dcb40de18a3702503c01d21e9da7e5e55b122fb92615f27648d9",
-        "mode.utils.queues:FlowControlEvent.clear":
-            "dda5e40d80288a8f4244cffdf3e7a648773579a72e64b40182bbbc2424752524",
+        "mode.worker:Worker._on_sigterm": "6b99528ef557db1d6cedc52e50441fec873e6da0573b9a1c61801ad05c94c3a4",
+        "mode.worker:Worker._on_sigint": "25334ac514b211b25e986626beba784aa5f31e31327f8fbc5b987c7230645f6c",
+        "mode.worker:Worker._sentinel_task": "6e66058cf3e1b61606c66359bae30b81a5aeb355cf4f7e2cb4748449560c3687",
+        "mode.utils.queues:FlowControlEvent.resume": "4dcdc1253fd0dcb40de18a3702503c01d21e9da7e5e55b122fb92615f27648d9",
+        "mode.utils.queues:FlowControlEvent.clear": "dda5e40d80288a8f4244cffdf3e7a648773579a72e64b40182bbbc2424752524",
     },
     "aiokafka==0.14.0": {
-        "aiokafka.client:AIOKafkaClient.add_topic":
-            "b054eda662913f089f7620eb15d2151c81ecae4b95bc63daa7be19e876833325",
-        "aiokafka.client:AIOKafkaClient.force_metadata_update":
-            "cb7befef21c8f3f94ad4e1dbd5b36a962fe03f10517011041b9a631e3c46d6c8",
-        "aiokafka.client:AIOKafkaClient.get_random_node":
-            "0e2daf38b78e99a711cf0e929f623add6c5db734fdb65a403b83b55c1644b713",
-        "aiokafka.client:AIOKafkaClient.send":
-            "246b277687d7b687d79fd81f0a9718633b61a5ead0a1e9898419a1151ae3a91d",
-        "aiokafka.consumer.group_coordinator:GroupCoordinator._maybe_leave_group":
-            "016cd88a16e6c4b5b08ecab793e0fde0204fe2cfd836af5f682c48630d3fba2e",
-        "aiokafka.consumer.consumer:AIOKafkaConsumer.start":
-            "2f1ba70443327538800d348e61042cdedd5a5e6306f40ebe1a06dddba7494c45",
-        "aiokafka.consumer.fetcher:Fetcher.__init__":
-            "bf21ecb7e0f210b7c90ddabf89b02ae088d97d93cd157cea11429d13737eea2a",
-        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance.perform_group_join":
-            "ff2c2109b2e9868dc23f43643160ea3d87c40093adc03e5e8c9a45c81844ea75",
-        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance._on_join_leader":
-            "c57a3e85197dcc20a2b17c312a6750a383729059af9adacc9f0617e729b8e34d",
-        "aiokafka.consumer.group_coordinator:GroupCoordinator._perform_assignment":
-            "a5cf61fa973201996a1b81e3486e6928dd7bf3f9f8e0384a2fbd0085f774f125",
-        "aiokafka.consumer.group_coordinator:GroupCoordinator._on_join_complete":
-            "0b0b3d204b408f3ce3c3cc7d2168d6425e442c5a074b3f3193a897a510d80594",
+        "aiokafka.client:AIOKafkaClient.add_topic": "b054eda662913f089f7620eb15d2151c81ecae4b95bc63daa7be19e876833325",
+        "aiokafka.client:AIOKafkaClient.force_metadata_update": "cb7befef21c8f3f94ad4e1dbd5b36a962fe03f10517011041b9a631e3c46d6c8",
+        "aiokafka.client:AIOKafkaClient.get_random_node": "0e2daf38b78e99a711cf0e929f623add6c5db734fdb65a403b83b55c1644b713",
+        "aiokafka.client:AIOKafkaClient.send": "246b277687d7b687d79fd81f0a9718633b61a5ead0a1e9898419a1151ae3a91d",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._maybe_leave_group": "016cd88a16e6c4b5b08ecab793e0fde0204fe2cfd836af5f682c48630d3fba2e",
+        "aiokafka.consumer.consumer:AIOKafkaConsumer.start": "2f1ba70443327538800d348e61042cdedd5a5e6306f40ebe1a06dddba7494c45",
+        "aiokafka.consumer.fetcher:Fetcher.__init__": "bf21ecb7e0f210b7c90ddabf89b02ae088d97d93cd157cea11429d13737eea2a",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance.perform_group_join": "ff2c2109b2e9868dc23f43643160ea3d87c40093adc03e5e8c9a45c81844ea75",
+        "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance._on_join_leader": "c57a3e85197dcc20a2b17c312a6750a383729059af9adacc9f0617e729b8e34d",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._perform_assignment": "a5cf61fa973201996a1b81e3486e6928dd7bf3f9f8e0384a2fbd0085f774f125",
+        "aiokafka.consumer.group_coordinator:GroupCoordinator._on_join_complete": "0b0b3d204b408f3ce3c3cc7d2168d6425e442c5a074b3f3193a897a510d80594",
     },
-}  # fmt: skip
+}
 
 REVIEW = """
 How to review and re-record (never just re-record):
@@ -210,7 +140,7 @@ How to review and re-record (never just re-record):
   2. carry every change into streams/worker/faust_internals.py (its UPSTREAM says which of our
      functions depends on each: a copy to update, a patch to check) and into the exact pins in
      pyproject.toml and faust_internals.PINNED;
-  3. run the worker tests (tests/streams/test_intake.py, test_recovery.py, test_chaos.py);
+  3. run the worker tests (tests/streams/worker/test_intake.py, test_recovery.py, test_chaos.py);
   4. `.venv/bin/python -m tests.test_faust_boundary` prints the hashes of the installed
      versions: replace RECORDED in tests/test_faust_boundary.py with them.
 """
@@ -220,17 +150,22 @@ def installed(dist: str) -> str:
     return importlib.metadata.version(dist)
 
 
-def upstream_changes(entries: tuple[Upstream, ...], source_of: Callable[[Upstream], str],
-                     version_of: Callable[[str], str],
-                     recorded: dict[str, dict[str, str]]) -> list[str]:  # fmt: skip
+def upstream_changes(
+    entries: tuple[Upstream, ...],
+    source_of: Callable[[Upstream], str],
+    version_of: Callable[[str], str],
+    recorded: dict[str, dict[str, str]],
+) -> list[str]:
     """What differs from the recorded hashes: one line per upstream function."""
     problems = []
     for u in entries:
         release = f"{u.dist}=={version_of(u.dist)}"
         table = recorded.get(release)
         if table is None:
-            problems.append(f"{u.target}: no hashes recorded for {release} (pinned "
-                            f"{u.dist}=={PINNED[u.dist]}); {u.use} by {u.by}")  # fmt: skip
+            problems.append(
+                f"{u.target}: no hashes recorded for {release} (pinned "
+                f"{u.dist}=={PINNED[u.dist]}); {u.use} by {u.by}"
+            )
         elif u.target not in table:
             problems.append(f"{u.target}: no hash recorded for {release}; {u.use} by {u.by}")
         elif table[u.target] != source_sha256(source_of(u)):
@@ -278,8 +213,11 @@ def test_a_changed_upstream_source_is_caught() -> None:
     assert "yield_every = 100" in original
 
     def tampered(u: Upstream) -> str:
-        return original.replace("yield_every = 100", "yield_every = 1000") if u is drain \
-            else u.source()  # fmt: skip
+        return (
+            original.replace("yield_every = 100", "yield_every = 1000")
+            if u is drain
+            else u.source()
+        )
 
     assert source_sha256(tampered(drain)) != source_sha256(original)
     assert upstream_changes(UPSTREAM, tampered, installed, RECORDED) == [
@@ -305,13 +243,19 @@ def every_patch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from faust.transport.consumer import Consumer
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    for owner, name in ((AIOKafkaConsumerThread, "_create_worker_consumer"),
-                        (AIOKafkaConsumerThread, "_highwaters"),
-                        (GroupCoordinator, "_maybe_leave_group"), (TableManager, "on_start"),
-                        (Consumer, "_drain_messages"), (Consumer, "perform_seek"),
-                        (Consumer, "_commit_offsets"), (TableManager, "on_rebalance"),
-                        (Recovery, "on_recovery_completed"), (Recovery, "_resume_streams"),
-                        (faust_internals, "_tansu_installed")):  # fmt: skip
+    for owner, name in (
+        (AIOKafkaConsumerThread, "_create_worker_consumer"),
+        (AIOKafkaConsumerThread, "_highwaters"),
+        (GroupCoordinator, "_maybe_leave_group"),
+        (TableManager, "on_start"),
+        (Consumer, "_drain_messages"),
+        (Consumer, "perform_seek"),
+        (Consumer, "_commit_offsets"),
+        (TableManager, "on_rebalance"),
+        (Recovery, "on_recovery_completed"),
+        (Recovery, "_resume_streams"),
+        (faust_internals, "_tansu_installed"),
+    ):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(faust_internals, "_tansu_installed", False)
     install_batched_intake()
@@ -352,8 +296,11 @@ def test_every_patch_has_a_recorded_hash(every_patch: None) -> None:
 def test_every_private_method_the_boundary_overrides_has_a_recorded_hash() -> None:
     targets = {u.target for u in UPSTREAM}
     classes = [worker_class(lambda: None), proving_assignor(None)]
-    classes += [c for c in vars(faust_internals).values()
-                if inspect.isclass(c) and c.__module__ == faust_internals.__name__]  # fmt: skip
+    classes += [
+        c
+        for c in vars(faust_internals).values()
+        if inspect.isclass(c) and c.__module__ == faust_internals.__name__
+    ]
     overridden = set()
     for cls in classes:
         for attr, value in vars(cls).items():
@@ -361,11 +308,15 @@ def test_every_private_method_the_boundary_overrides_has_a_recorded_hash() -> No
                 for base in cls.__mro__[1:]:
                     if attr in vars(base):
                         overridden.add(f"{base.__module__}:{base.__qualname__}.{attr}")
-    assert overridden == {"mode.worker:Worker._on_sigterm", "mode.worker:Worker._on_sigint",
-                          "faust.worker:Worker._on_sigterm", "faust.worker:Worker._on_sigint",
-                          "mode.worker:Worker._sentinel_task",
-                          "faust.serializers.codecs:Codec._dumps",
-                          "faust.serializers.codecs:Codec._loads"}  # fmt: skip
+    assert overridden == {
+        "mode.worker:Worker._on_sigterm",
+        "mode.worker:Worker._on_sigint",
+        "faust.worker:Worker._on_sigterm",
+        "faust.worker:Worker._on_sigint",
+        "mode.worker:Worker._sentinel_task",
+        "faust.serializers.codecs:Codec._dumps",
+        "faust.serializers.codecs:Codec._loads",
+    }
     assert overridden <= targets
 
 
@@ -381,10 +332,15 @@ def _private_accesses(path: Path) -> list[str]:
                 found.append(f"{where} {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom) and node.module:
             found += [f"{where} import {a.name}" for a in node.names if _private(a.name)]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1
-              and isinstance(node.args[1], ast.Constant) and _private(str(node.args[1].value))):
-            found.append(f"{where} {ast.unparse(node)}")  # fmt: skip
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and _private(str(node.args[1].value))
+        ):
+            found.append(f"{where} {ast.unparse(node)}")
         elif isinstance(node, ast.ClassDef) and node.bases:  # may override a library's method
             defs = [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
             found += [f"{where} {node.name}.{f.name}" for f in defs if _private(f.name)]
@@ -398,8 +354,12 @@ def _private(name: str) -> bool:
 def test_the_worker_touches_library_internals_only_in_faust_internals() -> None:
     """The rest of the worker calls named functions of the boundary (``os._exit`` aside)."""
     worker = ROOT / "streams" / "worker"
-    found = [hit for path in sorted(worker.glob("*.py")) if path.name != "faust_internals.py"
-             for hit in _private_accesses(path)]  # fmt: skip
+    found = [
+        hit
+        for path in sorted(worker.glob("*.py"))
+        if path.name != "faust_internals.py"
+        for hit in _private_accesses(path)
+    ]
     assert not found, found
     assert _private_accesses(worker / "faust_internals.py")  # and the scan does find them
 
@@ -461,11 +421,13 @@ def consumers() -> Iterator[Callable[[int], _Consumer]]:
 
 def _fetch(counts: dict[int, int], start: int = 0) -> dict[TP, list[Any]]:
     """One fetch: ``counts[p]`` records of partition ``p`` from offset ``start``."""
+
     def record(p: int, o: int) -> Any:
         return ConsumerRecord(TOPIC, p, o, 0, 0, b"k", b"v", None, 1, 1, [])
 
-    return {TP(TOPIC, p): [record(p, o) for o in range(start, start + n)]
-            for p, n in counts.items()}  # fmt: skip
+    return {
+        TP(TOPIC, p): [record(p, o) for o in range(start, start + n)] for p, n in counts.items()
+    }
 
 
 def test_the_pinned_faust_commits_past_a_record_in_flight(
@@ -584,10 +546,13 @@ async def _acknowledge_in_any_order(c: _Consumer, counts: dict[int, int], data: 
             processed[ev.message.partition].add(ev.message.offset)
         unacked = [ev for ev in unacked if ev not in picked]
         for tp, offset in (await c.commit()).items():
-            earliest = min(set(range(counts[tp.partition])) - processed[tp.partition],
-                           default=counts[tp.partition])  # fmt: skip
+            earliest = min(
+                set(range(counts[tp.partition])) - processed[tp.partition],
+                default=counts[tp.partition],
+            )
             assert offset <= earliest, (tp, offset, earliest)
     assert await c.commit() == {TP(TOPIC, p): n for p, n in counts.items()}
+
 
 if __name__ == "__main__":
     from collections import defaultdict

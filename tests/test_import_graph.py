@@ -83,8 +83,10 @@ def _targets(node: ast.stmt, name: str, is_package: bool, known: set[str]) -> li
     """The project modules one import statement in module ``name`` loads by name."""
     if isinstance(node, ast.Import):
         dotted = [alias.name for alias in node.names]
-        return [max((m for m in known if d == m or d.startswith(m + ".")), key=len, default="")
-                for d in dotted]  # fmt: skip
+        return [
+            max((m for m in known if d == m or d.startswith(m + ".")), key=len, default="")
+            for d in dotted
+        ]
     assert isinstance(node, ast.ImportFrom)
     base = node.module or ""
     if node.level:
@@ -180,8 +182,19 @@ def _report(edges: list[Edge], found: list[list[str]]) -> str:
 
 # -- the finder has power ----------------------------------------------------------------------
 def test_cycle_finder_reports_every_circle_of_a_small_graph() -> None:
-    edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e"), ("b", "a"),
-             ("e", "f"), ("x", "y"), ("y", "x"), ("z", "z"), ("f", "d")]  # fmt: skip
+    edges = [
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "a"),
+        ("c", "d"),
+        ("d", "e"),
+        ("b", "a"),
+        ("e", "f"),
+        ("x", "y"),
+        ("y", "x"),
+        ("z", "z"),
+        ("f", "d"),
+    ]
     assert cycles(edges) == [["a", "b"], ["a", "b", "c"], ["d", "e", "f"], ["x", "y"], ["z"]]
     assert cycles([("a", "b"), ("b", "c"), ("a", "c")]) == []  # a diamond is no circle
     assert len(cycles([(a, b) for a in "abcdef" for b in "abcdef"], limit=50)) == 50
@@ -193,16 +206,23 @@ def test_import_graph_reads_every_import_that_runs(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("from .a import f\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "c.py").write_text("from .. import a\nimport pkg.b\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                              "    from .a import f\nelse:\n    import os\n")  # fmt: skip
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from .a import f\nelse:\n    import os\n"
+    )
     (pkg / "a.py").write_text(
         "import json\nfrom .sub import c\nclass K:\n    from . import b\n"
         "    def m(self):\n        from .sub.c import x\n"
     )
     got = {(e.source, e.target, e.deferred) for e in import_graph(tmp_path, ["pkg"])}
-    assert got == {("pkg", "pkg.a", False), ("pkg.a", "pkg.sub.c", False),
-                   ("pkg.a", "pkg.b", False), ("pkg.a", "pkg.sub.c", True),
-                   ("pkg.sub.c", "pkg.a", False), ("pkg.sub.c", "pkg.b", False)}  # fmt: skip
+    assert got == {
+        ("pkg", "pkg.a", False),
+        ("pkg.a", "pkg.sub.c", False),
+        ("pkg.a", "pkg.b", False),
+        ("pkg.a", "pkg.sub.c", True),
+        ("pkg.sub.c", "pkg.a", False),
+        ("pkg.sub.c", "pkg.b", False),
+    }
     assert cycles((e.source, e.target) for e in import_graph(tmp_path, ["pkg"])) == [
         ["pkg.a", "pkg.sub.c"]
     ]

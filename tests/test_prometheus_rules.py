@@ -23,8 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 def promtool(*args: str) -> str:
     assert PROMTOOL is not None
-    r = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120,
-                       check=False)  # fmt: skip
+    r = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout + r.stderr
 
@@ -55,14 +54,20 @@ def test_every_alert_fires_and_stays_silent_in_the_unit_tests() -> None:
 def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path) -> None:
     """The unit tests can fail: the stalled-worker alert with a threshold nothing reaches."""
     rules = (PROM / "alerts.yml").read_text()
-    broken = rules.replace("max by (instance) (emarket_stalled) == 1",
-                           "max by (instance) (emarket_stalled) == 2")  # fmt: skip
+    broken = rules.replace(
+        "max by (instance) (emarket_stalled) == 1", "max by (instance) (emarket_stalled) == 2"
+    )
     assert broken != rules
     (tmp_path / "alerts.yml").write_text(broken)
     shutil.copy(PROM / "alerts.test.yml", tmp_path / "alerts.test.yml")
     assert PROMTOOL is not None
-    r = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "alerts.test.yml")],
-                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    r = subprocess.run(
+        [PROMTOOL, "test", "rules", str(tmp_path / "alerts.test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode != 0 and "MarketWorkerStalled" in r.stdout + r.stderr
 
 

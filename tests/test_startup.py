@@ -19,20 +19,32 @@ HEAVY = {"numpy", "scipy", "randomgen", "pydantic", "aiokafka", "faust", "mode",
 
 def imported_by(*args: str, cwd: Path) -> set[str]:
     """The top-level packages ``python -m streams ARGS`` imports (it must exit 0)."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "streams", *args], cwd=cwd,
-                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "streams", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    names = (line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
-             if line.startswith("import time:"))  # fmt: skip
+    names = (
+        line.rsplit("|", 1)[-1].strip()
+        for line in r.stderr.splitlines()
+        if line.startswith("import time:")
+    )
     return {n.split(".")[0] for n in names}
 
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["keygen", "--account", "alice", "--out", "alice.key"],
-     ["keygen", "--account", "acme", "--out", "acme.key", "--no-sealing"]],
+    [
+        ["--help"],
+        ["keygen", "--account", "alice", "--out", "alice.key"],
+        ["keygen", "--account", "acme", "--out", "acme.key", "--no-sealing"],
+    ],
     ids=["help", "keygen", "keygen-no-sealing"],
-)  # fmt: skip
+)
 def test_help_and_keygen_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     loaded = imported_by(*args, cwd=tmp_path)
     assert "streams" in loaded and ("cryptography" in loaded or args == ["--help"]), loaded

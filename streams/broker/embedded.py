@@ -69,8 +69,11 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     """
     low, _ = _ephemeral_range()
     span = range(max(1024, low - 12_000), low) if low > 2048 else range(0)
-    candidates = [int.from_bytes(os.urandom(2), "big") % len(span) + span.start
-                  for _ in range(64)] if len(span) else []  # fmt: skip
+    candidates = (
+        [int.from_bytes(os.urandom(2), "big") % len(span) + span.start for _ in range(64)]
+        if len(span)
+        else []
+    )
     for port in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:

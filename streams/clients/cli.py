@@ -39,13 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="Kafka broker URL (kafka://host:port); default $EMARKET_BROKER, or the embedded "
         "broker for serve/demo",
     )
-    p.add_argument("--prefix", default=os.environ.get("EMARKET_PREFIX", "emarket"),
-                   help="the market's topic prefix (default emarket)")  # fmt: skip
-    p.add_argument("--market-key", default=os.environ.get("EMARKET_MARKET_KEY") or None,
-                   help="the market's Ed25519 key (base64) its answers must be signed with, "
-                   "pinned: a market whose identity record names another is refused; default "
-                   "$EMARKET_MARKET_KEY, else the one the identity record names, trusted on "
-                   "first use with a warning")  # fmt: skip
+    p.add_argument(
+        "--prefix",
+        default=os.environ.get("EMARKET_PREFIX", "emarket"),
+        help="the market's topic prefix (default emarket)",
+    )
+    p.add_argument(
+        "--market-key",
+        default=os.environ.get("EMARKET_MARKET_KEY") or None,
+        help="the market's Ed25519 key (base64) its answers must be signed with, "
+        "pinned: a market whose identity record names another is refused; default "
+        "$EMARKET_MARKET_KEY, else the one the identity record names, trusted on "
+        "first use with a warning",
+    )
     p.add_argument("--json", action="store_true", default=False, help=output.JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     operator.add_commands(sub)
@@ -64,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.json and args.command in ("serve", "worker", "demo"):
-        print(f"error: '{args.command}' has no JSON output (it runs until stopped)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: '{args.command}' has no JSON output (it runs until stopped)", file=sys.stderr
+        )
         return EXIT_USAGE
     try:
         return int(args.fn(args))

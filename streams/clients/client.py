@@ -78,8 +78,15 @@ from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .keys import Party
 
-__all__ = ["InboxEvent", "MarketClient", "MarketKeyError", "MarketRootError", "TopicReader",
-           "ValueData", "now_ms"]
+__all__ = [
+    "InboxEvent",
+    "MarketClient",
+    "MarketKeyError",
+    "MarketRootError",
+    "TopicReader",
+    "ValueData",
+    "now_ms",
+]
 
 ValueData = Sequence[float] | Mapping[str, float] | Mapping[int, float]
 """A value's numbers; on a histogram stream, its counts by key (a key not listed counts 0)."""
@@ -195,8 +202,12 @@ class TopicReader:
             if high is not None and high < next_offset:
                 self._next[tp] = 0
                 self._consumer.seek(tp, 0)
-        return [(r.key, r.value, list(r.headers or ())) for recs in batch.values() for r in recs
-                if r.value is not None]  # fmt: skip
+        return [
+            (r.key, r.value, list(r.headers or ()))
+            for recs in batch.values()
+            for r in recs
+            if r.value is not None
+        ]
 
 
 class MarketClient:
@@ -341,11 +352,14 @@ class MarketClient:
         the root agrees); raises as :meth:`market_key`."""
         topic = self.topics.identity
         try:
-            first = await first_record(self.bootstrap, topic, timeout=wait, wait_for_one=True,
-                                       **self.auth)  # fmt: skip
+            first = await first_record(
+                self.bootstrap, topic, timeout=wait, wait_for_one=True, **self.auth
+            )
         except TimeoutError:
-            raise TimeoutError(f"no market identity on {topic} within {wait}s: has a worker "
-                               "of this market started?") from None  # fmt: skip
+            raise TimeoutError(
+                f"no market identity on {topic} within {wait}s: has a worker "
+                "of this market started?"
+            ) from None
         assert first is not None  # waited for one
         try:
             return trusted_key(topic, read_root(topic, *first), self.market_public_key)
@@ -366,8 +380,10 @@ class MarketClient:
         try:
             request = verify_answer(key, self.topics.prefix, topic, value, headers)
         except AnswerError as exc:
-            self.on_warning(f"warning: ignored {describe(value)} in {topic}: {exc}; it was "
-                            "written by someone else (forged?)")  # fmt: skip
+            self.on_warning(
+                f"warning: ignored {describe(value)} in {topic}: {exc}; it was "
+                "written by someone else (forged?)"
+            )
             return None
         try:
             if topic == self.topics.refusals:
@@ -378,7 +394,10 @@ class MarketClient:
 
     # -- accounts -------------------------------------------------------------------------------
     async def open_account(
-        self, party: Party | None = None, *, timeout: float = 30.0,
+        self,
+        party: Party | None = None,
+        *,
+        timeout: float = 30.0,
         invitation: Invitation | None = None,
     ) -> AccountState | Rejection:
         """Open the party's account (pin its keys) and wait until the market confirms it; a
@@ -393,22 +412,35 @@ class MarketClient:
         me = self._me(party)
         while True:
             bits = self._work_bits
-            work = None if bits == 0 else await asyncio.to_thread(
-                solve, self.topics.prefix, me.account_id, me.public_key, bits)  # fmt: skip
+            work = (
+                None
+                if bits == 0
+                else await asyncio.to_thread(
+                    solve, self.topics.prefix, me.account_id, me.public_key, bits
+                )
+            )
             event = me.open_account(await self.signing_market(), invitation=invitation, work=work)
             got = await self._request(
-                self.topics.accounts, me.account_id, event.model_dump_json().encode(),
-                lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
-                timeout=timeout, create_inbox=False,
-            )  # fmt: skip
+                self.topics.accounts,
+                me.account_id,
+                event.model_dump_json().encode(),
+                lambda ev: isinstance(ev, AccountState | Rejection),
+                inbox=me.account_id,
+                timeout=timeout,
+                create_inbox=False,
+            )
             assert isinstance(got, AccountState | Rejection)
-            if not (isinstance(got, Rejection) and got.reason == "more_work"
-                    and bits < MAX_CLIENT_WORK_BITS):  # fmt: skip
+            if not (
+                isinstance(got, Rejection)
+                and got.reason == "more_work"
+                and bits < MAX_CLIENT_WORK_BITS
+            ):
                 break
             # an open market asks proof of work (docs/protocol.md §6.1.2): its default, then more
             self._work_bits = DEFAULT_WORK_BITS if bits < DEFAULT_WORK_BITS else bits + 2
         if isinstance(got, AccountState) and (got.signing_key, got.sealing_key) != (
-            me.public_key, me.sealing_public_key
+            me.public_key,
+            me.sealing_public_key,
         ):
             raise ValueError(f"account {me.account_id!r} belongs to another key ({got.key_id})")
         return got
@@ -423,10 +455,15 @@ class MarketClient:
         market = await self.signing_market()
         payload = me.rotate_to(new, market, version).model_dump_json().encode()
         got = await self._request(
-            self.topics.accounts, me.account_id, payload,
-            lambda ev: isinstance(ev, AccountState | Rejection), inbox=me.account_id,
-            timeout=timeout, create_inbox=False, resend_every=timeout,
-        )  # fmt: skip
+            self.topics.accounts,
+            me.account_id,
+            payload,
+            lambda ev: isinstance(ev, AccountState | Rejection),
+            inbox=me.account_id,
+            timeout=timeout,
+            create_inbox=False,
+            resend_every=timeout,
+        )
         assert isinstance(got, AccountState | Rejection)
         return got
 
@@ -442,11 +479,11 @@ class MarketClient:
         payload = reg.model_dump_json().encode()
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
         await catalog.start()
-        watch = await self._watch(self.topics.inbox(me.account_id), self.topics.registrations,
-                                  payload, None, wait=timeout)  # fmt: skip
+        watch = await self._watch(
+            self.topics.inbox(me.account_id), self.topics.registrations, payload, None, wait=timeout
+        )
         try:
-            watch.sent.add(await self.send(self.topics.registrations, reg.stream_id,
-                                                 payload))
+            watch.sent.add(await self.send(self.topics.registrations, reg.stream_id, payload))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 for _, raw, headers in await catalog.poll_records(0.2):
@@ -469,9 +506,12 @@ class MarketClient:
             await watch.stop()
 
     def value_batch(
-        self, stream_id: str, items: Sequence[tuple[str | None, ValueData, int | None]],
-        *, party: Party | None = None,
-    ) -> ValueBatch:  # fmt: skip
+        self,
+        stream_id: str,
+        items: Sequence[tuple[str | None, ValueData, int | None]],
+        *,
+        party: Party | None = None,
+    ) -> ValueBatch:
         """A signed batch of (value id, numbers, publication time) — ids and times remembered so
         a resend of the same id carries its original time. On a histogram stream a value's
         numbers are a mapping from keys (text, or whole numbers) to counts. Signed for
@@ -490,13 +530,16 @@ class MarketClient:
             else:
                 row["values"] = list(values)
             rows.append(row)
-        return me.sign(ValueBatch, market, stream_id=stream_id, seller_id=me.account_id,
-                       items=rows)  # fmt: skip
+        return me.sign(ValueBatch, market, stream_id=stream_id, seller_id=me.account_id, items=rows)
 
     async def publish_batch(
-        self, batch: ValueBatch, *, wait: bool = True, timeout: float = 60.0,
+        self,
+        batch: ValueBatch,
+        *,
+        wait: bool = True,
+        timeout: float = 60.0,
         party: Party | None = None,
-    ) -> ValuesAccepted | Rejection | None:  # fmt: skip
+    ) -> ValuesAccepted | Rejection | None:
         """Send a batch; with ``wait``, return the market's answer (one line per value).
 
         A stream takes at most so many values per batch (more holders, fewer values): if the
@@ -553,9 +596,11 @@ class MarketClient:
                 "market wrote to it: pass the key obtained from the market's operators"
             )
         if not keys:
-            raise LookupError("no catalog entry signed by the market names its sealing key "
-                              "(a market made before catalog entries were signed: pass "
-                              "market_sealing_key)")
+            raise LookupError(
+                "no catalog entry signed by the market names its sealing key "
+                "(a market made before catalog entries were signed: pass "
+                "market_sealing_key)"
+            )
         self._sealing_keys[stream_id] = key = keys.pop()
         return key
 
@@ -571,8 +616,14 @@ class MarketClient:
             # a rejection names the refused bytes: an older one for the stream is not ours
             return isinstance(ev, Rejection) and ev.payload_sha256 == digest
 
-        got = await self._request(self.topics.values, batch.stream_id, payload, answers,
-                                  inbox=batch.seller_id, timeout=timeout)  # fmt: skip
+        got = await self._request(
+            self.topics.values,
+            batch.stream_id,
+            payload,
+            answers,
+            inbox=batch.seller_id,
+            timeout=timeout,
+        )
         assert isinstance(got, ValuesAccepted | Rejection)
         return got
 
@@ -583,8 +634,13 @@ class MarketClient:
         lines: list[ValueOutcome] = []
         for start in range(0, len(batch.items), size):
             rows = [i.model_dump() for i in batch.items[start : start + size]]
-            part = me.sign(ValueBatch, await self.signing_market(), stream_id=batch.stream_id,
-                           seller_id=batch.seller_id, items=rows)  # fmt: skip
+            part = me.sign(
+                ValueBatch,
+                await self.signing_market(),
+                stream_id=batch.stream_id,
+                seller_id=batch.seller_id,
+                items=rows,
+            )
             got = await self.publish_batch(part, timeout=timeout, party=party)
             assert got is not None  # waited for
             if isinstance(got, Rejection):
@@ -630,8 +686,11 @@ class MarketClient:
     ) -> list[CatalogEntry]:
         """The catalog entries of ``records`` the market signed (docs/protocol.md §12), oldest
         first; any other record is skipped with a warning."""
-        return [CatalogEntry.model_validate_json(raw) for _, raw, headers in records
-                if self.believe_catalog(raw, headers, key)]  # fmt: skip
+        return [
+            CatalogEntry.model_validate_json(raw)
+            for _, raw, headers in records
+            if self.believe_catalog(raw, headers, key)
+        ]
 
     def believe_catalog(self, value: bytes, headers: Any, key: Ed25519PublicKey) -> bool:
         """Whether ``value`` is a catalog entry the market signed for its catalog topic."""
@@ -639,8 +698,10 @@ class MarketClient:
             verify_answer(key, self.topics.prefix, self.topics.catalog, value, headers)
             CatalogEntry.model_validate_json(value)
         except AnswerError as exc:
-            self.on_warning(f"warning: ignored {describe(value)} in {self.topics.catalog}: {exc}; "
-                            "it was written by someone else (forged?)")  # fmt: skip
+            self.on_warning(
+                f"warning: ignored {describe(value)} in {self.topics.catalog}: {exc}; "
+                "it was written by someone else (forged?)"
+            )
             return False
         except ValueError:
             return False
@@ -704,16 +765,29 @@ class MarketClient:
         pid = purchase_id or uuid.uuid4().hex[:20]
         stamp = requested_at_ms or self._requested.setdefault((me.account_id, pid), now_ms())
         req = me.sign(
-            PurchaseRequest, await self.signing_market(), purchase_id=pid, buyer_id=me.account_id,
-            stream_id=stream_id, target_level=target_level, accuracy=accuracy,
-            most_accurate=most_accurate, max_price_minor=max_price_minor, currency=currency,
+            PurchaseRequest,
+            await self.signing_market(),
+            purchase_id=pid,
+            buyer_id=me.account_id,
+            stream_id=stream_id,
+            target_level=target_level,
+            accuracy=accuracy,
+            most_accurate=most_accurate,
+            max_price_minor=max_price_minor,
+            currency=currency,
             requested_at_ms=stamp,
-        )  # fmt: skip
+        )
         got = await self._request(
-            self.topics.purchases, stream_id, req.model_dump_json().encode(),
-            lambda ev: _answers(ev, pid), inbox=me.account_id, opener=me, timeout=timeout,
-            resend_every=resend_every, request_id=pid,
-        )  # fmt: skip
+            self.topics.purchases,
+            stream_id,
+            req.model_dump_json().encode(),
+            lambda ev: _answers(ev, pid),
+            inbox=me.account_id,
+            opener=me,
+            timeout=timeout,
+            resend_every=resend_every,
+            request_id=pid,
+        )
         assert isinstance(got, PurchaseFulfilled | Rejection)
         return got
 
@@ -731,15 +805,25 @@ class MarketClient:
         me = self._me(party)
         qid = uuid.uuid4().hex[:20]
         req = me.sign(
-            QuoteRequest, await self.signing_market(), quote_id=qid, buyer_id=me.account_id,
-            stream_id=stream_id, target_level=target_level, accuracy=accuracy,
+            QuoteRequest,
+            await self.signing_market(),
+            quote_id=qid,
+            buyer_id=me.account_id,
+            stream_id=stream_id,
+            target_level=target_level,
+            accuracy=accuracy,
             requested_at_ms=now_ms(),
-        )  # fmt: skip
+        )
         got = await self._request(
-            self.topics.purchases, stream_id, req.model_dump_json().encode(),
-            lambda ev: _answers(ev, qid), inbox=me.account_id, timeout=timeout,
-            resend_every=timeout, request_id=qid,
-        )  # fmt: skip
+            self.topics.purchases,
+            stream_id,
+            req.model_dump_json().encode(),
+            lambda ev: _answers(ev, qid),
+            inbox=me.account_id,
+            timeout=timeout,
+            resend_every=timeout,
+            request_id=qid,
+        )
         assert isinstance(got, QuoteAnswer | Rejection)
         return got
 
@@ -762,9 +846,12 @@ class MarketClient:
 
     # -- sellers ----------------------------------------------------------------------------------
     async def sales(
-        self, *, stream_id: str | None = None, idle_timeout: float | None = 2.0,
+        self,
+        *,
+        stream_id: str | None = None,
+        idle_timeout: float | None = 2.0,
         party: Party | None = None,
-    ) -> AsyncIterator[Sale]:  # fmt: skip
+    ) -> AsyncIterator[Sale]:
         """Every sale of the party's streams (of ``stream_id``, if given) that the market signed
         in the party's inbox, oldest first, each once; stops after ``idle_timeout`` seconds
         without a record (None: follows the inbox).
@@ -787,8 +874,11 @@ class MarketClient:
         seen: set[str] = set()
         try:
             async for sale in self._believed(reader, topic, key, idle_timeout):
-                if (not isinstance(sale, Sale) or sale.seller_id != me.account_id
-                        or sale.receipt_sha256 in seen):
+                if (
+                    not isinstance(sale, Sale)
+                    or sale.seller_id != me.account_id
+                    or sale.receipt_sha256 in seen
+                ):
                     continue
                 seen.add(sale.receipt_sha256)
                 if stream_id is None or sale.stream_id == stream_id:
@@ -827,15 +917,24 @@ class MarketClient:
             return ev
         return open_event(ev, me.sealing_key)
 
-    async def _watch(self, inbox: str, sent_to: str, payload: bytes, request_id: str | None, *,
-                     create_inbox: bool = True, wait: float = 30.0,
-                     stream_id: str | None = None) -> _Watch:  # fmt: skip
+    async def _watch(
+        self,
+        inbox: str,
+        sent_to: str,
+        payload: bytes,
+        request_id: str | None,
+        *,
+        create_inbox: bool = True,
+        wait: float = 30.0,
+        stream_id: str | None = None,
+    ) -> _Watch:
         """Start watching for the answer to ``payload`` (to be sent to ``sent_to``): ``inbox``
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
         key = await self.market_key(wait=wait)
-        refusals: TopicReader | None = TopicReader(self.bootstrap, self.topics.refusals,
-                                                   **self.auth)  # fmt: skip
+        refusals: TopicReader | None = TopicReader(
+            self.bootstrap, self.topics.refusals, **self.auth
+        )
         assert refusals is not None
         try:
             await refusals.start(wait=1.0, from_end=True)
@@ -843,8 +942,9 @@ class MarketClient:
             refusals = None
         if create_inbox:
             with contextlib.suppress(Exception):  # parties may lack the right to create topics
-                await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)],
-                                    **self.auth)  # fmt: skip
+                await ensure_topics(
+                    self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth
+                )
         return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
 
     async def _request(
@@ -865,9 +965,15 @@ class MarketClient:
         ``inbox`` (an answer to these bytes that ``answers`` accepts) or with a refusal."""
         # a purchase or quote (the requests with an id) is keyed by its stream
         stream = key if request_id is not None else None
-        watch = await self._watch(self.topics.inbox(inbox), topic, payload, request_id,
-                                  stream_id=stream,
-                                  create_inbox=create_inbox, wait=timeout)  # fmt: skip
+        watch = await self._watch(
+            self.topics.inbox(inbox),
+            topic,
+            payload,
+            request_id,
+            stream_id=stream,
+            create_inbox=create_inbox,
+            wait=timeout,
+        )
         try:
             deadline = time.monotonic() + timeout
             next_send = 0.0
@@ -896,10 +1002,16 @@ class _Watch:
     is the answer.
     """
 
-    def __init__(self, client: MarketClient, key: Ed25519PublicKey, inbox: str,
-                 sent: tuple[str, bytes], request_id: str | None,
-                 refusals: TopicReader | None,
-                 stream_id: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: MarketClient,
+        key: Ed25519PublicKey,
+        inbox: str,
+        sent: tuple[str, bytes],
+        request_id: str | None,
+        refusals: TopicReader | None,
+        stream_id: str | None = None,
+    ) -> None:
         self.client, self.key, self.inbox = client, key, inbox
         self.sent_to, self.payload = sent
         self.digest = hashlib.sha256(self.payload).hexdigest()
@@ -938,8 +1050,7 @@ class _Watch:
                 out.append(got[1])
                 if _notice(got[1]) and self.earlier is not None:
                     out.append(self.earlier)
-            elif self.request_id is not None and _answers(got[1], self.request_id,
-                                                          self.stream_id):
+            elif self.request_id is not None and _answers(got[1], self.request_id, self.stream_id):
                 self.earlier = got[1]  # the market's answer to an earlier send of this id
         return out
 
@@ -954,17 +1065,24 @@ class _Watch:
             # the refusal of a record this client wrote: anyone can copy its bytes to another
             # topic, or write them again, where the market refuses them under the same key
             ref = got[1]
-            if ref.source_topic == self.sent_to and (ref.source_partition,
-                                                     ref.source_offset) in self.sent:
+            if (
+                ref.source_topic == self.sent_to
+                and (ref.source_partition, ref.source_offset) in self.sent
+            ):
                 self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
 
     def _rejection(self, refusal: Refusal) -> Rejection:
         """A refusal as the rejection it summarises (nothing of the event is in it)."""
         return Rejection(
-            reason=refusal.reason, message=refusal.message, source_topic=self.sent_to,
-            request_id=self.request_id, payload="", payload_bytes=len(self.payload),
-            payload_sha256=self.digest, details={"from": self.client.topics.refusals},
-        )  # fmt: skip
+            reason=refusal.reason,
+            message=refusal.message,
+            source_topic=self.sent_to,
+            request_id=self.request_id,
+            payload="",
+            payload_bytes=len(self.payload),
+            payload_sha256=self.digest,
+            details={"from": self.client.topics.refusals},
+        )
 
     async def stop(self) -> None:
         for reader in (self.reader, self.refusals):
@@ -989,5 +1107,8 @@ def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> b
         return ev.quote_id == request_id
     # `already_answered`: a resend met an outcome sent before (the inbox, read from its start,
     # holds it) — not the answer itself; keep waiting
-    return (isinstance(ev, Rejection) and ev.request_id == request_id
-            and ev.reason != "already_answered")  # fmt: skip
+    return (
+        isinstance(ev, Rejection)
+        and ev.request_id == request_id
+        and ev.reason != "already_answered"
+    )

@@ -103,14 +103,17 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
     seller = Party.generate("acme-sensors", sealing=False)
     buyer = Party.generate("buyer-1")
     market_key = load_or_create_keys(settings.data_dir).public_key_b64  # the demo's own: pinned
-    async with MarketClient(settings.bootstrap, topics, party=seller,
-                            market_public_key=market_key) as client:  # fmt: skip
+    async with MarketClient(
+        settings.bootstrap, topics, party=seller, market_public_key=market_key
+    ) as client:
         for who in (seller, buyer):
             opened = await client.open_account(who)
             if isinstance(opened, Rejection):
                 raise RuntimeError(f"account {who.account_id} not opened: {opened.message}")
-        _say("accounts opened: acme-sensors (seller) and buyer-1, each with its own Ed25519 "
-             "key; buyer-1 also pinned an X25519 key: every release to it is sealed")
+        _say(
+            "accounts opened: acme-sensors (seller) and buyer-1, each with its own Ed25519 "
+            "key; buyer-1 also pinned an X25519 key: every release to it is sealed"
+        )
         truth = await _seller(client, worker, n_values, rng)
         print()
         await _buy_steps(client, buyer, steps, truth)
@@ -131,16 +134,23 @@ async def _seller(
 ) -> dict[str, np.ndarray]:
     """Register the thermometer stream, publish readings, wait until they are ingested."""
     entry = await client.register(
-        {"stream_id": "thermometer", "mechanism": "laplace", "sensitivity": 1.0,
-         "dimension": DIM, "steps": STEPS, "cap": STEPS[-1], "retain_last": n_values,
-         "pricing": {"kind": "linear_level", "rate_per_level": 100.0}, "currency": "EUR",
-         "description": "four room thermometers, degrees Celsius, sensitivity 1"},
+        {
+            "stream_id": "thermometer",
+            "mechanism": "laplace",
+            "sensitivity": 1.0,
+            "dimension": DIM,
+            "steps": STEPS,
+            "cap": STEPS[-1],
+            "retain_last": n_values,
+            "pricing": {"kind": "linear_level", "rate_per_level": 100.0},
+            "currency": "EUR",
+            "description": "four room thermometers, degrees Celsius, sensitivity 1",
+        },
         timeout=60,
-    )  # fmt: skip
+    )
     if isinstance(entry, Rejection):
         raise RuntimeError(f"registration rejected: {entry.message}")
-    prices = ", ".join(f"ε={p.level:g}: {format_money(p.price_minor, 'EUR')}"
-                       for p in entry.prices)  # fmt: skip
+    prices = ", ".join(f"ε={p.level:g}: {format_money(p.price_minor, 'EUR')}" for p in entry.prices)
     _say(f"seller registered 'thermometer' (Laplace, {DIM} sensors); prices {prices}")
     truth: dict[str, np.ndarray] = {}
     rows = []

@@ -78,8 +78,10 @@ def _json_counts(path: str, text: str) -> dict[str, float]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a JSON object of counts ({exc})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a JSON file of counts is one object {{key: count}}, "
-                         f"not a {type(raw).__name__}")  # fmt: skip
+        raise ValueError(
+            f"{path}: a JSON file of counts is one object {{key: count}}, "
+            f"not a {type(raw).__name__}"
+        )
     return {str(k): _count(v, f"{path} key {k!r}") for k, v in raw.items()}
 
 
@@ -108,6 +110,8 @@ def _count(v: Any, where: str) -> float:
         raise ValueError(f"{where}: count {v!r} is not a finite number")
     bad = count_problem([x])
     if bad is not None:
-        raise ValueError(f"{where}: count {v!r} {bad[1]} (a histogram counts occurrences: "
-                         "whole numbers, 0 or more)")  # fmt: skip
+        raise ValueError(
+            f"{where}: count {v!r} {bad[1]} (a histogram counts occurrences: "
+            "whole numbers, 0 or more)"
+        )
     return x

@@ -25,8 +25,9 @@ def model_of(event: Any) -> ErrorModel:
     info = event.error_model
     if info is None:
         raise ValueError("this event carries no error model (no level was released)")
-    return ErrorModel(info.mechanism, info.level, info.unit, info.scale, info.std, info.offset,
-                      info.grid)  # fmt: skip
+    return ErrorModel(
+        info.mechanism, info.level, info.unit, info.scale, info.std, info.offset, info.grid
+    )
 
 
 def intervals(

@@ -93,20 +93,29 @@ class Party:
 
         return signed(model, market, self.signing_key, generation=self.key_version, **fields)
 
-    def open_account(self, market: MarketRef, *, opened_at_ms: int | None = None,
-                     invitation: Invitation | None = None,
-                     work: str | None = None) -> OpenAccount:  # fmt: skip
+    def open_account(
+        self,
+        market: MarketRef,
+        *,
+        opened_at_ms: int | None = None,
+        invitation: Invitation | None = None,
+        work: str | None = None,
+    ) -> OpenAccount:
         """The opening of this party's account, with the operators' ``invitation`` if the
         market opens accounts by invitation, or the proof of ``work`` an open market asks
         (neither is under the party's signature)."""
         from ..wire.events import OpenAccount  # noqa: PLC0415
 
         return self.sign(
-            OpenAccount, market, account_id=self.account_id, signing_key=self.public_key,
+            OpenAccount,
+            market,
+            account_id=self.account_id,
+            signing_key=self.public_key,
             sealing_key=self.sealing_public_key,
-            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000, invitation=invitation,
+            opened_at_ms=opened_at_ms or time.time_ns() // 1_000_000,
+            invitation=invitation,
             work=work,
-        )  # fmt: skip
+        )
 
     def rotate_to(
         self, new: Party, market: MarketRef, version: int, *, rotated_at_ms: int | None = None
@@ -116,10 +125,12 @@ class Party:
         from ..wire.signing import sign  # noqa: PLC0415
 
         fields = dict(
-            account_id=self.account_id, version=version, signing_key=new.public_key,
+            account_id=self.account_id,
+            version=version,
+            signing_key=new.public_key,
             sealing_key=new.sealing_public_key,
             rotated_at_ms=rotated_at_ms or time.time_ns() // 1_000_000,
-        )  # fmt: skip
+        )
         draft = self.sign(RotateKeys, market, **fields, new_key_signature="A" * 86 + "==")
         return draft.model_copy(update={"new_key_signature": sign(market, draft, new.signing_key)})
 
@@ -127,9 +138,13 @@ class Party:
     def save(self, path: str | Path) -> None:
         """Write the keys to a new file readable by its owner only (never overwrites)."""
         sealing = None if self.sealing_key is None else _raw(self.sealing_key)
-        body = {"version": KEY_FILE_VERSION, "account_id": self.account_id,
-                "signing_key": _raw(self.signing_key), "sealing_key": sealing,
-                **({"key_version": self.key_version} if self.key_version > 1 else {})}  # fmt: skip
+        body = {
+            "version": KEY_FILE_VERSION,
+            "account_id": self.account_id,
+            "signing_key": _raw(self.signing_key),
+            "sealing_key": sealing,
+            **({"key_version": self.key_version} if self.key_version > 1 else {}),
+        }
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(body, indent=2) + "\n")
@@ -152,8 +167,8 @@ class Party:
                 raise KeyError("version")
             signing = Ed25519PrivateKey.from_private_bytes(base64.b64decode(body["signing_key"]))
             raw = body.get("sealing_key")
-            sealing = None if raw is None else X25519PrivateKey.from_private_bytes(
-                base64.b64decode(raw)
+            sealing = (
+                None if raw is None else X25519PrivateKey.from_private_bytes(base64.b64decode(raw))
             )
             version = body.get("key_version", 1)
             if not isinstance(version, int) or isinstance(version, bool) or version < 1:

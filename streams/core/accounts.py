@@ -101,8 +101,14 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
         return _confirm(ctx, existing, "duplicate")
     if ctx.limits.openings == "invite":
         try:
-            check_invitation(ev.invitation, ctx.topics.prefix, ctx.keys.public_key, ev.account_id,
-                             ev.signing_key, ctx.clock())  # fmt: skip
+            check_invitation(
+                ev.invitation,
+                ctx.topics.prefix,
+                ctx.keys.public_key,
+                ev.account_id,
+                ev.signing_key,
+                ctx.clock(),
+            )
         except InvitationError as exc:
             raise Reject(exc.reason, str(exc), claimed=ev.account_id) from None
     elif ctx.limits.opening_work:
@@ -132,15 +138,19 @@ def _check_work(ctx: Context, ev: OpenAccount) -> None:
     """Refuse an opening of an open market that carries less work than the market asks
     (:mod:`streams.wire.work`): what bounds one sender's openings by its computing power."""
     need = ctx.limits.opening_work
-    got = 0 if ev.work is None else work_bits(ctx.topics.prefix, ev.account_id, ev.signing_key,
-                                              ev.work)  # fmt: skip
+    got = (
+        0
+        if ev.work is None
+        else work_bits(ctx.topics.prefix, ev.account_id, ev.signing_key, ev.work)
+    )
     if got < need:
         raise Reject(
             "more_work",
             f"this market opens an account for {need} bits of proof of work "
             f"(EMARKET_OPENING_WORK; docs/protocol.md §6.1.2) and the opening carries {got}: "
             "the client library and `epsilon-market account open` do the work",
-            claimed=ev.account_id, bits=need,
+            claimed=ev.account_id,
+            bits=need,
         )
 
 
@@ -148,8 +158,9 @@ def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
     market = ctx.market
     acct = ctx.stores.accounts.get(ev.account_id)
     if acct is None:
-        raise Reject("unknown_account", f"account {ev.account_id!r} is not open",
-                     claimed=ev.account_id)  # fmt: skip
+        raise Reject(
+            "unknown_account", f"account {ev.account_id!r} is not open", claimed=ev.account_id
+        )
     if ev.key_id != acct.key_id or not verify(market, ev, acct.signing_key):
         if ev.key_id == acct.key_id and signed_v1(market, ev, acct.signing_key):
             raise old_signature_format(ev.account_id, sender=ev.account_id)
@@ -177,11 +188,16 @@ def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
         )
     _check_sealing_key(ev.sealing_key, sender=ev.account_id)
     retired = [*acct.retired, RetiredKey(version=acct.version, signing_key=acct.signing_key)]
-    state = acct.model_copy(update={
-        "version": ev.version, "signing_key": ev.signing_key, "sealing_key": ev.sealing_key,
-        "key_id": key_id_of(ev.signing_key), "updated_at_ms": ev.rotated_at_ms,
-        "retired": retired[-MAX_RETIRED_KEYS:],
-    })  # fmt: skip
+    state = acct.model_copy(
+        update={
+            "version": ev.version,
+            "signing_key": ev.signing_key,
+            "sealing_key": ev.sealing_key,
+            "key_id": key_id_of(ev.signing_key),
+            "updated_at_ms": ev.rotated_at_ms,
+            "retired": retired[-MAX_RETIRED_KEYS:],
+        }
+    )
     return _store(ctx, state, "accepted")
 
 

@@ -36,17 +36,24 @@ def threshold(reg: StreamRegistration, level: float) -> float | None:
     if spec is None:
         return None
     steps = len(sellable_levels(reg.steps, reg.cap))
-    return histogram_threshold(canonical_level(level, name="rho"), reg.sensitivity, spec.domain,
-                               spec.false_keys, steps)  # fmt: skip
+    return histogram_threshold(
+        canonical_level(level, name="rho"), reg.sensitivity, spec.domain, spec.false_keys, steps
+    )
 
 
 @lru_cache(maxsize=4096)
 def _info(name: MechanismName, sensitivity: float, dimension: int, level: float) -> ErrorModelInfo:
     m = error_model(mechanism(name, sensitivity, dimension), level)
     return ErrorModelInfo.model_construct(
-        mechanism=name, level=m.level, unit=UNIT_OF[name], scale=m.scale, std=m.std,
-        offset=m.offset, half_widths=m.standard_half_widths(), grid=m.grid,
-    )  # fmt: skip
+        mechanism=name,
+        level=m.level,
+        unit=UNIT_OF[name],
+        scale=m.scale,
+        std=m.std,
+        offset=m.offset,
+        half_widths=m.standard_half_widths(),
+        grid=m.grid,
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -71,8 +71,9 @@ class RateLimit:
                 self._sweep(now)
             bucket = self._buckets[key] = _Bucket(float(self.per_minute), now)
         rate = self.per_minute / MINUTE_MS  # tokens a millisecond
-        bucket.tokens = min(float(self.per_minute),
-                            bucket.tokens + max(0, now - bucket.at_ms) * rate)  # fmt: skip
+        bucket.tokens = min(
+            float(self.per_minute), bucket.tokens + max(0, now - bucket.at_ms) * rate
+        )
         bucket.at_ms = max(bucket.at_ms, now)
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
@@ -104,8 +105,13 @@ class Allowance:
         Milliseconds since the epoch.
     """
 
-    def __init__(self, openings_per_minute: int, quotes_per_minute: int, partitions: int,
-                 clock: Callable[[], int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        openings_per_minute: int,
+        quotes_per_minute: int,
+        partitions: int,
+        clock: Callable[[], int],
+    ) -> None:
         self.openings_share = math.ceil(openings_per_minute / partitions)
         self.openings_per_minute = openings_per_minute
         self._clock = clock
@@ -128,9 +134,11 @@ class Allowance:
                 f"({self.openings_share} on each input partition) and partition {partition}, "
                 f"where account id {account_id!r} belongs, has opened its share: send the "
                 f"opening again in {wait / 1000:.1f} s (EMARKET_MAX_OPENINGS_PER_MINUTE)",
-                claimed=account_id, retry_after_ms=wait, limit="openings_per_minute",
+                claimed=account_id,
+                retry_after_ms=wait,
+                limit="openings_per_minute",
                 per_minute=self.openings_per_minute,
-            )  # fmt: skip
+            )
 
     def openings_behind(self, within_ms: int = MINUTE_MS) -> bool:
         """Whether an opening was refused ``rate_limited`` within the last ``within_ms``: the
@@ -148,5 +156,8 @@ class Allowance:
                 f"an account may ask at most {per} quotes a minute: ask again in "
                 f"{wait / 1000:.1f} s (EMARKET_MAX_QUOTES_PER_MINUTE); a purchase needs no "
                 "quote (its max_price bounds what it pays)",
-                sender=buyer_id, retry_after_ms=wait, limit="quotes_per_minute", per_minute=per,
-            )  # fmt: skip
+                sender=buyer_id,
+                retry_after_ms=wait,
+                limit="quotes_per_minute",
+                per_minute=per,
+            )

@@ -46,7 +46,11 @@ def _reason_of(rejection: bytes) -> str:
 
 
 def sign_outcome(
-    ctx: Context, outcome: Outcome, raw: bytes, topic: str, partition: int | None,
+    ctx: Context,
+    outcome: Outcome,
+    raw: bytes,
+    topic: str,
+    partition: int | None,
     offset: int | None,
 ) -> Outcome:
     """``outcome`` of the event ``raw`` (read from ``topic`` at ``partition``, ``offset``) with
@@ -106,14 +110,29 @@ def dropped_outputs(ctx: Context, d: Dropped) -> list[Output]:
         f"already answered, {d.over_bound} over the bound of {b.per_interval} answers or "
         f"{b.bytes_per_interval} bytes per partition and interval; their codes are in details"
     )
-    details = {"interval_start_ms": d.start_ms, "interval_ms": d.interval_ms,
-               "repeated": d.repeated, "over_bound": d.over_bound,
-               "reasons": dict(sorted(d.reasons.items())), "first_offset": d.first_offset,
-               "last_offset": d.last_offset}  # fmt: skip
-    summary = Rejection(reason=DROPPED, message=message, source_topic=d.topic,
-                        source_partition=d.partition, source_offset=d.first_offset,
-                        payload="", payload_bytes=0, payload_sha256=hashlib.sha256().hexdigest(),
-                        details=details)  # fmt: skip
-    record = Output(ctx.topics.refusals, f"{DROPPED}.{where}".encode(),
-                    refusal_value(DROPPED, d.topic, d.partition, d.last_offset))  # fmt: skip
+    details = {
+        "interval_start_ms": d.start_ms,
+        "interval_ms": d.interval_ms,
+        "repeated": d.repeated,
+        "over_bound": d.over_bound,
+        "reasons": dict(sorted(d.reasons.items())),
+        "first_offset": d.first_offset,
+        "last_offset": d.last_offset,
+    }
+    summary = Rejection(
+        reason=DROPPED,
+        message=message,
+        source_topic=d.topic,
+        source_partition=d.partition,
+        source_offset=d.first_offset,
+        payload="",
+        payload_bytes=0,
+        payload_sha256=hashlib.sha256().hexdigest(),
+        details=details,
+    )
+    record = Output(
+        ctx.topics.refusals,
+        f"{DROPPED}.{where}".encode(),
+        refusal_value(DROPPED, d.topic, d.partition, d.last_offset),
+    )
     return [Output(ctx.topics.rejections, None, dump(summary)), _signed(ctx, record, None)]

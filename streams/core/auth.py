@@ -44,15 +44,18 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
             "unknown_account",
             f"account {account_id!r} does not exist; open it first (epsilon-market account "
             "open), then send the event again",
-            sender=_proven_sender(ctx, event), claimed=account_id,
-        )  # fmt: skip
+            sender=_proven_sender(ctx, event),
+            claimed=account_id,
+        )
     market = ctx.market
-    if event.key_id == acct.key_id and verify(market, event, acct.signing_key,
-                                              generation=acct.version):  # fmt: skip
+    if event.key_id == acct.key_id and verify(
+        market, event, acct.signing_key, generation=acct.version
+    ):
         return acct
     _refuse_if_rotated(ctx, event, acct)
-    if event.key_id == acct.key_id and signed_v1(ctx.market, event, acct.signing_key,
-                                                 generation=acct.version):  # fmt: skip
+    if event.key_id == acct.key_id and signed_v1(
+        ctx.market, event, acct.signing_key, generation=acct.version
+    ):
         raise old_signature_format(account_id, sender=account_id)
     sender = _proven_sender(ctx, event)
     if event.key_id != acct.key_id:
@@ -63,8 +66,9 @@ def authenticate(ctx: Context, event: Any, account_id: str, *, final: bool) -> A
     raise Reject(
         "bad_signature",
         f"the event claims to act for {account_id!r} but {why}; it was not applied",
-        sender=sender, claimed=account_id,
-    )  # fmt: skip
+        sender=sender,
+        claimed=account_id,
+    )
 
 
 def old_signature_format(account_id: str, **who: str) -> Reject:
@@ -95,9 +99,10 @@ def _refuse_if_rotated(ctx: Context, event: Any, acct: AccountState) -> None:
                 "was not applied and never will be; sign it again with the current key and "
                 "version and send it again (a purchase may keep its purchase_id)",
                 sender=acct.account_id,
-                signed_version=past.version, current_version=acct.version,
+                signed_version=past.version,
+                current_version=acct.version,
                 current_key_id=acct.key_id,
-            )  # fmt: skip
+            )
 
 
 def _proven_sender(ctx: Context, event: Any) -> str | None:

@@ -51,6 +51,7 @@ def capacity(quota: Quota, partitions: int) -> dict[str, int]:
     """What a market made with ``partitions`` input partitions holds at most per partition
     (the shares :meth:`StreamCensus.check_room` enforces) and how many workers it can use:
     the numbers to choose the partition count by, which cannot change after creation."""
+
     def share(limit: int) -> int:
         return math.ceil(limit / partitions)
 
@@ -69,7 +70,8 @@ _WHAT = {
     ("market", True): ("histogram streams", "EMARKET_MAX_HISTOGRAM_STREAMS"),
     ("seller", False): ("streams of one seller", "EMARKET_MAX_STREAMS_PER_SELLER"),
     ("seller", True): (
-        "histogram streams of one seller", "EMARKET_MAX_HISTOGRAM_STREAMS_PER_SELLER"
+        "histogram streams of one seller",
+        "EMARKET_MAX_HISTOGRAM_STREAMS_PER_SELLER",
     ),
 }
 
@@ -87,12 +89,15 @@ class StreamCensus:
         """Raise ``too_many_streams`` unless ``reg``'s partition has room for one more stream of
         its kind, in all and for its seller."""
         partition = self._topics.partition_of(reg.stream_id)
-        histogram = (reg.product == "histogram")
+        histogram = reg.product == "histogram"
         for who, held, limits in (
             ("market", self._count(partition, None), (quota.streams, quota.histograms)),
-            ("seller", self._count(partition, reg.seller_id),
-             (quota.streams_per_seller, quota.histograms_per_seller)),
-        ):  # fmt: skip
+            (
+                "seller",
+                self._count(partition, reg.seller_id),
+                (quota.streams_per_seller, quota.histograms_per_seller),
+            ),
+        ):
             for kind, count, limit in ((False, held[0], limits[0]), (True, held[1], limits[1])):
                 share = math.ceil(limit / self._topics.partitions)
                 if (kind and not histogram) or count < share:

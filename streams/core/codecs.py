@@ -6,7 +6,7 @@ what keeps the record rewritten after every event small. A value's chain state u
 binary codec of :mod:`market.codec`. The records kept for the dedup horizon, one per purchase and
 one per value that left its window, are many and long-lived, so they are packed binary: a
 purchase's decision in at most :data:`~.state.PURCHASE_RECORD_BYTES`, an eviction mark in at
-most :data:`~.state.VALUE_MARK_BYTES` (``tests/streams/test_core_records.py`` checks both).
+most :data:`~.state.VALUE_MARK_BYTES` (``tests/streams/core/test_core_records.py`` checks both).
 The worker seals these bytes on the changelogs (:mod:`streams.worker.tables`).
 """
 
@@ -116,14 +116,29 @@ def encode_purchase(rec: PurchaseRecord) -> bytes:
     if fp is None:
         raise ValueError(f"a purchase fingerprint is a SHA-256 in hex, not {rec.fingerprint!r}")
     body = _PURCHASE_BODY.pack(
-        _STATUS[rec.status], fp, rec.requested_at_ms, rec.price_minor, rec.level_before,
-        rec.level_after, rec.first_seq, rec.count, rec.decided_at_ms,
+        _STATUS[rec.status],
+        fp,
+        rec.requested_at_ms,
+        rec.price_minor,
+        rec.level_before,
+        rec.level_after,
+        rec.first_seq,
+        rec.count,
+        rec.decided_at_ms,
         _sha(rec.digest) or bytes(32),
-    )  # fmt: skip
+    )
     payload = b"" if rec.payload is None else rec.payload.encode()
     size = _NO_PAYLOAD if rec.payload is None else len(payload)
-    return b"".join((_PURCHASE, body, _short(rec.stream_id, 255), _short(rec.reason, MAX_REASON),
-                     struct.pack("<I", size), payload))  # fmt: skip
+    return b"".join(
+        (
+            _PURCHASE,
+            body,
+            _short(rec.stream_id, 255),
+            _short(rec.reason, MAX_REASON),
+            struct.pack("<I", size),
+            payload,
+        )
+    )
 
 
 def decode_purchase(data: bytes) -> PurchaseRecord:
@@ -143,11 +158,20 @@ def decode_purchase(data: bytes) -> PurchaseRecord:
     (size,) = struct.unpack_from("<I", data, at)
     payload = None if size == _NO_PAYLOAD else data[at + 4 : at + 4 + size].decode()
     return PurchaseRecord(
-        fingerprint=fp.hex(), status=_STATUS_OF[status], stream_id=texts[0], requested_at_ms=req,
-        price_minor=price, level_before=before, level_after=after, first_seq=first, count=count,
-        decided_at_ms=decided, digest="" if digest == bytes(32) else digest.hex(),
-        reason=texts[1], payload=payload,
-    )  # fmt: skip
+        fingerprint=fp.hex(),
+        status=_STATUS_OF[status],
+        stream_id=texts[0],
+        requested_at_ms=req,
+        price_minor=price,
+        level_before=before,
+        level_after=after,
+        first_seq=first,
+        count=count,
+        decided_at_ms=decided,
+        digest="" if digest == bytes(32) else digest.hex(),
+        reason=texts[1],
+        payload=payload,
+    )
 
 
 def _model_json(model: Any) -> bytes:

@@ -86,8 +86,12 @@ class Limits:
     @property
     def stream_quota(self) -> Quota:
         """The bounds on the streams table (:mod:`streams.core.census`)."""
-        return Quota(self.max_streams, self.max_histogram_streams, self.max_streams_per_seller,
-                     self.max_histogram_streams_per_seller)  # fmt: skip
+        return Quota(
+            self.max_streams,
+            self.max_histogram_streams,
+            self.max_streams_per_seller,
+            self.max_histogram_streams_per_seller,
+        )
 
     def holder_limit(self, dimension: int) -> int:
         """Most holders a stream of ``dimension`` may have: one value reaches them all."""
@@ -124,7 +128,10 @@ class Context:
         self.noise = NoiseKeys(self.keys.noise_secret)
         self.rngs = KeyedRngFactory(self.keys.noise_secret)
         self.census = StreamCensus(self.topics, self.stores)
-        self.allowance = Allowance(self.limits.max_openings_per_minute,
-                                   self.limits.max_quotes_per_minute, self.topics.partitions,
-                                   self.clock)  # fmt: skip
+        self.allowance = Allowance(
+            self.limits.max_openings_per_minute,
+            self.limits.max_quotes_per_minute,
+            self.topics.partitions,
+            self.clock,
+        )
         self.quotes = AnsweredQuotes(self.clock)

@@ -45,6 +45,7 @@ def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue
             runs.append([r])
     return runs
 
+
 log = logging.getLogger("emarket.core")
 
 WITHHELD_NOTICE_BYTES = 1024
@@ -107,8 +108,9 @@ class Deliveries:
         made = {}
         for lvl, v in by_level.items():
             values, keys = listed(v)
-            made[lvl] = ReleasedValue.model_construct(value_id=value_id, seq=seq, level=lvl,
-                                                      values=values, terms=terms, keys=keys)
+            made[lvl] = ReleasedValue.model_construct(
+                value_id=value_id, seq=seq, level=lvl, values=values, terms=terms, keys=keys
+            )
         self.pending_bytes += len(st.holders) * release_bytes(st.registration.release_width(), True)
         queued = 0
         for buyer, holder in st.holders.items():
@@ -162,14 +164,16 @@ class Deliveries:
                 try:
                     outputs += self._messages(buyer, streams[sid], releases)
                 except Exception:
-                    log.exception("could not deliver %d releases of %s to %s",
-                                  len(releases), sid, buyer)  # fmt: skip
+                    log.exception(
+                        "could not deliver %d releases of %s to %s", len(releases), sid, buyer
+                    )
             for (buyer, sid, window, level), ids in self._withheld.items():
                 try:
                     outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
                 except Exception:
-                    log.exception("could not tell %s of %d values of %s withheld",
-                                  buyer, len(ids), sid)  # fmt: skip
+                    log.exception(
+                        "could not tell %s of %d values of %s withheld", buyer, len(ids), sid
+                    )
         finally:
             self._pending.clear()
             self._withheld.clear()
@@ -192,9 +196,14 @@ class Deliveries:
         out = []
         for start in range(0, len(ids), room):
             chunk = ids[start : start + room]
-            event = DeliveriesWithheld(buyer_id=buyer, stream_id=st.registration.stream_id,
-                                       level=level, value_ids=chunk, window=ws,
-                                       message=message)  # fmt: skip
+            event = DeliveriesWithheld(
+                buyer_id=buyer,
+                stream_id=st.registration.stream_id,
+                level=level,
+                value_ids=chunk,
+                window=ws,
+                message=message,
+            )
             out.append(Output(self._topics.inbox(buyer), chunk[-1].encode(), dump(event)))
         return out
 
@@ -210,16 +219,17 @@ class Deliveries:
                 out.append(self._event(buyer, reg, run[start : start + room], key))
         return out
 
-    def _event(
-        self, buyer: str, reg: Any, chunk: list[ReleasedValue], key: str | None
-    ) -> Output:
+    def _event(self, buyer: str, reg: Any, chunk: list[ReleasedValue], key: str | None) -> Output:
         sid = reg.stream_id
         sealed = None
         if key is not None:
             sealed = seal_releases(self._sealer, key, chunk, delivery_aad(sid, buyer))
         event = ValueReleased.model_construct(
-            buyer_id=buyer, stream_id=sid, level_unit=UNIT_OF[reg.mechanism],
-            releases=[] if sealed else chunk, sealed=sealed,
+            buyer_id=buyer,
+            stream_id=sid,
+            level_unit=UNIT_OF[reg.mechanism],
+            releases=[] if sealed else chunk,
+            sealed=sealed,
             error_model=error_info(reg, chunk[0].level),
-        )  # fmt: skip
+        )
         return Output(self._topics.inbox(buyer), chunk[-1].value_id.encode(), dump(event))

@@ -100,9 +100,14 @@ def status(st: StreamState, idx: int) -> WindowStatus:
     assert reg.window is not None
     spent = st.window_spent.get(idx, 0.0)
     w = reg.window.duration_ms
-    return WindowStatus(start_ms=idx * w, end_ms=(idx + 1) * w, unit=UNIT_OF[reg.mechanism],
-                        cap=reg.window.cap, spent=spent,
-                        headroom=max(0.0, reg.window.cap - spent))  # fmt: skip
+    return WindowStatus(
+        start_ms=idx * w,
+        end_ms=(idx + 1) * w,
+        unit=UNIT_OF[reg.mechanism],
+        cap=reg.window.cap,
+        spent=spent,
+        headroom=max(0.0, reg.window.cap - spent),
+    )
 
 
 def latest_status(st: StreamState) -> WindowStatus | None:
@@ -115,8 +120,10 @@ def latest_status(st: StreamState) -> WindowStatus | None:
 
 def describe(ws: WindowStatus) -> str:
     """A window in words, as a noun phrase: when it runs and what it has spent."""
-    return (f"privacy window {_iso(ws.start_ms)}–{_iso(ws.end_ms)} (spent {ws.spent:g} of its "
-            f"cap {ws.cap:g} {ws.unit}, headroom {ws.headroom:g})")  # fmt: skip
+    return (
+        f"privacy window {_iso(ws.start_ms)}–{_iso(ws.end_ms)} (spent {ws.spent:g} of its "
+        f"cap {ws.cap:g} {ws.unit}, headroom {ws.headroom:g})"
+    )
 
 
 class PrivacyLedger:
@@ -239,8 +246,11 @@ class PrivacyLedger:
         n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == k)
         sellable = [self.level(lv) for lv in self._levels]
         fits = [lv for lv, ok in zip(sellable, self.fitting_purchase(sellable), strict=True) if ok]
-        best = f"the most accurate level that fits now is {max(fits).value:g}" if fits else (
-            "no level fits now")  # fmt: skip
+        best = (
+            f"the most accurate level that fits now is {max(fits).value:g}"
+            if fits
+            else ("no level fits now")
+        )
         raise Reject(
             "privacy_window_full",
             f"releasing the level asked for on the {n} values of this stream's {describe(ws)} "
@@ -273,9 +283,10 @@ class PrivacyLedger:
         if self._duration is None:
             return
         joinable = max(0, st.watermark_ms - horizon_ms) // self._duration  # none can join below
-        if len(st.window_spent) <= MAX_RECENT_WINDOWS and min(
-            st.window_spent, default=joinable
-        ) >= joinable:
+        if (
+            len(st.window_spent) <= MAX_RECENT_WINDOWS
+            and min(st.window_spent, default=joinable) >= joinable
+        ):
             return  # nothing to drop (the usual case: one pass over the few sums, not the window)
         retained = {self.window_of(e.published_at_ms) for e in st.window}
         recent = sorted(k for k in st.window_spent if k not in retained and k >= joinable)

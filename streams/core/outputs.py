@@ -15,7 +15,15 @@ from pydantic import BaseModel
 from ..wire.topics import TopicSpec
 
 __all__ = [
-    "Defer", "Kind", "Misplaced", "Outcome", "Output", "Reject", "Status", "StreamFigures", "dump",
+    "Defer",
+    "Kind",
+    "Misplaced",
+    "Outcome",
+    "Output",
+    "Reject",
+    "Status",
+    "StreamFigures",
+    "dump",
 ]
 
 Kind = Literal["account", "registration", "value", "purchase", "quote", "unknown"]

@@ -21,8 +21,9 @@ from .stream import Stream
 __all__ = ["offers", "plan", "target"]
 
 
-def target(stream: Stream[Product], buyer_id: str,
-           req: PurchaseRequest | QuoteRequest) -> float | None:  # fmt: skip
+def target(
+    stream: Stream[Product], buyer_id: str, req: PurchaseRequest | QuoteRequest
+) -> float | None:
     """The level a request names; ``None`` for the next step."""
     if req.accuracy is None and not getattr(req, "most_accurate", False):
         return req.target_level
@@ -34,8 +35,9 @@ def target(stream: Stream[Product], buyer_id: str,
     fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above])
     price = stream.terms.schedule.step_price
     mech = stream.terms.mechanism
-    affordable = [lv for lv, ok in zip(above, fits, strict=True)
-                  if ok and price(mech, held, lv) <= budget]  # fmt: skip
+    affordable = [
+        lv for lv, ok in zip(above, fits, strict=True) if ok and price(mech, held, lv) <= budget
+    ]
     if affordable:
         return max(affordable)
     # nothing affordable: the next level up is refused as too dear (saying what it costs);
@@ -53,16 +55,24 @@ def _for_accuracy(stream: Stream[Product], req: PurchaseRequest | QuoteRequest) 
     rmse = None if acc.rmse is None else acc.rmse / per
     hw = None if acc.half_width is None else acc.half_width / per
     try:
-        return cheapest_level(stream.terms.mechanism, list(stream.terms.levels), rmse=rmse,
-                              half_width=hw, confidence=acc.confidence)  # fmt: skip
+        return cheapest_level(
+            stream.terms.mechanism,
+            list(stream.terms.levels),
+            rmse=rmse,
+            half_width=hw,
+            confidence=acc.confidence,
+        )
     except AccuracyNotForSaleError as exc:
         msg = f"{exc}; buy that level with target_level {exc.best:g}"
         if per != 1.0:
-            msg = (f"no level for sale makes every running total that accurate: the best, "
-                   f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
-                   f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}")
-        raise Reject("accuracy_not_for_sale", msg, best_level=exc.best,
-                     best_error=exc.error * per) from None  # fmt: skip
+            msg = (
+                f"no level for sale makes every running total that accurate: the best, "
+                f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
+                f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}"
+            )
+        raise Reject(
+            "accuracy_not_for_sale", msg, best_level=exc.best, best_error=exc.error * per
+        ) from None
     except ValueError as exc:  # a target the model cannot meet at all (wire-validated)
         raise Reject("invalid_event", f"accuracy target: {exc}") from None
 
@@ -71,8 +81,15 @@ def plan(stream: Stream[Any], buyer_id: str, level: float | None) -> StepPlan:
     """The step from what ``buyer_id`` holds to ``level`` (``None``: the next step), priced."""
     reg = stream.registration
     terms = stream.terms
-    return plan_step(terms.schedule, terms.mechanism, list(reg.steps), reg.cap,
-                     stream.held(buyer_id), level, stream=reg.stream_id)  # fmt: skip
+    return plan_step(
+        terms.schedule,
+        terms.mechanism,
+        list(reg.steps),
+        reg.cap,
+        stream.held(buyer_id),
+        level,
+        stream=reg.stream_id,
+    )
 
 
 def offers(stream: Stream[Product], held: float) -> list[Offer]:
@@ -88,7 +105,15 @@ def offers(stream: Stream[Product], held: float) -> list[Offer]:
     for lv, ok in zip(levels, fits, strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
-        out.append(Offer(level=lv, rmse=rmse * factor, half_width_95=hw95 * factor,
-                         price_minor=price, held=lv <= held, fits_window=ok if window else None,
-                         threshold=threshold(reg, lv)))  # fmt: skip
+        out.append(
+            Offer(
+                level=lv,
+                rmse=rmse * factor,
+                half_width_95=hw95 * factor,
+                price_minor=price,
+                held=lv <= held,
+                fits_window=ok if window else None,
+                threshold=threshold(reg, lv),
+            )
+        )
     return out

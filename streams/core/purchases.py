@@ -71,8 +71,14 @@ __all__ = ["fingerprint", "purchase"]
 def fingerprint(req: PurchaseRequest) -> str:
     """What makes two purchases with one id the same request (the send time does not)."""
     acc = None if req.accuracy is None else req.accuracy.model_dump()
-    fields = (req.stream_id, req.target_level, req.max_price_minor, req.currency, acc,
-              req.most_accurate)  # fmt: skip
+    fields = (
+        req.stream_id,
+        req.target_level,
+        req.max_price_minor,
+        req.currency,
+        acc,
+        req.most_accurate,
+    )
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
@@ -102,25 +108,27 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
     except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is kept
         heap = heap_of(ctx.records, stream, req.stream_id, refused=True)
         kept = ctx.records.has_room(heap)
-        outcome, record = _refused(ctx, req, fp, inc.src, exc, kept=kept,
-                                   known=stream is not None)  # fmt: skip
+        outcome, record = _refused(ctx, req, fp, inc.src, exc, kept=kept, known=stream is not None)
         if not kept:
             return outcome
-    ctx.records.keep_purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id),
-                              record, heap)  # fmt: skip
+    ctx.records.keep_purchase(
+        purchase_key(req.buyer_id, req.stream_id, req.purchase_id), record, heap
+    )
     advance_purchases(ctx.records, stream, req.stream_id, req.requested_at_ms)
     return outcome
 
 
-def _recall(ctx: Context, stream: Stream[Product] | None,
-            req: PurchaseRequest) -> PurchaseRecord | None:  # fmt: skip
+def _recall(
+    ctx: Context, stream: Stream[Product] | None, req: PurchaseRequest
+) -> PurchaseRecord | None:
     """The purchase's kept decision; a refusal if it is too old for any to be kept."""
     if stream is not None:
         floor_purchases(ctx.records, stream)
         ctx.records.settle(stream.id)
     watermark = None if stream is None else stream.state.purchase_watermark_ms
-    ctx.admission.admit_age("purchase", req.requested_at_ms, watermark, req.purchase_id,
-                            req.stream_id)  # fmt: skip
+    ctx.admission.admit_age(
+        "purchase", req.requested_at_ms, watermark, req.purchase_id, req.stream_id
+    )
     return ctx.records.purchase(purchase_key(req.buyer_id, req.stream_id, req.purchase_id))
 
 
@@ -154,8 +162,12 @@ def _same_request(req: PurchaseRequest, record: PurchaseRecord, fp: str) -> None
         )
 
 
-def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseRequest],
-           record: PurchaseRecord) -> Outcome:  # fmt: skip
+def _again(
+    ctx: Context,
+    stream: Stream[Product] | None,
+    inc: Incoming[PurchaseRequest],
+    record: PurchaseRecord,
+) -> Outcome:
     """A resent purchase whose outcome stands: that outcome again (at most once an interval);
     never a second charge."""
     req = inc.event
@@ -163,9 +175,11 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     inbox = ctx.topics.inbox(req.buyer_id)
     copy = req.requested_at_ms == record.requested_at_ms  # the first request's, re-sent
     if (copy and ctx.records.in_inbox(inbox, record)) or (
-            not ctx.records.resend_due(key, req.requested_at_ms, inbox)):  # fmt: skip
-        return Outcome("purchase", "duplicate", reason="already_answered",
-                       stream_id=record.stream_id)  # fmt: skip
+        not ctx.records.resend_due(key, req.requested_at_ms, inbox)
+    ):
+        return Outcome(
+            "purchase", "duplicate", reason="already_answered", stream_id=record.stream_id
+        )
     last = ctx.records.answer_due(key)
     ctx.records.resend_answered(key, req.requested_at_ms, final=last is None)
     if last is not None:
@@ -183,8 +197,9 @@ def _again(ctx: Context, stream: Stream[Product] | None, inc: Incoming[PurchaseR
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
 
 
-def _sent_again(ctx: Context, req: PurchaseRequest, record: PurchaseRecord,
-                payload: str) -> list[Output]:  # fmt: skip
+def _sent_again(
+    ctx: Context, req: PurchaseRequest, record: PurchaseRecord, payload: str
+) -> list[Output]:
     """The messages of a decision whose outcome may not have been sent (the batch that made it
     was lost before its outputs went): its bytes again, with the refusal record or the sale
     notice sent beside them — the same bytes, which readers count once."""
@@ -205,15 +220,15 @@ def _receipt_in(payload: str) -> Receipt | None:
         return None
 
 
-def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequest],
-               record: PurchaseRecord) -> bytes | None:  # fmt: skip
+def _recompute(
+    ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequest], record: PurchaseRecord
+) -> bytes | None:
     """The outcome first sent, recomputed from the decision over the values it covered; None
     if they are not all retained any more or the bytes differ (the digest proves them)."""
     covered = [e for e in stream.state.window if e.seq in record.seqs]
     if len(covered) != record.count:
         return None
-    step = StepPlan(record.level_before, record.level_after, record.level_after,
-                    record.price_minor)  # fmt: skip
+    step = StepPlan(record.level_before, record.level_after, record.level_after, record.price_minor)
     # a resend may carry another send time: the receipt binds the first request's
     req = inc.event.model_copy(update={"requested_at_ms": record.requested_at_ms})
     try:
@@ -226,8 +241,14 @@ def _recompute(ctx: Context, stream: Stream[Product], inc: Incoming[PurchaseRequ
     return payload if hashlib.sha256(payload).hexdigest() == record.digest else None
 
 
-def _notice(ctx: Context, inc: Incoming[PurchaseRequest], record: PurchaseRecord,
-            answered_at_ms: int, *, again: bool) -> Outcome:  # fmt: skip
+def _notice(
+    ctx: Context,
+    inc: Incoming[PurchaseRequest],
+    record: PurchaseRecord,
+    answered_at_ms: int,
+    *,
+    again: bool,
+) -> Outcome:
     """A short ``already_answered`` notice for the buyer alone: the resend changed nothing,
     and says when its outcome was sent (``again``: it will be sent again after the interval;
     else it cannot be recomputed, and the inbox holds it)."""
@@ -235,27 +256,39 @@ def _notice(ctx: Context, inc: Incoming[PurchaseRequest], record: PurchaseRecord
     topic, partition, offset, raw = inc.src
     now = ctx.clock()
     retry = max(0, answered_at_ms + ANSWER_INTERVAL_MS - now) if again else None
-    tail = (f"a resend is answered again at most every {ANSWER_INTERVAL_MS // 1000} s: resend "
-            f"after {retry} ms" if again else
-            "its outcome cannot be recomputed any more: it is in your inbox, keyed by the id")
+    tail = (
+        f"a resend is answered again at most every {ANSWER_INTERVAL_MS // 1000} s: resend "
+        f"after {retry} ms"
+        if again
+        else "its outcome cannot be recomputed any more: it is in your inbox, keyed by the id"
+    )
     event = Rejection(
         reason="already_answered",
         message=f"purchase {req.purchase_id!r} was {record.status} and answered at "
         f"{answered_at_ms} ms; nothing was charged or changed; {tail}",
-        source_topic=topic, source_partition=partition, source_offset=offset,
-        request_id=req.purchase_id, sender_id=req.buyer_id, stream_id=req.stream_id,
-        payload="", payload_bytes=len(raw), payload_sha256=hashlib.sha256(raw).hexdigest(),
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        request_id=req.purchase_id,
+        sender_id=req.buyer_id,
+        stream_id=req.stream_id,
+        payload="",
+        payload_bytes=len(raw),
+        payload_sha256=hashlib.sha256(raw).hexdigest(),
         payload_truncated=bool(raw),
-        details={"status": record.status, "answered_at_ms": answered_at_ms,
-                 "retry_after_ms": retry},
-    )  # fmt: skip
+        details={
+            "status": record.status,
+            "answered_at_ms": answered_at_ms,
+            "retry_after_ms": retry,
+        },
+    )
     out = Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), dump(event))
-    return Outcome("purchase", "duplicate", [out], reason="already_answered",
-                   stream_id=req.stream_id)  # fmt: skip
+    return Outcome(
+        "purchase", "duplicate", [out], reason="already_answered", stream_id=req.stream_id
+    )
 
 
-def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest],
-                   record: PurchaseRecord) -> Outcome:  # fmt: skip
+def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest], record: PurchaseRecord) -> Outcome:
     """A resent refused purchase: refused again with the reason code it first got."""
     req = inc.event
     rej = Reject(
@@ -263,17 +296,24 @@ def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest],
         f"purchase {req.purchase_id!r} was refused when the market first decided it "
         f"({record.reason}, at {record.decided_at_ms} ms); the same signed bytes are refused "
         "again: send a new purchase id",
-        sender=req.buyer_id, first_decided_at_ms=record.decided_at_ms,
-    )  # fmt: skip
+        sender=req.buyer_id,
+        first_decided_at_ms=record.decided_at_ms,
+    )
     outcome = rejection(ctx, "purchase", inc.src, rej)
     outcome.status = "duplicate"
     return outcome
 
 
 def _refused(
-    ctx: Context, req: PurchaseRequest, fp: str, src: Source, exc: Reject | MarketError, *,
-    kept: bool, known: bool,
-) -> tuple[Outcome, PurchaseRecord]:  # fmt: skip
+    ctx: Context,
+    req: PurchaseRequest,
+    fp: str,
+    src: Source,
+    exc: Reject | MarketError,
+    *,
+    kept: bool,
+    known: bool,
+) -> tuple[Outcome, PurchaseRecord]:
     """The outcome of a refused purchase, and the record that keeps it (``kept``: false when
     the refusals kept of the stream, or of unknown streams on its partition, are at their cap,
     and the refusal then says so)."""
@@ -292,14 +332,20 @@ def _refused(
             "partition): these signed bytes would be applied if sent again once the stream exists"
         )
     outcome = rejection(ctx, "purchase", src, rej)
-    record = PurchaseRecord(fingerprint=fp, status="rejected", stream_id=req.stream_id,
-                            requested_at_ms=req.requested_at_ms, reason=rej.reason[:48],
-                            decided_at_ms=ctx.clock())  # fmt: skip
+    record = PurchaseRecord(
+        fingerprint=fp,
+        status="rejected",
+        stream_id=req.stream_id,
+        requested_at_ms=req.requested_at_ms,
+        reason=rej.reason[:48],
+        decided_at_ms=ctx.clock(),
+    )
     return outcome, record
 
 
-def _check_terms(ctx: Context, req: PurchaseRequest, stream: Stream[Product],
-                 account: AccountState) -> None:  # fmt: skip
+def _check_terms(
+    ctx: Context, req: PurchaseRequest, stream: Stream[Product], account: AccountState
+) -> None:
     """Refuse what the stream's terms do not allow the buyer's account or currency."""
     reg = stream.registration
     if ctx.require_encryption and not account.sealing_key:
@@ -315,8 +361,9 @@ def _check_terms(ctx: Context, req: PurchaseRequest, stream: Stream[Product],
         )
 
 
-def _check_step(ctx: Context, req: PurchaseRequest, stream: Stream[Product],
-                step: StepPlan) -> None:  # fmt: skip
+def _check_step(
+    ctx: Context, req: PurchaseRequest, stream: Stream[Product], step: StepPlan
+) -> None:
     """Refuse a step that buys nothing, costs more than offered, or would overfill the stream."""
     reg = stream.registration
     if step.after <= step.held:  # nothing to buy (each such request kept a whole window)
@@ -343,8 +390,9 @@ def _check_step(ctx: Context, req: PurchaseRequest, stream: Stream[Product],
         )
 
 
-def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
-            account: AccountState) -> tuple[Outcome, PurchaseRecord]:  # fmt: skip
+def _fulfil(
+    ctx: Context, streams: Streams, req: PurchaseRequest, fp: str, account: AccountState
+) -> tuple[Outcome, PurchaseRecord]:
     """Release the level bought on the stream's window, charge, sign; or raise a refusal."""
     stream = streams.load(req.stream_id)
     reg = stream.registration
@@ -362,37 +410,57 @@ def _fulfil(ctx: Context, streams: Streams, req: PurchaseRequest, fp: str,
     ledger.record_purchase(ledger.level(step.after))
     record = _decision(ctx, req, stream, step, fp, payload)
     outcome = Outcome(
-        "purchase", "fulfilled",
-        [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
-         sale(ctx, receipt, record.decided_at_ms)],
-        stream_id=reg.stream_id, mechanism=reg.mechanism, releases=len(releases),
-        new_noise=new_noise, price_minor=step.price_minor, figures=stream.figures(),
-    )  # fmt: skip
+        "purchase",
+        "fulfilled",
+        [
+            Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
+            sale(ctx, receipt, record.decided_at_ms),
+        ],
+        stream_id=reg.stream_id,
+        mechanism=reg.mechanism,
+        releases=len(releases),
+        new_noise=new_noise,
+        price_minor=step.price_minor,
+        figures=stream.figures(),
+    )
     return outcome, record
 
 
-def _decision(ctx: Context, req: PurchaseRequest, stream: Stream[Product], step: StepPlan,
-              fp: str, payload: bytes) -> PurchaseRecord:  # fmt: skip
+def _decision(
+    ctx: Context,
+    req: PurchaseRequest,
+    stream: Stream[Product],
+    step: StepPlan,
+    fp: str,
+    payload: bytes,
+) -> PurchaseRecord:
     """What a fulfilment's record keeps: the decision, the values covered (the window
     released, by arrival number) and the outcome's digest; its bytes until they are sent."""
     window = stream.state.window
     return PurchaseRecord(
-        fingerprint=fp, status="fulfilled", stream_id=stream.id,
-        requested_at_ms=req.requested_at_ms, price_minor=step.price_minor,
-        level_before=step.held, level_after=step.after,
-        first_seq=window[0].seq if window else stream.state.next_seq, count=len(window),
-        decided_at_ms=ctx.clock(), digest=hashlib.sha256(payload).hexdigest(),
+        fingerprint=fp,
+        status="fulfilled",
+        stream_id=stream.id,
+        requested_at_ms=req.requested_at_ms,
+        price_minor=step.price_minor,
+        level_before=step.held,
+        level_after=step.after,
+        first_seq=window[0].seq if window else stream.state.next_seq,
+        count=len(window),
+        decided_at_ms=ctx.clock(),
+        digest=hashlib.sha256(payload).hexdigest(),
         payload=payload.decode(),
-    )  # fmt: skip
+    )
 
 
 def _digested(releases: list[ReleasedValue]) -> list[ReleaseTriple]:
     """What the receipt's commitment covers: each release's numbers, and a histogram's keys."""
     return [
-        (r.value_id, r.level, r.values) if r.keys is None
+        (r.value_id, r.level, r.values)
+        if r.keys is None
         else (r.value_id, r.level, r.values, r.keys)
         for r in releases
-    ]  # fmt: skip
+    ]
 
 
 def _fulfilled(
@@ -407,14 +475,18 @@ def _fulfilled(
     and the receipt's fields (what the seller's sale notice is made of)."""
     reg = stream.registration
     opening = derive_opening(
-        ctx.keys.opening_key, buyer_id=req.buyer_id, stream_id=reg.stream_id,
-        purchase_id=req.purchase_id, requested_at_ms=req.requested_at_ms,
+        ctx.keys.opening_key,
+        buyer_id=req.buyer_id,
+        stream_id=reg.stream_id,
+        purchase_id=req.purchase_id,
+        requested_at_ms=req.requested_at_ms,
         level_after=step.after,
-    )  # fmt: skip
+    )
     sealed: Envelope | None = None
     if sealing_key:
-        sealed = seal_releases(ctx.sealer, sealing_key, releases, purchase_aad(req.purchase_id),
-                               opening)  # fmt: skip
+        sealed = seal_releases(
+            ctx.sealer, sealing_key, releases, purchase_aad(req.purchase_id), opening
+        )
     receipt = Receipt(
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,

@@ -114,15 +114,18 @@ class RefusalBudget:
         window = self._window(topic, partition)
         if self._digest(topic, partition, raw) in self._recent:
             cause = "repeated"
-        elif (window.answered >= self.bounds.per_interval
-              or window.bytes >= self.bounds.bytes_per_interval):  # fmt: skip
+        elif (
+            window.answered >= self.bounds.per_interval
+            or window.bytes >= self.bounds.bytes_per_interval
+        ):
             cause = "over_bound"
         else:
             return None
         d = window.dropped
         if d is None:
-            d = window.dropped = Dropped(topic, partition, window.start_ms,
-                                         self.bounds.interval_ms, first_offset=offset)  # fmt: skip
+            d = window.dropped = Dropped(
+                topic, partition, window.start_ms, self.bounds.interval_ms, first_offset=offset
+            )
         if cause == "repeated":
             d.repeated += 1
         else:
@@ -144,8 +147,7 @@ class RefusalBudget:
     def _digest(self, topic: str, partition: int | None, raw: bytes) -> bytes:
         base = self._hashers.get((topic, partition))
         if base is None:  # the bytes on one partition: a copy elsewhere is answered there
-            base = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8,
-                                   key=self._key)  # fmt: skip
+            base = hashlib.blake2b(f"{topic}\0{partition}\0".encode(), digest_size=8, key=self._key)
             self._hashers[(topic, partition)] = base
         h = base.copy()
         h.update(raw)

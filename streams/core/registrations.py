@@ -44,28 +44,43 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
         terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
     prices = price_list(
-        terms.schedule, terms.mechanism, list(reg.steps), reg.cap, dimension=reg.dimension,
+        terms.schedule,
+        terms.mechanism,
+        list(reg.steps),
+        reg.cap,
+        dimension=reg.dimension,
         delta=EPSILON_DELTA,
-    )  # fmt: skip
+    )
     now = ctx.clock()
-    payload = dump(CatalogEntry(
-        registration=reg,
-        level_unit=UNIT_OF[reg.mechanism],
-        accepted_at_ms=now,
-        market_key_id=ctx.keys.key_id,
-        market_public_key=ctx.keys.public_key_b64,
-        market_sealing_key=ctx.keys.sealing_public_b64,
-        prices=[PriceLevel(level=p.level, price_minor=p.price_minor, epsilon=p.epsilon)
-                for p in prices],
-    ))  # fmt: skip
+    payload = dump(
+        CatalogEntry(
+            registration=reg,
+            level_unit=UNIT_OF[reg.mechanism],
+            accepted_at_ms=now,
+            market_key_id=ctx.keys.key_id,
+            market_public_key=ctx.keys.public_key_b64,
+            market_sealing_key=ctx.keys.sealing_public_b64,
+            prices=[
+                PriceLevel(level=p.level, price_minor=p.price_minor, epsilon=p.epsilon)
+                for p in prices
+            ],
+        )
+    )
     _check_record_size(ctx, reg, len(payload))
-    streams.create(StreamState(
-        registered=Registered(registration=reg, secret_fingerprint=ctx.keys.noise_fingerprint,
-                              accepted_at_ms=now, catalog_payload=payload.decode()),
-        # purchases older than the horizon before it were refused by the clock: the watermark
-        # keeps refusing them on every worker, whatever its clock
-        purchase_watermark_ms=now,
-    ), terms)  # fmt: skip
+    streams.create(
+        StreamState(
+            registered=Registered(
+                registration=reg,
+                secret_fingerprint=ctx.keys.noise_fingerprint,
+                accepted_at_ms=now,
+                catalog_payload=payload.decode(),
+            ),
+            # purchases older than the horizon before it were refused by the clock: the watermark
+            # keeps refusing them on every worker, whatever its clock
+            purchase_watermark_ms=now,
+        ),
+        terms,
+    )
     ctx.census.added(reg)
     return Outcome(
         "registration",
@@ -106,9 +121,12 @@ def entry_again(ctx: Context, registered: Registered) -> Output:
 
 def _check_record_size(ctx: Context, reg: StreamRegistration, catalog_bytes: int) -> None:
     """The stream's records must always fit in one message each, however full it gets."""
-    record = max(stream_record_bound(reg.retain_last, ctx.limits.max_holders,
-                                     windowed=reg.window is not None),
-                 registered_bound(catalog_bytes))  # fmt: skip
+    record = max(
+        stream_record_bound(
+            reg.retain_last, ctx.limits.max_holders, windowed=reg.window is not None
+        ),
+        registered_bound(catalog_bytes),
+    )
     if record > ctx.limits.max_message_bytes:
         raise Reject(
             "stream_too_large",
@@ -130,8 +148,9 @@ def _check_purchase_cost(ctx: Context, reg: StreamRegistration, levels: int) -> 
             f"{ctx.limits.max_message_bytes}; lower retain_last or the dimension",
         )
     product = product_class(reg)
-    work = ctx.limits.work(product.chains_walked(reg, reg.retain_last), levels,
-                           product.work_width(reg))  # fmt: skip
+    work = ctx.limits.work(
+        product.chains_walked(reg, reg.retain_last), levels, product.work_width(reg)
+    )
     if work > ctx.limits.max_event_work:
         raise Reject(
             "stream_too_large",

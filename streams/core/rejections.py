@@ -125,9 +125,13 @@ def rejection(
     key = (ids.get("stream_id") or "").encode() or None
     outputs = [Output(ctx.topics.rejections, key, body)]
     if rej.sender:
-        outputs.append(Output(ctx.topics.inbox(rej.sender), (ids.get("request_id") or "").encode(),
-                              body))  # fmt: skip
+        outputs.append(
+            Output(ctx.topics.inbox(rej.sender), (ids.get("request_id") or "").encode(), body)
+        )
     return Outcome(
-        kind=kind, status="rejected", outputs=outputs, reason=rej.reason,
+        kind=kind,
+        status="rejected",
+        outputs=outputs,
+        reason=rej.reason,
         stream_id=ids.get("stream_id"),
-    )  # fmt: skip
+    )

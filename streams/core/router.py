@@ -118,8 +118,9 @@ class MarketCore:
             keys=keys,
             topics=topics,
             clock=clock,
-            records=Records(dedup_horizon_ms, clock, stores, topics.partition_of,
-                            limits.record_caps),
+            records=Records(
+                dedup_horizon_ms, clock, stores, topics.partition_of, limits.record_caps
+            ),
             admission=Admission(dedup_horizon_ms, clock),
             deliveries=Deliveries(topics, sealer, directory, limits.max_message_bytes),
             sealer=sealer,
@@ -176,14 +177,22 @@ class MarketCore:
             self.ctx.records.begin_batch()
         src: Source = (topic, partition, offset, raw)
         t, ctx = self.ctx.topics, self.ctx
-        kind: Kind = {t.accounts: "account", t.registrations: "registration", t.values: "value",
-                      t.purchases: "purchase"}.get(topic, "unknown")  # type: ignore[assignment]
+        kind: Kind = {
+            t.accounts: "account",
+            t.registrations: "registration",
+            t.values: "value",
+            t.purchases: "purchase",
+        }.get(topic, "unknown")  # type: ignore[assignment]
         if len(raw) > ctx.limits.max_message_bytes:
-            return self._refuse(kind, src, Reject(
-                "too_large",
-                f"the event is {len(raw)} bytes; the market accepts at most "
-                f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
-            ))  # fmt: skip
+            return self._refuse(
+                kind,
+                src,
+                Reject(
+                    "too_large",
+                    f"the event is {len(raw)} bytes; the market accepts at most "
+                    f"{ctx.limits.max_message_bytes} (split value batches, shorten ids)",
+                ),
+            )
         if kind == "unknown":
             unknown = Reject("unknown_topic", f"the market does not consume {topic!r}")
             return self._refuse("unknown", src, unknown)
@@ -248,18 +257,24 @@ class MarketCore:
         except MarketError as exc:  # e.g. parameters the engine refuses
             return self._refuse(kind, src, Reject(exc.code, exc.message))
         except ValidationError as exc:  # no account proved: the refusal is built if written
-            return self._refuse(kind, src, _invalid_code(exc), functools.partial(_invalid, kind,
-                                                                                 exc))
+            return self._refuse(
+                kind, src, _invalid_code(exc), functools.partial(_invalid, kind, exc)
+            )
         except Exception as exc:  # a bug must not stop the market: reject, log, carry on
             log.exception("internal error while processing a %s event", kind)
-            return self._refuse(kind, src, Reject(
-                "internal_error",
-                "the market could not process this event; the operators have been alerted "
-                f"({type(exc).__name__})",
-            ))  # fmt: skip
+            return self._refuse(
+                kind,
+                src,
+                Reject(
+                    "internal_error",
+                    "the market could not process this event; the operators have been alerted "
+                    f"({type(exc).__name__})",
+                ),
+            )
 
-    def _refuse(self, kind: Kind, src: Source, rej: Reject | str,
-                build: Callable[[], Reject] | None = None) -> Outcome:  # fmt: skip
+    def _refuse(
+        self, kind: Kind, src: Source, rej: Reject | str, build: Callable[[], Reject] | None = None
+    ) -> Outcome:
         """The rejection of ``src`` for ``rej`` (or for the code ``rej``, the refusal made by
         ``build`` only if it is written); of an event no account was proven to send (no
         ``sender``: it is shown to the operators alone), within the bounds of
@@ -270,8 +285,13 @@ class MarketCore:
         code = rej.reason if isinstance(rej, Reject) else rej
         cause = self.refusals.refuse(topic, partition, offset, raw, code)
         if cause is not None:
-            return Outcome(kind, "rejected", reason=code, dropped=cause,
-                           stream_id=rej.stream if isinstance(rej, Reject) else None)  # fmt: skip
+            return Outcome(
+                kind,
+                "rejected",
+                reason=code,
+                dropped=cause,
+                stream_id=rej.stream if isinstance(rej, Reject) else None,
+            )
         if not isinstance(rej, Reject):
             assert build is not None
             rej = build()
@@ -281,17 +301,26 @@ class MarketCore:
         return outcome
 
     def internal_error(
-        self, topic: str, value: bytes | None, partition: int | None, offset: int | None,
+        self,
+        topic: str,
+        value: bytes | None,
+        partition: int | None,
+        offset: int | None,
         exc: BaseException,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """The rejection of an event whose processing failed outside the core's own guard."""
         kind: Kind = "unknown"
         raw = value or b""
-        refused = rejection(self.ctx, kind, (topic, partition, offset, raw), Reject(
-            "internal_error",
-            "the market could not process this event; the operators have been alerted "
-            f"({type(exc).__name__})",
-        ))  # fmt: skip
+        refused = rejection(
+            self.ctx,
+            kind,
+            (topic, partition, offset, raw),
+            Reject(
+                "internal_error",
+                "the market could not process this event; the operators have been alerted "
+                f"({type(exc).__name__})",
+            ),
+        )
         return sign_outcome(self.ctx, refused, raw, topic, partition, offset)
 
     @contextlib.contextmanager
@@ -344,11 +373,12 @@ def _invalid_code(exc: ValidationError) -> str:
 def _invalid(kind: Kind, exc: ValidationError) -> Reject:
     """A readable rejection for a payload that is not a valid event of its topic."""
     # a rule of the wire's own (one meaning per signed text) comes first and names the refusal
-    found = sorted(exc.errors(include_url=False, include_input=False),
-                   key=lambda e: e["type"] not in REFUSAL_CODES)  # fmt: skip
+    found = sorted(
+        exc.errors(include_url=False, include_input=False),
+        key=lambda e: e["type"] not in REFUSAL_CODES,
+    )
     errors: list[dict[str, Any]] = [  # field names and messages may echo the input: bound them
-        {"loc": ".".join(str(p) for p in e["loc"])[:200], "msg": e["msg"][:300]}
-        for e in found[:10]
+        {"loc": ".".join(str(p) for p in e["loc"])[:200], "msg": e["msg"][:300]} for e in found[:10]
     ]
     first = errors[0] if errors else {"loc": "", "msg": str(exc)}
     msg = f"not a valid {kind} event: {first['loc'] or 'payload'}: {first['msg']}"

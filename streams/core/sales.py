@@ -31,5 +31,6 @@ def sale(ctx: Context, receipt: Mapping[str, Any] | Receipt, sold_at_ms: int) ->
     ``sold_at_ms``: to the seller's inbox, keyed by the receipt's digest, signed for that inbox
     alone (it answers no request of the seller's)."""
     event = sale_of(receipt, ctx.keys.pseudonym_key, sold_at_ms)
-    return Output(ctx.topics.inbox(event.seller_id), event.receipt_sha256.encode(), dump(event),
-                  answer=False)  # fmt: skip
+    return Output(
+        ctx.topics.inbox(event.seller_id), event.receipt_sha256.encode(), dump(event), answer=False
+    )

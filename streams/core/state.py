@@ -210,7 +210,7 @@ def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = 
     sum.
 
     The registration is refused if this (or :func:`registered_bound`) exceeds the message
-    limit, so a stream's state can always be written (``tests/streams/test_core.py`` checks
+    limit, so a stream's state can always be written (``tests/streams/core/test_core.py`` checks
     the bound at its extremes).
     """
     return (

@@ -62,9 +62,15 @@ class Stream(Generic[P]):
         reg = self.state.registration
         ws = latest_status(self.state)
         return StreamFigures(
-            reg.stream_id, reg.mechanism, UNIT_OF[reg.mechanism], self.state.spent, reg.cap,
-            reg.currency, None if ws is None else ws.spent, None if ws is None else ws.cap,
-        )  # fmt: skip
+            reg.stream_id,
+            reg.mechanism,
+            UNIT_OF[reg.mechanism],
+            self.state.spent,
+            reg.cap,
+            reg.currency,
+            None if ws is None else ws.spent,
+            None if ws is None else ws.cap,
+        )
 
     # -- holders --------------------------------------------------------------------------------
     def held(self, buyer_id: str) -> float:
@@ -81,8 +87,9 @@ class Stream(Generic[P]):
         st = self.state
         # a new Holder, never the old one changed: a holders base may share the old one
         old = st.holders.get(buyer_id) or Holder(level=level)
-        holder = Holder(level=level, paid_minor=old.paid_minor + price_minor,
-                        purchases=old.purchases + 1)  # fmt: skip
+        holder = Holder(
+            level=level, paid_minor=old.paid_minor + price_minor, purchases=old.purchases + 1
+        )
         st.holders[buyer_id] = holder
         st.revenue_minor += price_minor
         self.charged.append(buyer_id)
@@ -98,9 +105,14 @@ class Stream(Generic[P]):
         """Add a value to the window (newest last), numbered by its arrival; its loss is
         recorded by the ledger once it is released."""
         st = self.state
-        entry = ValueEntry(value_id=item.value_id, seq=st.next_seq, digest=digest,
-                           received_at_ms=received_at_ms, published_at_ms=item.published_at_ms,
-                           level=0.0)  # fmt: skip
+        entry = ValueEntry(
+            value_id=item.value_id,
+            seq=st.next_seq,
+            digest=digest,
+            received_at_ms=received_at_ms,
+            published_at_ms=item.published_at_ms,
+            level=0.0,
+        )
         st.window.append(entry)
         st.next_seq += 1
         st.values_ingested += 1

@@ -111,8 +111,13 @@ def holders_of(stores: Stores, stream_id: str, record: StreamRecord) -> Mapping[
 class Streams:
     """The streams of this worker's partitions, as events load and save them."""
 
-    def __init__(self, stores: Stores, keys: MarketKeys, max_streams: int,
-                 batch: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stores: Stores,
+        keys: MarketKeys,
+        max_streams: int,
+        batch: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._stores = stores
         self._keys = keys
         self._max_cached = max(MAX_CACHED_TERMS, max_streams)
@@ -185,8 +190,9 @@ class Streams:
         stream = Stream(state, terms, built[2])
         stream.touch()
         self._loaded[reg.stream_id] = stream
-        self._whole[reg.stream_id] = _Whole(state, state, dict.fromkeys(state.holders),
-                                            unregistered=True)  # fmt: skip
+        self._whole[reg.stream_id] = _Whole(
+            state, state, dict.fromkeys(state.holders), unregistered=True
+        )
         return stream
 
     def built(self, reg: StreamRegistration) -> Built:
@@ -215,8 +221,9 @@ class Streams:
         when it has both)."""
         whole = with_registration(self._stores, stream_id, stored)
         if stored.holders_base is not None:
-            whole = whole.model_copy(update={
-                "holders": dict(holders_of(self._stores, stream_id, stored))})  # fmt: skip
+            whole = whole.model_copy(
+                update={"holders": dict(holders_of(self._stores, stream_id, stored))}
+            )
         return _Whole(stored, whole, dict.fromkeys(stored.holders))
 
     def _stored(self, stream: Stream[Product]) -> StreamState:
@@ -235,14 +242,14 @@ class Streams:
             ref = whole.holders_base
             slot, gen = (0, 1) if ref is None else (1 - ref.slot, ref.gen + 1)
             self._stores.holders[holders_key(stream.id, slot)] = HoldersBase(
-                gen=gen, holders=dict(whole.holders))
+                gen=gen, holders=dict(whole.holders)
+            )
             whole.holders_base = BaseRef(slot=slot, gen=gen)
             kept.since.clear()
             kept.based_in = batch
         stored = whole
         if whole.holders_base is not None:
-            stored = whole.model_copy(update={"holders": {b: whole.holders[b]
-                                                          for b in kept.since}})  # fmt: skip
+            stored = whole.model_copy(update={"holders": {b: whole.holders[b] for b in kept.since}})
         kept.stored, kept.whole = stored, whole
         return stored
 

@@ -71,8 +71,9 @@ def batch_capacity(ctx: Context, stream: Stream[Product]) -> int:
     by_output = ctx.limits.max_event_output_bytes // (
         max(1, holders) * release_bytes(reg.release_width(), sealed=True)
     )
-    by_work = ctx.limits.max_event_work // ctx.limits.work(product.chains_walked(reg, 1), walk,
-                                                           product.work_width(reg))  # fmt: skip
+    by_work = ctx.limits.max_event_work // ctx.limits.work(
+        product.chains_walked(reg, 1), walk, product.work_width(reg)
+    )
     return max(1, min(MAX_BATCH, by_output, by_work))
 
 
@@ -88,8 +89,9 @@ def _check_batch_cost(ctx: Context, stream: Stream[Product], items: int) -> None
         )
 
 
-def _one(ctx: Context, stream: Stream[Product], item: ValueItem, src: Source,
-         out: Outcome) -> ValueOutcome:  # fmt: skip
+def _one(
+    ctx: Context, stream: Stream[Product], item: ValueItem, src: Source, out: Outcome
+) -> ValueOutcome:
     """One value of a batch; a refusal of it is recorded, never raised."""
     try:
         with acting_for(stream.registration.seller_id):
@@ -97,8 +99,9 @@ def _one(ctx: Context, stream: Stream[Product], item: ValueItem, src: Source,
     except Reject as rej:  # the operators see it; the seller sees it in values_accepted
         out.outputs += rejection(ctx, "value", src, rej, request_id=item.value_id).outputs[:1]
         out.items.append(("rejected", rej.reason))
-        return ValueOutcome(value_id=item.value_id, status="rejected", reason=rej.reason,
-                            message=rej.message)  # fmt: skip
+        return ValueOutcome(
+            value_id=item.value_id, status="rejected", reason=rej.reason, message=rej.message
+        )
     out.items.append((status, None))
     out.releases += released
     out.new_noise += new_noise
@@ -109,8 +112,9 @@ def ingest_value(ctx: Context, stream: Stream[Product], item: ValueItem) -> tupl
     """Apply one value; return (status, releases queued, new chain steps computed)."""
     product = stream.product
     exact = product.exact(item)
-    ctx.admission.admit("value", item.published_at_ms, stream.state.watermark_ms,
-                        item.value_id, stream.id)  # fmt: skip
+    ctx.admission.admit(
+        "value", item.published_at_ms, stream.state.watermark_ms, item.value_id, stream.id
+    )
     known = product.known(ctx, stream, item.value_id)
     if known is not None:
         _check_same(stream, item.value_id, exact.digest, known)

@@ -111,9 +111,17 @@ def refusal_value(
     someone else (elsewhere, or later, and refused) is not taken for the refusal of what the
     sender wrote."""
     reason = code if _CODE.fullmatch(code) else "refused"
-    return Refusal(reason=reason, message=refusal_text(reason), source_topic=source_topic,
-                   source_partition=source_partition,
-                   source_offset=source_offset).model_dump_json().encode()  # fmt: skip
+    return (
+        Refusal(
+            reason=reason,
+            message=refusal_text(reason),
+            source_topic=source_topic,
+            source_partition=source_partition,
+            source_offset=source_offset,
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
 def answer_header(
@@ -176,11 +184,15 @@ def vectors() -> dict[str, Any]:
     out: list[dict[str, Any]] = []
     for topic, request, value in cases:
         _, head = answer_header(key, market, topic, request, value)
-        out.append({
-            "topic": topic, "request_sha256": request, "value": value.decode(),
-            "signed_bytes": answer_bytes(market, topic, request, value).hex(),
-            "header": head.hex(),
-        })  # fmt: skip
+        out.append(
+            {
+                "topic": topic,
+                "request_sha256": request,
+                "value": value.decode(),
+                "signed_bytes": answer_bytes(market, topic, request, value).hex(),
+                "header": head.hex(),
+            }
+        )
     pub = key.public_key().public_bytes_raw()
     return {
         "market_private_key": bytes(range(32)).hex(),

@@ -173,10 +173,12 @@ def _no_negative_zero(x: float) -> float:
 
 Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_no_negative_zero)]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
-Millis = Annotated[int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
-                   AfterValidator(_safe_integer)]  # fmt: skip
-_DomainSize = Annotated[int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}),
-                        AfterValidator(_safe_integer)]  # fmt: skip
+Millis = Annotated[
+    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
+]
+_DomainSize = Annotated[
+    int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
+]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
@@ -232,8 +234,10 @@ class PrivacyWindow(BaseModel):
         description="W, from one minute to 366 days; windows start at multiples of W since "
         "the Unix epoch (UTC)"
     )
-    cap: Level = Field(description="most privacy the values of one window may spend together, "
-                       "in the stream's level unit")  # fmt: skip
+    cap: Level = Field(
+        description="most privacy the values of one window may spend together, "
+        "in the stream's level unit"
+    )
 
 
 # ----------------------------------------------------------------------- party → market
@@ -272,11 +276,13 @@ class OpenAccount(_Signed):
     )
     opened_at_ms: Millis
     invitation: Invitation | None = Field(
-        None, exclude_if=_is_none,
+        None,
+        exclude_if=_is_none,
         description="the operators' invitation (markets that open accounts by invitation only)",
     )
     work: Work | None = Field(
-        None, exclude_if=_is_none,
+        None,
+        exclude_if=_is_none,
         description="proof of work for this opening (open markets: docs/protocol.md §6.1.2); "
         "not signed by the account",
     )
@@ -311,8 +317,9 @@ class HistogramSpec(BaseModel):
         "its public 62-bit hash (the domain is 2**62)"
     )
     domain_size: _DomainSize | None = Field(
-        None, description="integers only: how many keys there are (up to 2**53 - 1; larger "
-        "key spaces are 'strings')"
+        None,
+        description="integers only: how many keys there are (up to 2**53 - 1; larger "
+        "key spaces are 'strings')",
     )
     false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
         1.0,
@@ -362,8 +369,9 @@ class TableSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["table"] = "table"
     prices: dict[LevelKey, MinorUnits] = Field(
-        min_length=1, max_length=MAX_STEPS,
-        description="one key per level: two spellings of one level (\"1\" and \"1.0\") are "
+        min_length=1,
+        max_length=MAX_STEPS,
+        description='one key per level: two spellings of one level ("1" and "1.0") are '
         "refused, as their price would depend on the order of the keys",
     )
 
@@ -527,8 +535,9 @@ class StreamRegistration(_Signed):
         ``2⁴⁰·Δ/((h + 1)·√d)``: each float addition of a node rounds by at most 2⁻⁵³ of it, so
         two neighbours' computed nodes differ by at most ``Δ(1 + 2⁻¹²)`` in ℓ2 below it."""
         assert self.tree_height is not None
-        return math.ldexp(self.sensitivity, 40) / ((self.tree_height + 1)
-                                                    * math.sqrt(self.dimension))  # fmt: skip
+        return math.ldexp(self.sensitivity, 40) / (
+            (self.tree_height + 1) * math.sqrt(self.dimension)
+        )
 
     def _check_totals(self) -> None:
         if self.mechanism != "gaussian":
@@ -847,12 +856,15 @@ class WindowStatus(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     start_ms: int = Field(description="first millisecond of the window (Unix ms)")
-    end_ms: int = Field(description="first millisecond after it: new values from then on "
-                        "count against the next window")  # fmt: skip
+    end_ms: int = Field(
+        description="first millisecond after it: new values from then on "
+        "count against the next window"
+    )
     unit: LevelUnit
     cap: float
-    spent: float = Field(description="sum over the window's values of the largest level "
-                         "released of each")  # fmt: skip
+    spent: float = Field(
+        description="sum over the window's values of the largest level released of each"
+    )
     headroom: float = Field(description="cap − spent")
 
 
@@ -907,8 +919,9 @@ class Sale(_Event):
     level_unit: LevelUnit
     level_before: float = Field(ge=0, description="the level the buyer held (0: none)")
     level_after: float = Field(gt=0, description="the level it bought")
-    price_minor: MinorUnits = Field(description="what the buyer paid, in minor units of "
-                                    "`currency`: all of it is the seller's")  # fmt: skip
+    price_minor: MinorUnits = Field(
+        description="what the buyer paid, in minor units of `currency`: all of it is the seller's"
+    )
     currency: Currency
     value_count: int = Field(ge=0, description="the values released by the purchase")
     receipt_sha256: Sha256Hex = Field(
@@ -956,7 +969,8 @@ class QuoteAnswer(_Event):
     )
     offers: list[Offer] = Field(default_factory=list, description="every level for sale")
     privacy_window: WindowStatus | None = Field(
-        None, description="on a 'window' stream: the window of the newest value",
+        None,
+        description="on a 'window' stream: the window of the newest value",
         exclude_if=_is_none,
     )
 
@@ -1001,8 +1015,10 @@ class Rejection(_Event):
     sender_id: str | None = Field(None, description="the account that signed the event")
     claimed_id: str | None = Field(None, description="the account the payload claimed to be")
     stream_id: str | None = None
-    payload: str = Field(description="the original event (UTF-8 text, or base64 if binary); "
-                         "empty for an event on the values topic (its numbers are never quoted)")
+    payload: str = Field(
+        description="the original event (UTF-8 text, or base64 if binary); "
+        "empty for an event on the values topic (its numbers are never quoted)"
+    )
     payload_encoding: Literal["utf-8", "base64"] = "utf-8"
     payload_bytes: int = Field(description="size of the original event")
     payload_sha256: Sha256Hex
@@ -1147,12 +1163,20 @@ class Refusal(_Event):
     type: Literal["refusal"] = "refusal"
     reason: str = Field(description="machine-readable code, as in the rejection")
     message: str = Field(description="what the code means and what to do (a fixed text per code)")
-    source_topic: str = Field(description="the topic the refused bytes were read from: a sender "
-                              "takes only the refusal of the topic it sent to")
-    source_partition: int | None = Field(default=None, ge=0, description="the partition they "
-                                         "were read from (the sender's, or a copy's elsewhere)")
-    source_offset: int | None = Field(default=None, ge=0, description="their offset there: a "
-                                      "sender takes only the refusal of a record it wrote")
+    source_topic: str = Field(
+        description="the topic the refused bytes were read from: a sender "
+        "takes only the refusal of the topic it sent to"
+    )
+    source_partition: int | None = Field(
+        default=None,
+        ge=0,
+        description="the partition they were read from (the sender's, or a copy's elsewhere)",
+    )
+    source_offset: int | None = Field(
+        default=None,
+        ge=0,
+        description="their offset there: a sender takes only the refusal of a record it wrote",
+    )
 
 
 InboxPayload = (

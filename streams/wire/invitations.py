@@ -46,25 +46,49 @@ def _s(text: str | None) -> bytes:
     return b"s" + struct.pack(">I", len(data)) + data
 
 
-def invitation_bytes(market: str, market_key_id: str, account_id: str, signing_key: str | None,
-                     expires_at_ms: int) -> bytes:  # fmt: skip
+def invitation_bytes(
+    market: str, market_key_id: str, account_id: str, signing_key: str | None, expires_at_ms: int
+) -> bytes:
     """What the market's key signs for an invitation (docs/protocol.md §6.1.1)."""
-    return (DOMAIN + _s(market) + _s(market_key_id) + _s(account_id) + _s(signing_key)
-            + b"i" + struct.pack(">q", expires_at_ms))  # fmt: skip
+    return (
+        DOMAIN
+        + _s(market)
+        + _s(market_key_id)
+        + _s(account_id)
+        + _s(signing_key)
+        + b"i"
+        + struct.pack(">q", expires_at_ms)
+    )
 
 
-def invite(key: Ed25519PrivateKey, market: str, account_id: str, expires_at_ms: int,
-           signing_key: str | None = None) -> Invitation:  # fmt: skip
+def invite(
+    key: Ed25519PrivateKey,
+    market: str,
+    account_id: str,
+    expires_at_ms: int,
+    signing_key: str | None = None,
+) -> Invitation:
     """An invitation for ``account_id`` (and only ``signing_key``, if given), signed with the
     market's key ``key``."""
     kid = key_id(key.public_key())
     sig = key.sign(invitation_bytes(market, kid, account_id, signing_key, expires_at_ms))
-    return Invitation(account_id=account_id, signing_key=signing_key, expires_at_ms=expires_at_ms,
-                      market_key_id=kid, signature=base64.b64encode(sig).decode())  # fmt: skip
+    return Invitation(
+        account_id=account_id,
+        signing_key=signing_key,
+        expires_at_ms=expires_at_ms,
+        market_key_id=kid,
+        signature=base64.b64encode(sig).decode(),
+    )
 
 
-def check_invitation(inv: Invitation | None, market: str, public: Ed25519PublicKey,
-                     account_id: str, signing_key: str, now_ms: int) -> None:  # fmt: skip
+def check_invitation(
+    inv: Invitation | None,
+    market: str,
+    public: Ed25519PublicKey,
+    account_id: str,
+    signing_key: str,
+    now_ms: int,
+) -> None:
     """Raise :class:`InvitationError` unless ``inv`` lets ``account_id`` open with
     ``signing_key`` in the market ``market`` whose key is ``public``, at ``now_ms``."""
     if inv is None:
@@ -89,12 +113,14 @@ def check_invitation(inv: Invitation | None, market: str, public: Ed25519PublicK
             + f", not for {account_id!r} with this key: ask the operators for one of your own",
         )
     try:
-        public.verify(base64.b64decode(inv.signature),
-                      invitation_bytes(market, kid, inv.account_id, inv.signing_key,
-                                       inv.expires_at_ms))  # fmt: skip
+        public.verify(
+            base64.b64decode(inv.signature),
+            invitation_bytes(market, kid, inv.account_id, inv.signing_key, inv.expires_at_ms),
+        )
     except InvalidSignature:
         raise InvitationError(
-            "bad_invitation", "the invitation's signature is not the market's: it was altered "
+            "bad_invitation",
+            "the invitation's signature is not the market's: it was altered "
             "or forged; ask the operators for a new one",
         ) from None
     if inv.expires_at_ms < now_ms:

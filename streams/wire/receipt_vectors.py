@@ -7,8 +7,8 @@ in another language must reproduce is listed: the identity and the opening, the 
 digest ``D``, the commitment, the canonical bytes and the signature.
 
 Print them (the block between the document's markers) with
-``python -m streams.wire.receipt_vectors``; ``tests/streams/test_receipt_vectors.py`` fails when
-the document and this module disagree.
+``python -m streams.wire.receipt_vectors``;
+``tests/streams/wire/test_receipt_vectors.py`` fails when the document and this module disagree.
 """
 
 from __future__ import annotations
@@ -50,47 +50,81 @@ REQUESTED_AT_MS = 1_700_000_000_000
 
 
 def _receipt_vector(
-    *, purchase: dict[str, Any], seller_id: str, mechanism: str, level_before: float,
-    price_minor: int, releases: list[ReleasedValue], sealed_for: X25519PrivateKey | None,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    purchase: dict[str, Any],
+    seller_id: str,
+    mechanism: str,
+    level_before: float,
+    price_minor: int,
+    releases: list[ReleasedValue],
+    sealed_for: X25519PrivateKey | None,
+) -> dict[str, Any]:
     """One purchase's receipt, with everything between the secrets and the signature."""
     signing = Ed25519PrivateKey.from_private_bytes(SIGNING_SEED)
-    ident = identity_bytes(purchase["buyer_id"], purchase["stream_id"], purchase["purchase_id"],
-                           purchase["requested_at_ms"], purchase["level_after"])  # fmt: skip
+    ident = identity_bytes(
+        purchase["buyer_id"],
+        purchase["stream_id"],
+        purchase["purchase_id"],
+        purchase["requested_at_ms"],
+        purchase["level_after"],
+    )
     opening = derive_opening(opening_key(NOISE_SECRET), **purchase)
     keyed = any(r.keys is not None for r in releases)
-    triples: list[Any] = [(r.value_id, r.level, r.values, *([r.keys] if keyed else []))
-                          for r in releases]  # fmt: skip
+    triples: list[Any] = [
+        (r.value_id, r.level, r.values, *([r.keys] if keyed else [])) for r in releases
+    ]
     digest = commitment_digest(triples)
-    out: dict[str, Any] = {"purchase": purchase, "identity": ident.hex(),
-                           "opening": opening.hex(),
-                           "releases": [r.model_dump(exclude_none=True) for r in releases],
-                           "releases_digest": digest.hex(),
-                           "commitment_message": (COMMITMENT_LABEL + digest).hex()}  # fmt: skip
+    out: dict[str, Any] = {
+        "purchase": purchase,
+        "identity": ident.hex(),
+        "opening": opening.hex(),
+        "releases": [r.model_dump(exclude_none=True) for r in releases],
+        "releases_digest": digest.hex(),
+        "commitment_message": (COMMITMENT_LABEL + digest).hex(),
+    }
     sealed = ""
     if sealed_for is not None:
         plain = releases_json(releases, opening)
         size = padded_length(plain, releases)
-        envelope = seal_releases(Sealer(NOISE_SECRET), public_key_b64(sealed_for), releases,
-                                 purchase_aad(purchase["purchase_id"]), opening)  # fmt: skip
+        envelope = seal_releases(
+            Sealer(NOISE_SECRET),
+            public_key_b64(sealed_for),
+            releases,
+            purchase_aad(purchase["purchase_id"]),
+            opening,
+        )
         sealed = ciphertext_digest(envelope.model_dump())
         assert padded(plain, size) == _open(sealed_for, envelope.model_dump(), purchase)
-        out |= {"buyer_sealing_private_key": BUYER_SEALING_SEED.hex(),
-                "buyer_sealing_key": public_key_b64(sealed_for),
-                "plaintext": plain.decode(), "padded_length": size,
-                "envelope": envelope.model_dump()}  # fmt: skip
+        out |= {
+            "buyer_sealing_private_key": BUYER_SEALING_SEED.hex(),
+            "buyer_sealing_key": public_key_b64(sealed_for),
+            "plaintext": plain.decode(),
+            "padded_length": size,
+            "envelope": envelope.model_dump(),
+        }
     receipt = Receipt(
-        purchase_id=purchase["purchase_id"], buyer_id=purchase["buyer_id"],
-        stream_id=purchase["stream_id"], seller_id=seller_id, mechanism=mechanism,
-        value_ids=tuple(r.value_id for r in releases), level_before=level_before,
-        level_after=purchase["level_after"], price_minor=price_minor, currency="EUR",
-        requested_at_ms=purchase["requested_at_ms"], market_key_id=key_id(signing.public_key()),
+        purchase_id=purchase["purchase_id"],
+        buyer_id=purchase["buyer_id"],
+        stream_id=purchase["stream_id"],
+        seller_id=seller_id,
+        mechanism=mechanism,
+        value_ids=tuple(r.value_id for r in releases),
+        level_before=level_before,
+        level_after=purchase["level_after"],
+        price_minor=price_minor,
+        currency="EUR",
+        requested_at_ms=purchase["requested_at_ms"],
+        market_key_id=key_id(signing.public_key()),
         receipt_version=KEYED_RECEIPT_VERSION if keyed else RECEIPT_VERSION,
-        ciphertext_digest=sealed, commitment=commitment(opening, triples),
-    )  # fmt: skip
+        ciphertext_digest=sealed,
+        commitment=commitment(opening, triples),
+    )
     signature = sign_receipt(receipt, signing)
-    return out | {"canonical_bytes": receipt.canonical_bytes().hex(), "signature": signature,
-                  "receipt": {**receipt.to_dict(), "signature": signature}}  # fmt: skip
+    return out | {
+        "canonical_bytes": receipt.canonical_bytes().hex(),
+        "signature": signature,
+        "receipt": {**receipt.to_dict(), "signature": signature},
+    }
 
 
 def _open(key: X25519PrivateKey, envelope: dict[str, Any], purchase: dict[str, Any]) -> bytes:
@@ -109,21 +143,46 @@ def vectors() -> dict[str, Any]:
     buyer = X25519PrivateKey.from_private_bytes(BUYER_SEALING_SEED)
     raw_public = base64.b64encode(signing.public_key().public_bytes_raw()).decode()
     sealed = _receipt_vector(
-        purchase={"buyer_id": "alice", "stream_id": "temp", "purchase_id": "p1",
-                  "requested_at_ms": REQUESTED_AT_MS, "level_after": 2.0},
-        seller_id="seller1", mechanism="laplace", level_before=0.5, price_minor=150,
-        releases=[ReleasedValue(value_id="v1", seq=0, level=2.0, values=[1.5, -0.25]),
-                  ReleasedValue(value_id="v2", seq=1, level=2.0, values=[3.0, -0.0])],
+        purchase={
+            "buyer_id": "alice",
+            "stream_id": "temp",
+            "purchase_id": "p1",
+            "requested_at_ms": REQUESTED_AT_MS,
+            "level_after": 2.0,
+        },
+        seller_id="seller1",
+        mechanism="laplace",
+        level_before=0.5,
+        price_minor=150,
+        releases=[
+            ReleasedValue(value_id="v1", seq=0, level=2.0, values=[1.5, -0.25]),
+            ReleasedValue(value_id="v2", seq=1, level=2.0, values=[3.0, -0.0]),
+        ],
         sealed_for=buyer,
-    )  # fmt: skip
+    )
     histogram = _receipt_vector(
-        purchase={"buyer_id": "bob", "stream_id": "cities", "purchase_id": "p2",
-                  "requested_at_ms": REQUESTED_AT_MS, "level_after": 0.5},
-        seller_id="seller1", mechanism="gaussian", level_before=0.0, price_minor=50,
-        releases=[ReleasedValue(value_id="d1", seq=4, level=0.5, values=[118.25, 81.0],
-                                keys=["5", "1844674407370955161"])],
+        purchase={
+            "buyer_id": "bob",
+            "stream_id": "cities",
+            "purchase_id": "p2",
+            "requested_at_ms": REQUESTED_AT_MS,
+            "level_after": 0.5,
+        },
+        seller_id="seller1",
+        mechanism="gaussian",
+        level_before=0.0,
+        price_minor=50,
+        releases=[
+            ReleasedValue(
+                value_id="d1",
+                seq=4,
+                level=0.5,
+                values=[118.25, 81.0],
+                keys=["5", "1844674407370955161"],
+            )
+        ],
         sealed_for=None,
-    )  # fmt: skip
+    )
     return {
         "signing_private_key": SIGNING_SEED.hex(),
         "market_public_key": raw_public,

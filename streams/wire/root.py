@@ -106,9 +106,12 @@ def trusted_key(topic: str, ident: MarketIdentity, pinned: str | None) -> str:
             )
         return pinned
     if published is None:
-        raise RootError("no_key", f"{topic} publishes no market key (a market made before answers "
-                                  "were signed): pass the market's key (market_public_key in the "
-                                  "catalog)")  # fmt: skip
+        raise RootError(
+            "no_key",
+            f"{topic} publishes no market key (a market made before answers "
+            "were signed): pass the market's key (market_public_key in the "
+            "catalog)",
+        )
     return published
 
 

@@ -5,7 +5,7 @@ Each case is a first record of ``t.market`` (its exact bytes in hex, or null for
 the key a client was given (null: none, trust on first use) and what every reader concludes:
 ``trusted`` or ``pinned`` with the key, else the reason the root is refused.
 
-Print them with ``python -m streams.wire.root_vectors``; ``tests/streams/test_root.py`` fails
+Print them with ``python -m streams.wire.root_vectors``; ``tests/streams/worker/test_root.py`` fails
 when the document and this module disagree.
 """
 
@@ -70,20 +70,28 @@ def vectors() -> dict[str, Any]:
         ("JSON of another type", b'{"type":"refusal"}', None),
         ("a JSON array", b"[]", None),
         ("an identity with a field too many", _bytes({**_identity(ours), "extra": 1}), None),
-        ("an identity with a required field missing",
-         _bytes({k: v for k, v in _identity(ours).items() if k != "created_at_ms"}), None),
+        (
+            "an identity with a required field missing",
+            _bytes({k: v for k, v in _identity(ours).items() if k != "created_at_ms"}),
+            None,
+        ),
         ("an identity whose key id is not its key's", _bytes(_identity(ours, "f" * 16)), ours),
         ("a foreign identity, the market's key pinned", foreign, ours),
         ("a foreign identity, no key given", foreign, None),
         ("an identity without a key, none given", _bytes(_identity(None)), None),
         ("an identity without a key, the key pinned", _bytes(_identity(None)), ours),
-    ]  # fmt: skip
+    ]
     out = []
     for name, value, pinned in cases:
-        out.append({"name": name, "value_hex": None if value is None else value.hex(),
-                    "pinned": pinned, **root_verdict(TOPIC, value, pinned)})  # fmt: skip
-    return {"topic": TOPIC, "market_public_key": ours, "foreign_public_key": theirs,
-            "cases": out}  # fmt: skip
+        out.append(
+            {
+                "name": name,
+                "value_hex": None if value is None else value.hex(),
+                "pinned": pinned,
+                **root_verdict(TOPIC, value, pinned),
+            }
+        )
+    return {"topic": TOPIC, "market_public_key": ours, "foreign_public_key": theirs, "cases": out}
 
 
 def block() -> str:

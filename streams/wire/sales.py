@@ -54,8 +54,10 @@ def pseudonym_key(noise_secret: bytes) -> bytes:
 def pseudonym_message(seller_id: str, buyer_id: str) -> bytes:
     """``s(seller_id) ‖ s(buyer_id)``, the tagged text items of §2 (``"s"`` ‖ u32be length ‖
     UTF-8): no two pairs of ids give the same bytes."""
-    return b"".join(b"s" + struct.pack(">I", len(d)) + d
-                    for d in (seller_id.encode("utf-8"), buyer_id.encode("utf-8")))  # fmt: skip
+    return b"".join(
+        b"s" + struct.pack(">I", len(d)) + d
+        for d in (seller_id.encode("utf-8"), buyer_id.encode("utf-8"))
+    )
 
 
 def buyer_ref(key: bytes, seller_id: str, buyer_id: str) -> str:
@@ -89,10 +91,16 @@ def sale_of(receipt: Mapping[str, Any] | Receipt, key: bytes, sold_at_ms: int) -
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
     return Sale.model_construct(
-        seller_id=rec.seller_id, stream_id=rec.stream_id,
+        seller_id=rec.seller_id,
+        stream_id=rec.stream_id,
         buyer_ref=buyer_ref(key, rec.seller_id, rec.buyer_id),
-        level_unit=UNIT_OF[rec.mechanism], level_before=rec.level_before,
-        level_after=rec.level_after, price_minor=rec.price_minor, currency=rec.currency,
-        value_count=len(rec.value_ids), receipt_sha256=receipt_sha256(rec),
-        requested_at_ms=rec.requested_at_ms, sold_at_ms=sold_at_ms,
-    )  # fmt: skip
+        level_unit=UNIT_OF[rec.mechanism],
+        level_before=rec.level_before,
+        level_after=rec.level_after,
+        price_minor=rec.price_minor,
+        currency=rec.currency,
+        value_count=len(rec.value_ids),
+        receipt_sha256=receipt_sha256(rec),
+        requested_at_ms=rec.requested_at_ms,
+        sold_at_ms=sold_at_ms,
+    )

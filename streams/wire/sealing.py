@@ -184,20 +184,28 @@ def values_aad(market: str, market_key_b64: str, batch: ValueBatch) -> bytes:
     u32be(n) ‖`` then for each item ``sized(value_id) ‖ u64be(published_at_ms)``, where
     ``sized(x) = u32be(len(x)) ‖ x`` and texts are UTF-8.
     """
-    head = [market.encode(), base64.b64decode(market_key_b64, validate=True),
-            batch.stream_id.encode(), batch.seller_id.encode()]  # fmt: skip
-    items = [_sized(i.value_id.encode()) + i.published_at_ms.to_bytes(8, "big")
-             for i in batch.items]  # fmt: skip
-    return (VALUES_LABEL + b"".join(map(_sized, head)) + len(items).to_bytes(4, "big")
-            + b"".join(items))  # fmt: skip
+    head = [
+        market.encode(),
+        base64.b64decode(market_key_b64, validate=True),
+        batch.stream_id.encode(),
+        batch.seller_id.encode(),
+    ]
+    items = [
+        _sized(i.value_id.encode()) + i.published_at_ms.to_bytes(8, "big") for i in batch.items
+    ]
+    return (
+        VALUES_LABEL + b"".join(map(_sized, head)) + len(items).to_bytes(4, "big") + b"".join(items)
+    )
 
 
 def values_plaintext(items: Sequence[ValueItem]) -> bytes:
     """What is sealed: a JSON array with one object per item, in order, ``{"values": [...]}``
     and on a histogram item also ``"keys": [...]``, then spaces up to
     :func:`values_padded_length` (``docs/protocol.md`` §4.2)."""
-    rows = [{"values": list(i.values), **({} if i.keys is None else {"keys": list(i.keys)})}
-            for i in items]  # fmt: skip
+    rows = [
+        {"values": list(i.values), **({} if i.keys is None else {"keys": list(i.keys)})}
+        for i in items
+    ]
     plain = json.dumps(rows, separators=(",", ":"), allow_nan=True).encode()
     return padded(plain, values_padded_length(plain, items))
 
@@ -225,10 +233,15 @@ def seal_values(
     :func:`market.envelope.seal` (tests; a seller leaves it out, for a fresh key and nonce)."""
     if batch.sealed is not None:
         raise ValueError("this batch is sealed already")
-    draft = batch.model_copy(update={"items": [
-        i.model_copy(update={"values": [], "keys": None}) for i in batch.items]})  # fmt: skip
-    envelope = seal(market_key_b64, values_plaintext(batch.items),
-                    values_aad(market, market_key_b64, draft), seed=seed)  # fmt: skip
+    draft = batch.model_copy(
+        update={"items": [i.model_copy(update={"values": [], "keys": None}) for i in batch.items]}
+    )
+    envelope = seal(
+        market_key_b64,
+        values_plaintext(batch.items),
+        values_aad(market, market_key_b64, draft),
+        seed=seed,
+    )
     return ValueBatch.model_validate({**draft.model_dump(), "sealed": envelope})
 
 
@@ -250,9 +263,12 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
     aad = values_aad(market, opener.public_b64, batch)
     plain = opener.open(batch.sealed.model_dump(), aad)
     rows = _rows(plain, len(batch.items))
-    items = [ValueItem.model_validate({"value_id": i.value_id, "published_at_ms":
-                                       i.published_at_ms, **row})
-             for i, row in zip(batch.items, rows, strict=True)]  # fmt: skip
+    items = [
+        ValueItem.model_validate(
+            {"value_id": i.value_id, "published_at_ms": i.published_at_ms, **row}
+        )
+        for i, row in zip(batch.items, rows, strict=True)
+    ]
     return batch.model_copy(update={"items": items, "sealed": None})
 
 
@@ -266,6 +282,8 @@ def _rows(plain: bytes, n: int) -> list[dict[str, Any]]:
         raise ValueError(f"the sealed numbers must be a JSON array of {n} entries, one per item")
     for k, row in enumerate(rows):
         if not isinstance(row, dict) or "values" not in row or set(row) - {"values", "keys"}:
-            raise ValueError(f"sealed entry {k} must be an object with `values` (and `keys` "
-                             "on a histogram stream) only")  # fmt: skip
+            raise ValueError(
+                f"sealed entry {k} must be an object with `values` (and `keys` "
+                "on a histogram stream) only"
+            )
     return rows

@@ -308,7 +308,7 @@ def ed25519_verify(public_key_b64: str, signature: bytes, message: bytes) -> boo
     non-canonical encoding; libsodium refuses them, and so does the market. OpenSSL accepts
     them: with the identity point as the key, ``R`` = identity and ``S`` = 0 is a valid
     signature of every message, i.e. a signature by nobody
-    (``tests/streams/test_signing_strictness.py``). A key that is not 32 bytes of base64
+    (``tests/streams/wire/test_signing_strictness.py``). A key that is not 32 bytes of base64
     verifies nothing.
     """
     try:
@@ -343,7 +343,8 @@ class SodiumSigningKey(Ed25519PrivateKey):
     every receipt and every answer (28 µs of CPU a signature against OpenSSL's 42 µs here).
 
     Ed25519 signatures are deterministic (RFC 8032), so the bytes are those OpenSSL makes
-    (``tests/streams/test_signing_strictness.py``); everything but signing is the wrapped key's.
+    (``tests/streams/wire/test_signing_strictness.py``); everything but signing is the wrapped
+    key's.
     """
 
     def __init__(self, key: Ed25519PrivateKey) -> None:
@@ -377,9 +378,13 @@ def _raw_public(b64: str) -> bytes:
 
 
 def verify(
-    market: MarketRef, event: Any, public_key_b64: str, signature: str | None = None, *,
+    market: MarketRef,
+    event: Any,
+    public_key_b64: str,
+    signature: str | None = None,
+    *,
     generation: int = 1,
-) -> bool:  # fmt: skip
+) -> bool:
     """True if ``signature`` (default: the event's) is the key's signature of the event for
     ``market``, made at key version ``generation``."""
     try:
@@ -390,9 +395,13 @@ def verify(
 
 
 def signed_v1(
-    market: MarketRef, event: Any, public_key_b64: str, signature: str | None = None, *,
+    market: MarketRef,
+    event: Any,
+    public_key_b64: str,
+    signature: str | None = None,
+    *,
     generation: int = 1,
-) -> bool:  # fmt: skip
+) -> bool:
     """True if the signature is the key's over the event's *first-version* bytes (which name
     the market by its prefix only): such an event is never applied, and this only names the
     reason (``old_signature_format``) for a sender whose client signs that way."""

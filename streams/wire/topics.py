@@ -60,7 +60,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "DAY_MS", "DEDUP_HORIZON_MS", "MIB", "REFUSALS_CONFIG", "TopicSpec", "Topics", "murmur2",
+    "DAY_MS",
+    "DEDUP_HORIZON_MS",
+    "MIB",
+    "REFUSALS_CONFIG",
+    "TopicSpec",
+    "Topics",
+    "murmur2",
 ]
 
 DAY_MS = 86_400_000
@@ -196,8 +202,9 @@ class Topics:
 
     def catalog_spec(self) -> TopicSpec:
         """How the catalog is created (at start-up, and again if it goes missing)."""
-        return TopicSpec(self.catalog, 1, {"cleanup.policy": "compact",
-                                           "segment.bytes": str(16 * MIB)})  # fmt: skip
+        return TopicSpec(
+            self.catalog, 1, {"cleanup.policy": "compact", "segment.bytes": str(16 * MIB)}
+        )
 
     def is_published(self, topic: str) -> bool:
         """Whether the market publishes ``topic`` from its own state (an inbox, the catalog)."""

@@ -46,8 +46,9 @@ def leading_zero_bits(digest: bytes) -> int:
 
 def work_bits(market: str, account_id: str, signing_key: str, work: str) -> int:
     """The work ``work`` proves for this opening: the leading zero bits of its hash."""
-    return leading_zero_bits(hashlib.sha256(_head(market, account_id, signing_key) + _s(work))
-                             .digest())  # fmt: skip
+    return leading_zero_bits(
+        hashlib.sha256(_head(market, account_id, signing_key) + _s(work)).digest()
+    )
 
 
 def solve(market: str, account_id: str, signing_key: str, bits: int) -> str:

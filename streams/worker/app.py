@@ -113,13 +113,20 @@ class MarketWorker:
             profile=settings.profile_batches,
         )
         self.takeover = Takeover(
-            self.app, list(self.tables.values()), self.state, self.progress, self.producer,
-            self.metrics, self._consumer_settings(), self.topics.inputs(),
-        )  # fmt: skip
+            self.app,
+            list(self.tables.values()),
+            self.state,
+            self.progress,
+            self.producer,
+            self.metrics,
+            self._consumer_settings(),
+            self.topics.inputs(),
+        )
         attach_takeover(self.app, self.takeover)
         self.replica.on_checkpoint = self.takeover.observed
-        self.progress_watch = ProgressWatch(self.app, settings, self.progress, self.producer,
-                                            self.metrics)  # fmt: skip
+        self.progress_watch = ProgressWatch(
+            self.app, settings, self.progress, self.producer, self.metrics
+        )
         self.started_at = time.time()
         self._vectors = web.VectorBytes()
         self._wire()
@@ -128,10 +135,14 @@ class MarketWorker:
         """What notices a lost inbox or catalog and what publishes the catalog again, wired to
         the producer (every acknowledged output, every send to a missing topic) and to the
         inboxes (the check before a batch's outputs; the topics made again)."""
-        watch = TopicWatch(self.app, self.topics, self.inboxes, self.stores.accounts,
-                           remake_misfits=self.settings.tansu)  # fmt: skip
-        catalog = CatalogRebuild(self.core, self.stores, self.inboxes, self.producer,
-                                 self.metrics)  # fmt: skip
+        watch = TopicWatch(
+            self.app,
+            self.topics,
+            self.inboxes,
+            self.stores.accounts,
+            remake_misfits=self.settings.tansu,
+        )
+        catalog = CatalogRebuild(self.core, self.stores, self.inboxes, self.producer, self.metrics)
         self.producer.on_acked = watch.acked
         self.producer.on_missing = watch.missing
         self.inboxes.confirm = watch.before_send
@@ -149,9 +160,15 @@ class MarketWorker:
         reader = StateReader(seal, m.state_refused, m.state_copies, m.state_uncommitted)
         local = LocalCheckpoints(s.data_dir / f"{s.app_id}.checkpoints", seal)
         progress = Progress(seal, progress_topic(s.app_id), local=local)
-        self.state = StateContext(seal, reader, CheckpointBook(reader), self.topics.inputs(),
-                                  progress.version_for, progress.account,
-                                  progress.live.get)  # fmt: skip
+        self.state = StateContext(
+            seal,
+            reader,
+            CheckpointBook(reader),
+            self.topics.inputs(),
+            progress.version_for,
+            progress.account,
+            progress.live.get,
+        )
         tables = {
             name: WriteBackTable.create(self.app, name, s.partitions, self.state)
             for name in Stores.NAMES
@@ -167,17 +184,26 @@ class MarketWorker:
     def _consumer_settings(self) -> dict[str, Any]:
         """How the worker's own readers of the changelogs connect (no consumer group)."""
         s = self.settings
-        return {"bootstrap_servers": s.bootstrap,
-                "fetch_max_wait_ms": min(s.fetch_max_wait_ms, 100), **s.aiokafka_auth()}
+        return {
+            "bootstrap_servers": s.bootstrap,
+            "fetch_max_wait_ms": min(s.fetch_max_wait_ms, 100),
+            **s.aiokafka_auth(),
+        }
 
     def _group_watch(self) -> GroupWatch:
         """The proofs this worker gives and checks in its consumer group (the app id)."""
         s = self.settings
-        membership = Membership(membership_key(self.keys.noise_secret), s.app_id,
-                                window_ms=int(REBALANCE_TIMEOUT_S * 1000) + SKEW_MS)  # fmt: skip
+        membership = Membership(
+            membership_key(self.keys.noise_secret),
+            s.app_id,
+            window_ms=int(REBALANCE_TIMEOUT_S * 1000) + SKEW_MS,
+        )
         inputs = frozenset((t, p) for t in self.topics.inputs() for p in range(s.partitions))
-        admin = {"bootstrap_servers": s.bootstrap, "request_timeout_ms": 10_000,
-                 **s.aiokafka_auth()}  # fmt: skip
+        admin = {
+            "bootstrap_servers": s.bootstrap,
+            "request_timeout_ms": 10_000,
+            **s.aiokafka_auth(),
+        }
         return GroupWatch(membership, inputs, self.metrics, admin)
 
     def _app(self) -> faust.App:
@@ -244,8 +270,11 @@ class MarketWorker:
                     # Not restarted: a restarted agent would go on with later records, and
                     # Faust could then commit past these. The worker stops; its partitions'
                     # records are read again from the committed offsets.
-                    log.critical("a batch failed outside the core; stopping the worker so "
-                                 "that it is processed again", exc_info=exc)  # fmt: skip
+                    log.critical(
+                        "a batch failed outside the core; stopping the worker so "
+                        "that it is processed again",
+                        exc_info=exc,
+                    )
                     exit_after(STOP_DEADLINE_S, worker.on_forced_exit)
                     await app.crash(exc)
                     return
@@ -268,9 +297,16 @@ class MarketWorker:
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
             pending = sum(web.input_lag(worker.consumer(), worker.topics).values())
-            body = web.health(worker.metrics, settings, worker.keys, worker.started_at, pending,
-                              worker.unverified(), worker.group.health(),
-                              worker.openings())  # fmt: skip
+            body = web.health(
+                worker.metrics,
+                settings,
+                worker.keys,
+                worker.started_at,
+                pending,
+                worker.unverified(),
+                worker.group.health(),
+                worker.openings(),
+            )
             return view.json(body, status=200 if body["status"] == "ok" else 503)
 
         @app.page("/ledger")
@@ -334,8 +370,10 @@ class MarketWorker:
             try:
                 await asyncio.wait_for(worker.batches.idle.wait(), settings.session_timeout / 2)
             except TimeoutError:
-                log.warning("partitions revoked while a batch is still being written: what it "
-                            "writes after the next owner's claim will not count there")
+                log.warning(
+                    "partitions revoked while a batch is still being written: what it "
+                    "writes after the next owner's claim will not count there"
+                )
 
         app.on_partitions_revoked.connect(revoked)
 
@@ -348,8 +386,15 @@ class MarketWorker:
         app.on_rebalance_complete.connect(rebalanced)
 
     def refresh_gauges(self) -> None:
-        web.refresh_gauges(self.metrics, self.stores, self.consumer(), self.topics,
-                           self.settings.stall_seconds, self.started_at, self._vectors)  # fmt: skip
+        web.refresh_gauges(
+            self.metrics,
+            self.stores,
+            self.consumer(),
+            self.topics,
+            self.settings.stall_seconds,
+            self.started_at,
+            self._vectors,
+        )
         self.metrics.openings_behind.set(1 if self.openings()["behind"] else 0)
 
     def openings(self) -> dict[str, Any]:
@@ -361,9 +406,13 @@ class MarketWorker:
     def unverified(self) -> dict[str, str]:
         """What state this worker holds that is not what its checkpoint commits, and why:
         partitions it does not serve, and partitions whose accounts its replica does not use."""
-        return {**{f"partition {p}": why for p, why in sorted(self.progress.unverified.items())},
-                **{f"accounts of partition {p}": why
-                   for p, why in sorted(self.replica.unverified.items())}}  # fmt: skip
+        return {
+            **{f"partition {p}": why for p, why in sorted(self.progress.unverified.items())},
+            **{
+                f"accounts of partition {p}": why
+                for p, why in sorted(self.replica.unverified.items())
+            },
+        }
 
     def consumer(self) -> Any:
         """Faust's consumer of the app, or None before the app has built it."""
@@ -375,4 +424,3 @@ class MarketWorker:
 
 def create_worker(settings: Settings | None = None) -> MarketWorker:
     return MarketWorker(settings or Settings.from_env())
-

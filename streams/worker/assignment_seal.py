@@ -41,8 +41,13 @@ def _partitions(pairs: Iterable[tuple[str, int]]) -> Partitions:
     return tuple(sorted({(str(t), int(p)) for t, p in pairs}))
 
 
-def covered(group: str, generation: int, leader_id: str, members: Mapping[str, Partitions],
-            refused: Mapping[str, str]) -> bytes:  # fmt: skip
+def covered(
+    group: str,
+    generation: int,
+    leader_id: str,
+    members: Mapping[str, Partitions],
+    refused: Mapping[str, str],
+) -> bytes:
     """What a seal's tag covers (``docs/protocol.md`` §13.3)::
 
         "emarket-seal-v1" ‖ u16be(len G) ‖ G ‖ u32be(generation) ‖ u16be(len L) ‖ L
@@ -54,8 +59,13 @@ def covered(group: str, generation: int, leader_id: str, members: Mapping[str, P
     partition) pairs sorted by topic bytes, then partition.
     """
     ids = sorted(set(members) | set(refused), key=lambda m: m.encode("utf-8"))
-    out = [DOMAIN, lp16(group), generation.to_bytes(4, "big"), lp16(leader_id),
-           len(ids).to_bytes(4, "big")]  # fmt: skip
+    out = [
+        DOMAIN,
+        lp16(group),
+        generation.to_bytes(4, "big"),
+        lp16(leader_id),
+        len(ids).to_bytes(4, "big"),
+    ]
     for m in ids:
         pairs = sorted(members.get(m, ()), key=lambda tp: (tp[0].encode("utf-8"), tp[1]))
         out += [lp16(m), lp16(refused.get(m, "")), len(pairs).to_bytes(4, "big")]
@@ -74,37 +84,58 @@ class Seal:
     tag: bytes = field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"v": VERSION, "generation": self.generation, "leader": self.leader_id,
-                "members": {m: [list(tp) for tp in ps] for m, ps in self.members.items()},
-                "refused": dict(self.refused), "tag": self.tag.hex()}  # fmt: skip
+        return {
+            "v": VERSION,
+            "generation": self.generation,
+            "leader": self.leader_id,
+            "members": {m: [list(tp) for tp in ps] for m, ps in self.members.items()},
+            "refused": dict(self.refused),
+            "tag": self.tag.hex(),
+        }
 
     @classmethod
     def from_json(cls, obj: Any) -> Seal | None:
         """The seal in ``obj``, or None if it is not one of the right shape."""
         try:
-            members = {str(m): _partitions((t, p) for t, p in ps)
-                       for m, ps in obj["members"].items()}  # fmt: skip
+            members = {
+                str(m): _partitions((t, p) for t, p in ps) for m, ps in obj["members"].items()
+            }
             refused = {str(m): str(r) for m, r in obj["refused"].items()}
-            seal = cls(obj["generation"], obj["leader"], members, refused,
-                       bytes.fromhex(obj["tag"]))  # fmt: skip
-            ok = (obj["v"] == VERSION and isinstance(seal.generation, int)
-                  and isinstance(seal.leader_id, str))  # fmt: skip
+            seal = cls(
+                obj["generation"], obj["leader"], members, refused, bytes.fromhex(obj["tag"])
+            )
+            ok = (
+                obj["v"] == VERSION
+                and isinstance(seal.generation, int)
+                and isinstance(seal.leader_id, str)
+            )
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return seal if ok and 0 <= seal.generation < 2**31 else None
 
 
-def make_seal(key: bytes, group: str, generation: int, leader_id: str,
-              members: Mapping[str, Iterable[tuple[str, int]]],
-              refused: Mapping[str, str]) -> Seal:  # fmt: skip
+def make_seal(
+    key: bytes,
+    group: str,
+    generation: int,
+    leader_id: str,
+    members: Mapping[str, Iterable[tuple[str, int]]],
+    refused: Mapping[str, str],
+) -> Seal:
     """The seal of an assignment: ``members`` → the (topic, partition) pairs each was given."""
     given = {m: _partitions(ps) for m, ps in members.items()}
     tag = hmac.digest(key, covered(group, generation, leader_id, given, refused), "sha256")
     return Seal(generation, leader_id, given, dict(refused), tag)
 
 
-def open_seal(key: bytes, group: str, obj: Any, generation: int, member_id: str,
-              received: Iterable[tuple[str, int]]) -> tuple[Seal | None, str | None]:  # fmt: skip
+def open_seal(
+    key: bytes,
+    group: str,
+    obj: Any,
+    generation: int,
+    member_id: str,
+    received: Iterable[tuple[str, int]],
+) -> tuple[Seal | None, str | None]:
     """Check the seal ``obj`` of the assignment ``member_id`` received in ``generation``.
 
     Returns the seal and None if it holds, else None (or the seal, when only its contents are
@@ -115,8 +146,9 @@ def open_seal(key: bytes, group: str, obj: Any, generation: int, member_id: str,
     seal = Seal.from_json(obj)
     if seal is None:
         return None, "its assignment carries a malformed seal"
-    expected = hmac.digest(key, covered(group, seal.generation, seal.leader_id, seal.members,
-                                        seal.refused), "sha256")  # fmt: skip
+    expected = hmac.digest(
+        key, covered(group, seal.generation, seal.leader_id, seal.members, seal.refused), "sha256"
+    )
     if not hmac.compare_digest(expected, seal.tag):
         return None, "its assignment's seal does not verify"
     if seal.generation != generation:

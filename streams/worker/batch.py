@@ -55,6 +55,7 @@ class _Part:
     purchase_times: list[float] = field(default_factory=list)
     rest: list[InputEvent] = field(default_factory=list)
 
+
 log = logging.getLogger("emarket.worker")
 
 
@@ -135,15 +136,22 @@ class BatchProcessor:
         t_state = time.perf_counter()
         self.faults.hit("after_state")
         done = events[: len(events) - len(part.rest)]
-        ready, held = await self.inboxes.admit(part.topics, part.outputs,
-                                               lambda: self.ack(done), looked)  # fmt: skip
+        ready, held = await self.inboxes.admit(
+            part.topics, part.outputs, lambda: self.ack(done), looked
+        )
         await self.producer.send_all(ready, fail_point="mid_output")
         t_out = time.perf_counter()
         if self.profile:
-            log.warning("batch %d events: waited %.1f ms, process %.1f ms, state %.1f ms, "
-                        "outputs %.1f ms %s", len(done), waited, (t_proc - t_start) * 1e3,
-                        (t_state - t_proc) * 1e3, (t_out - t_state) * 1e3,
-                        [(e.message.partition, e.message.offset) for e in done])  # fmt: skip
+            log.warning(
+                "batch %d events: waited %.1f ms, process %.1f ms, state %.1f ms, "
+                "outputs %.1f ms %s",
+                len(done),
+                waited,
+                (t_proc - t_start) * 1e3,
+                (t_state - t_proc) * 1e3,
+                (t_out - t_state) * 1e3,
+                [(e.message.partition, e.message.offset) for e in done],
+            )
         self.faults.hit("after_output")
         if not held:
             self.ack(done)
@@ -198,16 +206,20 @@ class BatchProcessor:
                     for o in outcome.outputs
                 )
                 part.topics.extend(outcome.create_topics)
-                if outcome.kind == "purchase" and outcome.status != "forwarded" and (
-                    ev.message.timestamp
-                ) and outcome.dropped is None:  # a forwarded one is timed where it is decided
+                if (
+                    outcome.kind == "purchase"
+                    and outcome.status != "forwarded"
+                    and (ev.message.timestamp)
+                    and outcome.dropped is None
+                ):  # a forwarded one is timed where it is decided
                     part.purchase_times.append(float(ev.message.timestamp))
                 size += sum(len(o.value or b"") for o in outcome.outputs)
                 if size + self.core.pending_output_bytes >= budget:
                     part.rest = events[i + 1 :]
                     break
-        part.outputs.extend(Record(o.topic, o.key, o.value, headers=list(o.headers) or None)
-                            for o in deliveries)  # fmt: skip
+        part.outputs.extend(
+            Record(o.topic, o.key, o.value, headers=list(o.headers) or None) for o in deliveries
+        )
         return part
 
     def _handle(self, ev: InputEvent, *, final: bool) -> Outcome:
@@ -215,20 +227,32 @@ class BatchProcessor:
         msg = ev.message
         try:
             self.faults.poison(ev.value)
-            outcome = self.core.handle(msg.topic, ev.value, partition=msg.partition,
-                                       offset=msg.offset, final=final)  # fmt: skip
+            outcome = self.core.handle(
+                msg.topic, ev.value, partition=msg.partition, offset=msg.offset, final=final
+            )
         except Exception as exc:  # the core never raises for bad input: this is a bug
-            log.exception("internal error outside the core's guard at %s[%s]@%s",
-                          msg.topic, msg.partition, msg.offset)  # fmt: skip
+            log.exception(
+                "internal error outside the core's guard at %s[%s]@%s",
+                msg.topic,
+                msg.partition,
+                msg.offset,
+            )
             outcome = self.core.internal_error(msg.topic, ev.value, msg.partition, msg.offset, exc)
         if outcome.status == "deferred":
             return outcome
         try:
             self.metrics.record(outcome)
         except Exception:  # a metric must never cost an event its outcome
-            log.exception("could not count the outcome of %s[%s]@%s", msg.topic, msg.partition,
-                          msg.offset)  # fmt: skip
+            log.exception(
+                "could not count the outcome of %s[%s]@%s", msg.topic, msg.partition, msg.offset
+            )
         if outcome.status == "duplicate":
-            log.info("duplicate %s event at %s[%s]@%s: %.120r", outcome.kind, msg.topic,
-                     msg.partition, msg.offset, ev.value)  # fmt: skip
+            log.info(
+                "duplicate %s event at %s[%s]@%s: %.120r",
+                outcome.kind,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                ev.value,
+            )
         return outcome

@@ -57,8 +57,14 @@ class CatalogRebuild:
         Acknowledged sends; ``emarket_catalog_entries_republished_total``.
     """
 
-    def __init__(self, core: MarketCore, stores: Stores, inboxes: Inboxes, producer: Producer,
-                 metrics: Metrics) -> None:  # fmt: skip
+    def __init__(
+        self,
+        core: MarketCore,
+        stores: Stores,
+        inboxes: Inboxes,
+        producer: Producer,
+        metrics: Metrics,
+    ) -> None:
         self.core = core
         self.stores = stores
         self.inboxes = inboxes

@@ -122,8 +122,14 @@ class Checkpoint:
             del ended[oldest]
         epoch = new_epoch(max(after, self.version.epoch, floor))
         stores = {s: replace(v) for s, v in self.stores.items()}
-        return replace(self, version=Version(epoch, 0), written_at_ms=now_ms, ended=ended,
-                       floor=floor, stores=stores)
+        return replace(
+            self,
+            version=Version(epoch, 0),
+            written_at_ms=now_ms,
+            ended=ended,
+            floor=floor,
+            stores=stores,
+        )
 
     def successor(self, now_ms: int) -> Checkpoint:
         """The next version of this checkpoint (its sums copied, to change): the next batch of
@@ -131,8 +137,7 @@ class Checkpoint:
         if self.version.n >= MAX_N:
             return self.claimed(self.version.epoch, now_ms)
         stores = {s: replace(v) for s, v in self.stores.items()}
-        return replace(self, version=Version(self.version.epoch, self.version.n + 1),
-                       stores=stores)
+        return replace(self, version=Version(self.version.epoch, self.version.n + 1), stores=stores)
 
     def to_bytes(self) -> bytes:
         """Canonical JSON (sorted keys, no spaces; ``docs/protocol.md`` §3.3)."""

@@ -160,9 +160,7 @@ class Settings:
             max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),
-            max_event_output_bytes=_env(
-                "MAX_EVENT_OUTPUT_BYTES", cls.max_event_output_bytes, int
-            ),
+            max_event_output_bytes=_env("MAX_EVENT_OUTPUT_BYTES", cls.max_event_output_bytes, int),
             max_event_work=_env("MAX_EVENT_WORK", cls.max_event_work, int),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
@@ -197,7 +195,10 @@ class Settings:
     def aiokafka_auth(self) -> dict[str, Any]:
         """Keyword arguments that authenticate an aiokafka client (empty without a user)."""
         return kafka_auth(
-            self.kafka_user, self.kafka_password, self.kafka_mechanism, self.kafka_security,
+            self.kafka_user,
+            self.kafka_password,
+            self.kafka_mechanism,
+            self.kafka_security,
             self.kafka_ca,
         )
 

@@ -69,8 +69,9 @@ class AccountReplica:
     """Accounts by id and by key id, read from ``topic`` (the accounts changelog) as
     ``progress_topic``'s checkpoints commit them (see the module docstring)."""
 
-    def __init__(self, settings: dict[str, Any], topic: str, progress_topic: str,
-                 reader: StateReader) -> None:  # fmt: skip
+    def __init__(
+        self, settings: dict[str, Any], topic: str, progress_topic: str, reader: StateReader
+    ) -> None:
         self.topic = topic
         self.progress_topic = progress_topic
         self.reader = reader
@@ -116,8 +117,11 @@ class AccountReplica:
     async def start(self, partitions: int) -> None:
         self._consumer = AIOKafkaConsumer(**self._settings)
         await self._consumer.start()
-        self._tps = [TopicPartition(t, p) for t in (self.progress_topic, self.topic)
-                     for p in range(partitions)]  # fmt: skip
+        self._tps = [
+            TopicPartition(t, p)
+            for t in (self.progress_topic, self.topic)
+            for p in range(partitions)
+        ]
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
         self._task = asyncio.create_task(self._run(self._tps), name="account-replica")
@@ -187,9 +191,13 @@ class AccountReplica:
             end = self._consumer.highwater(tp)
             if end is None or end >= await self._consumer.position(tp):
                 continue
-            log.warning("account replica: %s[%d] ends at %d, below what it had read: the topic "
-                        "was made again; reading it again from the start", tp.topic,
-                        tp.partition, end)  # fmt: skip
+            log.warning(
+                "account replica: %s[%d] ends at %d, below what it had read: the topic "
+                "was made again; reading it again from the start",
+                tp.topic,
+                tp.partition,
+                end,
+            )
             self._forget(tp)
             self._consumer.seek(tp, 0)
 
@@ -226,20 +234,25 @@ class AccountReplica:
 
     def _account(self, rec: Any) -> None:
         where = (rec.topic, rec.partition, rec.offset)
-        opened = self.reader.open(STORE, rec.key, rec.value, rec.headers, where=where,
-                                  reader="account replica")  # fmt: skip
+        opened = self.reader.open(
+            STORE, rec.key, rec.value, rec.headers, where=where, reader="account replica"
+        )
         if opened is None:
             return
         try:
-            state = (None if opened.plaintext is None
-                     else AccountState.model_validate_json(opened.plaintext))  # fmt: skip
+            state = (
+                None
+                if opened.plaintext is None
+                else AccountState.model_validate_json(opened.plaintext)
+            )
         except ValueError:  # the market's own record, unreadable: never stop the replica for it
             log.exception("unreadable account record at %s[%s]@%s", *where)
             return
         self._judge(rec, opened.stamp.version, state, where)
 
-    def _judge(self, rec: Any, version: Version, state: AccountState | None,
-               where: tuple[str, int, int]) -> None:  # fmt: skip
+    def _judge(
+        self, rec: Any, version: Version, state: AccountState | None, where: tuple[str, int, int]
+    ) -> None:
         p, account_id = rec.partition, rec.key.decode("utf-8")
         held = self._accounts.get(account_id)
         before = None if held is None else held.version
@@ -293,11 +306,18 @@ class AccountReplica:
         got = self._sums.get(p) or StoreSum()
         if (got.count, got.digest) == (want.count, want.digest):
             if self.unverified.pop(p, None) is not None:
-                log.warning("accounts of partition %d verify again (checkpoint %s)", p,
-                            tuple(cp.version))  # fmt: skip
+                log.warning(
+                    "accounts of partition %d verify again (checkpoint %s)", p, tuple(cp.version)
+                )
             return
         self.unverified[p] = f"accounts: {got.count} held, {want.count} committed" + (
-            "" if got.count != want.count else ", other versions")
-        log.critical("account replica: partition %d's accounts are not what its checkpoint %s "
-                     "commits (%s): a changelog record was deleted or rolled back; its accounts "
-                     "are not used", p, tuple(cp.version), self.unverified[p])  # fmt: skip
+            "" if got.count != want.count else ", other versions"
+        )
+        log.critical(
+            "account replica: partition %d's accounts are not what its checkpoint %s "
+            "commits (%s): a changelog record was deleted or rolled back; its accounts "
+            "are not used",
+            p,
+            tuple(cp.version),
+            self.unverified[p],
+        )

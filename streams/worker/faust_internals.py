@@ -180,16 +180,38 @@ _DRIVER = "faust.transport.drivers.aiokafka"
 _ASSIGNOR = "faust.assignor.partition_assignor"
 _GROUPS = "aiokafka.consumer.group_coordinator"
 _MEMBERSHIP: tuple[Upstream, ...] = (
-    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor.metadata PartitionAssignor.assign "
-        "PartitionAssignor.on_assignment", "overridden", "proving_assignor"),
-    *_u("faust-streaming", _ASSIGNOR, "PartitionAssignor._perform_assignment "
+    *_u(
+        "faust-streaming",
+        _ASSIGNOR,
+        "PartitionAssignor.metadata PartitionAssignor.assign PartitionAssignor.on_assignment",
+        "overridden",
+        "proving_assignor",
+    ),
+    *_u(
+        "faust-streaming",
+        _ASSIGNOR,
+        "PartitionAssignor._perform_assignment "
         "PartitionAssignor._protocol_assignments PartitionAssignor._compress "
-        "PartitionAssignor._decompress", "relied on", "proving_assignor"),
-    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._ensure_consumer "
-        "ConsumerRebalanceListener.on_partitions_assigned", "relied on", "group_member"),
-    *_u("aiokafka", _GROUPS, "CoordinatorGroupRebalance.perform_group_join "
+        "PartitionAssignor._decompress",
+        "relied on",
+        "proving_assignor",
+    ),
+    *_u(
+        "faust-streaming",
+        _DRIVER,
+        "AIOKafkaConsumerThread._ensure_consumer ConsumerRebalanceListener.on_partitions_assigned",
+        "relied on",
+        "group_member",
+    ),
+    *_u(
+        "aiokafka",
+        _GROUPS,
+        "CoordinatorGroupRebalance.perform_group_join "
         "CoordinatorGroupRebalance._on_join_leader GroupCoordinator._perform_assignment "
-        "GroupCoordinator._on_join_complete", "relied on", "proving_assignor"),
+        "GroupCoordinator._on_join_complete",
+        "relied on",
+        "proving_assignor",
+    ),
 )
 """What the membership proofs rely on: Faust's assignor (its metadata is JSON, its assignment
 zlib-compressed JSON, and it assigns exactly the members it is given), and aiokafka computing a
@@ -199,72 +221,224 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_u("faust-streaming", _CONSUMER, "Consumer._drain_messages", "copied", "_drain_batches"),
     *_u("faust-streaming", _CONSUMER, "Consumer.getmany", "copied", "_deliver"),
     *_u("faust-streaming", _CONSUMER, "Consumer.track_message", "copied", "track_unacked"),
-    *_u("faust-streaming", _CONSUMER, "Consumer._wait_next_records Consumer._add_gap "
-        "Consumer._new_offset Consumer._commit_offsets Consumer.ack", "relied on", "_deliver"),
+    *_u(
+        "faust-streaming",
+        _CONSUMER,
+        "Consumer._wait_next_records Consumer._add_gap "
+        "Consumer._new_offset Consumer._commit_offsets Consumer.ack",
+        "relied on",
+        "_deliver",
+    ),
     *_u("faust-streaming", _DRIVER, "Consumer._to_message", "relied on", "_deliver"),
-    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._create_worker_consumer",
-        "wrapped", "tune_fetch_wait"),
-    *_u("faust-streaming", _DRIVER, "AIOKafkaConsumerThread._highwaters", "replaced",
-        "install_tansu_compat"),
+    *_u(
+        "faust-streaming",
+        _DRIVER,
+        "AIOKafkaConsumerThread._create_worker_consumer",
+        "wrapped",
+        "tune_fetch_wait",
+    ),
+    *_u(
+        "faust-streaming",
+        _DRIVER,
+        "AIOKafkaConsumerThread._highwaters",
+        "replaced",
+        "install_tansu_compat",
+    ),
     *_u("faust-streaming", _DRIVER, "Producer.on_start", "relied on", "producer_client"),
-    *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.add_topic "
-        "AIOKafkaClient.force_metadata_update", "relied on", "learn_topics"),
-    *_u("aiokafka", "aiokafka.client", "AIOKafkaClient.get_random_node AIOKafkaClient.send",
-        "relied on", "probe_broker, topic_leaders, latest_offsets"),
-    *_u("faust-streaming", "faust.tables.manager", "TableManager.on_start", "replaced",
-        "skip_table_settle"),
-    *_u("faust-streaming", "faust.tables.table", "Table.on_key_set Table.on_key_del",
-        "bypassed", "WriteBackTable"),
-    *_u("faust-streaming", "faust.tables.base", "Collection._on_changelog_sent", "bypassed",
-        "WriteBackTable.persisted"),
-    *_u("faust-streaming", "faust.tables.manager", "TableManager.on_rebalance", "wrapped",
-        "install_takeover"),
-    *_u("faust-streaming", "faust.tables.recovery",
-        "Recovery.on_recovery_completed Recovery._resume_streams", "wrapped", "install_takeover"),
-    *_u("faust-streaming", _CONSUMER, "Consumer.perform_seek Consumer._commit_offsets",
-        "wrapped", "install_takeover"),
-    *_u("faust-streaming", _CONSUMER, "Consumer.seek Consumer.pause_partitions", "relied on",
-        "seek_input"),
-    *_u("faust-streaming", "faust.stores.rocksdb", "Store._db_for_partition Store._get "
-        "Store._iterkeys Store._visible_items Store.set_persisted_offset", "relied on",
-        "store_get"),
-    *_u("faust-streaming", "faust.stores.rocksdb", "Store.partition_path Store.revoke_partitions",
-        "relied on", "forget_partition"),
-    *_u("faust-streaming", "faust.tables.recovery", "Recovery.on_rebalance", "relied on",
-        "forget_partition"),
-    *_u("faust-streaming", "faust.tables.base", "Collection._new_changelog_topic", "relied on",
-        "rebuild_changelog_topic"),
-    *_u("faust-streaming", "faust.stores.memory", "Store._create_batch_iterator", "copied",
-        "store_put"),
-    *_u("faust-streaming", "faust.tables.base", "Collection.apply_changelog_batch", "wrapped",
-        "verify_changelog"),
-    *_u("faust-streaming", "faust.stores.memory", "Store.apply_changelog_batch", "relied on",
-        "verify_changelog"),
-    *_u("faust-streaming", "faust.stores.rocksdb", "Store.apply_changelog_batch", "relied on",
-        "verify_changelog"),
-    *_u("faust-streaming", "faust.tables.recovery",
-        "Recovery._restart_recovery.fun Recovery.flush_buffers", "relied on", "verify_changelog"),
-    *_u("faust-streaming", "faust.stores.memory", "Store.on_recovery_completed", "relied on",
-        "store_put"),
+    *_u(
+        "aiokafka",
+        "aiokafka.client",
+        "AIOKafkaClient.add_topic AIOKafkaClient.force_metadata_update",
+        "relied on",
+        "learn_topics",
+    ),
+    *_u(
+        "aiokafka",
+        "aiokafka.client",
+        "AIOKafkaClient.get_random_node AIOKafkaClient.send",
+        "relied on",
+        "probe_broker, topic_leaders, latest_offsets",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.manager",
+        "TableManager.on_start",
+        "replaced",
+        "skip_table_settle",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.table",
+        "Table.on_key_set Table.on_key_del",
+        "bypassed",
+        "WriteBackTable",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.base",
+        "Collection._on_changelog_sent",
+        "bypassed",
+        "WriteBackTable.persisted",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.manager",
+        "TableManager.on_rebalance",
+        "wrapped",
+        "install_takeover",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.recovery",
+        "Recovery.on_recovery_completed Recovery._resume_streams",
+        "wrapped",
+        "install_takeover",
+    ),
+    *_u(
+        "faust-streaming",
+        _CONSUMER,
+        "Consumer.perform_seek Consumer._commit_offsets",
+        "wrapped",
+        "install_takeover",
+    ),
+    *_u(
+        "faust-streaming",
+        _CONSUMER,
+        "Consumer.seek Consumer.pause_partitions",
+        "relied on",
+        "seek_input",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.rocksdb",
+        "Store._db_for_partition Store._get "
+        "Store._iterkeys Store._visible_items Store.set_persisted_offset",
+        "relied on",
+        "store_get",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.rocksdb",
+        "Store.partition_path Store.revoke_partitions",
+        "relied on",
+        "forget_partition",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.recovery",
+        "Recovery.on_rebalance",
+        "relied on",
+        "forget_partition",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.base",
+        "Collection._new_changelog_topic",
+        "relied on",
+        "rebuild_changelog_topic",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.memory",
+        "Store._create_batch_iterator",
+        "copied",
+        "store_put",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.base",
+        "Collection.apply_changelog_batch",
+        "wrapped",
+        "verify_changelog",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.memory",
+        "Store.apply_changelog_batch",
+        "relied on",
+        "verify_changelog",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.rocksdb",
+        "Store.apply_changelog_batch",
+        "relied on",
+        "verify_changelog",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.recovery",
+        "Recovery._restart_recovery.fun Recovery.flush_buffers",
+        "relied on",
+        "verify_changelog",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.stores.memory",
+        "Store.on_recovery_completed",
+        "relied on",
+        "store_put",
+    ),
     *_u("faust-streaming", "faust.streams", "current_event", "relied on", "set_current_event"),
-    *_u("faust-streaming", "faust.serializers.codecs", "Codec._dumps Codec._loads", "overridden",
-        "register_codec"),
-    *_u("faust-streaming", "faust.serializers.codecs", "Codec.dumps Codec.loads", "relied on",
-        "register_codec"),
-    *_u("faust-streaming", "faust.worker", "Worker._on_sigterm Worker._on_sigint", "overridden",
-        "worker_class"),
-    *_u("mode-streaming", "mode.worker", "Worker._on_sigterm Worker._on_sigint "
-        "Worker._sentinel_task", "overridden", "worker_class"),
-    *_u("mode-streaming", "mode.utils.queues", "FlowControlEvent.resume FlowControlEvent.clear",
-        "relied on", "Intake"),
-    *_u("faust-streaming", "faust.tables.recovery", "Recovery._resume_streams", "relied on",
-        "Intake"),
-    *_u("aiokafka", "aiokafka.consumer.group_coordinator", "GroupCoordinator._maybe_leave_group",
-        "replaced", "install_tansu_compat"),
-    *_u("aiokafka", "aiokafka.consumer.consumer", "AIOKafkaConsumer.start", "relied on",
-        "tune_fetch_wait"),
-    *_u("aiokafka", "aiokafka.consumer.fetcher", "Fetcher.__init__", "relied on",
-        "tune_fetch_wait"),
+    *_u(
+        "faust-streaming",
+        "faust.serializers.codecs",
+        "Codec._dumps Codec._loads",
+        "overridden",
+        "register_codec",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.serializers.codecs",
+        "Codec.dumps Codec.loads",
+        "relied on",
+        "register_codec",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.worker",
+        "Worker._on_sigterm Worker._on_sigint",
+        "overridden",
+        "worker_class",
+    ),
+    *_u(
+        "mode-streaming",
+        "mode.worker",
+        "Worker._on_sigterm Worker._on_sigint Worker._sentinel_task",
+        "overridden",
+        "worker_class",
+    ),
+    *_u(
+        "mode-streaming",
+        "mode.utils.queues",
+        "FlowControlEvent.resume FlowControlEvent.clear",
+        "relied on",
+        "Intake",
+    ),
+    *_u(
+        "faust-streaming",
+        "faust.tables.recovery",
+        "Recovery._resume_streams",
+        "relied on",
+        "Intake",
+    ),
+    *_u(
+        "aiokafka",
+        "aiokafka.consumer.group_coordinator",
+        "GroupCoordinator._maybe_leave_group",
+        "replaced",
+        "install_tansu_compat",
+    ),
+    *_u(
+        "aiokafka",
+        "aiokafka.consumer.consumer",
+        "AIOKafkaConsumer.start",
+        "relied on",
+        "tune_fetch_wait",
+    ),
+    *_u(
+        "aiokafka", "aiokafka.consumer.fetcher", "Fetcher.__init__", "relied on", "tune_fetch_wait"
+    ),
     *_MEMBERSHIP,
 )
 """Every upstream function behind this module, with what we do with it."""
@@ -430,15 +604,15 @@ async def _deliver(
             batch.append(message)
             last[tp] = offset
         else:
-            await consumer.wait_first(consumer.callback(message),
-                                      consumer.suspend_flow.wait())  # fmt: skip
+            await consumer.wait_first(consumer.callback(message), consumer.suspend_flow.wait())
             read_offset[tp] = offset
     await _queue(consumer, intake, batch, last, generation)
     return since_yield
 
 
-async def _queue(consumer: Any, intake: Any, batch: list[Any], last: dict[Any, int],
-                 generation: int) -> None:  # fmt: skip
+async def _queue(
+    consumer: Any, intake: Any, batch: list[Any], last: dict[Any, int], generation: int
+) -> None:
     """Put one fetch's intake records into the intake, unless a rebalance overtook them (the
     next owner of their partitions reads them from the committed offsets)."""
     app = consumer.app
@@ -723,8 +897,11 @@ def partition_items(table: Any, partitions: set[int]) -> Iterable[tuple[int, str
     if not store_is_serialized(table):
         data = store.data
         return [(p, k, data[k]) for k, p in store._key_partition.items() if p in partitions]
-    return ((p, k.decode("utf-8"), v) for p in sorted(partitions)
-            for k, v in store._visible_items(store._db_for_partition(p)))
+    return (
+        (p, k.decode("utf-8"), v)
+        for p in sorted(partitions)
+        for k, v in store._visible_items(store._db_for_partition(p))
+    )
 
 
 def forget_partition(app: Any, table: Any, partition: int) -> None:
@@ -826,8 +1003,9 @@ def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 
 def _before_rebalance(on_rebalance: Any) -> Any:
-    async def patched(self: Any, assigned: Any, revoked: Any, newly_assigned: Any,
-                      generation_id: int = 0) -> None:  # fmt: skip
+    async def patched(
+        self: Any, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0
+    ) -> None:
         takeover = _TAKEOVERS.get(self.app)
         if takeover is not None:
             await takeover.prepare(set(assigned), set(revoked))
@@ -863,8 +1041,9 @@ def _before_commit(commit_offsets: Any) -> Any:
             offsets = await takeover.commit_positions(offsets)
             if not offsets:
                 return False
-        done: bool = await commit_offsets(self, offsets,
-                                          start_new_transaction=start_new_transaction)  # fmt: skip
+        done: bool = await commit_offsets(
+            self, offsets, start_new_transaction=start_new_transaction
+        )
         return done
 
     return patched
@@ -950,8 +1129,9 @@ async def topic_leaders(app: Any, names: Iterable[str]) -> dict[str, dict[int, i
     return found
 
 
-async def latest_offsets(app: Any, leaders: Mapping[tuple[str, int], int]) -> dict[
-        tuple[str, int], int]:  # fmt: skip
+async def latest_offsets(
+    app: Any, leaders: Mapping[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
     """The latest offset the broker reports (ListOffsets) of each (topic, partition) in
     ``leaders``, asked of its leader; a partition that answers with an error is left out.
 
@@ -1097,11 +1277,14 @@ def _nothing(assignor: Any, metadata: Any) -> Any:
         url = str(ClientMetadata.loads(metadata.user_data).url)
     except Exception:  # a stranger's metadata: it gets an empty URL
         url = ""
-    empty = ClientMetadata(assignment=ClientAssignment(actives={}, standbys={}), url=url,
-                           changelog_distribution={}, external_topic_distribution={},
-                           topic_groups={})  # fmt: skip
-    return ConsumerProtocolMemberAssignment(assignor.version, [],
-                                            assignor._compress(empty.dumps()))  # fmt: skip
+    empty = ClientMetadata(
+        assignment=ClientAssignment(actives={}, standbys={}),
+        url=url,
+        changelog_distribution={},
+        external_topic_distribution={},
+        topic_groups={},
+    )
+    return ConsumerProtocolMemberAssignment(assignor.version, [], assignor._compress(empty.dumps()))
 
 
 def _sealed(assignor: Any, assignment: Any, seal: dict[str, Any]) -> Any:
@@ -1137,13 +1320,13 @@ def proving_assignor(watch: Any) -> type[Any]:
         def metadata(self, topics: Any) -> Any:
             meta = super().metadata(topics)
             member_id, _ = group_member(self.app)
-            return ConsumerProtocolMemberMetadata(meta.version, meta.subscription,
-                                                  watch.metadata(meta.user_data, member_id))
+            return ConsumerProtocolMemberMetadata(
+                meta.version, meta.subscription, watch.metadata(meta.user_data, member_id)
+            )
 
         def assign(self, cluster: Any, member_metadata: Any) -> Any:
             leader, generation = group_member(self.app)
-            refused = watch.judge({m: md.user_data for m, md in member_metadata.items()},
-                                  leader)  # fmt: skip
+            refused = watch.judge({m: md.user_data for m, md in member_metadata.items()}, leader)
             proven = {m: md for m, md in member_metadata.items() if m not in refused}
             result = dict(super().assign(cluster, proven)) if proven else {}
             result.update({m: _nothing(self, member_metadata[m]) for m in refused})

@@ -38,8 +38,15 @@ from .assignment_seal import Seal, make_seal, open_seal
 from .membership import MemberProof, Membership, proof_in, with_proof
 from .metrics import Metrics
 
-__all__ = ["DESCRIBE_EVERY_S", "Assessment", "Described", "GroupView", "GroupWatch", "assess",
-           "described_from"]  # fmt: skip
+__all__ = [
+    "DESCRIBE_EVERY_S",
+    "Assessment",
+    "Described",
+    "GroupView",
+    "GroupWatch",
+    "assess",
+    "described_from",
+]
 
 log = logging.getLogger("emarket.membership")
 
@@ -47,7 +54,7 @@ DESCRIBE_EVERY_S = 10.0
 """How often a worker describes its group: one FindCoordinator and one DescribeGroups."""
 
 TP = tuple[str, int]
-ADVICE = "see docs/operations.md, \"Group membership\""
+ADVICE = 'see docs/operations.md, "Group membership"'
 
 
 @dataclass(frozen=True)
@@ -97,30 +104,41 @@ def _listed(tps: Iterable[TP], most: int = 8) -> str:
     return ", ".join(names[:most]) + more
 
 
-def _from_seal(group: str, inputs: frozenset[TP], view: GroupView) -> tuple[set[TP], set[str],
-                                                                            list[str]]:  # fmt: skip
+def _from_seal(
+    group: str, inputs: frozenset[TP], view: GroupView
+) -> tuple[set[TP], set[str], list[str]]:
     """Unproven partitions, unproven members and reasons, from this worker's assignment."""
     if view.seal is None:
         others = set(inputs - view.mine)
-        return others, set(), [
-            f"the leader of consumer group {group} did not prove it is a worker of this market "
-            f"({view.why_unsealed}): the {len(others)} input partitions this worker was not "
-            f"given ({_listed(others)}) may be held by members that are not"]
+        return (
+            others,
+            set(),
+            [
+                f"the leader of consumer group {group} did not prove it is a worker of this market "
+                f"({view.why_unsealed}): the {len(others)} input partitions this worker was not "
+                f"given ({_listed(others)}) may be held by members that are not"
+            ],
+        )
     seal, reasons = view.seal, []
     held = {tp for ps in seal.members.values() for tp in ps}
     nobody = set(inputs - held)
     if nobody:
-        reasons.append(f"{len(nobody)} input partitions of consumer group {group} are assigned "
-                       f"to nobody ({_listed(nobody)})")  # fmt: skip
+        reasons.append(
+            f"{len(nobody)} input partitions of consumer group {group} are assigned "
+            f"to nobody ({_listed(nobody)})"
+        )
     if view.member_id in seal.refused:
-        reasons.append(f"the leader of consumer group {group} gave this worker nothing: it "
-                       f"refused its proof ({seal.refused[view.member_id]}; check this "
-                       f"worker's clock, or whether someone copies its proof)")  # fmt: skip
+        reasons.append(
+            f"the leader of consumer group {group} gave this worker nothing: it "
+            f"refused its proof ({seal.refused[view.member_id]}; check this "
+            f"worker's clock, or whether someone copies its proof)"
+        )
     return nobody, set(seal.refused), reasons
 
 
-def _from_described(group: str, inputs: frozenset[TP], described: Described,
-                    membership: Membership) -> tuple[set[TP], set[str], list[str]]:  # fmt: skip
+def _from_described(
+    group: str, inputs: frozenset[TP], described: Described, membership: Membership
+) -> tuple[set[TP], set[str], list[str]]:
     """The same from a detailed DescribeGroups answer of a stable group (Apache Kafka)."""
     refused = membership.standing({m: p for m, (p, _) in described.members.items()})
     taken = {tp for m in refused for tp in described.members[m][1] if tp in inputs}
@@ -128,17 +146,26 @@ def _from_described(group: str, inputs: frozenset[TP], described: Described,
     nobody = set(inputs - held)
     reasons = []
     if taken:
-        reasons.append(f"{len(taken)} input partitions of consumer group {group} ("
-                       f"{_listed(taken)}) are held by members that did not prove they are "
-                       f"workers of this market: {', '.join(sorted(refused))}")  # fmt: skip
+        reasons.append(
+            f"{len(taken)} input partitions of consumer group {group} ("
+            f"{_listed(taken)}) are held by members that did not prove they are "
+            f"workers of this market: {', '.join(sorted(refused))}"
+        )
     if nobody:
-        reasons.append(f"{len(nobody)} input partitions of consumer group {group} are assigned "
-                       f"to nobody ({_listed(nobody)})")  # fmt: skip
+        reasons.append(
+            f"{len(nobody)} input partitions of consumer group {group} are assigned "
+            f"to nobody ({_listed(nobody)})"
+        )
     return taken | nobody, set(refused), reasons
 
 
-def assess(group: str, inputs: frozenset[TP], view: GroupView | None,
-           described: Described | None, membership: Membership) -> Assessment:  # fmt: skip
+def assess(
+    group: str,
+    inputs: frozenset[TP],
+    view: GroupView | None,
+    described: Described | None,
+    membership: Membership,
+) -> Assessment:
     """Join what the seal and the last DescribeGroups say (see the module docstring).
 
     Before this worker's first assignment there is no verdict, and a group that is
@@ -174,8 +201,11 @@ def described_from(responses: Iterable[Any], group: str) -> Described | None:
                 continue
             members = {m[0]: (m[3], m[4]) for m in entry[5]}
             detailed = any(meta for meta, _ in members.values())
-            return Described(entry[2], {m: _member(meta, assigned) for m, (meta, assigned)
-                                        in members.items()}, detailed)  # fmt: skip
+            return Described(
+                entry[2],
+                {m: _member(meta, assigned) for m, (meta, assigned) in members.items()},
+                detailed,
+            )
     return None
 
 
@@ -225,26 +255,34 @@ class GroupWatch:
 
     def judge(self, user_data: Mapping[str, bytes], leader_id: str) -> dict[str, str]:
         """As the leader: the members to give nothing (counted and logged), and why."""
-        refused = self.membership.judge({m: proof_in(d) for m, d in user_data.items()},
-                                        leader_id)  # fmt: skip
+        refused = self.membership.judge({m: proof_in(d) for m, d in user_data.items()}, leader_id)
         for member, why in sorted(refused.items()):
             self.metrics.group_refused.labels(why).inc()
-            log.warning("consumer group %s: member %s did not prove it is a worker of this "
-                        "market (%s); it is assigned nothing", self.group, member, why)  # fmt: skip
+            log.warning(
+                "consumer group %s: member %s did not prove it is a worker of this "
+                "market (%s); it is assigned nothing",
+                self.group,
+                member,
+                why,
+            )
         return refused
 
-    def seal(self, generation: int, leader_id: str, given: Mapping[str, Iterable[TP]],
-             refused: Mapping[str, str]) -> dict[str, Any]:  # fmt: skip
+    def seal(
+        self,
+        generation: int,
+        leader_id: str,
+        given: Mapping[str, Iterable[TP]],
+        refused: Mapping[str, str],
+    ) -> dict[str, Any]:
         """As the leader: the seal every member's assignment carries, as JSON."""
-        return make_seal(self.membership.key, self.group, generation, leader_id, given,
-                         refused).to_json()  # fmt: skip
+        return make_seal(
+            self.membership.key, self.group, generation, leader_id, given, refused
+        ).to_json()
 
-    def assigned(self, generation: int, member_id: str, received: Iterable[TP],
-                 seal: Any) -> None:  # fmt: skip
+    def assigned(self, generation: int, member_id: str, received: Iterable[TP], seal: Any) -> None:
         """This worker's new assignment and the seal it carried (None if it had none)."""
         mine = frozenset(received)
-        opened, why = open_seal(self.membership.key, self.group, seal, generation, member_id,
-                                mine)  # fmt: skip
+        opened, why = open_seal(self.membership.key, self.group, seal, generation, member_id, mine)
         self.view = GroupView(generation, member_id, mine, opened, why)
         self._update()
 
@@ -276,11 +314,15 @@ class GroupWatch:
     def health(self) -> dict[str, Any]:
         """The ``group`` part of ``/health``."""
         a, view = self.assessment, self.view
-        return {"id": self.group, "ok": a.ok, "reason": a.reason(),
-                "generation": None if view is None else view.generation,
-                "leader": None if view is None or view.seal is None else view.seal.leader_id,
-                "unproven_partitions": list(a.unproven_partitions),
-                "unproven_members": list(a.unproven_members)}  # fmt: skip
+        return {
+            "id": self.group,
+            "ok": a.ok,
+            "reason": a.reason(),
+            "generation": None if view is None else view.generation,
+            "leader": None if view is None or view.seal is None else view.seal.leader_id,
+            "unproven_partitions": list(a.unproven_partitions),
+            "unproven_members": list(a.unproven_members),
+        }
 
     def _update(self) -> None:
         with self._lock:
@@ -292,8 +334,9 @@ class GroupWatch:
             self.metrics.group_unproven_members.set(len(now.unproven_members))
         if now.reasons != before.reasons:
             if now.ok:
-                log.info("consumer group %s: every input partition is held by a proven worker "
-                         "again", self.group)  # fmt: skip
+                log.info(
+                    "consumer group %s: every input partition is held by a proven worker again",
+                    self.group,
+                )
             else:
                 log.warning("consumer group %s: %s", self.group, now.reason())
-

@@ -49,7 +49,8 @@ def judge(cp: Checkpoint, version: Version, held: Version | None, *, final: bool
     checkpoint will be read (table recovery: ``pending`` is then ``void``)."""
     if not cp.commits(version):
         later = version.epoch > cp.version.epoch or (
-            version.epoch == cp.version.epoch and version.n > cp.version.n)  # fmt: skip
+            version.epoch == cp.version.epoch and version.n > cp.version.n
+        )
         return "pending" if later and not final else "void"
     if held is None or version > held:
         return "apply"
@@ -64,13 +65,22 @@ class StateReader:
     ``copies`` and ``uncommitted`` labelled by store (information: a producer's retry, a batch
     lost before its checkpoint)."""
 
-    def __init__(self, seal: StateSeal, refused: Any = None, copies: Any = None,
-                 uncommitted: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, seal: StateSeal, refused: Any = None, copies: Any = None, uncommitted: Any = None
+    ) -> None:
         self.seal = seal
         self.refused, self.copies, self.uncommitted = refused, copies, uncommitted
 
-    def open(self, store: str, key: bytes | None, value: bytes | None, headers: Any, *,
-             where: tuple[str, int, int], reader: str) -> Opened | None:  # fmt: skip
+    def open(
+        self,
+        store: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        *,
+        where: tuple[str, int, int],
+        reader: str,
+    ) -> Opened | None:
         """The record's stamp and plaintext if the market sealed it for this place, else None
         (counted and logged as ``forged`` or ``moved``)."""
         opened = self.seal.open(store, key, value, headers)
@@ -78,36 +88,77 @@ class StateReader:
             self.refuse(store, "forged", opened, key, where, reader)
             return None
         if opened.stamp.partition != where[1]:
-            self.refuse(store, "moved", f"stamped for partition {opened.stamp.partition}", key,
-                        where, reader)  # fmt: skip
+            self.refuse(
+                store,
+                "moved",
+                f"stamped for partition {opened.stamp.partition}",
+                key,
+                where,
+                reader,
+            )
             return None
         return opened
 
-    def refuse(self, store: str, reason: str, why: str, key: bytes | None,
-               where: tuple[str, int, int], reader: str) -> None:  # fmt: skip
+    def refuse(
+        self,
+        store: str,
+        reason: str,
+        why: str,
+        key: bytes | None,
+        where: tuple[str, int, int],
+        reader: str,
+    ) -> None:
         """Count and log a refused record (never applied: the reader keeps what it had)."""
         if self.refused is not None:
             self.refused.labels(store, reason).inc()
         topic, partition, offset = where
-        log.error("refused a record of the %s store (%s: %s) at %s[%s]@%s, key %.80r: the %s "
-                  "does not apply it and keeps what it had", store, reason, why, topic,
-                  partition, offset, key, reader)  # fmt: skip
+        log.error(
+            "refused a record of the %s store (%s: %s) at %s[%s]@%s, key %.80r: the %s "
+            "does not apply it and keeps what it had",
+            store,
+            reason,
+            why,
+            topic,
+            partition,
+            offset,
+            key,
+            reader,
+        )
 
-    def noted(self, store: str, verdict: Verdict, key: bytes | None,
-              where: tuple[str, int, int], reader: str, held: Version | None,
-              version: Version) -> None:  # fmt: skip
+    def noted(
+        self,
+        store: str,
+        verdict: Verdict,
+        key: bytes | None,
+        where: tuple[str, int, int],
+        reader: str,
+        held: Version | None,
+        version: Version,
+    ) -> None:
         """Count what a verdict other than ``apply`` or ``pending`` did to a record."""
         if verdict == "older":
-            self.refuse(store, "older", f"version {tuple(version)} after {tuple(held or ())}",
-                        key, where, reader)  # fmt: skip
+            self.refuse(
+                store,
+                "older",
+                f"version {tuple(version)} after {tuple(held or ())}",
+                key,
+                where,
+                reader,
+            )
         elif verdict == "copy" and self.copies is not None:
             self.copies.labels(store).inc()
         elif verdict == "void":
             if self.uncommitted is not None:
                 self.uncommitted.labels(store).inc()
-            log.info("%s: a record of the %s store at %s[%s]@%s (key %.80r, version %s) was "
-                     "never committed (its batch was lost); not applied", reader, store,
-                     *where, key, tuple(version))  # fmt: skip
+            log.info(
+                "%s: a record of the %s store at %s[%s]@%s (key %.80r, version %s) was "
+                "never committed (its batch was lost); not applied",
+                reader,
+                store,
+                *where,
+                key,
+                tuple(version),
+            )
 
 
 class CheckpointBook:
@@ -125,8 +176,9 @@ class CheckpointBook:
         """Read one record of the progress changelog; return the checkpoint if it is newer
         than the partition's newest, None otherwise (refused, or a copy)."""
         where = (rec.topic, rec.partition, rec.offset)
-        opened = self.reader.open(PROGRESS, rec.key, rec.value, rec.headers, where=where,
-                                  reader=who)  # fmt: skip
+        opened = self.reader.open(
+            PROGRESS, rec.key, rec.value, rec.headers, where=where, reader=who
+        )
         if opened is None or opened.plaintext is None:
             if opened is not None:
                 self.reader.refuse(PROGRESS, "forged", "a deletion", rec.key, where, who)
@@ -137,15 +189,21 @@ class CheckpointBook:
             log.exception("unreadable checkpoint at %s[%s]@%s", *where)
             return None
         if cp.partition != rec.partition or cp.version != opened.stamp.version:
-            self.reader.refuse(PROGRESS, "forged", "checkpoint does not match its stamp",
-                               rec.key, where, who)  # fmt: skip
+            self.reader.refuse(
+                PROGRESS, "forged", "checkpoint does not match its stamp", rec.key, where, who
+            )
             return None
         held = self.latest.get(rec.partition)
         if held is not None and cp.version <= held.version:
             if cp.version < held.version:
-                self.reader.refuse(PROGRESS, "checkpoint",
-                                   f"version {tuple(cp.version)} after {tuple(held.version)}",
-                                   rec.key, where, who)  # fmt: skip
+                self.reader.refuse(
+                    PROGRESS,
+                    "checkpoint",
+                    f"version {tuple(cp.version)} after {tuple(held.version)}",
+                    rec.key,
+                    where,
+                    who,
+                )
             elif self.reader.copies is not None:
                 self.reader.copies.labels(PROGRESS).inc()
             return None
@@ -154,9 +212,14 @@ class CheckpointBook:
 
 
 async def read_checkpoints(
-    settings: dict[str, Any], topic: str, partitions: Iterable[int], book: CheckpointBook, *,
-    who: str = "table recovery", timeout: float = 120.0,
-) -> None:  # fmt: skip
+    settings: dict[str, Any],
+    topic: str,
+    partitions: Iterable[int],
+    book: CheckpointBook,
+    *,
+    who: str = "table recovery",
+    timeout: float = 120.0,
+) -> None:
     """Read every record of ``partitions`` of the progress changelog into ``book``, to the
     end (the high watermark of a fetch response: right on every broker, unlike Tansu's
     ListOffsets). Raises TimeoutError if the broker does not answer in ``timeout``."""
@@ -172,8 +235,9 @@ async def read_checkpoints(
         left = set(tps)
         while left:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} {sorted(t.partition for t in left)} "
-                                   f"within {timeout}s")  # fmt: skip
+                raise TimeoutError(
+                    f"could not read {topic} {sorted(t.partition for t in left)} within {timeout}s"
+                )
             batch = await consumer.getmany(*left, timeout_ms=200)
             for records in batch.values():
                 for rec in records:

@@ -143,8 +143,11 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
         ("check", ours.noise_check, theirs.noise_check),
         ("histogram check", ours.noise_check_histogram, theirs.noise_check_histogram),
     ]
-    differ = [f"{which} {str(a)[:16]} vs {str(b)[:16]}"
-              for which, a, b in checks if b is not None and a != b]  # fmt: skip
+    differ = [
+        f"{which} {str(a)[:16]} vs {str(b)[:16]}"
+        for which, a, b in checks
+        if b is not None and a != b
+    ]
     if differ:
         raise MarketIdentityError(
             f"this worker derives other noise from the same key than the one that made this "
@@ -155,9 +158,11 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
 
 
 def _written_by_someone_else(topic: str) -> str:
-    return (f"If this market is new and has never served, someone else wrote the first record "
-            f"of {topic} before its first worker did (docs/protocol.md §12.1.1): delete that "
-            "topic and start again, and let only the market's workers write to it")  # fmt: skip
+    return (
+        f"If this market is new and has never served, someone else wrote the first record "
+        f"of {topic} before its first worker did (docs/protocol.md §12.1.1): delete that "
+        "topic and start again, and let only the market's workers write to it"
+    )
 
 
 def _refuse_state_format(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:

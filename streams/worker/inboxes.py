@@ -188,9 +188,12 @@ class Inboxes:
         return asyncio.ensure_future(self.confirm(records))
 
     async def admit(
-        self, specs: list[TopicSpec], records: list[Record], done: Callable[[], None],
+        self,
+        specs: list[TopicSpec],
+        records: list[Record],
+        done: Callable[[], None],
         looked: Awaitable[None] | None = None,
-    ) -> tuple[list[Record], bool]:  # fmt: skip
+    ) -> tuple[list[Record], bool]:
         """:meth:`hold`, once :attr:`confirm` has looked at the topics of ``records`` (the
         look :meth:`look` started, else one now)."""
         await (self.confirm(records) if looked is None else looked)
@@ -249,9 +252,11 @@ class Inboxes:
     async def _admin(self) -> AIOKafkaAdminClient:
         """A started admin client, waiting out a broker not yet (or no longer) reachable."""
         while True:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap,
-                                        request_timeout_ms=60_000,
-                                        **self.settings.aiokafka_auth())  # fmt: skip
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self.settings.bootstrap,
+                request_timeout_ms=60_000,
+                **self.settings.aiokafka_auth(),
+            )
             try:
                 await admin.start()
                 return admin
@@ -276,8 +281,10 @@ class Inboxes:
         try:
             names = await admin.list_topics()
         except Exception as exc:  # a slow start: inboxes are then confirmed as they are used
-            log.warning("could not list the broker's topics (%r): inboxes will be checked "
-                        "as they are used", exc)  # fmt: skip
+            log.warning(
+                "could not list the broker's topics (%r): inboxes will be checked as they are used",
+                exc,
+            )
             return
         self.known.update(n for n in names if self.topics.published_spec(n) is not None)
 
@@ -285,8 +292,9 @@ class Inboxes:
         """One CreateTopics request for ``specs``; release the inboxes that now exist (or that
         the broker refused too often); back off on an outage."""
         t0 = time.perf_counter()
-        await self._delete(admin, [s.name for s in specs if s.name in self._wrong], "another "
-                           "partition count")  # fmt: skip
+        await self._delete(
+            admin, [s.name for s in specs if s.name in self._wrong], "another partition count"
+        )
         made = await self._create(admin, specs)
         self._resize(time.perf_counter() - t0, len(specs))
         if made is None:  # the broker did not answer: nothing changed, try again later
@@ -301,8 +309,13 @@ class Inboxes:
                 log.debug("learning %d new topics failed: %r", len(ready), exc)
             await self._release(ready)
         took = time.perf_counter() - t0
-        log.info("inboxes: %d of %d ready in %.0f ms; %d queued", len(ready), len(specs),
-                 took * 1e3, len(self._queued))  # fmt: skip
+        log.info(
+            "inboxes: %d of %d ready in %.0f ms; %d queued",
+            len(ready),
+            len(specs),
+            took * 1e3,
+            len(self._queued),
+        )
         await asyncio.sleep(max(took * (1 / DUTY - 1), 0.5 if len(ready) < len(specs) else 0))
 
     async def _create(
@@ -312,9 +325,13 @@ class Inboxes:
         them this request created; None if the broker did not answer."""
         try:
             response = await admin.create_topics(
-                [NewTopic(s.name, s.partitions, self.settings.replication, topic_configs=s.config)
-                 for s in specs]
-            )  # fmt: skip
+                [
+                    NewTopic(
+                        s.name, s.partitions, self.settings.replication, topic_configs=s.config
+                    )
+                    for s in specs
+                ]
+            )
         except Exception as exc:  # an outage: the producer's probes report it
             log.warning("creating %d inboxes failed (%r); retrying", len(specs), exc)
             return None
@@ -327,8 +344,13 @@ class Inboxes:
                     fresh.append(name)
                 continue
             n = self._failures[name] = self._failures.get(name, 0) + 1
-            log.error("the broker refused to create inbox %s (error %s %s), attempt %d",
-                      name, code, rest[0] if rest else "", n)  # fmt: skip
+            log.error(
+                "the broker refused to create inbox %s (error %s %s), attempt %d",
+                name,
+                code,
+                rest[0] if rest else "",
+                n,
+            )
             if n >= self.settings.permanent_retries:  # its outputs are dead-lettered
                 ready.append(name)
                 self._given_up.add(name)
@@ -344,8 +366,10 @@ class Inboxes:
             return ready
         try:
             leaders = await topic_leaders(self.app, fresh) or {}
-            ends = await latest_offsets(self.app, {(t, p): node for t, parts in leaders.items()
-                                                   for p, node in parts.items()})  # fmt: skip
+            ends = await latest_offsets(
+                self.app,
+                {(t, p): node for t, parts in leaders.items() for p, node in parts.items()},
+            )
         except Exception as exc:  # then they are used as they are
             log.warning("could not check %d new topics for earlier records: %r", len(fresh), exc)
             return ready
@@ -355,9 +379,13 @@ class Inboxes:
         wipe = [t for t in ghosted if self._failures.get(t, 0) < self.settings.permanent_retries]
         for t in wipe:
             self._failures[t] = self._failures.get(t, 0) + 1
-        log.warning("%d topics made again already held records written while they did not "
-                    "exist (the embedded broker keeps those): deleting and making them again: "
-                    "%s", len(wipe), wipe[:5])  # fmt: skip
+        log.warning(
+            "%d topics made again already held records written while they did not "
+            "exist (the embedded broker keeps those): deleting and making them again: "
+            "%s",
+            len(wipe),
+            wipe[:5],
+        )
         await self._delete(admin, wipe, "records written while it did not exist")
         return [n for n in ready if n not in set(wipe)]
 
@@ -371,8 +399,7 @@ class Inboxes:
         except Exception as exc:  # making them says whether they still exist
             log.warning("deleting %d topics (%s) failed: %r", len(names), why, exc)
         else:
-            log.warning("deleted %d topics to make them again (%s): %s", len(names), why,
-                        names[:5])  # fmt: skip
+            log.warning("deleted %d topics to make them again (%s): %s", len(names), why, names[:5])
 
     async def _release(self, names: list[str]) -> None:
         """Send what is held for ``names`` (and what arrives meanwhile), then mark them known
@@ -411,8 +438,9 @@ class Inboxes:
         for n in remade:
             kind = "catalog" if n == self.topics.catalog else "inbox"
             self.producer.metrics.topics_recreated.labels(kind).inc()
-        log.warning("made %d lost topics again and sent what was held for them: %s",
-                    len(remade), remade[:5])  # fmt: skip
+        log.warning(
+            "made %d lost topics again and sent what was held for them: %s", len(remade), remade[:5]
+        )
         for hear in self.remade:
             try:
                 hear(remade)

@@ -71,8 +71,14 @@ class _Queue(FlowControlQueue[list[Any]]):
     flow-controlled queue then) only the records of partitions no longer assigned here are
     dropped, from the queue and from the records carried (see the module docstring)."""
 
-    def __init__(self, maxsize: int, *, carry: collections.deque[Any],
-                 keep: Callable[[list[Any]], list[Any]], **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        maxsize: int,
+        *,
+        carry: collections.deque[Any],
+        keep: Callable[[list[Any]], list[Any]],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(maxsize, clear_on_resume=True, **kwargs)
         self._carry = carry
         self._keep = keep
@@ -125,8 +131,9 @@ class Intake:
         self.app = app
         self.topics = frozenset(topics)
         self._carry: collections.deque[Any] = collections.deque()
-        self._queue = _Queue(MAX_LISTS, flow_control=app.flow_control, carry=self._carry,
-                             keep=self._still_assigned)  # fmt: skip
+        self._queue = _Queue(
+            MAX_LISTS, flow_control=app.flow_control, carry=self._carry, keep=self._still_assigned
+        )
         self.dropped = 0
         """Records dropped because a rebalance overtook them (their next owner reads them)."""
         self._taken: dict[Any, collections.deque[InputEvent]] = {}

@@ -94,8 +94,7 @@ def covered(group: str, nonce: bytes, issued_ms: int, member_id: str) -> bytes:
     """
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
-    return (DOMAIN + lp16(group) + nonce + issued_ms.to_bytes(8, "big")
-            + lp16(member_id))  # fmt: skip
+    return DOMAIN + lp16(group) + nonce + issued_ms.to_bytes(8, "big") + lp16(member_id)
 
 
 @dataclass(frozen=True)
@@ -108,17 +107,31 @@ class MemberProof:
     tag: bytes = field(repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"v": VERSION, "nonce": self.nonce.hex(), "issued_ms": self.issued_ms,
-                "member_id": self.member_id, "tag": self.tag.hex()}  # fmt: skip
+        return {
+            "v": VERSION,
+            "nonce": self.nonce.hex(),
+            "issued_ms": self.issued_ms,
+            "member_id": self.member_id,
+            "tag": self.tag.hex(),
+        }
 
     @classmethod
     def from_json(cls, obj: Any) -> MemberProof | None:
         """The proof in ``obj``, or None if it is not one of the right shape."""
         try:
-            proof = cls(bytes.fromhex(obj["nonce"]), obj["issued_ms"], obj["member_id"],
-                        bytes.fromhex(obj["tag"]))  # fmt: skip
-            ok = obj["v"] == VERSION and isinstance(proof.issued_ms, int) and isinstance(
-                proof.member_id, str) and len(proof.nonce) == NONCE_BYTES and len(proof.tag) == 32
+            proof = cls(
+                bytes.fromhex(obj["nonce"]),
+                obj["issued_ms"],
+                obj["member_id"],
+                bytes.fromhex(obj["tag"]),
+            )
+            ok = (
+                obj["v"] == VERSION
+                and isinstance(proof.issued_ms, int)
+                and isinstance(proof.member_id, str)
+                and len(proof.nonce) == NONCE_BYTES
+                and len(proof.tag) == 32
+            )
         except (KeyError, TypeError, ValueError):
             return None
         return proof if ok and 0 <= proof.issued_ms < 2**63 else None

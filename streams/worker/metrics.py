@@ -150,9 +150,11 @@ class Metrics:
         gauges[self.privacy_cap, labels] = f.cap
         if f.window_cap is not None and f.window_spent is not None:
             headroom = max(0.0, f.window_cap - f.window_spent)
-            for gauge, value in ((self.window_spent, f.window_spent),
-                                 (self.window_cap, f.window_cap),
-                                 (self.window_headroom, headroom)):  # fmt: skip
+            for gauge, value in (
+                (self.window_spent, f.window_spent),
+                (self.window_cap, f.window_cap),
+                (self.window_headroom, headroom),
+            ):
                 gauges[gauge, labels] = value
         if o.price_minor > 0:
             self._inc(self.revenue, (f.stream_id, f.currency), o.price_minor)
@@ -189,134 +191,308 @@ _UNITS = ["stream", "mechanism", "unit"]
 
 # attribute: (type, name, help, labels, extra keyword arguments)
 _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
-    "values": (Counter, "values_ingested", "Seller values processed, by outcome",
-               ["mechanism", "status"], {}),
-    "purchases": (Counter, "purchases",
-                  "Purchases processed, by outcome (fulfilled, rejected, duplicate)",
-                  ["outcome"], {}),
+    "values": (
+        Counter,
+        "values_ingested",
+        "Seller values processed, by outcome",
+        ["mechanism", "status"],
+        {},
+    ),
+    "purchases": (
+        Counter,
+        "purchases",
+        "Purchases processed, by outcome (fulfilled, rejected, duplicate)",
+        ["outcome"],
+        {},
+    ),
     "quotes": (Counter, "quotes", "Quote requests answered", [], {}),
-    "registrations": (Counter, "registrations", "Stream registrations, by outcome",
-                      ["outcome"], {}),
-    "accounts": (Counter, "account_events", "Accounts opened and keys rotated, by outcome",
-                 ["outcome"], {}),
-    "releases": (Counter, "releases",
-                 "Noisy vectors sent to buyers (kind: purchase, subscription, replay)",
-                 ["kind"], {}),
-    "noise_draws": (Counter, "noise_draws",
-                    "New privacy levels sampled (fresh noise); replays never add here",
-                    ["mechanism"], {}),
-    "rejections": (Counter, "rejections", "Events refused (to the rejections topic), by reason",
-                   ["reason"], {}),
-    "refusals_dropped": (Counter, "refusals_dropped",
-                         "Refusals of events no account was proven to send that were counted, "
-                         "not written (cause: repeated, the same bytes answered already; "
-                         "over_bound, the partition's answers of the interval at their bound); "
-                         "each interval's are summed up in one refusals_dropped rejection",
-                         ["cause"], {}),
-    "forwarded": (Counter, "events_forwarded",
-                  "Events a producer wrote to another input partition than their id's, moved "
-                  "to their own (kind: account, registration, value, purchase, quote)",
-                  ["kind"], {}),
-    "dead_letters": (Counter, "dead_letters",
-                     "Outputs the broker refused for good (to <p>.deadletters), by kind of "
-                     "error (too_large, unauthorized, unknown_topic, other)",
-                     ["reason"], {}),
-    "state_refused": (Counter, "state_records_refused",
-                      "Changelog records read back (table recovery, account replica) refused, "
-                      "never applied, by store and reason: forged (no valid seal), moved "
-                      "(another partition's), older (a record appended again after a newer "
-                      "one: a rollback), checkpoint (an older checkpoint), foreign (appended to "
-                      "a partition this worker writes)", ["store", "reason"], {}),
-    "state_copies": (Counter, "state_records_copies",
-                     "Changelog records read back that repeat the version already held (a "
-                     "producer's retry, or a copy someone appended): changed nothing", ["store"],
-                     {}),
-    "state_uncommitted": (Counter, "state_records_uncommitted",
-                          "Changelog records of batches lost before their checkpoint: never "
-                          "applied", ["store"], {}),
-    "partitions_unverified": (Gauge, "partitions_unverified",
-                              "Partitions whose state read back is not what their checkpoint "
-                              "commits, by reader: tables (assigned here: not served), replica "
-                              "(their accounts not used)", ["reader"], {}),
-    "offsets_ahead": (Counter, "offsets_ahead",
-                      "Consumer-group offsets found ahead of the position this worker's state "
-                      "proves (committed by someone else): ignored, the events processed; by "
-                      "input (accounts, registrations, values, purchases)", ["input"], {}),
-    "purchase_latency": (Histogram, "purchase_latency_seconds",
-                         "Time from a purchase's broker timestamp to its outcome being "
-                         "acknowledged", [], {"buckets": LATENCY_BUCKETS}),
-    "batch_size": (Histogram, "batch_events", "Events processed per batch", [],
-                   {"buckets": (1, 2, 5, 10, 20, 50, 100, 200, 500)}),
-    "privacy_spent": (Gauge, "privacy_spent",
-                      "Largest privacy level ever released on the stream (its loss), in the "
-                      "unit label (epsilon, rho or omega)", _UNITS, {}),
-    "privacy_cap": (Gauge, "privacy_cap",
-                    "Cap the seller set on the stream, in the unit label", _UNITS, {}),
-    "window_spent": (Gauge, "privacy_window_spent",
-                     "On a 'window' stream: sum over the values of its newest value's privacy "
-                     "window of each value's largest level released, in the unit label",
-                     _UNITS, {}),
-    "window_headroom": (Gauge, "privacy_window_headroom",
-                        "On a 'window' stream: window cap minus spent, for the window of its "
-                        "newest value, in the unit label", _UNITS, {}),
-    "window_cap": (Gauge, "privacy_window_cap",
-                   "On a 'window' stream: most the values of one window may spend together, "
-                   "in the unit label", _UNITS, {}),
-    "withheld": (Counter, "deliveries_withheld",
-                 "Subscription deliveries withheld because a privacy window was full",
-                 ["stream"], {}),
-    "revenue": (Counter, "revenue_minor", "Revenue in minor currency units",
-                ["stream", "currency"], {}),
-    "state_entries": (Gauge, "state_entries", "Entries held in each table on this worker",
-                      ["table"], {}),
-    "state_bytes": (Gauge, "state_vector_bytes", "Bytes of release vectors held on this worker",
-                    [], {}),
-    "consumer_lag": (Gauge, "consumer_lag_messages",
-                     "Messages not yet processed on this worker's input partitions",
-                     ["topic"], {}),
-    "broker_up": (Gauge, "broker_up", "1 when the last broker round trip succeeded, else 0",
-                  [], {}),
-    "stalled": (Gauge, "stalled",
-                "1 while input waits and no batch completes (or one batch runs) for "
-                "EMARKET_STALL_SECONDS, as /health reports 'stalled'; else 0", [], {}),
-    "last_batch": (Gauge, "last_batch_timestamp_seconds",
-                   "Unix time of the last processed batch", [], {}),
-    "inboxes_waiting": (Gauge, "inboxes_waiting",
-                        "Inbox topics (or the catalog) queued for creation, their outputs held "
-                        "(new accounts, or topics found gone and made again)",
-                        [], {}),
-    "openings_behind": (Gauge, "openings_behind",
-                        "1 while account openings fall behind, as /health's openings.behind "
-                        "says: an opening was refused rate_limited within the last minute, or "
-                        "more inbox topics wait for creation than one request makes; else 0",
-                        [], {}),
-    "group_refused": (Counter, "group_members_refused",
-                      "Members of the workers' consumer group this worker, as its leader, gave "
-                      "nothing: they did not prove they are workers of this market (reason: "
-                      + ", ".join(REFUSALS) + ")", ["reason"], {}),
-    "group_untrusted": (Gauge, "group_untrusted",
-                        "1 while /health says 'untrusted_group' (same rule): input partitions "
-                        "not all held by proven workers, a leader that is not one, or this "
-                        "worker refused its place; else 0", [], {}),
-    "group_unproven_partitions": (Gauge, "group_unproven_partitions",
-                                  "Input partitions not held by a proven worker of this market, "
-                                  "as this worker sees its consumer group (held by a member "
-                                  "without a proof, under a leader without one, or by nobody); "
-                                  "/health is 503 while above 0", [], {}),
-    "group_unproven_members": (Gauge, "group_unproven_members",
-                               "Members of the workers' consumer group without a valid proof "
-                               "that they are workers of this market", [], {}),
-    "topics_recreated": (Counter, "topics_recreated",
-                         "Topics the market publishes to (kind: inbox, catalog; progress: the "
-                         "checkpoints) found missing, emptied or with the wrong partition count, "
-                         "and made again with their settings; what was held for them (the "
-                         "checkpoints: the newest of each partition served) was then sent",
-                         ["kind"], {}),
-    "catalog_republished": (Counter, "catalog_entries_republished",
-                            "Catalog entries of this worker's streams published again from "
-                            "its registered store after the catalog was lost or emptied",
-                            [], {}),
-}  # fmt: skip
+    "registrations": (
+        Counter,
+        "registrations",
+        "Stream registrations, by outcome",
+        ["outcome"],
+        {},
+    ),
+    "accounts": (
+        Counter,
+        "account_events",
+        "Accounts opened and keys rotated, by outcome",
+        ["outcome"],
+        {},
+    ),
+    "releases": (
+        Counter,
+        "releases",
+        "Noisy vectors sent to buyers (kind: purchase, subscription, replay)",
+        ["kind"],
+        {},
+    ),
+    "noise_draws": (
+        Counter,
+        "noise_draws",
+        "New privacy levels sampled (fresh noise); replays never add here",
+        ["mechanism"],
+        {},
+    ),
+    "rejections": (
+        Counter,
+        "rejections",
+        "Events refused (to the rejections topic), by reason",
+        ["reason"],
+        {},
+    ),
+    "refusals_dropped": (
+        Counter,
+        "refusals_dropped",
+        "Refusals of events no account was proven to send that were counted, "
+        "not written (cause: repeated, the same bytes answered already; "
+        "over_bound, the partition's answers of the interval at their bound); "
+        "each interval's are summed up in one refusals_dropped rejection",
+        ["cause"],
+        {},
+    ),
+    "forwarded": (
+        Counter,
+        "events_forwarded",
+        "Events a producer wrote to another input partition than their id's, moved "
+        "to their own (kind: account, registration, value, purchase, quote)",
+        ["kind"],
+        {},
+    ),
+    "dead_letters": (
+        Counter,
+        "dead_letters",
+        "Outputs the broker refused for good (to <p>.deadletters), by kind of "
+        "error (too_large, unauthorized, unknown_topic, other)",
+        ["reason"],
+        {},
+    ),
+    "state_refused": (
+        Counter,
+        "state_records_refused",
+        "Changelog records read back (table recovery, account replica) refused, "
+        "never applied, by store and reason: forged (no valid seal), moved "
+        "(another partition's), older (a record appended again after a newer "
+        "one: a rollback), checkpoint (an older checkpoint), foreign (appended to "
+        "a partition this worker writes)",
+        ["store", "reason"],
+        {},
+    ),
+    "state_copies": (
+        Counter,
+        "state_records_copies",
+        "Changelog records read back that repeat the version already held (a "
+        "producer's retry, or a copy someone appended): changed nothing",
+        ["store"],
+        {},
+    ),
+    "state_uncommitted": (
+        Counter,
+        "state_records_uncommitted",
+        "Changelog records of batches lost before their checkpoint: never applied",
+        ["store"],
+        {},
+    ),
+    "partitions_unverified": (
+        Gauge,
+        "partitions_unverified",
+        "Partitions whose state read back is not what their checkpoint "
+        "commits, by reader: tables (assigned here: not served), replica "
+        "(their accounts not used)",
+        ["reader"],
+        {},
+    ),
+    "offsets_ahead": (
+        Counter,
+        "offsets_ahead",
+        "Consumer-group offsets found ahead of the position this worker's state "
+        "proves (committed by someone else): ignored, the events processed; by "
+        "input (accounts, registrations, values, purchases)",
+        ["input"],
+        {},
+    ),
+    "purchase_latency": (
+        Histogram,
+        "purchase_latency_seconds",
+        "Time from a purchase's broker timestamp to its outcome being acknowledged",
+        [],
+        {"buckets": LATENCY_BUCKETS},
+    ),
+    "batch_size": (
+        Histogram,
+        "batch_events",
+        "Events processed per batch",
+        [],
+        {"buckets": (1, 2, 5, 10, 20, 50, 100, 200, 500)},
+    ),
+    "privacy_spent": (
+        Gauge,
+        "privacy_spent",
+        "Largest privacy level ever released on the stream (its loss), in the "
+        "unit label (epsilon, rho or omega)",
+        _UNITS,
+        {},
+    ),
+    "privacy_cap": (
+        Gauge,
+        "privacy_cap",
+        "Cap the seller set on the stream, in the unit label",
+        _UNITS,
+        {},
+    ),
+    "window_spent": (
+        Gauge,
+        "privacy_window_spent",
+        "On a 'window' stream: sum over the values of its newest value's privacy "
+        "window of each value's largest level released, in the unit label",
+        _UNITS,
+        {},
+    ),
+    "window_headroom": (
+        Gauge,
+        "privacy_window_headroom",
+        "On a 'window' stream: window cap minus spent, for the window of its "
+        "newest value, in the unit label",
+        _UNITS,
+        {},
+    ),
+    "window_cap": (
+        Gauge,
+        "privacy_window_cap",
+        "On a 'window' stream: most the values of one window may spend together, in the unit label",
+        _UNITS,
+        {},
+    ),
+    "withheld": (
+        Counter,
+        "deliveries_withheld",
+        "Subscription deliveries withheld because a privacy window was full",
+        ["stream"],
+        {},
+    ),
+    "revenue": (
+        Counter,
+        "revenue_minor",
+        "Revenue in minor currency units",
+        ["stream", "currency"],
+        {},
+    ),
+    "state_entries": (
+        Gauge,
+        "state_entries",
+        "Entries held in each table on this worker",
+        ["table"],
+        {},
+    ),
+    "state_bytes": (
+        Gauge,
+        "state_vector_bytes",
+        "Bytes of release vectors held on this worker",
+        [],
+        {},
+    ),
+    "consumer_lag": (
+        Gauge,
+        "consumer_lag_messages",
+        "Messages not yet processed on this worker's input partitions",
+        ["topic"],
+        {},
+    ),
+    "broker_up": (
+        Gauge,
+        "broker_up",
+        "1 when the last broker round trip succeeded, else 0",
+        [],
+        {},
+    ),
+    "stalled": (
+        Gauge,
+        "stalled",
+        "1 while input waits and no batch completes (or one batch runs) for "
+        "EMARKET_STALL_SECONDS, as /health reports 'stalled'; else 0",
+        [],
+        {},
+    ),
+    "last_batch": (
+        Gauge,
+        "last_batch_timestamp_seconds",
+        "Unix time of the last processed batch",
+        [],
+        {},
+    ),
+    "inboxes_waiting": (
+        Gauge,
+        "inboxes_waiting",
+        "Inbox topics (or the catalog) queued for creation, their outputs held "
+        "(new accounts, or topics found gone and made again)",
+        [],
+        {},
+    ),
+    "openings_behind": (
+        Gauge,
+        "openings_behind",
+        "1 while account openings fall behind, as /health's openings.behind "
+        "says: an opening was refused rate_limited within the last minute, or "
+        "more inbox topics wait for creation than one request makes; else 0",
+        [],
+        {},
+    ),
+    "group_refused": (
+        Counter,
+        "group_members_refused",
+        "Members of the workers' consumer group this worker, as its leader, gave "
+        "nothing: they did not prove they are workers of this market (reason: "
+        + ", ".join(REFUSALS)
+        + ")",
+        ["reason"],
+        {},
+    ),
+    "group_untrusted": (
+        Gauge,
+        "group_untrusted",
+        "1 while /health says 'untrusted_group' (same rule): input partitions "
+        "not all held by proven workers, a leader that is not one, or this "
+        "worker refused its place; else 0",
+        [],
+        {},
+    ),
+    "group_unproven_partitions": (
+        Gauge,
+        "group_unproven_partitions",
+        "Input partitions not held by a proven worker of this market, "
+        "as this worker sees its consumer group (held by a member "
+        "without a proof, under a leader without one, or by nobody); "
+        "/health is 503 while above 0",
+        [],
+        {},
+    ),
+    "group_unproven_members": (
+        Gauge,
+        "group_unproven_members",
+        "Members of the workers' consumer group without a valid proof "
+        "that they are workers of this market",
+        [],
+        {},
+    ),
+    "topics_recreated": (
+        Counter,
+        "topics_recreated",
+        "Topics the market publishes to (kind: inbox, catalog; progress: the "
+        "checkpoints) found missing, emptied or with the wrong partition count, "
+        "and made again with their settings; what was held for them (the "
+        "checkpoints: the newest of each partition served) was then sent",
+        ["kind"],
+        {},
+    ),
+    "catalog_republished": (
+        Counter,
+        "catalog_entries_republished",
+        "Catalog entries of this worker's streams published again from "
+        "its registered store after the catalog was lost or emptied",
+        [],
+        {},
+    ),
+}
 
 
 def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:

@@ -104,8 +104,12 @@ class Producer:
                 transient = any(not isinstance(e, PERMANENT) for _, e in failed)
                 if transient:
                     self.broker_state(False)
-                log.error("%d messages not acknowledged (%r); resending in %.1fs",
-                          len(retry), failed[0][1], delay)  # fmt: skip
+                log.error(
+                    "%d messages not acknowledged (%r); resending in %.1fs",
+                    len(retry),
+                    failed[0][1],
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             pending = retry
@@ -130,8 +134,9 @@ class Producer:
             if fail_point and i == len(pending) // 2:
                 self.faults.hit(fail_point)
             try:
-                fut = await self.app.producer.send(r.topic, r.key, r.value, self._partition(r),
-                                                  None, r.headers)  # fmt: skip
+                fut = await self.app.producer.send(
+                    r.topic, r.key, r.value, self._partition(r), None, r.headers
+                )
                 futures.append((r, fut))
             except Exception as exc:  # refused before sending (size, closed producer)
                 failed.append((r, exc))
@@ -161,8 +166,9 @@ class Producer:
         self.metrics.dead_letters.labels(dead_letter_kind(exc)).inc()
         log.error("dead-lettered a %d-byte message to %s: %s", len(value), r.topic, reason)
         if r.topic != self.topics.deadletters:
-            await self.send_all([Record(self.topics.deadletters, r.key,
-                                        letter.model_dump_json().encode())])  # fmt: skip
+            await self.send_all(
+                [Record(self.topics.deadletters, r.key, letter.model_dump_json().encode())]
+            )
 
     async def probe(self, timeout: float = 2.0) -> bool:
         """One metadata round trip; updates the broker_up gauge and logs transitions."""

@@ -35,6 +35,7 @@ from .tables import Record
 
 __all__ = ["NotServed", "Progress", "progress_spec", "progress_topic"]
 
+
 def progress_topic(app_id: str) -> str:
     """The progress changelog of the worker app ``app_id`` (named like Faust's changelogs)."""
     return f"{app_id}-progress-changelog"
@@ -63,8 +64,13 @@ class Progress:
         Seconds since the epoch (checkpoints say when they were written).
     """
 
-    def __init__(self, seal: StateSeal, topic: str, clock: Callable[[], float] = time.time,
-                 local: LocalCheckpoints | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        seal: StateSeal,
+        topic: str,
+        clock: Callable[[], float] = time.time,
+        local: LocalCheckpoints | None = None,
+    ) -> None:
         self.seal = seal
         self.topic = topic
         self.clock = clock
@@ -106,8 +112,9 @@ class Progress:
             cp = self._batch[partition] = live.successor(self._now_ms())
         return cp.version
 
-    def account(self, partition: int, store: str, key: str, old: Version | None,
-                new: Version | None) -> None:  # fmt: skip
+    def account(
+        self, partition: int, store: str, key: str, old: Version | None, new: Version | None
+    ) -> None:
         """Follow one key of ``store`` from version ``old`` to ``new`` (None: absent) in the
         batch's sums of ``partition``."""
         sums = self._batch[partition].stores.setdefault(store, StoreSum())
@@ -151,9 +158,7 @@ class Progress:
         self._batch = {}
 
     # -- input positions ------------------------------------------------------------------------
-    def positions(
-        self, offsets: Mapping[tuple[str, int], int]
-    ) -> list[tuple[Checkpoint, Record]]:
+    def positions(self, offsets: Mapping[tuple[str, int], int]) -> list[tuple[Checkpoint, Record]]:
         """Checkpoints recording ``offsets`` (``(topic, partition)`` → next offset) as input
         positions, one per served partition whose positions they move forward; apply each
         with :meth:`serve` once acknowledged."""

@@ -43,8 +43,9 @@ _TRIES = 3
 class ProgressWatch:
     """Looks at the progress changelog and writes it again when it is lost (module docstring)."""
 
-    def __init__(self, app: Any, settings: Settings, progress: Progress, producer: Producer,
-                 metrics: Metrics) -> None:  # fmt: skip
+    def __init__(
+        self, app: Any, settings: Settings, progress: Progress, producer: Producer, metrics: Metrics
+    ) -> None:
         self.app = app
         self.settings = settings
         self.progress = progress
@@ -69,12 +70,19 @@ class ProgressWatch:
             return None
         misfit = why.startswith("it has")
         if misfit and not self.settings.tansu:
-            log.critical("the progress changelog %s %s: made by someone else; checkpoints cannot "
-                         "be written to it (docs/operations.md, 'State that does not verify')",
-                         self.spec.name, why)  # fmt: skip
+            log.critical(
+                "the progress changelog %s %s: made by someone else; checkpoints cannot "
+                "be written to it (docs/operations.md, 'State that does not verify')",
+                self.spec.name,
+                why,
+            )
             return why
-        log.error("the progress changelog %s is lost (%s): making it again and writing the newest "
-                  "checkpoint of every partition this worker serves to it", self.spec.name, why)
+        log.error(
+            "the progress changelog %s is lost (%s): making it again and writing the newest "
+            "checkpoint of every partition this worker serves to it",
+            self.spec.name,
+            why,
+        )
         self.metrics.topics_recreated.labels("progress").inc()
         async with self.progress.lock:
             await self._remake(delete_first=misfit)
@@ -96,8 +104,11 @@ class ProgressWatch:
         if len(parts) != self.spec.partitions:
             return f"it has {len(parts)} partitions, not {self.spec.partitions}"
         ends = await latest_offsets(self.app, {(name, p): node for p, node in parts.items()})
-        went_back = [p for p, end in ((p, ends.get((name, p))) for p in parts)
-                     if end is not None and end < self._ends.get(p, 0)]  # fmt: skip
+        went_back = [
+            p
+            for p, end in ((p, ends.get((name, p))) for p in parts)
+            if end is not None and end < self._ends.get(p, 0)
+        ]
         self._ends.update({p: end for (_, p), end in ends.items()})
         if went_back:
             return f"the latest offset of partitions {went_back} went back: made again by someone"
@@ -109,21 +120,28 @@ class ProgressWatch:
         exist: no reader finds them) is deleted and made again, until it starts empty; one that
         exists already (another worker made it again first) is left as it is."""
         s = self.settings
-        admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap, request_timeout_ms=10000,
-                                    **s.aiokafka_auth())  # fmt: skip
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=s.bootstrap, request_timeout_ms=10000, **s.aiokafka_auth()
+        )
         await admin.start()
         try:
             if delete_first:  # made by someone else with another partition count
                 await admin.delete_topics([self.spec.name])
             for _ in range(_TRIES):
-                new = NewTopic(self.spec.name, self.spec.partitions, s.replication,
-                               topic_configs=self.spec.config)  # fmt: skip
+                new = NewTopic(
+                    self.spec.name,
+                    self.spec.partitions,
+                    s.replication,
+                    topic_configs=self.spec.config,
+                )
                 response = await admin.create_topics([new])
                 made = any(code == 0 for _, code, *_ in response.topic_errors)
                 if not (made and s.tansu) or await self._empty():
                     return
-                log.warning("the progress changelog made again holds records written while it "
-                            "did not exist: deleting and making it again")
+                log.warning(
+                    "the progress changelog made again holds records written while it "
+                    "did not exist: deleting and making it again"
+                )
                 await admin.delete_topics([self.spec.name])
         finally:
             await admin.close()

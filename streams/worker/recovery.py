@@ -73,17 +73,27 @@ def verify_partition(
     for name in stores:
         got, want = held.get(name) or StoreSum(), cp.stores.get(name) or StoreSum()
         if (got.count, got.digest) != (want.count, want.digest):
-            problems.append(f"{name}: {got.count} keys held, {want.count} committed"
-                            + ("" if got.count != want.count else ", other versions"))  # fmt: skip
+            problems.append(
+                f"{name}: {got.count} keys held, {want.count} committed"
+                + ("" if got.count != want.count else ", other versions")
+            )
     return "; ".join(problems) or None
 
 
 class Takeover:
     """What a worker does around Faust's recovery of the partitions it is given (module doc)."""
 
-    def __init__(self, app: Any, tables: list[WriteBackTable], ctx: StateContext,
-                 progress: Progress, producer: Producer, metrics: Metrics,
-                 consumer_settings: dict[str, Any], inputs: tuple[str, ...]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: Any,
+        tables: list[WriteBackTable],
+        ctx: StateContext,
+        progress: Progress,
+        producer: Producer,
+        metrics: Metrics,
+        consumer_settings: dict[str, Any],
+        inputs: tuple[str, ...],
+    ) -> None:
         self.app = app
         self.tables = tables
         self.ctx = ctx
@@ -110,11 +120,17 @@ class Takeover:
         self.progress.drop(again)
         fresh = (inputs | state) - set(self.progress.live)
         for p in fresh:
-            for known in (self.ctx.book.latest, self.ctx.stale, self.ctx.epochs,
-                          self.ctx.unexplained, self.ctx.local):  # fmt: skip
+            for known in (
+                self.ctx.book.latest,
+                self.ctx.stale,
+                self.ctx.epochs,
+                self.ctx.unexplained,
+                self.ctx.local,
+            ):
                 known.pop(p, None)
-        await read_checkpoints(self.consumer_settings, self.progress.topic, sorted(fresh),
-                               self.ctx.book)  # fmt: skip
+        await read_checkpoints(
+            self.consumer_settings, self.progress.topic, sorted(fresh), self.ctx.book
+        )
         self._trust_disk(fresh)
         self._fresh = (self._fresh | fresh) & inputs
 
@@ -132,11 +148,15 @@ class Takeover:
             self.ctx.local[p] = mine.version
             logged = self.ctx.book.get(p)
             if mine.version > logged.version:
-                log.error("partition %d: the progress changelog's newest checkpoint is %s, but "
-                          "this worker committed or read %s (its data directory keeps it): the "
-                          "changelog lost checkpoints (deleted, or older ones appended in place "
-                          "of the newest); recovery judges by the one on disk", p,
-                          tuple(logged.version), tuple(mine.version))  # fmt: skip
+                log.error(
+                    "partition %d: the progress changelog's newest checkpoint is %s, but "
+                    "this worker committed or read %s (its data directory keeps it): the "
+                    "changelog lost checkpoints (deleted, or older ones appended in place "
+                    "of the newest); recovery judges by the one on disk",
+                    p,
+                    tuple(logged.version),
+                    tuple(mine.version),
+                )
                 self.ctx.book.latest[p] = mine
 
     async def recovered(self) -> None:
@@ -165,21 +185,33 @@ class Takeover:
         why = verify_partition(held, cp, [t.name for t in self.tables])
         lost = self.ctx.unexplained.get(p)
         if lost is not None:
-            why = (f"a {lost} is newer than the checkpoint and no lost batch explains it: the "
-                   "progress changelog lost checkpoints" + ("" if why is None else f"; {why}"))
+            why = (
+                f"a {lost} is newer than the checkpoint and no lost batch explains it: the "
+                "progress changelog lost checkpoints" + ("" if why is None else f"; {why}")
+            )
         if why is not None:
             self.progress.refuse(p, why)
-            log.critical("partition %d: the state recovered is not what its checkpoint (version "
-                         "%s) commits: %s. Someone deleted, truncated or rewrote a changelog. The "
-                         "partition is not served (its events wait); docs/operations.md, "
-                         "'State that does not verify'", p, tuple(cp.version), why)  # fmt: skip
+            log.critical(
+                "partition %d: the state recovered is not what its checkpoint (version "
+                "%s) commits: %s. Someone deleted, truncated or rewrote a changelog. The "
+                "partition is not served (its events wait); docs/operations.md, "
+                "'State that does not verify'",
+                p,
+                tuple(cp.version),
+                why,
+            )
             return
         async with self.progress.lock:
             claimed = await self._claim(p, cp)
         self.progress.serve(claimed)
-        log.info("partition %d taken on at epoch %x (state of version %s verified, %d keys of "
-                 "lost batches written again)", p, claimed.version.epoch, tuple(cp.version),
-                 len(self.ctx.stale.get(p, ())))  # fmt: skip
+        log.info(
+            "partition %d taken on at epoch %x (state of version %s verified, %d keys of "
+            "lost batches written again)",
+            p,
+            claimed.version.epoch,
+            tuple(cp.version),
+            len(self.ctx.stale.get(p, ())),
+        )
         self.ctx.stale.pop(p, None)
 
     async def _claim(self, p: int, cp: Checkpoint) -> Checkpoint:
@@ -194,8 +226,11 @@ class Takeover:
             records.append(record)
             sums = claimed.stores.setdefault(store, StoreSum())
             if old is not None:
-                sums.digest = (sums.digest - self.ctx.seal.digest(store, key, old)
-                               + self.ctx.seal.digest(store, key, claimed.version)) % DIGEST_MODULUS
+                sums.digest = (
+                    sums.digest
+                    - self.ctx.seal.digest(store, key, old)
+                    + self.ctx.seal.digest(store, key, claimed.version)
+                ) % DIGEST_MODULUS
         if records:
             await self.producer.send_all(records, dead_letter=False)
             for tbl in self.tables:
@@ -214,10 +249,16 @@ class Takeover:
         committed = committed_offset(consumer, tp)
         if committed is not None and committed > proven:
             self.metrics.offsets_ahead.labels(tp.topic.rsplit(".", 1)[-1]).inc()
-            log.error("the consumer group's committed offset of %s[%d] is %d, ahead of the %d "
-                      "this worker's state proves: someone else committed it (a stranger in the "
-                      "consumer group?). Ignored: the events from %d on are processed", tp.topic,
-                      tp.partition, committed, proven, proven)  # fmt: skip
+            log.error(
+                "the consumer group's committed offset of %s[%d] is %d, ahead of the %d "
+                "this worker's state proves: someone else committed it (a stranger in the "
+                "consumer group?). Ignored: the events from %d on are processed",
+                tp.topic,
+                tp.partition,
+                committed,
+                proven,
+                proven,
+            )
         await seek_input(consumer, tp, proven)
         set_committed_offset(consumer, tp, proven)
 
@@ -231,8 +272,10 @@ class Takeover:
         live = self.progress.live.get(cp.partition)
         if live is None or cp.version.epoch == live.version.epoch or cp.version <= live.version:
             return
-        why = (f"another worker took it over (its checkpoint {tuple(cp.version)} after this "
-               f"worker's {tuple(live.version)})")  # fmt: skip
+        why = (
+            f"another worker took it over (its checkpoint {tuple(cp.version)} after this "
+            f"worker's {tuple(live.version)})"
+        )
         self.progress.refuse(cp.partition, why)
         self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
         log.critical("partition %d: %s; this worker stops serving it", cp.partition, why)
@@ -244,8 +287,9 @@ class Takeover:
         allowed = {tp: o for tp, o in mine.items() if self.progress.serves(tp.partition)}
         if allowed:
             async with self.progress.lock:
-                moved = self.progress.positions({(tp.topic, tp.partition): o
-                                                 for tp, o in allowed.items()})  # fmt: skip
+                moved = self.progress.positions(
+                    {(tp.topic, tp.partition): o for tp, o in allowed.items()}
+                )
                 if moved:
                     await self.producer.send_all([r for _, r in moved], dead_letter=False)
                     for cp, _ in moved:

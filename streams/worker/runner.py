@@ -74,10 +74,16 @@ async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     topics = Topics(settings.prefix, settings.partitions)
     await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
-    await ensure_topics(settings.bootstrap, [progress_spec(settings.app_id, settings.partitions)],
-                        settings.replication, **auth)  # fmt: skip
-    state = [progress_spec(settings.app_id, settings.partitions).name,
-             *(f"{settings.app_id}-{name}-changelog" for name in Stores.NAMES)]
+    await ensure_topics(
+        settings.bootstrap,
+        [progress_spec(settings.app_id, settings.partitions)],
+        settings.replication,
+        **auth,
+    )
+    state = [
+        progress_spec(settings.app_id, settings.partitions).name,
+        *(f"{settings.app_id}-{name}-changelog" for name in Stores.NAMES),
+    ]
     await check_input_partitions(settings.bootstrap, topics, state, **auth)
     await check_identity(settings.bootstrap, topics, keys, **auth)
 
@@ -85,15 +91,32 @@ async def _prepare(settings: Settings, keys: MarketKeys) -> None:
 def settings_args(s: Settings) -> list[str]:
     """CLI flags that reproduce ``s`` in a child ``python -m streams worker``."""
     args = [
-        "--broker", s.broker, "--prefix", s.prefix, "worker",
-        "--app-id", s.app_id, "--partitions", str(s.partitions),
-        "--data-dir", str(s.data_dir), "--store", s.store,
-        "--web-host", s.web_host, "--web-port", str(s.web_port),
-        "--session-timeout", str(s.session_timeout),
-        "--heartbeat-interval", str(s.heartbeat_interval),
-        "--fetch-max-wait-ms", str(s.fetch_max_wait_ms),
-        "--log-level", s.log_level,
-    ]  # fmt: skip
+        "--broker",
+        s.broker,
+        "--prefix",
+        s.prefix,
+        "worker",
+        "--app-id",
+        s.app_id,
+        "--partitions",
+        str(s.partitions),
+        "--data-dir",
+        str(s.data_dir),
+        "--store",
+        s.store,
+        "--web-host",
+        s.web_host,
+        "--web-port",
+        str(s.web_port),
+        "--session-timeout",
+        str(s.session_timeout),
+        "--heartbeat-interval",
+        str(s.heartbeat_interval),
+        "--fetch-max-wait-ms",
+        str(s.fetch_max_wait_ms),
+        "--log-level",
+        s.log_level,
+    ]
     if s.tansu:
         args.append("--tansu")
     if not s.require_encryption:
@@ -122,8 +145,12 @@ class ChildWorker:
         if self.log_path is not None:
             out = self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _signal()
         s = self.settings  # the opening rules as settings say (no flags: operators set them)
-        env = {**os.environ, "EMARKET_OPENINGS": s.openings,
-               "EMARKET_OPENING_WORK": str(s.opening_work), **self.env}  # fmt: skip
+        env = {
+            **os.environ,
+            "EMARKET_OPENINGS": s.openings,
+            "EMARKET_OPENING_WORK": str(s.opening_work),
+            **self.env,
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams", *settings_args(self.settings)],
             stdout=out,

@@ -36,8 +36,16 @@ from cryptography.hazmat.primitives.serialization import (
 
 from ..core.keys import MarketKeys
 
-__all__ = ["MEMBERSHIP_LABEL", "OPERATOR_TOKEN_FILE", "STATE_DIGEST_LABEL", "STATE_SEAL_LABEL",
-           "load_or_create_keys", "membership_key", "state_keys", "write_operator_token"]
+__all__ = [
+    "MEMBERSHIP_LABEL",
+    "OPERATOR_TOKEN_FILE",
+    "STATE_DIGEST_LABEL",
+    "STATE_SEAL_LABEL",
+    "load_or_create_keys",
+    "membership_key",
+    "state_keys",
+    "write_operator_token",
+]
 
 SIGNING_FILE = "signing_key.pem"
 NOISE_FILE = "noise_secret.bin"
@@ -59,8 +67,10 @@ def state_keys(noise_secret: bytes) -> tuple[bytes, bytes]:
     anyone can read on the changelogs (sealed records, their tags, checkpoints' digest sums) is
     never an output of a function that also gives noise, sealing keys or nonces.
     """
-    return (hmac.new(noise_secret, STATE_SEAL_LABEL, "sha256").digest(),
-            hmac.new(noise_secret, STATE_DIGEST_LABEL, "sha256").digest())  # fmt: skip
+    return (
+        hmac.new(noise_secret, STATE_SEAL_LABEL, "sha256").digest(),
+        hmac.new(noise_secret, STATE_DIGEST_LABEL, "sha256").digest(),
+    )
 
 
 MEMBERSHIP_LABEL = b"emarket membership key v1"

@@ -110,8 +110,9 @@ class Stamp:
     offset: int = NO_OFFSET
 
     def to_bytes(self) -> bytes:
-        return _STAMP.pack(FORMAT, self.partition, self.version.epoch, self.version.n,
-                           self.topic, self.offset)  # fmt: skip
+        return _STAMP.pack(
+            FORMAT, self.partition, self.version.epoch, self.version.n, self.topic, self.offset
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Stamp:
@@ -129,8 +130,17 @@ def associated_data(store: str, key: bytes, stamp: bytes, deletion: bool) -> byt
     name = store.encode("ascii")
     if not 0 < len(name) < 256:
         raise ValueError(f"bad store name: {store!r}")
-    return b"".join((DOMAIN, bytes([len(name)]), name, len(key).to_bytes(4, "big"), key, stamp,
-                     b"\x00" if deletion else b"\x01"))  # fmt: skip
+    return b"".join(
+        (
+            DOMAIN,
+            bytes([len(name)]),
+            name,
+            len(key).to_bytes(4, "big"),
+            key,
+            stamp,
+            b"\x00" if deletion else b"\x01",
+        )
+    )
 
 
 class Opened(NamedTuple):
@@ -163,7 +173,11 @@ class StateSeal:
             raise ValueError("a state key is 32 bytes and a digest key at least 16")
 
     def seal(
-        self, store: str, key: bytes, plaintext: bytes | None, stamp: Stamp,
+        self,
+        store: str,
+        key: bytes,
+        plaintext: bytes | None,
+        stamp: Stamp,
         nonce: bytes | None = None,
     ) -> tuple[list[tuple[str, bytes]], bytes | None]:
         """The headers and value of a record: ``(headers, sealed value)``, or for a deletion
@@ -172,14 +186,14 @@ class StateSeal:
         head = stamp.to_bytes()
         nonce = os.urandom(_NONCE) if nonce is None else nonce
         aad = associated_data(store, key, head, plaintext is None)
-        sealed = crypto_aead_xchacha20poly1305_ietf_encrypt(plaintext or b"", aad, nonce,
-                                                            self.key)  # fmt: skip
+        sealed = crypto_aead_xchacha20poly1305_ietf_encrypt(plaintext or b"", aad, nonce, self.key)
         if plaintext is None:
             return [(HEADER, head + nonce + sealed)], None
         return [(HEADER, head)], nonce + sealed
 
-    def open(self, store: str, key: bytes | None, value: bytes | None,
-             headers: Any) -> Opened | str:  # fmt: skip
+    def open(
+        self, store: str, key: bytes | None, value: bytes | None, headers: Any
+    ) -> Opened | str:
         """The record's stamp and plaintext, or why it is not the market's (a string)."""
         if key is None:
             return "no key"
@@ -200,7 +214,8 @@ class StateSeal:
         aad = associated_data(store, bytes(key), stamp_bytes, deletion)
         try:
             plain = crypto_aead_xchacha20poly1305_ietf_decrypt(
-                sealed[_NONCE:], aad, sealed[:_NONCE], self.key)
+                sealed[_NONCE:], aad, sealed[:_NONCE], self.key
+            )
         except CryptoError:
             return "bad seal"
         return Opened(Stamp.from_bytes(stamp_bytes), None if deletion else plain)
@@ -219,8 +234,15 @@ def entry_digest(digest_key: bytes, store: str, key: str, version: Version) -> i
     to (an attacker choosing which old copy of each key survives compaction must hit the sum a
     checkpoint carries blind: one chance in 2²⁵⁶ per try)."""
     name, k = store.encode("ascii"), key.encode("utf-8")
-    data = b"".join((bytes([len(name)]), name, len(k).to_bytes(4, "big"), k,
-                     struct.pack(">QI", version.epoch, version.n)))  # fmt: skip
+    data = b"".join(
+        (
+            bytes([len(name)]),
+            name,
+            len(k).to_bytes(4, "big"),
+            k,
+            struct.pack(">QI", version.epoch, version.n),
+        )
+    )
     return int.from_bytes(hashlib.blake2b(data, key=digest_key, digest_size=32).digest(), "big")
 
 

@@ -1,6 +1,6 @@
 """The test vectors of the state-record format (``docs/protocol.md`` §3.6), made by its code.
 
-``tests/streams/test_state_records.py`` regenerates them and compares them with the block in
+``tests/streams/worker/test_state_records.py`` regenerates them and compares them with the block in
 ``docs/protocol.md``, and checks each one against a computation written from the text alone
 (its own HChaCha20, the AAD and stamp as the text spells them), so the published numbers are
 always what the market computes and what the text says.
@@ -32,8 +32,9 @@ def _nonce(i: int) -> bytes:
     return bytes((i * 24 + j) & 0xFF for j in range(24))
 
 
-def _record(seal: StateSeal, i: int, store: str, key: bytes, value: bytes | None,
-            stamp: Stamp) -> dict[str, Any]:  # fmt: skip
+def _record(
+    seal: StateSeal, i: int, store: str, key: bytes, value: bytes | None, stamp: Stamp
+) -> dict[str, Any]:
     headers, sealed = seal.seal(store, key, value, stamp, nonce=_nonce(i))
     head = headers[0][1]
     return {
@@ -57,11 +58,14 @@ def _checkpoint(seal: StateSeal) -> dict[str, Any]:
     version = Version(_EPOCH, 8)
     digest = seal.digest("accounts", "alice", Version(_EPOCH, 7))
     cp = Checkpoint(
-        partition=2, version=version, written_at_ms=1_780_000_000_000,
+        partition=2,
+        version=version,
+        written_at_ms=1_780_000_000_000,
         positions={"t.accounts": 43, "t.purchases": 1018},
         stores={"accounts": StoreSum(1, digest, 11)},
-        ended={(2 << 32) | 0xA11CE: 5}, floor=-1,
-    )  # fmt: skip
+        ended={(2 << 32) | 0xA11CE: 5},
+        floor=-1,
+    )
     return {
         "checkpoint": json.loads(cp.to_bytes()),
         "plaintext": cp.to_bytes().decode(),
@@ -83,8 +87,10 @@ def build() -> dict[str, Any]:
         "seal_key": seal_key.hex(),
         "digest_key": digest_key.hex(),
         "records": [_record(seal, i, *r) for i, r in enumerate(_RECORDS)],
-        "digests": [_digest(seal, "accounts", "alice", 7),
-                    _digest(seal, "purchases", "alice/s/p1", 8)],
+        "digests": [
+            _digest(seal, "accounts", "alice", 7),
+            _digest(seal, "purchases", "alice/s/p1", 8),
+        ],
         "checkpoint": _checkpoint(seal),
     }
 

@@ -166,8 +166,10 @@ class WriteBackTable(MutableMapping[str, Any]):
         stamp, sealed = raw[: Stamp.SIZE], raw[Stamp.SIZE :]
         opened = self.ctx.seal.open(self.name, key.encode(), sealed, [("emarket-state", stamp)])
         if isinstance(opened, str) or opened.plaintext is None:
-            raise RuntimeError(f"the local store holds a {self.name} record for {key!r} that "
-                               f"does not open ({opened if isinstance(opened, str) else 'empty'})")
+            raise RuntimeError(
+                f"the local store holds a {self.name} record for {key!r} that "
+                f"does not open ({opened if isinstance(opened, str) else 'empty'})"
+            )
         return opened.stamp.version, self._loads(opened.plaintext)
 
     # -- the mapping the core sees -------------------------------------------------------------
@@ -196,8 +198,10 @@ class WriteBackTable(MutableMapping[str, Any]):
         self._pending[key] = (current_event(), _DELETED)
 
     def __iter__(self) -> Iterator[str]:
-        changed = {**{k: s.value for k, s in self._sealed.items()},
-                   **{k: v for k, (_, v) in self._pending.items()}}  # fmt: skip
+        changed = {
+            **{k: s.value for k, s in self._sealed.items()},
+            **{k: v for k, (_, v) in self._pending.items()},
+        }
         deleted = {k for k, v in changed.items() if v is _DELETED}
         keys = set(store_keys(self.table)) | set(changed)
         return iter(keys - deleted)
@@ -267,8 +271,9 @@ class WriteBackTable(MutableMapping[str, Any]):
             where = (m.topic, m.partition, m.offset)
             if self.passed_over(m, where):
                 continue
-            opened = ctx.reader.open(self.name, m.key, m.value, m.headers, where=where,
-                                     reader="table recovery")  # fmt: skip
+            opened = ctx.reader.open(
+                self.name, m.key, m.value, m.headers, where=where, reader="table recovery"
+            )
             if opened is None:
                 continue
             key, version, p = m.key.decode("utf-8"), opened.stamp.version, m.partition
@@ -279,13 +284,15 @@ class WriteBackTable(MutableMapping[str, Any]):
             if verdict == "apply" and self.behind_disk(p, version):
                 verdict, before = "older", ctx.local[p]
             if verdict != "apply":
-                ctx.reader.noted(self.name, verdict, m.key, where, "table recovery", before,
-                                 version)  # fmt: skip
+                ctx.reader.noted(
+                    self.name, verdict, m.key, where, "table recovery", before, version
+                )
                 if verdict == "void":
                     ctx.stale.setdefault(p, set()).add((self.name, key))
                     if not cp.explains(version):
-                        ctx.unexplained.setdefault(p, f"{self.name} record {key!r} of version "
-                                                      f"{tuple(version)}")  # fmt: skip
+                        ctx.unexplained.setdefault(
+                            p, f"{self.name} record {key!r} of version {tuple(version)}"
+                        )
                 continue
             held[key] = version
             kept.append(self.restored(key, opened.stamp, opened.plaintext, m))
@@ -302,7 +309,8 @@ class WriteBackTable(MutableMapping[str, Any]):
         resumed = self._resumed.get(partition)
         if resumed is None:
             resumed = self._resumed[partition] = (
-                persisted_offset(self.table, topic, partition) is not None)
+                persisted_offset(self.table, topic, partition) is not None
+            )
         return resumed and version <= self.ctx.local[partition]
 
     def passed_over(self, m: Any, where: tuple[str, int, int]) -> bool:
@@ -313,8 +321,14 @@ class WriteBackTable(MutableMapping[str, Any]):
             return False
         sums = live.stores.get(self.name)
         if m.offset >= (sums.end if sums is not None else 0):
-            self.ctx.reader.refuse(self.name, "foreign", "appended to a partition this worker "
-                                   "writes", m.key, where, "table recovery")  # fmt: skip
+            self.ctx.reader.refuse(
+                self.name,
+                "foreign",
+                "appended to a partition this worker writes",
+                m.key,
+                where,
+                "table recovery",
+            )
         return True
 
     def restored(self, key: str, stamp: Stamp, plaintext: bytes | None, m: Any) -> RecoveredEvent:
@@ -354,5 +368,7 @@ class WriteBackTable(MutableMapping[str, Any]):
         else:
             self._sealed[key] = _Sealed(partition, version, _DELETED, None)
         topic = self.table.changelog_topic.get_topic_name()
-        return (Record(topic, key.encode(), payload, partition, self, headers),
-                None if held is None else held[0])  # fmt: skip
+        return (
+            Record(topic, key.encode(), payload, partition, self, headers),
+            None if held is None else held[0],
+        )

@@ -91,9 +91,14 @@ class TopicWatch:
     """
 
     def __init__(
-        self, app: Any, topics: Topics, inboxes: Inboxes, accounts: MutableMapping[str, Any],
-        *, remake_misfits: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        app: Any,
+        topics: Topics,
+        inboxes: Inboxes,
+        accounts: MutableMapping[str, Any],
+        *,
+        remake_misfits: bool = True,
+    ) -> None:
         self.app = app
         self.remake_misfits = remake_misfits
         self._misfits: set[str] = set()
@@ -173,15 +178,21 @@ class TopicWatch:
             if parts is None:
                 self._lose(name, "it does not exist")
             elif len(parts) != spec.partitions and self.remake_misfits:
-                why = (f"it has {len(parts)} partitions, not {spec.partitions} (made by someone "
-                       "else, or by a producer's metadata request)")  # fmt: skip
+                why = (
+                    f"it has {len(parts)} partitions, not {spec.partitions} (made by someone "
+                    "else, or by a producer's metadata request)"
+                )
                 self._lose(name, why, wrong=True)
             else:
                 if len(parts) != spec.partitions and name not in self._misfits:
                     self._misfits.add(name)
-                    log.error("topic %s has %d partitions, not %d: made by someone else; the "
-                              "market writes to its partition 0 (readers read every one)",
-                              name, len(parts), spec.partitions)  # fmt: skip
+                    log.error(
+                        "topic %s has %d partitions, not %d: made by someone else; the "
+                        "market writes to its partition 0 (readers read every one)",
+                        name,
+                        len(parts),
+                        spec.partitions,
+                    )
                 self._settle(name, began)
 
     def _settle(self, name: str, began: int) -> None:
@@ -196,13 +207,18 @@ class TopicWatch:
         else:
             del self._kept[name]
 
-    def _lose(self, name: str, why: str, *, wrong: bool = False,
-              after: Iterable[Record] = ()) -> None:  # fmt: skip
+    def _lose(
+        self, name: str, why: str, *, wrong: bool = False, after: Iterable[Record] = ()
+    ) -> None:
         kept = [r for _, r in self._kept.pop(name, [])]
         self._kept_bytes -= sum(len(r.value or b"") for r in kept)
-        log.error("topic %s is gone (%s): holding what is sent to it, making it again, and "
-                  "sending again the %d records sent to it since it was last seen", name, why,
-                  len(kept))  # fmt: skip
+        log.error(
+            "topic %s is gone (%s): holding what is sent to it, making it again, and "
+            "sending again the %d records sent to it since it was last seen",
+            name,
+            why,
+            len(kept),
+        )
         if name == self.topics.catalog:
             self._catalog_end = None  # the catalog made again starts at offset 0
         self.inboxes.forget(name, [*kept, *after], wrong=wrong)
@@ -252,8 +268,12 @@ class TopicWatch:
             return
         before, self._catalog_end = self._catalog_end, end
         if before is not None and end < before:
-            log.error("the catalog's latest offset went back from %d to %d: it was deleted and "
-                      "made again, without its entries; publishing them again", before, end)
+            log.error(
+                "the catalog's latest offset went back from %d to %d: it was deleted and "
+                "made again, without its entries; publishing them again",
+                before,
+                end,
+            )
             self.inboxes.producer.metrics.topics_recreated.labels("catalog").inc()
             if self.on_emptied is not None:
                 self.on_emptied()

@@ -144,7 +144,11 @@ def metrics_text(metrics: Metrics) -> bytes:
 
 
 def health(
-    metrics: Metrics, settings: Settings, keys: MarketKeys, started: float, pending: int,
+    metrics: Metrics,
+    settings: Settings,
+    keys: MarketKeys,
+    started: float,
+    pending: int,
     unverified: Mapping[str, str] | None = None,
     group: dict[str, Any] | None = None,
     openings: dict[str, Any] | None = None,
@@ -235,7 +239,9 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
             "cap": reg.cap,
             "privacy_spent": st.spent,
             "privacy_unit": reg.privacy_unit,
-            "privacy_window": None if reg.window is None else {
+            "privacy_window": None
+            if reg.window is None
+            else {
                 "duration_ms": reg.window.duration_ms,
                 "cap": reg.window.cap,
                 "latest": None if (ws := latest_status(st)) is None else ws.model_dump(),
@@ -249,5 +255,9 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
         }
         if per_buyer:
             streams[sid]["holders"] = {b: h.model_dump() for b, h in holders.items()}
-    return {"market_key_id": keys.key_id, "per_buyer": per_buyer, "streams": streams,
-            "unserved": sorted(unserved)}
+    return {
+        "market_key_id": keys.key_id,
+        "per_buyer": per_buyer,
+        "streams": streams,
+        "unserved": sorted(unserved),
+    }

@@ -102,8 +102,10 @@ def test_frequency_estimates_improve_as_parameters_relax() -> None:
     candidates = [f"site{i}" for i in range(6)]
     truth = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
     users = rng.choice(len(candidates), size=4000, p=truth)
-    ladder = [RapporParams(k=64, hashes=2, alpha=a, beta=b, gamma=g)
-              for a, b, g in [(0.8, 0.6, 0.45), (0.5, 0.75, 0.3), (0.2, 0.9, 0.1)]]  # fmt: skip
+    ladder = [
+        RapporParams(k=64, hashes=2, alpha=a, beta=b, gamma=g)
+        for a, b, g in [(0.8, 0.6, 0.45), (0.5, 0.75, 0.3), (0.2, 0.9, 0.1)]
+    ]
     clients = [RapporClient(candidates[u], ladder[0], rng=rng) for u in users]
     errors = []
     for p in ladder:
@@ -120,8 +122,9 @@ def test_graph_levels_and_collusion() -> None:
     assert (dist >= 0).all() and dist[0] == 0
     eps = 1.0 / dist[1:].astype(float)  # ε_j = 1 / d(i, j), eq. (43)
     res = collusion_experiment(eps, [1, 5, 20, 80], trials=20_000, rng=5)
-    for s, lossless, best, indep in zip(res.group_sizes, res.lossless_mse, res.best_member_mse,
-                                        res.independent_mse, strict=True):  # fmt: skip
+    for s, lossless, best, indep in zip(
+        res.group_sizes, res.lossless_mse, res.best_member_mse, res.independent_mse, strict=True
+    ):
         # averaging lossless releases never beats the closest member's release
         assert lossless >= 0.98 * best, (s, lossless, best)
         if s >= 20:  # independent releases: averaging leaks, far below one member's error

@@ -125,8 +125,10 @@ def test_expected_number_of_zero_releases_matches_the_tail() -> None:
     rng = default_rng(8)
     d, rho, tau = 10**9, 1.0, 4.0
     p = stats.norm.sf(tau, scale=np.sqrt(1 / (2 * rho)))
-    counts = [SparseHistogramRelease([0], [1.0], dimension=d, rng=rng).release(rho, tau)[0].size
-              for _ in range(30)]  # fmt: skip
+    counts = [
+        SparseHistogramRelease([0], [1.0], dimension=d, rng=rng).release(rho, tau)[0].size
+        for _ in range(30)
+    ]
     expected = (d - 1) * p
     assert abs(np.mean(counts) - expected) < 5 * np.sqrt(expected / 30) + 1
 

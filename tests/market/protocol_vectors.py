@@ -29,15 +29,19 @@ FLOATS = [20.1, 19.8, 21.0, 20.4]
 CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
     ("laplace", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), False, FLOATS),
     ("laplace, sealed", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), True, FLOATS),
-    ("laplace, a fine grid (a chunked geometric)", Laplace(1.0, dimension=4), (1e-6, 1e-3),
-     False, FLOATS),
-    ("laplace, a finer grid (two chunks)", Laplace(1.0, dimension=4), (1e-8, 1e-7), False,
-     FLOATS),
+    (
+        "laplace, a fine grid (a chunked geometric)",
+        Laplace(1.0, dimension=4),
+        (1e-6, 1e-3),
+        False,
+        FLOATS,
+    ),
+    ("laplace, a finer grid (two chunks)", Laplace(1.0, dimension=4), (1e-8, 1e-7), False, FLOATS),
     ("discrete_laplace", DiscreteLaplace(2.0), (0.25, 1.0, 4.0), False, [3, -4, 0, 250]),
     ("gaussian", Gaussian(1.0), (0.5, 1.0, 2.0), False, FLOATS),
     ("gaussian, sealed", Gaussian(3.0), (0.5, 1.0, 2.0), True, FLOATS),
     ("poisson", Poisson(1.0), (0.01, 0.1, 1.0), False, [3, 0, 17, 250]),
-]  # fmt: skip
+]
 
 
 def _identity_json(parts: tuple[Any, ...]) -> list[list[Any]]:
@@ -59,8 +63,9 @@ def digest(values: np.ndarray[Any, Any]) -> str:
     return hashlib.sha256(values.astype(values.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
-def _chain(name: str, mech: Mechanism, levels: tuple[float, ...], sealed: bool,
-           value: list[Any]) -> dict[str, Any]:  # fmt: skip
+def _chain(
+    name: str, mech: Mechanism, levels: tuple[float, ...], sealed: bool, value: list[Any]
+) -> dict[str, Any]:
     chain = ReleaseChain(mech, levels, sealed=sealed)
     keys = NoiseKeys(SECRET)
     exact = mech.validate_value(value)
@@ -79,9 +84,10 @@ def _chain(name: str, mech: Mechanism, levels: tuple[float, ...], sealed: bool,
         "fingerprint": chain.fingerprint.hex(),
         "step_keys": [chain.key(keys, ident, k).hex() for k in range(len(levels))],
         "integers": [st.steps[k].tolist() for k in range(len(levels))],
-        "releases": [[float(v).hex() for v in y] if y.dtype.kind == "f" else y.tolist()
-                     for y in releases],
-    }  # fmt: skip
+        "releases": [
+            [float(v).hex() for v in y] if y.dtype.kind == "f" else y.tolist() for y in releases
+        ],
+    }
     if isinstance(mech, Laplace):
         entry["grid_exponent"] = mech.grid_exponent
         entry["D"] = mech.units()
@@ -114,25 +120,43 @@ def _straddles() -> list[dict[str, Any]]:
     q = Decimal("-0.5").exp()
     k_l = (1 - q) / (1 + q) * q / (1 - q)  # the fresh law's K_L = c·q/(1 − q)
     law = _dlap.Law(a, None, None)
-    cases = [("discrete Laplace part: U₁ at K_L", {0: _word_at(k_l)}),
-             ("discrete Laplace geometric: U at 1 − e^{−3a}, in the right part",
-              {0: 2**64 - 1, 1: _word_at(1 - Decimal("-1.5").exp())})]  # fmt: skip
+    cases = [
+        ("discrete Laplace part: U₁ at K_L", {0: _word_at(k_l)}),
+        (
+            "discrete Laplace geometric: U at 1 − e^{−3a}, in the right part",
+            {0: 2**64 - 1, 1: _word_at(1 - Decimal("-1.5").exp())},
+        ),
+    ]
     for i, (name, words) in enumerate(cases):
         key = request_key(SECRET, identity_bytes("straddle", i))
         draws = _planted(key, _dlap.slots(law), words)
         got = np.zeros(1, dtype=np.int64)
         _dlap.sample_into(got, np.zeros(1, dtype=np.int64), None, law, draws)
-        out.append({"name": name, "family": "discrete_laplace", "a": "1/2", "key": key.hex(),
-                    "words": {str(s): str(w) for s, w in words.items()},
-                    "outcome": int(got[0])})  # fmt: skip
+        out.append(
+            {
+                "name": name,
+                "family": "discrete_laplace",
+                "a": "1/2",
+                "key": key.hex(),
+                "words": {str(s): str(w) for s, w in words.items()},
+                "outcome": int(got[0]),
+            }
+        )
     mu = Fraction(20)
     cdf = sum(Decimal(20) ** j / Decimal(math.factorial(j)) for j in range(21)) * Decimal(-20).exp()
     key = request_key(SECRET, identity_bytes("straddle", 2))
     draws = _planted(key, 1, {0: _word_at(cdf)})
     got_p = _poisson.sample([_poisson.Poisson(mu)], np.zeros(1, dtype=np.intp), draws)
-    out.append({"name": "Poisson: U at F(20), μ = 20", "family": "poisson", "mu": "20",
-                "key": key.hex(), "words": {"0": str(_word_at(cdf))},
-                "outcome": int(got_p[0])})  # fmt: skip
+    out.append(
+        {
+            "name": "Poisson: U at F(20), μ = 20",
+            "family": "poisson",
+            "mu": "20",
+            "key": key.hex(),
+            "words": {"0": str(_word_at(cdf))},
+            "outcome": int(got_p[0]),
+        }
+    )
     return out
 
 

@@ -197,7 +197,10 @@ def sample(
 
 
 def assert_forced_exact_agrees(
-    law: Any, upper: NDArray[np.int64], lower: NDArray[np.int64] | None, draws: Any,
+    law: Any,
+    upper: NDArray[np.int64],
+    lower: NDArray[np.int64] | None,
+    draws: Any,
     monkeypatch: Any,
 ) -> None:
     """Forcing (nearly) every coordinate of a lattice law through the exact path changes no

@@ -102,8 +102,9 @@ RATES = [
 
 
 @pytest.mark.parametrize(("mech", "level", "truth"), CASES)
-def test_intervals_cover_the_true_value_as_stated(mech: Mechanism, level: float,
-                                                  truth: float) -> None:  # fmt: skip
+def test_intervals_cover_the_true_value_as_stated(
+    mech: Mechanism, level: float, truth: float
+) -> None:
     model = error_model(mech, level)
     y = releases(mech, level, truth, seed=11)
     est = y - model.offset

@@ -103,8 +103,9 @@ def test_release_is_a_function_of_the_key_not_of_the_history() -> None:
         assert abs(float(np.corrcoef(top - x, changed - x)[0, 1])) < 0.2
 
 
-@pytest.mark.parametrize("mech", [Laplace(1.0, dimension=30), Gaussian(1.0), Poisson(1.0),
-                                  DiscreteLaplace(1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "mech", [Laplace(1.0, dimension=30), Gaussian(1.0), Poisson(1.0), DiscreteLaplace(1.0)]
+)
 def test_many_values_at_once_equal_one_by_one(mech: object) -> None:
     chain = ReleaseChain(mech, (0.05, 0.5, 1.0, 2.0))  # type: ignore[arg-type]
     ints = isinstance(mech, (Poisson, DiscreteLaplace))
@@ -115,8 +116,9 @@ def test_many_values_at_once_equal_one_by_one(mech: object) -> None:
         if i % 2:
             chain.release([st], 1 + i % 3, [ids[i]], rngs())
     out = chain.release(together, 0, ids, rngs())
-    alone = [chain.release([chain.open(x)], 0, [i], rngs())[0]
-             for x, i in zip(xs, ids, strict=True)]  # fmt: skip
+    alone = [
+        chain.release([chain.open(x)], 0, [i], rngs())[0] for x, i in zip(xs, ids, strict=True)
+    ]
     assert all(a.tobytes() == b.tobytes() for a, b in zip(out, alone, strict=True))
 
 
@@ -145,8 +147,10 @@ def test_a_sealed_gaussian_chain_computes_every_step_at_arrival() -> None:
     st.trim(0)
     assert set(st.steps) == {0, 1, 2}
     back = decode_chain_state(encode_chain_state(st))
-    assert back.pinned and [chain.release([back], k, [("v",)], rngs())[0].tobytes()
-                            for k in range(3)] == before  # fmt: skip
+    assert (
+        back.pinned
+        and [chain.release([back], k, [("v",)], rngs())[0].tobytes() for k in range(3)] == before
+    )
 
 
 def test_off_chain_levels_are_refused_with_the_levels_for_sale() -> None:
@@ -157,8 +161,11 @@ def test_off_chain_levels_are_refused_with_the_levels_for_sale() -> None:
 
 
 def test_chain_state_codec_round_trip_and_corruption() -> None:
-    for mech, x in ((Laplace(1.0, dimension=2000), np.zeros(2000)),
-                    (Gaussian(1.0), np.zeros(100)), (Poisson(1.0), np.arange(100))):  # fmt: skip
+    for mech, x in (
+        (Laplace(1.0, dimension=2000), np.zeros(2000)),
+        (Gaussian(1.0), np.zeros(100)),
+        (Poisson(1.0), np.arange(100)),
+    ):
         for sealed in (False, True):
             chain = ReleaseChain(mech, (0.5, 1.0, 2.0), sealed=sealed)
             st = chain.seal(x, ("v",), rngs()) if sealed else chain.open(x)
@@ -266,8 +273,7 @@ def test_the_chains_noise_is_the_constant_the_protocol_states() -> None:
     assert noise_check() == stated.group(1)
 
 
-@pytest.mark.parametrize("mech", [Laplace(1.0, dimension=50), DiscreteLaplace(2.0),
-                                  Poisson(1.0)])  # fmt: skip
+@pytest.mark.parametrize("mech", [Laplace(1.0, dimension=50), DiscreteLaplace(2.0), Poisson(1.0)])
 def test_a_descent_in_one_pass_draws_what_step_by_step_does(
     mech: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

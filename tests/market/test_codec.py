@@ -38,9 +38,10 @@ def test_a_gaussian_state_continues_its_real_noise_after_a_round_trip() -> None:
     back = decode_state(encode_state(s))
     assert back.equals(s)
     for lv, seed in ((2.0, 3), (8.0, 4), (0.5, 5)):
-        assert back.release(lv, rng=default_rng(seed)).tobytes() == s.release(
-            lv, rng=default_rng(seed)
-        ).tobytes()
+        assert (
+            back.release(lv, rng=default_rng(seed)).tobytes()
+            == s.release(lv, rng=default_rng(seed)).tobytes()
+        )
 
 
 def test_a_format_v1_state_is_refused_with_what_to_do() -> None:

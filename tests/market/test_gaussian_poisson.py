@@ -163,8 +163,9 @@ class TestGaussian:
             ) -> int:
                 return _normal.exact_snap(float(b[i]), path, n, i, g)
 
-            forced = _normal.snap(base, _normal.Hidden(pt.hidden.z, np.full(n, np.inf)), grid,
-                                  settle)  # fmt: skip
+            forced = _normal.snap(
+                base, _normal.Hidden(pt.hidden.z, np.full(n, np.inf)), grid, settle
+            )
             assert np.array_equal(forced, pt.values), lv
 
 
@@ -316,7 +317,7 @@ def test_poisson_tables_stay_finite_where_the_window_starts_at_zero(rate: float)
     draws = Draws(key_from(default_rng(3)), 500, 1)
     u = _draws_unit(draws)
     k = np.searchsorted(law.table.cdf, u, side="right")
-    decided = (u >= np.where(k > 0, law.table.cdf[np.maximum(k - 1, 0)], 0.0) + law.table.margin)
+    decided = u >= np.where(k > 0, law.table.cdf[np.maximum(k - 1, 0)], 0.0) + law.table.margin
     assert float(np.mean(decided)) > 0.99
 
 

@@ -37,8 +37,7 @@ RNGS = KeyedRngFactory(b"histogram chain test secret 0001")
 
 
 def chain(false_keys: float = 40.0, domain: int = D, grid: int = GRID) -> HistogramChain:
-    return HistogramChain(LEVELS, sensitivity=1.0, domain=domain, false_keys=false_keys,
-                          grid=grid)  # fmt: skip
+    return HistogramChain(LEVELS, sensitivity=1.0, domain=domain, false_keys=false_keys, grid=grid)
 
 
 def chain_runs(ch: HistogramChain, reps: int, tag: str) -> Runs:
@@ -92,8 +91,9 @@ def test_a_key_first_shown_at_a_later_step_says_nothing_of_the_data(ratio: float
     survival law taken at cell centres made this 1e-20 of the truth at a gap of 1e-5; uniform
     cells wider than a step's boundary layer made it 1.3-1.5x from the third step on at that
     gap (now refused: levels at least 1 % apart)."""
-    ch = HistogramChain(tuple(ratio**i for i in range(4)), sensitivity=1.0, domain=2000,
-                        false_keys=999.0)  # fmt: skip
+    ch = HistogramChain(
+        tuple(ratio**i for i in range(4)), sensitivity=1.0, domain=2000, false_keys=999.0
+    )
     value = ch.value(np.arange(1000), np.full(1000, 1e-300))  # in the data, count ~0
     listed, unlisted = np.zeros((400, 3)), np.zeros((400, 3))
     for i in range(400):
@@ -178,8 +178,9 @@ class ExactLaw:
         out = [float(special.ndtr(-self.z))]
         for k in range(1, self.r.size + 1):
             x, w, u = self.walk[k - 1]
-            out.append(float(np.sum(w * u * special.ndtr((self.r[k - 1] * x - self.z)
-                                                         / self.s[k - 1]))))  # fmt: skip
+            out.append(
+                float(np.sum(w * u * special.ndtr((self.r[k - 1] * x - self.z) / self.s[k - 1])))
+            )
         return np.asarray(out)
 
     def start_cdf(self, k: int, points: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -236,29 +237,49 @@ def test_the_exact_reference_is_the_integral_and_converges() -> None:
     the reference is exact to far below the 0.5 % it judges."""
     for levels, z in [((1.0, 1.01), 10.6), ((1.0, 4.0), 10.6), ((1.0, 1.01), 3.0)]:
         r, s = math.sqrt(levels[0] / levels[1]), math.sqrt(1 - levels[0] / levels[1])
-        num, _ = integrate.quad(lambda x, r=r, s=s, z=z: stats.norm.pdf(x)
-                                * special.ndtr((r * x - z) / s), _LOW, z,
-                                points=[z - 1.0, z - 0.3], epsabs=0.0, epsrel=1e-12,
-                                limit=400)  # fmt: skip
+        num, _ = integrate.quad(
+            lambda x, r=r, s=s, z=z: stats.norm.pdf(x) * special.ndtr((r * x - z) / s),
+            _LOW,
+            z,
+            points=[z - 1.0, z - 0.3],
+            epsabs=0.0,
+            epsrel=1e-12,
+            limit=400,
+        )
         assert ExactLaw(levels, z).first()[1] == pytest.approx(num, rel=1e-9, abs=0.0)
     for levels, z in [((1.0, 1.01, 1.0201), 10.6), ((1.0, 1.25, 1.5625), 7.4)]:
         r1, r2 = math.sqrt(levels[0] / levels[1]), math.sqrt(levels[1] / levels[2])
         s1, s2 = math.sqrt(1 - r1 * r1), math.sqrt(1 - r2 * r2)
 
-        def inner(x0: float, r1: float = r1, r2: float = r2, s1: float = s1, s2: float = s2,
-                  z: float = z) -> float:  # fmt: skip
+        def inner(
+            x0: float, r1: float = r1, r2: float = r2, s1: float = s1, s2: float = s2, z: float = z
+        ) -> float:
             lo = max(_LOW, r1 * x0 - 40 * s1)
             if lo >= z:
                 return 0.0
             pts = [p for p in (z - 3 * s2, z - 0.5 * s2, r1 * x0) if lo < p < z]
-            v, _ = integrate.quad(lambda x1: stats.norm.pdf(x1, loc=r1 * x0, scale=s1)
-                                  * special.ndtr((r2 * x1 - z) / s2), lo, z, points=pts or None,
-                                  epsabs=0.0, epsrel=1e-11, limit=200)  # fmt: skip
+            v, _ = integrate.quad(
+                lambda x1: (
+                    stats.norm.pdf(x1, loc=r1 * x0, scale=s1) * special.ndtr((r2 * x1 - z) / s2)
+                ),
+                lo,
+                z,
+                points=pts or None,
+                epsabs=0.0,
+                epsrel=1e-11,
+                limit=200,
+            )
             return float(v)
 
-        num, _ = integrate.quad(lambda x0, z=z: stats.norm.pdf(x0) * inner(x0), _LOW, z,
-                                points=[z - 3 * s1, z - 1.0, z - 0.3], epsabs=0.0,
-                                epsrel=1e-10, limit=200)  # fmt: skip
+        num, _ = integrate.quad(
+            lambda x0, z=z: stats.norm.pdf(x0) * inner(x0),
+            _LOW,
+            z,
+            points=[z - 3 * s1, z - 1.0, z - 0.3],
+            epsabs=0.0,
+            epsrel=1e-10,
+            limit=200,
+        )
         assert ExactLaw(levels, z).first()[2] == pytest.approx(num, rel=1e-9, abs=0.0)
     levels = ladder(1.01, 16)
     z = _z(levels, 2**62, 1e-6)
@@ -330,8 +351,9 @@ def test_the_old_grid_is_caught_misstating_late_first_appearances(
     assert _error(ch.first_appearance(), exact) < 5e-3
 
 
-@pytest.mark.parametrize(("levels", "domain"), [(ladder(1.01, 16), 2**62),
-                                                (ladder(1.25, 16), 2**62)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("levels", "domain"), [(ladder(1.01, 16), 2**62), (ladder(1.25, 16), 2**62)]
+)
 def test_new_zero_counts_start_from_the_exact_law(levels: tuple[float, ...], domain: int) -> None:
     """The law of S_{k−1} of the zero counts that first show at step k (what their released
     value is drawn from), cell by cell, against the exact law: within 1e-3 in CDF (measured
@@ -356,9 +378,17 @@ def test_new_zero_counts_start_from_the_exact_law(levels: tuple[float, ...], dom
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("levels", [ladder(1.01, 16), ladder(1.02, 16), ladder(1.1, 16),
-                                    ladder(1.25, 16), ladder(2.0, 16, 1e-3),
-                                    ladder(10.0, 8, 1e-3)])  # fmt: skip
+@pytest.mark.parametrize(
+    "levels",
+    [
+        ladder(1.01, 16),
+        ladder(1.02, 16),
+        ladder(1.1, 16),
+        ladder(1.25, 16),
+        ladder(2.0, 16, 1e-3),
+        ladder(10.0, 8, 1e-3),
+    ],
+)
 def test_every_accepted_registration_is_within_the_bound(levels: tuple[float, ...]) -> None:
     """The sweep: domains 2**10 … 2**62, false_keys 1e-6 … 1000, against the exact law."""
     for domain in (2**10, 2**40, 2**62):
@@ -388,8 +418,10 @@ def test_a_grid_off_the_exact_law_is_refined_or_refused(monkeypatch: pytest.Monk
         HistogramChain(levels, sensitivity=1.0, domain=2**62, false_keys=1e-6)
 
 
-@pytest.mark.parametrize(("levels", "domain"), [((1.0, 1.25), 400), ((1.0, 1.25), 2**40),
-                                                ((1.0, 1.25), 2**62), ((1.0, 1.01), 2**62)])
+@pytest.mark.parametrize(
+    ("levels", "domain"),
+    [((1.0, 1.25), 400), ((1.0, 1.25), 2**40), ((1.0, 1.25), 2**62), ((1.0, 1.01), 2**62)],
+)
 def test_the_second_steps_exceedance_is_the_exact_integral(
     levels: tuple[float, float], domain: int
 ) -> None:
@@ -406,8 +438,9 @@ def test_the_second_steps_exceedance_is_the_exact_integral(
     def joint(x: float) -> float:
         return float(stats.norm.pdf(x, scale=s0) * special.ndtr((x - r1.a) / r1.sd))
 
-    num, _ = integrate.quad(joint, -40 * s0, r0.a, limit=400, points=[r0.a - 5 * r1.sd],
-                            epsabs=0.0, epsrel=1e-10)  # fmt: skip
+    num, _ = integrate.quad(
+        joint, -40 * s0, r0.a, limit=400, points=[r0.a - 5 * r1.sd], epsabs=0.0, epsrel=1e-10
+    )
     exact = num / float(special.ndtr(r0.a / s0))
     assert r1.p == pytest.approx(exact, rel=2e-3, abs=0.0)  # p is ~1e-19: no absolute slack
 
@@ -489,8 +522,9 @@ def test_huge_counts_are_released_as_numbers_and_every_shown_count_exceeds_the_t
     assert {1, 3} <= set(keys.tolist()) and 2 not in keys
     assert bool(np.isfinite(counts).all()) and counts[keys == 1][0] == 1e300
     for i in range(300):  # a snapped count is compared with τ, never the unsnapped one
-        for k, (_, shown) in ch.release_steps(ch.value([5], [ch.thresholds[0]]), {0, 1},
-                                               ("s", f"t{i}", "d"), RNGS).items():  # fmt: skip
+        for k, (_, shown) in ch.release_steps(
+            ch.value([5], [ch.thresholds[0]]), {0, 1}, ("s", f"t{i}", "d"), RNGS
+        ).items():
             assert bool((shown > ch.thresholds[k]).all())
 
 

@@ -137,8 +137,9 @@ def _receipt() -> Receipt:
 
 def test_valid_receipt_verifies() -> None:
     r = _receipt()
-    assert verify_receipt(dataclasses.asdict(r), sign_receipt(r, KEY), RELEASES, KEY.public_key(),
-                          opening=OPENING)
+    assert verify_receipt(
+        dataclasses.asdict(r), sign_receipt(r, KEY), RELEASES, KEY.public_key(), opening=OPENING
+    )
 
 
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Receipt)])
@@ -172,8 +173,9 @@ def test_wrong_key_and_bad_signature() -> None:
     with pytest.raises(ReceiptError, match="market key"):
         verify_receipt(dataclasses.asdict(r), sig, RELEASES, other.public_key(), opening=OPENING)
     with pytest.raises(ReceiptError, match="signature"):
-        verify_receipt(dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key(),
-                       opening=OPENING)
+        verify_receipt(
+            dataclasses.asdict(r), "AAAA" + sig[4:], RELEASES, KEY.public_key(), opening=OPENING
+        )
     with pytest.raises(ReceiptError, match="exactly"):
         verify_receipt(dataclasses.asdict(r), sig, RELEASES[:1], KEY.public_key(), opening=OPENING)
 

@@ -33,8 +33,9 @@ DOC = ROOT / "docs" / "protocol.md"
 def documented() -> dict[str, Any]:
     """The vectors block of docs/protocol.md."""
     text = DOC.read_text()
-    block = re.search(r"<!-- vectors: begin -->\s*```json\n(.*?)\n```\s*<!-- vectors: end -->",
-                      text, re.S)  # fmt: skip
+    block = re.search(
+        r"<!-- vectors: begin -->\s*```json\n(.*?)\n```\s*<!-- vectors: end -->", text, re.S
+    )
     assert block is not None, "docs/protocol.md lost its vectors block"
     out: dict[str, Any] = json.loads(block.group(1))
     return out
@@ -67,8 +68,9 @@ def test_a_changed_secret_or_level_changes_the_vectors() -> None:
         assert st.steps[0].tolist() != doc["integers"][0], ints
 
 
-_RUN = ("import json; from tests.market.protocol_vectors import generate; "
-        "print(json.dumps(generate()))")
+_RUN = (
+    "import json; from tests.market.protocol_vectors import generate; print(json.dumps(generate()))"
+)
 
 _PERTURB = """
 import math, sys
@@ -93,15 +95,30 @@ for name in ("log", "log1p", "expm1", "exp", "cos", "tanh", "lgamma"):
 """
 
 
-_RUN_HISTOGRAM = ("import json; from market.histogram_chain import noise_check_histogram; "
-                  "print(json.dumps(noise_check_histogram()))")  # fmt: skip
+_RUN_HISTOGRAM = (
+    "import json; from market.histogram_chain import noise_check_histogram; "
+    "print(json.dumps(noise_check_histogram()))"
+)
 
 
-def _vectors_in(env: dict[str, str], *, python: str = sys.executable, prelude: str = "",
-                args: tuple[str, ...] = (), run: str = _RUN) -> Any:  # fmt: skip
+def _vectors_in(
+    env: dict[str, str],
+    *,
+    python: str = sys.executable,
+    prelude: str = "",
+    args: tuple[str, ...] = (),
+    run: str = _RUN,
+) -> Any:
     """The vectors computed by a fresh interpreter with this environment."""
-    out = subprocess.run([python, "-c", prelude + run, *args], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, **env}, check=False, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [python, "-c", prelude + run, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        check=False,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -122,8 +139,9 @@ def test_every_simd_path_draws_the_documented_noise(disabled: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("disabled", "direction"), [(s, d) for s in _simd_settings()[1:]
-                                                     for d in ("", "inf")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("disabled", "direction"), [(s, d) for s in _simd_settings()[1:] for d in ("", "inf")]
+)
 def test_histogram_chains_draw_the_same_noise_on_every_simd_path_and_libm(
     disabled: str, direction: str
 ) -> None:
@@ -135,8 +153,9 @@ def test_histogram_chains_draw_the_same_noise_on_every_simd_path_and_libm(
     from market.histogram_chain import noise_check_histogram
 
     prelude, args = (_PERTURB, (direction,)) if direction else ("", ())
-    got = _vectors_in({"NPY_DISABLE_CPU_FEATURES": disabled}, prelude=prelude, args=args,
-                      run=_RUN_HISTOGRAM)  # fmt: skip
+    got = _vectors_in(
+        {"NPY_DISABLE_CPU_FEATURES": disabled}, prelude=prelude, args=args, run=_RUN_HISTOGRAM
+    )
     assert got == noise_check_histogram()
 
 
@@ -175,7 +194,11 @@ def test_the_oldest_supported_numpy_draws_the_documented_noise(tmp_path: Path) -
     install = subprocess.run(pip, capture_output=True, text=True, timeout=600, check=False)
     if install.returncode != 0:
         pytest.skip(f"could not install {pins} from the package index: {install.stderr[-300:]}")
-    version = subprocess.run([python, "-c", "import numpy; print(numpy.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    version = subprocess.run(
+        [python, "-c", "import numpy; print(numpy.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert version.startswith(_oldest_numpy())
     assert _vectors_in({"PYTHONPATH": str(ROOT)}, python=python) == documented()

@@ -38,19 +38,32 @@ from market.receipts import (
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 PUBLIC = KEY.public_key()
 SECRET = bytes(range(32))
-PURCHASE = {"buyer_id": "alice", "stream_id": "counts", "purchase_id": "p1",
-            "requested_at_ms": 1_700_000_000_000, "level_after": 2.0}  # fmt: skip
+PURCHASE = {
+    "buyer_id": "alice",
+    "stream_id": "counts",
+    "purchase_id": "p1",
+    "requested_at_ms": 1_700_000_000_000,
+    "level_after": 2.0,
+}
 OPENING = derive_opening(opening_key(SECRET), **PURCHASE)  # type: ignore[arg-type]
 
 
 def _receipt(releases: list[Any], version: int = 4, **fields: Any) -> Receipt:
     base: dict[str, Any] = {
-        "purchase_id": "p1", "buyer_id": "alice", "stream_id": "counts", "seller_id": "bob",
-        "mechanism": "discrete_laplace", "value_ids": tuple(r[0] for r in releases),
-        "level_before": 0.0, "level_after": 2.0, "price_minor": 150, "currency": "EUR",
-        "requested_at_ms": 1_700_000_000_000, "market_key_id": key_id(PUBLIC),
+        "purchase_id": "p1",
+        "buyer_id": "alice",
+        "stream_id": "counts",
+        "seller_id": "bob",
+        "mechanism": "discrete_laplace",
+        "value_ids": tuple(r[0] for r in releases),
+        "level_before": 0.0,
+        "level_after": 2.0,
+        "price_minor": 150,
+        "currency": "EUR",
+        "requested_at_ms": 1_700_000_000_000,
+        "market_key_id": key_id(PUBLIC),
         "receipt_version": version,
-    }  # fmt: skip
+    }
     if version in (2, 3):
         base["release_digest"] = release_digest(releases)
     else:
@@ -62,14 +75,23 @@ def _outcome(releases: list[tuple[str, float, list[float]]]) -> dict[str, Any]:
     """A fulfilled purchase, released in clear, as JSON data."""
     rec = _receipt(releases)
     return {
-        "type": "purchase_fulfilled", "purchase_id": "p1", "buyer_id": "alice",
-        "stream_id": "counts", "level_unit": "epsilon", "level_before": 0.0, "level_after": 2.0,
-        "price_minor": 150, "currency": "EUR",
-        "releases": [{"value_id": v, "seq": k, "level": lv, "values": xs}
-                     for k, (v, lv, xs) in enumerate(releases)],
-        "sealed": None, "opening": OPENING.hex(),
+        "type": "purchase_fulfilled",
+        "purchase_id": "p1",
+        "buyer_id": "alice",
+        "stream_id": "counts",
+        "level_unit": "epsilon",
+        "level_before": 0.0,
+        "level_after": 2.0,
+        "price_minor": 150,
+        "currency": "EUR",
+        "releases": [
+            {"value_id": v, "seq": k, "level": lv, "values": xs}
+            for k, (v, lv, xs) in enumerate(releases)
+        ],
+        "sealed": None,
+        "opening": OPENING.hex(),
         "receipt": {**rec.to_dict(), "signature": sign_receipt(rec, KEY)},
-    }  # fmt: skip
+    }
 
 
 def respell(data: Any, style: str) -> str:
@@ -110,16 +132,18 @@ def test_a_receipt_verifies_however_json_spells_its_numbers(style: str) -> None:
 
 @pytest.mark.parametrize(
     ("path", "value", "says"),
-    [(("releases", 1, "values", 0), 2.0, "differ"),
-     (("receipt", "price_minor"), 151, "signature"),
-     (("receipt", "level_before"), 0.5, "signature"),
-     (("receipt", "requested_at_ms"), 1_700_000_000_001, "signature"),
-     (("receipt", "value_ids", 0), "v9", "signature"),
-     (("opening",), "00" * 32, "opening"),
-     (("receipt", "price_minor"), 150.5, "whole number"),
-     (("receipt", "price_minor"), 2.0**53, "2\\*\\*53"),
-     (("receipt", "level_after"), "2.0", "not a finite number")],
-)  # fmt: skip
+    [
+        (("releases", 1, "values", 0), 2.0, "differ"),
+        (("receipt", "price_minor"), 151, "signature"),
+        (("receipt", "level_before"), 0.5, "signature"),
+        (("receipt", "requested_at_ms"), 1_700_000_000_001, "signature"),
+        (("receipt", "value_ids", 0), "v9", "signature"),
+        (("opening",), "00" * 32, "opening"),
+        (("receipt", "price_minor"), 150.5, "whole number"),
+        (("receipt", "price_minor"), 2.0**53, "2\\*\\*53"),
+        (("receipt", "level_after"), "2.0", "not a finite number"),
+    ],
+)
 def test_changing_a_value_fails(path: tuple[Any, ...], value: Any, says: str) -> None:
     data = json.loads(respell(_outcome(RELEASES), "js"))
     node = data
@@ -178,13 +202,23 @@ def test_a_small_integer_release_is_found_from_a_digest_but_not_from_a_commitmen
     assert found == [37]  # the receipt alone gave the number away
     new = _receipt(truth)
     # what a stranger can compute: the guesses under every opening they might try
-    tries = [bytes(32), hashlib.sha256(b"p1").digest(), bytes.fromhex(new.commitment),
-             opening_key(b"\x00" * 32), hashlib.sha256(new.canonical_bytes()).digest()]
-    assert not [x for x in SMALL for o in tries
-                if commitment(o, [("v1", 2.0, [float(x)])]) == new.commitment]  # fmt: skip
+    tries = [
+        bytes(32),
+        hashlib.sha256(b"p1").digest(),
+        bytes.fromhex(new.commitment),
+        opening_key(b"\x00" * 32),
+        hashlib.sha256(new.canonical_bytes()).digest(),
+    ]
+    assert not [
+        x
+        for x in SMALL
+        for o in tries
+        if commitment(o, [("v1", 2.0, [float(x)])]) == new.commitment
+    ]
     # the opening, which only the buyer was given, finds it: the commitment binds the number
-    assert [x for x in SMALL
-            if commitment(OPENING, [("v1", 2.0, [float(x)])]) == new.commitment] == [37]
+    assert [
+        x for x in SMALL if commitment(OPENING, [("v1", 2.0, [float(x)])]) == new.commitment
+    ] == [37]
 
 
 def test_a_wrong_opening_fails() -> None:
@@ -201,8 +235,16 @@ def test_a_wrong_opening_fails() -> None:
 def test_openings_are_a_pure_function_of_the_purchase() -> None:
     key = opening_key(SECRET)
     assert derive_opening(key, **PURCHASE) == OPENING  # type: ignore[arg-type]
-    changed = [{**PURCHASE, f: v} for f, v in [("buyer_id", "bob"), ("stream_id", "c2"),
-               ("purchase_id", "p2"), ("requested_at_ms", 1), ("level_after", 4.0)]]  # fmt: skip
+    changed = [
+        {**PURCHASE, f: v}
+        for f, v in [
+            ("buyer_id", "bob"),
+            ("stream_id", "c2"),
+            ("purchase_id", "p2"),
+            ("requested_at_ms", 1),
+            ("level_after", 4.0),
+        ]
+    ]
     openings = {derive_opening(key, **p) for p in changed}  # type: ignore[arg-type]
     assert len(openings) == len(changed) and OPENING not in openings
     assert derive_opening(opening_key(bytes(32)), **PURCHASE) != OPENING  # type: ignore[arg-type]
@@ -216,27 +258,27 @@ def test_the_commitment_binds_every_bit(values: list[float]) -> None:
     c = commitment(OPENING, releases)
     for k, x in enumerate(values):
         if x == 0:  # -0 and +0 are one number to every JSON reader: one commitment
-            flipped = [*values[:k], -x, *values[k + 1:]]
+            flipped = [*values[:k], -x, *values[k + 1 :]]
             assert commitment(OPENING, [("v1", 2.0, flipped)]) == c
             continue
-        moved = [*values[:k], math.nextafter(x, math.inf), *values[k + 1:]]
+        moved = [*values[:k], math.nextafter(x, math.inf), *values[k + 1 :]]
         assert commitment(OPENING, [("v1", 2.0, moved)]) != c
 
 
 # an outcome the previous release issued (receipt version 2, by the key KEY), saved verbatim
 V2_OUTCOME = (
-    "{\"schema_version\":1,\"type\":\"purchase_fulfilled\",\"purchase_id\":\"p1\",\"buyer_id\""
-    ":\"alice\",\"stream_id\":\"temp\",\"level_unit\":\"epsilon\",\"level_before\":0.0,\"leve"
-    "l_after\":0.5,\"price_minor\":50,\"currency\":\"EUR\",\"releases\":[{\"value_id\":\"v0\""
-    ",\"seq\":0,\"level\":0.5,\"values\":[-1.9002685546875,0.81805419921875,1.1800537109375]}"
-    "],\"sealed\":null,\"receipt\":{\"receipt_version\":2,\"purchase_id\":\"p1\",\"buyer_id\""
-    ":\"alice\",\"stream_id\":\"temp\",\"seller_id\":\"seller1\",\"mechanism\":\"laplace\",\""
-    "value_ids\":[\"v0\"],\"level_before\":0.0,\"level_after\":0.5,\"price_minor\":50,\"curre"
-    "ncy\":\"EUR\",\"release_digest\":\"d4b62ed6268adf96913ad479e7883012cace3f1937688706794e2"
-    "277c2033150\",\"requested_at_ms\":1000,\"market_key_id\":\"56475aa75463474c\",\"cipherte"
-    "xt_digest\":\"\",\"signature\":\"6E889doJ3+uBT85QSgbZ7vYOvkqzWBDndw1HPwuh5rLFZ1hvFieV8ru"
-    "dlDIPIsOfhLzy71eJhhi9+8ZCLGIjDw==\"}}"
-)  # fmt: skip
+    '{"schema_version":1,"type":"purchase_fulfilled","purchase_id":"p1","buyer_id"'
+    ':"alice","stream_id":"temp","level_unit":"epsilon","level_before":0.0,"leve'
+    'l_after":0.5,"price_minor":50,"currency":"EUR","releases":[{"value_id":"v0"'
+    ',"seq":0,"level":0.5,"values":[-1.9002685546875,0.81805419921875,1.1800537109375]}'
+    '],"sealed":null,"receipt":{"receipt_version":2,"purchase_id":"p1","buyer_id"'
+    ':"alice","stream_id":"temp","seller_id":"seller1","mechanism":"laplace","'
+    'value_ids":["v0"],"level_before":0.0,"level_after":0.5,"price_minor":50,"curre'
+    'ncy":"EUR","release_digest":"d4b62ed6268adf96913ad479e7883012cace3f1937688706794e2'
+    '277c2033150","requested_at_ms":1000,"market_key_id":"56475aa75463474c","cipherte'
+    'xt_digest":"","signature":"6E889doJ3+uBT85QSgbZ7vYOvkqzWBDndw1HPwuh5rLFZ1hvFieV8ru'
+    'dlDIPIsOfhLzy71eJhhi9+8ZCLGIjDw=="}}'
+)
 
 
 def test_a_version_2_outcome_of_the_previous_release_still_verifies() -> None:

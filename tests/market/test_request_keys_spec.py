@@ -42,13 +42,15 @@ def test_a_copied_sponge_gives_the_key_the_protocol_defines(
         assert request_key(secret, identity_bytes(*identity)) == want
 
 
-_chains = st.sampled_from([
-    ReleaseChain(Laplace(2.0, dimension=3), [0.5, 1.0]),
-    ReleaseChain(Laplace(), [0.25, 4.0], sealed=True),
-    ReleaseChain(DiscreteLaplace(3), [1.0]),
-    ReleaseChain(Gaussian(), [0.1, 0.2, 0.4]),
-    ReleaseChain(Poisson(), [1.0, 2.0]),
-])  # fmt: skip
+_chains = st.sampled_from(
+    [
+        ReleaseChain(Laplace(2.0, dimension=3), [0.5, 1.0]),
+        ReleaseChain(Laplace(), [0.25, 4.0], sealed=True),
+        ReleaseChain(DiscreteLaplace(3), [1.0]),
+        ReleaseChain(Gaussian(), [0.1, 0.2, 0.4]),
+        ReleaseChain(Poisson(), [1.0, 2.0]),
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -66,11 +68,29 @@ def test_identities_that_look_alike_have_different_encodings_and_keys() -> None:
     chain = ReleaseChain(Laplace(), [1.0])
     keys = NoiseKeys(b"k" * 32)
     alike: list[tuple[IdentityPart, ...]] = [
-        ("ab", "c"), ("a", "bc"), ("abc",), ("a", "b", "c"),
-        (b"ab", "c"), ("ab", b"c"), ("1",), (1,), (1.0,), (b"1",), ("", "1"), ("1", ""),
-        ("s", 1), ("s\x00\x00\x00\x011",), (-1,), ("-1",), (10,), (1, 0), (0.0,), (-0.0,),
-        (chain.fingerprint,), (DOMAIN,),
-    ]  # fmt: skip
+        ("ab", "c"),
+        ("a", "bc"),
+        ("abc",),
+        ("a", "b", "c"),
+        (b"ab", "c"),
+        ("ab", b"c"),
+        ("1",),
+        (1,),
+        (1.0,),
+        (b"1",),
+        ("", "1"),
+        ("1", ""),
+        ("s", 1),
+        ("s\x00\x00\x00\x011",),
+        (-1,),
+        ("-1",),
+        (10,),
+        (1, 0),
+        (0.0,),
+        (-0.0,),
+        (chain.fingerprint,),
+        (DOMAIN,),
+    ]
     encodings = {identity_bytes(*i) for i in alike}
     assert len(encodings) == len(alike)
     steps = {chain.key(keys, i, s) for i in alike for s in (0, 1, 10)}

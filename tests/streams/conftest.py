@@ -64,8 +64,9 @@ class Market:
         or at all (without: a test of a worker that says it is not ok)."""
         return self.start_worker_env({}, healthy=healthy, **overrides)
 
-    def start_worker_env(self, env: dict[str, str], *, healthy: bool = True,
-                         **overrides: Any) -> ChildWorker:  # fmt: skip
+    def start_worker_env(
+        self, env: dict[str, str], *, healthy: bool = True, **overrides: Any
+    ) -> ChildWorker:
         w = self.spawn_worker(env, **overrides)
         w.wait_healthy(timeout=60, ok_only=healthy)
         return w
@@ -153,12 +154,14 @@ class Market:
         """
         live = [w for w in self.workers if w.alive()]
         for i, w in enumerate(live):
-            rest = live[i + 1:]
+            rest = live[i + 1 :]
             before = {id(r): _generation(r) for r in rest}
             w.stop()
             deadline = time.monotonic() + timeout
-            while rest and not all(_generation(r) > before[id(r)]
-                                   and status_of(r) not in ("", "degraded") for r in rest):
+            while rest and not all(
+                _generation(r) > before[id(r)] and status_of(r) not in ("", "degraded")
+                for r in rest
+            ):
                 assert time.monotonic() < deadline, "the other workers never rejoined"
                 time.sleep(0.2)
 

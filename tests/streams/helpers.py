@@ -119,12 +119,14 @@ def assert_registration_refused(core: MarketCore, fields: dict[str, Any], says: 
     assert (out.status, out.reason) == ("rejected", "invalid_event")
     body = {k: v for k, v in json.loads(raw).items() if k not in ("key_id", "signature")}
     with pytest.raises(ValidationError, match=says):
-        StreamRegistration.model_validate({**body, "key_id": "0" * 16,
-                                           "signature": "A" * 86 + "=="})  # fmt: skip
+        StreamRegistration.model_validate(
+            {**body, "key_id": "0" * 16, "signature": "A" * 86 + "=="}
+        )
 
 
-def value(stream_id: str, value_id: str, values: list[float], market: Market = MARKET,
-          **kw: Any) -> bytes:  # fmt: skip
+def value(
+    stream_id: str, value_id: str, values: list[float], market: Market = MARKET, **kw: Any
+) -> bytes:
     """A batch of one value, signed by the stream's seller (``seller_id``, default seller1), its
     numbers sealed to ``TEST_KEYS`` (``sealed_for``: another market's keys; ``clear``: not)."""
     seller = kw.pop("seller_id", "seller1")
@@ -136,17 +138,32 @@ def value(stream_id: str, value_id: str, values: list[float], market: Market = M
     return signed_batch(market, signer, body, **sealing)
 
 
-def values(stream_id: str, items: list[tuple[str, list[float]]], market: Market = MARKET,
-           published_at_ms: int = 1_000, seller: str = "seller1", clear: bool = False,
-           ) -> bytes:  # fmt: skip
-    body = {"stream_id": stream_id, "seller_id": seller,
-            "items": [{"value_id": v, "values": x, "published_at_ms": published_at_ms}
-                      for v, x in items]}  # fmt: skip
+def values(
+    stream_id: str,
+    items: list[tuple[str, list[float]]],
+    market: Market = MARKET,
+    published_at_ms: int = 1_000,
+    seller: str = "seller1",
+    clear: bool = False,
+) -> bytes:
+    body = {
+        "stream_id": stream_id,
+        "seller_id": seller,
+        "items": [
+            {"value_id": v, "values": x, "published_at_ms": published_at_ms} for v, x in items
+        ],
+    }
     return signed_batch(market, party(seller), body, clear=clear)
 
 
-def signed_batch(market: Market, signer: Party, body: dict[str, Any], *, clear: bool = False,
-                 sealed_for: MarketKeys = TEST_KEYS) -> bytes:  # fmt: skip
+def signed_batch(
+    market: Market,
+    signer: Party,
+    body: dict[str, Any],
+    *,
+    clear: bool = False,
+    sealed_for: MarketKeys = TEST_KEYS,
+) -> bytes:
     """A value batch of ``body``, its numbers sealed to ``sealed_for`` as the client seals them
     (deterministically: the same body gives the same bytes), then signed; ``clear``: unsealed.
     An invalid body is returned unsigned (tests of bad input)."""
@@ -162,8 +179,9 @@ def signed_batch(market: Market, signer: Party, body: dict[str, Any], *, clear: 
     return _signed(ValueBatch, market, signer, fields)
 
 
-def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,
-             market: Market = MARKET, **kw: Any) -> bytes:  # fmt: skip
+def purchase(
+    stream_id: str, buyer: str, pid: str, max_price: int = 10**6, market: Market = MARKET, **kw: Any
+) -> bytes:
     signer = party(kw.pop("signer", buyer))
     body: dict[str, Any] = {
         "purchase_id": pid,
@@ -177,8 +195,12 @@ def purchase(stream_id: str, buyer: str, pid: str, max_price: int = 10**6,
 
 
 def quote(stream_id: str, buyer: str, qid: str, market: Market = MARKET, **kw: Any) -> bytes:
-    body: dict[str, Any] = {"quote_id": qid, "buyer_id": buyer, "stream_id": stream_id,
-                            "requested_at_ms": 1_000}  # fmt: skip
+    body: dict[str, Any] = {
+        "quote_id": qid,
+        "buyer_id": buyer,
+        "stream_id": stream_id,
+        "requested_at_ms": 1_000,
+    }
     body.update(kw)
     return _signed(QuoteRequest, market, party(buyer), body)
 
@@ -230,8 +252,12 @@ def cli_parties(run: Any, pre: list[str], tmp: Any, *names: str) -> dict[str, li
 def protocol_vectors(name: str) -> dict[str, Any]:
     """The JSON block ``<!-- {name} vectors: begin -->`` … ``end`` of docs/protocol.md."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
-    block = re.search(rf"<!-- {name} vectors: begin -->\s*```json\n(.*?)\n```\s*"
-                      rf"<!-- {name} vectors: end -->", text, re.S)  # fmt: skip
+    block = re.search(
+        rf"<!-- {name} vectors: begin -->\s*```json\n(.*?)\n```\s*"
+        rf"<!-- {name} vectors: end -->",
+        text,
+        re.S,
+    )
     assert block is not None, f"docs/protocol.md lost its {name} vectors block"
     vectors: dict[str, Any] = json.loads(block.group(1))
     return vectors

@@ -34,8 +34,13 @@ ROGUE_URL = "http://127.0.0.1:1"
 def faust_like_metadata(url: str = ROGUE_URL) -> bytes:
     """The JSON a Faust worker sends as its JoinGroup user data, with no assignment yet."""
     empty = ClientAssignment(actives={}, standbys={})
-    meta = ClientMetadata(assignment=empty, url=url, changelog_distribution={},
-                          external_topic_distribution={}, topic_groups={})  # fmt: skip
+    meta = ClientMetadata(
+        assignment=empty,
+        url=url,
+        changelog_distribution={},
+        external_topic_distribution={},
+        topic_groups={},
+    )
     return bytes(meta.dumps())
 
 
@@ -50,11 +55,16 @@ def member_url(meta: Any) -> str:
 def _faust_assignment(url: str, actives: dict[str, list[int]]) -> ConsumerProtocolMemberAssignment:
     """What Faust's ``on_assignment`` accepts: the partitions, and the same as a Faust
     ``ClientMetadata`` (zlib-compressed JSON) naming the member's own URL."""
-    meta = ClientMetadata(assignment=ClientAssignment(actives=actives, standbys={}), url=url,
-                          changelog_distribution={url: actives},
-                          external_topic_distribution={}, topic_groups={})  # fmt: skip
-    return ConsumerProtocolMemberAssignment(4, sorted(actives.items()),
-                                            zlib.compress(bytes(meta.dumps())))  # fmt: skip
+    meta = ClientMetadata(
+        assignment=ClientAssignment(actives=actives, standbys={}),
+        url=url,
+        changelog_distribution={url: actives},
+        external_topic_distribution={},
+        topic_groups={},
+    )
+    return ConsumerProtocolMemberAssignment(
+        4, sorted(actives.items()), zlib.compress(bytes(meta.dumps()))
+    )
 
 
 class RogueMember:
@@ -81,13 +91,18 @@ class RogueMember:
 
             @classmethod
             def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
-                rogue.assignments.append({TopicPartition(t, p) for t, ps in
-                                          assignment.assignment for p in ps})  # fmt: skip
+                rogue.assignments.append(
+                    {TopicPartition(t, p) for t, ps in assignment.assignment for p in ps}
+                )
 
-        self._config = {"bootstrap_servers": bootstrap, "group_id": group,
-                        "session_timeout_ms": 3000, "heartbeat_interval_ms": 300,
-                        "enable_auto_commit": False,
-                        "partition_assignment_strategy": (Assignor,)}  # fmt: skip
+        self._config = {
+            "bootstrap_servers": bootstrap,
+            "group_id": group,
+            "session_timeout_ms": 3000,
+            "heartbeat_interval_ms": 300,
+            "enable_auto_commit": False,
+            "partition_assignment_strategy": (Assignor,),
+        }
         self.consumer: AIOKafkaConsumer | None = None
 
     def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,8 +116,10 @@ class RogueMember:
             if url == ROGUE_URL:
                 out[member] = _faust_assignment(url, mine)
                 continue
-            actives = {t: [p for p in sorted(cluster.partitions_for_topic(t) or ()) if p != 0]
-                       for t in sorted(meta.subscription)}  # fmt: skip
+            actives = {
+                t: [p for p in sorted(cluster.partitions_for_topic(t) or ()) if p != 0]
+                for t in sorted(meta.subscription)
+            }
             out[member] = _faust_assignment(url, {t: ps for t, ps in actives.items() if ps})
         return out
 

@@ -32,8 +32,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     else:
         _catalog_table(entries)
     if invalid:
-        warn(f"warning: skipped {invalid} records that are not catalog entries (written by "
-             "someone other than the market?)")  # fmt: skip
+        warn(
+            f"warning: skipped {invalid} records that are not catalog entries (written by "
+            "someone other than the market?)"
+        )
     return 0
 
 
@@ -45,11 +47,15 @@ def _catalog_table(entries: dict[str, Any]) -> None:
     print(f"{'stream':<20} {'seller':<14} {'mechanism':<17} {'dim':>6}  levels (price)")
     for sid, e in sorted(entries.items()):
         reg = e.registration
-        print(f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  "
-              f"{output.prices(e)}")  # fmt: skip
+        print(
+            f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  "
+            f"{output.prices(e)}"
+        )
     first = next(iter(entries.values()))
-    print(f"every entry signed by the market key {first.market_public_key} "
-          f"(key id {first.market_key_id}); --json for every field")  # fmt: skip
+    print(
+        f"every entry signed by the market key {first.market_public_key} "
+        f"(key id {first.market_key_id}); --json for every field"
+    )
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -59,17 +65,25 @@ def cmd_quote(args: argparse.Namespace) -> int:
     accuracy = _accuracy(args)
 
     async def body(c: Any) -> Any:
-        return await c.quote(args.stream, target_level=args.target, accuracy=accuracy,
-                             timeout=args.timeout)  # fmt: skip
+        return await c.quote(
+            args.stream, target_level=args.target, accuracy=accuracy, timeout=args.timeout
+        )
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
         if json_mode(args):
             print_json(result)
         raise CommandError(f"no quote ({result.reason}): {result.message}", EXIT_REFUSED)
-    show(args, result, output.offers_table(result) + "\n" + (
-        f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
-        f"{output.money(result.price_minor, result.currency)}"))  # fmt: skip
+    show(
+        args,
+        result,
+        output.offers_table(result)
+        + "\n"
+        + (
+            f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
+            f"{output.money(result.price_minor, result.currency)}"
+        ),
+    )
     return 0
 
 
@@ -104,16 +118,23 @@ def cmd_buy(args: argparse.Namespace) -> int:
 
     accuracy = _accuracy(args)
     if args.most_accurate and (accuracy is not None or args.target is not None):
-        raise CommandError("--most-accurate buys the best level --max-price pays for: give it "
-                           "alone, without --target, --rmse or --half-width")  # fmt: skip
+        raise CommandError(
+            "--most-accurate buys the best level --max-price pays for: give it "
+            "alone, without --target, --rmse or --half-width"
+        )
     out = _open_output(args.output) if args.output else None  # before paying, not after
 
     async def body(c: Any) -> Any:
         return await c.buy(
-            args.stream, target_level=args.target, accuracy=accuracy,
-            most_accurate=args.most_accurate, max_price_minor=max_minor,
-            currency=args.currency, purchase_id=args.purchase_id, timeout=args.timeout,
-        )  # fmt: skip
+            args.stream,
+            target_level=args.target,
+            accuracy=accuracy,
+            most_accurate=args.most_accurate,
+            max_price_minor=max_minor,
+            currency=args.currency,
+            purchase_id=args.purchase_id,
+            timeout=args.timeout,
+        )
 
     try:
         result = run_client(args, body, party)
@@ -130,14 +151,21 @@ def cmd_buy(args: argparse.Namespace) -> int:
     if isinstance(result, Rejection):
         raise CommandError(f"purchase refused ({result.reason}): {result.message}", EXIT_REFUSED)
     paid = output.money(result.price_minor, result.currency)
-    say(args, "\n".join([
-        f"bought level {result.level_after:g} ({result.level_unit}) of {result.stream_id} for "
-        f"{paid}: {len(result.releases)} values"
-        + (f" (outcome and receipt in {args.output})" if args.output else ""),
-        *output.releases(result.releases, result.error_model),
-        f"  purchase {result.purchase_id}; receipt signed by the market key "
-        f"{result.receipt.market_key_id}" + ("" if args.output else " (--output FILE keeps it)"),
-    ]))  # fmt: skip
+    say(
+        args,
+        "\n".join(
+            [
+                f"bought level {result.level_after:g} ({result.level_unit}) "
+                f"of {result.stream_id} for "
+                f"{paid}: {len(result.releases)} values"
+                + (f" (outcome and receipt in {args.output})" if args.output else ""),
+                *output.releases(result.releases, result.error_model),
+                f"  purchase {result.purchase_id}; receipt signed by the market key "
+                f"{result.receipt.market_key_id}"
+                + ("" if args.output else " (--output FILE keeps it)"),
+            ]
+        ),
+    )
     _say_named(args, result.releases)
     return 0
 
@@ -201,8 +229,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
     if not confirmed[0]:  # nothing the market signed says this key holds the account
         raise CommandError(
             f"the market never confirmed account {party.account_id!r} for this key file's key: "
-            f"open it (`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
-        )  # fmt: skip
+            f"open it (`epsilon-market account open --key-file {args.key_file}`)",
+            EXIT_REFUSED,
+        )
     return 0
 
 
@@ -218,31 +247,51 @@ def add_commands(sub: Any) -> None:
         sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
         sp.add_argument("--stream", required=True)
         sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
-        sp.add_argument("--rmse", type=float, default=None,
-                        help="instead of a level: the cheapest level with at most this RMS error "
-                        "per coordinate (value units)")  # fmt: skip
-        sp.add_argument("--half-width", type=float, default=None,
-                        help="instead of a level: the cheapest level whose --confidence interval "
-                        "is at most ± this (value units)")  # fmt: skip
+        sp.add_argument(
+            "--rmse",
+            type=float,
+            default=None,
+            help="instead of a level: the cheapest level with at most this RMS error "
+            "per coordinate (value units)",
+        )
+        sp.add_argument(
+            "--half-width",
+            type=float,
+            default=None,
+            help="instead of a level: the cheapest level whose --confidence interval "
+            "is at most ± this (value units)",
+        )
         sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
         sp.add_argument("--timeout", type=float, default=60.0)
         if name == "buy":
-            sp.add_argument("--max-price", required=True,
-                            help="most you will pay, e.g. 0.50 (in --currency)")  # fmt: skip
-            sp.add_argument("--most-accurate", action="store_true",
-                            help="the most accurate level --max-price buys")  # fmt: skip
+            sp.add_argument(
+                "--max-price", required=True, help="most you will pay, e.g. 0.50 (in --currency)"
+            )
+            sp.add_argument(
+                "--most-accurate",
+                action="store_true",
+                help="the most accurate level --max-price buys",
+            )
             sp.add_argument("--currency", default="EUR")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
             sp.add_argument("--output", default=None, help="also write the outcome to this file")
-            sp.add_argument("--key-names", default=None, metavar="FILE",
-                            help="histogram streams of strings: name the keys of the releases "
-                            "from these strings (one per line)")  # fmt: skip
+            sp.add_argument(
+                "--key-names",
+                default=None,
+                metavar="FILE",
+                help="histogram streams of strings: name the keys of the releases "
+                "from these strings (one per line)",
+            )
         add_json_flag(sp)
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
     sp.add_argument("--follow", action="store_true")
-    sp.add_argument("--key-names", default=None, metavar="FILE",
-                    help="histogram streams of strings: name released keys from these strings")
+    sp.add_argument(
+        "--key-names",
+        default=None,
+        metavar="FILE",
+        help="histogram streams of strings: name released keys from these strings",
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_tail)

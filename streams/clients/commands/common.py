@@ -117,9 +117,14 @@ def run_client(
         raise CommandError(f"broker credentials: {exc}") from None
 
     async def go() -> T:
-        async with MarketClient(boot, topics_of(args), party=party, auth=auth,
-                                market_public_key=getattr(args, "market_key", None),
-                                on_warning=warn) as client:  # fmt: skip
+        async with MarketClient(
+            boot,
+            topics_of(args),
+            party=party,
+            auth=auth,
+            market_public_key=getattr(args, "market_key", None),
+            on_warning=warn,
+        ) as client:
             return await body(client)
 
     try:
@@ -153,5 +158,6 @@ def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], pa
         except LookupError:
             raise CommandError(
                 f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)", EXIT_REFUSED,
-            ) from None  # fmt: skip
+                f"(`epsilon-market account open --key-file {args.key_file}`)",
+                EXIT_REFUSED,
+            ) from None

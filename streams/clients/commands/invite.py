@@ -37,43 +37,61 @@ def cmd_invite(args: argparse.Namespace) -> int:
     from ...worker.secrets import SIGNING_FILE, load_or_create_keys  # noqa: PLC0415
 
     if not re.fullmatch(ID_PATTERN, args.account):
-        raise CommandError(f"{args.account!r} is not an account id (letters, digits, _ and -, "
-                           "1 to 64)")  # fmt: skip
+        raise CommandError(
+            f"{args.account!r} is not an account id (letters, digits, _ and -, 1 to 64)"
+        )
     data_dir = Path(args.data_dir or os.environ.get("EMARKET_DATA_DIR") or "data")
     if not os.environ.get("EMARKET_SIGNING_KEY") and not (data_dir / SIGNING_FILE).exists():
-        raise CommandError(f"no market key in {data_dir} (nor EMARKET_SIGNING_KEY): run this "
-                           "where the worker's data directory is, or pass --data-dir")  # fmt: skip
+        raise CommandError(
+            f"no market key in {data_dir} (nor EMARKET_SIGNING_KEY): run this "
+            "where the worker's data directory is, or pass --data-dir"
+        )
     if args.out and Path(args.out).exists():
         raise CommandError(f"{args.out} exists; invite never overwrites a file")
     try:
         keys = load_or_create_keys(data_dir)
         expires = time.time_ns() // 1_000_000 + args.expires_in
-        inv: Invitation = invite(keys.signing_key, args.prefix, args.account, expires,
-                                 args.signing_key)  # fmt: skip
+        inv: Invitation = invite(
+            keys.signing_key, args.prefix, args.account, expires, args.signing_key
+        )
     except ValueError as exc:
         raise CommandError(f"no invitation made: {exc}") from None
     text = inv.model_dump_json(exclude_none=True)
     if args.out:
         Path(args.out).write_text(text + "\n")
     where = f"wrote {args.out}" if args.out else text
-    show(args, inv, f"{where}\ninvitation for account {args.account!r} in market "
-         f"{args.prefix!r} (key {inv.market_key_id}), valid until {expires} ms"
-         + ("" if args.signing_key else " for any key: give it to the party only")
-         + "\nthe party runs: epsilon-market account open --invitation FILE")  # fmt: skip
+    show(
+        args,
+        inv,
+        f"{where}\ninvitation for account {args.account!r} in market "
+        f"{args.prefix!r} (key {inv.market_key_id}), valid until {expires} ms"
+        + ("" if args.signing_key else " for any key: give it to the party only")
+        + "\nthe party runs: epsilon-market account open --invitation FILE",
+    )
     return 0
 
 
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("invite", help="operators: an invitation to open one account")
     sp.add_argument("--account", required=True, help="the account id the invitation opens")
-    sp.add_argument("--signing-key", default=None,
-                    help="the party's signing key (base64, keygen prints it): only that key may "
-                    "open the account (default: any key)")  # fmt: skip
-    sp.add_argument("--expires-in", type=_duration_ms, default=_duration_ms("7d"),
-                    help="how long the invitation is valid (default 7d)")  # fmt: skip
-    sp.add_argument("--data-dir", default=None,
-                    help="the worker's data directory, which holds the market key (default "
-                    "$EMARKET_DATA_DIR or data)")  # fmt: skip
+    sp.add_argument(
+        "--signing-key",
+        default=None,
+        help="the party's signing key (base64, keygen prints it): only that key may "
+        "open the account (default: any key)",
+    )
+    sp.add_argument(
+        "--expires-in",
+        type=_duration_ms,
+        default=_duration_ms("7d"),
+        help="how long the invitation is valid (default 7d)",
+    )
+    sp.add_argument(
+        "--data-dir",
+        default=None,
+        help="the worker's data directory, which holds the market key (default "
+        "$EMARKET_DATA_DIR or data)",
+    )
     sp.add_argument("--out", default=None, help="write the invitation to this file")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_invite)

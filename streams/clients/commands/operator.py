@@ -41,24 +41,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         broker = EmbeddedBroker().start()
         settings = replace(settings, broker=broker.url).for_tansu()
     url = settings.broker
-    print(f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
-          "leave this running and use a second terminal:", flush=True)  # fmt: skip
+    print(
+        f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
+        "leave this running and use a second terminal:",
+        flush=True,
+    )
     pages = f"http://{settings.web_host}:{settings.web_port}"
     key_id, market_key = _market_key_of(settings)
-    print(f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
-          flush=True)  # fmt: skip
-    print(f"  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with, key id "
-          f"{key_id}; clients believe nothing it did not sign, and given this key (pinned) they "
-          "trust no other; without it they trust the key <prefix>.market names, with a "
-          "warning)", flush=True)  # fmt: skip
-    print(f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)",
-          flush=True)  # fmt: skip
-    print(f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
-          "(`epsilon-market ledger` reads it)", flush=True)  # fmt: skip
+    print(
+        f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
+        flush=True,
+    )
+    print(
+        f"  (EMARKET_MARKET_KEY: the key the market signs receipts and answers with, key id "
+        f"{key_id}; clients believe nothing it did not sign, and given this key (pinned) they "
+        "trust no other; without it they trust the key <prefix>.market names, with a "
+        "warning)",
+        flush=True,
+    )
+    print(
+        f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)", flush=True
+    )
+    print(
+        f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
+        "(`epsilon-market ledger` reads it)",
+        flush=True,
+    )
     if broker is not None:
-        print("  the embedded broker keeps everything in memory: when this stops, accounts, "
-              "streams and holdings are gone (open the accounts again after a restart)",
-              flush=True)  # fmt: skip
+        print(
+            "  the embedded broker keeps everything in memory: when this stops, accounts, "
+            "streams and holdings are gone (open the accounts again after a restart)",
+            flush=True,
+        )
     try:
         return _run(settings, None if broker is None else broker.stop)
     finally:
@@ -83,8 +97,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(taken, file=sys.stderr)
         return 2
     key_id, market_key = _market_key_of(settings)
-    print(f"epsilon-market worker: market key {key_id}: clients pin it with "
-          f"EMARKET_MARKET_KEY={market_key} (--market-key)", flush=True)  # fmt: skip
+    print(
+        f"epsilon-market worker: market key {key_id}: clients pin it with "
+        f"EMARKET_MARKET_KEY={market_key} (--market-key)",
+        flush=True,
+    )
     return _run(settings)
 
 
@@ -98,9 +115,11 @@ def _web_port_taken(settings: Any) -> str | None:
         try:
             sock.bind((settings.web_host, settings.web_port))
         except OSError as exc:
-            return (f"error: the worker's web port {settings.web_host}:{settings.web_port} is "
-                    f"not free ({exc.strerror}): another market or program is serving there. "
-                    "Choose another with --web-port N (or EMARKET_WEB_PORT).")  # fmt: skip
+            return (
+                f"error: the worker's web port {settings.web_host}:{settings.web_port} is "
+                f"not free ({exc.strerror}): another market or program is serving there. "
+                "Choose another with --web-port N (or EMARKET_WEB_PORT)."
+            )
     return None
 
 
@@ -120,17 +139,25 @@ def _worker_settings(args: argparse.Namespace) -> Any:
     from ...worker.config import Settings  # noqa: PLC0415
 
     s = Settings.from_env(
-        broker=args.broker, prefix=args.prefix, app_id=args.app_id, partitions=args.partitions,
-        data_dir=Path(args.data_dir) if args.data_dir else None, store=args.store,
-        web_host=args.web_host, web_port=args.web_port,
+        broker=args.broker,
+        prefix=args.prefix,
+        app_id=args.app_id,
+        partitions=args.partitions,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        store=args.store,
+        web_host=args.web_host,
+        web_port=args.web_port,
         log_level=args.log_level or ("warn" if args.command == "serve" else None),
         require_encryption=False if args.unsafe_unsealed_buyers else None,
         accept_clear_values=True if args.accept_clear_values else None,
-    )  # fmt: skip
+    )
     if args.tansu:
         s = s.for_tansu()
-    tuning = {"session_timeout": args.session_timeout, "fetch_max_wait_ms": args.fetch_max_wait_ms,
-              "heartbeat_interval": args.heartbeat_interval}  # fmt: skip
+    tuning = {
+        "session_timeout": args.session_timeout,
+        "fetch_max_wait_ms": args.fetch_max_wait_ms,
+        "heartbeat_interval": args.heartbeat_interval,
+    }
     return replace(s, **{k: v for k, v in tuning.items() if v is not None})
 
 
@@ -147,19 +174,24 @@ def cmd_init_topics(args: argparse.Namespace) -> int:
         try:  # topics that existed keep their count: never report the one asked for instead
             await check_input_partitions(c.bootstrap, topics, **c.auth)
         except PartitionCountError as exc:
-            raise CommandError(f"the input topics exist already, with another partition count, "
-                               f"which cannot change: {exc}", EXIT_REFUSED) from None  # fmt: skip
+            raise CommandError(
+                f"the input topics exist already, with another partition count, "
+                f"which cannot change: {exc}",
+                EXIT_REFUSED,
+            ) from None
         return made
 
     from ...core.census import SELLER_SHARE_FLOOR  # noqa: PLC0415
 
     created = run_client(args, body)
     room = _capacity(args.partitions)
-    lines = ["created: " + (", ".join(created) if created else "nothing (all topics exist)"),
-             f"{room['partitions']} input partitions: at most {room['max_workers']} workers "
-             "share the market (the count is fixed once the topics exist); each partition "
-             f"holds at most {room['streams_per_partition']} streams, "
-             f"{room['seller_streams_per_partition']} of one seller"]  # fmt: skip
+    lines = [
+        "created: " + (", ".join(created) if created else "nothing (all topics exist)"),
+        f"{room['partitions']} input partitions: at most {room['max_workers']} workers "
+        "share the market (the count is fixed once the topics exist); each partition "
+        f"holds at most {room['streams_per_partition']} streams, "
+        f"{room['seller_streams_per_partition']} of one seller",
+    ]
     if room["seller_streams_per_partition"] < SELLER_SHARE_FLOOR:
         lines.append(
             f"warning: a seller's share of a partition is {room['seller_streams_per_partition']}"
@@ -226,8 +258,9 @@ def _whose_ledger(url: str, *, defaulted: bool) -> str:
         why = getattr(exc, "reason", exc)
         raise CommandError(
             f"cannot reach the worker at {base} ({why}); is it running? `epsilon-market serve` "
-            "serves it at http://127.0.0.1:6066 (set EMARKET_WORKER or --worker)", EXIT_BROKER,
-        ) from None  # fmt: skip
+            "serves it at http://127.0.0.1:6066 (set EMARKET_WORKER or --worker)",
+            EXIT_BROKER,
+        ) from None
     market = str(health.get("market_key_id", "?"))
     pinned = os.environ.get("EMARKET_MARKET_KEY")
     if pinned:
@@ -237,10 +270,12 @@ def _whose_ledger(url: str, *, defaulted: bool) -> str:
                 f"the worker at {base} serves another market (key id {market}), not the one "
                 f"EMARKET_MARKET_KEY names ({want}): point EMARKET_WORKER or --worker at yours",
                 EXIT_REFUSED,
-            )  # fmt: skip
+            )
     how = " (EMARKET_WORKER not set: the default port)" if defaulted else ""
-    return (f"ledger of market {market} (app {health.get('app_id', '?')}, broker "
-            f"{health.get('broker', '?')}) from the worker at {base}{how}")  # fmt: skip
+    return (
+        f"ledger of market {market} (app {health.get('app_id', '?')}, broker "
+        f"{health.get('broker', '?')}) from the worker at {base}{how}"
+    )
 
 
 def _base(url: str) -> str:
@@ -267,14 +302,16 @@ def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
             raise CommandError(f"the worker at {base} answered {exc.code}", EXIT_BROKER) from None
         raise CommandError(
             f"the worker at {base} refused the operator token: pass the `operator_token` of "
-            "its data directory (--token-file, or --data-dir)", EXIT_REFUSED,
-        ) from None  # fmt: skip
+            "its data directory (--token-file, or --data-dir)",
+            EXIT_REFUSED,
+        ) from None
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         why = getattr(exc, "reason", exc)
         raise CommandError(
             f"cannot read the ledger of the worker at {base} ({why}); is it running? "
-            "`epsilon-market serve` serves it at http://127.0.0.1:6066", EXIT_BROKER,
-        ) from None  # fmt: skip
+            "`epsilon-market serve` serves it at http://127.0.0.1:6066",
+            EXIT_BROKER,
+        ) from None
 
 
 def _window_figure(s: dict[str, Any]) -> str:
@@ -301,15 +338,19 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         print("\n".join(said), file=sys.stderr)
         return 0
     print("\n".join(said) + "\n")
-    print(f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
-          f"  {'values':>8}  window spent/cap")  # fmt: skip
+    print(
+        f"{'stream':<20} {'seller':<12} {'spent':>10} {'cap':>8} {'unit':<8} {'revenue':>14}"
+        f"  {'values':>8}  window spent/cap"
+    )
     buyers: dict[str, dict[str, Any]] = {}
     sellers: dict[tuple[str, str], int] = {}
     for sid, s in sorted(streams.items()):
         money = format_money(s["revenue_minor"], s["currency"])
-        print(f"{sid:<20} {s['seller_id']:<12} {s['privacy_spent']:>10g} {s['cap']:>8g} "
-              f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']:>8}  "
-              f"{_window_figure(s)}")  # fmt: skip
+        print(
+            f"{sid:<20} {s['seller_id']:<12} {s['privacy_spent']:>10g} {s['cap']:>8g} "
+            f"{s['level_unit']:<8} {money:>14}  {s['values_ingested']:>8}  "
+            f"{_window_figure(s)}"
+        )
         for b, h in s.get("holders", {}).items():
             buyers.setdefault(b, {})[sid] = {**h, "currency": s["currency"]}
         key = (s["seller_id"], s["currency"])
@@ -363,8 +404,11 @@ def cmd_rejections(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         run_client(args, body)
     if skipped[0]:
-        print(f"warning: skipped {skipped[0]} records that are not rejections (written by "
-              "someone other than the market?)", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: skipped {skipped[0]} records that are not rejections (written by "
+            "someone other than the market?)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -430,10 +474,13 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415 - plain Python: no service extra
 
     price = format_money(rec.price_minor, rec.currency)
-    show(args, {"valid": True, "receipt": rec.to_dict()},
-         f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
-         f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
-         f"{price}, {len(rec.value_ids)} values")  # fmt: skip
+    show(
+        args,
+        {"valid": True, "receipt": rec.to_dict()},
+        f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
+        f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
+        f"{price}, {len(rec.value_ids)} values",
+    )
     return 0
 
 
@@ -460,8 +507,9 @@ def _catalog_key(args: argparse.Namespace, outcome: Any) -> str:
         raise CommandError(
             f"the catalog at {args.broker} names {len(keys)} different market keys, so someone "
             "other than the market has written to it; pass --public-key KEY obtained from the "
-            "market's operators", EXIT_REFUSED,
-        )  # fmt: skip
+            "market's operators",
+            EXIT_REFUSED,
+        )
     entry = mine[-1]
     print(
         f"market key {entry.market_key_id} read from the catalog at {args.broker}: this trusts "
@@ -480,25 +528,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _worker_options(sp: argparse.ArgumentParser) -> None:
     for flag, kind, text in (
-        ("--app-id", str, None), ("--partitions", int, None), ("--data-dir", str, None),
-        ("--store", str, "memory:// or rocksdb://"), ("--web-host", str, None),
-        ("--web-port", int, None), ("--session-timeout", float, None),
-        ("--heartbeat-interval", float, None), ("--fetch-max-wait-ms", int, None),
-    ):  # fmt: skip
+        ("--app-id", str, None),
+        ("--partitions", int, None),
+        ("--data-dir", str, None),
+        ("--store", str, "memory:// or rocksdb://"),
+        ("--web-host", str, None),
+        ("--web-port", int, None),
+        ("--session-timeout", float, None),
+        ("--heartbeat-interval", float, None),
+        ("--fetch-max-wait-ms", int, None),
+    ):
         sp.add_argument(flag, type=kind, default=None, help=text)
     sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
     sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
     sp.add_argument(
-        "--unsafe-unsealed-buyers", action="store_true",
+        "--unsafe-unsealed-buyers",
+        action="store_true",
         help="UNSAFE: also serve buyers without a sealing key; their releases travel in clear "
         "text, readable by anyone who can read their inbox topic (on the embedded broker, "
         "anyone who can reach it). Default: such purchases are refused (encryption_required)",
-    )  # fmt: skip
+    )
     sp.add_argument(
-        "--accept-clear-values", action="store_true",
+        "--accept-clear-values",
+        action="store_true",
         help="migration only: also accept value batches not sealed to the market's key (their "
         "numbers are readable on the values topic). Default: refused (values_not_sealed)",
-    )  # fmt: skip
+    )
 
 
 def add_commands(sub: Any) -> None:
@@ -513,21 +568,34 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--values", type=int, default=20)
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("init-topics", help="create the market's topics")
-    sp.add_argument("--partitions", type=_partition_count,  # a text default is checked too
-                    default=os.environ.get("EMARKET_PARTITIONS") or "4",
-                    help="input partitions, fixed for the market's life: at most this many "
-                    "workers (default $EMARKET_PARTITIONS or 4; docs/operations.md, sizing)")
+    sp.add_argument(
+        "--partitions",
+        type=_partition_count,  # a text default is checked too
+        default=os.environ.get("EMARKET_PARTITIONS") or "4",
+        help="input partitions, fixed for the market's life: at most this many "
+        "workers (default $EMARKET_PARTITIONS or 4; docs/operations.md, sizing)",
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_init_topics)
     sp = sub.add_parser("ledger", help="operators: revenue, privacy spent and holdings")
-    sp.add_argument("--worker", action="append", default=None,
-                    help="worker URL, repeatable (default $EMARKET_WORKER, comma-separated, "
-                    "or http://127.0.0.1:6066)")  # fmt: skip
-    sp.add_argument("--token-file", default=None,
-                    help="the operators' credential (default $EMARKET_OPERATOR_TOKEN, or "
-                    "operator_token in --data-dir); without it only aggregates are shown")
-    sp.add_argument("--data-dir", default=None,
-                    help="the worker's data directory (default $EMARKET_DATA_DIR or data)")
+    sp.add_argument(
+        "--worker",
+        action="append",
+        default=None,
+        help="worker URL, repeatable (default $EMARKET_WORKER, comma-separated, "
+        "or http://127.0.0.1:6066)",
+    )
+    sp.add_argument(
+        "--token-file",
+        default=None,
+        help="the operators' credential (default $EMARKET_OPERATOR_TOKEN, or "
+        "operator_token in --data-dir); without it only aggregates are shown",
+    )
+    sp.add_argument(
+        "--data-dir",
+        default=None,
+        help="the worker's data directory (default $EMARKET_DATA_DIR or data)",
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
@@ -546,9 +614,10 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
     sp.add_argument(
-        "--public-key", default=None,
+        "--public-key",
+        default=None,
         help="the market's key, base64 (market_public_key in the catalog); default: read it "
         "from the catalog on --broker (pass it to check without trusting the broker)",
-    )  # fmt: skip
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_verify_receipt)

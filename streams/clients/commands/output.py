@@ -122,8 +122,12 @@ def registered(entry: Any) -> str:
     product = {"running_totals": "running totals", "histogram": "histograms"}.get(
         reg.product, "values"
     )
-    privacy = (f", at most {reg.window.cap:g} {entry.level_unit} per "
-               f"{reg.window.duration_ms / 1000:g} s window" if reg.window else "")  # fmt: skip
+    privacy = (
+        f", at most {reg.window.cap:g} {entry.level_unit} per "
+        f"{reg.window.duration_ms / 1000:g} s window"
+        if reg.window
+        else ""
+    )
     return (
         f"registered stream {reg.stream_id!r} of {reg.seller_id}: {product}, {reg.mechanism}, "
         f"dimension {reg.dimension}, sensitivity {reg.sensitivity:g}{privacy}\n"
@@ -137,11 +141,17 @@ def accuracy(model: Any) -> str:
     in the value's units."""
     if model is None:
         return "  noise: not stated by the market"
-    names = {"laplace": "Laplace scale", "discrete_laplace": "discrete Laplace scale",
-             "gaussian": "Gaussian σ", "poisson": "Poisson λ"}  # fmt: skip
+    names = {
+        "laplace": "Laplace scale",
+        "discrete_laplace": "discrete Laplace scale",
+        "gaussian": "Gaussian σ",
+        "poisson": "Poisson λ",
+    }
     hw = model.half_widths.get("95", math.nan)
-    text = (f"  noise: {names.get(model.mechanism, 'scale')} {model.scale:.4g}; each number's "
-            f"RMS error {model.std:.4g}, ±{hw:.4g} at 95 %")  # fmt: skip
+    text = (
+        f"  noise: {names.get(model.mechanism, 'scale')} {model.scale:.4g}; each number's "
+        f"RMS error {model.std:.4g}, ±{hw:.4g} at 95 %"
+    )
     if model.offset:
         text += f"; subtract the offset {number(model.offset)} for an unbiased estimate"
     if model.threshold is not None:
@@ -175,39 +185,50 @@ def event(ev: Any) -> list[str]:
     if kind == "account":
         return [f"account {ev.account_id}: open, keys version {ev.version} (key id {ev.key_id})"]
     if kind == "values_accepted":
-        said = ", ".join(f"{o.value_id} {o.status}" + (f" ({o.reason})" if o.reason else "")
-                         for o in ev.outcomes)  # fmt: skip
+        said = ", ".join(
+            f"{o.value_id} {o.status}" + (f" ({o.reason})" if o.reason else "") for o in ev.outcomes
+        )
         return [f"values of {ev.stream_id}: {said}"]
     if kind == "purchase_fulfilled":
-        head = (f"bought {ev.stream_id} at level {level(ev.level_after, ev.level_unit)} (from "
-                f"{ev.level_before:g}) for {money(ev.price_minor, ev.currency)}, purchase "
-                f"{ev.purchase_id}: {len(ev.releases)} values")  # fmt: skip
+        head = (
+            f"bought {ev.stream_id} at level {level(ev.level_after, ev.level_unit)} (from "
+            f"{ev.level_before:g}) for {money(ev.price_minor, ev.currency)}, purchase "
+            f"{ev.purchase_id}: {len(ev.releases)} values"
+        )
         return [head, *releases(ev.releases, ev.error_model)]
     if kind == "value_released":
         head = f"new values of {ev.stream_id} at your level: {len(ev.releases)}"
         return [head, *releases(ev.releases, ev.error_model)]
     if kind == "quote":
-        return [f"quote {ev.quote_id} on {ev.stream_id}: level {ev.level_before:g} -> "
-                f"{level(ev.level_after, ev.level_unit)} costs "
-                f"{money(ev.price_minor, ev.currency)}"]  # fmt: skip
+        return [
+            f"quote {ev.quote_id} on {ev.stream_id}: level {ev.level_before:g} -> "
+            f"{level(ev.level_after, ev.level_unit)} costs "
+            f"{money(ev.price_minor, ev.currency)}"
+        ]
     if kind == "sale":
-        return [f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "
-                f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}"
-                f", {ev.value_count} values"]  # fmt: skip
+        return [
+            f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "
+            f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}"
+            f", {ev.value_count} values"
+        ]
     if kind == "deliveries_withheld":
-        return [f"withheld from you on {ev.stream_id}: {len(ev.value_ids)} value(s) "
-                f"({ev.reason}): {ev.message}"]  # fmt: skip
+        return [
+            f"withheld from you on {ev.stream_id}: {len(ev.value_ids)} value(s) "
+            f"({ev.reason}): {ev.message}"
+        ]
     if kind == "rejection":
-        what = " ".join(x for x in (ev.source_topic.rsplit(".", 1)[-1], ev.stream_id,
-                                    ev.request_id) if x)  # fmt: skip
+        what = " ".join(
+            x for x in (ev.source_topic.rsplit(".", 1)[-1], ev.stream_id, ev.request_id) if x
+        )
         return [f"refused ({ev.reason}) {what}: {ev.message}"]
     return [f"{kind or 'event'}: --json shows it"]
 
 
 def offers_table(q: Any) -> str:
     """The levels for sale as a buyer reads them: accuracy in the value's units, price now."""
-    lines = [f"{'level (' + q.level_unit + ')':<16} {'RMS error':>10} {'±95 %':>10} "
-             f"{'price now':>12}"]  # fmt: skip
+    lines = [
+        f"{'level (' + q.level_unit + ')':<16} {'RMS error':>10} {'±95 %':>10} {'price now':>12}"
+    ]
     for o in q.offers:
         price = "held" if o.held else money(o.price_minor, q.currency)
         mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
@@ -221,8 +242,10 @@ def offers_table(q: Any) -> str:
         def iso(ms: int) -> str:
             return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
-        lines.append(f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
-                     f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}")  # fmt: skip
+        lines.append(
+            f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
+            f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}"
+        )
     return "\n".join(lines)
 
 
@@ -242,27 +265,39 @@ def published(args: argparse.Namespace, client: Any, batch: Any, answer: Any) ->
     (what a resend must carry) and the market's answer (``reason`` and ``message`` if refused)."""
     if not json_mode(args):
         return
-    refusal = {"reason": answer.reason, "message": answer.message} if (
-        getattr(answer, "type", "") == "rejection") else {}  # fmt: skip
+    refusal = (
+        {"reason": answer.reason, "message": answer.message}
+        if (getattr(answer, "type", "") == "rejection")
+        else {}
+    )
     lines = {o.value_id: o for o in getattr(answer, "outcomes", [])}
     for item in batch.items:
         line = lines.get(item.value_id)
         why = {"reason": line.reason, "message": line.message} if line and line.reason else refusal
-        row = {"value_id": item.value_id, "stream_id": batch.stream_id,
-               "published_at_ms": client.published_at(batch.stream_id, item.value_id),
-               "status": _status(answer, item.value_id), **why}  # fmt: skip
+        row = {
+            "value_id": item.value_id,
+            "stream_id": batch.stream_id,
+            "published_at_ms": client.published_at(batch.stream_id, item.value_id),
+            "status": _status(answer, item.value_id),
+            **why,
+        }
         print(json.dumps(row, sort_keys=True), flush=True)
 
 
 def one_value(client: Any, batch: Any, answer: Any) -> str:
     """The line for a single value published: its id, publication time and the answer."""
     vid = batch.items[0].value_id
-    return (f"{vid} published_at_ms={client.published_at(batch.stream_id, vid)} "
-            f"{_status(answer, vid)}")  # fmt: skip
+    return (
+        f"{vid} published_at_ms={client.published_at(batch.stream_id, vid)} {_status(answer, vid)}"
+    )
 
 
 def progress(args: argparse.Namespace, text: str | None) -> None:
     """A progress line redrawn in place (stderr under ``--json``); ``None`` ends it."""
     stream = sys.stderr if json_mode(args) else sys.stdout
-    print("" if text is None else f"\r{text}", end="\n" if text is None else "", file=stream,
-          flush=True)  # fmt: skip
+    print(
+        "" if text is None else f"\r{text}",
+        end="\n" if text is None else "",
+        file=stream,
+        flush=True,
+    )

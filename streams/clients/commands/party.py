@@ -25,14 +25,23 @@ def cmd_keygen(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot write {args.out}: {exc.strerror}") from None
-    lines = [f"wrote {args.out} (mode 0600) for account {party.account_id!r}: keep it private",
-             f"signing key {party.public_key}"]  # fmt: skip
+    lines = [
+        f"wrote {args.out} (mode 0600) for account {party.account_id!r}: keep it private",
+        f"signing key {party.public_key}",
+    ]
     if party.sealing_public_key:
         lines.append(f"sealing key {party.sealing_public_key} (releases to you are sealed for it)")
     lines.append(f"next: epsilon-market account open --key-file {args.out}")
-    show(args, {"account_id": party.account_id, "key_file": args.out,
-                "signing_key": party.public_key, "sealing_key": party.sealing_public_key},
-         "\n".join(lines))  # fmt: skip
+    show(
+        args,
+        {
+            "account_id": party.account_id,
+            "key_file": args.out,
+            "signing_key": party.public_key,
+            "sealing_key": party.sealing_public_key,
+        },
+        "\n".join(lines),
+    )
     return 0
 
 
@@ -53,8 +62,12 @@ def cmd_account_open(args: argparse.Namespace) -> int:
         if json_mode(args):
             print_json(out)
         raise CommandError(f"account not opened ({out.reason}): {out.message}", EXIT_REFUSED)
-    show(args, out, f"account {out.account_id!r} is open (key {out.key_id}, version "
-         f"{out.version}); its inbox is {args.prefix}.inbox.{out.account_id}")  # fmt: skip
+    show(
+        args,
+        out,
+        f"account {out.account_id!r} is open (key {out.key_id}, version "
+        f"{out.version}); its inbox is {args.prefix}.inbox.{out.account_id}",
+    )
     return 0
 
 
@@ -71,8 +84,10 @@ def _invitation(path: str | None) -> Any:
     except OSError as exc:
         raise CommandError(f"cannot read the invitation {path}: {exc.strerror}") from None
     except ValidationError as exc:
-        raise CommandError(f"{path} is not an invitation (epsilon-market invite writes one): "
-                           f"{exc.errors()[0]['msg']}") from None  # fmt: skip
+        raise CommandError(
+            f"{path} is not an invitation (epsilon-market invite writes one): "
+            f"{exc.errors()[0]['msg']}"
+        ) from None
 
 
 def cmd_account_rotate(args: argparse.Namespace) -> int:
@@ -93,16 +108,24 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
     if isinstance(out, Rejection):
         if json_mode(args):
             print_json(out)
-        hint = (" (--version is the account's current version + 1: its inbox's last `account` "
-                "says it)" if out.reason == "stale_key_version" else "")  # fmt: skip
+        hint = (
+            " (--version is the account's current version + 1: its inbox's last `account` says it)"
+            if out.reason == "stale_key_version"
+            else ""
+        )
         raise CommandError(f"keys not rotated ({out.reason}): {out.message}{hint}", EXIT_REFUSED)
     if out.signing_key != new.public_key:
-        raise CommandError(f"the market's answer pins other keys than {args.new_key_file}'s "
-                           f"(key id {out.key_id})", EXIT_REFUSED)  # fmt: skip
+        raise CommandError(
+            f"the market's answer pins other keys than {args.new_key_file}'s (key id {out.key_id})",
+            EXIT_REFUSED,
+        )
     # events are signed at the key version: the new key file records it
     dataclasses.replace(new, key_version=out.version).save_over(args.new_key_file)
-    show(args, out, f"keys of {out.account_id!r} rotated to version {out.version}: use "
-         f"{args.new_key_file}")  # fmt: skip
+    show(
+        args,
+        out,
+        f"keys of {out.account_id!r} rotated to version {out.version}: use {args.new_key_file}",
+    )
     return 0
 
 
@@ -110,8 +133,9 @@ def add_commands(sub: Any) -> None:
     sp = sub.add_parser("keygen", help="a new key file for an account (signing + sealing keys)")
     sp.add_argument("--account", required=True, help="the account id to act as")
     sp.add_argument("--out", required=True, help="the key file to create (never overwritten)")
-    sp.add_argument("--no-sealing", action="store_true",
-                    help="no sealing key (sellers that never buy)")  # fmt: skip
+    sp.add_argument(
+        "--no-sealing", action="store_true", help="no sealing key (sellers that never buy)"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_keygen)
     acct = sub.add_parser("account", help="open an account or rotate its keys")
@@ -119,8 +143,12 @@ def add_commands(sub: Any) -> None:
     sp = asub.add_parser("open", help="pin the key file's keys to its account id")
     sp.add_argument("--key-file", default=None)
     sp.add_argument("--timeout", type=float, default=30.0)
-    sp.add_argument("--invitation", default=None, metavar="FILE",
-                    help="the operators' invitation (markets that open accounts by invitation)")
+    sp.add_argument(
+        "--invitation",
+        default=None,
+        metavar="FILE",
+        help="the operators' invitation (markets that open accounts by invitation)",
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_open, command="account open")
     sp = asub.add_parser("rotate", help="replace the account's keys (signed with the old ones)")

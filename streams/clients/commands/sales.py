@@ -38,8 +38,14 @@ def _row(sale: Any) -> str:
 
     level = f"{sale.level_before:g} -> {sale.level_after:g} {sale.level_unit}"
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sale.sold_at_ms / 1000))
-    return _ROW.format(sale.stream_id, sale.buyer_ref[:16], level,
-                       format_money(sale.price_minor, sale.currency), sale.value_count, when)
+    return _ROW.format(
+        sale.stream_id,
+        sale.buyer_ref[:16],
+        level,
+        format_money(sale.price_minor, sale.currency),
+        sale.value_count,
+        when,
+    )
 
 
 def _header() -> str:
@@ -76,8 +82,7 @@ def cmd_sales(args: argparse.Namespace) -> int:
     async def body(c: Any) -> None:
         if args.follow and not json_mode(args):
             print(_header(), flush=True)
-        async for sale in c.sales(stream_id=args.stream,
-                                  idle_timeout=None if args.follow else 2.0):  # fmt: skip
+        async for sale in c.sales(stream_id=args.stream, idle_timeout=None if args.follow else 2.0):
             sales.append(sale)
             if args.follow:
                 print(sale.model_dump_json() if json_mode(args) else _row(sale), flush=True)
@@ -85,8 +90,9 @@ def cmd_sales(args: argparse.Namespace) -> int:
     read_inbox(args, body, party)
     if json_mode(args):
         if not args.follow:
-            print_json({"sales": [json.loads(s.model_dump_json()) for s in sales],
-                        "totals": totals(sales)})  # fmt: skip
+            print_json(
+                {"sales": [json.loads(s.model_dump_json()) for s in sales], "totals": totals(sales)}
+            )
         return 0
     if not sales:
         print("no sales yet" + (f" on stream {args.stream!r}" if args.stream else ""))
@@ -101,11 +107,16 @@ def cmd_sales(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    sp = sub.add_parser("sales", help="seller: what your streams sold, to whom (a pseudonym), "
-                        "for how much, with totals")  # fmt: skip
+    sp = sub.add_parser(
+        "sales",
+        help="seller: what your streams sold, to whom (a pseudonym), for how much, with totals",
+    )
     sp.add_argument("--key-file", default=None, help="the seller's keys (names its inbox)")
     sp.add_argument("--stream", default=None, help="only this stream's sales")
     add_json_flag(sp)
-    sp.add_argument("--follow", action="store_true",
-                    help="keep reading: print each sale as it comes, the totals at Ctrl-C")
+    sp.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep reading: print each sale as it comes, the totals at Ctrl-C",
+    )
     sp.set_defaults(fn=cmd_sales)

@@ -96,8 +96,10 @@ def _privacy(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     if args.window_cap is None:
         raise CommandError("--privacy-window needs --window-cap (the most one window may spend)")
-    return {"privacy_unit": "window",
-            "window": {"duration_ms": args.privacy_window, "cap": args.window_cap}}  # fmt: skip
+    return {
+        "privacy_unit": "window",
+        "window": {"duration_ms": args.privacy_window, "cap": args.window_cap},
+    }
 
 
 def _product(args: argparse.Namespace) -> dict[str, Any]:
@@ -127,12 +129,21 @@ def cmd_register(args: argparse.Namespace) -> int:
 
     party = load_party(args)
     fields = dict(
-        stream_id=args.stream, seller_id=party.account_id, mechanism=args.mechanism,
-        sensitivity=args.sensitivity, dimension=args.dimension, steps=args.steps,
-        cap=args.cap if args.cap is not None else max(args.steps), retain_last=args.retain,
-        sealed=args.sealed, pricing=_pricing(args), currency=args.currency,
-        description=args.description, **_privacy(args), **_product(args),
-    )  # fmt: skip
+        stream_id=args.stream,
+        seller_id=party.account_id,
+        mechanism=args.mechanism,
+        sensitivity=args.sensitivity,
+        dimension=args.dimension,
+        steps=args.steps,
+        cap=args.cap if args.cap is not None else max(args.steps),
+        retain_last=args.retain,
+        sealed=args.sealed,
+        pricing=_pricing(args),
+        currency=args.currency,
+        description=args.description,
+        **_privacy(args),
+        **_product(args),
+    )
     try:
         StreamRegistration.model_validate(  # checked here; signed once the market key is read
             {**fields, "key_id": "0" * 16, "signature": "A" * 86 + "=="}
@@ -149,8 +160,9 @@ def cmd_register(args: argparse.Namespace) -> int:
     if isinstance(result, Rejection):
         if json_mode(args):
             print_json(result)
-        raise CommandError(f"registration refused ({result.reason}): {result.message}",
-                           EXIT_REFUSED)  # fmt: skip
+        raise CommandError(
+            f"registration refused ({result.reason}): {result.message}", EXIT_REFUSED
+        )
     output.show(args, result, output.registered(result))
     return 0
 
@@ -287,8 +299,11 @@ def _refusals(answer: Any, batch: Any) -> list[tuple[str, str, str]]:
         return []
     if isinstance(answer, Rejection):
         return [(i.value_id, answer.reason, answer.message) for i in batch.items]
-    return [(o.value_id, o.reason or "", o.message or "") for o in answer.outcomes
-            if o.status == "rejected"]  # fmt: skip
+    return [
+        (o.value_id, o.reason or "", o.message or "")
+        for o in answer.outcomes
+        if o.status == "rejected"
+    ]
 
 
 def add_commands(sub: Any) -> None:
@@ -296,23 +311,34 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--key-file", default=None, help="the seller's keys (epsilon-market keygen)")
     sp.add_argument("--stream", required=True)
     sp.add_argument(
-        "--mechanism", choices=["laplace", "gaussian", "poisson", "discrete_laplace"],
-        default="laplace", help="discrete_laplace: exact whole-number releases of counts",
-    )  # fmt: skip
+        "--mechanism",
+        choices=["laplace", "gaussian", "poisson", "discrete_laplace"],
+        default="laplace",
+        help="discrete_laplace: exact whole-number releases of counts",
+    )
     sp.add_argument("--sensitivity", type=float, default=1.0)
     sp.add_argument("--dimension", type=int, default=1)
     sp.add_argument(
-        "--steps", "--ladder", type=floats, required=True,
+        "--steps",
+        "--ladder",
+        type=floats,
+        required=True,
         help="levels sold as steps, e.g. 0.25,0.5,1,2 (the cap is sold too; nothing between)",
-    )  # fmt: skip
+    )
     sp.add_argument("--cap", type=float, default=None, help="default: the top step")
     sp.add_argument("--retain", type=int, default=16, help="newest values a purchase covers")
     sp.add_argument("--sealed", action="store_true")
     _product_flags(sp)
-    sp.add_argument("--price-per-level", default="1.00",
-                    help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00")
-    sp.add_argument("--price-per-precision", default=None,
-                    help="price of each unit of precision (1/variance) instead")
+    sp.add_argument(
+        "--price-per-level",
+        default="1.00",
+        help="price of each unit of level, e.g. 1.00 (EUR): level 2 costs 2.00",
+    )
+    sp.add_argument(
+        "--price-per-precision",
+        default=None,
+        help="price of each unit of precision (1/variance) instead",
+    )
     sp.add_argument("--price-table", default=None, help="e.g. 1=1.00,2=1.50: only these levels")
     sp.add_argument("--currency", default="EUR")
     sp.add_argument("--description", default="")
@@ -325,27 +351,41 @@ def add_commands(sub: Any) -> None:
 def _product_flags(sp: Any) -> None:
     """What a stream sells and whose privacy its levels protect."""
     sp.add_argument(
-        "--privacy-window", type=duration_ms, default=None, metavar="DURATION",
+        "--privacy-window",
+        type=duration_ms,
+        default=None,
+        metavar="DURATION",
         help="the same people are in every value: cap the sum of levels released per window "
         "of this duration (e.g. 1h, 1d; windows start at multiples of it, UTC)",
-    )  # fmt: skip
+    )
     sp.add_argument(
-        "--running-totals", type=int, default=None, metavar="HEIGHT",
+        "--running-totals",
+        type=int,
+        default=None,
+        metavar="HEIGHT",
         help="sell the running sums of the values (increments) instead of the values, for up to "
         "2**HEIGHT increments (gaussian only; error grows like log² of the count)",
-    )  # fmt: skip
+    )
     sp.add_argument(
-        "--histogram", default=None, metavar="strings|integers:N",
+        "--histogram",
+        default=None,
+        metavar="strings|integers:N",
         help="sell sparse histograms (gaussian only): keys are text, released as their public "
         "62-bit hash, or whole numbers below N; --dimension is the most keys of one value",
-    )  # fmt: skip
+    )
     sp.add_argument(
-        "--false-keys", type=float, default=1.0,
+        "--false-keys",
+        type=float,
+        default=1.0,
         help="with --histogram: keys with a zero count all of one value's releases may show, "
         "on average (sets the thresholds)",
-    )  # fmt: skip
-    sp.add_argument("--window-cap", type=float, default=None,
-                    help="with --privacy-window: most one window's values may spend together")
+    )
+    sp.add_argument(
+        "--window-cap",
+        type=float,
+        default=None,
+        help="with --privacy-window: most one window's values may spend together",
+    )
 
 
 def _publish_parser(sub: Any) -> None:
@@ -355,18 +395,22 @@ def _publish_parser(sub: Any) -> None:
     sp.add_argument("--value-id", default=None)
     sp.add_argument("--values", type=floats, default=None, help="e.g. 20.5,21.0")
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
-    sp.add_argument("--counts", default=None,
-                    help="one histogram: CSV rows key,count or a JSON object")  # fmt: skip
     sp.add_argument(
-        "--published-at", type=int, default=None,
+        "--counts", default=None, help="one histogram: CSV rows key,count or a JSON object"
+    )
+    sp.add_argument(
+        "--published-at",
+        type=int,
+        default=None,
         help="publication time (Unix ms); give the original one when resending a value id",
-    )  # fmt: skip
+    )
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
     sp.add_argument("--timeout", type=float, default=60.0)
     add_json_flag(sp)
     sp.add_argument(
-        "--market-sealing-key", default=None,
+        "--market-sealing-key",
+        default=None,
         help="the market's X25519 key the numbers are sealed to (default: market_sealing_key "
         "in the stream's catalog entry, which trusts whoever may write the catalog topic)",
-    )  # fmt: skip
+    )
     sp.set_defaults(fn=cmd_publish)

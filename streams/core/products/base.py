@@ -120,14 +120,16 @@ class Product(ABC):
         """Forget what :meth:`prepare` did for the batch."""
 
     @abstractmethod
-    def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
-               exact: Exact) -> tuple[int, int]:  # fmt: skip
+    def ingest(
+        self, ctx: Context, stream: Stream[Any], item: ValueItem, exact: Exact
+    ) -> tuple[int, int]:
         """Keep a new value and release it to the holders; return (releases queued, new chain
         steps computed)."""
 
     @abstractmethod
-    def resend(self, ctx: Context, stream: Stream[Any], value_id: str,
-               known: ValueState) -> tuple[int, int]:  # fmt: skip
+    def resend(
+        self, ctx: Context, stream: Stream[Any], value_id: str, known: ValueState
+    ) -> tuple[int, int]:
         """A value sent again with the same numbers: its releases again (the same bytes), to
         the holders it is still retained for; return (releases queued, new steps computed)."""
 
@@ -140,8 +142,9 @@ class Product(ABC):
         chain steps computed."""
 
 
-def numbers(terms: Terms, reg: StreamRegistration, item: ValueItem, *,
-            bounded: bool = True) -> Exact:  # fmt: skip
+def numbers(
+    terms: Terms, reg: StreamRegistration, item: ValueItem, *, bounded: bool = True
+) -> Exact:
     """A value of numbers (not keys), checked for the stream's noise family; ``bounded``: its
     magnitude within what the release grids hold (a running total bounds its nodes instead)."""
     if item.keys is not None:
@@ -178,8 +181,9 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
     for old in stream.evict():
-        ctx.records.mark_value(sid, record_key(sid, old.value_id), EvictedValue.of(old),
-                               expires=True)  # fmt: skip
+        ctx.records.mark_value(
+            sid, record_key(sid, old.value_id), EvictedValue.of(old), expires=True
+        )
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     cap_values(ctx.records, stream)
     stream.ledger.prune(ctx.records.horizon_ms)
@@ -199,8 +203,13 @@ def drop_state(ctx: Context, key: str) -> None:
     ctx.stores.releases.pop(key, None)
 
 
-def deliver(ctx: Context, stream: Stream[Any], entry: ValueEntry,
-            by_level: Mapping[float, Release], held: set[Level]) -> int:  # fmt: skip
+def deliver(
+    ctx: Context,
+    stream: Stream[Any],
+    entry: ValueEntry,
+    by_level: Mapping[float, Release],
+    held: set[Level],
+) -> int:
     """Queue the value's releases for the holders whose level is in ``by_level``; tell the
     others (only a privacy window withholds) it is withheld. Return the releases queued."""
     released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, by_level)

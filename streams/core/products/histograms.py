@@ -65,8 +65,9 @@ class Histograms(Retained):
         super().__init__(reg, terms)
         spec = reg.histogram
         assert spec is not None
-        self.chain = shared_chain(terms.levels, float(reg.sensitivity), spec.domain,
-                                  float(spec.false_keys))  # fmt: skip
+        self.chain = shared_chain(
+            terms.levels, float(reg.sensitivity), spec.domain, float(spec.false_keys)
+        )
 
     @classmethod
     def work_width(cls, reg: StreamRegistration) -> int:
@@ -77,15 +78,20 @@ class Histograms(Retained):
         value = self._counts(item)
         return Exact(value, value.digest())
 
-    def new_state(self, ctx: Context, stream: Stream[Any], identity: Identity,
-                  exact: Exact) -> tuple[HistogramValue, int]:  # fmt: skip
+    def new_state(
+        self, ctx: Context, stream: Stream[Any], identity: Identity, exact: Exact
+    ) -> tuple[HistogramValue, int]:
         assert isinstance(exact.value, HistogramValue)
         return exact.value, 0
 
     def releases(
-        self, ctx: Context, state: ChainState | HistogramValue, identity: Identity,
-        levels: set[float], released_before: float,
-    ) -> tuple[dict[float, Release], int]:  # fmt: skip
+        self,
+        ctx: Context,
+        state: ChainState | HistogramValue,
+        identity: Identity,
+        levels: set[float],
+        released_before: float,
+    ) -> tuple[dict[float, Release], int]:
         """Recomputed from the counts every time: what counts as new is a level above
         ``released_before``, so a resend adds none."""
         assert isinstance(state, HistogramValue)
@@ -103,8 +109,11 @@ class Histograms(Retained):
         for e, value in zip(window, self.retained_states(ctx, stream), strict=True):
             assert isinstance(value, HistogramValue)
             ident = value_identity(stream.id, e.value_id, e.digest)
-            releases.append(as_released(e.value_id, e.seq, level,
-                                        self.chain.release(value, step, ident, ctx.rngs)))
+            releases.append(
+                as_released(
+                    e.value_id, e.seq, level, self.chain.release(value, step, ident, ctx.rngs)
+                )
+            )
         return releases, sum(e.level < level for e in window)  # levels not released before
 
     def _counts(self, item: ValueItem) -> HistogramValue:
@@ -140,8 +149,9 @@ class Histograms(Retained):
 
 def _integer_keys(item: ValueItem, domain: int) -> list[int]:
     assert item.keys is not None
-    bad = next((i for i, k in enumerate(item.keys)
-                if not _DIGITS.fullmatch(k) or int(k) >= domain), None)  # fmt: skip
+    bad = next(
+        (i for i, k in enumerate(item.keys) if not _DIGITS.fullmatch(k) or int(k) >= domain), None
+    )
     if bad is not None:
         raise Reject(
             "invalid_value",
@@ -157,8 +167,8 @@ def _hashed(item: ValueItem) -> list[int]:
         keys = [string_key(k) for k in item.keys]
     except UnicodeEncodeError:  # a lone surrogate, from sealed numbers' JSON escapes
         raise Reject(
-            "invalid_value", f"value {item.value_id!r}: a key is not Unicode text (a lone "
-            "surrogate)",
+            "invalid_value",
+            f"value {item.value_id!r}: a key is not Unicode text (a lone surrogate)",
         ) from None
     if len(set(keys)) != len(keys):
         raise Reject(
@@ -169,11 +179,10 @@ def _hashed(item: ValueItem) -> list[int]:
     return keys
 
 
-def as_released(
-    value_id: str, seq: int, level: float, release: HistogramRelease
-) -> ReleasedValue:
+def as_released(value_id: str, seq: int, level: float, release: HistogramRelease) -> ReleasedValue:
     """One histogram release on the wire, listed as deliveries list it
     (:func:`~streams.core.delivery.listed`: keys as decimal text, exact in every language)."""
     values, keys = listed(release)
-    return ReleasedValue.model_construct(value_id=value_id, seq=seq, level=level, values=values,
-                                         keys=keys)  # fmt: skip
+    return ReleasedValue.model_construct(
+        value_id=value_id, seq=seq, level=level, values=values, keys=keys
+    )

@@ -34,21 +34,27 @@ class Retained(Product):
     """A product whose values keep a state while in their stream's window."""
 
     @abstractmethod
-    def new_state(self, ctx: Context, stream: Stream[Any], identity: Identity,
-                  exact: Exact) -> tuple[State, int]:  # fmt: skip
+    def new_state(
+        self, ctx: Context, stream: Stream[Any], identity: Identity, exact: Exact
+    ) -> tuple[State, int]:
         """A new value's state, and the chain steps computed to make it."""
 
     @abstractmethod
     def releases(
-        self, ctx: Context, state: State, identity: Identity, levels: set[float],
+        self,
+        ctx: Context,
+        state: State,
+        identity: Identity,
+        levels: set[float],
         released_before: float,
-    ) -> tuple[dict[float, Release], int]:  # fmt: skip
+    ) -> tuple[dict[float, Release], int]:
         """The value released at each of ``levels`` (one walk of its chain), and the new steps
         computed (levels above ``released_before``, the most accurate released of it so far,
         count as new)."""
 
-    def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
-               exact: Exact) -> tuple[int, int]:  # fmt: skip
+    def ingest(
+        self, ctx: Context, stream: Stream[Any], item: ValueItem, exact: Exact
+    ) -> tuple[int, int]:
         ident = value_identity(stream.id, item.value_id, exact.digest)
         state, drawn = self.new_state(ctx, stream, ident, exact)
         held = stream.held_levels()
@@ -61,8 +67,9 @@ class Retained(Product):
         store_state(ctx, record_key(stream.id, item.value_id), state)
         return deliver(ctx, stream, entry, by_level, held), new_noise + drawn
 
-    def resend(self, ctx: Context, stream: Stream[Any], value_id: str,
-               known: ValueState) -> tuple[int, int]:  # fmt: skip
+    def resend(
+        self, ctx: Context, stream: Stream[Any], value_id: str, known: ValueState
+    ) -> tuple[int, int]:
         entry = stream.entry(value_id)
         if isinstance(known, EvictedValue) or entry is None:  # evicted: nothing to re-release
             return 0, 0
@@ -70,8 +77,9 @@ class Retained(Product):
         held = stream.held_levels()
         ledger = stream.ledger
         fits = ledger.fitting(entry.published_at_ms, ledger.level(entry.level), held)
-        by_level, new_noise = self.releases(ctx, known, ident, {lv.value for lv in fits},
-                                            entry.level)  # fmt: skip
+        by_level, new_noise = self.releases(
+            ctx, known, ident, {lv.value for lv in fits}, entry.level
+        )
         ledger.record_value(entry, [ledger.level(lv) for lv in by_level])
         return deliver(ctx, stream, entry, by_level, held), new_noise
 

@@ -110,8 +110,9 @@ class Totals(Product):
             known = EvictedValue.of(entry)
         return known
 
-    def ingest(self, ctx: Context, stream: Stream[Any], item: ValueItem,
-               exact: Exact) -> tuple[int, int]:  # fmt: skip
+    def ingest(
+        self, ctx: Context, stream: Stream[Any], item: ValueItem, exact: Exact
+    ) -> tuple[int, int]:
         """The tree nodes the increment completes, and the running total after it at every
         level held."""
         st = stream.state
@@ -126,19 +127,22 @@ class Totals(Product):
         ctx.records.mark_value(stream.id, key, EvictedValue.of(entry), expires=False)  # dedup
         retire(ctx, stream)
         self._retain_nodes(ctx, stream, oldest)
-        released = ctx.deliveries.queue(st, item.value_id, entry.seq, by_level,
-                                        terms=terms_of(entry.seq + 1))  # fmt: skip
+        released = ctx.deliveries.queue(
+            st, item.value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+        )
         return released, new_noise
 
-    def resend(self, ctx: Context, stream: Stream[Any], value_id: str,
-               known: ValueState) -> tuple[int, int]:  # fmt: skip
+    def resend(
+        self, ctx: Context, stream: Stream[Any], value_id: str, known: ValueState
+    ) -> tuple[int, int]:
         """A retained increment's running total again, at every level held."""
         entry = stream.entry(value_id)
         if entry is None:
             return 0, 0
         by_level, new_noise = self._held_totals(ctx, stream, entry.seq + 1)
-        released = ctx.deliveries.queue(stream.state, value_id, entry.seq, by_level,
-                                        terms=terms_of(entry.seq + 1))  # fmt: skip
+        released = ctx.deliveries.queue(
+            stream.state, value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+        )
         return released, new_noise
 
     # -- purchases ------------------------------------------------------------------------------
@@ -150,10 +154,11 @@ class Totals(Product):
         counts = [e.seq + 1 for e in window]
         totals, new_noise = self._totals(ctx, stream, counts, level)
         releases = [
-            ReleasedValue.model_construct(value_id=e.value_id, seq=e.seq, level=level,
-                                          values=v.tolist(), terms=terms_of(c))
+            ReleasedValue.model_construct(
+                value_id=e.value_id, seq=e.seq, level=level, values=v.tolist(), terms=terms_of(c)
+            )
             for e, v, c in zip(window, totals, counts, strict=True)
-        ]  # fmt: skip
+        ]
         return releases, new_noise
 
     # -- the tree -------------------------------------------------------------------------------
@@ -219,8 +224,10 @@ class Totals(Product):
         nodes = sorted({n for c in counts for n in decomposition(c)})
         states = [self._state(ctx, sid, n) for n in nodes]
         new_noise = sum(chain.new_steps(s, step) for s in states)
-        idents = [(sid, f".{n[0]}.{n[1]}", digest_values(_exact(s)))
-                  for n, s in zip(nodes, states, strict=True)]  # fmt: skip
+        idents = [
+            (sid, f".{n[0]}.{n[1]}", digest_values(_exact(s)))
+            for n, s in zip(nodes, states, strict=True)
+        ]
         released = dict(zip(nodes, chain.release(states, step, idents, ctx.noise), strict=True))
         if new_noise:
             for n, s in zip(nodes, states, strict=True):

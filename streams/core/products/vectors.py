@@ -8,7 +8,7 @@ A batch of new values on a stream without privacy windows is released at the lev
 same for each value: :meth:`Vectors.prepare` computes the steps of all of them in one call of
 the chain (one vectorised noise kernel for the batch, each value reading exactly the words it
 reads alone), and each value then finds its steps computed. The releases, the stored states and
-the count of new steps are those of the values one by one (``tests/streams/test_core.py``).
+the count of new steps are those of the values one by one (``tests/streams/core/test_core.py``).
 """
 
 from __future__ import annotations
@@ -71,14 +71,16 @@ class Vectors(Retained):
             return
         drawn = [chain.new_steps(st, step) for st in states]
         chain.release(states, step, identities, ctx.noise)
-        self._prepared = {v: (d, st, n) for v, d, st, n in zip(ids, digests, states, drawn,
-                                                               strict=True)}  # fmt: skip
+        self._prepared = {
+            v: (d, st, n) for v, d, st, n in zip(ids, digests, states, drawn, strict=True)
+        }
 
     def prepared_done(self) -> None:
         self._prepared = {}
 
-    def new_state(self, ctx: Context, stream: Stream[Any], identity: Identity,
-                  exact: Exact) -> tuple[ChainState, int]:  # fmt: skip
+    def new_state(
+        self, ctx: Context, stream: Stream[Any], identity: Identity, exact: Exact
+    ) -> tuple[ChainState, int]:
         chain = self.terms.chain
         ready = self._prepared.pop(identity[1], None)
         if ready is not None and ready[0] == exact.digest:
@@ -89,17 +91,23 @@ class Vectors(Retained):
         return chain.seal(exact.value, identity, ctx.noise), 1  # the cap-level release
 
     def releases(
-        self, ctx: Context, state: ChainState | HistogramValue, identity: Identity,
-        levels: set[float], released_before: float,
-    ) -> tuple[dict[float, Release], int]:  # fmt: skip
+        self,
+        ctx: Context,
+        state: ChainState | HistogramValue,
+        identity: Identity,
+        levels: set[float],
+        released_before: float,
+    ) -> tuple[dict[float, Release], int]:
         assert isinstance(state, ChainState)
         chain = self.terms.chain
         steps = {chain.step_of(lv) for lv in levels}
         if not steps:
             return {}, 0
         new_noise = chain.new_steps(state, min(steps))
-        return {chain.levels[k]: chain.release([state], k, [identity], ctx.noise)[0]
-                for k in sorted(steps)}, new_noise  # fmt: skip
+        return {
+            chain.levels[k]: chain.release([state], k, [identity], ctx.noise)[0]
+            for k in sorted(steps)
+        }, new_noise
 
     def release_window(
         self, ctx: Context, stream: Stream[Any], level: float
@@ -115,8 +123,9 @@ class Vectors(Retained):
             for e, s in zip(window, states, strict=True):
                 store_state(ctx, record_key(stream.id, e.value_id), s)
         releases = [
-            ReleasedValue.model_construct(value_id=e.value_id, seq=e.seq, level=level,
-                                          values=v.tolist())
+            ReleasedValue.model_construct(
+                value_id=e.value_id, seq=e.seq, level=level, values=v.tolist()
+            )
             for e, v in zip(window, vectors, strict=True)
-        ]  # fmt: skip
+        ]
         return releases, new_noise

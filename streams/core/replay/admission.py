@@ -47,16 +47,26 @@ class _Words:
 
 _WORDS: dict[HorizonKind, _Words] = {
     "value": _Words(
-        "value", "was published", "the newest value of stream", "value_too_old",
-        "value_from_the_future", "the market no longer accepts or replays it", "seller's",
+        "value",
+        "was published",
+        "the newest value of stream",
+        "value_too_old",
+        "value_from_the_future",
+        "the market no longer accepts or replays it",
+        "seller's",
         False,
     ),
     "purchase": _Words(
-        "purchase", "was requested", "the newest purchase on stream", "request_too_old",
-        "request_from_the_future", "resend it with a new purchase id and a current time",
-        "buyer's", True,
+        "purchase",
+        "was requested",
+        "the newest purchase on stream",
+        "request_too_old",
+        "request_from_the_future",
+        "resend it with a new purchase id and a current time",
+        "buyer's",
+        True,
     ),
-}  # fmt: skip
+}
 
 
 class Admission:

@@ -335,8 +335,9 @@ class Records:
         self._young.clear()
         self._taken_ms = self.clock()
 
-    def _cap(self, kind: HorizonKind, heap_id: str, cap: int,
-             store: MutableMapping[str, Any]) -> int | None:  # fmt: skip
+    def _cap(
+        self, kind: HorizonKind, heap_id: str, cap: int, store: MutableMapping[str, Any]
+    ) -> int | None:
         """Pop the oldest of ``heap_id`` beyond ``cap``, and every other record as old."""
         heap = self._heap(kind, heap_id)
         if len(heap) <= cap:

@@ -27,7 +27,12 @@ from .admission import MAX_CLOCK_SKEW_MS
 from .records import CLOCK_RECORD_MS, Records
 
 __all__ = [
-    "advance_purchases", "cap_purchases", "cap_values", "floor_purchases", "heap_of", "saw_value",
+    "advance_purchases",
+    "cap_purchases",
+    "cap_values",
+    "floor_purchases",
+    "heap_of",
+    "saw_value",
 ]
 
 
@@ -50,8 +55,9 @@ def floor_purchases(records: Records, stream: Stream[Any]) -> None:
         records.forget_purchases(stream.id, floor)
 
 
-def advance_purchases(records: Records, stream: Stream[Any] | None, stream_id: str,
-                      ts: int) -> None:  # fmt: skip
+def advance_purchases(
+    records: Records, stream: Stream[Any] | None, stream_id: str, ts: int
+) -> None:
     """After a purchase stamped ``ts`` was decided: move the watermark towards ``ts`` (never
     past the clock, in whole steps) and forget the outcomes beyond the horizon. On a stream
     the market does not know, outcomes expire by the clock instead."""
@@ -92,8 +98,9 @@ def cap_values(records: Records, stream: Stream[Any]) -> None:
     records.settle(stream.id)
 
 
-def heap_of(records: Records, stream: Stream[Any] | None, stream_id: str, *,
-            refused: bool = False) -> str:  # fmt: skip
+def heap_of(
+    records: Records, stream: Stream[Any] | None, stream_id: str, *, refused: bool = False
+) -> str:
     """Which heap a purchase record of ``stream_id`` expires from (``refused``: a refusal's,
     kept apart so that refusals, free to cause, never push a fulfilment's record out)."""
     if stream is None:

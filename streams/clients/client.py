@@ -999,7 +999,8 @@ class _Watch:
     An answer to other bytes is not this event's, except in one case the market vouches for:
     a resend of a request id with the same terms but another send time (a new process) is told
     ``already_answered``, bound to these bytes, and then the market's earlier answer to that id
-    is the answer.
+    that the notice names (:func:`_named_by`) is the answer; an answer to another request that
+    used the id (refused ``idempotency_key_reused``) never is.
     """
 
     def __init__(
@@ -1017,7 +1018,8 @@ class _Watch:
         self.digest = hashlib.sha256(self.payload).hexdigest()
         self.request_id, self.refusals, self.stream_id = request_id, refusals, stream_id
         self.reader: TopicReader | None = None
-        self.earlier: InboxEvent | None = None
+        self.earlier: list[tuple[str, InboxEvent]] = []
+        """The market's answers to earlier sends of this id: (SHA-256 of the value, answer)."""
         self.refused: tuple[float, Rejection] | None = None
         self.sent: set[tuple[int, int]] = set()
         """Where in ``sent_to`` this client wrote the bytes: (partition, offset) of each send."""
@@ -1048,11 +1050,21 @@ class _Watch:
                 if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
                     continue  # a copy of these bytes someone wrote to another topic, refused
                 out.append(got[1])
-                if _notice(got[1]) and self.earlier is not None:
-                    out.append(self.earlier)
+                if _notice(got[1]):
+                    out.extend(self._earlier(got[1]))
             elif self.request_id is not None and _answers(got[1], self.request_id, self.stream_id):
-                self.earlier = got[1]  # the market's answer to an earlier send of this id
+                # the market's answer to an earlier send of this id
+                self.earlier.append((hashlib.sha256(raw).hexdigest(), got[1]))
         return out
+
+    def _earlier(self, notice: InboxEvent) -> list[InboxEvent]:
+        """The earlier answer ``notice`` (an ``already_answered`` bound to these bytes) stands
+        for, newest first among those it names; none if the inbox holds none of them."""
+        assert isinstance(notice, Rejection)
+        for digest, ev in reversed(self.earlier):
+            if _named_by(notice, digest, ev):
+                return [ev]
+        return []
 
     async def _refusal(self) -> None:
         assert self.refusals is not None
@@ -1094,6 +1106,20 @@ class _Watch:
 def _notice(ev: InboxEvent) -> bool:
     """Whether ``ev`` says the request was answered before (not the answer itself)."""
     return isinstance(ev, Rejection) and ev.reason == "already_answered"
+
+
+def _named_by(notice: Rejection, digest: str, ev: InboxEvent) -> bool:
+    """Whether ``ev`` (an earlier answer to the notice's request id, whose value has SHA-256
+    ``digest``) is the decision ``notice`` says the request had (docs/protocol.md §12.4): the
+    fulfilment with the digest it names, or a rejection with the code it names. A market that
+    names neither (made before the rule) is taken at its newest answer that is not the refusal
+    of another request that used the id."""
+    named, code = notice.details.get("answer_sha256"), notice.details.get("answer_reason")
+    if isinstance(named, str):
+        return digest == named
+    if isinstance(code, str):
+        return isinstance(ev, Rejection) and ev.reason == code
+    return not (isinstance(ev, Rejection) and ev.reason == "idempotency_key_reused")
 
 
 def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> bool:

@@ -6,7 +6,7 @@ import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
-import { verifyAnswer } from './answers.js';
+import { verifyAnswer, requestDigest } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
@@ -453,21 +453,38 @@ export class MarketClient {
       ans = await this.answer(sent, (d) => d.type === 'purchase_fulfilled' && d.purchase_id === purchaseId);
     } catch (err) {
       if (!(err instanceof Refused) || err.reason !== 'already_answered') throw err;
-      // The market's earlier answer to this purchase id, in this inbox, is the answer (§12.4).
-      ans = await this.earlierAnswer(purchaseId);
+      // The market's earlier answer to this purchase id that the notice names is the answer
+      // (§12.4): never the refusal of another request that used the id.
+      ans = await this.earlierAnswer(purchaseId, streamId, err.answer);
       if (!ans) throw err;
+      if (ans.type === 'rejection') throw new Refused(ans.reason, ans.message, ans);
     }
     return this.checkOutcome(ans);
   }
 
-  /** The newest market-signed `purchase_fulfilled` of `purchaseId` already in the inbox. */
-  async earlierAnswer(purchaseId) {
+  /**
+   * The market-signed earlier answer to `purchaseId` on `streamId` in the inbox that the
+   * `already_answered` notice names (§12.4): the `purchase_fulfilled` whose value has the
+   * SHA-256 `details.answer_sha256`, or the rejection with code `details.answer_reason`;
+   * newest first. Undefined if the inbox holds none.
+   */
+  async earlierAnswer(purchaseId, streamId, notice) {
+    const named = notice?.details?.answer_sha256;
+    const code = notice?.details?.answer_reason;
     const inbox = this.inbox();
     const r = await this.reader(inbox);
     let found;
     await r.find((rec) => {
       const b = this.believe(inbox, rec);
-      if (b && b.doc.type === 'purchase_fulfilled' && b.doc.purchase_id === purchaseId && b.doc.buyer_id === this.party.accountId) found = b.doc;
+      const d = b?.doc;
+      if (!d || (d.purchase_id !== purchaseId && d.request_id !== purchaseId) || d.stream_id !== streamId) return undefined;
+      if (d.type === 'purchase_fulfilled' && d.buyer_id !== this.party.accountId) return undefined;
+      const ok = typeof named === 'string'
+        ? d.type === 'purchase_fulfilled' && requestDigest(rec.value) === named
+        : typeof code === 'string'
+          ? d.type === 'rejection' && d.reason === code
+          : d.type === 'purchase_fulfilled';
+      if (ok) found = d;
       return undefined;
     }, 0);
     return found;

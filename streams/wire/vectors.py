@@ -302,10 +302,18 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
         "hkdf_key": hkdf_key.hex(),
         "aad": aad.hex(),
         "plaintext": plaintext.decode(),
+        "numbers_json": [_numbers_json(i.values) for i in clear.items],
+        "padded_length": len(plaintext),
         "sealed": envelope,
         "release_to_buyer": _release_to_buyer(),
     }
     return fields, doc
+
+
+def _numbers_json(values: Any) -> str:
+    """An item's numbers as the vector's plaintext spells them (``[a,b,c]``): what the padding
+    rule of docs/protocol.md §4.2 and §11.5 measures, in the market's spelling (any is valid)."""
+    return json.dumps(list(values), separators=(",", ":"))
 
 
 def _release_to_buyer() -> dict[str, Any]:
@@ -342,6 +350,7 @@ def _release_to_buyer() -> dict[str, Any]:
         "hkdf_key": key.hex(),
         "opening": opening.hex(),
         "plaintext": plaintext.decode(),
+        "numbers_json": [_numbers_json(r.values) for r in releases],
         "padded_length": padded_length(plaintext, releases),
         "sealed": envelope.model_dump(mode="json"),
     }
@@ -470,6 +479,11 @@ _STRINGS = [
 ]  # "Å" (U+00C5) and ANGSTROM SIGN (U+212B): one NFC form
 
 
+def _signed32(h: int) -> int:
+    """The 32 bits of ``h`` as a two's-complement integer: Kafka's Java ``int`` (§8.2)."""
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 def _keys() -> dict[str, Any]:
     label = b"emarket-histogram-key-v1\x00"
     strings = []
@@ -485,11 +499,13 @@ def _keys() -> dict[str, Any]:
                 "key": str(string_key(text)),
             }
         )
-    ids = ["alice", "temp", "seller1", "s", "buyer-42", "A_very-long_id_0123456789"]
+    # the ids of the market's tests, and Kafka's own test cases of Utils.murmur2 ("21", "foobar")
+    ids = ["alice", "temp", "seller1", "s", "buyer-42", "A_very-long_id_0123456789", "21", "foobar"]
     partitions = [
         {
             "key": k,
             "murmur2": murmur2(k.encode()),
+            "murmur2_signed": _signed32(murmur2(k.encode())),
             "partition": {str(p): Topics(MARKET, p).partition_of(k) for p in (1, 4, 12)},
         }
         for k in ids

@@ -239,9 +239,51 @@ def test_key_ids_and_partitions() -> None:
         assert base64.b64encode(raw).decode() == row["public_key"]
         assert hashlib.sha256(raw).hexdigest()[:16] == row["key_id"]
     for row in vec["partitions"]:
+        # one hash, two spellings: unsigned, and Kafka's signed Java int (§8.2)
+        assert row["murmur2_signed"] & 0xFFFFFFFF == row["murmur2"]
+        assert -(2**31) <= row["murmur2_signed"] < 2**31 and 0 <= row["murmur2"] < 2**32
         for p, partition in row["partition"].items():
             assert (row["murmur2"] & 0x7FFFFFFF) % int(p) == partition
+            assert (row["murmur2_signed"] & 0x7FFFFFFF) % int(p) == partition
             assert Topics(MARKET, int(p)).partition_of(row["key"]) == partition
+    signed = {row["key"]: row["murmur2_signed"] for row in vec["partitions"]}
+    assert (signed["21"], signed["foobar"]) == (-973932308, -790332482)  # §8.2 quotes them
+    spec = (ROOT / "docs" / "protocol.md").read_text()
+    assert '`murmur2("21") = −973932308`' in spec and "murmur2_signed" in spec
+
+
+def _padded(plain: str, numbers_json: list[str]) -> int:
+    """§4.2's and §11.5's length rule, from the spelling written: 25·n + 1 − len(J) an item."""
+    size = len(plain.rstrip(" ").encode())
+    for spelled in numbers_json:
+        n = len(json.loads(spelled))
+        size += 25 * n + 1 - len(spelled) if n else 0
+    return size
+
+
+def test_the_sealed_plaintexts_spell_numbers_freely_and_pad_by_the_spelling_written() -> None:
+    """§4.2: any JSON spelling of a number is valid, the padding rule is measured on the
+    spelling written, and the vectors give it (numbers_json) so another language can check
+    the rule on the vector's bytes and its own spelling on its own bytes."""
+    vec = _load("sealing.json")
+    for doc in (vec, vec["release_to_buyer"]):
+        for spelled in doc["numbers_json"]:
+            assert spelled in doc["plaintext"]
+    assert _padded(vec["plaintext"], vec["numbers_json"]) == vec["padded_length"]
+    assert len(vec["plaintext"].encode()) == vec["padded_length"]
+    rel = vec["release_to_buyer"]
+    assert _padded(rel["plaintext"], rel["numbers_json"]) == rel["padded_length"]
+    # the shortest spelling (JSON.stringify's: -2, 0, 42) reads as the same numbers at the
+    # market, and pads to the same length: the rule does not depend on the spelling either
+    short = [
+        "[" + ",".join(format(x, "g") if x != int(x) else str(int(x)) for x in i["values"]) + "]"
+        for i in vec["items"]
+    ]
+    body = "[" + ",".join('{"values":' + j + "}" for j in short) + "]"
+    assert body != vec["plaintext"].rstrip(" ")
+    padded = body + " " * (_padded(body, short) - len(body))
+    assert len(padded) == vec["padded_length"]
+    assert [r["values"] for r in json.loads(padded)] == [i["values"] for i in vec["items"]]
 
 
 def test_murmur2_is_kafkas() -> None:

@@ -596,3 +596,45 @@ def test_a_histogram_value_naming_one_key_in_nfc_and_nfd_is_refused() -> None:
     assert "NFC" in (body.outcomes[0].message or "")
     assert core.handle(t.values, value("h", "v2", [3.0], keys=[nfd])).status == "accepted"
     assert key_of(nfd) == key_of(nfc) == str(string_key(nfc))
+
+
+# ------------------------------------------------------------------- §1.3, §2.1 from the text
+def _part(tag: bytes, data: bytes) -> bytes:
+    return tag + struct.pack(">I", len(data)) + data
+
+
+def test_the_value_identity_is_three_text_parts() -> None:
+    """§1.3's table, built from §1.1's encoding alone, is the identity the market keys a
+    value's noise by: stream id, value id and the hex digest of the numbers, all text."""
+    from market import Laplace
+    from market.chain import ReleaseChain
+    from market.rng import NoiseKeys
+    from streams.core.products.base import digest_values, value_identity
+
+    secret = bytes(range(32))
+    chain = ReleaseChain(Laplace(1.0, dimension=2), (0.5, 1.0))
+    numbers = as_float_vector([1.5, -2.0])
+    digest = hashlib.sha256(struct.pack("<2d", 1.5, -2.0)).hexdigest()
+    assert digest_values(numbers) == digest
+    for j in (0, 1):
+        enc = (
+            _part(b"b", b"emarket-chain-v2")
+            + _part(b"b", chain.fingerprint)
+            + _part(b"s", b"temp")
+            + _part(b"s", b"v1")
+            + _part(b"s", digest.encode())
+            + _part(b"i", str(j).encode())
+        )
+        seed = b"emarket-noise-v2\x00" + struct.pack(">I", len(secret)) + secret + enc
+        want = hashlib.shake_256(seed).digest(32)
+        got = chain.key(NoiseKeys(secret), value_identity("temp", "v1", digest), j)
+        assert got == want
+
+
+def test_the_canonical_level_rounds_a_tie_to_even() -> None:
+    """§2.1: 15 significant digits of the double's exact value, a tie to the even digit (where
+    ECMAScript's toPrecision rounds up)."""
+    from market.levels import canonical_level
+
+    assert canonical_level(1.000030517578125) == 1.00003051757812
+    assert canonical_level(0.1 + 0.2) == canonical_level(0.3) == 0.3

@@ -39,6 +39,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .negative_vectors import negative
 from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of
 from .sealing import (
     padded_length,
@@ -305,7 +306,7 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
         "numbers_json": [_numbers_json(i.values) for i in clear.items],
         "padded_length": len(plaintext),
         "sealed": envelope,
-        "release_to_buyer": _release_to_buyer(),
+        "release_to_buyer": release_to_buyer(),
     }
     return fields, doc
 
@@ -316,7 +317,7 @@ def _numbers_json(values: Any) -> str:
     return json.dumps(list(values), separators=(",", ":"))
 
 
-def _release_to_buyer() -> dict[str, Any]:
+def release_to_buyer() -> dict[str, Any]:
     """A purchase's releases sealed to the signer's sealing key, as the market seals them
     (docs/protocol.md §4.6): what a buyer opens with its private key alone. The plaintext holds
     the purchase's opening beside the releases (§11.4) and is padded (§11.5)."""
@@ -574,6 +575,7 @@ def build() -> dict[str, Any]:
         "sealing.json": sealing,
         "keys.json": _keys(),
         "sales.json": _sales(),
+        "negative.json": negative(),
     }
 
 

@@ -1059,12 +1059,10 @@ class _Watch:
 
     def _earlier(self, notice: InboxEvent) -> list[InboxEvent]:
         """The earlier answer ``notice`` (an ``already_answered`` bound to these bytes) stands
-        for, newest first among those it names; none if the inbox holds none of them."""
+        for; none if the inbox holds none of those it names."""
         assert isinstance(notice, Rejection)
-        for digest, ev in reversed(self.earlier):
-            if _named_by(notice, digest, ev):
-                return [ev]
-        return []
+        found = named_answer(notice, self.earlier)
+        return [] if found is None else [found]
 
     async def _refusal(self) -> None:
         assert self.refusals is not None
@@ -1106,6 +1104,16 @@ class _Watch:
 def _notice(ev: InboxEvent) -> bool:
     """Whether ``ev`` says the request was answered before (not the answer itself)."""
     return isinstance(ev, Rejection) and ev.reason == "already_answered"
+
+
+def named_answer(notice: Rejection, earlier: list[tuple[str, InboxEvent]]) -> InboxEvent | None:
+    """The answer an ``already_answered`` ``notice`` stands for among ``earlier`` (the market's
+    answers to that request id and stream in the inbox, oldest first, each with the SHA-256 of
+    its value): the newest it names (docs/protocol.md §12.4's resend rule), or None."""
+    for digest, ev in reversed(earlier):
+        if _named_by(notice, digest, ev):
+            return ev
+    return None
 
 
 def _named_by(notice: Rejection, digest: str, ev: InboxEvent) -> bool:

@@ -921,6 +921,60 @@ def negative() -> dict[str, Any]:
         "receipts": _receipts(),
         "envelopes": _envelopes(),
         "roots": {"topic": root_vectors.TOPIC, "cases": _roots()},
+        "resend": _resend(),
         "market_cases": market,
         "unreached": UNREACHED,
+    }
+
+
+def _resend() -> dict[str, Any]:
+    """§12.4's resend rule: which earlier answer in the inbox an ``already_answered`` notice
+    stands for (``taken``: an index into ``answers``, or null: none, report the notice)."""
+    base = {"purchase_id": "cid-1", "buyer_id": "alice", "stream_id": "temp"}
+    pool = [
+        {"type": "purchase_fulfilled", **base, "price_minor": 100, "currency": "EUR"},
+        {
+            "type": "rejection",
+            "reason": "idempotency_key_reused",
+            "request_id": "cid-1",
+            "stream_id": "temp",
+        },
+        {
+            "type": "rejection",
+            "reason": "price_too_high",
+            "request_id": "cid-1",
+            "stream_id": "temp",
+        },
+        {
+            "type": "purchase_fulfilled",
+            **base,
+            "stream_id": "temp2",
+            "price_minor": 100,
+            "currency": "EUR",
+        },
+    ]
+    values = [json.dumps(p, separators=(",", ":")) for p in pool]
+    digest = [hashlib.sha256(v.encode()).hexdigest() for v in values]
+    fulfilled = {"status": "fulfilled", "answer_sha256": digest[0]}
+    cases = [
+        ("fulfilled, then the id reused with other terms", [0, 1], fulfilled, 0),
+        (
+            "refused, then the id reused with other terms",
+            [2, 1],
+            {"status": "rejected", "answer_reason": "price_too_high"},
+            0,
+        ),
+        ("the id also used on another stream", [0, 3, 1], fulfilled, 0),
+        ("a market that names neither (made before the rule)", [0, 1], {"status": "fulfilled"}, 0),
+        ("neither named, the id also used on another stream", [0, 3], {"status": "fulfilled"}, 0),
+        ("the answer named is not in the inbox", [1], fulfilled, None),
+    ]
+    return {
+        "request_id": "cid-1",
+        "stream_id": "temp",
+        "answers": values,
+        "cases": [
+            {"name": n, "earlier": e, "details": d, "taken": None if t is None else e[t]}
+            for n, e, d, t in cases
+        ],
     }

@@ -4,7 +4,7 @@ export { canonicalBytes, marketRef, signEvent, signBytes, validSigningKey, verif
 export { keyId, decodePublicKey, Party } from './keys.js';
 export { ALG, valuesAad, envelopeKey, seal, open, valuesPlaintext, sealBatch, releaseAad, openReleases } from './sealing.js';
 export { receiptBytes, releasesDigest, commitment, verifyReceipt, verifyOutcome, ReceiptInvalid } from './receipts.js';
-export { answerBytes, verifyAnswer, requestDigest, ANSWER_HEADER } from './answers.js';
+export { answerBytes, verifyAnswer, requestDigest, namedAnswer, ANSWER_HEADER } from './answers.js';
 export { stringKey, nameKeys, STRING_KEY_LABEL } from './histogram.js';
 export { murmur2, partitionOf } from './partition.js';
 export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state.js';

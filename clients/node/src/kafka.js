@@ -6,7 +6,7 @@ import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
-import { verifyAnswer, requestDigest } from './answers.js';
+import { verifyAnswer, requestDigest, namedAnswer } from './answers.js';
 import { sealBatch, openReleases } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
@@ -464,30 +464,22 @@ export class MarketClient {
 
   /**
    * The market-signed earlier answer to `purchaseId` on `streamId` in the inbox that the
-   * `already_answered` notice names (§12.4): the `purchase_fulfilled` whose value has the
-   * SHA-256 `details.answer_sha256`, or the rejection with code `details.answer_reason`;
-   * newest first. Undefined if the inbox holds none.
+   * `already_answered` notice names (§12.4's resend rule: `namedAnswer`). Undefined if the
+   * inbox holds none.
    */
   async earlierAnswer(purchaseId, streamId, notice) {
-    const named = notice?.details?.answer_sha256;
-    const code = notice?.details?.answer_reason;
     const inbox = this.inbox();
     const r = await this.reader(inbox);
-    let found;
+    const earlier = [];
     await r.find((rec) => {
-      const b = this.believe(inbox, rec);
-      const d = b?.doc;
+      const d = this.believe(inbox, rec)?.doc;
       if (!d || (d.purchase_id !== purchaseId && d.request_id !== purchaseId) || d.stream_id !== streamId) return undefined;
       if (d.type === 'purchase_fulfilled' && d.buyer_id !== this.party.accountId) return undefined;
-      const ok = typeof named === 'string'
-        ? d.type === 'purchase_fulfilled' && requestDigest(rec.value) === named
-        : typeof code === 'string'
-          ? d.type === 'rejection' && d.reason === code
-          : d.type === 'purchase_fulfilled';
-      if (ok) found = d;
+      if (d.type === 'rejection' && d.reason === 'already_answered') return undefined;
+      earlier.push({ doc: d, valueSha256: requestDigest(rec.value) });
       return undefined;
     }, 0);
-    return found;
+    return namedAnswer(notice, earlier);
   }
 
   /** Open a purchase's releases and verify its receipt; returns the opened event. */

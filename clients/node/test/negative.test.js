@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { verifyAnswer, requestDigest, verifyOutcome, open, rootVerdict, fromHex, fromB64, utf8 } from '../src/index.js';
+import { verifyAnswer, requestDigest, namedAnswer, verifyOutcome, open, rootVerdict, fromHex, fromB64, utf8 } from '../src/index.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const docs = process.env.EMARKET_DOCS ?? join(here, '..', '..', '..', 'docs');
@@ -67,4 +67,15 @@ test('negative.json: every market case names a code of §9 and bytes a reader ca
   }
   for (const code of Object.keys(v.unreached)) assert.ok(spec.includes(`\`${code}\``), code);
   assert.ok(fromB64(v.market_public_key).length === 32);
+});
+
+test('negative.json: a resend takes the answer its notice names (§12.4)', () => {
+  const rs = v.resend;
+  for (const c of rs.cases) {
+    const earlier = c.earlier
+      .map((i) => ({ doc: JSON.parse(rs.answers[i]), valueSha256: requestDigest(utf8(rs.answers[i])) }))
+      .filter(({ doc }) => (doc.purchase_id ?? doc.request_id) === rs.request_id && doc.stream_id === rs.stream_id);
+    const got = namedAnswer({ reason: 'already_answered', details: c.details }, earlier);
+    assert.deepEqual(got, c.taken === null ? undefined : JSON.parse(rs.answers[c.taken]), c.name);
+  }
 });

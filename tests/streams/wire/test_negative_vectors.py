@@ -140,3 +140,26 @@ def test_every_code_of_the_spec_is_drawn_or_said_why_not() -> None:
     assert not drawn - codes, drawn - codes
     assert codes == drawn | set(VEC["unreached"]), sorted(codes - drawn - set(VEC["unreached"]))
     assert len(drawn) >= 45
+
+
+# ------------------------------------------------------------------------- the resend rule
+@pytest.mark.parametrize("case", VEC["resend"]["cases"], ids=_names(VEC["resend"]["cases"]))
+def test_a_resend_takes_the_answer_its_notice_names(case: dict[str, Any]) -> None:
+    """§12.4: the answers to the id and stream in the inbox, the notice's details, and the
+    one the Python client takes (never the refusal of another request that used the id)."""
+    from streams.clients.client import _answers, named_answer
+    from streams.wire.events import PurchaseFulfilled, Rejection
+
+    rs = VEC["resend"]
+    earlier: list[tuple[str, Any]] = []
+    for i in case["earlier"]:
+        raw = rs["answers"][i]
+        doc = json.loads(raw)
+        model = PurchaseFulfilled if doc["type"] == "purchase_fulfilled" else Rejection
+        ev = model.model_construct(**doc)
+        if _answers(ev, rs["request_id"], rs["stream_id"]):
+            earlier.append((hashlib.sha256(raw.encode()).hexdigest(), ev))
+    notice = Rejection.model_construct(reason="already_answered", details=case["details"])
+    got = named_answer(notice, earlier)
+    want = None if case["taken"] is None else json.loads(rs["answers"][case["taken"]])
+    assert (None if got is None else got.model_dump(include=set(want or {}))) == want

@@ -611,6 +611,9 @@ def test_the_value_identity_is_three_text_parts() -> None:
     from market.rng import NoiseKeys
     from streams.core.products.base import digest_values, value_identity
 
+    spec = (ROOT / "docs" / "protocol.md").read_text().split("### 1.3 Chains")[1]
+    for row in ("| stream id | text |", "| value id | text |", "| digest | text |"):
+        assert row in spec, row
     secret = bytes(range(32))
     chain = ReleaseChain(Laplace(1.0, dimension=2), (0.5, 1.0))
     numbers = as_float_vector([1.5, -2.0])
@@ -636,5 +639,7 @@ def test_the_canonical_level_rounds_a_tie_to_even() -> None:
     ECMAScript's toPrecision rounds up)."""
     from market.levels import canonical_level
 
+    spec = (ROOT / "docs" / "protocol.md").read_text().split("### 2.1 ")[1].split("### 2.2 ")[0]
+    assert "`1.000030517578125`, whose canonical level is `1.00003051757812`" in spec
     assert canonical_level(1.000030517578125) == 1.00003051757812
     assert canonical_level(0.1 + 0.2) == canonical_level(0.3) == 0.3

@@ -586,6 +586,7 @@ def tls_handshake(ca: Path, cert: Path, key: Path, name: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+@pytest.mark.slow
 def test_tls_script_makes_material_clients_verify(tmp_path: Path) -> None:
     out = tmp_path / "tls"
     script = str(ROOT / "deploy/make-tls.sh")

@@ -122,7 +122,7 @@ class MarketWorker:
             require_encryption=settings.require_encryption,
             accept_clear_values=settings.accept_clear_values,
             dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=settings.limits(),
+            limits=settings.limits,
             replica=self.replica,
         )
 
@@ -239,8 +239,8 @@ class MarketWorker:
             table_standby_replicas=0,
             # no output may exceed the broker's message size: a larger one fails at once and is
             # dead-lettered instead of being resent forever
-            producer_max_request_size=s.max_message_bytes,
-            consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.max_message_bytes),
+            producer_max_request_size=s.limits.max_message_bytes,
+            consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.limits.max_message_bytes),
             # stop at once on SIGTERM: never wait for a stream to drain
             stream_wait_empty=False,
             # a fetched batch is handed to the intake whole: bound it (Faust's default is the

@@ -157,7 +157,7 @@ def test_a_key_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
     """The file is read (the command goes on to its next error, no broker here), and stderr
     names the file, its mode and `chmod 600`; the library warns the same way."""
     path = tmp_path / "loose.key"
-    path.write_text(vector_text())
+    assert _cli("keygen", "--account", "alice", "--out", str(path), cwd=tmp_path).returncode == 0
     path.chmod(0o644)
     r = _cli("account", "open", "--key-file", str(path), cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -45,6 +45,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from market.envelope import EnvelopeError
 from market.errors import ReceiptError
 from market.receipts import key_id, parse_public_key
 
@@ -71,7 +72,7 @@ from ..wire.events import (
     ValuesAccepted,
 )
 from ..wire.root import RootError, read_root, trusted_key
-from ..wire.sealing import open_event, seal_values
+from ..wire.sealing import seal_values
 from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
@@ -934,9 +935,16 @@ class MarketClient:
 
     @staticmethod
     def _open(ev: InboxEvent, me: Party) -> InboxEvent:
+        """``ev`` opened with the party's current sealing key or a retired one (an earlier
+        outcome answered again after a rotation is sealed to the key of its time).
+
+        Raises :class:`market.envelope.EnvelopeError` if none opens it."""
         if me.sealing_key is None:
             return ev
-        return open_event(ev, me.sealing_key)
+        got = InboxOpener(me.sealing_keys).open(ev)
+        if isinstance(got, Unopened):
+            raise EnvelopeError(f"the answer cannot be opened with this key file: {got.reason}")
+        return got
 
     async def _watch(
         self,

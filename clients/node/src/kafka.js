@@ -7,7 +7,7 @@ import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer } from './answers.js';
-import { sealBatch, openReleases } from './sealing.js';
+import { sealBatch } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
 import { readRoot, trustedKey } from './root.js';
@@ -480,8 +480,10 @@ export class MarketClient {
     let sealedCiphertext;
     if (ans.sealed) {
       if (!opened) {
-        if (!this.party.sealingPrivate) throw new Error('the releases are sealed and this key file has no sealing key');
-        opened = openReleases(ans, this.party.sealingPrivate);
+        // the current sealing key or a retired one: an earlier outcome answered again after a rotation is sealed to the key of its time
+        const got = new InboxOpener(this.party.sealingKeys()).open(ans);
+        if (got.unopened) throw new Error(`the answer cannot be opened with this key file: ${got.unopened.reason}`);
+        opened = got.doc;
       }
       sealedCiphertext = ans.sealed.ciphertext;
     } else opened = ans;

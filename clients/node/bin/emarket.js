@@ -4,7 +4,7 @@
 // 2 bad input, 3 no answer in time, 4 broker unreachable.
 import { parseArgs } from 'node:util';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, openReleases, nameKeys, decodePublicKey } from '../src/index.js';
+import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, nameKeys, decodePublicKey, InboxOpener } from '../src/index.js';
 
 const USAGE = `usage: emarket [global options] COMMAND [options]
 
@@ -236,7 +236,11 @@ const COMMANDS = {
       return;
     }
     const sealedCiphertext = doc.sealed?.ciphertext;
-    if (doc.sealed && !doc.opening) doc = openReleases(doc, party(o).sealingPrivate);
+    if (doc.sealed && !doc.opening) {
+      const got = new InboxOpener(party(o).sealingKeys()).open(doc); // a retired key opens what was sealed before a rotation
+      if (got.unopened) throw new BadInput(`${file}: ${got.unopened.reason}`);
+      doc = got.doc;
+    }
     verifyOutcome(doc, key, { sealedCiphertext });
     emit(o, { valid: true, receipt: doc.receipt }, `receipt ${doc.receipt.purchase_id}: signature valid, ${doc.releases.length} releases open its commitment`);
   },

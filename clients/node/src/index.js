@@ -11,4 +11,5 @@ export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state
 export { encodeIdentity } from './identity.js';
 export { workBytes, solveWork, leadingZeroBits, DEFAULT_WORK_BITS } from './work.js';
 export { MarketClient, Refused, TimedOut } from './kafka.js';
+export { InboxOpener } from './opening.js';
 export { MarketRootError, readRoot, trustedKey, rootVerdict } from './root.js';

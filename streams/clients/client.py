@@ -52,6 +52,7 @@ from market.receipts import key_id, parse_public_key
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
 from ..broker.first_record import first_record
+from ..broker.kafka_internals import fresh_metadata
 from ..wire.answers import AnswerError, describe, verify_answer
 from ..wire.events import (
     INBOX_EVENT,
@@ -164,7 +165,7 @@ class TopicReader:
             parts: set[int] | None = None
             for _ in range(max(1, int(wait / 0.1))):
                 # consumer.partitions_for_topic reads cached metadata: ask the broker afresh
-                cluster = await self._consumer._client.fetch_all_metadata()
+                cluster = await fresh_metadata(self._consumer)
                 parts = cluster.partitions_for_topic(topic)
                 if parts:
                     break

@@ -150,6 +150,13 @@ def cmd_buy(args: argparse.Namespace) -> int:
         print_json(result)
     if isinstance(result, Rejection):
         raise CommandError(f"purchase refused ({result.reason}): {result.message}", EXIT_REFUSED)
+    _say_bought(args, result)
+    _say_named(args, result.releases)
+    return 0
+
+
+def _say_bought(args: argparse.Namespace, result: Any) -> None:
+    """What a person reads after a purchase: the level, the price, the values, the receipt."""
     paid = output.money(result.price_minor, result.currency)
     say(
         args,
@@ -166,8 +173,6 @@ def cmd_buy(args: argparse.Namespace) -> int:
             ]
         ),
     )
-    _say_named(args, result.releases)
-    return 0
 
 
 def _say_named(args: argparse.Namespace, releases: list[Any]) -> None:

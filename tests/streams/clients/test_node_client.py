@@ -55,6 +55,7 @@ def _cli(market: Market, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_node_client_passes_every_vector() -> None:
     """Every vector of docs/vectors and docs/protocol.md a client computes, from the spec alone;
     and the Node CLI's exit codes and receipt check, offline."""

@@ -327,6 +327,10 @@ def add_commands(sub: Any) -> None:
             )
         add_json_flag(sp)
         sp.set_defaults(fn=fn)
+    _add_tail(sub)
+
+
+def _add_tail(sub: Any) -> None:
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument(
         "--key-file",

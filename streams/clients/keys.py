@@ -91,8 +91,6 @@ class Party:
     @classmethod
     def generate(cls, account_id: str, *, sealing: bool = True) -> Party:
         """New keys for ``account_id`` (buyers need the sealing key; sellers may skip it)."""
-        import re  # noqa: PLC0415
-
         if not re.fullmatch(ID_PATTERN, account_id):
             raise KeyFileError(
                 f"account id {account_id!r} must be 1-64 of letters, digits, '_' and '-'"
@@ -130,7 +128,8 @@ class Party:
 
     def holding(self, others: Iterable[Party]) -> Party:
         """This party, also holding every sealing key of ``others`` (older key files of the
-        same account) as retired keys, to read what was sealed to them."""
+        same account) as retired keys, to read what was sealed to them (a reader's set of keys:
+        two files may name one version, so it is not written back as a key file)."""
         got = list(self.previous)
         for o in others:
             if o.account_id != self.account_id:

@@ -45,6 +45,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from market.envelope import EnvelopeError
 from market.errors import ReceiptError
 from market.receipts import key_id, parse_public_key
 
@@ -72,12 +73,13 @@ from ..wire.events import (
     ValuesAccepted,
 )
 from ..wire.root import RootError, read_root, trusted_key
-from ..wire.sealing import open_event, seal_values
+from ..wire.sealing import seal_values
 from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .keys import Party
+from .opening import InboxOpener, Unopened
 
 __all__ = [
     "InboxEvent",
@@ -829,18 +831,38 @@ class MarketClient:
         return got
 
     async def tail(
-        self, *, idle_timeout: float | None = None, party: Party | None = None
+        self,
+        *,
+        idle_timeout: float | None = None,
+        party: Party | None = None,
+        on_unopened: Callable[[Unopened], None] | None = None,
     ) -> AsyncIterator[InboxEvent]:
-        """Every event in the party's inbox from the beginning (sealed releases opened with its
-        sealing key); stops after ``idle_timeout`` seconds without events."""
+        """Every event in the party's inbox from the beginning; stops after ``idle_timeout``
+        seconds without events.
+
+        Sealed releases are opened with every sealing key the party holds: its current one and
+        the retired ones of its key file (``previous``; :meth:`Party.holding` adds those of
+        older key files), so the whole history reads after a rotation. A record none of them
+        opens is yielded as it came (sealed, no releases) after ``on_unopened`` (default: the
+        client's ``on_warning``) is told which key version it was sealed under
+        (:class:`~streams.clients.opening.Unopened`).
+        """
         me = self._me(party)
         key = await self.market_key()
         topic = self.topics.inbox(me.account_id)
         reader = await self._inbox(me.account_id)
+        opener = InboxOpener(me.sealing_keys)
+        told = on_unopened or (lambda u: self.on_warning(f"{u.event.type}: {u.reason}"))
         try:
             async for ev in self._believed(reader, topic, key, idle_timeout):
-                if not isinstance(ev, Refusal):
-                    yield self._open(ev, me)
+                if isinstance(ev, Refusal):
+                    continue
+                got = opener.open(ev)
+                if isinstance(got, Unopened):
+                    told(got)
+                    yield got.event
+                else:
+                    yield got
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
@@ -914,9 +936,16 @@ class MarketClient:
 
     @staticmethod
     def _open(ev: InboxEvent, me: Party) -> InboxEvent:
+        """``ev`` opened with the party's current sealing key or a retired one (an earlier
+        outcome answered again after a rotation is sealed to the key of its time).
+
+        Raises :class:`market.envelope.EnvelopeError` if none opens it."""
         if me.sealing_key is None:
             return ev
-        return open_event(ev, me.sealing_key)
+        got = InboxOpener(me.sealing_keys).open(ev)
+        if isinstance(got, Unopened):
+            raise EnvelopeError(f"the answer cannot be opened with this key file: {got.reason}")
+        return got
 
     async def _watch(
         self,

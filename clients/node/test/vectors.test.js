@@ -323,3 +323,22 @@ test('protocol.md §6.1.2: the proof-of-work vector', () => {
   const w = solveWork(v.market_prefix, v.account_id, v.signing_key, 8);
   assert.ok(leadingZeroBits(sha256Of(workBytes(v.market_prefix, v.account_id, v.signing_key, w))) >= 8);
 });
+
+test('§5.2.1: the key file vector reads into its keys and is written back byte for byte', () => {
+  const doc = readFileSync(PROTOCOL, 'utf8');
+  const m = /<!-- key file vectors: begin -->\s*```json\n([\s\S]*?\n)```\s*<!-- key file vectors: end -->/.exec(doc);
+  assert.ok(m, 'docs/protocol.md lost its key file vector');
+  const text = m[1];
+  assert.equal(toHex(sha256Of(utf8(text))), '90771144fb726afbb37a8fc3738ebb0688063debf4c4ed2f28c810f50e23f574');
+  const p = Party.fromJSON(JSON.parse(text));
+  assert.equal(p.keyId, '03396219237f75a6');
+  assert.equal(p.keyVersion, 2);
+  assert.deepEqual(p.sealingKeys().map((k) => [k.keyVersion, k.sealingKey]), [
+    [2, 'Z13VdO13iTELPS52gfN5C0ZsdzsVIf7PNld5WDcepS8='],
+    [1, 'NYBy1jZYgNGu6jKa35EhODhR7SGijjt16WXQ0s0WYlQ='],
+  ]);
+  assert.equal(p.keyFile(), text);
+  const mixed = { ...JSON.parse(text), signing_key: 'A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg=' };
+  assert.throws(() => Party.fromJSON(mixed), /`signing_key` is not the public key/);
+  assert.throws(() => Party.fromJSON({ ...JSON.parse(text), key_version: 1 }), /`previous` must list/);
+});

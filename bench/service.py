@@ -195,8 +195,9 @@ def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
     )
 
 
-def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
-    """A signed batch of one value (signed before any clock starts)."""
+def _value_payload(i: int, market: str = "bench", stream: str = "bench", count: int = 1) -> bytes:
+    """A signed batch of ``count`` values, ids from ``v{i:07d}`` on (signed before any clock
+    starts)."""
     batch = sealed_batch(
         SELLER,
         market,
@@ -204,10 +205,11 @@ def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> byte
         seller_id=SELLER.account_id,
         items=[
             {
-                "value_id": f"v{i:07d}",
-                "values": [20.0 + 0.001 * i] * DIM,
+                "value_id": f"v{j:07d}",
+                "values": [20.0 + 0.001 * j] * DIM,
                 "published_at_ms": now_ms(),
             }
+            for j in range(i, i + count)
         ],
     )
     return batch.model_dump_json().encode()

@@ -321,6 +321,17 @@ def exact_table(n: int, n_peer: int, repeat: int) -> list[tuple[str, float, floa
     return rows
 
 
+def exact_sizes(quick: bool) -> tuple[int, int, int]:
+    """Our and numpy's coordinates, OpenDP's, and calls of each per run (``--quick`` or not):
+    what ``python -m bench.noise`` and ``python -m bench.report`` both use."""
+    return (10_000, 100, 2) if quick else (1_000_000, 10_000, 3)
+
+
+def small_calls(quick: bool) -> int:
+    """Calls of each sampler per run of the per-call rows (``--quick`` or not)."""
+    return 30 if quick else 300
+
+
 def exact_markdown(n: int, n_peer: int, repeat: int, runs: int) -> str:
     """Per coordinate against numpy's inexact samplers and OpenDP's exact ones."""
     tables = [exact_table(n, n_peer, repeat) for _ in range(runs)]
@@ -586,13 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     print(speed_markdown(n, repeat, runs) + "\n")
     print(machine.line() + "\n")
     machine = Machine.now()
-    n_peer = 100 if args.quick else 10_000
     print("## Per coordinate: numpy's inexact samplers and OpenDP's exact ones\n")
-    print(exact_markdown(n, n_peer, 2 if args.quick else 3, runs) + "\n")
+    print(exact_markdown(*exact_sizes(args.quick), runs) + "\n")
     print(machine.line() + "\n")
     machine = Machine.now()
     print(f"## Per call at {SMALL_DIM} numbers (the service's size)\n")
-    print(small_markdown(30 if args.quick else 300, runs) + "\n")
+    print(small_markdown(small_calls(args.quick), runs) + "\n")
     print(machine.line() + "\n")
     machine = Machine.now()
     print("## Histogram releases\n")

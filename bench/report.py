@@ -6,11 +6,13 @@ sample paths of the Laplace process (Koufogiannis Fig. 1), the conditional law o
 (Fig. 3), exact counts (discrete Laplace: its marginal and step atom), running totals (the error
 of a total against the count), the applications
 (sparse histograms, histogram streams as the market core releases them, factorization, RAPPOR,
-social network), and the speed of the samplers, of histogram releases and of the service
-against their baselines, all measured in this run. ``--quick`` uses small sizes (a smoke run);
-``--no-service`` skips the broker benchmark; ``--only TITLE`` regenerates the sections whose
-title contains TITLE inside the existing report and leaves the others byte for byte: each
-regenerated section says when it was, and the header's date says that sections may be newer.
+social network), and the speed of the samplers (against numpy's inexact samplers and, with
+the ``bench`` extra, OpenDP's exact ones), of histogram releases, of the market core (against
+its crypto floor) and of the service (against the transport floor), all measured in this run.
+``--quick`` uses small sizes (a smoke run); ``--no-service`` skips the broker benchmark;
+``--only TITLE`` regenerates the sections whose title contains TITLE inside the existing report
+and leaves the others byte for byte: each regenerated section says when it was, and the
+header's date says that sections may be newer.
 """
 
 from __future__ import annotations
@@ -736,6 +738,20 @@ def speed(quick: bool) -> str:
     return f"{noise.speed_markdown(n, repeat, runs)}\n\n{machine.line()}"
 
 
+def exact_speed(quick: bool) -> str:
+    # `python -m bench.noise`'s "Per coordinate" rows, same function and sizes
+    _, _, runs = _speed_sizes(quick)
+    machine = Machine.now()
+    return f"{noise.exact_markdown(*noise.exact_sizes(quick), runs)}\n\n{machine.line()}"
+
+
+def small_speed(quick: bool) -> str:
+    # `python -m bench.noise`'s "Per call" rows, same function and sizes
+    _, _, runs = _speed_sizes(quick)
+    machine = Machine.now()
+    return f"{noise.small_markdown(noise.small_calls(quick), runs)}\n\n{machine.line()}"
+
+
 def histogram_speed(quick: bool) -> str:
     # `python -m bench.noise`'s "Histogram releases", same function and sizes
     _, repeat, runs = _speed_sizes(quick)
@@ -842,6 +858,14 @@ def main(argv: list[str] | None = None) -> int:
         ("RAPPOR with relaxable parameters", lambda: rappor(figs, q)),
         ("Per-recipient levels in a social network: collusion", lambda: social(figs, q)),
         ("Speed of the samplers against numpy (same run)", lambda: speed(q)),
+        (
+            "Noise per coordinate against numpy and OpenDP's exact samplers (same run)",
+            lambda: exact_speed(q),
+        ),
+        (
+            "Noise per call at 8 numbers, the service's size, against numpy and OpenDP (same run)",
+            lambda: small_speed(q),
+        ),
         ("Speed of histogram releases against the library (same run)", lambda: histogram_speed(q)),
         ("Market core per event against its cryptographic floor (same run)", lambda: core_cost(q)),
         ("Service throughput and latency (same broker)", lambda: service(q)),

@@ -70,7 +70,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bench.machine import Machine, Meter, Usage
+from bench.machine import Machine, Meter, Usage, load_1min
 from bench.produced import Produced, ends, produced_since
 from streams.broker.admin import ensure_topics
 from streams.broker.embedded import EmbeddedBroker, find_free_port
@@ -447,6 +447,8 @@ class Run:
     rows: list[Row]
     paced: list[Paced]
     core: dict[str, CoreMeasure] = field(default_factory=dict)
+    load: tuple[float, float] = (float("nan"), float("nan"))
+    """The 1-minute load average at the run's start and end."""
 
 
 @dataclass(frozen=True)
@@ -839,6 +841,7 @@ def one_run(sizes: Sizes, workdir: Path) -> Run:
     from bench import core  # bench.core imports this module
 
     workdir.mkdir(parents=True, exist_ok=True)
+    load = load_1min()
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         raw = asyncio.run(raw_round_trip(broker.bootstrap, sizes.n, sizes.lat_n))
         floor_before = transport_forward(broker, sizes, workdir)
@@ -851,7 +854,7 @@ def one_run(sizes: Sizes, workdir: Path) -> Run:
     rows = [raw, _joined(floor_before, floor_after), _joined(before, after), *market.rows]
     by = {m.path: m for m in in_process}
     cores = {PURCHASE: by[core.PURCHASE], INGEST: by[core.VALUE], INGEST16: by[core.VALUE16]}
-    return Run(rows, [faust_paced, *market.paced], cores)
+    return Run(rows, [faust_paced, *market.paced], cores, (load, load_1min()))
 
 
 def _joined(before: Row, after: Row) -> Row:
@@ -1187,13 +1190,21 @@ def render_goals(results: list[Run]) -> str:
     return "\n".join(out)
 
 
+def render_load(results: list[Run]) -> str:
+    """The load each run ran at, for under its CPU tables."""
+    each = ", ".join(f"{a:.2f} → {b:.2f}" for a, b in (r.load for r in results))
+    return f"Load average (1 min) at each run's start → end, run by run: {each}."
+
+
 def render(results: list[Run]) -> str:
     """Every table and the goals, from every run."""
     runs, paced = [r.rows for r in results], [r.paced for r in results]
     return "\n\n".join(
         [
             render_cpu(runs),
+            render_load(results),
             render_floors(results),
+            render_load(results),
             render_bytes(runs),
             render_wall(runs),
             render_paced(paced),

@@ -166,6 +166,7 @@ def test_service_benchmark_runs() -> None:
     assert "worker CPU outside the core per record produced, market purchase <= 15 µs: " in out
     assert "retired (issue #42): worker CPU per purchase ÷ pass-through's per event" in out
     assert "\nmachine: " in out and "load average" in out
+    assert out.count("Load average (1 min) at each run's start → end, run by run: ") == 2
     # open-loop purchases at 10/s and at a fixed 200/s, each with its p99 goal
     assert "| Faust pass-through, 10/s | 10 | 40 |" in out  # the paced rows' floor
     assert "| market purchase, 10/s | 10 | 40 |" in out

@@ -207,15 +207,18 @@ _SMALL_CASES: tuple[tuple[str, Mechanism, str], ...] = (
 
 
 def _cpu_round_robin(fns: Sequence[Callable[[], Any]], calls: int) -> list[float]:
-    """CPU seconds of this thread per call of each function, ``calls`` calls of each, in
-    turn one call at a time (so all see the same machine state)."""
-    total = [0.0] * len(fns)
+    """CPU seconds of this thread per call of each function: the median of ``calls`` calls
+    of each, made in turn one call at a time (so all see the same machine state), after one
+    call of each to warm up."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(calls):
         for i, fn in enumerate(fns):
             t0 = time.thread_time()
             fn()
-            total[i] += time.thread_time() - t0
-    return [t / calls for t in total]
+            times[i].append(time.thread_time() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def _value_steps(mech: Mechanism, calls: int) -> Callable[[], Any]:
@@ -246,14 +249,11 @@ def small_table(calls: int) -> list[tuple[str, float, float, float | None]]:
     peers = opendp_samplers(SMALL_DIM)
     rows = []
     for name, mech, sampler in _SMALL_CASES:
-        ours = _value_steps(mech, calls + 10)
+        ours = _value_steps(mech, calls + 1)
         numpy = functools.partial(getattr(base, sampler), 0.0, 1.0, SMALL_DIM)
         fns: list[Callable[[], Any]] = [ours, numpy]
         if peers is not None:
             fns.append(peers[name])
-        for fn in fns:  # warm up
-            for _ in range(10):
-                fn()
         t = _cpu_round_robin(fns, calls)
         rows.append((name, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6 if peers is not None else None))
     return rows
@@ -271,8 +271,9 @@ def small_markdown(calls: int, runs: int) -> str:
         f"numpy: one call of its inexact sampler on {SMALL_DIM} numbers; OpenDP: one call of "
         f"its exact sampler on {SMALL_DIM} numbers (`opendp` "
         + ("installed" if opendp_samplers(1) is not None else "not installed")
-        + f"). CPU time of this thread, {calls} calls of each in turn per run ({what}); µs "
-        "are medians. The goal is an absolute time: read it with the load average below.",
+        + f"). CPU time of this thread: the median of {calls} calls of each, made in turn after "
+        f"one to warm up ({what}). The goal is an absolute time: read it with the load "
+        "average below.",
         "",
         "| mechanism | ours µs per value-step | numpy µs per call | ours ÷ numpy | OpenDP µs "
         f"per call | OpenDP ÷ ours | goal: ours <= {GOAL_STEP_US:g} µs |",
@@ -311,7 +312,7 @@ def exact_table(n: int, n_peer: int, repeat: int) -> list[tuple[str, float, floa
         ("discrete_laplace", DiscreteLaplace(1)),
     ):
         sampler = "normal" if name == "gaussian" else "laplace"
-        states = iter([_prepared(mech, n, [], seed=i) for i in range(repeat)])
+        states = iter([_prepared(mech, n, [], seed=i) for i in range(repeat + 1)])
 
         def fresh(states: Iterator[ReleaseState] = states) -> Any:
             return next(states).release(1.0, rng=rng)
@@ -349,8 +350,8 @@ def exact_markdown(n: int, n_peer: int, repeat: int, runs: int) -> str:
         f"at {n:,} coordinates, OpenDP's exact sampler (`opendp` "
         + ("installed" if installed else "not installed")
         + f") at {n_peer:,} (its time per coordinate is flat from 10^3 coordinates on; 10^6 of "
-        f"its draws take minutes); {repeat} calls of each in turn per run ({what}); ns are "
-        "medians. OpenDP's peers: "
+        f"its draws take minutes); the median of {repeat} calls of each, made in turn after one "
+        f"to warm up ({what}). OpenDP's peers: "
         + "; ".join(f"{k}: `{v}`" for k, v in EXACT_PEERS.items())
         + ".",
         "",

@@ -55,6 +55,7 @@ import nacl.bindings
 
 from bench.machine import Machine
 from bench.service import (
+    BATCH,
     BENCH_KEYS,
     SELLER,
     STEPS,
@@ -108,13 +109,12 @@ class Prepared:
 @dataclass
 class Measure:
     """One path in one run: µs per event of the core, of its floor, of its keyed generators,
-    and the cryptographic calls per event the core made, by kind (counted on a small run)."""
+    and the floor's cryptographic operations per event, by kind."""
 
     path: str
     core_us: float
     floor_us: float
     keyed_us: float
-    counted: dict[str, float] = field(default_factory=dict)
     floor_calls: dict[str, float] = field(default_factory=dict)
 
 
@@ -139,7 +139,16 @@ FLOOR_REPS = 500
 """Calls of each floor primitive per timing."""
 PURCHASE = "purchase (next step, 4 values, sealed, receipt)"
 VALUE = "value (8 numbers, 2 holders), one value per batch"
-VALUE16 = f"value (8 numbers, 2 holders), {16} values per batch"
+
+
+def value_path(per_batch: int) -> str:
+    """The name of the value path with ``per_batch`` values per signed batch."""
+    if per_batch == 1:
+        return VALUE
+    return f"value (8 numbers, 2 holders), {per_batch} values per batch"
+
+
+VALUE16 = value_path(BATCH)
 GOAL_RATIO = {PURCHASE: 3.0, VALUE: 3.5}
 """Core CPU per event ÷ its crypto floor's, same run (issue #42), on the median of the runs."""
 GOAL_US = {VALUE16: 120.0}
@@ -275,8 +284,7 @@ def prepare_values(n: int, per_batch: int = 1) -> Prepared:
         Op("sign", share, lambda: sign(answer)),
         Op("sign", len(subs) / (per_core * per_batch), lambda: sign(answer)),
     ]
-    name = VALUE if per_batch == 1 else VALUE16.replace("16", str(per_batch))
-    return Prepared(name, run, records * per_batch, floor, 2)
+    return Prepared(value_path(per_batch), run, records * per_batch, floor, 2)
 
 
 def measure(path: Prepared) -> Measure:
@@ -340,7 +348,7 @@ def one_run(n_streams: int, n_values: int) -> list[Measure]:
     return [
         measure(prepare_purchases(n_streams)),
         measure(prepare_values(n_values)),
-        measure(prepare_values(n_values, 16)),
+        measure(prepare_values(n_values, BATCH)),
     ]
 
 
@@ -349,7 +357,7 @@ def counted_calls() -> dict[str, dict[str, float]]:
     paths = [
         prepare_purchases(2),
         prepare_values(VALUES_PER_CORE_BATCH),
-        prepare_values(VALUES_PER_CORE_BATCH, 16),
+        prepare_values(VALUES_PER_CORE_BATCH, BATCH),
     ]
     return {p.name: crypto_calls(p) for p in paths}
 
@@ -475,12 +483,13 @@ def render(
         "operation the protocol requires of the market for the event, made with the core's "
         "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
         "sale notice); a value batch's verification, envelope opening and answer signature, "
-        "shared by its values, and each holder's delivery signature, shared by the "
-        f"{VALUES_PER_CORE_BATCH} values of a core batch. 'Counted in the core': the "
+        "shared by its values, and each holder's delivery signature, shared by the values of "
+        f"a core batch ({VALUES_PER_CORE_BATCH} values in whole batches). 'Counted in the "
+        "core': the "
         "signatures, verifications, seals and openings the core itself made per event, "
         "counted on a small run: 'the same' says the floor leaves out nothing the core does. "
         "The goals on the two ratios are stated against the crypto floor; the goal per value "
-        "at 16 values per batch is an absolute CPU time (the issue's), so it moves with the "
+        f"at {BATCH} values per batch is an absolute CPU time (the issue's), so it moves with the "
         "machine and its load (the line below). No transport here: the core runs in process; "
         "`bench.service` sets the worker against the transport floor (raw aiokafka). "
         f"Each cell: {what}; ratios are taken within a run, goals judged on their median.\n\n"

@@ -21,7 +21,7 @@ from .common import (
     run_client,
     topics_of,
 )
-from .output import add_json_flag, json_mode, print_json, show
+from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands", "cmd_verify_receipt"]
 
@@ -390,6 +390,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
                         continue
                     if args.stream and rej.stream_id != args.stream:
                         continue
+                    shown[0] += 1
                     if json_mode(args):
                         print(rej.model_dump_json(), flush=True)
                         continue
@@ -400,9 +401,12 @@ def cmd_rejections(args: argparse.Namespace) -> int:
         finally:
             await reader.stop()
 
-    skipped = [0]
+    skipped, shown = [0], [0]
     with contextlib.suppress(KeyboardInterrupt):
         run_client(args, body)
+    if not shown[0]:  # said, not left to an empty screen
+        on = f" on stream {args.stream!r}" if args.stream else ""
+        say(args, f"no refusals{on} on {args.prefix}.rejections yet")
     if skipped[0]:
         print(
             f"warning: skipped {skipped[0]} records that are not rejections (written by "

@@ -32,6 +32,7 @@ __all__ = [
     "print_json",
     "progress",
     "published",
+    "quote_line",
     "registered",
     "releases",
     "say",
@@ -227,6 +228,24 @@ def event(ev: Any) -> list[str]:
         )
         return [f"refused ({ev.reason}) {what}: {ev.message}"]
     return [f"{kind or 'event'}: --json shows it"]
+
+
+def quote_line(q: Any) -> str:
+    """What a quote buys and costs; at or below the level held, that there is nothing to buy
+    (and, at the top step, that nothing more is for sale)."""
+    if q.level_after > q.level_before:
+        return (
+            f"level {q.level_before:g} -> {q.level_after:g} ({q.level_unit}) costs "
+            f"{money(q.price_minor, q.currency)}"
+        )
+    held = f"you already hold level {level(q.level_before, q.level_unit)} of {q.stream_id}"
+    above = sorted(o.level for o in q.offers if o.level > q.level_before)
+    if not above:
+        return f"{held}, the top level for sale: there is nothing more to buy"
+    return (
+        f"{held}, as accurate as this quote asks or more: nothing to buy; the next level for "
+        f"sale is {above[0]:g} (--target {above[0]:g})"
+    )
 
 
 def offers_table(q: Any) -> str:

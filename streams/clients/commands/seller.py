@@ -20,11 +20,11 @@ from .common import (
     CommandError,
     floats,
     load_party,
-    print_json,
     run_client,
     warn,
 )
-from .output import add_json_flag, json_mode
+from .flags import in_flags, input_problem, refused
+from .output import add_json_flag
 
 __all__ = ["add_commands", "parse_row"]
 
@@ -149,20 +149,14 @@ def cmd_register(args: argparse.Namespace) -> int:
             {**fields, "key_id": "0" * 16, "signature": "A" * 86 + "=="}
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CommandError(f"invalid registration: {where}: {first['msg']}") from None
+        raise CommandError(f"invalid registration: {input_problem(args, exc)}") from None
 
     async def body(c: Any) -> Any:
         return await c.register(fields, timeout=args.timeout)
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
-        if json_mode(args):
-            print_json(result)
-        raise CommandError(
-            f"registration refused ({result.reason}): {result.message}", EXIT_REFUSED
-        )
+        raise refused(args, "registration", result)
     output.show(args, result, output.registered(result))
     return 0
 
@@ -268,7 +262,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     _, refused = run_client(args, body, party)
     for vid, reason, message in refused:
-        warn(f"value {vid} refused ({reason}): {message}")
+        warn(f"value {vid} refused ({reason}): {in_flags(args, message)}")
     return EXIT_REFUSED if refused else 0
 
 

@@ -197,7 +197,7 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
     assert_clean(r, 1, "published 3/3 values", "refused (wrong_dimension)")
     assert r.stderr.count("refused") == 1  # the two good values went in
     r = cli(*pre, "buy", *bob, "--stream", "temp", "--max-price", "0.10")
-    assert_clean(r, 1, "price_too_high", "costs 1.00 EUR, more than the purchase's max_price_minor")
+    assert_clean(r, 1, "price_too_high", "costs 1.00 EUR, more than the purchase's --max-price")
     r = cli(*pre, "buy", *bob, "--stream", "nosuch", "--max-price", "1")
     assert_clean(r, 1, "unknown_stream")
     # the operator reads every refusal with its reason

@@ -151,7 +151,8 @@ def _sentence(args: argparse.Namespace, error: Any) -> str:
     )
     if wants is not None:
         try:
-            return f"{_where(args, loc)} {wants.format(**{k: _shown(v) for k, v in ctx.items()})}{told}"
+            said = wants.format(**{k: _shown(v) for k, v in ctx.items()})
+            return f"{_where(args, loc)} {said}{told}"
         except (KeyError, IndexError):
             pass
     return f"{_where(args, loc)}: {msg[:1].lower()}{msg[1:]}"

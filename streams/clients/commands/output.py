@@ -18,6 +18,8 @@ import math
 import sys
 from typing import Any
 
+from ...wire.times import utc_text
+
 __all__ = [
     "accuracy",
     "add_json_flag",
@@ -261,13 +263,8 @@ def offers_table(q: Any) -> str:
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
     pw = getattr(q, "privacy_window", None)
     if pw is not None:
-        from datetime import UTC, datetime  # noqa: PLC0415
-
-        def iso(ms: int) -> str:
-            return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
         lines.append(
-            f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
+            f"privacy window {utc_text(pw.start_ms)} – {utc_text(pw.end_ms)}: spent "
             f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}"
         )
     return "\n".join(lines)
@@ -309,10 +306,13 @@ def published(args: argparse.Namespace, client: Any, batch: Any, answer: Any) ->
 
 
 def one_value(client: Any, batch: Any, answer: Any) -> str:
-    """The line for a single value published: its id, publication time and the answer."""
+    """The line for a single value published: its id, the answer, its publication time in UTC,
+    and the flags that resend it as the same value (the time is part of its identity)."""
     vid = batch.items[0].value_id
+    ms = client.published_at(batch.stream_id, vid)
     return (
-        f"{vid} published_at_ms={client.published_at(batch.stream_id, vid)} {_status(answer, vid)}"
+        f"{vid} {_status(answer, vid)}, published at {utc_text(ms)} "
+        f"(resend as --value-id {vid} --published-at {ms})"
     )
 
 

@@ -26,6 +26,7 @@ from streams.wire.events import (
     ValueItem,
 )
 from streams.wire.signing import MarketRef, canonical_bytes, sign, signed, verify
+from streams.wire.times import utc_text
 from streams.wire.topics import Topics
 
 from ..helpers import MARKET, SIGNED_FOR, market_core, party, purchase, registration, value
@@ -170,6 +171,24 @@ def test_a_purchase_signed_with_a_rotated_key_is_refused_to_its_sender() -> None
         requested_at_ms=1_000,
     )
     assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
+
+
+def test_key_rotated_says_when_in_utc_and_keeps_the_milliseconds_for_machines() -> None:
+    """The refusal said "since 1733… (Unix ms)": a person reads an ISO 8601 UTC time, and the
+    number stays in ``details`` for machines."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    in_flight = purchase("temp", "alice", "p1")
+    _rotate(c, party("alice"), party("alice-2"), 2)
+    out = c.handle(T.purchases, in_flight)
+    rej = INBOX_EVENT.validate_json(
+        next(o.value for o in out.outputs if o.topic == T.inbox("alice"))
+    )
+    assert isinstance(rej, Rejection) and rej.reason == "key_rotated"
+    stamp = rej.details["rotated_at_ms"]
+    assert isinstance(stamp, int) and str(stamp) not in rej.message and "Unix ms" not in rej.message
+    assert f"since {utc_text(stamp)}" in rej.message, rej.message
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z", utc_text(stamp))
 
 
 def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key() -> None:

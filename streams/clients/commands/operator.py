@@ -621,6 +621,10 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--out", default="docs/vectors")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_vectors)
+    _verify_receipt_parser(sub)
+
+
+def _verify_receipt_parser(sub: Any) -> None:
     sp = sub.add_parser(
         "verify-receipt",
         help="check a purchase outcome (buy --output): the receipt's signature by the market key "

@@ -104,6 +104,7 @@ class _Output:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.text = ""
+        self.ended = False
         self._proc = proc
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -111,12 +112,13 @@ class _Output:
         assert self._proc.stdout is not None
         while chunk := os.read(self._proc.stdout.fileno(), 4096):
             self.text += chunk.decode()
+        self.ended = True
 
     def wait_for(self, pattern: str, timeout: float = 90.0) -> re.Match[str]:
         """The first match of ``pattern`` in what the process printed, waited for."""
         deadline = time.monotonic() + timeout
         while (m := re.search(pattern, self.text)) is None:
-            assert time.monotonic() < deadline, self.text
+            assert not self.ended and time.monotonic() < deadline, (pattern, self.text)
             time.sleep(0.01)
         return m
 

@@ -118,13 +118,12 @@ _PATTERNS = {
 def _where(args: argparse.Namespace, loc: tuple[Any, ...]) -> str:
     """``("steps", 0)`` → ``--steps (its 1st number)``; a field without a flag by its name."""
     names = [str(p) for p in loc if not isinstance(p, int)]
-    index = [p for p in loc if isinstance(p, int)]
     field = ".".join(names)
     where = _flag(args, field) or field
     if field == "histogram.domain_size" and where == "--histogram":
         where = "N of --histogram integers:N"
-    if index:
-        where += f" (its {_ordinal(index[-1] + 1)} value)"
+    if loc and isinstance(loc[-1], int):  # one number of a list typed as a flag
+        where += f" (its {_ordinal(loc[-1] + 1)} value)"
     return where
 
 

@@ -477,16 +477,16 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     from ...wire.money import format_money  # noqa: PLC0415 - plain Python: no service extra
 
     price = format_money(rec.price_minor, rec.currency)
-    sealed = " and the sealed envelope" if rec.ciphertext_digest else ""
+    sealed = " and its sealed envelope" if rec.ciphertext_digest else ""
     show(
         args,
         {"valid": True, "receipt": rec.to_dict()},
         f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
         f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
         f"{price}, {len(rec.value_ids)} values\n"
-        f"  checked: the receipt is signed by the market key {source}, and the "
-        f"{len(rec.value_ids)} released values in {args.event}{sealed} are the ones it commits "
-        "to (with the file's opening)",
+        f"  checked: the receipt is signed by the market key {source}, and the released "
+        f"values of {args.event} ({len(rec.value_ids)}){sealed} are the ones it commits to "
+        "(with the file's opening)",
     )
     return 0
 

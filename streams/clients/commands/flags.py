@@ -52,9 +52,9 @@ FIELD_FLAGS = {
 }
 """Wire field (dotted path inside the event) → the flag that sets it."""
 
-_FIELD = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b")
+_FIELD = re.compile(r"(?<!['\"])\b[a-z]+(?:_[a-z]+)+\b(?!['\"])")
 """A field name in a message: snake_case with at least one underscore (``steps`` or ``cap``
-alone are also English words, and stay as they are)."""
+alone are also English words, and stay as they are), not quoted (``'value_id'`` is an id)."""
 
 
 def _flag(args: argparse.Namespace, field: str) -> str | None:
@@ -65,7 +65,7 @@ def _flag(args: argparse.Namespace, field: str) -> str | None:
     return flag
 
 
-_WORD = re.compile(r"\b[a-z]+(?:_[a-z]+)*\b")
+_WORD = re.compile(r"(?<!['\"])\b[a-z]+(?:_[a-z]+)*\b(?!['\"])")
 """Any field name, ``steps`` included: in the model's own rules every such word is a field."""
 
 

@@ -33,6 +33,7 @@ def test_field_names_read_as_the_flags_of_the_command() -> None:
     # English words that are also fields stay words outside the model's own rules
     assert in_flags(REGISTER, "steps of the cap") == "steps of the cap"
     assert in_flags(REGISTER, "lower retain_last") == "lower --retain"
+    assert in_flags(BUY, "stream 'target_level' is unknown") == "stream 'target_level' is unknown"
 
 
 def _problem(**fields: Any) -> str:

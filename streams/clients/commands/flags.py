@@ -116,7 +116,7 @@ _PATTERNS = {
 
 
 def _where(args: argparse.Namespace, loc: tuple[Any, ...]) -> str:
-    """``("steps", 0)`` → ``--steps (its 1st number)``; a field without a flag by its name."""
+    """``("steps", 0)`` → ``--steps (its 1st value)``; a field without a flag by its name."""
     names = [str(p) for p in loc if not isinstance(p, int)]
     field = ".".join(names)
     where = _flag(args, field) or field
@@ -159,11 +159,12 @@ def _sentence(args: argparse.Namespace, error: Any) -> str:
 
 def input_problem(args: argparse.Namespace, exc: Any) -> str:
     """A pydantic ``ValidationError`` of an event the command built from what was typed, as
-    sentences naming the flags (``--steps (its 1st item) must be more than 0, not 0.0``)."""
-    errors = exc.errors()
-    said = []
-    for error in errors:
+    sentences naming the flags (``--steps (its 1st value) must be more than 0, not 0``): the
+    first three problems, and how many more there are."""
+    said: list[str] = []
+    for error in exc.errors():
         text = _sentence(args, error)
         if text not in said:
             said.append(text)
-    return "; ".join(said)
+    more = f" (and {len(said) - 3} more problems)" if len(said) > 3 else ""
+    return "; ".join(said[:3]) + more

@@ -276,7 +276,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise
     for vid, reason, message in refused:
         warn(f"value {vid} refused ({reason}): {in_flags(args, message)}")
-    if run.stopped:
+    if run.stopped and args.file is not None:  # one value given on the line was sent whole
         output.say(args, "\n".join(run.report(args)))
         return EXIT_INTERRUPTED
     return EXIT_REFUSED if refused else 0

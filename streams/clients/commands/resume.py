@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shlex
+import signal
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -44,7 +46,8 @@ class Run:
             got = await asyncio.shield(task)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels the command's task
             self.stopped = True
-            got = await task  # a second Ctrl-C interrupts this one
+            _again_cancels(task)
+            got = await task
         self.in_flight = 0
         self.answered += values
         return got
@@ -68,6 +71,14 @@ class Run:
         if done < self.total:
             lines.append(f"resume with: {resume_command(args, done)}")
         return lines
+
+
+def _again_cancels(task: asyncio.Future[T]) -> None:
+    """A second Ctrl-C cancels ``task`` (the batch being finished), so the command stops as it
+    does at a first one; asyncio's own second-Ctrl-C handler would raise inside the task and
+    leave its exception to be logged with a traceback."""
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals here: as before
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, task.cancel)
 
 
 def resume_command(args: argparse.Namespace, skip: int) -> str:

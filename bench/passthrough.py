@@ -26,6 +26,9 @@ def main() -> None:
     p.add_argument("--app-id", required=True)
     p.add_argument("--fetch-max-wait-ms", type=int, default=20)
     p.add_argument("--web-port", type=int, default=0)
+    p.add_argument(
+        "--data-dir", default=None, help="Faust's data directory (default: one in the cwd)"
+    )
     args = p.parse_args()
     from streams.worker.faust_internals import install_tansu_compat
 
@@ -40,6 +43,7 @@ def main() -> None:
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         topic_partitions=4,
+        **({"datadir": args.data_dir} if args.data_dir else {}),
     )
     source = app.topic(
         args.source, value_type=bytes, value_serializer="raw", key_type=bytes, key_serializer="raw"

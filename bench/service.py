@@ -309,6 +309,7 @@ def faust_passthrough(
     closed-loop and paced latency."""
     tag = uuid.uuid4().hex[:6]
     argv = ["bench.passthrough", "--broker", broker.url, "--app-id", f"bench-pt-{tag}"]
+    argv += ["--data-dir", str(workdir / f"passthrough-{tag}")]  # not in the cwd
     lat_n = sizes.lat_n if latency else 0
     return _forwarder(broker, sizes, workdir, argv, PASS_THROUGH, lat_n=lat_n, paced=latency)
 

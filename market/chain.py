@@ -47,8 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _normal
-from ._draws import Draws
+from . import _normal, _step
 from .errors import InvalidValueError, SealedStateError
 from .levels import canonical_level, step_of
 from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, check_range
@@ -158,6 +157,20 @@ class ReleaseChain:
         """The request key of step ``s`` of a value: ``keys(DOMAIN, fingerprint, *identity,
         s)``, with the chain's part of the identity encoded once."""
         return keys.of(self._prefix + identity_bytes(*identity, s))
+
+    def _seeds(
+        self, identities: Sequence[Identity], pairs: Sequence[tuple[int, int]]
+    ) -> list[bytes]:
+        """The encoded identities of steps ``s`` of values ``identities[i]`` for each ``(i, s)``
+        of ``pairs`` (what :meth:`key` hashes), each value's identity encoded once."""
+        values: dict[int, bytes] = {}
+        out = []
+        for i, s in pairs:
+            head = values.get(i)
+            if head is None:
+                head = values[i] = self._prefix + identity_bytes(*identities[i])
+            out.append(head + identity_bytes(s))
+        return out
 
     # -- states ---------------------------------------------------------------------------
     def open(self, value: Any) -> ChainState:
@@ -273,12 +286,7 @@ class ReleaseChain:
             return False
         (m,) = slots
         sizes = [int(bases[i].shape[0]) for i, _ in pairs]
-        draws = Draws.joined(
-            [
-                Draws(self.key(keys, identities[i], s), n, m)
-                for (i, s), n in zip(pairs, sizes, strict=True)
-            ]
-        )
+        draws = _step.keyed_draws(keys, self._seeds(identities, pairs), sizes, m)
         noise = mech.increments(steps, sizes, draws)
         if noise is None:
             return False
@@ -304,12 +312,8 @@ class ReleaseChain:
             else:
                 uppers.append(st.steps[s + 1])
         slots = mech.slots(self.levels[s], upper_level, None)
-        draws = Draws.joined(
-            [
-                Draws(self.key(keys, ident, s), int(u.shape[0]), slots)
-                for ident, u in zip(identities, uppers, strict=True)
-            ]
-        )
+        seeds = self._seeds(identities, [(i, s) for i in range(len(identities))])
+        draws = _step.keyed_draws(keys, seeds, [int(u.shape[0]) for u in uppers], slots)
         upper = Anchor(upper_level, np.concatenate(uppers))
         out = mech.conditional(self.levels[s], upper, None, draws, upper.values).values
         start = 0
@@ -324,16 +328,14 @@ class ReleaseChain:
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
         top = len(self.levels) - 1
-        paths = [self._path(ident, k, keys) for ident in identities]
+        paths = self._paths(identities, k, keys)
         for st in states:
             if st.exact is None:
                 raise SealedStateError("a sealed Gaussian chain state lost a step")
         sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
         h = _normal.Hidden(np.zeros(sum(sizes)), np.zeros(sum(sizes)))
         for s in range(top, k - 1, -1):
-            draws = Draws.joined(
-                [Draws(p[top - s].key, n, _normal.SLOTS) for p, n in zip(paths, sizes, strict=True)]
-            )
+            draws = _step.draws([p[top - s].key for p in paths], sizes, _normal.SLOTS)
             h = _normal.add(h, paths[0][top - s].coefficient(), _normal.normals(draws))
         base = np.concatenate([st.exact for st in states if st.exact is not None])
         offsets = list(itertools.accumulate(sizes, initial=0))
@@ -348,22 +350,26 @@ class ReleaseChain:
         for v, st in enumerate(states):
             st.steps[k] = _frozen(out[offsets[v] : offsets[v + 1]].copy())
 
-    def _path(self, identity: Identity, k: int, keys: NoiseKeys) -> tuple[_normal.Term, ...]:
-        """The real noise of step ``k``: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top term first."""
+    def _paths(
+        self, identities: Sequence[Identity], k: int, keys: NoiseKeys
+    ) -> list[tuple[_normal.Term, ...]]:
+        """The real noise of step ``k`` of each value: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top
+        term first (every value's keys derived in one call)."""
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
         top = len(self.levels) - 1
-        terms = []
-        for j in range(top, k - 1, -1):
-            above = Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1])
-            terms.append(
-                _normal.Term(
-                    self.key(keys, identity, j),
-                    Fraction(1),
-                    mech.exact_variance(self.levels[j]) - above,
-                )
-            )
-        return tuple(terms)
+        js = range(top, k - 1, -1)
+        var = [
+            mech.exact_variance(self.levels[j])
+            - (Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1]))
+            for j in js
+        ]
+        pairs = [(i, j) for i in range(len(identities)) for j in js]
+        found = iter(_step.request_keys(keys, self._seeds(identities, pairs)))
+        one = Fraction(1)
+        return [
+            tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
+        ]
 
 
 def _start(st: ChainState, k: int, count: int) -> int:

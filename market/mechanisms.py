@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _dlap, _normal, _poisson
+from . import _dlap, _normal, _poisson, _step
 from ._draws import Draws, key_from
 from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
 from .levels import (
@@ -328,7 +328,7 @@ class _LatticeLaplace(Mechanism):
         laws = [self._law(level, upper, None) for level, upper in steps]
         if not _dlap.batchable(laws):
             return None
-        return _dlap.sample_segments(laws, sizes, draws)
+        return _step.dlap_segments(laws, sizes, draws)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector

@@ -1,0 +1,300 @@
+/* The compiled noise step (noise format v2, docs/protocol.md §1): request keys (SHAKE256),
+ * main words (ChaCha20, RFC 8439) and the discrete Laplace decisions of many value-steps in one
+ * call. market/_step.py is its only caller and keeps the numpy reference beside it.
+ *
+ * Portable C99, no dependency but Python's own headers (no numpy headers: arrays travel as
+ * buffers), so an install builds it wherever a C compiler exists. Floating-point expressions are
+ * written in the order market/_dlap.py evaluates them and built with -ffp-contract=off (no
+ * fused multiply-add), so every decision is computed with the same roundings as the reference;
+ * libm's log1p may differ from numpy's by ulps, which the margins cover (a decided outcome is
+ * the exact outcome either way).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ Keccak-f[1600], SHAKE256 */
+static const uint64_t RC[24] = {
+    0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808aULL, 0x8000000080008000ULL,
+    0x000000000000808bULL, 0x0000000080000001ULL, 0x8000000080008081ULL, 0x8000000000008009ULL,
+    0x000000000000008aULL, 0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000aULL,
+    0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL, 0x8000000000008003ULL,
+    0x8000000000008002ULL, 0x8000000000000080ULL, 0x000000000000800aULL, 0x800000008000000aULL,
+    0x8000000080008081ULL, 0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
+static const int RHO[25] = {0,  1,  62, 28, 27, 36, 44, 6,  55, 20, 3,  10, 43,
+                            25, 39, 41, 45, 15, 21, 8,  18, 2,  61, 56, 14};
+
+#define ROL64(x, n) ((n) ? (((x) << (n)) | ((x) >> (64 - (n)))) : (x))
+
+static void keccak_f(uint64_t a[25]) {
+    for (int round = 0; round < 24; round++) {
+        uint64_t c[5], d[5], b[25];
+        for (int x = 0; x < 5; x++) c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+        for (int x = 0; x < 5; x++) d[x] = c[(x + 4) % 5] ^ ROL64(c[(x + 1) % 5], 1);
+        for (int i = 0; i < 25; i++) a[i] ^= d[i % 5];
+        /* rho and pi: b[y, 2x + 3y] = rot(a[x, y]) */
+        for (int x = 0; x < 5; x++)
+            for (int y = 0; y < 5; y++)
+                b[y + 5 * ((2 * x + 3 * y) % 5)] = ROL64(a[x + 5 * y], RHO[x + 5 * y]);
+        for (int y = 0; y < 5; y++)
+            for (int x = 0; x < 5; x++)
+                a[x + 5 * y] = b[x + 5 * y] ^ (~b[(x + 1) % 5 + 5 * y] & b[(x + 2) % 5 + 5 * y]);
+        a[0] ^= RC[round];
+    }
+}
+
+#define SHAKE256_RATE 136
+
+typedef struct {
+    uint64_t a[25];
+    size_t pos; /* bytes absorbed into the current block */
+} sponge;
+
+static void sponge_absorb(sponge *s, const unsigned char *data, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        s->a[s->pos >> 3] ^= (uint64_t)data[i] << (8 * (s->pos & 7));
+        if (++s->pos == SHAKE256_RATE) {
+            keccak_f(s->a);
+            s->pos = 0;
+        }
+    }
+}
+
+/* The first 32 bytes of the output (one block: 32 < rate). */
+static void sponge_digest32(sponge *s, unsigned char out[32]) {
+    s->a[s->pos >> 3] ^= (uint64_t)0x1F << (8 * (s->pos & 7));
+    s->a[(SHAKE256_RATE - 1) >> 3] ^= (uint64_t)0x80 << (8 * ((SHAKE256_RATE - 1) & 7));
+    keccak_f(s->a);
+    for (int i = 0; i < 32; i++) out[i] = (unsigned char)(s->a[i >> 3] >> (8 * (i & 7)));
+}
+
+/* ------------------------------------------------------------------------ ChaCha20 (RFC 8439) */
+#define ROL32(x, n) (((x) << (n)) | ((x) >> (32 - (n))))
+#define QR(a, b, c, d)                                                                     \
+    a += b; d ^= a; d = ROL32(d, 16); c += d; b ^= c; b = ROL32(b, 12);                   \
+    a += b; d ^= a; d = ROL32(d, 8);  c += d; b ^= c; b = ROL32(b, 7);
+
+static uint32_t load32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Block ``counter`` of the keystream of ``key`` with a zero 96-bit nonce, as 8 u64 words. */
+static void chacha_block(const uint32_t key[8], uint32_t counter, uint64_t out[8]) {
+    uint32_t in[16] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574, key[0], key[1],
+                       key[2],     key[3],     key[4],     key[5],     key[6], key[7],
+                       counter,    0,          0,          0};
+    uint32_t x[16];
+    memcpy(x, in, sizeof x);
+    for (int i = 0; i < 10; i++) {
+        QR(x[0], x[4], x[8], x[12]) QR(x[1], x[5], x[9], x[13])
+        QR(x[2], x[6], x[10], x[14]) QR(x[3], x[7], x[11], x[15])
+        QR(x[0], x[5], x[10], x[15]) QR(x[1], x[6], x[11], x[12])
+        QR(x[2], x[7], x[8], x[13]) QR(x[3], x[4], x[9], x[14])
+    }
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint64_t)(x[2 * i] + in[2 * i]) | (uint64_t)(x[2 * i + 1] + in[2 * i + 1]) << 32;
+}
+
+/* ----------------------------------------------------------------------------- helpers */
+/* The sizes of a sequence of non-negative ints, into a new C array (NULL with an error set). */
+static Py_ssize_t *read_sizes(PyObject *seq, Py_ssize_t *count, Py_ssize_t *total) {
+    PyObject *fast = PySequence_Fast(seq, "sizes must be a sequence of ints");
+    if (fast == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t *out = PyMem_Malloc(sizeof(Py_ssize_t) * (m ? m : 1));
+    if (out == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *total = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, i));
+        if (v < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a size is negative");
+            PyMem_Free(out);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        out[i] = v;
+        *total += v;
+    }
+    Py_DECREF(fast);
+    *count = m;
+    return out;
+}
+
+/* --------------------------------------------------------------------------- request_keys */
+PyDoc_STRVAR(request_keys_doc,
+             "request_keys(head, seeds) -> bytes\n\n"
+             "SHAKE256(head || seed), first 32 bytes, for each seed, concatenated.");
+
+static PyObject *request_keys(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer head;
+    PyObject *seeds;
+    if (!PyArg_ParseTuple(args, "y*O", &head, &seeds)) return NULL;
+    PyObject *fast = PySequence_Fast(seeds, "seeds must be a sequence of bytes");
+    if (fast == NULL) {
+        PyBuffer_Release(&head);
+        return NULL;
+    }
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 32 * m);
+    if (out == NULL) goto done;
+    sponge base = {{0}, 0};
+    sponge_absorb(&base, head.buf, (size_t)head.len);
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *seed = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyBytes_Check(seed)) {
+            PyErr_SetString(PyExc_TypeError, "a seed must be bytes");
+            Py_CLEAR(out);
+            goto done;
+        }
+        sponge s = base;
+        sponge_absorb(&s, (const unsigned char *)PyBytes_AS_STRING(seed),
+                      (size_t)PyBytes_GET_SIZE(seed));
+        sponge_digest32(&s, dst + 32 * i);
+    }
+done:
+    Py_DECREF(fast);
+    PyBuffer_Release(&head);
+    return out;
+}
+
+/* ----------------------------------------------------------------------------- main_words */
+PyDoc_STRVAR(main_words_doc,
+             "main_words(keys, sizes, slots) -> bytearray\n\n"
+             "The joined main words of the request keys (32 bytes each): slot s of coordinate j\n"
+             "of request i (word s*sizes[i] + j of its stream) at row s, column offset_i + j,\n"
+             "as native uint64 (slots rows of sum(sizes) words).");
+
+static PyObject *main_words(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer keys;
+    PyObject *sizes_obj;
+    Py_ssize_t slots;
+    if (!PyArg_ParseTuple(args, "y*On", &keys, &sizes_obj, &slots)) return NULL;
+    Py_ssize_t m = 0, total = 0;
+    Py_ssize_t *sizes = read_sizes(sizes_obj, &m, &total);
+    PyObject *out = NULL;
+    if (sizes == NULL) goto done;
+    if (keys.len != 32 * m || slots < 0) {
+        PyErr_SetString(PyExc_ValueError, "main_words needs 32 bytes of key per size");
+        goto done;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(8 * slots * total));
+    if (out == NULL) goto done;
+    uint64_t *words = (uint64_t *)PyByteArray_AS_STRING(out);
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t key[8];
+        for (int k = 0; k < 8; k++) key[k] = load32((const unsigned char *)keys.buf + 32 * i + 4 * k);
+        Py_ssize_t n = sizes[i], count = n * slots;
+        uint64_t block[8];
+        for (Py_ssize_t w = 0; w < count; w++) {
+            if ((w & 7) == 0) chacha_block(key, (uint32_t)(w >> 3), block);
+            Py_ssize_t s = w / n, j = w - s * n;
+            words[s * total + offset + j] = block[w & 7];
+        }
+        offset += n;
+    }
+done:
+    PyMem_Free(sizes);
+    PyBuffer_Release(&keys);
+    return out;
+}
+
+/* -------------------------------------------------------------------------- dlap_segments */
+#define U53 (1.0 / 9007199254740992.0) /* 2^-53 */
+#define G_MAX 4503599627370496.0       /* 2^52 */
+
+PyDoc_STRVAR(dlap_segments_doc,
+             "dlap_segments(words, consts, sizes, margin, eta) -> (bytearray, list)\n\n"
+             "market._dlap.sample_segments' float pass: words are the joined two-slot draws\n"
+             "(2 rows of sum(sizes) uint64), consts four doubles per segment (k_l, k_l + k_0,\n"
+             "total, 1/s_q). Returns the int64 noise and the indices left undecided.");
+
+static PyObject *dlap_segments(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words, consts;
+    PyObject *sizes_obj;
+    double margin, eta;
+    if (!PyArg_ParseTuple(args, "y*y*Odd", &words, &consts, &sizes_obj, &margin, &eta))
+        return NULL;
+    Py_ssize_t m = 0, n = 0;
+    PyObject *out = NULL, *undecided = NULL, *result = NULL;
+    Py_ssize_t *sizes = read_sizes(sizes_obj, &m, &n);
+    if (sizes == NULL) goto done;
+    if (words.len != 16 * n || consts.len != 32 * m) {
+        PyErr_SetString(PyExc_ValueError, "dlap_segments: words or constants of the wrong size");
+        goto done;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    undecided = PyList_New(0);
+    if (out == NULL || undecided == NULL) goto done;
+    const uint64_t *w1 = (const uint64_t *)words.buf, *w2 = w1 + n;
+    const double *cst = (const double *)consts.buf;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    Py_ssize_t i = 0;
+    for (Py_ssize_t seg = 0; seg < m; seg++) {
+        const double c1 = cst[4 * seg], c2 = cst[4 * seg + 1], total = cst[4 * seg + 2],
+                     inv_s = cst[4 * seg + 3];
+        /* _choose_part (per-coordinate total, two thresholds, the second worth 3) */
+        const double mm = total * margin, hi_off = mm + total * U53;
+        for (Py_ssize_t end = i + sizes[seg]; i < end; i++) {
+            const double u = (double)(w1[i] >> 11) * U53;
+            const double x = u * total, lo = x - mm, hi = x + hi_off;
+            const int part = (lo >= c1) + 3 * (lo >= c2);
+            const int part_hi = (hi > c1) + 3 * (hi > c2);
+            int und = part != part_hi;
+            /* _floor_exponential(u2, 1/s, None, eta, inverse=True) */
+            const double arg = (double)(w2[i] >> 11) * U53 * 1.0;
+            double e = log1p(-arg);
+            e *= -1.0;
+            const double de = (2.0 * U53 * 1.0) / (1.0 - arg);
+            double x_lo = e * inv_s;
+            x_lo *= 1.0 - eta;
+            double x_hi = e + de;
+            x_hi *= inv_s;
+            x_hi *= 1.0 + eta;
+            if (x_lo > G_MAX) x_lo = G_MAX; /* np.minimum: x_lo is never NaN */
+            const double g = floor(x_lo);
+            const int und_g = floor(x_hi) != g || x_hi >= G_MAX || arg > 1.0 - 2.0 * U53;
+            und |= und_g && part != 1;
+            const int64_t g1 = (int64_t)g + 1;
+            o[i] = part == 4 ? g1 : (part == 0 ? -g1 : 0);
+            if (und) {
+                PyObject *k = PyLong_FromSsize_t(i);
+                if (k == NULL || PyList_Append(undecided, k) < 0) {
+                    Py_XDECREF(k);
+                    goto done;
+                }
+                Py_DECREF(k);
+            }
+        }
+    }
+    result = PyTuple_Pack(2, out, undecided);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(undecided);
+    PyMem_Free(sizes);
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&consts);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
+    {"main_words", main_words, METH_VARARGS, main_words_doc},
+    {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cnoise",
+                                    "The compiled noise step (see market/_step.py).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cnoise(void) { return PyModule_Create(&module); }

@@ -1,0 +1,154 @@
+"""The noise step: the keys, keystreams and decisions of many value-steps in one call.
+
+A purchase releases a few values one step down, a value batch releases each value at the levels
+held: many *value-steps*, each of a handful of coordinates. Per value-step the work is tiny
+(~0.3 µs of ChaCha20 and arithmetic on 8 numbers); what cost 50-100 µs was the set-up around
+it in Python: a SHAKE256 sponge, a ChaCha20 ``Cipher`` object and ~30 numpy calls per request.
+This module does it once per call for all of them:
+
+* :func:`keyed_draws` derives every request key (SHAKE256, ``docs/protocol.md`` §1.1) and the
+  joined main words of all of them (ChaCha20, §1.2) -- the words of each request exactly where
+  :meth:`Draws.joined` of the requests' own :class:`~market._draws.Draws` puts them;
+* :func:`dlap_segments` is :func:`market._dlap.sample_segments` (the fresh and tightening
+  discrete Laplace laws a chain descends through), its float pass over all the coordinates.
+
+Two implementations, one contract. The **compiled** one (``market._cnoise``, portable C built
+with the package) runs each call in a single C loop; the **numpy reference** is the code that
+ran before it (hashlib, ``cryptography``'s ChaCha20, :mod:`market._dlap`) and stays the
+definition the tests and the vectors check the compiled one against. Both decide a coordinate
+only where the float pass is clear of its margins (the same expressions in the same order;
+libm and numpy may differ by ulps, which the margins cover), and leave the others to the same
+exact path, so they release the same bits (``tests/market/test_noise_step.py``).
+
+The compiled one is used when it was built and ``EMARKET_NOISE_STEP`` is not ``numpy``;
+:data:`BACKEND` and :data:`REASON` say which runs and why (a worker logs them at start).
+Importing it loads a small shared library: no compilation or warm-up ever happens at run time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+
+import numpy as np
+from numpy.typing import NDArray
+
+from . import _dlap
+from ._draws import KEY_LABEL, Draws
+from .rng import NoiseKeys
+
+__all__ = ["BACKEND", "REASON", "dlap_segments", "keyed_draws", "request_keys", "using"]
+
+ENV = "EMARKET_NOISE_STEP"
+"""Environment variable: ``numpy`` forces the reference implementation."""
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get(ENV, "").strip().lower() == "numpy":
+        return None, f"{ENV}=numpy"
+    try:
+        from . import _cnoise  # type: ignore[attr-defined]  # noqa: PLC0415
+    except ImportError as exc:
+        return None, f"market._cnoise is not built ({exc}); reinstall with a C compiler"
+    mod: ModuleType = _cnoise
+    return mod, "market._cnoise"
+
+
+_COMPILED, REASON = _load()
+BACKEND = "numpy" if _COMPILED is None else "compiled"
+"""Which implementation runs: ``"compiled"`` or ``"numpy"`` (the reference)."""
+_ACTIVE: list[ModuleType | None] = [_COMPILED]
+
+
+def describe() -> str:
+    """One line for a log: which noise step runs, and why."""
+    if _ACTIVE[0] is not None:
+        return "noise step: compiled (market._cnoise)"
+    return f"noise step: numpy reference ({REASON})"
+
+
+@contextlib.contextmanager
+def using(backend: str) -> Iterator[None]:
+    """Run the block with ``"numpy"`` or ``"compiled"`` (tests compare the two).
+
+    Raises
+    ------
+    RuntimeError
+        ``"compiled"`` when the extension is not built.
+    """
+    if backend not in ("numpy", "compiled"):
+        raise ValueError(f"backend must be 'numpy' or 'compiled', not {backend!r}")
+    if backend == "compiled" and _COMPILED is None:
+        raise RuntimeError(f"the compiled noise step is unavailable: {REASON}")
+    old = _ACTIVE[0]
+    _ACTIVE[0] = _COMPILED if backend == "compiled" else None
+    try:
+        yield
+    finally:
+        _ACTIVE[0] = old
+
+
+def _head(keys: NoiseKeys) -> bytes:
+    """What the request keys' sponge absorbs before the seed (§1.1)."""
+    secret = keys.secret
+    return KEY_LABEL + struct.pack(">I", len(secret)) + secret
+
+
+def request_keys(keys: NoiseKeys, seeds: Sequence[bytes]) -> list[bytes]:
+    """The request key of each encoded identity (:meth:`NoiseKeys.of` of each seed)."""
+    c = _ACTIVE[0]
+    if c is None:
+        return [keys.of(seed) for seed in seeds]
+    raw: bytes = c.request_keys(_head(keys), seeds)
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+
+
+def draws(keys: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
+    """The joined draws of requests (``sizes[i]`` coordinates for ``keys[i]``): the same words
+    as ``Draws.joined([Draws(k, n, slots) ...])``."""
+    c = _ACTIVE[0]
+    if c is None or not keys:
+        return Draws.joined([Draws(k, n, slots) for k, n in zip(keys, sizes, strict=True)])
+    if any(len(k) != 32 for k in keys):
+        raise ValueError("a request key has 32 bytes")
+    raw = c.main_words(b"".join(keys), sizes, slots)
+    words = np.frombuffer(raw, dtype=np.uint64).reshape(slots, sum(sizes))
+    return Draws.from_words(list(zip(keys, sizes, strict=True)), words)
+
+
+def keyed_draws(keys: NoiseKeys, seeds: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
+    """:func:`draws` of the request keys of ``seeds``: a call's keying and keystream at once."""
+    return draws(request_keys(keys, seeds), sizes, slots)
+
+
+def dlap_segments(
+    laws: Sequence[_dlap.Law],
+    sizes: Sequence[int],
+    draws: Draws,
+    eta: float = _dlap.ETA,
+    margin: float = _dlap.MARGIN,
+) -> NDArray[np.int64]:
+    """:func:`market._dlap.sample_segments` (the reference), in one compiled pass when built.
+
+    ``margin`` and ``eta`` are the test hooks that send coordinates to the exact path."""
+    c = _ACTIVE[0]
+    if c is None:
+        return _dlap.sample_segments(laws, sizes, draws, eta=eta, margin=margin)
+    if not _dlap.batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
+        raise ValueError("dlap_segments needs batchable laws and their two-slot draws")
+    consts = np.empty((len(laws), 4))
+    for i, law in enumerate(laws):
+        cst = _dlap.float_constants(law)
+        c2 = cst.k_l + cst.k_0
+        consts[i] = (cst.k_l, c2, c2 + cst.k_l, cst.inv_s_q)  # as sample_segments adds them
+    words = np.ascontiguousarray(draws.words)
+    raw, undecided = c.dlap_segments(words, consts, sizes, margin, eta)
+    out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
+    if undecided:
+        seg = np.repeat(np.arange(len(laws)), sizes)
+        for i in undecided:
+            out[i] = _dlap.exact_noise(laws[int(seg[i])], 0, draws, i)
+    return out

@@ -9,7 +9,7 @@ import sys
 
 from setuptools import Extension, setup
 
-_FLAGS = [] if sys.platform == "win32" else ["-O2", "-std=c99", "-ffp-contract=off"]
+_FLAGS = [] if sys.platform == "win32" else ["-O3", "-std=c99", "-ffp-contract=off"]
 
 setup(
     ext_modules=[

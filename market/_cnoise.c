@@ -23,25 +23,34 @@ static const uint64_t RC[24] = {
     0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL, 0x8000000000008003ULL,
     0x8000000000008002ULL, 0x8000000000000080ULL, 0x000000000000800aULL, 0x800000008000000aULL,
     0x8000000080008081ULL, 0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
-static const int RHO[25] = {0,  1,  62, 28, 27, 36, 44, 6,  55, 20, 3,  10, 43,
-                            25, 39, 41, 45, 15, 21, 8,  18, 2,  61, 56, 14};
+/* The rho rotations and pi lane order of the standard compact formulation (FIPS 202 §3.2). */
+static const int ROTC[24] = {1,  3,  6,  10, 15, 21, 28, 36, 45, 55, 2,  14,
+                             27, 41, 56, 8,  25, 43, 62, 18, 39, 61, 20, 44};
+static const int PILN[24] = {10, 7,  11, 17, 18, 3, 5,  16, 8,  21, 24, 4,
+                             15, 23, 19, 13, 12, 2, 20, 14, 22, 9,  6,  1};
 
-#define ROL64(x, n) ((n) ? (((x) << (n)) | ((x) >> (64 - (n)))) : (x))
+#define ROL64(x, n) (((x) << (n)) | ((x) >> (64 - (n))))
 
-static void keccak_f(uint64_t a[25]) {
+static void keccak_f(uint64_t st[25]) {
+    uint64_t bc[5], t;
     for (int round = 0; round < 24; round++) {
-        uint64_t c[5], d[5], b[25];
-        for (int x = 0; x < 5; x++) c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
-        for (int x = 0; x < 5; x++) d[x] = c[(x + 4) % 5] ^ ROL64(c[(x + 1) % 5], 1);
-        for (int i = 0; i < 25; i++) a[i] ^= d[i % 5];
-        /* rho and pi: b[y, 2x + 3y] = rot(a[x, y]) */
-        for (int x = 0; x < 5; x++)
-            for (int y = 0; y < 5; y++)
-                b[y + 5 * ((2 * x + 3 * y) % 5)] = ROL64(a[x + 5 * y], RHO[x + 5 * y]);
-        for (int y = 0; y < 5; y++)
-            for (int x = 0; x < 5; x++)
-                a[x + 5 * y] = b[x + 5 * y] ^ (~b[(x + 1) % 5 + 5 * y] & b[(x + 2) % 5 + 5 * y]);
-        a[0] ^= RC[round];
+        for (int i = 0; i < 5; i++) bc[i] = st[i] ^ st[i + 5] ^ st[i + 10] ^ st[i + 15] ^ st[i + 20];
+        for (int i = 0; i < 5; i++) {
+            t = bc[(i + 4) % 5] ^ ROL64(bc[(i + 1) % 5], 1);
+            for (int j = 0; j < 25; j += 5) st[j + i] ^= t;
+        }
+        t = st[1];
+        for (int i = 0; i < 24; i++) {
+            int j = PILN[i];
+            bc[0] = st[j];
+            st[j] = ROL64(t, ROTC[i]);
+            t = bc[0];
+        }
+        for (int j = 0; j < 25; j += 5) {
+            for (int i = 0; i < 5; i++) bc[i] = st[j + i];
+            for (int i = 0; i < 5; i++) st[j + i] ^= (~bc[(i + 1) % 5]) & bc[(i + 2) % 5];
+        }
+        st[0] ^= RC[round];
     }
 }
 
@@ -53,9 +62,20 @@ typedef struct {
 } sponge;
 
 static void sponge_absorb(sponge *s, const unsigned char *data, size_t len) {
-    for (size_t i = 0; i < len; i++) {
-        s->a[s->pos >> 3] ^= (uint64_t)data[i] << (8 * (s->pos & 7));
-        if (++s->pos == SHAKE256_RATE) {
+    while (len > 0) {
+        if ((s->pos & 7) == 0 && len >= 8) { /* a whole lane, little-endian */
+            uint64_t lane = 0;
+            for (int k = 7; k >= 0; k--) lane = lane << 8 | data[k];
+            s->a[s->pos >> 3] ^= lane;
+            s->pos += 8;
+            data += 8;
+            len -= 8;
+        } else {
+            s->a[s->pos >> 3] ^= (uint64_t)*data++ << (8 * (s->pos & 7));
+            s->pos++;
+            len--;
+        }
+        if (s->pos == SHAKE256_RATE) {
             keccak_f(s->a);
             s->pos = 0;
         }
@@ -126,6 +146,24 @@ static Py_ssize_t *read_sizes(PyObject *seq, Py_ssize_t *count, Py_ssize_t *tota
     return out;
 }
 
+/* The joined main words of ``m`` request keys into ``words`` (slots rows of ``total``). */
+static void fill_words(const unsigned char *keys, const Py_ssize_t *sizes, Py_ssize_t m,
+                       Py_ssize_t total, Py_ssize_t slots, uint64_t *words) {
+    Py_ssize_t offset = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint32_t key[8];
+        for (int k = 0; k < 8; k++) key[k] = load32(keys + 32 * i + 4 * k);
+        Py_ssize_t n = sizes[i], count = n * slots;
+        uint64_t block[8];
+        for (Py_ssize_t w = 0; w < count; w++) {
+            if ((w & 7) == 0) chacha_block(key, (uint32_t)(w >> 3), block);
+            Py_ssize_t s = w / n, j = w - s * n;
+            words[s * total + offset + j] = block[w & 7];
+        }
+        offset += n;
+    }
+}
+
 /* --------------------------------------------------------------------------- request_keys */
 PyDoc_STRVAR(request_keys_doc,
              "request_keys(head, seeds) -> bytes\n\n"
@@ -188,24 +226,46 @@ static PyObject *main_words(PyObject *self, PyObject *args) {
     }
     out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(8 * slots * total));
     if (out == NULL) goto done;
-    uint64_t *words = (uint64_t *)PyByteArray_AS_STRING(out);
-    Py_ssize_t offset = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        uint32_t key[8];
-        for (int k = 0; k < 8; k++) key[k] = load32((const unsigned char *)keys.buf + 32 * i + 4 * k);
-        Py_ssize_t n = sizes[i], count = n * slots;
-        uint64_t block[8];
-        for (Py_ssize_t w = 0; w < count; w++) {
-            if ((w & 7) == 0) chacha_block(key, (uint32_t)(w >> 3), block);
-            Py_ssize_t s = w / n, j = w - s * n;
-            words[s * total + offset + j] = block[w & 7];
-        }
-        offset += n;
-    }
+    fill_words((const unsigned char *)keys.buf, sizes, m, total, slots,
+               (uint64_t *)PyByteArray_AS_STRING(out));
 done:
     PyMem_Free(sizes);
     PyBuffer_Release(&keys);
     return out;
+}
+
+/* ---------------------------------------------------------------------------- keyed_words */
+PyDoc_STRVAR(keyed_words_doc,
+             "keyed_words(head, seeds, sizes, slots) -> (bytes, bytearray)\n\n"
+             "request_keys(head, seeds) and main_words of those keys, in one call.");
+
+static PyObject *keyed_words(PyObject *self, PyObject *args) {
+    PyObject *head, *seeds, *sizes_obj;
+    Py_ssize_t slots;
+    if (!PyArg_ParseTuple(args, "OOOn", &head, &seeds, &sizes_obj, &slots)) return NULL;
+    PyObject *pair = Py_BuildValue("(OO)", head, seeds);
+    if (pair == NULL) return NULL;
+    PyObject *keys = request_keys(self, pair);
+    Py_DECREF(pair);
+    if (keys == NULL) return NULL;
+    Py_ssize_t m = 0, total = 0;
+    Py_ssize_t *sizes = read_sizes(sizes_obj, &m, &total);
+    PyObject *words = NULL, *result = NULL;
+    if (sizes == NULL) goto done;
+    if (PyBytes_GET_SIZE(keys) != 32 * m || slots < 0) {
+        PyErr_SetString(PyExc_ValueError, "keyed_words needs one size per seed");
+        goto done;
+    }
+    words = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(8 * slots * total));
+    if (words == NULL) goto done;
+    fill_words((const unsigned char *)PyBytes_AS_STRING(keys), sizes, m, total, slots,
+               (uint64_t *)PyByteArray_AS_STRING(words));
+    result = PyTuple_Pack(2, keys, words);
+done:
+    Py_DECREF(keys);
+    Py_XDECREF(words);
+    PyMem_Free(sizes);
+    return result;
 }
 
 /* -------------------------------------------------------------------------- dlap_segments */
@@ -290,6 +350,7 @@ done:
 static PyMethodDef methods[] = {
     {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
     {"main_words", main_words, METH_VARARGS, main_words_doc},
+    {"keyed_words", keyed_words, METH_VARARGS, keyed_words_doc},
     {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
     {NULL, NULL, 0, NULL}};
 

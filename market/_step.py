@@ -28,6 +28,7 @@ Importing it loads a small shared library: no compilation or warm-up ever happen
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -121,7 +122,22 @@ def draws(keys: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
 
 def keyed_draws(keys: NoiseKeys, seeds: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
     """:func:`draws` of the request keys of ``seeds``: a call's keying and keystream at once."""
-    return draws(request_keys(keys, seeds), sizes, slots)
+    c = _ACTIVE[0]
+    if c is None or not seeds:
+        return draws(request_keys(keys, seeds), sizes, slots)
+    raw, words = c.keyed_words(_head(keys), seeds, sizes, slots)
+    segments = [(raw[32 * i : 32 * i + 32], n) for i, n in enumerate(sizes)]
+    grid = np.frombuffer(words, dtype=np.uint64).reshape(slots, -1)
+    return Draws.from_words(segments, grid)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constants(law: _dlap.Law) -> bytes:
+    """The four doubles the compiled pass reads per segment, added as
+    :func:`market._dlap.sample_segments` adds them: ``k_l``, ``k_l + k_0``, the total, ``1/s``."""
+    cst = _dlap.float_constants(law)
+    c2 = cst.k_l + cst.k_0
+    return struct.pack("=4d", cst.k_l, c2, c2 + cst.k_l, cst.inv_s_q)
 
 
 def dlap_segments(
@@ -139,13 +155,8 @@ def dlap_segments(
         return _dlap.sample_segments(laws, sizes, draws, eta=eta, margin=margin)
     if not _dlap.batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
         raise ValueError("dlap_segments needs batchable laws and their two-slot draws")
-    consts = np.empty((len(laws), 4))
-    for i, law in enumerate(laws):
-        cst = _dlap.float_constants(law)
-        c2 = cst.k_l + cst.k_0
-        consts[i] = (cst.k_l, c2, c2 + cst.k_l, cst.inv_s_q)  # as sample_segments adds them
-    words = np.ascontiguousarray(draws.words)
-    raw, undecided = c.dlap_segments(words, consts, sizes, margin, eta)
+    consts = b"".join([_constants(law) for law in laws])
+    raw, undecided = c.dlap_segments(draws.words, consts, sizes, margin, eta)
     out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
     if undecided:
         seg = np.repeat(np.arange(len(laws)), sizes)

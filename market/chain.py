@@ -34,6 +34,7 @@ step (Gaussian: the real noise a rounded release came from cannot be stored) —
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -169,7 +170,7 @@ class ReleaseChain:
             head = values.get(i)
             if head is None:
                 head = values[i] = self._prefix + identity_bytes(*identities[i])
-            out.append(head + identity_bytes(s))
+            out.append(head + _step_part(s))
         return out
 
     # -- states ---------------------------------------------------------------------------
@@ -281,7 +282,7 @@ class ReleaseChain:
                 return False
             bases.append(base)
         steps = [(self.levels[s], math.inf if s == top else self.levels[s + 1]) for _, s in pairs]
-        slots = {mech.slots(level, upper, None) for level, upper in steps}
+        slots = {mech.slots(level, upper, None) for level, upper in set(steps)}
         if len(slots) != 1:
             return False
         (m,) = slots
@@ -290,6 +291,11 @@ class ReleaseChain:
         noise = mech.increments(steps, sizes, draws)
         if noise is None:
             return False
+        if len(pairs) == len(states) and len(set(sizes)) == 1:  # one step per value: one add
+            rows = _frozen((np.concatenate(bases) + noise).reshape(len(pairs), sizes[0]))
+            for (i, s), row in zip(pairs, rows, strict=True):
+                states[i].steps[s] = row
+            return True
         at = 0
         for (i, s), n in zip(pairs, sizes, strict=True):
             bases[i] = _frozen(bases[i] + noise[at : at + n])
@@ -370,6 +376,12 @@ class ReleaseChain:
         return [
             tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
         ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_part(s: int) -> bytes:
+    """The encoding of a step index, the last part of a step's identity (a chain has few)."""
+    return identity_bytes(s)
 
 
 def _start(st: ChainState, k: int, count: int) -> int:

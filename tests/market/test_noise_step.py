@@ -1,0 +1,263 @@
+"""The compiled noise step (``market._cnoise``) against its numpy reference (:mod:`market._step`).
+
+The compiled step must release the bits the reference releases: the same request keys (FIPS 202
+SHAKE256), the same main words (RFC 8439 ChaCha20), the same discrete Laplace decisions with
+the same coordinates left to the exact path; and the market must fall back to the reference,
+saying so, where the extension is absent or disabled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _step
+from market._draws import KEY_LABEL, Draws
+from market.chain import ReleaseChain, noise_check
+from market.rng import NoiseKeys
+
+from .protocol_vectors import generate
+from .test_protocol_vectors import documented
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPILED = _step.BACKEND == "compiled"
+needs_compiled = pytest.mark.skipif(not COMPILED, reason=f"no compiled step: {_step.REASON}")
+BOTH = ["numpy", pytest.param("compiled", marks=needs_compiled)]
+NOISE_CHECK = "ff5a3fafa5fb836324e826c8c9133dc2a70fe4daba3dd8b3c699b2298eaa55ec"
+
+
+def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
+    """A silent build failure would quietly run the slow path everywhere: where the install
+    had a compiler, the compiled step must be the one in use (unless disabled on purpose)."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None or os.environ.get(_step.ENV) == "numpy":
+        pytest.skip(f"no C compiler ({cc}) or the compiled step disabled")
+    assert COMPILED, _step.REASON
+
+
+@needs_compiled
+def test_keys_follow_fips_202_and_the_reference() -> None:
+    from market import _cnoise  # type: ignore[attr-defined]
+
+    # FIPS 202 SHAKE256 of the empty message, and of 200 bytes 0xA3 (NIST's example message)
+    empty = "46b9dd2b0ba88d13233b3feb743eeb243fcd52ea62b81b82b50c27646ed5762f"
+    assert _cnoise.request_keys(b"", [b""]).hex() == empty
+    a3 = hashlib.shake_256(b"\xa3" * 200).digest(32)
+    assert _cnoise.request_keys(b"\xa3" * 100, [b"\xa3" * 100]) == a3
+    g = np.random.default_rng(1)
+    for trial in range(300):  # every alignment and both sides of the 136-byte block
+        keys = NoiseKeys(g.bytes(16 + trial % 50))
+        seeds = [g.bytes(int(n)) for n in g.integers(0, 420, 4)]
+        with _step.using("compiled"):
+            got = _step.request_keys(keys, seeds)
+        with _step.using("numpy"):
+            assert got == _step.request_keys(keys, seeds), trial
+
+
+@needs_compiled
+def test_words_follow_rfc_8439_and_the_reference() -> None:
+    from market import _cnoise
+
+    # RFC 8439 A.1 test vectors 1 and 2: zero key and nonce, block counters 0 and 1
+    raw = bytes(_cnoise.main_words(bytes(32), [16], 1))
+    assert raw[:16].hex() == "76b8e0ada0f13d90405d6ae55386bd28"
+    assert raw[64:80].hex() == "9f07e7be5551387a98ba977c732d080d"
+    g = np.random.default_rng(2)
+    for trial in range(300):
+        sizes = [int(n) for n in g.integers(0 if trial % 7 else 1, 40, 1 + trial % 6)]
+        keys = [g.bytes(32) for _ in sizes]
+        slots = 1 + trial % 5
+        with _step.using("compiled"):
+            got = _step.draws(keys, sizes, slots)
+        ref = Draws.joined([Draws(k, n, slots) for k, n in zip(keys, sizes, strict=True)])
+        assert np.array_equal(got.words, ref.words), trial
+        for i in range(0, got.n, 7):
+            assert got.locate(i) == ref.locate(i)
+
+
+def _laws(g: np.random.Generator, count: int) -> list[_dlap.Law]:
+    """Fresh and tightening laws whose geometrics take one uniform (the batchable ones)."""
+    out = []
+    while len(out) < count:
+        a = Fraction_of(float(g.uniform(2.0**-20, 40.0)))
+        up = None if g.random() < 0.3 else a + Fraction_of(float(g.uniform(1e-6, 20.0)))
+        law = _dlap.Law(a, up, None)
+        if _dlap.batchable([law]):
+            out.append(law)
+    return out
+
+
+def Fraction_of(x: float) -> Any:  # noqa: N802 - reads as the constructor it wraps
+    from fractions import Fraction
+
+    return Fraction(x)
+
+
+def _segments(laws: list[_dlap.Law], sizes: list[int], draws: Draws, **kw: float) -> Any:
+    with _step.using("compiled"):
+        got = _step.dlap_segments(laws, sizes, draws, **kw)
+    with _step.using("numpy"):
+        want = _step.dlap_segments(laws, sizes, draws, **kw)
+    return got, want
+
+
+@needs_compiled
+def test_discrete_laplace_decisions_equal_the_reference_on_thousands_of_steps() -> None:
+    g = np.random.default_rng(3)
+    for trial in range(60):
+        laws = _laws(g, 50)  # 50 value-steps of 1-16 coordinates per call: 3,000 in all
+        sizes = [int(n) for n in g.integers(1, 17, len(laws))]
+        draws = _step.draws([g.bytes(32) for _ in laws], sizes, 2)
+        got, want = _segments(laws, sizes, draws)
+        assert got.dtype == np.int64 and np.array_equal(got, want), trial
+
+
+@needs_compiled
+def test_forcing_the_exact_path_changes_no_decision_on_either_path() -> None:
+    g = np.random.default_rng(4)
+    laws = _laws(g, 12)
+    sizes = [int(n) for n in g.integers(1, 9, len(laws))]
+    draws = _step.draws([g.bytes(32) for _ in laws], sizes, 2)
+    fast, fast_ref = _segments(laws, sizes, draws)
+    forced, forced_ref = _segments(laws, sizes, draws, margin=1.0, eta=1.0)
+    assert np.array_equal(fast, fast_ref)
+    assert np.array_equal(forced, fast) and np.array_equal(forced_ref, fast)
+
+
+@needs_compiled
+def test_uniforms_on_a_threshold_go_to_the_exact_path_on_both() -> None:
+    """Words placed on the part thresholds and on the geometric's integer boundaries: the
+    float pass cannot decide them, and both implementations hand them to the same exact
+    path (extension words read)."""
+    law = _dlap.Law(Fraction_of(0.75), Fraction_of(2.0), None)
+    cst = _dlap.float_constants(law)
+    total = 2 * cst.k_l + cst.k_0
+    on_part = [int(c / total * 2.0**64) for c in (cst.k_l, cst.k_l + cst.k_0)]
+    s = float(law.s_q)
+    on_geo = [int(-math.expm1(-s * k) * 2.0**64) for k in (1, 2, 5)]
+    w1 = np.array([*on_part, *on_part, 2**63, 2**62, 2**63], dtype=np.uint64)
+    w2 = np.array([2**60, 2**61, 2**62, 2**63, *on_geo], dtype=np.uint64)
+    sizes = [2, 2, 3]
+    keys = [bytes([i]) * 32 for i in range(3)]
+    draws = Draws.from_words(list(zip(keys, sizes, strict=True)), np.stack([w1, w2]))
+    laws = [law] * 3
+    with _step.using("numpy"):
+        ref = _step.dlap_segments(laws, sizes, draws)
+    from market import _cnoise
+
+    consts = struct.pack("=4d", cst.k_l, cst.k_l + cst.k_0, total, cst.inv_s_q) * 3
+    _, undecided = _cnoise.dlap_segments(draws.words, consts, sizes, _dlap.MARGIN, _dlap.ETA)
+    assert set(undecided) >= {0, 1, 2, 3}, undecided  # every straddling part uniform
+    got, want = _segments(laws, sizes, draws)
+    assert np.array_equal(got, want) and np.array_equal(got, ref)
+
+
+FAMILIES: list[tuple[Mechanism, tuple[float, ...], bool]] = [
+    (Laplace(1.0, dimension=8), tuple(0.25 * (k + 1) for k in range(6)), False),
+    (Laplace(1.0, dimension=8), tuple(0.25 * (k + 1) for k in range(6)), True),
+    (Laplace(1.0, dimension=8), (1e-6, 1e-3, 0.5), False),  # chunked geometrics: step by step
+    (DiscreteLaplace(3.0), (0.1, 0.5, 1.0, 4.0), False),
+    (Poisson(2.0), (0.05, 0.2, 1.0), False),
+    (Gaussian(1.0), (0.5, 1.0, 2.0, 8.0), False),
+    (Gaussian(2.0), (0.5, 1.0, 2.0), True),
+]
+
+
+def _releases(mech: Mechanism, levels: tuple[float, ...], sealed: bool, seed: int) -> list[Any]:
+    """Many values released at random steps in random orders (one call per purchase-like
+    group), every release's bytes."""
+    g = np.random.default_rng(seed)
+    chain = ReleaseChain(mech, levels, sealed=sealed)
+    keys = NoiseKeys(g.bytes(32))
+    out = []
+    for group in range(12):
+        n = int(g.integers(1, 9))
+        idents = [("s", f"v{group}.{i}", "d" * 64) for i in range(n)]
+        values = [
+            g.integers(0, 50, 8) if mech.dtype is np.int64 else g.normal(0, 9, 8) for _ in idents
+        ]
+        if isinstance(mech, Poisson | DiscreteLaplace):
+            values = [np.abs(v).astype(np.int64) for v in values]
+        states = [
+            chain.seal(v, i, keys) if sealed else chain.open(v)
+            for v, i in zip(values, idents, strict=True)
+        ]
+        for k in g.permutation(len(levels))[: int(g.integers(1, len(levels) + 1))]:
+            for y in chain.release(states, int(k), idents, keys):
+                out.append(y.tobytes())
+    return out
+
+
+@needs_compiled
+@pytest.mark.parametrize(("mech", "levels", "sealed"), FAMILIES)
+def test_chains_release_the_same_bits_with_either_step(
+    mech: Mechanism, levels: tuple[float, ...], sealed: bool
+) -> None:
+    for seed in range(3):
+        with _step.using("compiled"):
+            got = _releases(mech, levels, sealed, seed)
+        with _step.using("numpy"):
+            want = _releases(mech, levels, sealed, seed)
+        assert got == want, (mech, seed)
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_the_documented_vectors_on_either_step(backend: str) -> None:
+    with _step.using(backend):
+        assert generate() == documented()
+        assert noise_check() == NOISE_CHECK
+
+
+def _python(code: str, env: dict[str, str]) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+_REPORT = (
+    "from market import _step; from market.chain import noise_check; "
+    "print(_step.BACKEND); print(_step.describe()); print(noise_check())"
+)
+
+
+def test_disabled_by_the_environment_the_reference_runs_and_says_so() -> None:
+    backend, line, check = _python(_REPORT, {_step.ENV: "numpy"}).splitlines()
+    assert backend == "numpy" and check == NOISE_CHECK
+    assert line == f"noise step: numpy reference ({_step.ENV}=numpy)"
+
+
+def test_without_the_extension_the_reference_runs_and_says_why() -> None:
+    """An install without a C compiler: the import fails, the market still draws the
+    documented noise, and the log line names the cause and the remedy."""
+    hide = "import sys; sys.modules['market._cnoise'] = None\n"
+    backend, line, check = _python(hide + _REPORT, {}).splitlines()
+    assert backend == "numpy" and check == NOISE_CHECK
+    assert line.startswith("noise step: numpy reference (market._cnoise is not built")
+    assert "C compiler" in line
+
+
+def test_asking_for_an_unbuilt_or_unknown_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="'numpy' or 'compiled'"), _step.using("fast"):
+        pass
+    if not COMPILED:
+        with pytest.raises(RuntimeError, match="unavailable"), _step.using("compiled"):
+            pass

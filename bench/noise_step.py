@@ -47,7 +47,7 @@ def _levels(scale: list[float]) -> list[float]:
 
 def _case(mech: Mechanism, scale: list[float], values: int) -> Callable[[], int]:
     """One round: every value released at each step from the top down; returns value-steps."""
-    chain = ReleaseChain(mech, _levels(scale))
+    chain = ReleaseChain(mech, tuple(_levels(scale)))
     keys = NoiseKeys(os.urandom(32))
     ints = mech.dtype is np.int64
     x = np.arange(DIM) if ints else np.linspace(-3.0, 3.0, DIM)

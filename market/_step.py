@@ -51,7 +51,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get(ENV, "").strip().lower() == "numpy":
         return None, f"{ENV}=numpy"
     try:
-        from . import _cnoise  # type: ignore[attr-defined]  # noqa: PLC0415
+        from . import _cnoise  # noqa: PLC0415
     except ImportError as exc:
         return None, f"market._cnoise is not built ({exc}); reinstall with a C compiler"
     mod: ModuleType = _cnoise

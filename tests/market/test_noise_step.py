@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _step
-from market._draws import KEY_LABEL, Draws
+from market._draws import Draws
 from market.chain import ReleaseChain, noise_check
 from market.rng import NoiseKeys
 
@@ -48,7 +49,7 @@ def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
 
 @needs_compiled
 def test_keys_follow_fips_202_and_the_reference() -> None:
-    from market import _cnoise  # type: ignore[attr-defined]
+    from market import _cnoise
 
     # FIPS 202 SHAKE256 of the empty message, and of 200 bytes 0xA3 (NIST's example message)
     empty = "46b9dd2b0ba88d13233b3feb743eeb243fcd52ea62b81b82b50c27646ed5762f"
@@ -90,18 +91,12 @@ def _laws(g: np.random.Generator, count: int) -> list[_dlap.Law]:
     """Fresh and tightening laws whose geometrics take one uniform (the batchable ones)."""
     out = []
     while len(out) < count:
-        a = Fraction_of(float(g.uniform(2.0**-20, 40.0)))
-        up = None if g.random() < 0.3 else a + Fraction_of(float(g.uniform(1e-6, 20.0)))
+        a = Fraction(float(g.uniform(2.0**-20, 40.0)))
+        up = None if g.random() < 0.3 else a + Fraction(float(g.uniform(1e-6, 20.0)))
         law = _dlap.Law(a, up, None)
         if _dlap.batchable([law]):
             out.append(law)
     return out
-
-
-def Fraction_of(x: float) -> Any:  # noqa: N802 - reads as the constructor it wraps
-    from fractions import Fraction
-
-    return Fraction(x)
 
 
 def _segments(laws: list[_dlap.Law], sizes: list[int], draws: Draws, **kw: float) -> Any:
@@ -140,7 +135,7 @@ def test_uniforms_on_a_threshold_go_to_the_exact_path_on_both() -> None:
     """Words placed on the part thresholds and on the geometric's integer boundaries: the
     float pass cannot decide them, and both implementations hand them to the same exact
     path (extension words read)."""
-    law = _dlap.Law(Fraction_of(0.75), Fraction_of(2.0), None)
+    law = _dlap.Law(Fraction(0.75), Fraction(2.0), None)
     cst = _dlap.float_constants(law)
     total = 2 * cst.k_l + cst.k_0
     on_part = [int(c / total * 2.0**64) for c in (cst.k_l, cst.k_l + cst.k_0)]

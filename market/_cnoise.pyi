@@ -1,0 +1,14 @@
+"""Types of the compiled noise step (market/_cnoise.c); :mod:`market._step` is its caller."""
+
+from collections.abc import Sequence
+
+from typing_extensions import Buffer
+
+def request_keys(head: Buffer, seeds: Sequence[bytes]) -> bytes: ...
+def main_words(keys: Buffer, sizes: Sequence[int], slots: int) -> bytearray: ...
+def keyed_words(
+    head: bytes, seeds: Sequence[bytes], sizes: Sequence[int], slots: int
+) -> tuple[bytes, bytearray]: ...
+def dlap_segments(
+    words: Buffer, consts: Buffer, sizes: Sequence[int], margin: float, eta: float
+) -> tuple[bytearray, list[int]]: ...

@@ -41,7 +41,17 @@ from . import _dlap
 from ._draws import KEY_LABEL, Draws
 from .rng import NoiseKeys
 
-__all__ = ["BACKEND", "REASON", "dlap_segments", "keyed_draws", "request_keys", "using"]
+__all__ = [
+    "BACKEND",
+    "REASON",
+    "compiled",
+    "describe",
+    "dlap_segments",
+    "draws",
+    "keyed_draws",
+    "request_keys",
+    "using",
+]
 
 ENV = "EMARKET_NOISE_STEP"
 """Environment variable: ``numpy`` forces the reference implementation."""
@@ -62,6 +72,11 @@ _COMPILED, REASON = _load()
 BACKEND = "numpy" if _COMPILED is None else "compiled"
 """Which implementation runs: ``"compiled"`` or ``"numpy"`` (the reference)."""
 _ACTIVE: list[ModuleType | None] = [_COMPILED]
+
+
+def compiled() -> bool:
+    """Whether the compiled step runs (rather than the numpy reference)."""
+    return _ACTIVE[0] is not None
 
 
 def describe() -> str:

@@ -60,6 +60,7 @@ __all__ = [
     "ChainState",
     "ReleaseChain",
     "noise_check",
+    "noise_step",
 ]
 
 DOMAIN = b"emarket-chain-v2"
@@ -663,6 +664,19 @@ class _Steps(MutableMapping[int, Vector]):
         st = self._st
         st._forget_rows()
         st._new = None
+
+
+def noise_step() -> tuple[bool, str]:
+    """Whether the compiled noise step runs, and one line saying which runs and why.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        ``True`` for the compiled step (``market._cnoise``), ``False`` for the numpy reference
+        it falls back to when the extension was not built or ``EMARKET_NOISE_STEP=numpy``
+        (the same releases, slower); and the line a worker logs at start.
+    """
+    return _step.compiled(), _step.describe()
 
 
 _CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"

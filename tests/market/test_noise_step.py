@@ -25,7 +25,7 @@ import pytest
 
 from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _step
 from market._draws import Draws
-from market.chain import ReleaseChain, noise_check
+from market.chain import ReleaseChain, noise_check, noise_step
 from market.rng import NoiseKeys
 
 from .protocol_vectors import generate
@@ -229,8 +229,8 @@ def _python(code: str, env: dict[str, str]) -> str:
 
 
 _REPORT = (
-    "from market import _step; from market.chain import noise_check; "
-    "print(_step.BACKEND); print(_step.describe()); print(noise_check())"
+    "from market import _step; from market.chain import noise_check, noise_step; "
+    "print(_step.BACKEND); print(noise_step()[1]); print(noise_check())"
 )
 
 
@@ -256,3 +256,11 @@ def test_asking_for_an_unbuilt_or_unknown_step_is_refused() -> None:
     if not COMPILED:
         with pytest.raises(RuntimeError, match="unavailable"), _step.using("compiled"):
             pass
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_a_worker_is_told_which_step_runs(backend: str) -> None:
+    with _step.using(backend):
+        compiled, line = noise_step()
+    assert compiled == (backend == "compiled")
+    assert line.startswith(f"noise step: {'compiled' if compiled else 'numpy reference'}")

@@ -273,17 +273,21 @@ done:
 #define G_MAX 4503599627370496.0       /* 2^52 */
 
 PyDoc_STRVAR(dlap_segments_doc,
-             "dlap_segments(words, consts, sizes, margin, eta) -> (bytearray, list)\n\n"
+             "dlap_segments(words, consts, sizes, margin, eta, libm_error=0.0)\n"
+             "    -> (bytearray, list)\n\n"
              "market._dlap.sample_segments' float pass: words are the joined two-slot draws\n"
              "(2 rows of sum(sizes) uint64), consts four doubles per segment (k_l, k_l + k_0,\n"
-             "total, 1/s_q). Returns the int64 noise and the indices left undecided.");
+             "total, 1/s_q). Returns the int64 noise and the indices left undecided.\n"
+             "libm_error (a test hook) multiplies every log1p result by 1 + libm_error: a\n"
+             "platform whose log1p is off by that much.");
 
 static PyObject *dlap_segments(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer words, consts;
     PyObject *sizes_obj;
-    double margin, eta;
-    if (!PyArg_ParseTuple(args, "y*y*Odd", &words, &consts, &sizes_obj, &margin, &eta))
+    double margin, eta, libm_error = 0.0;
+    if (!PyArg_ParseTuple(args, "y*y*Odd|d", &words, &consts, &sizes_obj, &margin, &eta,
+                          &libm_error))
         return NULL;
     Py_ssize_t m = 0, n = 0;
     PyObject *out = NULL, *undecided = NULL, *result = NULL;
@@ -314,6 +318,7 @@ static PyObject *dlap_segments(PyObject *self, PyObject *args) {
             /* _floor_exponential(u2, 1/s, None, eta, inverse=True) */
             const double arg = (double)(w2[i] >> 11) * U53 * 1.0;
             double e = log1p(-arg);
+            if (libm_error != 0.0) e *= 1.0 + libm_error;
             e *= -1.0;
             const double de = (2.0 * U53 * 1.0) / (1.0 - arg);
             double x_lo = e * inv_s;

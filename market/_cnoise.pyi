@@ -10,5 +10,10 @@ def keyed_words(
     head: bytes, seeds: Sequence[bytes], sizes: Sequence[int], slots: int
 ) -> tuple[bytes, bytearray]: ...
 def dlap_segments(
-    words: Buffer, consts: Buffer, sizes: Sequence[int], margin: float, eta: float
+    words: Buffer,
+    consts: Buffer,
+    sizes: Sequence[int],
+    margin: float,
+    eta: float,
+    libm_error: float = 0.0,
 ) -> tuple[bytearray, list[int]]: ...

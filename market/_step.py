@@ -161,17 +161,20 @@ def dlap_segments(
     draws: Draws,
     eta: float = _dlap.ETA,
     margin: float = _dlap.MARGIN,
+    libm_error: float = 0.0,
 ) -> NDArray[np.int64]:
     """:func:`market._dlap.sample_segments` (the reference), in one compiled pass when built.
 
-    ``margin`` and ``eta`` are the test hooks that send coordinates to the exact path."""
+    ``margin`` and ``eta`` are the test hooks that send coordinates to the exact path;
+    ``libm_error`` (compiled only) moves every ``log1p`` the pass computes by that relative
+    amount, as another platform's libm could."""
     c = _ACTIVE[0]
     if c is None:
         return _dlap.sample_segments(laws, sizes, draws, eta=eta, margin=margin)
     if not _dlap.batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
         raise ValueError("dlap_segments needs batchable laws and their two-slot draws")
     consts = b"".join([_constants(law) for law in laws])
-    raw, undecided = c.dlap_segments(draws.words, consts, sizes, margin, eta)
+    raw, undecided = c.dlap_segments(draws.words, consts, sizes, margin, eta, libm_error)
     out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
     if undecided:
         seg = np.repeat(np.arange(len(laws)), sizes)

@@ -119,6 +119,23 @@ def test_discrete_laplace_decisions_equal_the_reference_on_thousands_of_steps() 
 
 
 @needs_compiled
+def test_a_libm_off_by_an_ulp_changes_no_compiled_decision_and_a_gross_error_shows() -> None:
+    """The compiled pass calls the C library's ``log1p``, not numpy's: its decisions must not
+    depend on the last bits of it (the margins), and the check has power."""
+    g = np.random.default_rng(5)
+    laws = _laws(g, 200)
+    sizes = [8] * len(laws)
+    draws = _step.draws([g.bytes(32) for _ in laws], sizes, 2)
+    with _step.using("numpy"):
+        want = _step.dlap_segments(laws, sizes, draws)
+    with _step.using("compiled"):
+        for err in (2.0**-52, -(2.0**-52), 2.0**-50, -(2.0**-50)):
+            assert np.array_equal(_step.dlap_segments(laws, sizes, draws, libm_error=err), want)
+        gross = _step.dlap_segments(laws, sizes, draws, libm_error=1e-3)
+    assert not np.array_equal(gross, want)
+
+
+@needs_compiled
 def test_forcing_the_exact_path_changes_no_decision_on_either_path() -> None:
     g = np.random.default_rng(4)
     laws = _laws(g, 12)

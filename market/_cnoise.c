@@ -352,11 +352,70 @@ done:
     return result;
 }
 
+/* -------------------------------------------------------------------------------- normals */
+PyDoc_STRVAR(normals_doc,
+             "normals(words, c_log, c_cos, two_pi_u64) -> (bytearray, bytearray)\n\n"
+             "market._normal.normals' float pass over two rows of n words (U1, U2): the\n"
+             "Box-Muller normals and their error bounds (float64), each expression as numpy\n"
+             "evaluates it; c_log = 2*TAU, c_cos = 2^-48 + 2*TAU + 2^-53, two_pi_u64 = 2*pi*2^-64.\n"
+             "A coordinate whose bound is not finite gets z = 0 and err = inf (the exact path).");
+
+static PyObject *normals(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words;
+    double c_log, c_cos, two_pi_u64;
+    if (!PyArg_ParseTuple(args, "y*ddd", &words, &c_log, &c_cos, &two_pi_u64)) return NULL;
+    PyObject *zs = NULL, *errs = NULL, *result = NULL;
+    if (words.len % 16 != 0) {
+        PyErr_SetString(PyExc_ValueError, "normals needs two rows of words");
+        goto done;
+    }
+    Py_ssize_t n = words.len / 16;
+    zs = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    errs = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    if (zs == NULL || errs == NULL) goto done;
+    const int64_t *w1 = (const int64_t *)words.buf, *w2 = w1 + n;
+    double *z = (double *)PyByteArray_AS_STRING(zs), *err = (double *)PyByteArray_AS_STRING(errs);
+    const double u64 = 1.0 / 18446744073709551616.0; /* 2^-64 */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double u = (double)w1[i];
+        u *= u64;
+        u += (double)(u < 0.0);
+        double r2 = log(u);
+        r2 *= -2.0;
+        double d_r2 = 8.673617379884035e-19 / u; /* 2^-60 */
+        d_r2 += 3.552713678800501e-15;           /* 2^-48 */
+        d_r2 += r2 * c_log;
+        const double r = sqrt(r2);
+        double e = d_r2 / r;
+        e *= 1.0 + 8.881784197001252e-16; /* 1 + 2^-50 */
+        double theta = (double)w2[i];
+        theta *= two_pi_u64;
+        double zi = cos(theta);
+        zi *= r;
+        e += r * c_cos;
+        e += fabs(zi) * (2.0 * U53);
+        if (!isfinite(e)) {
+            zi = 0.0;
+            e = INFINITY;
+        }
+        z[i] = zi;
+        err[i] = e;
+    }
+    result = PyTuple_Pack(2, zs, errs);
+done:
+    Py_XDECREF(zs);
+    Py_XDECREF(errs);
+    PyBuffer_Release(&words);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
     {"main_words", main_words, METH_VARARGS, main_words_doc},
     {"keyed_words", keyed_words, METH_VARARGS, keyed_words_doc},
     {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
+    {"normals", normals, METH_VARARGS, normals_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cnoise",

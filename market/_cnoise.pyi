@@ -17,3 +17,6 @@ def dlap_segments(
     eta: float,
     libm_error: float = 0.0,
 ) -> tuple[bytearray, list[int]]: ...
+def normals(
+    words: Buffer, c_log: float, c_cos: float, two_pi_u64: float
+) -> tuple[bytearray, bytearray]: ...

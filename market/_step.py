@@ -10,7 +10,9 @@ This module does it once per call for all of them:
   joined main words of all of them (ChaCha20, §1.2) -- the words of each request exactly where
   :meth:`Draws.joined` of the requests' own :class:`~market._draws.Draws` puts them;
 * :func:`dlap_segments` is :func:`market._dlap.sample_segments` (the fresh and tightening
-  discrete Laplace laws a chain descends through), its float pass over all the coordinates.
+  discrete Laplace laws a chain descends through), its float pass over all the coordinates;
+* :func:`normals` is :func:`market._normal.normals` (a Gaussian chain's standard normals and
+  their error bounds), over every level and value of a call at once.
 
 Two implementations, one contract. The **compiled** one (``market._cnoise``, portable C built
 with the package) runs each call in a single C loop; the **numpy reference** is the code that
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -37,7 +40,7 @@ from types import ModuleType
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _dlap
+from . import _dlap, _normal
 from ._draws import KEY_LABEL, Draws
 from .rng import NoiseKeys
 
@@ -49,6 +52,7 @@ __all__ = [
     "dlap_segments",
     "draws",
     "keyed_draws",
+    "normals",
     "request_keys",
     "using",
 ]
@@ -181,3 +185,21 @@ def dlap_segments(
         for i in undecided:
             out[i] = _dlap.exact_noise(laws[int(seg[i])], 0, draws, i)
     return out
+
+
+_NORMAL_CONSTANTS = (
+    2.0 * _normal.TAU,
+    2.0**-48 + 2.0 * _normal.TAU + 2.0**-53,
+    2.0 * math.pi * 2.0**-64,
+)
+"""The constants of :func:`market._normal.normals`' bounds, computed as it computes them."""
+
+
+def normals(draws: Draws) -> _normal.Hidden:
+    """:func:`market._normal.normals` (the reference), in one compiled pass when built: the
+    standard normals of slots 0 and 1 and their rigorous error bounds."""
+    c = _ACTIVE[0]
+    if c is None or draws.slots != _normal.SLOTS:
+        return _normal.normals(draws)
+    z, err = c.normals(draws.words, *_NORMAL_CONSTANTS)
+    return _normal.Hidden(np.frombuffer(z, dtype=np.float64), np.frombuffer(err, dtype=np.float64))

@@ -340,10 +340,14 @@ class ReleaseChain:
             if st.exact is None:
                 raise SealedStateError("a sealed Gaussian chain state lost a step")
         sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
-        h = _normal.Hidden(np.zeros(sum(sizes)), np.zeros(sum(sizes)))
-        for s in range(top, k - 1, -1):
-            draws = _step.draws([p[top - s].key for p in paths], sizes, _normal.SLOTS)
-            h = _normal.add(h, paths[0][top - s].coefficient(), _normal.normals(draws))
+        n = sum(sizes)
+        h = _normal.Hidden(np.zeros(n), np.zeros(n))
+        depth = top - k + 1  # every step's normals of every value, in one pass
+        draws = _step.draws([p[j].key for j in range(depth) for p in paths], sizes * depth, 2)
+        nz = _step.normals(draws)
+        for j in range(depth):
+            part = _normal.Hidden(nz.z[j * n : (j + 1) * n], nz.err[j * n : (j + 1) * n])
+            h = _normal.add(h, paths[0][j].coefficient(), part)
         base = np.concatenate([st.exact for st in states if st.exact is not None])
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])

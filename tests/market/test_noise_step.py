@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _step
+from market import (
+    DiscreteLaplace,
+    Gaussian,
+    Laplace,
+    Mechanism,
+    Poisson,
+    _dlap,
+    _normal,
+    _step,
+)
 from market._draws import Draws
 from market.chain import ReleaseChain, noise_check, noise_step
 from market.rng import NoiseKeys
@@ -173,6 +182,53 @@ def test_uniforms_on_a_threshold_go_to_the_exact_path_on_both() -> None:
     assert set(undecided) >= {0, 1, 2, 3}, undecided  # every straddling part uniform
     got, want = _segments(laws, sizes, draws)
     assert np.array_equal(got, want) and np.array_equal(got, ref)
+
+
+@needs_compiled
+def test_compiled_normals_bound_the_same_ideal_normals_as_the_reference() -> None:
+    """libm's log, sqrt and cos are not numpy's: the floats may differ in their last bits,
+    but each bound must hold the ideal normal, so the two enclosures overlap, and be as tight
+    as the reference's. Words of 0 (U1 = 0) and near 2^64 (U1 rounding to 1) go to the exact
+    path on both."""
+    g = np.random.default_rng(6)
+    keys = [g.bytes(32) for _ in range(40)]
+    draws = _step.draws(keys, [250] * len(keys), 2)
+    words = draws.words.copy()
+    words[0, :3] = [0, 2**64 - 1, 2**64 - 2**9]
+    draws = Draws.from_words([(k, 250) for k in keys], words)
+    with _step.using("compiled"):
+        got = _step.normals(draws)
+    want = _normal.normals(draws)
+    bad = ~np.isfinite(want.err)
+    assert bad[:2].all() and np.array_equal(bad, ~np.isfinite(got.err))
+    assert np.all(got.z[bad] == 0.0)
+    ok = ~bad
+    assert np.all(np.abs(got.z[ok] - want.z[ok]) <= got.err[ok] + want.err[ok])
+    assert np.allclose(got.err[ok], want.err[ok], rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_gaussian_releases_forced_through_the_exact_path_are_the_same(backend: str) -> None:
+    """Every coordinate of a Gaussian step settled in interval arithmetic gives the integers
+    the float pass of either step decides."""
+    chain = ReleaseChain(Gaussian(1.0), (0.5, 2.0))
+    keys = NoiseKeys(bytes(range(32)))
+    x = np.linspace(-3.0, 3.0, 6)
+    path = chain._paths([("v",)], 0, keys)[0]
+    with _step.using(backend):
+        parts = [_step.normals(_step.draws([t.key], [6], 2)) for t in path]
+        y = chain.release([chain.open(x)], 0, [("v",)], keys)[0]
+    h = _normal.Hidden(np.zeros(6), np.zeros(6))
+    for t, nz in zip(path, parts, strict=True):
+        h = _normal.add(h, t.coefficient(), nz)
+    grid = chain.mechanism.grid_exponent(0.5)  # type: ignore[attr-defined]
+
+    def settle(i: int) -> int:
+        return _normal.exact_snap(float(x[i]), path, 6, i, grid)
+
+    forced = _normal.snap(x, _normal.Hidden(h.z, np.full(6, np.inf)), grid, settle)
+    assert np.array_equal(_normal.snap(x, h, grid, settle), forced)
+    assert np.array_equal(np.ldexp(forced.astype(np.float64), grid), y)
 
 
 FAMILIES: list[tuple[Mechanism, tuple[float, ...], bool]] = [

@@ -410,12 +410,83 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------ table_segments */
+PyDoc_STRVAR(table_segments_doc,
+             "table_segments(words, sizes, tables) -> (bytearray, list)\n\n"
+             "market._poisson.sample's float pass: segment i (sizes[i] words of one row) is\n"
+             "drawn by inversion of tables[i] = (cdf, lo, margin), the cdf a contiguous float64\n"
+             "buffer. Returns the int64 outcomes (lo + the thresholds at or below U's prefix) and the indices left\n"
+             "undecided.");
+
+static PyObject *table_segments(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words;
+    PyObject *sizes_obj, *tables;
+    if (!PyArg_ParseTuple(args, "y*OO", &words, &sizes_obj, &tables)) return NULL;
+    Py_ssize_t m = 0, n = 0;
+    PyObject *out = NULL, *undecided = NULL, *result = NULL, *fast = NULL;
+    Py_ssize_t *sizes = read_sizes(sizes_obj, &m, &n);
+    if (sizes == NULL) goto done;
+    fast = PySequence_Fast(tables, "tables must be a sequence");
+    if (fast == NULL) goto done;
+    if (words.len != 8 * n || PySequence_Fast_GET_SIZE(fast) != m) {
+        PyErr_SetString(PyExc_ValueError, "table_segments: one table per size, n words");
+        goto done;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    undecided = PyList_New(0);
+    if (out == NULL || undecided == NULL) goto done;
+    const uint64_t *w = (const uint64_t *)words.buf;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    Py_ssize_t i = 0;
+    for (Py_ssize_t seg = 0; seg < m; seg++) {
+        Py_buffer table;
+        long long lo;
+        double margin;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, seg), "y*Ld", &table, &lo, &margin))
+            goto done;
+        const double *cdf = (const double *)table.buf;
+        const Py_ssize_t len = table.len / 8;
+        for (Py_ssize_t end = i + sizes[seg]; i < end; i++) {
+            const double u = (double)(w[i] >> 11) * U53;
+            Py_ssize_t a = 0, b = len; /* searchsorted(cdf, u, side="right") */
+            while (a < b) {
+                Py_ssize_t mid = a + (b - a) / 2;
+                if (cdf[mid] <= u) a = mid + 1;
+                else b = mid;
+            }
+            const double below = a > 0 ? cdf[a - 1] : 0.0, above = a < len ? cdf[a] : 2.0;
+            const int ok = u >= below + margin && u + U53 + margin <= above && a < len;
+            o[i] = (int64_t)lo + (int64_t)a;
+            if (!ok) {
+                PyObject *k = PyLong_FromSsize_t(i);
+                if (k == NULL || PyList_Append(undecided, k) < 0) {
+                    Py_XDECREF(k);
+                    PyBuffer_Release(&table);
+                    goto done;
+                }
+                Py_DECREF(k);
+            }
+        }
+        PyBuffer_Release(&table);
+    }
+    result = PyTuple_Pack(2, out, undecided);
+done:
+    Py_XDECREF(fast);
+    Py_XDECREF(out);
+    Py_XDECREF(undecided);
+    PyMem_Free(sizes);
+    PyBuffer_Release(&words);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
     {"main_words", main_words, METH_VARARGS, main_words_doc},
     {"keyed_words", keyed_words, METH_VARARGS, keyed_words_doc},
     {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
     {"normals", normals, METH_VARARGS, normals_doc},
+    {"table_segments", table_segments, METH_VARARGS, table_segments_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cnoise",

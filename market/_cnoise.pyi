@@ -20,3 +20,6 @@ def dlap_segments(
 def normals(
     words: Buffer, c_log: float, c_cos: float, two_pi_u64: float
 ) -> tuple[bytearray, bytearray]: ...
+def table_segments(
+    words: Buffer, sizes: Sequence[int], tables: Sequence[tuple[Buffer, int, float]]
+) -> tuple[bytearray, list[int]]: ...

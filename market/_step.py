@@ -12,7 +12,9 @@ This module does it once per call for all of them:
 * :func:`dlap_segments` is :func:`market._dlap.sample_segments` (the fresh and tightening
   discrete Laplace laws a chain descends through), its float pass over all the coordinates;
 * :func:`normals` is :func:`market._normal.normals` (a Gaussian chain's standard normals and
-  their error bounds), over every level and value of a call at once.
+  their error bounds), over every level and value of a call at once;
+* :func:`poisson_segments` is :func:`market._poisson.sample` for a chain's Poisson steps (one
+  law per value-step, inversion of its table).
 
 Two implementations, one contract. The **compiled** one (``market._cnoise``, portable C built
 with the package) runs each call in a single C loop; the **numpy reference** is the code that
@@ -40,7 +42,7 @@ from types import ModuleType
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _dlap, _normal
+from . import _dlap, _normal, _poisson
 from ._draws import KEY_LABEL, Draws
 from .rng import NoiseKeys
 
@@ -53,6 +55,7 @@ __all__ = [
     "draws",
     "keyed_draws",
     "normals",
+    "poisson_segments",
     "request_keys",
     "using",
 ]
@@ -203,3 +206,28 @@ def normals(draws: Draws) -> _normal.Hidden:
         return _normal.normals(draws)
     z, err = c.normals(draws.words, *_NORMAL_CONSTANTS)
     return _normal.Hidden(np.frombuffer(z, dtype=np.float64), np.frombuffer(err, dtype=np.float64))
+
+
+def _table(tab: _poisson.Table) -> tuple[NDArray[np.float64], int, float]:
+    """A law's table as the compiled pass reads it (its CDF read in place, not copied)."""
+    return np.ascontiguousarray(tab.cdf, dtype=np.float64), tab.lo, tab.margin
+
+
+def poisson_segments(
+    laws: Sequence[_poisson.Poisson], sizes: Sequence[int], draws: Draws
+) -> NDArray[np.int64]:
+    """``_poisson.sample(laws, which, draws)`` with ``which`` segment ``i`` (``sizes[i]``
+    coordinates) on ``laws[i]``: the reference, or one compiled pass when built."""
+    c = _ACTIVE[0]
+    if c is None:
+        which = np.repeat(np.arange(len(laws), dtype=np.intp), sizes)
+        return _poisson.sample(laws, which, draws)
+    if draws.slots != 1 or draws.n != sum(sizes):
+        raise ValueError("poisson_segments needs one-slot draws of the segments")
+    raw, undecided = c.table_segments(draws.words, sizes, [_table(law.table) for law in laws])
+    out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
+    if undecided:
+        seg = np.repeat(np.arange(len(laws)), sizes)
+        for i in undecided:
+            out[i] = _poisson.exact_outcome(laws[int(seg[i])], draws.lazy(0, i), int(out[i]))
+    return out

@@ -668,9 +668,7 @@ class Poisson(Mechanism):
             _poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
             for level, upper in steps
         ]
-        which = np.repeat(np.arange(len(laws), dtype=np.intp), sizes)
-        noise: Vector = _poisson.sample(laws, which, draws)
-        return noise
+        return _step.poisson_segments(laws, sizes, draws)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector

@@ -8,6 +8,7 @@ saying so, where the extension is absent or disabled.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -31,6 +32,7 @@ from market import (
     Poisson,
     _dlap,
     _normal,
+    _poisson,
     _step,
 )
 from market._draws import Draws
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPILED = _step.BACKEND == "compiled"
 needs_compiled = pytest.mark.skipif(not COMPILED, reason=f"no compiled step: {_step.REASON}")
 BOTH = ["numpy", pytest.param("compiled", marks=needs_compiled)]
+BOTH_NAMES = ["numpy", "compiled"] if COMPILED else ["numpy"]
 NOISE_CHECK = "ff5a3fafa5fb836324e826c8c9133dc2a70fe4daba3dd8b3c699b2298eaa55ec"
 
 
@@ -229,6 +232,42 @@ def test_gaussian_releases_forced_through_the_exact_path_are_the_same(backend: s
     forced = _normal.snap(x, _normal.Hidden(h.z, np.full(6, np.inf)), grid, settle)
     assert np.array_equal(_normal.snap(x, h, grid, settle), forced)
     assert np.array_equal(np.ldexp(forced.astype(np.float64), grid), y)
+
+
+def _poisson_laws(g: np.random.Generator, count: int) -> list[_poisson.Poisson]:
+    return [
+        _poisson.poisson(Fraction(float(g.choice([0.3, 2.5, 40.0, 9000.0])))) for _ in range(count)
+    ]
+
+
+@needs_compiled
+def test_poisson_inversions_equal_the_reference_and_the_forced_exact_path() -> None:
+    """Thousands of value-steps; words on the table's thresholds; and every coordinate sent to
+    the exact path (a table margin of 1) on either step."""
+    g = np.random.default_rng(7)
+    laws = _poisson_laws(g, 400)
+    sizes = [int(n) for n in g.integers(1, 12, len(laws))]
+    draws = _step.draws([g.bytes(32) for _ in laws], sizes, 1)
+    words = draws.words.copy()
+    cdf = laws[0].table.cdf
+    on = [int(c * 2.0**64) for c in cdf[len(cdf) // 2 - 2 : len(cdf) // 2 + 2]]
+    words[0, : len(on)] = on  # laws[0]'s first coordinates sit on its thresholds
+    draws = Draws.from_words(list(draws._segments), words)
+    with _step.using("compiled"):
+        got = _step.poisson_segments(laws, sizes, draws)
+    with _step.using("numpy"):
+        want = _step.poisson_segments(laws, sizes, draws)
+    assert np.array_equal(got, want)
+    forced = []
+    for law in laws[:10]:
+        copy = _poisson.Poisson(law.mu)
+        copy.__dict__["table"] = dataclasses.replace(law.table, margin=1.0)
+        forced.append(copy)
+    cut = sum(sizes[:10])
+    small = Draws.from_words(list(draws._segments[:10]), words[:, :cut].copy())
+    for backend in BOTH_NAMES:
+        with _step.using(backend):
+            assert np.array_equal(_step.poisson_segments(forced, sizes[:10], small), want[:cut])
 
 
 FAMILIES: list[tuple[Mechanism, tuple[float, ...], bool]] = [

@@ -31,24 +31,31 @@ static const int PILN[24] = {10, 7,  11, 17, 18, 3, 5,  16, 8,  21, 24, 4,
 
 #define ROL64(x, n) (((x) << (n)) | ((x) >> (64 - (n))))
 
+/* Every loop has a constant trip count: unrolled, each index and rotation is a constant. */
+#if defined(__GNUC__)
+#define UNROLL _Pragma("GCC unroll 24")
+#else
+#define UNROLL
+#endif
+
 static void keccak_f(uint64_t st[25]) {
     uint64_t bc[5], t;
     for (int round = 0; round < 24; round++) {
-        for (int i = 0; i < 5; i++) bc[i] = st[i] ^ st[i + 5] ^ st[i + 10] ^ st[i + 15] ^ st[i + 20];
-        for (int i = 0; i < 5; i++) {
+        UNROLL for (int i = 0; i < 5; i++) bc[i] = st[i] ^ st[i + 5] ^ st[i + 10] ^ st[i + 15] ^ st[i + 20];
+        UNROLL for (int i = 0; i < 5; i++) {
             t = bc[(i + 4) % 5] ^ ROL64(bc[(i + 1) % 5], 1);
-            for (int j = 0; j < 25; j += 5) st[j + i] ^= t;
+            UNROLL for (int j = 0; j < 25; j += 5) st[j + i] ^= t;
         }
         t = st[1];
-        for (int i = 0; i < 24; i++) {
+        UNROLL for (int i = 0; i < 24; i++) {
             int j = PILN[i];
             bc[0] = st[j];
             st[j] = ROL64(t, ROTC[i]);
             t = bc[0];
         }
-        for (int j = 0; j < 25; j += 5) {
-            for (int i = 0; i < 5; i++) bc[i] = st[j + i];
-            for (int i = 0; i < 5; i++) st[j + i] ^= (~bc[(i + 1) % 5]) & bc[(i + 2) % 5];
+        UNROLL for (int j = 0; j < 25; j += 5) {
+            UNROLL for (int i = 0; i < 5; i++) bc[i] = st[j + i];
+            UNROLL for (int i = 0; i < 5; i++) st[j + i] ^= (~bc[(i + 1) % 5]) & bc[(i + 2) % 5];
         }
         st[0] ^= RC[round];
     }

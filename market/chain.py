@@ -227,8 +227,15 @@ class ReleaseChain:
         if not states:
             return []
         self._descend(states, k, identities, keys)
-        lvl = self.levels[k]
-        return [_frozen(self.mechanism.decode(Anchor(lvl, st.steps[k]))) for st in states]
+        lvl, mech = self.levels[k], self.mechanism
+        found = [st.steps[k] for st in states]
+        if (
+            len(found) > 1
+            and type(mech).decode is not Mechanism.decode  # not the identity: decode them at once
+            and len({(v.shape, v.dtype) for v in found}) == 1
+        ):
+            return list(_frozen(mech.decode(Anchor(lvl, np.stack(found)))))
+        return [_frozen(mech.decode(Anchor(lvl, v))) for v in found]
 
     def new_steps(self, state: ChainState, k: int) -> int:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""

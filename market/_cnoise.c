@@ -487,6 +487,112 @@ done:
     return result;
 }
 
+/* -------------------------------------------------------------------------- gaussian_snap */
+PyDoc_STRVAR(gaussian_snap_doc,
+             "gaussian_snap(words, terms, x, scale, consts) -> (bytearray, list) or None\n\n"
+             "A Gaussian chain step's float pass: the normals of each term (words: 2 rows of\n"
+             "len(terms) * n words, term j's coordinates at j*n...), summed as market._normal.add\n"
+             "sums them (terms: (c, |c|(1 + 2^-49)) per term, top first), then rounded as\n"
+             "market._normal.snap rounds x + Z on the grid of 1/scale. Returns the int64\n"
+             "integers and the indices left undecided, or None when a value is too large for\n"
+             "its grid. consts are normals' (c_log, c_cos, two_pi_u64).");
+
+static PyObject *gaussian_snap(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words, terms, xs;
+    double scale, c_log, c_cos, two_pi_u64;
+    if (!PyArg_ParseTuple(args, "y*y*y*d(ddd)", &words, &terms, &xs, &scale, &c_log, &c_cos,
+                          &two_pi_u64))
+        return NULL;
+    PyObject *out = NULL, *undecided = NULL, *result = NULL;
+    const Py_ssize_t n = xs.len / 8, depth = terms.len / 16;
+    if (words.len != 16 * n * depth) {
+        PyErr_SetString(PyExc_ValueError, "gaussian_snap: words of the wrong size");
+        goto done;
+    }
+    const double *x = (const double *)xs.buf, *tc = (const double *)terms.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!(fabs(x[i] * scale) < 4611686018427387904.0)) { /* 2^62 */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    out = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    undecided = PyList_New(0);
+    if (out == NULL || undecided == NULL) goto done;
+    const int64_t *w1 = (const int64_t *)words.buf, *w2 = w1 + n * depth;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    const double u64 = 1.0 / 18446744073709551616.0, e49 = 1.7763568394002505e-15; /* 2^-49 */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double hz = 0.0, herr = 0.0;
+        for (Py_ssize_t j = 0; j < depth; j++) {
+            /* normals (as in the normals function above) */
+            const Py_ssize_t at = j * n + i;
+            double u = (double)w1[at];
+            u *= u64;
+            u += (double)(u < 0.0);
+            double r2 = log(u);
+            r2 *= -2.0;
+            double d_r2 = 8.673617379884035e-19 / u;
+            d_r2 += 3.552713678800501e-15;
+            d_r2 += r2 * c_log;
+            const double r = sqrt(r2);
+            double e = d_r2 / r;
+            e *= 1.0 + 8.881784197001252e-16;
+            double theta = (double)w2[at];
+            theta *= two_pi_u64;
+            double nz = cos(theta);
+            nz *= r;
+            e += r * c_cos;
+            e += fabs(nz) * (2.0 * U53);
+            if (!isfinite(e)) {
+                nz = 0.0;
+                e = INFINITY;
+            }
+            /* add(h, c, N) */
+            double z = nz * tc[2 * j];
+            double err = e * tc[2 * j + 1];
+            err += fabs(z) * e49;
+            err += herr;
+            z += hz;
+            err += fabs(z) * U53;
+            hz = z;
+            herr = err;
+        }
+        /* snap */
+        const double q = x[i] * scale, xi = floor(q);
+        double t = q - xi;
+        t += hz * scale;
+        double margin = fabs(t);
+        margin += 2.0;
+        margin *= 2.0 * U53;
+        margin += herr * scale;
+        double f = floor(t + 0.5);
+        double dist = t + 0.5;
+        dist -= f;
+        const int und = dist <= margin || dist >= 1.0 - margin || !isfinite(margin);
+        if (und) {
+            f = 0.0;
+            PyObject *k = PyLong_FromSsize_t(i);
+            if (k == NULL || PyList_Append(undecided, k) < 0) {
+                Py_XDECREF(k);
+                goto done;
+            }
+            Py_DECREF(k);
+        }
+        o[i] = (int64_t)xi + (int64_t)f;
+    }
+    result = PyTuple_Pack(2, out, undecided);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(undecided);
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&terms);
+    PyBuffer_Release(&xs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
     {"main_words", main_words, METH_VARARGS, main_words_doc},
@@ -494,6 +600,7 @@ static PyMethodDef methods[] = {
     {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
     {"normals", normals, METH_VARARGS, normals_doc},
     {"table_segments", table_segments, METH_VARARGS, table_segments_doc},
+    {"gaussian_snap", gaussian_snap, METH_VARARGS, gaussian_snap_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cnoise",

@@ -23,3 +23,10 @@ def normals(
 def table_segments(
     words: Buffer, sizes: Sequence[int], tables: Sequence[tuple[Buffer, int, float]]
 ) -> tuple[bytearray, list[int]]: ...
+def gaussian_snap(
+    words: Buffer,
+    terms: Buffer,
+    x: Buffer,
+    scale: float,
+    consts: tuple[float, float, float],
+) -> tuple[bytearray, list[int]] | None: ...

@@ -11,8 +11,9 @@ This module does it once per call for all of them:
   :meth:`Draws.joined` of the requests' own :class:`~market._draws.Draws` puts them;
 * :func:`dlap_segments` is :func:`market._dlap.sample_segments` (the fresh and tightening
   discrete Laplace laws a chain descends through), its float pass over all the coordinates;
-* :func:`normals` is :func:`market._normal.normals` (a Gaussian chain's standard normals and
-  their error bounds), over every level and value of a call at once;
+* :func:`normals` is :func:`market._normal.normals` (standard normals and their error bounds),
+  and :func:`gaussian_step` a Gaussian chain's step: the normals of every level and value of a
+  call, summed (:func:`market._normal.add`) and rounded (:func:`market._normal.snap`) at once;
 * :func:`poisson_segments` is :func:`market._poisson.sample` for a chain's Poisson steps (one
   law per value-step, inversion of its table).
 
@@ -36,7 +37,7 @@ import functools
 import math
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 import numpy as np
@@ -53,6 +54,7 @@ __all__ = [
     "describe",
     "dlap_segments",
     "draws",
+    "gaussian_step",
     "keyed_draws",
     "normals",
     "poisson_segments",
@@ -230,4 +232,48 @@ def poisson_segments(
         seg = np.repeat(np.arange(len(laws)), sizes)
         for i in undecided:
             out[i] = _poisson.exact_outcome(laws[int(seg[i])], draws.lazy(0, i), int(out[i]))
+    return out
+
+
+def gaussian_step(
+    draws: Draws,
+    coefficients: Sequence[float],
+    base: NDArray[np.float64],
+    grid_exp: int,
+    settle: Callable[[int], int],
+) -> NDArray[np.int64]:
+    """``round((x + Z)/2^grid_exp)`` with ``Z = Σ_j coefficients[j]·N_j``: ``draws`` holds
+    ``N_j``'s words for every coordinate of ``base`` at ``[j·n, (j + 1)·n)``, top term first.
+    The reference adds them with :func:`market._normal.add` and rounds with
+    :func:`market._normal.snap`; the compiled pass does the same per coordinate; both leave
+    the coordinates they cannot decide to ``settle``.
+
+    Raises
+    ------
+    OverflowError
+        A value too large for its release grid.
+    """
+    c = _ACTIVE[0]
+    n = int(base.shape[0])
+    if c is None:
+        nz = _normal.normals(draws)
+        h = _normal.Hidden(np.zeros(n), np.zeros(n))
+        for j, coef in enumerate(coefficients):
+            part = _normal.Hidden(nz.z[j * n : (j + 1) * n], nz.err[j * n : (j + 1) * n])
+            h = _normal.add(h, coef, part)
+        return _normal.snap(base, h, grid_exp, settle)
+    terms = [v for coef in coefficients for v in (coef, abs(coef) * (1.0 + 2.0**-49))]
+    done = c.gaussian_snap(
+        draws.words,
+        struct.pack(f"={len(terms)}d", *terms),
+        np.ascontiguousarray(base, dtype=np.float64),
+        math.ldexp(1.0, -grid_exp),
+        _NORMAL_CONSTANTS,
+    )
+    if done is None:
+        raise OverflowError("a value is too large for its release grid")
+    raw, undecided = done
+    out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
+    for i in undecided:
+        out[i] = settle(i)
     return out

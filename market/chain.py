@@ -347,14 +347,9 @@ class ReleaseChain:
             if st.exact is None:
                 raise SealedStateError("a sealed Gaussian chain state lost a step")
         sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
-        n = sum(sizes)
-        h = _normal.Hidden(np.zeros(n), np.zeros(n))
         depth = top - k + 1  # every step's normals of every value, in one pass
         draws = _step.draws([p[j].key for j in range(depth) for p in paths], sizes * depth, 2)
-        nz = _step.normals(draws)
-        for j in range(depth):
-            part = _normal.Hidden(nz.z[j * n : (j + 1) * n], nz.err[j * n : (j + 1) * n])
-            h = _normal.add(h, paths[0][j].coefficient(), part)
+        coefficients = [paths[0][j].coefficient() for j in range(depth)]
         base = np.concatenate([st.exact for st in states if st.exact is not None])
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])
@@ -364,7 +359,7 @@ class ReleaseChain:
             local = i - offsets[v]
             return _normal.exact_snap(float(base[i]), paths[v], sizes[v], local, grid)
 
-        out = _normal.snap(base, h, grid, settle)
+        out = _step.gaussian_step(draws, coefficients, base, grid, settle)
         for v, st in enumerate(states):
             st.steps[k] = _frozen(out[offsets[v] : offsets[v + 1]].copy())
 

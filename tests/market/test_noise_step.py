@@ -210,6 +210,38 @@ def test_compiled_normals_bound_the_same_ideal_normals_as_the_reference() -> Non
     assert np.allclose(got.err[ok], want.err[ok], rtol=1e-6, atol=0.0)
 
 
+@needs_compiled
+def test_gaussian_steps_equal_the_reference_and_settle_the_same_coordinates() -> None:
+    """Random values and terms; values on half-grid points under negligible noise (every
+    coordinate undecided, settled exactly); and a value too large for its grid, refused by
+    both."""
+    g = np.random.default_rng(8)
+    n, depth, grid = 64, 3, -10
+    draws = _step.draws([g.bytes(32) for _ in range(depth)], [n] * depth, 2)
+    cases = [
+        (g.normal(0.0, 100.0, n), [0.7, 1e-3, 2.5]),
+        (g.normal(0.0, 1e6, n), [3e4, 0.0, 1e-9]),
+        ((np.arange(n) - n / 2 + 0.5) * 2.0**grid, [2.0**-80] * depth),
+    ]
+    for base, coefs in cases:
+        outs, settled = [], []
+        for backend in ("compiled", "numpy"):
+            asked: list[int] = []
+
+            def settle(i: int, asked: list[int] = asked) -> int:
+                asked.append(i)
+                return -(10**9) - i
+
+            with _step.using(backend):
+                outs.append(_step.gaussian_step(draws, coefs, base, grid, settle))
+            settled.append(sorted(asked))
+        assert np.array_equal(outs[0], outs[1]) and settled[0] == settled[1]
+    assert settled[0] == list(range(n))  # the half-grid case: nothing decided in floats
+    for backend in ("compiled", "numpy"):
+        with _step.using(backend), pytest.raises(OverflowError, match="too large"):
+            _step.gaussian_step(draws, [1.0] * depth, np.full(n, 2.0**70), grid, lambda i: 0)
+
+
 @pytest.mark.parametrize("backend", BOTH)
 def test_gaussian_releases_forced_through_the_exact_path_are_the_same(backend: str) -> None:
     """Every coordinate of a Gaussian step settled in interval arithmetic gives the integers

@@ -143,11 +143,19 @@ class ReleaseChain:
         """
         return step_of(self.levels, level, unit=self.mechanism.level_unit)
 
-    @property
+    @functools.cached_property
     def value_limit(self) -> float:
         """The largest magnitude a value may have: every level's release must hold it
         (:meth:`Mechanism.value_limit`; the finest grid is the most accurate level's)."""
         return min(self.mechanism.value_limit(x) for x in self.levels)
+
+    @functools.cached_property
+    def _variance_steps(self) -> tuple[Fraction, ...]:
+        """Gaussian: the exact variance each step adds, ``v_j − v_{j+1}`` (``v_K = 0``)."""
+        mech = self.mechanism
+        assert isinstance(mech, Gaussian)
+        v = [mech.exact_variance(x) for x in self.levels] + [Fraction(0)]
+        return tuple(v[j] - v[j + 1] for j in range(len(self.levels)))
 
     def validate(self, value: Any) -> Vector:
         """The exact value checked for this chain (its family's rules and :attr:`value_limit`)."""
@@ -368,15 +376,9 @@ class ReleaseChain:
     ) -> list[tuple[_normal.Term, ...]]:
         """The real noise of step ``k`` of each value: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top
         term first (every value's keys derived in one call)."""
-        mech = self.mechanism
-        assert isinstance(mech, Gaussian)
         top = len(self.levels) - 1
         js = range(top, k - 1, -1)
-        var = [
-            mech.exact_variance(self.levels[j])
-            - (Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1]))
-            for j in js
-        ]
+        var = [self._variance_steps[j] for j in js]
         pairs = [(i, j) for i in range(len(identities)) for j in js]
         found = iter(_step.request_keys(keys, self._seeds(identities, pairs)))
         one = Fraction(1)

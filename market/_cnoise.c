@@ -162,10 +162,14 @@ static void fill_words(const unsigned char *keys, const Py_ssize_t *sizes, Py_ss
         for (int k = 0; k < 8; k++) key[k] = load32(keys + 32 * i + 4 * k);
         Py_ssize_t n = sizes[i], count = n * slots;
         uint64_t block[8];
-        for (Py_ssize_t w = 0; w < count; w++) {
+        uint64_t *row = words + offset; /* slot s of coordinate j: row s, column offset + j */
+        for (Py_ssize_t w = 0, j = 0; w < count; w++) {
             if ((w & 7) == 0) chacha_block(key, (uint32_t)(w >> 3), block);
-            Py_ssize_t s = w / n, j = w - s * n;
-            words[s * total + offset + j] = block[w & 7];
+            row[j] = block[w & 7];
+            if (++j == n) {
+                j = 0;
+                row += total;
+            }
         }
         offset += n;
     }

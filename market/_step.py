@@ -131,11 +131,17 @@ def request_keys(keys: NoiseKeys, seeds: Sequence[bytes]) -> list[bytes]:
     return [raw[i : i + 32] for i in range(0, len(raw), 32)]
 
 
+LONG = 1 << 14
+"""Words beyond which a call's keystream comes from OpenSSL's vectorised ChaCha20 (the same
+words; portable C runs a few times slower per byte, and only the per-call set-up of short
+vectors was worth compiling)."""
+
+
 def draws(keys: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
     """The joined draws of requests (``sizes[i]`` coordinates for ``keys[i]``): the same words
     as ``Draws.joined([Draws(k, n, slots) ...])``."""
     c = _ACTIVE[0]
-    if c is None or not keys:
+    if c is None or not keys or sum(sizes) * slots > LONG:
         return Draws.joined([Draws(k, n, slots) for k, n in zip(keys, sizes, strict=True)])
     if any(len(k) != 32 for k in keys):
         raise ValueError("a request key has 32 bytes")
@@ -147,7 +153,7 @@ def draws(keys: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
 def keyed_draws(keys: NoiseKeys, seeds: Sequence[bytes], sizes: Sequence[int], slots: int) -> Draws:
     """:func:`draws` of the request keys of ``seeds``: a call's keying and keystream at once."""
     c = _ACTIVE[0]
-    if c is None or not seeds:
+    if c is None or not seeds or sum(sizes) * slots > LONG:
         return draws(request_keys(keys, seeds), sizes, slots)
     raw, words = c.keyed_words(_head(keys), seeds, sizes, slots)
     segments = [(raw[32 * i : 32 * i + 32], n) for i, n in enumerate(sizes)]

@@ -97,6 +97,14 @@ def test_words_follow_rfc_8439_and_the_reference() -> None:
         assert np.array_equal(got.words, ref.words), trial
         for i in range(0, got.n, 7):
             assert got.locate(i) == ref.locate(i)
+    sizes = [_step.LONG // 3 + 5, 17]  # past LONG words: OpenSSL's keystream, the same words
+    keys = [g.bytes(32) for _ in sizes]
+    with _step.using("compiled"):
+        long = _step.draws(keys, sizes, 3)
+    assert np.array_equal(
+        long.words,
+        np.frombuffer(_cnoise.main_words(b"".join(keys), sizes, 3), dtype=np.uint64).reshape(3, -1),
+    )
 
 
 def _laws(g: np.random.Generator, count: int) -> list[_dlap.Law]:

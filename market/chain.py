@@ -178,7 +178,7 @@ class ReleaseChain:
         for i, s in pairs:
             head = values.get(i)
             if head is None:
-                head = values[i] = self._prefix + identity_bytes(*identities[i])
+                head = values[i] = self._prefix + _encoded(identities[i])
             out.append(head + _step_part(s))
         return out
 
@@ -385,6 +385,21 @@ class ReleaseChain:
         return [
             tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
         ]
+
+
+def _encoded(identity: Identity) -> bytes:
+    """A value's identity encoded (:func:`identity_bytes`); one of text parts only (the
+    service's) is kept, for the values asked for again and again (a purchase releases the same
+    retained values step after step). Other parts are encoded each time: a cache key would take
+    ``1``, ``1.0`` and ``True`` for one another."""
+    if all(type(p) is str for p in identity):
+        return _encoded_text(identity)
+    return identity_bytes(*identity)
+
+
+@functools.lru_cache(maxsize=4096)  # bounded: a value batch's identities are new every time
+def _encoded_text(identity: Identity) -> bytes:
+    return identity_bytes(*identity)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -325,8 +325,12 @@ class _LatticeLaplace(Mechanism):
     def increments(
         self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
     ) -> Vector | None:
-        laws = [self._law(level, upper, None) for level, upper in steps]
-        if not _dlap.batchable(laws):
+        made: dict[tuple[float, float], _dlap.Law] = {}  # a call's steps share a few laws
+        for step in steps:
+            if step not in made:
+                made[step] = self._law(step[0], step[1], None)
+        laws = [made[step] for step in steps]
+        if not _dlap.batchable(list(made.values())):
             return None
         return _step.dlap_segments(laws, sizes, draws)
 

@@ -416,3 +416,17 @@ def test_a_worker_is_told_which_step_runs(backend: str) -> None:
         compiled, line = noise_step()
     assert compiled == (backend == "compiled")
     assert line.startswith(f"noise step: {'compiled' if compiled else 'numpy reference'}")
+
+
+def test_identities_that_compare_equal_keep_their_own_keys() -> None:
+    """``("v", 1)`` and ``("v", 1.0)`` are equal tuples with different encodings (§1.1): a
+    value's step keys must follow the encoding, whatever was released before."""
+    chain = ReleaseChain(Laplace(1.0, dimension=2), (0.5, 1.0))
+    keys = NoiseKeys(bytes(range(32)))
+    got = []
+    for ident in (("v", 1), ("v", 1.0), ("v", 1), ("v", "1")):
+        st = [chain.open([1.0, 2.0]), chain.open([1.0, 2.0])]
+        chain.release(st, 0, [ident, ident], keys)
+        got.append(st[0].steps[0].tobytes() + st[0].steps[1].tobytes())
+        assert st[0].steps[0].tobytes() == st[1].steps[0].tobytes()
+    assert got[0] == got[2] and len({got[0], got[1], got[3]}) == 3

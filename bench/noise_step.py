@@ -6,8 +6,10 @@ batch for each value and level held). Each case releases its values' steps throu
 :meth:`ReleaseChain.release` as the service does, with the compiled noise step and with the
 numpy reference (:mod:`market._step`), interleaved round by round in the same process, beside
 numpy's own per-call cost at 8 numbers (``Generator.laplace(size=8)``: what one call into numpy
-costs, the floor of any per-request numpy code). Figures are CPU µs of this thread per
-value-step, and ratios to that floor; the machine, SIMD level and load are printed beside.
+costs, the floor of any per-request numpy code). The last rows time the noise step alone
+(keys, keystream and decisions, :mod:`market._step`) without the chain's bookkeeping. Figures
+are CPU µs of this thread per value-step, and ratios to that floor; the machine, SIMD level and
+load are printed beside.
 """
 
 from __future__ import annotations
@@ -92,6 +94,48 @@ def measure(rounds: int, runs: int) -> list[tuple[str, float, float, float]]:
     return rows
 
 
+def _step_alone(values: int) -> Callable[[], int]:
+    """The noise step alone for ``values`` Laplace value-steps (8 numbers, one step down):
+    the seeds, the keys and words (:func:`market._step.keyed_draws`) and the decisions
+    (:meth:`Mechanism.increments`), without the chain's bookkeeping around them."""
+    chain = ReleaseChain(Laplace(1.0, dimension=DIM), tuple(_levels([])))
+    keys = NoiseKeys(os.urandom(32))
+    idents = [("s", f"v{i}", "d" * 64) for i in range(values)]
+    pairs = [(i, 5) for i in range(values)]
+    steps = [(chain.levels[5], chain.levels[6])] * values
+    sizes = [DIM] * values
+
+    def run() -> int:
+        draws = _step.keyed_draws(keys, chain._seeds(idents, pairs), sizes, 2)
+        chain.mechanism.increments(steps, sizes, draws)
+        return values
+
+    return run
+
+
+def measure_alone(rounds: int, runs: int) -> list[tuple[str, float, float, float]]:
+    """As :func:`measure`, for the noise step alone at 1, 4 and 16 value-steps per call."""
+    gen = np.random.default_rng(0)
+
+    def floor() -> int:
+        gen.laplace(0.0, 1.0, DIM)
+        return 1
+
+    rows = []
+    for values in (1, 4, 16):
+        run = _step_alone(values)
+        ref, comp, flo = [], [], []
+        for _ in range(runs):
+            with _step.using("numpy"):
+                ref.append(_cpu_per(run, rounds * 16))
+            with _step.using("compiled"):
+                comp.append(_cpu_per(run, rounds * 16))
+            flo.append(_cpu_per(floor, rounds * 50))
+        name = f"laplace, noise step alone, {values} per call"
+        rows.append((name, statistics.median(ref), statistics.median(comp), statistics.median(flo)))
+    return rows
+
+
 def markdown(rows: list[tuple[str, float, float, float]]) -> str:
     head = (
         "| case (8 numbers per value) | numpy reference µs | compiled µs | compiled ÷ reference "
@@ -114,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rounds = 3 if args.quick else 40
     machine = Machine.now()
-    rows = measure(rounds, 1 if args.quick else args.runs)
+    runs = 1 if args.quick else args.runs
+    rows = measure(rounds, runs) + measure_alone(rounds, runs)
     print(f"numpy call floor: Generator.laplace(size={DIM}); goal ≤ {GOAL_US:g} µs per value-step")
     print(markdown(rows))
     print(machine.line())

@@ -2,7 +2,7 @@
  * main words (ChaCha20, RFC 8439) and the discrete Laplace decisions of many value-steps in one
  * call. market/_step.py is its only caller and keeps the numpy reference beside it.
  *
- * Portable C99, no dependency but Python's own headers (no numpy headers: arrays travel as
+ * Portable C11, no dependency but Python's own headers (no numpy headers: arrays travel as
  * buffers), so an install builds it wherever a C compiler exists. Floating-point expressions are
  * written in the order market/_dlap.py evaluates them and built with -ffp-contract=off (no
  * fused multiply-add), so every decision is computed with the same roundings as the reference;

@@ -288,6 +288,8 @@ class ReleaseChain:
         batches them (:meth:`Mechanism.increments`); the same integers as step by step."""
         mech, top = self.mechanism, len(self.levels) - 1
         pairs = [(i, s) for i, b in enumerate(starts) for s in range(b - 1, k - 1, -1)]
+        if len(pairs) < 2 and not _step.compiled():  # numpy's one-law kernel is faster alone
+            return False
         bases: list[Vector] = []
         for st, b in zip(states, starts, strict=True):
             base = mech.origin(st.exact).values if b > top and st.exact is not None else None

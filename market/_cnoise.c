@@ -597,11 +597,116 @@ done:
     return result;
 }
 
+/* ----------------------------------------------------------------------------- dlap_plans */
+/* ``floor(E / s)`` of market._dlap._floor_exponential (not inverse), E = -log(1 - u y). */
+static double floor_exponential(double u, double y, double inv_s, double eta, int *und) {
+    const double arg = u * y;
+    double e = log1p(-arg);
+    e *= -1.0;
+    const double de = (2.0 * U53 * y) / (1.0 - arg);
+    double x_lo = e * inv_s;
+    x_lo *= 1.0 - eta;
+    double x_hi = e + de;
+    x_hi *= inv_s;
+    x_hi *= 1.0 + eta;
+    if (x_lo > G_MAX) x_lo = G_MAX;
+    const double g = floor(x_lo);
+    *und = floor(x_hi) != g || x_hi >= G_MAX || arg > 1.0 - 2.0 * U53;
+    return g;
+}
+
+PyDoc_STRVAR(dlap_plans_doc,
+             "dlap_plans(words, sizes, laws, margin, eta) -> (bytearray, list)\n\n"
+             "market._dlap.sample_into's float pass for fresh and tightening laws whose\n"
+             "geometric takes several uniforms (a Plan with chunks), segment i (sizes[i]\n"
+             "coordinates of the joined words, slots rows) on laws[i]: float64 bytes of\n"
+             "(e0, e1, 1/top, 2^(61 - shift), shift, chunks, then per chunk m, b, 1/sigma,\n"
+             "1 - e^(-sigma 2^b), 2^b). Returns the int64 noise and the indices left undecided.");
+
+static PyObject *dlap_plans(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words;
+    PyObject *sizes_obj, *laws;
+    double margin, eta;
+    if (!PyArg_ParseTuple(args, "y*OOdd", &words, &sizes_obj, &laws, &margin, &eta)) return NULL;
+    Py_ssize_t m = 0, n = 0;
+    PyObject *out = NULL, *undecided = NULL, *result = NULL, *fast = NULL;
+    Py_ssize_t *sizes = read_sizes(sizes_obj, &m, &n);
+    if (sizes == NULL) goto done;
+    fast = PySequence_Fast(laws, "laws must be a sequence of bytes");
+    if (fast == NULL) goto done;
+    if (n == 0 || words.len % (8 * n) != 0 || PySequence_Fast_GET_SIZE(fast) != m) {
+        PyErr_SetString(PyExc_ValueError, "dlap_plans: one law per size, slots rows of words");
+        goto done;
+    }
+    const Py_ssize_t slots = words.len / (8 * n);
+    out = PyByteArray_FromStringAndSize(NULL, 8 * n);
+    undecided = PyList_New(0);
+    if (out == NULL || undecided == NULL) goto done;
+    const uint64_t *w = (const uint64_t *)words.buf;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    Py_ssize_t i = 0;
+    for (Py_ssize_t seg = 0; seg < m; seg++) {
+        PyObject *law = PySequence_Fast_GET_ITEM(fast, seg);
+        if (!PyBytes_Check(law) || PyBytes_GET_SIZE(law) < 48) {
+            PyErr_SetString(PyExc_TypeError, "a law is float64 bytes");
+            goto done;
+        }
+        const double *p = (const double *)PyBytes_AS_STRING(law);
+        const double e0 = p[0], e1 = p[1], inv_top = p[2], g_max = p[3];
+        const int shift = (int)p[4];
+        const Py_ssize_t chunks = (Py_ssize_t)p[5];
+        if (PyBytes_GET_SIZE(law) != 8 * (6 + 5 * chunks) || slots != 2 + chunks) {
+            PyErr_SetString(PyExc_ValueError, "dlap_plans: a law's plan does not match the slots");
+            goto done;
+        }
+        const double slack = margin + U53, lo0 = e0 + margin, lo1 = e1 + margin,
+                     hi0 = e0 - slack, hi1 = e1 - slack;
+        for (Py_ssize_t end = i + sizes[seg]; i < end; i++) {
+            const double u1 = (double)(w[i] >> 11) * U53;
+            const int lo = (u1 >= lo0) + (u1 >= lo1), hi = (u1 > hi0) + (u1 > hi1);
+            int und = lo != hi, und_g = 0, und_k;
+            /* _geometric: H from slot 1, then each chunk's digits from slots 2... */
+            double h = floor_exponential((double)(w[n + i] >> 11) * U53, 1.0, inv_top, eta, &und_g);
+            und_g |= h >= g_max;
+            if (und_g) h = 0.0;
+            int64_t g = (int64_t)h << shift;
+            for (Py_ssize_t k = 0; k < chunks; k++) {
+                const double *c = p + 6 + 5 * k;
+                const double u = (double)(w[(2 + k) * n + i] >> 11) * U53;
+                const double r = floor_exponential(u, c[3], c[2], eta, &und_k);
+                und_g |= und_k || r >= c[4];
+                g += (int64_t)(r < c[4] - 1.0 ? r : c[4] - 1.0) << (int)c[0];
+            }
+            und |= und_g && lo != 1; /* the part's atom needs no geometric */
+            const int64_t g1 = g + 1;
+            o[i] = lo == 2 ? g1 : (lo == 0 ? -g1 : 0);
+            if (und) {
+                PyObject *key = PyLong_FromSsize_t(i);
+                if (key == NULL || PyList_Append(undecided, key) < 0) {
+                    Py_XDECREF(key);
+                    goto done;
+                }
+                Py_DECREF(key);
+            }
+        }
+    }
+    result = PyTuple_Pack(2, out, undecided);
+done:
+    Py_XDECREF(fast);
+    Py_XDECREF(out);
+    Py_XDECREF(undecided);
+    PyMem_Free(sizes);
+    PyBuffer_Release(&words);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"request_keys", request_keys, METH_VARARGS, request_keys_doc},
     {"main_words", main_words, METH_VARARGS, main_words_doc},
     {"keyed_words", keyed_words, METH_VARARGS, keyed_words_doc},
     {"dlap_segments", dlap_segments, METH_VARARGS, dlap_segments_doc},
+    {"dlap_plans", dlap_plans, METH_VARARGS, dlap_plans_doc},
     {"normals", normals, METH_VARARGS, normals_doc},
     {"table_segments", table_segments, METH_VARARGS, table_segments_doc},
     {"gaussian_snap", gaussian_snap, METH_VARARGS, gaussian_snap_doc},

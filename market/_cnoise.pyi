@@ -30,3 +30,6 @@ def gaussian_snap(
     scale: float,
     consts: tuple[float, float, float],
 ) -> tuple[bytearray, list[int]] | None: ...
+def dlap_plans(
+    words: Buffer, sizes: Sequence[int], laws: Sequence[bytes], margin: float, eta: float
+) -> tuple[bytearray, list[int]]: ...

@@ -10,7 +10,9 @@ This module does it once per call for all of them:
   joined main words of all of them (ChaCha20, §1.2) -- the words of each request exactly where
   :meth:`Draws.joined` of the requests' own :class:`~market._draws.Draws` puts them;
 * :func:`dlap_segments` is :func:`market._dlap.sample_segments` (the fresh and tightening
-  discrete Laplace laws a chain descends through), its float pass over all the coordinates;
+  discrete Laplace laws a chain descends through), its float pass over all the coordinates,
+  and :func:`dlap_plans` the same for a fine grid's laws (:func:`market._dlap.sample_into`'s
+  pass, the geometric drawn in chunks), which the reference draws step by step;
 * :func:`normals` is :func:`market._normal.normals` (standard normals and their error bounds),
   and :func:`gaussian_step` a Gaussian chain's step: the normals of every level and value of a
   call, summed (:func:`market._normal.add`) and rounded (:func:`market._normal.snap`) at once;
@@ -52,6 +54,7 @@ __all__ = [
     "REASON",
     "compiled",
     "describe",
+    "dlap_plans",
     "dlap_segments",
     "draws",
     "gaussian_step",
@@ -168,6 +171,50 @@ def _constants(law: _dlap.Law) -> bytes:
     cst = _dlap.float_constants(law)
     c2 = cst.k_l + cst.k_0
     return struct.pack("=4d", cst.k_l, c2, c2 + cst.k_l, cst.inv_s_q)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_law(law: _dlap.Law) -> bytes:
+    """A fresh or tightening law with a chunked plan as :func:`dlap_plans`' pass reads it,
+    every float computed as :func:`market._dlap.sample_into` computes it."""
+    cst = _dlap.float_constants(law)
+    c1 = cst.k_l
+    c2 = c1 + cst.k_0
+    total = c2 + cst.k_r
+    pl = law.plans[0]
+    head = [c1 / total, c2 / total, 1.0 / float(pl.top), 2.0 ** (61 - pl.shift), pl.shift]
+    chunks: list[float] = []
+    for m, b in pl.chunks:
+        sigma = pl.s * 2**m
+        chunks += [m, b, 1.0 / float(sigma), -math.expm1(-float(sigma * 2**b)), 2.0**b]
+    values = [*head, len(pl.chunks), *chunks]
+    return struct.pack(f"={len(values)}d", *values)
+
+
+def dlap_plans(
+    laws: Sequence[_dlap.Law],
+    sizes: Sequence[int],
+    draws: Draws,
+    eta: float = _dlap.ETA,
+    margin: float = _dlap.MARGIN,
+) -> NDArray[np.int64] | None:
+    """The noise of fresh and tightening laws whose geometric takes several uniforms (a fine
+    grid's), segment ``i`` on ``laws[i]``, in one compiled pass: the integers
+    :func:`market._dlap.sample_into` gives each segment alone. ``None`` without the compiled
+    step (a chain then goes step by step through the reference)."""
+    c = _ACTIVE[0]
+    if c is None:
+        return None
+    if any(law.a_l is not None for law in laws) or draws.n != sum(sizes):
+        raise ValueError("dlap_plans needs fresh or tightening laws and their draws")
+    packed = [_plan_law(law) for law in laws]
+    raw, undecided = c.dlap_plans(draws.words, sizes, packed, margin, eta)
+    out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
+    if undecided:
+        seg = np.repeat(np.arange(len(laws)), sizes)
+        for i in undecided:
+            out[i] = _dlap.exact_noise(laws[int(seg[i])], 0, draws, i)
+    return out
 
 
 def dlap_segments(

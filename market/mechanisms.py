@@ -331,7 +331,7 @@ class _LatticeLaplace(Mechanism):
                 made[step] = self._law(step[0], step[1], None)
         laws = [made[step] for step in steps]
         if not _dlap.batchable(list(made.values())):
-            return None
+            return _step.dlap_plans(laws, sizes, draws)  # a fine grid's: compiled only
         return _step.dlap_segments(laws, sizes, draws)
 
     def conditional(

@@ -155,6 +155,54 @@ def test_a_libm_off_by_an_ulp_changes_no_compiled_decision_and_a_gross_error_sho
     assert not np.array_equal(gross, want)
 
 
+def _fine_laws(g: np.random.Generator, chunks: int, count: int) -> list[_dlap.Law]:
+    """Fresh and tightening laws of a fine grid whose geometric takes ``chunks`` digits."""
+    out: list[_dlap.Law] = []
+    while len(out) < count:
+        a = Fraction(float(2.0 ** -g.uniform(21.0, 48.0)))
+        up = None if g.random() < 0.3 else a * 2 + Fraction(float(g.uniform(0.0, 1e-4)))
+        law = _dlap.Law(a, up, None)
+        if len(law.plans[0].chunks) == chunks:
+            out.append(law)
+    return out
+
+
+@needs_compiled
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_a_fine_grids_laws_in_one_pass_equal_the_reference_one_by_one(chunks: int) -> None:
+    """Each segment's integers are :func:`_dlap.sample_into`'s for it alone, with the float
+    pass and with every coordinate forced through the exact path."""
+    g = np.random.default_rng(9 + chunks)
+    laws = _fine_laws(g, chunks, 40)
+    sizes = [int(n) for n in g.integers(1, 12, len(laws))]
+    slots = _dlap.slots(laws[0])
+    draws = _step.draws([g.bytes(32) for _ in laws], sizes, slots)
+    with _step.using("compiled"):
+        got = _step.dlap_plans(laws, sizes, draws)
+        forced = _step.dlap_plans(laws[:6], sizes[:6], _part(draws, 6), margin=1.0, eta=1.0)
+    assert got is not None and forced is not None
+    at = 0
+    for i, (law, n) in enumerate(zip(laws, sizes, strict=True)):
+        alone = np.empty(n, np.int64)
+        _dlap.sample_into(alone, np.zeros(n, np.int64), None, law, _part(draws, i, i + 1))
+        assert np.array_equal(got[at : at + n], alone), i
+        if i < 6:
+            assert np.array_equal(forced[at : at + n], alone), i
+        at += n
+    with _step.using("numpy"):
+        assert _step.dlap_plans(laws, sizes, draws) is None  # the chain goes step by step
+
+
+def _part(draws: Draws, start: int, stop: int | None = None) -> Draws:
+    """Segments ``start`` to ``stop`` of joined draws, as draws of their own."""
+    if stop is None:
+        start, stop = 0, start
+    segs = draws._segments[start:stop]
+    first = sum(n for _, n in draws._segments[:start])
+    cols = slice(first, first + sum(n for _, n in segs))
+    return Draws.from_words(list(segs), np.ascontiguousarray(draws.words[:, cols]))
+
+
 @needs_compiled
 def test_forcing_the_exact_path_changes_no_decision_on_either_path() -> None:
     g = np.random.default_rng(4)
@@ -313,7 +361,9 @@ def test_poisson_inversions_equal_the_reference_and_the_forced_exact_path() -> N
 FAMILIES: list[tuple[Mechanism, tuple[float, ...], bool]] = [
     (Laplace(1.0, dimension=8), tuple(0.25 * (k + 1) for k in range(6)), False),
     (Laplace(1.0, dimension=8), tuple(0.25 * (k + 1) for k in range(6)), True),
-    (Laplace(1.0, dimension=8), (1e-6, 1e-3, 0.5), False),  # chunked geometrics: step by step
+    (Laplace(1.0, dimension=8), (1e-6, 1e-3, 0.5), False),  # chunked geometrics
+    (Laplace(1.0, dimension=8), (1e-6, 2e-6, 4e-6, 1e-5), False),  # the same chunks: at once
+    (Laplace(1.0, dimension=8), (1e-6, 2e-6, 4e-6, 1e-5), True),
     (DiscreteLaplace(3.0), (0.1, 0.5, 1.0, 4.0), False),
     (Poisson(2.0), (0.05, 0.2, 1.0), False),
     (Gaussian(1.0), (0.5, 1.0, 2.0, 8.0), False),

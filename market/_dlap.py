@@ -267,7 +267,7 @@ def sample_segments(
     total = c2 + k_l
     inv_s = np.array([c.inv_s_q for c in consts])[per]
     part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, MARGIN)
-    g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta, inverse=True)
+    g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta)
     undecided |= und_g & (part != PART_A0)
     g1 = g.astype(np.int64) + 1
     out: NDArray[np.int64] = (part == PART_R) * g1
@@ -303,13 +303,13 @@ def _block(
         cums, total = _bridge_cums(cst, tt)
     part, undecided = _choose_part(to_unit(words[0]), cums, total, margins[0])
     plan_q, plan_r = law.plans
-    g, und_g = _geometric(words[1:], plan_q, margins[1])
-    if lo is not None:
+    if lo is None:
+        digits = _digits(plan_q, len(plan_q.chunks))
+    else:  # the middle part's plan where U1 chose M, the outer parts' elsewhere: one pass
         assert plan_r is not None
-        mid = part == PART_M
-        g_r, und_r = _geometric(words[1:], plan_r, margins[1])
-        g = np.where(mid, g_r, g)
-        und_g = np.where(mid, und_r, und_g)
+        width = max(len(plan_q.chunks), len(plan_r.chunks))
+        digits = _pick(part == PART_M, _digits(plan_q, width), _digits(plan_r, width))
+    g, und_g = _geometric_of(words[1:], digits, margins[1])
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
     g1 = g + 1  # 1 + G: the distance of the outer parts from their atoms
     # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
@@ -365,13 +365,15 @@ def _choose_part(
     m = np.multiply(total, margin)
     lo = x - m
     hi = x + (m + np.multiply(total, _U53))
+    step = 3 if len(cums) == 2 else 1  # three parts: the second threshold leads to R
     part = np.zeros(u1.shape[0], dtype=np.int8)
     part_hi = np.zeros(u1.shape[0], dtype=np.int8)
-    step = 3 if len(cums) == 2 else 1  # three parts: the second threshold leads to R
     for i, c in enumerate(cums):
-        w = step if i == 1 else 1
-        part += w * (lo >= c)  # U1 ≥ c / total for certain
-        part_hi += w * (hi > c)  # U1 < c / total is not certain
+        above, maybe = (lo >= c).view(np.int8), (hi > c).view(np.int8)  # certain | possible
+        if i == 1 and step != 1:
+            above, maybe = above * np.int8(step), maybe * np.int8(step)
+        part += above  # U1 ≥ c / total for certain
+        part_hi += maybe  # U1 < c / total is not certain
     return part, part != part_hi
 
 
@@ -391,48 +393,107 @@ def _choose_of_three(
     return _OF_THREE[lo], lo != hi
 
 
+Param = float | NDArray[np.float64]
+IntParam = int | NDArray[np.int64]
+
+
+class _Digits(NamedTuple):
+    """The float parameters of a :class:`Plan`'s uniforms: scalars for one plan, or per
+    coordinate arrays when each coordinate follows one of two plans (:func:`_pick`)."""
+
+    inv_top: Param
+    """``1 / (s·2^M)``: the head ``H``'s rate, inverted."""
+    limit: Param
+    """``2^(61 − M)``: a head at or above it would wrap int64 once shifted (exact path)."""
+    shift: IntParam
+    """``M``."""
+    chunks: tuple[tuple[Param, Param, IntParam, Param], ...]
+    """Per digit group ``(1 − e^{−σ·2^b}, 1/σ, m, 2^b)`` with ``σ = s·2^m``."""
+
+
+_EMPTY_GROUP = (0.0, 1.0, 0, 1.0)  # y = 0: the uniform maps to E = 0, so R = 0, decided
+
+
+@functools.lru_cache(maxsize=256)
+def _digits(pl: Plan, width: int) -> _Digits:
+    """The :class:`_Digits` of ``pl``, padded to ``width`` digit groups with empty ones (a
+    group of width 0 always gives 0), so two plans line up group by group."""
+    groups = []
+    for m, b in pl.chunks:
+        sigma = pl.s * 2**m
+        groups.append((-math.expm1(-float(sigma * 2**b)), 1.0 / float(sigma), m, float(2**b)))
+    groups += [_EMPTY_GROUP] * (width - len(groups))
+    return _Digits(1.0 / float(pl.top), 2.0 ** (61 - pl.shift), pl.shift, tuple(groups))
+
+
+def _pick(mask: NDArray[np.bool_], a: _Digits, b: _Digits) -> _Digits:
+    """Per coordinate, the parameters of ``b`` where ``mask``, of ``a`` elsewhere: one pass of
+    :func:`_geometric_of` then draws each coordinate's geometric from its own plan. A
+    parameter the two plans share stays a scalar (a fact of the law, not of the data)."""
+
+    def sel(x: Param, y: Param) -> Param:
+        return x if x == y else np.where(mask, y, x)
+
+    def sel_int(x: IntParam, y: IntParam) -> IntParam:
+        return x if x == y else np.where(mask, y, x)
+
+    chunks = tuple(
+        (sel(ya, yb), sel(ia, ib), sel_int(ma, mb), sel(pa, pb))
+        for (ya, ia, ma, pa), (yb, ib, mb, pb) in zip(a.chunks, b.chunks, strict=True)
+    )
+    return _Digits(
+        sel(a.inv_top, b.inv_top), sel(a.limit, b.limit), sel_int(a.shift, b.shift), chunks
+    )
+
+
 def _geometric(
     words: list[NDArray[np.uint64]], pl: Plan, eta: float
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
     """``G`` of :class:`Plan` ``pl`` from its uniforms, and where it is not certain."""
-    g, undecided = _floor_exponential(to_unit(words[0]), float(pl.top), None, eta)
-    undecided |= g >= 2.0 ** (61 - pl.shift)  # G ≥ 2⁶¹ would wrap int64: the exact path
-    g[undecided] = 0.0
-    out = g.astype(np.int64) << pl.shift
-    for k, (m, b) in enumerate(pl.chunks, start=1):
-        sigma = pl.s * 2**m
-        r, und = _floor_exponential(to_unit(words[k]), float(sigma), float(sigma * 2**b), eta)
-        undecided |= und | (r >= 2**b)
-        out += np.minimum(r, 2**b - 1).astype(np.int64) << m
+    return _geometric_of(words, _digits(pl, len(pl.chunks)), eta)
+
+
+def _geometric_of(
+    words: list[NDArray[np.uint64]], dg: _Digits, eta: float
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """:func:`_geometric` from the plan's :class:`_Digits` (scalars or per coordinate)."""
+    g, undecided = _floor_exponential(to_unit(words[0]), dg.inv_top, None, eta)
+    undecided |= g >= dg.limit  # G ≥ 2⁶¹ would wrap int64: the exact path
+    np.copyto(g, 0.0, where=undecided)
+    out = g.astype(np.int64)
+    out <<= dg.shift
+    for k, (y, inv_sigma, m, two_b) in enumerate(dg.chunks, start=1):
+        r, und = _floor_exponential(to_unit(words[k]), inv_sigma, y, eta)
+        undecided |= und
+        undecided |= r >= two_b
+        np.minimum(r, two_b - 1.0, out=r)
+        digit = r.astype(np.int64)
+        digit <<= m
+        out += digit
     return out, undecided
 
 
 def _floor_exponential(
-    u: NDArray[np.float64],
-    s: float | NDArray[np.float64],
-    span: float | None,
-    eta: float,
-    *,
-    inverse: bool = False,
+    u: NDArray[np.float64], inv_s: Param, y: Param | None, eta: float
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """``⌊E/s⌋`` for ``E = −log(1 − U·y)`` (``y = 1`` for a geometric, ``1 − e^{−span}`` for
-    one truncated to ``span/s`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain
-    (``s`` given as ``1/s``, per coordinate, when ``inverse``)."""
-    y = 1.0 if span is None else -math.expm1(-span)
-    arg = u * y
-    e = np.log1p(-arg)
-    e *= -1.0
+    """``⌊E/s⌋`` for ``E = −log(1 − U·y)`` (``y = None`` for 1: a geometric; ``1 − e^{−σ·2^b}``
+    for one truncated to ``2^b`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain
+    (``s`` given as ``1/s``; ``inv_s`` and ``y`` scalars or per coordinate)."""
+    arg = u if y is None else u * y
+    e = np.negative(arg)
+    np.log1p(e, out=e)  # −E: its sign is folded into the factors below (exact)
     # E(u + 2⁻⁵³) − E(u) ≤ 2·2⁻⁵³·y / (1 − u·y) when 1 − u·y ≥ 2⁻⁵²
-    de = np.divide(2.0 * _U53 * y, 1.0 - arg)
-    inv_s = s if inverse else 1.0 / s
-    x_lo = e * inv_s
-    x_lo *= 1.0 - eta
-    x_hi = e + de
+    de = np.subtract(1.0, arg)
+    np.divide(2.0 * _U53 if y is None else np.multiply(y, 2.0 * _U53), de, out=de)
+    x_lo = np.multiply(e, inv_s)
+    x_lo *= -(1.0 - eta)
+    x_hi = np.subtract(de, e, out=de)  # E + dE
     x_hi *= inv_s
     x_hi *= 1.0 + eta
     np.minimum(x_lo, _G_MAX, out=x_lo)
-    g = np.floor(x_lo)
-    undecided = np.floor(x_hi) != g
+    g = np.floor(x_lo, out=x_lo)
+    np.floor(x_hi, out=x_hi)
+    undecided = x_hi != g
     undecided |= x_hi >= _G_MAX
     undecided |= arg > 1.0 - 2.0 * _U53
     return g, undecided

@@ -566,7 +566,9 @@ class Gaussian(Mechanism):
         ``s = (v − v_u)(v_l − v)/(v_l − v_u)``; without ``Z_l``, ``Z = Z_u + √(v − v_u)·N``."""
         v, v_u = self.exact_variance(level), self.exact_variance(upper.level)
         n = int(upper.values.shape[0])
-        h = upper.hidden or _normal.hidden(upper.path, n)
+        h: _normal.Hidden | None = None  # the exact value's noise: 0
+        if upper.path:
+            h = upper.hidden or _normal.hidden(upper.path, n)
         path = upper.path
         var = v - v_u
         if lower is not None:
@@ -574,10 +576,11 @@ class Gaussian(Mechanism):
             w = (v - v_u) / (v_l - v_u)
             var = (v - v_u) * (v_l - v) / (v_l - v_u)
             path = _normal.combine(upper.path, 1 - w, lower.path, w)
-            h = _normal.mix(h, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
+            h_u = h or _normal.Hidden(np.zeros(n), np.zeros(n))
+            h = _normal.mix(h_u, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
         new = _normal.Term(draws.key, Fraction(1), var)
         path = (*path, new)
-        h = _normal.add(h, new.coefficient(), _normal.normals(draws))
+        h = _normal.add_normals(h, new.coefficient(), draws)
         grid = self.grid_exponent(level)
         check_range(base, self.value_limit(level))
 

@@ -269,9 +269,9 @@ def sample_segments(
     part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, MARGIN)
     g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta)
     undecided |= und_g & (part != PART_A0)
-    g1 = g.astype(np.int64) + 1
-    out: NDArray[np.int64] = (part == PART_R) * g1
-    out -= (part == PART_L) * g1
+    g1 = g.astype(np.int64)
+    g1 += 1
+    out = _outer(part, g1)
     for i in np.flatnonzero(undecided):
         out[i] = exact_noise(laws[int(per[i])], 0, draws, int(i))
     return out
@@ -312,16 +312,29 @@ def _block(
         digits = _pick(part == PART_M, _digits(plan_q, width), _digits(plan_r, width))
     g, und_g = _geometric_of(words[1:], digits, margins[1])
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
-    g1 = g + 1  # 1 + G: the distance of the outer parts from their atoms
+    g += 1  # 1 + G: the distance of the outer parts from their atoms
     # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
-    j = (part == PART_R) * g1
-    j -= (part == PART_L) * g1
+    j = _outer(part, g)
     if lo is not None:
-        j += (part == PART_M) * (g % (t + 1))
-        j += (part >= PART_AT) * t
+        g -= 1
+        g %= t + 1
+        j += np.multiply(_is(part == PART_M), g, dtype=np.int64)
+        j += np.multiply(_is(part >= PART_AT), t, dtype=np.int64)
         j *= sgn
     np.add(up, j, out=o)
     np.copyto(o, _UNDECIDED, where=undecided)
+
+
+def _is(mask: NDArray[np.bool_]) -> NDArray[np.int8]:
+    """A 0/1 indicator as int8 (products with int8 run several times faster than with bool)."""
+    return mask.view(np.int8)
+
+
+def _outer(part: NDArray[np.int8], g1: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``−g1`` in the part L, ``g1`` in R, 0 elsewhere: the outer parts' noise."""
+    sign = _is(part == PART_R) - _is(part == PART_L)
+    out: NDArray[np.int64] = np.multiply(sign, g1, dtype=np.int64)
+    return out
 
 
 Cums = tuple[float | NDArray[np.float64], ...]

@@ -252,9 +252,21 @@ class Mechanism(ABC):
         return mech.decode(mech.conditional(lvl, mech.origin(exact), None, draws, exact))
 
 
+def scaled(x: Vector, e: int, *, inplace: bool = False) -> Vector:
+    """``x·2^e`` as :func:`numpy.ldexp` rounds it (into ``x`` with ``inplace``): a product with
+    the double ``2^e`` when that is normal (correctly rounded too, and several times faster
+    than ``ldexp`` on 10⁶ coordinates), else ``ldexp`` itself."""
+    if not -1022 <= e <= 1023:
+        out: Vector = np.ldexp(x, e, out=x if inplace else None)
+        return out
+    return np.multiply(x, math.ldexp(1.0, e), out=x if inplace else None)
+
+
 def check_range(value: Vector, limit: float) -> None:
     """Raise :class:`InvalidValueError` if a coordinate of ``value`` exceeds ``limit`` in
     magnitude (:meth:`Mechanism.value_limit`), naming the first."""
+    if not value.size or (float(value.max()) <= limit and float(value.min()) >= -limit):
+        return  # two reductions, no temporary of the value's size
     big = np.abs(value) > limit
     if bool(big.any()):
         i = int(np.flatnonzero(big)[0])
@@ -427,10 +439,12 @@ class Laplace(_LatticeLaplace):
 
     def origin(self, exact: Vector) -> Anchor:
         """The value rounded to the grid (half to even; an exact IEEE operation)."""
-        return Anchor(math.inf, np.rint(np.ldexp(exact, -self.grid_exponent)).astype(np.int64))
+        q = scaled(exact, -self.grid_exponent)
+        np.rint(q, out=q)
+        return Anchor(math.inf, q.astype(np.int64))
 
     def decode(self, anchor: Anchor) -> Vector:
-        return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent)
+        return scaled(anchor.values.astype(np.float64), self.grid_exponent, inplace=True)
 
     def scale(self, level: float) -> float:
         """The noise scale ``g·D/ε`` (in value units) of a release at ``level``."""
@@ -548,7 +562,9 @@ class Gaussian(Mechanism):
         return _gaussian_grid(self.sensitivity, level)
 
     def decode(self, anchor: Anchor) -> Vector:
-        return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent(anchor.level))
+        return scaled(
+            anchor.values.astype(np.float64), self.grid_exponent(anchor.level), inplace=True
+        )
 
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:

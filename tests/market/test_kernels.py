@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from market import _dlap, _normal, default_rng
 from market._draws import Draws, key_from
+from market.mechanisms import scaled
 
 from .stats import assert_forced_exact_agrees
 
@@ -160,3 +161,19 @@ def test_blocked_add_is_add_of_the_normals() -> None:
     got = _normal.add_normals(h, 0.7071067811865476, draws)
     want = _normal.add(h, 0.7071067811865476, _normal.normals(draws))
     assert np.array_equal(got.z, want.z) and np.array_equal(got.err, want.err)
+
+
+# ------------------------------------------------------------------- grid encode / decode
+@pytest.mark.parametrize("e", [-1100, -1074, -1023, -1022, -60, -32, 0, 12, 1023, 1024, 2000])
+def test_scaling_by_a_power_of_two_is_ldexp(e: int) -> None:
+    """The grid scaling (a product with ``2^e`` where that double is normal) gives
+    :func:`numpy.ldexp`'s doubles bit for bit, subnormal, overflowing and signed zeros too."""
+    g = default_rng(8)
+    x = g.normal(0.0, 1.0, 50_000) * 10.0 ** g.integers(-320, 308, 50_000)
+    x = np.concatenate(
+        [x, [0.0, -0.0, np.inf, -np.inf, 5e-324, 2.0**-1022, 1.7976931348623157e308]]
+    )
+    with np.errstate(over="ignore"):
+        got, want = scaled(x, e), np.ldexp(x, e)
+        assert np.array_equal(scaled(x.copy(), e, inplace=True), want)
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))

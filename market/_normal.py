@@ -101,11 +101,11 @@ def normals(draws: Draws) -> Hidden:
     return add_normals(None, None, draws)
 
 
-def add_normals(h: Hidden | None, c: float | None, draws: Draws) -> Hidden:
+def add_normals(h: Hidden | Mixed | None, c: float | None, draws: Draws) -> Hidden:
     """The float pass of ``h + c·N`` for the standard normals ``N`` of the draws: :func:`add`
-    of :func:`normals`, block by block, so the normals never leave the cache (``h = None``
-    for 0; ``c = None`` for the normals themselves; else ``c`` within 2⁻⁵⁰ of the
-    coefficient)."""
+    of :func:`normals` (of :func:`mix` for a :class:`Mixed` ``h``), block by block, so the
+    normals never leave the cache (``h = None`` for 0; ``c = None`` for the normals
+    themselves; else ``c`` within 2⁻⁵⁰ of the coefficient)."""
     n = draws.n
     z, err = np.empty(n), np.empty(n)
     w1, w2 = draws.slot(0).view(np.int64), draws.slot(1).view(np.int64)
@@ -114,7 +114,10 @@ def add_normals(h: Hidden | None, c: float | None, draws: Draws) -> Hidden:
         zb, eb = z[sl], err[sl]
         _normals_block(w1[sl], w2[sl], zb, eb)
         if c is not None:
-            _add_into(zb, eb, zb, eb, c, None if h is None else (h.z[sl], h.err[sl]))
+            hb = (
+                h.block(sl) if isinstance(h, Mixed) else None if h is None else (h.z[sl], h.err[sl])
+            )
+            _add_into(zb, eb, zb, eb, c, hb)
     return Hidden(z, err)
 
 
@@ -223,16 +226,43 @@ def combine(a: Sequence[Term], wa: Fraction, b: Sequence[Term], wb: Fraction) ->
     return tuple(t for t in merged.values() if t.q != 0)
 
 
+class Mixed(NamedTuple):
+    """The linear form ``wa·a + wb·b`` of two float passes (``a = None`` for the exact value's
+    noise, 0), evaluated block by block where it is used (:func:`add_normals`), so a bridge's
+    mixture never fills memory."""
+
+    a: Hidden | None
+    wa: Fraction
+    b: Hidden
+    wb: Fraction
+
+    def block(self, sl: slice) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Values and bounds of the coordinates ``sl`` (:func:`mix`)."""
+        a, b = self.a, self.b
+        fa, fb = float(self.wa), float(self.wb)
+        pb = b.z[sl] * fb
+        eb = np.multiply(b.err[sl], abs(fb) * (1.0 + 2.0**-50))
+        if a is None:
+            err, z = eb, pb.copy()
+            pa = np.abs(pb)
+        else:
+            pa = a.z[sl] * fa
+            err = np.multiply(a.err[sl], abs(fa) * (1.0 + 2.0**-50))
+            err += eb
+            z = pa + pb
+            np.abs(pa, out=pa)
+            pa += np.abs(pb, out=pb)
+        pa *= 2.0**-50  # the weights' and products' rounding
+        err += pa
+        np.abs(z, out=pa)
+        pa *= _EPS
+        err += pa
+        return z, err
+
+
 def mix(a: Hidden, wa: Fraction, b: Hidden, wb: Fraction) -> Hidden:
     """The float pass of ``wa·a + wb·b`` from those of ``a`` and ``b`` (bounds carried)."""
-    fa, fb = float(wa), float(wb)
-    pa, pb = a.z * fa, b.z * fb
-    err = abs(fa) * (1.0 + 2.0**-50) * a.err
-    err += abs(fb) * (1.0 + 2.0**-50) * b.err
-    err += (np.abs(pa) + np.abs(pb)) * 2.0**-50  # the weights' and products' rounding
-    z = pa + pb
-    err += np.abs(z) * _EPS
-    return Hidden(z, err)
+    return Hidden(*Mixed(a, wa, b, wb).block(slice(None)))
 
 
 def floor_log2(x: Fraction) -> int:

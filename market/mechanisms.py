@@ -582,9 +582,10 @@ class Gaussian(Mechanism):
         ``s = (v − v_u)(v_l − v)/(v_l − v_u)``; without ``Z_l``, ``Z = Z_u + √(v − v_u)·N``."""
         v, v_u = self.exact_variance(level), self.exact_variance(upper.level)
         n = int(upper.values.shape[0])
-        h: _normal.Hidden | None = None  # the exact value's noise: 0
+        h_u = None  # the exact value's noise: 0
         if upper.path:
-            h = upper.hidden or _normal.hidden(upper.path, n)
+            h_u = upper.hidden or _normal.hidden(upper.path, n)
+        h: _normal.Hidden | _normal.Mixed | None = h_u
         path = upper.path
         var = v - v_u
         if lower is not None:
@@ -592,8 +593,7 @@ class Gaussian(Mechanism):
             w = (v - v_u) / (v_l - v_u)
             var = (v - v_u) * (v_l - v) / (v_l - v_u)
             path = _normal.combine(upper.path, 1 - w, lower.path, w)
-            h_u = h or _normal.Hidden(np.zeros(n), np.zeros(n))
-            h = _normal.mix(h_u, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
+            h = _normal.Mixed(h_u, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
         new = _normal.Term(draws.key, Fraction(1), var)
         path = (*path, new)
         h = _normal.add_normals(h, new.coefficient(), draws)

@@ -177,3 +177,18 @@ def test_scaling_by_a_power_of_two_is_ldexp(e: int) -> None:
         got, want = scaled(x, e), np.ldexp(x, e)
         assert np.array_equal(scaled(x.copy(), e, inplace=True), want)
     assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_a_bridge_mixes_block_by_block() -> None:
+    """A bridge's mixture evaluated per block inside :func:`add_normals` gives :func:`add` of
+    :func:`mix` bit for bit, and the exact value's noise (``a = None``) mixes as zeros."""
+    n = 2 * _normal.BLOCK + 77
+    g = default_rng(9)
+    a, b = (_normal.Hidden(g.normal(0.0, 2.0, n), np.abs(g.normal(0.0, 1e-12, n))) for _ in "ab")
+    wa, wb = Fraction(2, 7), Fraction(5, 7)
+    draws = Draws(key_from(g), n, 2)
+    for upper in (a, None):
+        full = upper or _normal.Hidden(np.zeros(n), np.zeros(n))
+        want = _normal.add(_normal.mix(full, wa, b, wb), 0.5, _normal.normals(draws))
+        got = _normal.add_normals(_normal.Mixed(upper, wa, b, wb), 0.5, draws)
+        assert np.array_equal(got.z, want.z) and np.array_equal(got.err, want.err)

@@ -312,11 +312,9 @@ def _block(
         digits = _pick(part == PART_M, _digits(plan_q, width), _digits(plan_r, width))
     g, und_g = _geometric_of(words[1:], digits, margins[1])
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
-    g += 1  # 1 + G: the distance of the outer parts from their atoms
     # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
-    j = _outer(part, g)
+    j = _outer(part, g + 1)  # 1 + G: the distance of the outer parts from their atoms
     if lo is not None:
-        g -= 1
         g %= t + 1
         j += np.multiply(_is(part == PART_M), g, dtype=np.int64)
         j += np.multiply(_is(part >= PART_AT), t, dtype=np.int64)
@@ -350,8 +348,7 @@ def _fresh_cums(cst: Constants) -> tuple[Cums, float]:
 
 def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np.float64]]:
     """Cumulative weights of the five parts, per coordinate (divided by ``p_l^t``)."""
-    arg = t.astype(np.float64)
-    arg *= -cst.s_r
+    arg = np.multiply(t, -cst.s_r, dtype=np.float64)
     rt = np.exp(arg)  # r^t
     arg -= cst.s_r
     wm = np.expm1(arg)

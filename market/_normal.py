@@ -9,9 +9,10 @@ exactly the privacy of the real-valued Gaussian mechanism it rounds; and every o
 defined by ideal real arithmetic, never by a float.
 
 **Float pass.** Each normal is computed in floats with a rigorous error bound per coordinate:
-the uniforms' 64-bit prefixes pin ``U₁`` and ``U₂`` to intervals, and the platform's ``log``,
-``sqrt`` and ``cos`` are trusted to :data:`TAU` relative (64 units in the last place; the
-libraries numpy uses document at most 4). The bounds add up through the sum, and a coordinate
+the uniforms' 64-bit prefixes pin ``U₁`` and ``U₂`` to intervals, the platform's ``log`` and
+``sqrt`` are trusted to :data:`TAU` relative (64 units in the last place; the libraries numpy
+uses document at most 4) and ``cos(2πU₂)`` is a polynomial proved within 2⁻⁴⁷
+(:func:`cos_2pi`). The bounds add up through the sum, and a coordinate
 is decided only when ``(x + Z)/g`` is farther from every half-integer than its bound.
 
 **Exact path.** Any other coordinate (about one in 10⁷) is recomputed in
@@ -51,7 +52,8 @@ __all__ = [
 ]
 
 TAU = 2.0**-46
-"""Relative error trusted of a platform ``log``, ``sqrt`` or ``cos`` result (64 ulps)."""
+"""Relative error trusted of a platform ``log`` or ``sqrt`` result (64 ulps), and the error
+budget of ``cos(2πU₂)`` (:func:`cos_2pi` stays below it)."""
 SLOTS = 2
 _EPS = 2.0**-53
 _U64 = 2.0**-64

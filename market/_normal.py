@@ -328,22 +328,21 @@ def _snap_block(
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
     """:func:`snap` on one block: the integers, and where they are not certain."""
     q = x * scale
-    if not bool(np.all(np.abs(q) < 2.0**62)):
+    if not (float(q.max()) < 2.0**62 and float(q.min()) > -(2.0**62)):  # NaN fails too
         raise OverflowError("a value is too large for its release grid")
     xi = np.floor(q)
-    t = q - xi  # in [0, 1), within 2⁻⁵³
+    t = np.subtract(q, xi, out=q)  # in [0, 1), within 2⁻⁵³
     t += z * scale
     margin = np.abs(t)
     margin += 2.0
     margin *= 2.0 * _EPS
     margin += err * scale
-    f = t + 0.5
-    np.floor(f, out=f)
     dist = t + 0.5
+    f = np.floor(dist)
     dist -= f  # in [0, 1): where t sits between two half-integers
-    undecided = dist <= margin
+    undecided = np.greater(dist, margin)
+    np.logical_not(undecided, out=undecided)  # near the lower half-integer, or a margin NaN
     undecided |= dist >= 1.0 - margin
-    undecided |= ~np.isfinite(margin)
     f[undecided] = 0.0
     ints = xi.astype(np.int64)
     ints += f.astype(np.int64)

@@ -192,3 +192,41 @@ def test_a_bridge_mixes_block_by_block() -> None:
         want = _normal.add(_normal.mix(full, wa, b, wb), 0.5, _normal.normals(draws))
         got = _normal.add_normals(_normal.Mixed(upper, wa, b, wb), 0.5, draws)
         assert np.array_equal(got.z, want.z) and np.array_equal(got.err, want.err)
+
+
+def _snap_block_reference(
+    x: NDArray[np.float64], z: NDArray[np.float64], err: NDArray[np.float64], scale: float
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """The rounding's float pass as first written (the oracle of the leaner one)."""
+    q = x * scale
+    xi = np.floor(q)
+    t = q - xi
+    t += z * scale
+    margin = (np.abs(t) + 2.0) * (2.0 * 2.0**-53) + err * scale
+    f = np.floor(t + 0.5)
+    dist = t + 0.5 - f
+    undecided = (dist <= margin) | (dist >= 1.0 - margin) | ~np.isfinite(margin)
+    f[undecided] = 0.0
+    return xi.astype(np.int64) + f.astype(np.int64), undecided
+
+
+def test_the_rounding_decides_as_before() -> None:
+    """:func:`market._normal._snap_block` gives the reference's integers and undecided set,
+    with values at half-integers of the grid, infinite and NaN bounds, and huge values (which
+    it refuses, NaN included)."""
+    g = default_rng(10)
+    n = 4000
+    x = g.normal(0.0, 1e3, n)
+    x[:100] = np.round(x[:100]) + 0.5  # on a half-integer of the grid (scale 1)
+    z = g.normal(0.0, 1.0, n) * 2.0**-30
+    z[:50] = 0.0
+    err = np.abs(g.normal(0.0, 2.0**-40, n))
+    err[200:210], err[210:220] = np.inf, np.nan
+    for scale in (1.0, 2.0**20, 2.0**-7):
+        got, und = _normal._snap_block(x, z, err, scale)
+        want, und_want = _snap_block_reference(x, z, err, scale)
+        assert np.array_equal(und, und_want) and np.array_equal(got[~und], want[~und])
+        assert und[200:220].all()
+    for bad in (2.0**62, -(2.0**62), np.nan):
+        with pytest.raises(OverflowError):
+            _normal._snap_block(np.array([0.0, bad]), np.zeros(2), np.zeros(2), 1.0)

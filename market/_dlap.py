@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._draws import Draws, LazyUniform, to_unit
+from ._draws import Draws, LazyUniform
 
 BLOCK = 16384
 MARGIN = 2.0**-32
@@ -270,12 +270,12 @@ def sample_segments(
     c2 = k_l + np.array([c.k_0 for c in consts])[per]
     total = c2 + k_l
     inv_s = np.array([c.inv_s_q for c in consts])[per]
-    part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, margin)
-    g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta, inverse=True)
+    part, undecided = _choose_part(_prefixes(draws.slot(0)), (k_l, c2), total, margin)
+    g, und_g = _floor_exponential(_prefixes(draws.slot(1)), -_U53, inv_s, eta)
     undecided |= und_g & (part != PART_A0)
-    g1 = g.astype(np.int64) + 1
-    out: NDArray[np.int64] = (part == PART_R) * g1
-    out -= (part == PART_L) * g1
+    g1 = g.astype(np.int64)
+    g1 += 1
+    out = _outer(part, g1)
     for i in np.flatnonzero(undecided):
         out[i] = exact_noise(laws[int(per[i])], 0, draws, int(i))
     return out
@@ -302,29 +302,41 @@ def _block(
         cums, total = _fresh_cums(cst)
     else:
         diff = lo - up
-        sgn = np.where(diff < 0, -1, 1)
+        sgn = diff >> 63  # −1 where L < U, else 0 …
+        sgn |= 1  # … then ±1
         t = tt = np.abs(diff)
         cums, total = _bridge_cums(cst, tt)
-    part, undecided = _choose_part(to_unit(words[0]), cums, total, margins[0])
+    part, undecided = _choose_part(_prefixes(words[0]), cums, total, margins[0])
     plan_q, plan_r = law.plans
-    g, und_g = _geometric(words[1:], plan_q, margins[1])
-    if lo is not None:
+    if lo is None:
+        digits = _digits(plan_q, len(plan_q.chunks))
+    else:  # the middle part's plan where U1 chose M, the outer parts' elsewhere: one pass
         assert plan_r is not None
-        mid = part == PART_M
-        g_r, und_r = _geometric(words[1:], plan_r, margins[1])
-        g = np.where(mid, g_r, g)
-        und_g = np.where(mid, und_r, und_g)
+        width = max(len(plan_q.chunks), len(plan_r.chunks))
+        digits = _pick(part == PART_M, _digits(plan_q, width), _digits(plan_r, width))
+    g, und_g = _geometric_of(words[1:], digits, margins[1])
     undecided |= und_g & (part != PART_A0) & (part != PART_AT)
-    g1 = g + 1  # 1 + G: the distance of the outer parts from their atoms
     # j = −(1 + G) | 0 | G mod (t + 1) | t | t + (1 + G), by 0/1 indicators (no gather)
-    j = (part == PART_R) * g1
-    j -= (part == PART_L) * g1
+    j = _outer(part, g + 1)  # 1 + G: the distance of the outer parts from their atoms
     if lo is not None:
-        j += (part == PART_M) * (g % (t + 1))
-        j += (part >= PART_AT) * t
+        g %= t + 1
+        j += np.multiply(_is(part == PART_M), g, dtype=np.int64)
+        j += np.multiply(_is(part >= PART_AT), t, dtype=np.int64)
         j *= sgn
     np.add(up, j, out=o)
     np.copyto(o, _UNDECIDED, where=undecided)
+
+
+def _is(mask: NDArray[np.bool_]) -> NDArray[np.int8]:
+    """A 0/1 indicator as int8 (products with int8 run several times faster than with bool)."""
+    return mask.view(np.int8)
+
+
+def _outer(part: NDArray[np.int8], g1: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``−g1`` in the part L, ``g1`` in R, 0 elsewhere: the outer parts' noise."""
+    sign = _is(part == PART_R) - _is(part == PART_L)
+    out: NDArray[np.int64] = np.multiply(sign, g1, dtype=np.int64)
+    return out
 
 
 Cums = tuple[float | NDArray[np.float64], ...]
@@ -340,8 +352,7 @@ def _fresh_cums(cst: Constants) -> tuple[Cums, float]:
 
 def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np.float64]]:
     """Cumulative weights of the five parts, per coordinate (divided by ``p_l^t``)."""
-    arg = t.astype(np.float64)
-    arg *= -cst.s_r
+    arg = np.multiply(t, -cst.s_r, dtype=np.float64)
     rt = np.exp(arg)  # r^t
     arg -= cst.s_r
     wm = np.expm1(arg)
@@ -359,23 +370,35 @@ def _bridge_cums(cst: Constants, t: NDArray[np.int64]) -> tuple[Cums, NDArray[np
     return (c1, c2, c3, c4), total
 
 
+def _prefixes(words: NDArray[np.uint64]) -> NDArray[np.float64]:
+    """The uniforms' 53-bit prefixes ``k = ⌊w / 2¹¹⌋`` as (exact) floats: ``U ∈ [k·2⁻⁵³,
+    (k + 1)·2⁻⁵³)``. The kernels fold the factor 2⁻⁵³ into their first product (exact: a power
+    of two), one pass fewer than :func:`~market._draws.to_unit`."""
+    top = words >> np.uint64(11)  # < 2⁵³: the same integer read as int64, which converts faster
+    return top.view(np.int64).astype(np.float64)
+
+
 def _choose_part(
-    u1: NDArray[np.float64], cums: Cums, total: float | NDArray[np.float64], margin: float
+    k: NDArray[np.float64], cums: Cums, total: float | NDArray[np.float64], margin: float
 ) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
-    """The part chosen by ``U1 ∈ [u1, u1 + 2^-53)``, and where that is not certain."""
+    """The part chosen by ``U1 ∈ [k·2⁻⁵³, (k + 1)·2⁻⁵³)``, and where that is not certain."""
     if len(cums) == 2 and not isinstance(total, np.ndarray):  # fresh or tightening: 3 parts
-        return _choose_of_three(u1, (float(cums[0]), float(cums[1])), total, margin)
-    x = u1 * total
+        return _choose_of_three(k, (float(cums[0]), float(cums[1])), total, margin)
+    step53 = np.multiply(total, _U53)  # the width of U1's interval, times the total
+    x = k * step53  # u1·total (exact scaling of k)
     m = np.multiply(total, margin)
     lo = x - m
-    hi = x + (m + np.multiply(total, _U53))
-    part = np.zeros(u1.shape[0], dtype=np.int8)
-    part_hi = np.zeros(u1.shape[0], dtype=np.int8)
+    hi = np.add(x, m, out=x)
+    hi += step53
     step = 3 if len(cums) == 2 else 1  # three parts: the second threshold leads to R
+    part = np.zeros(k.shape[0], dtype=np.int8)
+    part_hi = np.zeros(k.shape[0], dtype=np.int8)
     for i, c in enumerate(cums):
-        w = step if i == 1 else 1
-        part += w * (lo >= c)  # U1 ≥ c / total for certain
-        part_hi += w * (hi > c)  # U1 < c / total is not certain
+        above, maybe = (lo >= c).view(np.int8), (hi > c).view(np.int8)  # certain | possible
+        if i == 1 and step != 1:
+            above, maybe = above * np.int8(step), maybe * np.int8(step)
+        part += above  # U1 ≥ c / total for certain
+        part_hi += maybe  # U1 < c / total is not certain
     return part, part != part_hi
 
 
@@ -383,62 +406,143 @@ _OF_THREE = np.array([PART_L, PART_A0, PART_R], dtype=np.int8)
 
 
 def _choose_of_three(
-    u1: NDArray[np.float64], cums: tuple[float, float], total: float, margin: float
+    k: NDArray[np.float64], cums: tuple[float, float], total: float, margin: float
 ) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
     """:func:`_choose_part` for the fresh and tightening laws (scalar thresholds L | A0 | R):
-    the same comparisons, against the two thresholds scaled to the uniform (two vector
-    comparisons each: a search of two thresholds costs as much as the whole draw)."""
+    the same comparisons, against the two thresholds scaled to the prefix ``k`` (by 2⁵³,
+    exactly; two vector comparisons each: a search of two thresholds costs as much as the
+    whole draw)."""
     e0, e1 = (c / total for c in cums)  # U1 ≥ c/total ⟺ U1·total ≥ c, with margins
     slack = margin + _U53
-    lo = (u1 >= e0 + margin).view(np.int8) + (u1 >= e1 + margin).view(np.int8)  # certainly passed
-    hi = (u1 > e0 - slack).view(np.int8) + (u1 > e1 - slack).view(np.int8)  # possibly passed
+    lo0, lo1 = ((e + margin) * 2.0**53 for e in (e0, e1))
+    hi0, hi1 = ((e - slack) * 2.0**53 for e in (e0, e1))
+    lo = (k >= lo0).view(np.int8) + (k >= lo1).view(np.int8)  # certainly passed
+    hi = (k > hi0).view(np.int8) + (k > hi1).view(np.int8)  # possibly passed
     return _OF_THREE[lo], lo != hi
+
+
+Param = float | NDArray[np.float64]
+
+
+class _Digits(NamedTuple):
+    """The float parameters of a :class:`Plan`'s uniforms: scalars for one plan, or per
+    coordinate arrays when each coordinate follows one of two plans (:func:`_pick`)."""
+
+    inv_top: Param
+    """``1 / (s·2^M)``: the head ``H``'s rate, inverted."""
+    scale: Param
+    """``2^M``: the head's weight (a power of two: ``H·2^M`` is exact in floats)."""
+    chunks: tuple[tuple[Param, Param, Param, Param], ...]
+    """Per digit group ``(−y·2⁻⁵³, 1/σ, 2^m, 2^b − 1)``: ``σ = s·2^m``, ``y = 1 − e^{−σ·2^b}``."""
+
+
+_EMPTY_GROUP = (-0.0, 1.0, 1.0, 0.0)  # y = 0: every uniform maps to E = 0, so R = 0, decided
+_HEAD_LIMIT = 2.0**61  # H·2^M at or above it would wrap int64 (with the digits): exact path
+
+
+@functools.lru_cache(maxsize=256)
+def _digits(pl: Plan, width: int) -> _Digits:
+    """The :class:`_Digits` of ``pl``, padded to ``width`` digit groups with empty ones (a
+    group of width 0 always gives 0), so two plans line up group by group."""
+    groups = []
+    for m, b in pl.chunks:
+        sigma = pl.s * 2**m
+        y = -math.expm1(-float(sigma * 2**b))
+        groups.append((-y * _U53, 1.0 / float(sigma), float(2**m), float(2**b - 1)))
+    groups += [_EMPTY_GROUP] * (width - len(groups))
+    return _Digits(1.0 / float(pl.top), float(2**pl.shift), tuple(groups))
+
+
+def _pick(mask: NDArray[np.bool_], a: _Digits, b: _Digits) -> _Digits:
+    """Per coordinate, the parameters of ``b`` where ``mask``, of ``a`` elsewhere: one pass of
+    :func:`_geometric_of` then draws each coordinate's geometric from its own plan. A
+    parameter the two plans share stays a scalar (a fact of the law, not of the data); the
+    others are selected bitwise, ``a ^ ((a ^ b) & −mask)`` on the doubles' bits (no branch,
+    no gather, twice as fast as :func:`numpy.where` with scalars)."""
+    ones = np.negative(mask.view(np.int8), dtype=np.int64)  # all bits set where mask
+
+    def sel(x: Param, y: Param) -> Param:
+        if x == y:
+            return x
+        xb = np.float64(x).view(np.int64)
+        bits = np.bitwise_and(ones, xb ^ np.float64(y).view(np.int64))
+        bits ^= xb
+        out: NDArray[np.float64] = bits.view(np.float64)
+        return out
+
+    chunks = tuple(
+        (sel(ya, yb), sel(ia, ib), sel(ma, mb), sel(ca, cb))
+        for (ya, ia, ma, ca), (yb, ib, mb, cb) in zip(a.chunks, b.chunks, strict=True)
+    )
+    return _Digits(sel(a.inv_top, b.inv_top), sel(a.scale, b.scale), chunks)
 
 
 def _geometric(
     words: list[NDArray[np.uint64]], pl: Plan, eta: float
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
     """``G`` of :class:`Plan` ``pl`` from its uniforms, and where it is not certain."""
-    g, undecided = _floor_exponential(to_unit(words[0]), float(pl.top), None, eta)
-    undecided |= g >= 2.0 ** (61 - pl.shift)  # G ≥ 2⁶¹ would wrap int64: the exact path
-    g[undecided] = 0.0
-    out = g.astype(np.int64) << pl.shift
-    for k, (m, b) in enumerate(pl.chunks, start=1):
-        sigma = pl.s * 2**m
-        r, und = _floor_exponential(to_unit(words[k]), float(sigma), float(sigma * 2**b), eta)
-        undecided |= und | (r >= 2**b)
-        out += np.minimum(r, 2**b - 1).astype(np.int64) << m
+    return _geometric_of(words, _digits(pl, len(pl.chunks)), eta)
+
+
+def _geometric_of(
+    words: list[NDArray[np.uint64]], dg: _Digits, eta: float
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """:func:`_geometric` from the plan's :class:`_Digits` (scalars or per coordinate). The
+    digits are placed by products with powers of two (exact) rather than shifts; undecided
+    coordinates hold some value below 2⁶² (the exact path replaces it)."""
+    head, undecided = _floor_exponential(_prefixes(words[0]), -_U53, dg.inv_top, eta)
+    head *= dg.scale
+    undecided |= head >= _HEAD_LIMIT
+    np.minimum(head, _HEAD_LIMIT, out=head)
+    out = head.astype(np.int64)
+    for k, (y, inv_sigma, weight, cap) in enumerate(dg.chunks, start=1):
+        r, und = _floor_exponential(_prefixes(words[k]), y, inv_sigma, eta, small=True)
+        undecided |= und
+        undecided |= r > cap
+        np.minimum(r, cap, out=r)
+        if not isinstance(weight, float) or weight != 1.0:
+            r *= weight
+        out += r.astype(np.int64)
     return out, undecided
 
 
 def _floor_exponential(
-    u: NDArray[np.float64],
-    s: float | NDArray[np.float64],
-    span: float | None,
-    eta: float,
-    *,
-    inverse: bool = False,
+    k: NDArray[np.float64], yneg: Param, inv_s: Param, eta: float, *, small: bool = False
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """``⌊E/s⌋`` for ``E = −log(1 − U·y)`` (``y = 1`` for a geometric, ``1 − e^{−span}`` for
-    one truncated to ``span/s`` values), ``U ∈ [u, u + 2⁻⁵³)``, and where it is not certain
-    (``s`` given as ``1/s``, per coordinate, when ``inverse``)."""
-    y = 1.0 if span is None else -math.expm1(-span)
-    arg = u * y
-    e = np.log1p(-arg)
-    e *= -1.0
-    # E(u + 2⁻⁵³) − E(u) ≤ 2·2⁻⁵³·y / (1 − u·y) when 1 − u·y ≥ 2⁻⁵²
-    de = np.divide(2.0 * _U53 * y, 1.0 - arg)
-    inv_s = s if inverse else 1.0 / s
-    x_lo = e * inv_s
-    x_lo *= 1.0 - eta
-    x_hi = e + de
-    x_hi *= inv_s
-    x_hi *= 1.0 + eta
-    np.minimum(x_lo, _G_MAX, out=x_lo)
-    g = np.floor(x_lo)
-    undecided = np.floor(x_hi) != g
-    undecided |= x_hi >= _G_MAX
-    undecided |= arg > 1.0 - 2.0 * _U53
+    """``⌊E/s⌋`` for ``E = −log(1 − U·y)``, ``U ∈ [k·2⁻⁵³, (k + 1)·2⁻⁵³)`` (``k`` from
+    :func:`_prefixes`), and where it is not certain.
+
+    ``yneg = −y·2⁻⁵³`` (``y = 1`` for a geometric, ``1 − e^{−σ·2^b}`` for one truncated to
+    ``2^b`` values) and ``inv_s = 1/s``, scalars or per coordinate; ``small`` when ``U·y`` is
+    below 2⁻¹⁹ for every uniform (a digit group), so ``E`` is bounded. The interval
+    ``[E(u)·(1 − η)/s, (E(u) + dE)·(1 + η)/s]`` holds ``E(U)/s``; the float errors of its
+    computation are far below the margin ``η``.
+    """
+    e = np.multiply(k, yneg)  # −u·y (exact scaling of k)
+    de = np.add(e, 1.0)  # 1 − u·y, exact when u·y ≥ 1/2
+    if not small:
+        edge = de < 2.0 * _U53  # u·y > 1 − 2⁻⁵²: E is unbounded over U's interval
+    np.log1p(e, out=e)  # −E(u)
+    # −(E(u + 2⁻⁵³) − E(u))/2 ≥ −2⁻⁵³·y / (1 − u·y) when 1 − u·y ≥ 2⁻⁵²
+    np.divide(yneg, de, out=de)
+    de *= 2.0
+    de += e  # −(E + dE)
+    if isinstance(inv_s, float):
+        x_lo = np.multiply(e, -inv_s * (1.0 - eta))
+        x_hi = np.multiply(de, -inv_s * (1.0 + eta), out=de)
+    else:
+        x_lo = np.multiply(e, inv_s)
+        x_lo *= -(1.0 - eta)
+        x_hi = np.multiply(de, inv_s, out=de)
+        x_hi *= -(1.0 + eta)
+    # beyond 2⁵² a float no longer holds every integer: clamped apart, so undecided
+    np.minimum(x_lo, _G_MAX - 1.0, out=x_lo)
+    np.minimum(x_hi, _G_MAX, out=x_hi)
+    g = np.floor(x_lo, out=x_lo)
+    np.floor(x_hi, out=x_hi)
+    undecided = x_hi != g
+    if not small:
+        undecided |= edge
     return g, undecided
 
 

@@ -266,4 +266,7 @@ def to_unit(words: NDArray[np.uint64]) -> NDArray[np.float64]:
 
     The ideal uniform lies in ``[u, u + 2⁻⁵³)``.
     """
-    return (words >> np.uint64(11)).astype(np.float64) * _U53
+    top = words >> np.uint64(11)  # < 2⁵³: the same integer read as int64, which converts faster
+    unit = top.view(np.int64).astype(np.float64)
+    unit *= _U53
+    return unit

@@ -252,9 +252,21 @@ class Mechanism(ABC):
         return mech.decode(mech.conditional(lvl, mech.origin(exact), None, draws, exact))
 
 
+def scaled(x: Vector, e: int, *, inplace: bool = False) -> Vector:
+    """``x·2^e`` as :func:`numpy.ldexp` rounds it (into ``x`` with ``inplace``): a product with
+    the double ``2^e`` when that is normal (correctly rounded too, and several times faster
+    than ``ldexp`` on 10⁶ coordinates), else ``ldexp`` itself."""
+    if not -1022 <= e <= 1023:
+        out: Vector = np.ldexp(x, e, out=x if inplace else None)
+        return out
+    return np.multiply(x, math.ldexp(1.0, e), out=x if inplace else None)
+
+
 def check_range(value: Vector, limit: float) -> None:
     """Raise :class:`InvalidValueError` if a coordinate of ``value`` exceeds ``limit`` in
     magnitude (:meth:`Mechanism.value_limit`), naming the first."""
+    if not value.size or (float(value.max()) <= limit and float(value.min()) >= -limit):
+        return  # two reductions, no temporary of the value's size
     big = np.abs(value) > limit
     if bool(big.any()):
         i = int(np.flatnonzero(big)[0])
@@ -431,10 +443,12 @@ class Laplace(_LatticeLaplace):
 
     def origin(self, exact: Vector) -> Anchor:
         """The value rounded to the grid (half to even; an exact IEEE operation)."""
-        return Anchor(math.inf, np.rint(np.ldexp(exact, -self.grid_exponent)).astype(np.int64))
+        q = scaled(exact, -self.grid_exponent)
+        np.rint(q, out=q)
+        return Anchor(math.inf, q.astype(np.int64))
 
     def decode(self, anchor: Anchor) -> Vector:
-        return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent)
+        return scaled(anchor.values.astype(np.float64), self.grid_exponent, inplace=True)
 
     def scale(self, level: float) -> float:
         """The noise scale ``g·D/ε`` (in value units) of a release at ``level``."""
@@ -552,7 +566,9 @@ class Gaussian(Mechanism):
         return _gaussian_grid(self.sensitivity, level)
 
     def decode(self, anchor: Anchor) -> Vector:
-        return np.ldexp(anchor.values.astype(np.float64), self.grid_exponent(anchor.level))
+        return scaled(
+            anchor.values.astype(np.float64), self.grid_exponent(anchor.level), inplace=True
+        )
 
     def epsilon(self, level: float, delta: float = 0.0, dimension: int = 1) -> float:
         if not 0.0 < delta < 1.0:
@@ -570,7 +586,10 @@ class Gaussian(Mechanism):
         ``s = (v − v_u)(v_l − v)/(v_l − v_u)``; without ``Z_l``, ``Z = Z_u + √(v − v_u)·N``."""
         v, v_u = self.exact_variance(level), self.exact_variance(upper.level)
         n = int(upper.values.shape[0])
-        h = upper.hidden or _normal.hidden(upper.path, n)
+        h_u = None  # the exact value's noise: 0
+        if upper.path:
+            h_u = upper.hidden or _normal.hidden(upper.path, n)
+        h: _normal.Hidden | _normal.Mixed | None = h_u
         path = upper.path
         var = v - v_u
         if lower is not None:
@@ -578,10 +597,10 @@ class Gaussian(Mechanism):
             w = (v - v_u) / (v_l - v_u)
             var = (v - v_u) * (v_l - v) / (v_l - v_u)
             path = _normal.combine(upper.path, 1 - w, lower.path, w)
-            h = _normal.mix(h, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
+            h = _normal.Mixed(h_u, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
         new = _normal.Term(draws.key, Fraction(1), var)
         path = (*path, new)
-        h = _normal.add(h, new.coefficient(), _normal.normals(draws))
+        h = _normal.add_normals(h, new.coefficient(), draws)
         grid = self.grid_exponent(level)
         check_range(base, self.value_limit(level))
 

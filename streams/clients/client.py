@@ -86,6 +86,7 @@ __all__ = [
     "MarketClient",
     "MarketKeyError",
     "MarketRootError",
+    "SentValues",
     "TopicReader",
     "ValueData",
     "now_ms",
@@ -610,20 +611,12 @@ class MarketClient:
     async def _publish_once(
         self, batch: ValueBatch, payload: bytes, timeout: float
     ) -> ValuesAccepted | Rejection:
-        ids = {i.value_id for i in batch.items}
         digest = hashlib.sha256(payload).hexdigest()
-
-        def answers(ev: InboxEvent) -> bool:
-            if isinstance(ev, ValuesAccepted):
-                return ev.stream_id == batch.stream_id and {o.value_id for o in ev.outcomes} == ids
-            # a rejection names the refused bytes: an older one for the stream is not ours
-            return isinstance(ev, Rejection) and ev.payload_sha256 == digest
-
         got = await self._request(
             self.topics.values,
             batch.stream_id,
             payload,
-            answers,
+            lambda ev: _answers_batch(ev, batch, digest),
             inbox=batch.seller_id,
             timeout=timeout,
         )
@@ -962,20 +955,37 @@ class MarketClient:
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
         key = await self.market_key(wait=wait)
-        refusals: TopicReader | None = TopicReader(
-            self.bootstrap, self.topics.refusals, **self.auth
-        )
-        assert refusals is not None
+        refusals = await self._refusals_from_end()
+        if create_inbox:
+            await self._ensure_inbox(inbox)
+        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
+
+    async def _refusals_from_end(self) -> TopicReader | None:
+        """A reader of the refusals from their end (None on a market made before refusals were
+        recorded): started before a send, it misses no refusal of what is sent."""
+        refusals = TopicReader(self.bootstrap, self.topics.refusals, **self.auth)
         try:
             await refusals.start(wait=1.0, from_end=True)
-        except LookupError:  # a market made before refusals were recorded
-            refusals = None
-        if create_inbox:
-            with contextlib.suppress(Exception):  # parties may lack the right to create topics
-                await ensure_topics(
-                    self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth
-                )
-        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
+        except LookupError:
+            return None
+        return refusals
+
+    async def _ensure_inbox(self, inbox: str) -> None:
+        with contextlib.suppress(Exception):  # parties may lack the right to create topics
+            await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth)
+
+    async def sent_values(
+        self, *, party: Party | None = None, timeout: float = 60.0, resend_every: float = 15.0
+    ) -> SentValues:
+        """Where value batches the party sends one after another are answered (what a
+        :class:`~streams.clients.batching.ValueBatcher` keeps several batches in flight with):
+        the caller stops it."""
+        me = self._me(party)
+        key = await self.market_key(wait=timeout)
+        inbox = self.topics.inbox(me.account_id)
+        refusals = await self._refusals_from_end()
+        await self._ensure_inbox(inbox)
+        return SentValues(self, key, inbox, refusals, timeout=timeout, resend_every=resend_every)
 
     async def _request(
         self,
@@ -1059,9 +1069,7 @@ class _Watch:
         out = await self._inbox(timeout)
         if self.refusals is not None and not out:
             await self._refusal()
-        if not out and self.refused is not None and time.monotonic() >= self.refused[0]:
-            out.append(self.refused[1])
-        return out
+        return out or self.refusal_due()
 
     async def _inbox(self, timeout: float) -> list[InboxEvent]:
         out: list[InboxEvent] = []
@@ -1074,18 +1082,24 @@ class _Watch:
             return out
         for _, raw, headers in await self.reader.poll_records(timeout):
             got = self.client.believe(self.inbox, raw, headers, self.key)
-            if got is None or isinstance(got[1], Refusal):
-                continue
-            if got[0] == self.digest:
-                if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
-                    continue  # a copy of these bytes someone wrote to another topic, refused
-                out.append(got[1])
-                if _notice(got[1]):
-                    out.extend(self._earlier(got[1]))
-            elif self.request_id is not None and _answers(got[1], self.request_id, self.stream_id):
-                # the market's answer to an earlier send of this id
-                self.earlier.append((hashlib.sha256(raw).hexdigest(), got[1]))
+            if got is not None:
+                out += self.take(got, raw)
         return out
+
+    def take(self, got: tuple[str | None, InboxEvent | Refusal], raw: bytes) -> list[InboxEvent]:
+        """What ``got`` (a message of the inbox the market signed, :meth:`MarketClient.believe`,
+        whose bytes are ``raw``) says of this event: its answers, if any."""
+        digest, ev = got
+        if isinstance(ev, Refusal):
+            return []
+        if digest == self.digest:
+            if isinstance(ev, Rejection) and ev.source_topic != self.sent_to:
+                return []  # a copy of these bytes someone wrote to another topic, refused
+            return [ev, *self._earlier(ev)] if _notice(ev) else [ev]
+        if self.request_id is not None and _answers(ev, self.request_id, self.stream_id):
+            # the market's answer to an earlier send of this id
+            self.earlier.append((hashlib.sha256(raw).hexdigest(), ev))
+        return []
 
     def _earlier(self, notice: InboxEvent) -> list[InboxEvent]:
         """The earlier answer ``notice`` (an ``already_answered`` bound to these bytes) stands
@@ -1097,19 +1111,28 @@ class _Watch:
     async def _refusal(self) -> None:
         assert self.refusals is not None
         for key, raw, headers in await self.refusals.poll_records(0.05):
-            if key != self.digest.encode():
-                continue
-            got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
-            if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
-                continue
-            # the refusal of a record this client wrote: anyone can copy its bytes to another
-            # topic, or write them again, where the market refuses them under the same key
-            ref = got[1]
-            if (
-                ref.source_topic == self.sent_to
-                and (ref.source_partition, ref.source_offset) in self.sent
-            ):
-                self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
+            if key == self.digest.encode():
+                self.take_refusal(raw, headers)
+
+    def take_refusal(self, raw: bytes, headers: list[tuple[str, bytes]]) -> None:
+        """Note the refusal record ``raw`` (keyed by this event's digest) if the market signed
+        it and it refuses a record this client wrote: anyone can copy the bytes to another
+        topic, or write them again, where the market refuses them under the same key."""
+        got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
+        if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
+            return
+        ref = got[1]
+        if (
+            ref.source_topic == self.sent_to
+            and (ref.source_partition, ref.source_offset) in self.sent
+        ):
+            self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(ref))
+
+    def refusal_due(self) -> list[InboxEvent]:
+        """The refusal noted, once the inbox had its grace to bring a rejection that says more."""
+        if self.refused is not None and time.monotonic() >= self.refused[0]:
+            return [self.refused[1]]
+        return []
 
     def _rejection(self, refusal: Refusal) -> Rejection:
         """A refusal as the rejection it summarises (nothing of the event is in it)."""
@@ -1129,6 +1152,110 @@ class _Watch:
             if reader is not None:
                 with contextlib.suppress(Exception):
                     await reader.stop()
+
+
+class SentValues:
+    """Value batches one seller sends in order, and the market's answers to them, read with one
+    inbox reader and one refusals reader however many batches are in flight (a watch of its
+    own per batch would read the inbox from its beginning once per batch). A batch with no
+    answer is sent again, the same bytes, every ``resend_every`` seconds, and given up after
+    ``timeout``."""
+
+    def __init__(
+        self,
+        client: MarketClient,
+        key: Ed25519PublicKey,
+        inbox: str,
+        refusals: TopicReader | None,
+        *,
+        timeout: float,
+        resend_every: float,
+    ) -> None:
+        self.client, self.key, self.inbox, self.refusals = client, key, inbox, refusals
+        self.timeout, self.resend_every = timeout, resend_every
+        self.reader: TopicReader | None = None
+        self.flight: dict[str, _InFlight] = {}
+        """The batches sent and not answered yet, by the SHA-256 of their bytes."""
+
+    async def send(self, batch: ValueBatch) -> str:
+        """Send ``batch`` (sealed and signed); its answer comes out of :meth:`poll`, named by
+        the SHA-256 (hex) of its bytes returned here."""
+        payload = batch.model_dump_json().encode()
+        values = self.client.topics.values
+        watch = _Watch(self.client, self.key, self.inbox, (values, payload), None, None)
+        now = time.monotonic()
+        fly = _InFlight(watch, batch, now + self.resend_every, now + self.timeout)
+        self.flight[watch.digest] = fly
+        watch.sent.add(await self.client.send(values, batch.stream_id, payload))
+        return watch.digest
+
+    async def poll(
+        self, timeout: float
+    ) -> list[tuple[str, ValuesAccepted | Rejection | TimeoutError]]:
+        """The batches answered (or given up) since the last call, each once, by the digest
+        :meth:`send` returned, with the answer; sends again those whose answer is late."""
+        if self.reader is None:  # the inbox of a party that never had an answer appears later
+            reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
+            with contextlib.suppress(LookupError):
+                await reader.start(wait=timeout)
+                self.reader = reader
+        heard: dict[str, list[InboxEvent]] = {}
+        for _, raw, headers in (
+            [] if self.reader is None else await self.reader.poll_records(timeout)
+        ):
+            got = self.client.believe(self.inbox, raw, headers, self.key)
+            fly = None if got is None or got[0] is None else self.flight.get(got[0])
+            if fly is not None and got is not None:
+                heard.setdefault(fly.watch.digest, []).extend(fly.watch.take(got, raw))
+        if self.refusals is not None:
+            for key, raw, headers in await self.refusals.poll_records(0.05):
+                fly = self.flight.get(key.decode(errors="replace")) if key else None
+                if fly is not None:
+                    fly.watch.take_refusal(raw, headers)
+        out: list[tuple[str, ValuesAccepted | Rejection | TimeoutError]] = []
+        now = time.monotonic()
+        for digest, fly in list(self.flight.items()):
+            answers = [
+                ev
+                for ev in heard.get(digest) or fly.watch.refusal_due()
+                if _answers_batch(ev, fly.batch, digest)
+            ]
+            if answers:
+                answer = answers[0]
+                assert isinstance(answer, ValuesAccepted | Rejection)
+                out.append((digest, answer))
+                del self.flight[digest]
+            elif now >= fly.deadline:
+                out.append((digest, TimeoutError(f"no answer on {self.inbox} in {self.timeout}s")))
+                del self.flight[digest]
+            elif now >= fly.resend_at:  # the same bytes: the ids make it safe
+                fly.resend_at = now + self.resend_every
+                values, payload = self.client.topics.values, fly.watch.payload
+                fly.watch.sent.add(await self.client.send(values, fly.batch.stream_id, payload))
+        return out
+
+    async def stop(self) -> None:
+        for reader in (self.reader, self.refusals):
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.stop()
+
+
+class _InFlight:
+    """A batch sent by :class:`SentValues`: its watch, and when to resend it or give up."""
+
+    def __init__(self, watch: _Watch, batch: ValueBatch, resend_at: float, deadline: float) -> None:
+        self.watch, self.batch, self.resend_at, self.deadline = watch, batch, resend_at, deadline
+
+
+def _answers_batch(ev: InboxEvent, batch: ValueBatch, digest: str) -> bool:
+    """Whether ``ev`` (bound to the bytes of ``batch``, whose SHA-256 is ``digest``) is the
+    market's answer to it: one line for each of its values, or the refusal of these bytes (an
+    older rejection of the stream is not its answer)."""
+    if isinstance(ev, ValuesAccepted):
+        ids = {i.value_id for i in batch.items}
+        return ev.stream_id == batch.stream_id and {o.value_id for o in ev.outcomes} == ids
+    return isinstance(ev, Rejection) and ev.payload_sha256 == digest
 
 
 def _notice(ev: InboxEvent) -> bool:

@@ -100,6 +100,8 @@ class ValueBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
+        self._pending = 0
+        """Batches queued or sent and not over yet."""
 
     async def __aenter__(self) -> ValueBatcher:
         return self
@@ -116,8 +118,9 @@ class ValueBatcher:
         self, values: ValueData, *, value_id: str | None = None, published_at_ms: int | None = None
     ) -> asyncio.Future[Outcome]:
         """Queue one value (its numbers, or on a histogram stream its counts by key); the
-        future of its line of the market's answer. Waits only while :data:`MAX_IN_FLIGHT`
-        batches are in flight and another is full.
+        future of its line of the market's answer. Waits only while the batches sent and the
+        batches ready to go are more than twice :data:`MAX_IN_FLIGHT` (the caller is faster
+        than the market).
 
         Raises
         ------
@@ -134,14 +137,14 @@ class ValueBatcher:
             await self._cut()
         elif len(self._rows) == 1:
             self._timer = loop.call_later(self.max_delay, self._cut_later)
-        while self._queue.qsize() > MAX_IN_FLIGHT:  # the caller is faster than the market
+        while self._pending > 2 * MAX_IN_FLIGHT:
             await asyncio.sleep(0.01)
         return future
 
     async def flush(self) -> None:
-        """Send the values added so far and wait until every batch is answered."""
+        """Send the values added so far and wait until every batch is answered (or failed)."""
         await self._cut()
-        while self._queue.qsize() or self._flight or self._tasks:
+        while self._pending or self._rows:
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
@@ -169,36 +172,38 @@ class ValueBatcher:
             self._timer = None
         if not self._rows:
             return
-        rows, futures = self._rows, self._futures
-        self._rows, self._futures = [], []
         try:
-            await self.client.signing_market()  # what the batch is signed for
-            batch = self.client.value_batch(self.stream_id, rows)
+            await self.client.signing_market()  # what batches are signed for (read once)
         except Exception as exc:  # e.g. no market key: each value learns why
+            rows, self._rows, futures, self._futures = self._rows, [], self._futures, []
             _fail(futures, exc)
             return
+        # taken and queued with no await between: batches queue in the order of their values
+        rows, self._rows, futures, self._futures = self._rows, [], self._futures, []
+        if not rows:
+            return
+        batch = self.client.value_batch(self.stream_id, rows)
+        self._pending += 1
         self._queue.put_nowait((batch, futures))
         if self._sender is None:
             self._sender = asyncio.ensure_future(self._send_all())
 
     async def _send_all(self) -> None:
-        """The sender: each queued batch sealed and sent, in order."""
+        """The sender: each queued batch sealed and sent, in order, one at a time."""
         while (item := await self._queue.get()) is not None:
             batch, futures = item
             await self._room.acquire()
             try:
                 await self._send(batch, futures)
             except Exception as exc:  # the broker is gone, or the sealing key: each value learns
-                self._room.release()
-                _fail(futures, exc)
+                self._done(futures, exc)
 
     async def _send(self, batch: ValueBatch, futures: list[asyncio.Future[Outcome]]) -> None:
         sealed = await self.client.sealed(batch)
         if not self.wait:
             payload = sealed.model_dump_json().encode()
             await self.client.send(self.client.topics.values, batch.stream_id, payload)
-            self._room.release()
-            self._resolve(batch, None, futures)
+            self._done(futures, None, batch)
             return
         if self._sent is None:
             self._sent = await self.client.sent_values(timeout=self.timeout)
@@ -212,54 +217,72 @@ class ValueBatcher:
             if not self._flight:
                 await asyncio.sleep(0.01)
                 continue
-            for digest, answer in await sent.poll(0.2):
+            try:
+                answered = await sent.poll(0.2)
+            except Exception as exc:  # the inbox cannot be read: no answer will come
+                for _, futures in list(self._flight.values()):
+                    self._done(futures, exc)
+                self._flight.clear()
+                continue
+            for digest, answer in answered:
                 batch, futures = self._flight.pop(digest)
-                self._room.release()
                 if isinstance(answer, TimeoutError):
-                    _fail(futures, answer)
+                    self._done(futures, answer)
                 elif _too_large(answer, batch):
                     assert isinstance(answer, Rejection)
                     self.max_values = min(self.max_values, int(answer.details["max_values"]))
                     self._spawn(self._split(batch, futures))
                 else:
-                    self._resolve(batch, answer, futures)
+                    self._done(futures, answer, batch)
 
     async def _split(self, batch: ValueBatch, futures: list[asyncio.Future[Outcome]]) -> None:
-        """``batch``, which the stream found too large, sent again in the parts it takes."""
+        """``batch``, which the stream found too large, sent again in the parts it takes (out
+        of the batcher's order: the batches after it may be in already)."""
         try:
             answer = await self.client.publish_batch(batch, timeout=self.timeout)
         except Exception as exc:
-            _fail(futures, exc)
+            self._done(futures, exc)
         else:
-            self._resolve(batch, answer, futures)
+            self._done(futures, answer, batch)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _resolve(
-        self, batch: ValueBatch, answer: Answer, futures: list[asyncio.Future[Outcome]]
+    def _done(
+        self,
+        futures: list[asyncio.Future[Outcome]],
+        answer: Answer | BaseException,
+        batch: ValueBatch | None = None,
     ) -> None:
-        """Give each value of ``batch`` its line of ``answer``."""
+        """A batch is over: each of its values gets its line of ``answer``, or the error."""
+        self._pending -= 1
+        self._room.release()
+        if isinstance(answer, BaseException) or batch is None:
+            _fail(futures, answer if isinstance(answer, BaseException) else RuntimeError())
+            return
         if self.on_answer is not None:
-            self.on_answer(batch, answer)
-        lines = (
-            {o.value_id: o for o in answer.outcomes} if isinstance(answer, ValuesAccepted) else {}
-        )
+            try:
+                self.on_answer(batch, answer)
+            except Exception as exc:
+                _fail(futures, exc)
+                return
         for item, future in zip(batch.items, futures, strict=True):
-            if future.done():
-                continue
-            if isinstance(answer, Rejection):
-                line: Outcome = ValueOutcome(
-                    value_id=item.value_id,
-                    status="rejected",
-                    reason=answer.reason,
-                    message=answer.message,
-                )
-            else:
-                line = lines.get(item.value_id) if answer is not None else None
-            future.set_result(line)
+            if not future.done():
+                future.set_result(_line(item.value_id, answer))
+
+
+def _line(value_id: str, answer: Answer) -> Outcome:
+    """The line of ``answer`` for one value: the market's own, or, for a batch refused whole,
+    a ``rejected`` line with the batch's reason; None when not waited for."""
+    if isinstance(answer, Rejection):
+        return ValueOutcome(
+            value_id=value_id, status="rejected", reason=answer.reason, message=answer.message
+        )
+    if answer is None:
+        return None
+    return next(o for o in answer.outcomes if o.value_id == value_id)
 
 
 def _fail(futures: list[asyncio.Future[Outcome]], exc: BaseException) -> None:

@@ -78,6 +78,7 @@ from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
+from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
 from .keys import Party
 from .opening import InboxOpener, Unopened
 
@@ -228,6 +229,8 @@ class MarketClient:
         seal_values: bool = True,
         market_public_key: str | None = None,
         on_warning: Callable[[str], None] | None = None,
+        batch_values: int = DEFAULT_MAX_VALUES,
+        batch_delay: float = DEFAULT_MAX_DELAY,
     ) -> None:
         """``auth``: aiokafka SASL keyword arguments (see :func:`streams.broker.auth.kafka_auth`);
         defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set.
@@ -237,7 +240,11 @@ class MarketClient:
         Ed25519 key (base64) that answers must be signed with, pinned: a market whose identity
         record names another is refused (default: the one ``<p>.market`` publishes, trusted on
         first use with a warning; docs/protocol.md §12.1.1); ``on_warning`` is told of every
-        message skipped as not the market's, and of a key trusted on first use."""
+        message skipped as not the market's, and of a key trusted on first use.
+        ``batch_values`` and ``batch_delay``: what :meth:`publish` and :meth:`batcher` gather
+        a stream's values into, at most so many values per batch, each value waiting at most so
+        many seconds for others (:mod:`streams.clients.batching`; 1 value, or 0 s, sends each
+        value alone)."""
         self.bootstrap = bootstrap
         self.market_public_key = market_public_key or None
         self._market_key: Ed25519PublicKey | None = None
@@ -252,6 +259,8 @@ class MarketClient:
         self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
         self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
+        self.batch_values, self.batch_delay = batch_values, batch_delay
+        self._batchers: dict[tuple[str, bool, float], ValueBatcher] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -274,7 +283,11 @@ class MarketClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._producer.stop()
+        try:
+            for batcher in self._batchers.values():  # the values published and not sent yet
+                await batcher.close()
+        finally:
+            await self._producer.stop()
 
     @property
     def market(self) -> MarketRef:
@@ -656,17 +669,46 @@ class MarketClient:
     ) -> str:
         """Publish one value (numbers, or on a histogram stream a mapping key → count); return
         its id. A resend keeps its identity (the id's first publication time). With ``wait``,
-        raise :class:`ValueError` if the market refused it."""
-        await self.signing_market()
-        batch = self.value_batch(stream_id, [(value_id, values, published_at_ms)])
-        answer = await self.publish_batch(batch, wait=wait, timeout=timeout)
-        vid = batch.items[0].value_id
-        if isinstance(answer, Rejection):
-            raise ValueError(f"value {vid} refused: {answer.reason}: {answer.message}")
-        if isinstance(answer, ValuesAccepted) and answer.outcomes[0].status == "rejected":
-            line = answer.outcomes[0]
-            raise ValueError(f"value {vid} refused: {line.reason}: {line.message}")
+        raise :class:`ValueError` if the market refused it; without, return once it is queued
+        (it is sent within ``batch_delay`` seconds, and at the latest when the client closes).
+
+        Values published at once by several tasks share batches (``batch_values``,
+        ``batch_delay``): a value waits up to ``batch_delay`` for others."""
+        key = (stream_id, wait, timeout)
+        if key not in self._batchers:
+            self._batchers[key] = self.batcher(stream_id, wait=wait, timeout=timeout)
+        vid = value_id or uuid.uuid4().hex[:16]
+        line = await self._batchers[key].add(values, value_id=vid, published_at_ms=published_at_ms)
+        if not wait:
+            return vid
+        got = await line
+        if got is not None and got.status == "rejected":
+            raise ValueError(f"value {vid} refused: {got.reason}: {got.message}")
         return vid
+
+    def batcher(
+        self,
+        stream_id: str,
+        *,
+        max_values: int | None = None,
+        max_delay: float | None = None,
+        wait: bool = True,
+        timeout: float = 60.0,
+        on_answer: Answered | None = None,
+    ) -> ValueBatcher:
+        """A :class:`~streams.clients.batching.ValueBatcher` of ``stream_id`` signed as this
+        client's party: values added to it go out in batches of up to ``max_values`` (default
+        ``batch_values``), each value waiting at most ``max_delay`` seconds (default
+        ``batch_delay``), and each gets its own line of the market's answer."""
+        return ValueBatcher(
+            self,
+            stream_id,
+            max_values=self.batch_values if max_values is None else max_values,
+            max_delay=self.batch_delay if max_delay is None else max_delay,
+            wait=wait,
+            timeout=timeout,
+            on_answer=on_answer,
+        )
 
     def published_at(self, stream_id: str, value_id: str) -> int | None:
         """When this client first published ``value_id`` (what a resend must carry)."""

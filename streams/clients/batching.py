@@ -41,7 +41,7 @@ DEFAULT_MAX_VALUES = 32
 """Values per batch by default: where the market's CPU per value stops falling (see above)."""
 DEFAULT_MAX_DELAY = 0.05
 """Seconds a value waits by default for others to share its batch (50 ms)."""
-MAX_IN_FLIGHT = 8
+MAX_IN_FLIGHT = 32
 """Batches sent and not yet answered at most; :meth:`ValueBatcher.add` waits for room."""
 
 Answer = ValuesAccepted | Rejection | None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ..wire.events import MAX_BATCH, Rejection, ValueBatch, ValueOutcome, ValuesAccepted
 
 if TYPE_CHECKING:
-    from .client import MarketClient, SentValues, ValueData
+    from .client import MarketClient, ValueData
 
 __all__ = [
     "DEFAULT_MAX_DELAY",
@@ -93,10 +93,6 @@ class ValueBatcher:
             asyncio.Queue()
         )
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._flight: dict[str, tuple[ValueBatch, list[asyncio.Future[Outcome]]]] = {}
-        """Batches sent and not answered yet, by the digest of their sealed bytes."""
-        self._sent: SentValues | None = None
-        self._receiver: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
@@ -156,11 +152,8 @@ class ValueBatcher:
         finally:
             self._closed = True
             self._queue.put_nowait(None)
-            for task in (self._sender, self._receiver):
-                if task is not None:
-                    await task
-            if self._sent is not None:
-                await self._sent.stop()
+            if self._sender is not None:
+                await self._sender
 
     def _cut_later(self) -> None:
         self._spawn(self._cut())
@@ -205,35 +198,19 @@ class ValueBatcher:
             await self.client.send(self.client.topics.values, batch.stream_id, payload)
             self._done(futures, None, batch)
             return
-        if self._sent is None:
-            self._sent = await self.client.sent_values(timeout=self.timeout)
-            self._receiver = asyncio.ensure_future(self._receive(self._sent))
-        digest = await self._sent.send(sealed)
-        self._flight[digest] = (batch, futures)
+        sent = await self.client.sent_values(wait=self.timeout)
 
-    async def _receive(self, sent: SentValues) -> None:
-        """The receiver: each answer given to the values of its batch."""
-        while not self._closed or self._flight:
-            if not self._flight:
-                await asyncio.sleep(0.01)
-                continue
-            try:
-                answered = await sent.poll(0.2)
-            except Exception as exc:  # the inbox cannot be read: no answer will come
-                for _, futures in list(self._flight.values()):
-                    self._done(futures, exc)
-                self._flight.clear()
-                continue
-            for digest, answer in answered:
-                batch, futures = self._flight.pop(digest)
-                if isinstance(answer, TimeoutError):
-                    self._done(futures, answer)
-                elif _too_large(answer, batch):
-                    assert isinstance(answer, Rejection)
-                    self.max_values = min(self.max_values, int(answer.details["max_values"]))
-                    self._spawn(self._split(batch, futures))
-                else:
-                    self._done(futures, answer, batch)
+        def answered(answer: ValuesAccepted | Rejection | Exception) -> None:
+            if isinstance(answer, Exception):
+                self._done(futures, answer)
+            elif _too_large(answer, batch):
+                assert isinstance(answer, Rejection)
+                self.max_values = min(self.max_values, int(answer.details["max_values"]))
+                self._spawn(self._split(batch, futures))
+            else:
+                self._done(futures, answer, batch)
+
+        await sent.send(sealed, answered, timeout=self.timeout)
 
     async def _split(self, batch: ValueBatch, futures: list[asyncio.Future[Outcome]]) -> None:
         """``batch``, which the stream found too large, sent again in the parts it takes (out

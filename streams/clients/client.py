@@ -261,6 +261,7 @@ class MarketClient:
         self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
         self.batch_values, self.batch_delay = batch_values, batch_delay
         self._batchers: dict[tuple[str, bool, float], ValueBatcher] = {}
+        self._sent_values: dict[str, SentValues] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -286,6 +287,8 @@ class MarketClient:
         try:
             for batcher in self._batchers.values():  # the values published and not sent yet
                 await batcher.close()
+            for sent in self._sent_values.values():
+                await sent.stop()
         finally:
             await self._producer.stop()
 
@@ -1016,18 +1019,21 @@ class MarketClient:
         with contextlib.suppress(Exception):  # parties may lack the right to create topics
             await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth)
 
-    async def sent_values(
-        self, *, party: Party | None = None, timeout: float = 60.0, resend_every: float = 15.0
-    ) -> SentValues:
-        """Where value batches the party sends one after another are answered (what a
-        :class:`~streams.clients.batching.ValueBatcher` keeps several batches in flight with):
-        the caller stops it."""
+    async def sent_values(self, *, party: Party | None = None, wait: float = 30.0) -> SentValues:
+        """What sends the party's value batches and hands over their answers, several in
+        flight (what every :class:`~streams.clients.batching.ValueBatcher` of this client
+        sends with): one per party, stopped when the client closes."""
         me = self._me(party)
-        key = await self.market_key(wait=timeout)
-        inbox = self.topics.inbox(me.account_id)
-        refusals = await self._refusals_from_end()
-        await self._ensure_inbox(inbox)
-        return SentValues(self, key, inbox, refusals, timeout=timeout, resend_every=resend_every)
+        if me.account_id not in self._sent_values:
+            key = await self.market_key(wait=wait)
+            inbox = self.topics.inbox(me.account_id)
+            refusals = await self._refusals_from_end()
+            await self._ensure_inbox(inbox)
+            if me.account_id not in self._sent_values:  # another task made it meanwhile
+                self._sent_values[me.account_id] = SentValues(self, key, inbox, refusals)
+            elif refusals is not None:
+                await refusals.stop()
+        return self._sent_values[me.account_id]
 
     async def _request(
         self,
@@ -1197,11 +1203,12 @@ class _Watch:
 
 
 class SentValues:
-    """Value batches one seller sends in order, and the market's answers to them, read with one
-    inbox reader and one refusals reader however many batches are in flight (a watch of its
-    own per batch would read the inbox from its beginning once per batch). A batch with no
-    answer is sent again, the same bytes, every ``resend_every`` seconds, and given up after
-    ``timeout``."""
+    """Value batches one seller sends, and the market's answers to them, read with one inbox
+    reader and one refusals reader however many batches of however many streams are in flight
+    (a watch of its own per batch would read the inbox from its beginning once per batch).
+    Each answer is handed to the ``done`` given with its batch, from a task that runs while
+    batches are in flight. A batch with no answer is sent again, the same bytes, every
+    ``resend_every`` seconds, and given up after its ``timeout``."""
 
     def __init__(
         self,
@@ -1210,32 +1217,57 @@ class SentValues:
         inbox: str,
         refusals: TopicReader | None,
         *,
-        timeout: float,
-        resend_every: float,
+        resend_every: float = 15.0,
     ) -> None:
         self.client, self.key, self.inbox, self.refusals = client, key, inbox, refusals
-        self.timeout, self.resend_every = timeout, resend_every
+        self.resend_every = resend_every
         self.reader: TopicReader | None = None
         self.flight: dict[str, _InFlight] = {}
         """The batches sent and not answered yet, by the SHA-256 of their bytes."""
+        self._task: asyncio.Task[None] | None = None
 
-    async def send(self, batch: ValueBatch) -> str:
-        """Send ``batch`` (sealed and signed); its answer comes out of :meth:`poll`, named by
-        the SHA-256 (hex) of its bytes returned here."""
+    async def send(self, batch: ValueBatch, done: Done, *, timeout: float = 60.0) -> None:
+        """Send ``batch`` (sealed and signed); ``done`` is called once with the market's answer
+        to it, or a :class:`TimeoutError` after ``timeout`` seconds without one, or the error
+        that stopped the inbox being read."""
         payload = batch.model_dump_json().encode()
         values = self.client.topics.values
         watch = _Watch(self.client, self.key, self.inbox, (values, payload), None, None)
         now = time.monotonic()
-        fly = _InFlight(watch, batch, now + self.resend_every, now + self.timeout)
-        self.flight[watch.digest] = fly
-        watch.sent.add(await self.client.send(values, batch.stream_id, payload))
-        return watch.digest
+        self.flight[watch.digest] = _InFlight(
+            watch, batch, done, now + self.resend_every, now + timeout
+        )
+        try:
+            watch.sent.add(await self.client.send(values, batch.stream_id, payload))
+        except BaseException:
+            del self.flight[watch.digest]
+            raise
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        """Poll while batches are in flight, handing each answer to its batch's ``done``."""
+        try:
+            while self.flight:
+                try:
+                    answered = await self.poll(0.2)
+                except Exception as exc:  # the inbox cannot be read: no answer will come
+                    answered = [(d, exc) for d in self.flight]
+                for digest, answer in answered:
+                    fly = self.flight.pop(digest)
+                    try:
+                        fly.done(answer)
+                    except Exception:  # one caller's bug must not starve the others
+                        log.exception("a value batch's answer could not be handed over")
+        finally:
+            self._task = None
 
     async def poll(
         self, timeout: float
-    ) -> list[tuple[str, ValuesAccepted | Rejection | TimeoutError]]:
-        """The batches answered (or given up) since the last call, each once, by the digest
-        :meth:`send` returned, with the answer; sends again those whose answer is late."""
+    ) -> list[tuple[str, ValuesAccepted | Rejection | Exception]]:
+        """The batches answered (or given up) since the last call, by digest, with the answer;
+        sends again those whose answer is late. (The batches stay in :attr:`flight`: the
+        caller hands the answers over.)"""
         if self.reader is None:  # the inbox of a party that never had an answer appears later
             reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
             with contextlib.suppress(LookupError):
@@ -1254,7 +1286,7 @@ class SentValues:
                 fly = self.flight.get(key.decode(errors="replace")) if key else None
                 if fly is not None:
                     fly.watch.take_refusal(raw, headers)
-        out: list[tuple[str, ValuesAccepted | Rejection | TimeoutError]] = []
+        out: list[tuple[str, ValuesAccepted | Rejection | Exception]] = []
         now = time.monotonic()
         for digest, fly in list(self.flight.items()):
             answers = [
@@ -1266,10 +1298,8 @@ class SentValues:
                 answer = answers[0]
                 assert isinstance(answer, ValuesAccepted | Rejection)
                 out.append((digest, answer))
-                del self.flight[digest]
             elif now >= fly.deadline:
-                out.append((digest, TimeoutError(f"no answer on {self.inbox} in {self.timeout}s")))
-                del self.flight[digest]
+                out.append((digest, TimeoutError(f"no answer on {self.inbox} in time")))
             elif now >= fly.resend_at:  # the same bytes: the ids make it safe
                 fly.resend_at = now + self.resend_every
                 values, payload = self.client.topics.values, fly.watch.payload
@@ -1277,17 +1307,27 @@ class SentValues:
         return out
 
     async def stop(self) -> None:
+        """Stop reading (after the batches in flight were answered, if it is waited for)."""
+        if self._task is not None:
+            await self._task
         for reader in (self.reader, self.refusals):
             if reader is not None:
                 with contextlib.suppress(Exception):
                     await reader.stop()
 
 
+Done = Callable[[ValuesAccepted | Rejection | Exception], None]
+"""What is told the market's answer to a batch :class:`SentValues` sent, or why none came."""
+
+
 class _InFlight:
     """A batch sent by :class:`SentValues`: its watch, and when to resend it or give up."""
 
-    def __init__(self, watch: _Watch, batch: ValueBatch, resend_at: float, deadline: float) -> None:
-        self.watch, self.batch, self.resend_at, self.deadline = watch, batch, resend_at, deadline
+    def __init__(
+        self, watch: _Watch, batch: ValueBatch, done: Done, resend_at: float, deadline: float
+    ) -> None:
+        self.watch, self.batch, self.done = watch, batch, done
+        self.resend_at, self.deadline = resend_at, deadline
 
 
 def _answers_batch(ev: InboxEvent, batch: ValueBatch, digest: str) -> bool:

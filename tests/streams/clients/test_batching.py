@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.clients.batching import DEFAULT_MAX_VALUES, ValueBatcher
+from streams.clients.batching import ValueBatcher
 from streams.clients.client import MarketClient, TopicReader
 from streams.wire.events import MAX_BATCH, Rejection
 
@@ -100,22 +100,17 @@ def test_values_go_out_in_batches_each_answered_on_its_own(market: Market, tmp_p
     market.wait_ingested("s", 63)
     market.wait_ingested("w", 5)
 
-    # the command line: a file of 64 values in batches of 16, and of the default size
+    # the command line: a file of 64 values in batches of 16
     key = tmp_path / "seller1.key"
-    cli(None, "keygen", "--account", "acme", "--out", str(key))
-    cli(market, "account", "open", "--key-file", str(key))
+    party("seller1").save(key)
     lines = tmp_path / "values.jsonl"
     lines.write_text("".join(json.dumps([float(i), 2.0]) + "\n" for i in range(64)))
-    for sid, flags, batches in (
-        ("f16", ["--batch-size", "16"], 4),
-        ("fd", [], 64 // DEFAULT_MAX_VALUES),
-    ):
-        acme = ["--key-file", str(key), "--stream", sid]
-        cli(market, "register", *acme, "--dimension", "2", "--steps", "0.5,1")
-        r = cli(market, "publish", *acme, "--file", str(lines), *flags)
-        assert "published 64/64 values" in r.stdout, r.stdout + r.stderr
-        market.wait_ingested(sid, 64)
-        assert asyncio.run(_records(market, sid)) == batches
+    acme = ["--key-file", str(key), "--stream", "f"]
+    cli(market, "register", *acme, "--dimension", "2", "--steps", "0.5,1")
+    r = cli(market, "publish", *acme, "--file", str(lines), "--batch-size", "16")
+    assert "published 64/64 values" in r.stdout, r.stdout + r.stderr
+    market.wait_ingested("f", 64)
+    assert asyncio.run(_records(market, "f")) == 4
     r = cli(market, "publish", *acme, "--file", str(lines), "--batch-size", "0", check=False)
     assert r.returncode == 2 and "--batch-size takes 1 to 1000" in r.stderr
     r = cli(market, "publish", *acme, "--values", "1,2", "--batch-delay", "soon", check=False)

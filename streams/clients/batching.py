@@ -3,7 +3,7 @@
 The market verifies one signature, opens one envelope and writes one answer per batch
 (docs/protocol.md §4, §6.4), so a value costs it about a third as much CPU in a batch of 32 as
 alone (measured in the core: ~0.31× at 32 values per batch, ~0.33× at 16, flat beyond; a batch
-of 500 costs the same per value but holds the stream's partition ~8 times longer, which
+of 500 costs the same per value but holds the stream's partition ~16 times longer, which
 purchases on it wait for). A :class:`ValueBatcher` gathers the values it is given into one
 signed batch until it holds ``max_values`` or its first value has waited ``max_delay`` seconds,
 whichever comes first, sends the batches in the order their values were added and keeps

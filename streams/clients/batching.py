@@ -89,15 +89,21 @@ class ValueBatcher:
         self._rows: list[tuple[str | None, ValueData, int | None]] = []
         self._futures: list[asyncio.Future[Outcome]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._queue: asyncio.Queue[tuple[ValueBatch, list[asyncio.Future[Outcome]]] | None] = (
-            asyncio.Queue()
-        )
+        self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
-        self._pending = 0
-        """Batches queued or sent and not over yet."""
+        self._seq = 0
+        """The place of the next batch in the batcher's order."""
+        self._pending: dict[int, _Batch] = {}
+        """Batches queued or sent and not over yet, by place."""
+        self._waiting: dict[int, _Batch] = {}
+        """Batches not counted in :attr:`answered` yet, by place."""
+        self._first = 0
+        self.answered = 0
+        """Values answered in order: those of the first batches, every one of them answered
+        (where a publish stopped midway may resume)."""
 
     async def __aenter__(self) -> ValueBatcher:
         return self
@@ -108,15 +114,18 @@ class ValueBatcher:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            self._abandon()  # stopped (a second Ctrl-C): what is in flight is not waited for
+            return
         await self.close()
 
     async def add(
         self, values: ValueData, *, value_id: str | None = None, published_at_ms: int | None = None
     ) -> asyncio.Future[Outcome]:
         """Queue one value (its numbers, or on a histogram stream its counts by key); the
-        future of its line of the market's answer. Waits only while the batches sent and the
-        batches ready to go are more than twice :data:`MAX_IN_FLIGHT` (the caller is faster
-        than the market).
+        future of its line of the market's answer. Waits only when it fills a batch while the
+        batches sent and ready to go are more than twice :data:`MAX_IN_FLIGHT` (the caller is
+        faster than the market).
 
         Raises
         ------
@@ -131,10 +140,10 @@ class ValueBatcher:
         self._futures.append(future)
         if len(self._rows) >= self.max_values:
             await self._cut()
+            while len(self._pending) > 2 * MAX_IN_FLIGHT:  # the caller is faster than the market
+                await asyncio.sleep(0.01)
         elif len(self._rows) == 1:
             self._timer = loop.call_later(self.max_delay, self._cut_later)
-        while self._pending > 2 * MAX_IN_FLIGHT:
-            await asyncio.sleep(0.01)
         return future
 
     async def flush(self) -> None:
@@ -154,6 +163,18 @@ class ValueBatcher:
             self._queue.put_nowait(None)
             if self._sender is not None:
                 await self._sender
+
+    def _abandon(self) -> None:
+        """Close without sending what is left or waiting for answers: every value not answered
+        yet has its future cancelled."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in (self._sender, *self._tasks):
+            if task is not None:
+                task.cancel()
+        for future in (*self._futures, *(f for b in self._pending.values() for f in b.futures)):
+            future.cancel()
 
     def _cut_later(self) -> None:
         self._spawn(self._cut())
@@ -175,79 +196,87 @@ class ValueBatcher:
         rows, self._rows, futures, self._futures = self._rows, [], self._futures, []
         if not rows:
             return
-        batch = self.client.value_batch(self.stream_id, rows)
-        self._pending += 1
-        self._queue.put_nowait((batch, futures))
+        batch = _Batch(self._seq, self.client.value_batch(self.stream_id, rows), futures)
+        self._seq += 1
+        self._pending[batch.seq] = self._waiting[batch.seq] = batch
+        self._queue.put_nowait(batch)
         if self._sender is None:
             self._sender = asyncio.ensure_future(self._send_all())
 
     async def _send_all(self) -> None:
         """The sender: each queued batch sealed and sent, in order, one at a time."""
-        while (item := await self._queue.get()) is not None:
-            batch, futures = item
+        while (batch := await self._queue.get()) is not None:
             await self._room.acquire()
             try:
-                await self._send(batch, futures)
+                await self._send(batch)
             except Exception as exc:  # the broker is gone, or the sealing key: each value learns
-                self._done(futures, exc)
+                self._done(batch, exc)
 
-    async def _send(self, batch: ValueBatch, futures: list[asyncio.Future[Outcome]]) -> None:
-        sealed = await self.client.sealed(batch)
+    async def _send(self, batch: _Batch) -> None:
+        sealed = await self.client.sealed(batch.signed)
         if not self.wait:
             payload = sealed.model_dump_json().encode()
-            await self.client.send(self.client.topics.values, batch.stream_id, payload)
-            self._done(futures, None, batch)
+            await self.client.send(self.client.topics.values, self.stream_id, payload)
+            self._done(batch, None)
             return
         sent = await self.client.sent_values(wait=self.timeout)
 
         def answered(answer: ValuesAccepted | Rejection | Exception) -> None:
-            if isinstance(answer, Exception):
-                self._done(futures, answer)
-            elif _too_large(answer, batch):
+            if not isinstance(answer, Exception) and _too_large(answer, batch.signed):
                 assert isinstance(answer, Rejection)
                 self.max_values = min(self.max_values, int(answer.details["max_values"]))
-                self._spawn(self._split(batch, futures))
+                self._spawn(self._split(batch))
             else:
-                self._done(futures, answer, batch)
+                self._done(batch, answer)
 
         await sent.send(sealed, answered, timeout=self.timeout)
 
-    async def _split(self, batch: ValueBatch, futures: list[asyncio.Future[Outcome]]) -> None:
+    async def _split(self, batch: _Batch) -> None:
         """``batch``, which the stream found too large, sent again in the parts it takes (out
         of the batcher's order: the batches after it may be in already)."""
         try:
-            answer = await self.client.publish_batch(batch, timeout=self.timeout)
+            answer = await self.client.publish_batch(batch.signed, timeout=self.timeout)
         except Exception as exc:
-            self._done(futures, exc)
+            self._done(batch, exc)
         else:
-            self._done(futures, answer, batch)
+            self._done(batch, answer)
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _done(
-        self,
-        futures: list[asyncio.Future[Outcome]],
-        answer: Answer | BaseException,
-        batch: ValueBatch | None = None,
-    ) -> None:
+    def _done(self, batch: _Batch, answer: Answer | BaseException) -> None:
         """A batch is over: each of its values gets its line of ``answer``, or the error."""
-        self._pending -= 1
+        del self._pending[batch.seq]
         self._room.release()
-        if isinstance(answer, BaseException) or batch is None:
-            _fail(futures, answer if isinstance(answer, BaseException) else RuntimeError())
+        if isinstance(answer, BaseException):
+            _fail(batch.futures, answer)
             return
+        batch.answered = True
+        while self._first in self._waiting and self._waiting[self._first].answered:
+            self.answered += len(self._waiting.pop(self._first).signed.items)
+            self._first += 1
         if self.on_answer is not None:
             try:
-                self.on_answer(batch, answer)
+                self.on_answer(batch.signed, answer)
             except Exception as exc:
-                _fail(futures, exc)
+                _fail(batch.futures, exc)
                 return
-        for item, future in zip(batch.items, futures, strict=True):
+        for item, future in zip(batch.signed.items, batch.futures, strict=True):
             if not future.done():
                 future.set_result(_line(item.value_id, answer))
+
+
+class _Batch:
+    """One batch of a batcher: its place in the batcher's order, the batch as signed (before
+    sealing) and the futures of its values."""
+
+    def __init__(
+        self, seq: int, signed: ValueBatch, futures: list[asyncio.Future[Outcome]]
+    ) -> None:
+        self.seq, self.signed, self.futures = seq, signed, futures
+        self.answered = False
 
 
 def _line(value_id: str, answer: Answer) -> Outcome:

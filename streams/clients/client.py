@@ -1307,9 +1307,12 @@ class SentValues:
         return out
 
     async def stop(self) -> None:
-        """Stop reading (after the batches in flight were answered, if it is waited for)."""
+        """Stop reading; the answers of batches still in flight are not waited for (a batcher
+        waits for its own before it closes)."""
         if self._task is not None:
-            await self._task
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         for reader in (self.reader, self.refusals):
             if reader is not None:
                 with contextlib.suppress(Exception):

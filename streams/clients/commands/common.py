@@ -103,6 +103,7 @@ def run_client(
     import logging  # noqa: PLC0415
 
     from aiokafka.errors import KafkaError  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
     from ..client import MarketClient, MarketKeyError, MarketRootError  # noqa: PLC0415
@@ -137,6 +138,10 @@ def run_client(
         ) from None
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
+    except ValidationError as exc:  # an event built from what was typed, before it is signed
+        from .flags import input_problem  # noqa: PLC0415
+
+        raise CommandError(f"invalid input: {input_problem(args, exc)}") from None
     except MarketRootError as exc:  # no key to pass would make this market trustworthy
         raise CommandError(f"the market's trust root ({exc.reason}): {exc}", EXIT_REFUSED) from None
     except MarketKeyError as exc:

@@ -153,7 +153,7 @@ class ValueBatcher:
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
-        """:meth:`flush`, then stop the batcher's readers; adding afterwards is an error."""
+        """:meth:`flush`, then stop its sender; adding afterwards is an error."""
         if self._closed:
             return
         try:

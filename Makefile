@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test test-fast install install-node serve bench report soak schemas vectors clean
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and market/_cnoise.c: the compiled noise step is built at install, so a change rebuilds it
+$(VENV)/.installed: pyproject.toml setup.py market/_cnoise.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

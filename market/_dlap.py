@@ -252,7 +252,11 @@ def batchable(laws: Sequence[Law]) -> bool:
 
 
 def sample_segments(
-    laws: Sequence[Law], sizes: Sequence[int], draws: Draws, eta: float = ETA
+    laws: Sequence[Law],
+    sizes: Sequence[int],
+    draws: Draws,
+    eta: float = ETA,
+    margin: float = MARGIN,
 ) -> NDArray[np.int64]:
     """The noise ``J`` of several :func:`batchable` laws at once: segment ``i`` (``sizes[i]``
     coordinates, in order) follows ``laws[i]``, reading the joined ``draws`` exactly as
@@ -266,7 +270,7 @@ def sample_segments(
     c2 = k_l + np.array([c.k_0 for c in consts])[per]
     total = c2 + k_l
     inv_s = np.array([c.inv_s_q for c in consts])[per]
-    part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, MARGIN)
+    part, undecided = _choose_part(to_unit(draws.slot(0)), (k_l, c2), total, margin)
     g, und_g = _floor_exponential(to_unit(draws.slot(1)), inv_s, None, eta, inverse=True)
     undecided |= und_g & (part != PART_A0)
     g1 = g.astype(np.int64) + 1

@@ -170,6 +170,25 @@ class Draws:
         out._offsets = list(itertools.accumulate([seg[1] for seg in out._segments[:-1]], initial=0))
         return out
 
+    @classmethod
+    def from_words(cls, segments: list[tuple[bytes, int]], words: NDArray[np.uint64]) -> Draws:
+        """Draws whose main words were computed elsewhere (:mod:`market._step`): ``words`` is
+        the ``(slots, n)`` array :meth:`joined` would hold for the requests ``segments``
+        (``(key, coordinates)`` each, in order)."""
+        out = object.__new__(cls)
+        out.slots, out.n = int(words.shape[0]), int(words.shape[1])
+        if out.n != sum(n for _, n in segments):
+            raise ValueError("the words do not hold the segments' coordinates")
+        out._words = words
+        out._segments = segments
+        out._offsets = list(itertools.accumulate([n for _, n in segments[:-1]], initial=0))
+        return out
+
+    @property
+    def words(self) -> NDArray[np.uint64]:
+        """Every main word, ``(slots, n)``: slot ``s`` of coordinate ``i`` at ``[s, i]``."""
+        return self._words
+
     @property
     def key(self) -> bytes:
         """The request key (of the first request, for joined draws)."""

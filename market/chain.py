@@ -34,6 +34,7 @@ step (Gaussian: the real noise a rounded release came from cannot be stored) —
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -47,8 +48,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _normal
-from ._draws import Draws
+from . import _normal, _step
 from .errors import InvalidValueError, SealedStateError
 from .levels import canonical_level, step_of
 from .mechanisms import Anchor, Gaussian, Laplace, Mechanism, check_range
@@ -60,6 +60,7 @@ __all__ = [
     "ChainState",
     "ReleaseChain",
     "noise_check",
+    "noise_step",
 ]
 
 DOMAIN = b"emarket-chain-v2"
@@ -142,11 +143,19 @@ class ReleaseChain:
         """
         return step_of(self.levels, level, unit=self.mechanism.level_unit)
 
-    @property
+    @functools.cached_property
     def value_limit(self) -> float:
         """The largest magnitude a value may have: every level's release must hold it
         (:meth:`Mechanism.value_limit`; the finest grid is the most accurate level's)."""
         return min(self.mechanism.value_limit(x) for x in self.levels)
+
+    @functools.cached_property
+    def _variance_steps(self) -> tuple[Fraction, ...]:
+        """Gaussian: the exact variance each step adds, ``v_j − v_{j+1}`` (``v_K = 0``)."""
+        mech = self.mechanism
+        assert isinstance(mech, Gaussian)
+        v = [mech.exact_variance(x) for x in self.levels] + [Fraction(0)]
+        return tuple(v[j] - v[j + 1] for j in range(len(self.levels)))
 
     def validate(self, value: Any) -> Vector:
         """The exact value checked for this chain (its family's rules and :attr:`value_limit`)."""
@@ -158,6 +167,20 @@ class ReleaseChain:
         """The request key of step ``s`` of a value: ``keys(DOMAIN, fingerprint, *identity,
         s)``, with the chain's part of the identity encoded once."""
         return keys.of(self._prefix + identity_bytes(*identity, s))
+
+    def _seeds(
+        self, identities: Sequence[Identity], pairs: Sequence[tuple[int, int]]
+    ) -> list[bytes]:
+        """The encoded identities of steps ``s`` of values ``identities[i]`` for each ``(i, s)``
+        of ``pairs`` (what :meth:`key` hashes), each value's identity encoded once."""
+        values: dict[int, bytes] = {}
+        out = []
+        for i, s in pairs:
+            head = values.get(i)
+            if head is None:
+                head = values[i] = self._prefix + _encoded(identities[i])
+            out.append(head + _step_part(s))
+        return out
 
     # -- states ---------------------------------------------------------------------------
     def open(self, value: Any) -> ChainState:
@@ -212,8 +235,15 @@ class ReleaseChain:
         if not states:
             return []
         self._descend(states, k, identities, keys)
-        lvl = self.levels[k]
-        return [_frozen(self.mechanism.decode(Anchor(lvl, st.steps[k]))) for st in states]
+        lvl, mech = self.levels[k], self.mechanism
+        found = [st.steps[k] for st in states]
+        if (
+            len(found) > 1
+            and type(mech).decode is not Mechanism.decode  # not the identity: decode them at once
+            and len({(v.shape, v.dtype) for v in found}) == 1
+        ):
+            return list(_frozen(mech.decode(Anchor(lvl, np.stack(found)))))
+        return [_frozen(mech.decode(Anchor(lvl, v))) for v in found]
 
     def new_steps(self, state: ChainState, k: int) -> int:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
@@ -258,7 +288,7 @@ class ReleaseChain:
         batches them (:meth:`Mechanism.increments`); the same integers as step by step."""
         mech, top = self.mechanism, len(self.levels) - 1
         pairs = [(i, s) for i, b in enumerate(starts) for s in range(b - 1, k - 1, -1)]
-        if len(pairs) < 2:
+        if len(pairs) < 2 and not _step.compiled():  # numpy's one-law kernel is faster alone
             return False
         bases: list[Vector] = []
         for st, b in zip(states, starts, strict=True):
@@ -268,20 +298,20 @@ class ReleaseChain:
                 return False
             bases.append(base)
         steps = [(self.levels[s], math.inf if s == top else self.levels[s + 1]) for _, s in pairs]
-        slots = {mech.slots(level, upper, None) for level, upper in steps}
+        slots = {mech.slots(level, upper, None) for level, upper in set(steps)}
         if len(slots) != 1:
             return False
         (m,) = slots
         sizes = [int(bases[i].shape[0]) for i, _ in pairs]
-        draws = Draws.joined(
-            [
-                Draws(self.key(keys, identities[i], s), n, m)
-                for (i, s), n in zip(pairs, sizes, strict=True)
-            ]
-        )
+        draws = _step.keyed_draws(keys, self._seeds(identities, pairs), sizes, m)
         noise = mech.increments(steps, sizes, draws)
         if noise is None:
             return False
+        if len(pairs) == len(states) and len(set(sizes)) == 1:  # one step per value: one add
+            rows = _frozen((np.concatenate(bases) + noise).reshape(len(pairs), sizes[0]))
+            for (i, s), row in zip(pairs, rows, strict=True):
+                states[i].steps[s] = row
+            return True
         at = 0
         for (i, s), n in zip(pairs, sizes, strict=True):
             bases[i] = _frozen(bases[i] + noise[at : at + n])
@@ -304,12 +334,8 @@ class ReleaseChain:
             else:
                 uppers.append(st.steps[s + 1])
         slots = mech.slots(self.levels[s], upper_level, None)
-        draws = Draws.joined(
-            [
-                Draws(self.key(keys, ident, s), int(u.shape[0]), slots)
-                for ident, u in zip(identities, uppers, strict=True)
-            ]
-        )
+        seeds = self._seeds(identities, [(i, s) for i in range(len(identities))])
+        draws = _step.keyed_draws(keys, seeds, [int(u.shape[0]) for u in uppers], slots)
         upper = Anchor(upper_level, np.concatenate(uppers))
         out = mech.conditional(self.levels[s], upper, None, draws, upper.values).values
         start = 0
@@ -324,17 +350,14 @@ class ReleaseChain:
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
         top = len(self.levels) - 1
-        paths = [self._path(ident, k, keys) for ident in identities]
+        paths = self._paths(identities, k, keys)
         for st in states:
             if st.exact is None:
                 raise SealedStateError("a sealed Gaussian chain state lost a step")
         sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
-        h = _normal.Hidden(np.zeros(sum(sizes)), np.zeros(sum(sizes)))
-        for s in range(top, k - 1, -1):
-            draws = Draws.joined(
-                [Draws(p[top - s].key, n, _normal.SLOTS) for p, n in zip(paths, sizes, strict=True)]
-            )
-            h = _normal.add(h, paths[0][top - s].coefficient(), _normal.normals(draws))
+        depth = top - k + 1  # every step's normals of every value, in one pass
+        draws = _step.draws([p[j].key for j in range(depth) for p in paths], sizes * depth, 2)
+        coefficients = [paths[0][j].coefficient() for j in range(depth)]
         base = np.concatenate([st.exact for st in states if st.exact is not None])
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])
@@ -344,26 +367,45 @@ class ReleaseChain:
             local = i - offsets[v]
             return _normal.exact_snap(float(base[i]), paths[v], sizes[v], local, grid)
 
-        out = _normal.snap(base, h, grid, settle)
+        out = _step.gaussian_step(draws, coefficients, base, grid, settle)
         for v, st in enumerate(states):
             st.steps[k] = _frozen(out[offsets[v] : offsets[v + 1]].copy())
 
-    def _path(self, identity: Identity, k: int, keys: NoiseKeys) -> tuple[_normal.Term, ...]:
-        """The real noise of step ``k``: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top term first."""
-        mech = self.mechanism
-        assert isinstance(mech, Gaussian)
+    def _paths(
+        self, identities: Sequence[Identity], k: int, keys: NoiseKeys
+    ) -> list[tuple[_normal.Term, ...]]:
+        """The real noise of step ``k`` of each value: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top
+        term first (every value's keys derived in one call)."""
         top = len(self.levels) - 1
-        terms = []
-        for j in range(top, k - 1, -1):
-            above = Fraction(0) if j == top else mech.exact_variance(self.levels[j + 1])
-            terms.append(
-                _normal.Term(
-                    self.key(keys, identity, j),
-                    Fraction(1),
-                    mech.exact_variance(self.levels[j]) - above,
-                )
-            )
-        return tuple(terms)
+        js = range(top, k - 1, -1)
+        var = [self._variance_steps[j] for j in js]
+        pairs = [(i, j) for i in range(len(identities)) for j in js]
+        found = iter(_step.request_keys(keys, self._seeds(identities, pairs)))
+        one = Fraction(1)
+        return [
+            tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
+        ]
+
+
+def _encoded(identity: Identity) -> bytes:
+    """A value's identity encoded (:func:`identity_bytes`); one of text parts only (the
+    service's) is kept, for the values asked for again and again (a purchase releases the same
+    retained values step after step). Other parts are encoded each time: a cache key would take
+    ``1``, ``1.0`` and ``True`` for one another."""
+    if all(type(p) is str for p in identity):
+        return _encoded_text(identity)
+    return identity_bytes(*identity)
+
+
+@functools.lru_cache(maxsize=4096)  # bounded: a value batch's identities are new every time
+def _encoded_text(identity: Identity) -> bytes:
+    return identity_bytes(*identity)
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_part(s: int) -> bytes:
+    """The encoding of a step index, the last part of a step's identity (a chain has few)."""
+    return identity_bytes(s)
 
 
 def _start(st: ChainState, k: int, count: int) -> int:
@@ -645,6 +687,19 @@ class _Steps(MutableMapping[int, Vector]):
         st = self._st
         st._forget_rows()
         st._new = None
+
+
+def noise_step() -> tuple[bool, str]:
+    """Whether the compiled noise step runs, and one line saying which runs and why.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        ``True`` for the compiled step (``market._cnoise``), ``False`` for the numpy reference
+        it falls back to when the extension was not built or ``EMARKET_NOISE_STEP=numpy``
+        (the same releases, slower); and the line a worker logs at start.
+    """
+    return _step.compiled(), _step.describe()
 
 
 _CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"

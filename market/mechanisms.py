@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _dlap, _normal, _poisson
+from . import _dlap, _normal, _poisson, _step
 from ._draws import Draws, key_from
 from .errors import DimensionMismatchError, InvalidLevelError, InvalidValueError
 from .levels import (
@@ -325,10 +325,14 @@ class _LatticeLaplace(Mechanism):
     def increments(
         self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
     ) -> Vector | None:
-        laws = [self._law(level, upper, None) for level, upper in steps]
-        if not _dlap.batchable(laws):
-            return None
-        return _dlap.sample_segments(laws, sizes, draws)
+        made: dict[tuple[float, float], _dlap.Law] = {}  # a call's steps share a few laws
+        for step in steps:
+            if step not in made:
+                made[step] = self._law(step[0], step[1], None)
+        laws = [made[step] for step in steps]
+        if not _dlap.batchable(list(made.values())):
+            return _step.dlap_plans(laws, sizes, draws)  # a fine grid's: compiled only
+        return _step.dlap_segments(laws, sizes, draws)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector
@@ -668,9 +672,7 @@ class Poisson(Mechanism):
             _poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
             for level, upper in steps
         ]
-        which = np.repeat(np.arange(len(laws), dtype=np.intp), sizes)
-        noise: Vector = _poisson.sample(laws, which, draws)
-        return noise
+        return _step.poisson_segments(laws, sizes, draws)
 
     def conditional(
         self, level: float, upper: Anchor, lower: Anchor | None, draws: Draws, base: Vector

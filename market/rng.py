@@ -136,6 +136,11 @@ class NoiseKeys:
     def __call__(self, *identity: IdentityPart) -> bytes:
         return self.of(identity_bytes(*identity))
 
+    @property
+    def secret(self) -> bytes:
+        """The secret (the compiled noise step absorbs it itself: :mod:`market._step`)."""
+        return self._secret
+
     def of(self, seed: bytes) -> bytes:
         """The request key of an identity already encoded (:func:`identity_bytes`): the
         sponge that absorbed the label and the secret is copied, not rebuilt, per key."""

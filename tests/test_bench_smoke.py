@@ -267,3 +267,21 @@ def test_a_section_regenerated_alone_says_when_and_so_does_the_header(tmp_path: 
     note = f"*Regenerated alone (`python -m bench.report --only`) on {today}.*"
     assert f"## A\n\n{note}\n\nnew a\n" in text, text
     assert text.endswith("## B\n\nold b\n")  # untouched, and no path of a temporary directory
+
+
+def test_noise_step_benchmark_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.noise_step", "--quick"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    from market import _step
+
+    if _step.BACKEND != "compiled":
+        assert "not available" in out
+        return
+    assert "| compiled ÷ reference | compiled ÷ numpy call |" in out
+    assert "| laplace, purchase (4 values, 1 step) |" in out
+    assert "\nmachine: " in out and "SIMD " in out

@@ -860,12 +860,9 @@ def _receipts() -> list[dict[str, Any]]:
     return [{"name": n, "outcome": o, "verdict": v, "reason": why} for n, o, v, why in cases]
 
 
-def _envelopes() -> list[dict[str, Any]]:
-    """Releases sealed to the buyer (sealing.json's), opened with its key and the purchase's
-    AAD: ``opens`` or ``refuse``."""
-    from .vectors import release_to_buyer  # noqa: PLC0415
-
-    rel = release_to_buyer()
+def _envelopes(rel: dict[str, Any]) -> list[dict[str, Any]]:
+    """Releases sealed to the buyer (``rel``: sealing.json's ``release_to_buyer``), opened with
+    its key and the purchase's AAD: ``opens`` or ``refuse``."""
     env, key, aad = rel["sealed"], rel["buyer_private_key"], rel["purchase_id"]
     ct = bytearray(base64.b64decode(env["ciphertext"]))
     ct[0] ^= 1
@@ -908,8 +905,9 @@ def _roots() -> list[dict[str, Any]]:
     return [c for c in doc["cases"] if c["verdict"] not in ("trusted", "pinned")]
 
 
-def negative() -> dict[str, Any]:
-    """negative.json: every case, as the code makes it."""
+def negative(release_to_buyer: dict[str, Any]) -> dict[str, Any]:
+    """negative.json: every case, as the code makes it (``release_to_buyer``: sealing.json's
+    sealed releases, the envelope its cases alter)."""
     market = []
     for build in MARKET_CASES:
         market.extend(build())
@@ -919,7 +917,7 @@ def negative() -> dict[str, Any]:
         "noise_secret": _NOISE_SECRET.hex(),
         "answers": {"request": _REQUEST.decode(), "cases": _answers()},
         "receipts": _receipts(),
-        "envelopes": _envelopes(),
+        "envelopes": _envelopes(release_to_buyer),
         "roots": {"topic": root_vectors.TOPIC, "cases": _roots()},
         "resend": _resend(),
         "market_cases": market,

@@ -575,7 +575,7 @@ def build() -> dict[str, Any]:
         "sealing.json": sealing,
         "keys.json": _keys(),
         "sales.json": _sales(),
-        "negative.json": negative(),
+        "negative.json": negative(release_to_buyer()),
     }
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import faust
 
+from market.chain import noise_step
+
 from ..core import MarketCore, MarketKeys, Stores
 from ..wire.topics import Topics
 from . import web
@@ -336,6 +338,8 @@ class MarketWorker:
         @app.task  # type: ignore[untyped-decorator]
         async def first_probe() -> None:
             quiet_libraries(settings.log_level)
+            compiled, line = noise_step()
+            log.log(logging.INFO if compiled else logging.WARNING, "%s", line)
             await worker.producer.probe()
             await worker.replica.start(settings.partitions)
 

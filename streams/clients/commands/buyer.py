@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import output
-from .common import EXIT_REFUSED, CommandError, load_party, read_inbox, run_client, warn
-from .flags import refused
+from .common import EXIT_REFUSED, CommandError, load_party, read_inbox, refused, run_client, warn
 from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands"]

@@ -13,7 +13,8 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .output import print_json, warn
+from .flags import in_flags, input_problem
+from .output import json_mode, print_json, warn
 
 __all__ = [
     "EXIT_BROKER",
@@ -139,8 +140,6 @@ def run_client(
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
     except ValidationError as exc:  # an event built from what was typed, before it is signed
-        from .flags import input_problem  # noqa: PLC0415
-
         raise CommandError(f"invalid input: {input_problem(args, exc)}") from None
     except MarketRootError as exc:  # no key to pass would make this market trustworthy
         raise CommandError(f"the market's trust root ({exc.reason}): {exc}", EXIT_REFUSED) from None
@@ -166,3 +165,15 @@ def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], pa
                 f"(`epsilon-market account open --key-file {args.key_file}`)",
                 EXIT_REFUSED,
             ) from None
+
+
+def refused(
+    args: argparse.Namespace, doing: str, rejection: Any, hint: str = "", *, printed: bool = False
+) -> CommandError:
+    """The error a refusal of the market becomes (exit 1): ``"<doing> refused (<reason>):
+    <message>"`` in the command's flags; under ``--json`` the rejection itself is printed first,
+    as the market signed it (unless the command ``printed`` it already)."""
+    if json_mode(args) and not printed:
+        print_json(rejection)
+    message = in_flags(args, f"{rejection.message}{hint}")
+    return CommandError(f"{doing} refused ({rejection.reason}): {message}", EXIT_REFUSED)

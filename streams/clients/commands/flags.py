@@ -5,7 +5,7 @@ market's refusals and the event's validation speak of that field. Two things her
 the words of the command line, each in one place, used by every command:
 
 * :func:`in_flags` rewrites the field names of a text (a refusal's message) as the flags of the
-  command that sent the event (:func:`refused` builds the error a refusal becomes);
+  command that sent the event (``commands.common.refused`` builds the error a refusal becomes);
 * :func:`input_problem` turns a validation error of an event the command was about to sign into
   sentences naming the flags (or, for what no flag sets, the field) and what is wanted.
 
@@ -20,10 +20,8 @@ import re
 from typing import Any
 
 from ...wire.ids import ID_PATTERN
-from .common import EXIT_REFUSED, CommandError
-from .output import json_mode, print_json
 
-__all__ = ["FIELD_FLAGS", "in_flags", "input_problem", "refused"]
+__all__ = ["FIELD_FLAGS", "in_flags", "input_problem"]
 
 FIELD_FLAGS = {
     "stream_id": "--stream",
@@ -74,18 +72,6 @@ def in_flags(args: argparse.Namespace, text: str, *, words: bool = False) -> str
     ``words``, one-word names such as ``steps`` too)."""
     pattern = _WORD if words else _FIELD
     return pattern.sub(lambda m: _flag(args, m.group(0)) or m.group(0), text)
-
-
-def refused(
-    args: argparse.Namespace, doing: str, rejection: Any, hint: str = "", *, printed: bool = False
-) -> CommandError:
-    """The error a refusal of the market becomes (exit 1): ``"<doing> refused (<reason>):
-    <message>"`` in the command's flags; under ``--json`` the rejection itself is printed first,
-    as the market signed it (unless the command ``printed`` it already)."""
-    if json_mode(args) and not printed:
-        print_json(rejection)
-    message = in_flags(args, f"{rejection.message}{hint}")
-    return CommandError(f"{doing} refused ({rejection.reason}): {message}", EXIT_REFUSED)
 
 
 def _ordinal(n: int) -> str:

@@ -7,8 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_REFUSED, CommandError, load_party, run_client
-from .flags import refused
+from .common import EXIT_REFUSED, CommandError, load_party, refused, run_client
 from .output import add_json_flag, show, warn
 
 __all__ = ["add_commands"]

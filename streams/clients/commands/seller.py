@@ -20,10 +20,11 @@ from .common import (
     CommandError,
     floats,
     load_party,
+    refused,
     run_client,
     warn,
 )
-from .flags import in_flags, input_problem, refused
+from .flags import in_flags, input_problem
 from .output import add_json_flag
 from .resume import Run
 

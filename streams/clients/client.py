@@ -78,6 +78,7 @@ from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
+from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
 from .keys import Party
 from .opening import InboxOpener, Unopened
 
@@ -86,6 +87,7 @@ __all__ = [
     "MarketClient",
     "MarketKeyError",
     "MarketRootError",
+    "SentValues",
     "TopicReader",
     "ValueData",
     "now_ms",
@@ -227,6 +229,8 @@ class MarketClient:
         seal_values: bool = True,
         market_public_key: str | None = None,
         on_warning: Callable[[str], None] | None = None,
+        batch_values: int = DEFAULT_MAX_VALUES,
+        batch_delay: float = DEFAULT_MAX_DELAY,
     ) -> None:
         """``auth``: aiokafka SASL keyword arguments (see :func:`streams.broker.auth.kafka_auth`);
         defaults to ``EMARKET_KAFKA_USER``/``EMARKET_KAFKA_PASSWORD`` if set.
@@ -236,7 +240,11 @@ class MarketClient:
         Ed25519 key (base64) that answers must be signed with, pinned: a market whose identity
         record names another is refused (default: the one ``<p>.market`` publishes, trusted on
         first use with a warning; docs/protocol.md §12.1.1); ``on_warning`` is told of every
-        message skipped as not the market's, and of a key trusted on first use."""
+        message skipped as not the market's, and of a key trusted on first use.
+        ``batch_values`` and ``batch_delay``: what :meth:`publish` and :meth:`batcher` gather
+        a stream's values into, at most so many values per batch, each value waiting at most so
+        many seconds for others (:mod:`streams.clients.batching`; 1 value, or 0 s, sends each
+        value alone)."""
         self.bootstrap = bootstrap
         self.market_public_key = market_public_key or None
         self._market_key: Ed25519PublicKey | None = None
@@ -251,6 +259,9 @@ class MarketClient:
         self._registrations: dict[str, StreamRegistration] = {}
         self._requested: dict[tuple[str, str], int] = {}
         self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
+        self.batch_values, self.batch_delay = batch_values, batch_delay
+        self._batchers: dict[tuple[str, bool, float], ValueBatcher] = {}
+        self._sent_values: dict[str, SentValues] = {}
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -273,7 +284,13 @@ class MarketClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._producer.stop()
+        try:
+            for batcher in self._batchers.values():  # the values published and not sent yet
+                await batcher.close()
+            for sent in self._sent_values.values():
+                await sent.stop()
+        finally:
+            await self._producer.stop()
 
     @property
     def market(self) -> MarketRef:
@@ -610,20 +627,12 @@ class MarketClient:
     async def _publish_once(
         self, batch: ValueBatch, payload: bytes, timeout: float
     ) -> ValuesAccepted | Rejection:
-        ids = {i.value_id for i in batch.items}
         digest = hashlib.sha256(payload).hexdigest()
-
-        def answers(ev: InboxEvent) -> bool:
-            if isinstance(ev, ValuesAccepted):
-                return ev.stream_id == batch.stream_id and {o.value_id for o in ev.outcomes} == ids
-            # a rejection names the refused bytes: an older one for the stream is not ours
-            return isinstance(ev, Rejection) and ev.payload_sha256 == digest
-
         got = await self._request(
             self.topics.values,
             batch.stream_id,
             payload,
-            answers,
+            lambda ev: _answers_batch(ev, batch, digest),
             inbox=batch.seller_id,
             timeout=timeout,
         )
@@ -663,17 +672,46 @@ class MarketClient:
     ) -> str:
         """Publish one value (numbers, or on a histogram stream a mapping key → count); return
         its id. A resend keeps its identity (the id's first publication time). With ``wait``,
-        raise :class:`ValueError` if the market refused it."""
-        await self.signing_market()
-        batch = self.value_batch(stream_id, [(value_id, values, published_at_ms)])
-        answer = await self.publish_batch(batch, wait=wait, timeout=timeout)
-        vid = batch.items[0].value_id
-        if isinstance(answer, Rejection):
-            raise ValueError(f"value {vid} refused: {answer.reason}: {answer.message}")
-        if isinstance(answer, ValuesAccepted) and answer.outcomes[0].status == "rejected":
-            line = answer.outcomes[0]
-            raise ValueError(f"value {vid} refused: {line.reason}: {line.message}")
+        raise :class:`ValueError` if the market refused it; without, return once it is queued
+        (it is sent within ``batch_delay`` seconds, and at the latest when the client closes).
+
+        Values published at once by several tasks share batches (``batch_values``,
+        ``batch_delay``): a value waits up to ``batch_delay`` for others."""
+        key = (stream_id, wait, timeout)
+        if key not in self._batchers:
+            self._batchers[key] = self.batcher(stream_id, wait=wait, timeout=timeout)
+        vid = value_id or uuid.uuid4().hex[:16]
+        line = await self._batchers[key].add(values, value_id=vid, published_at_ms=published_at_ms)
+        if not wait:
+            return vid
+        got = await line
+        if got is not None and got.status == "rejected":
+            raise ValueError(f"value {vid} refused: {got.reason}: {got.message}")
         return vid
+
+    def batcher(
+        self,
+        stream_id: str,
+        *,
+        max_values: int | None = None,
+        max_delay: float | None = None,
+        wait: bool = True,
+        timeout: float = 60.0,
+        on_answer: Answered | None = None,
+    ) -> ValueBatcher:
+        """A :class:`~streams.clients.batching.ValueBatcher` of ``stream_id`` signed as this
+        client's party: values added to it go out in batches of up to ``max_values`` (default
+        ``batch_values``), each value waiting at most ``max_delay`` seconds (default
+        ``batch_delay``), and each gets its own line of the market's answer."""
+        return ValueBatcher(
+            self,
+            stream_id,
+            max_values=self.batch_values if max_values is None else max_values,
+            max_delay=self.batch_delay if max_delay is None else max_delay,
+            wait=wait,
+            timeout=timeout,
+            on_answer=on_answer,
+        )
 
     def published_at(self, stream_id: str, value_id: str) -> int | None:
         """When this client first published ``value_id`` (what a resend must carry)."""
@@ -962,20 +1000,40 @@ class MarketClient:
         from its beginning and the refusals from their end (before it is sent, so no answer can
         be missed)."""
         key = await self.market_key(wait=wait)
-        refusals: TopicReader | None = TopicReader(
-            self.bootstrap, self.topics.refusals, **self.auth
-        )
-        assert refusals is not None
+        refusals = await self._refusals_from_end()
+        if create_inbox:
+            await self._ensure_inbox(inbox)
+        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
+
+    async def _refusals_from_end(self) -> TopicReader | None:
+        """A reader of the refusals from their end (None on a market made before refusals were
+        recorded): started before a send, it misses no refusal of what is sent."""
+        refusals = TopicReader(self.bootstrap, self.topics.refusals, **self.auth)
         try:
             await refusals.start(wait=1.0, from_end=True)
-        except LookupError:  # a market made before refusals were recorded
-            refusals = None
-        if create_inbox:
-            with contextlib.suppress(Exception):  # parties may lack the right to create topics
-                await ensure_topics(
-                    self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth
-                )
-        return _Watch(self, key, inbox, (sent_to, payload), request_id, refusals, stream_id)
+        except LookupError:
+            return None
+        return refusals
+
+    async def _ensure_inbox(self, inbox: str) -> None:
+        with contextlib.suppress(Exception):  # parties may lack the right to create topics
+            await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth)
+
+    async def sent_values(self, *, party: Party | None = None, wait: float = 30.0) -> SentValues:
+        """What sends the party's value batches and hands over their answers, several in
+        flight (what every :class:`~streams.clients.batching.ValueBatcher` of this client
+        sends with): one per party, stopped when the client closes."""
+        me = self._me(party)
+        if me.account_id not in self._sent_values:
+            key = await self.market_key(wait=wait)
+            inbox = self.topics.inbox(me.account_id)
+            refusals = await self._refusals_from_end()
+            await self._ensure_inbox(inbox)
+            if me.account_id not in self._sent_values:  # another task made it meanwhile
+                self._sent_values[me.account_id] = SentValues(self, key, inbox, refusals)
+            elif refusals is not None:
+                await refusals.stop()
+        return self._sent_values[me.account_id]
 
     async def _request(
         self,
@@ -1059,9 +1117,7 @@ class _Watch:
         out = await self._inbox(timeout)
         if self.refusals is not None and not out:
             await self._refusal()
-        if not out and self.refused is not None and time.monotonic() >= self.refused[0]:
-            out.append(self.refused[1])
-        return out
+        return out or self.refusal_due()
 
     async def _inbox(self, timeout: float) -> list[InboxEvent]:
         out: list[InboxEvent] = []
@@ -1074,18 +1130,24 @@ class _Watch:
             return out
         for _, raw, headers in await self.reader.poll_records(timeout):
             got = self.client.believe(self.inbox, raw, headers, self.key)
-            if got is None or isinstance(got[1], Refusal):
-                continue
-            if got[0] == self.digest:
-                if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
-                    continue  # a copy of these bytes someone wrote to another topic, refused
-                out.append(got[1])
-                if _notice(got[1]):
-                    out.extend(self._earlier(got[1]))
-            elif self.request_id is not None and _answers(got[1], self.request_id, self.stream_id):
-                # the market's answer to an earlier send of this id
-                self.earlier.append((hashlib.sha256(raw).hexdigest(), got[1]))
+            if got is not None:
+                out += self.take(got, raw)
         return out
+
+    def take(self, got: tuple[str | None, InboxEvent | Refusal], raw: bytes) -> list[InboxEvent]:
+        """What ``got`` (a message of the inbox the market signed, :meth:`MarketClient.believe`,
+        whose bytes are ``raw``) says of this event: its answers, if any."""
+        digest, ev = got
+        if isinstance(ev, Refusal):
+            return []
+        if digest == self.digest:
+            if isinstance(ev, Rejection) and ev.source_topic != self.sent_to:
+                return []  # a copy of these bytes someone wrote to another topic, refused
+            return [ev, *self._earlier(ev)] if _notice(ev) else [ev]
+        if self.request_id is not None and _answers(ev, self.request_id, self.stream_id):
+            # the market's answer to an earlier send of this id
+            self.earlier.append((hashlib.sha256(raw).hexdigest(), ev))
+        return []
 
     def _earlier(self, notice: InboxEvent) -> list[InboxEvent]:
         """The earlier answer ``notice`` (an ``already_answered`` bound to these bytes) stands
@@ -1097,19 +1159,28 @@ class _Watch:
     async def _refusal(self) -> None:
         assert self.refusals is not None
         for key, raw, headers in await self.refusals.poll_records(0.05):
-            if key != self.digest.encode():
-                continue
-            got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
-            if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
-                continue
-            # the refusal of a record this client wrote: anyone can copy its bytes to another
-            # topic, or write them again, where the market refuses them under the same key
-            ref = got[1]
-            if (
-                ref.source_topic == self.sent_to
-                and (ref.source_partition, ref.source_offset) in self.sent
-            ):
-                self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(got[1]))
+            if key == self.digest.encode():
+                self.take_refusal(raw, headers)
+
+    def take_refusal(self, raw: bytes, headers: list[tuple[str, bytes]]) -> None:
+        """Note the refusal record ``raw`` (keyed by this event's digest) if the market signed
+        it and it refuses a record this client wrote: anyone can copy the bytes to another
+        topic, or write them again, where the market refuses them under the same key."""
+        got = self.client.believe(self.client.topics.refusals, raw, headers, self.key)
+        if got is None or got[0] != self.digest or not isinstance(got[1], Refusal):
+            return
+        ref = got[1]
+        if (
+            ref.source_topic == self.sent_to
+            and (ref.source_partition, ref.source_offset) in self.sent
+        ):
+            self.refused = (time.monotonic() + REFUSAL_GRACE, self._rejection(ref))
+
+    def refusal_due(self) -> list[InboxEvent]:
+        """The refusal noted, once the inbox had its grace to bring a rejection that says more."""
+        if self.refused is not None and time.monotonic() >= self.refused[0]:
+            return [self.refused[1]]
+        return []
 
     def _rejection(self, refusal: Refusal) -> Rejection:
         """A refusal as the rejection it summarises (nothing of the event is in it)."""
@@ -1129,6 +1200,147 @@ class _Watch:
             if reader is not None:
                 with contextlib.suppress(Exception):
                     await reader.stop()
+
+
+class SentValues:
+    """Value batches one seller sends, and the market's answers to them, read with one inbox
+    reader and one refusals reader however many batches of however many streams are in flight
+    (a watch of its own per batch would read the inbox from its beginning once per batch).
+    Each answer is handed to the ``done`` given with its batch, from a task that runs while
+    batches are in flight. A batch with no answer is sent again, the same bytes, every
+    ``resend_every`` seconds, and given up after its ``timeout``."""
+
+    def __init__(
+        self,
+        client: MarketClient,
+        key: Ed25519PublicKey,
+        inbox: str,
+        refusals: TopicReader | None,
+        *,
+        resend_every: float = 15.0,
+    ) -> None:
+        self.client, self.key, self.inbox, self.refusals = client, key, inbox, refusals
+        self.resend_every = resend_every
+        self.reader: TopicReader | None = None
+        self.flight: dict[str, _InFlight] = {}
+        """The batches sent and not answered yet, by the SHA-256 of their bytes."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def send(self, batch: ValueBatch, done: Done, *, timeout: float = 60.0) -> None:
+        """Send ``batch`` (sealed and signed); ``done`` is called once with the market's answer
+        to it, or a :class:`TimeoutError` after ``timeout`` seconds without one, or the error
+        that stopped the inbox being read."""
+        payload = batch.model_dump_json().encode()
+        values = self.client.topics.values
+        watch = _Watch(self.client, self.key, self.inbox, (values, payload), None, None)
+        now = time.monotonic()
+        self.flight[watch.digest] = _InFlight(
+            watch, batch, done, now + self.resend_every, now + timeout
+        )
+        try:
+            watch.sent.add(await self.client.send(values, batch.stream_id, payload))
+        except BaseException:
+            del self.flight[watch.digest]
+            raise
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        """Poll while batches are in flight, handing each answer to its batch's ``done``."""
+        try:
+            while self.flight:
+                try:
+                    answered = await self.poll(0.2)
+                except Exception as exc:  # the inbox cannot be read: no answer will come
+                    answered = [(d, exc) for d in self.flight]
+                for digest, answer in answered:
+                    fly = self.flight.pop(digest)
+                    try:
+                        fly.done(answer)
+                    except Exception:  # one caller's bug must not starve the others
+                        log.exception("a value batch's answer could not be handed over")
+        finally:
+            self._task = None
+
+    async def poll(
+        self, timeout: float
+    ) -> list[tuple[str, ValuesAccepted | Rejection | Exception]]:
+        """The batches answered (or given up) since the last call, by digest, with the answer;
+        sends again those whose answer is late. (The batches stay in :attr:`flight`: the
+        caller hands the answers over.)"""
+        if self.reader is None:  # the inbox of a party that never had an answer appears later
+            reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
+            with contextlib.suppress(LookupError):
+                await reader.start(wait=timeout)
+                self.reader = reader
+        heard: dict[str, list[InboxEvent]] = {}
+        for _, raw, headers in (
+            [] if self.reader is None else await self.reader.poll_records(timeout)
+        ):
+            got = self.client.believe(self.inbox, raw, headers, self.key)
+            fly = None if got is None or got[0] is None else self.flight.get(got[0])
+            if fly is not None and got is not None:
+                heard.setdefault(fly.watch.digest, []).extend(fly.watch.take(got, raw))
+        if self.refusals is not None:
+            for key, raw, headers in await self.refusals.poll_records(0.05):
+                fly = self.flight.get(key.decode(errors="replace")) if key else None
+                if fly is not None:
+                    fly.watch.take_refusal(raw, headers)
+        out: list[tuple[str, ValuesAccepted | Rejection | Exception]] = []
+        now = time.monotonic()
+        for digest, fly in list(self.flight.items()):
+            answers = [
+                ev
+                for ev in heard.get(digest) or fly.watch.refusal_due()
+                if _answers_batch(ev, fly.batch, digest)
+            ]
+            if answers:
+                answer = answers[0]
+                assert isinstance(answer, ValuesAccepted | Rejection)
+                out.append((digest, answer))
+            elif now >= fly.deadline:
+                out.append((digest, TimeoutError(f"no answer on {self.inbox} in time")))
+            elif now >= fly.resend_at:  # the same bytes: the ids make it safe
+                fly.resend_at = now + self.resend_every
+                values, payload = self.client.topics.values, fly.watch.payload
+                fly.watch.sent.add(await self.client.send(values, fly.batch.stream_id, payload))
+        return out
+
+    async def stop(self) -> None:
+        """Stop reading; the answers of batches still in flight are not waited for (a batcher
+        waits for its own before it closes)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for reader in (self.reader, self.refusals):
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.stop()
+
+
+Done = Callable[[ValuesAccepted | Rejection | Exception], None]
+"""What is told the market's answer to a batch :class:`SentValues` sent, or why none came."""
+
+
+class _InFlight:
+    """A batch sent by :class:`SentValues`: its watch, and when to resend it or give up."""
+
+    def __init__(
+        self, watch: _Watch, batch: ValueBatch, done: Done, resend_at: float, deadline: float
+    ) -> None:
+        self.watch, self.batch, self.done = watch, batch, done
+        self.resend_at, self.deadline = resend_at, deadline
+
+
+def _answers_batch(ev: InboxEvent, batch: ValueBatch, digest: str) -> bool:
+    """Whether ``ev`` (bound to the bytes of ``batch``, whose SHA-256 is ``digest``) is the
+    market's answer to it: one line for each of its values, or the refusal of these bytes (an
+    older rejection of the stream is not its answer)."""
+    if isinstance(ev, ValuesAccepted):
+        ids = {i.value_id for i in batch.items}
+        return ev.stream_id == batch.stream_id and {o.value_id for o in ev.outcomes} == ids
+    return isinstance(ev, Rejection) and ev.payload_sha256 == digest
 
 
 def _notice(ev: InboxEvent) -> bool:

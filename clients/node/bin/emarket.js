@@ -4,7 +4,7 @@
 // 2 bad input, 3 no answer in time, 4 broker unreachable.
 import { parseArgs } from 'node:util';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, nameKeys, decodePublicKey, InboxOpener } from '../src/index.js';
+import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, nameKeys, decodePublicKey, InboxOpener, ValueBatcher, DEFAULT_MAX_VALUES, DEFAULT_MAX_DELAY_MS, MAX_BATCH } from '../src/index.js';
 
 const USAGE = `usage: emarket [global options] COMMAND [options]
 
@@ -23,6 +23,8 @@ commands:
            [--mechanism laplace] [--sensitivity 1] [--dimension 1] [--retain-last N]
            [--currency EUR] [--description TEXT] [--histogram strings|integers [--domain-size N]]
   publish --stream ID (--values 1,2,3 [--value-id ID] | --file values.jsonl) [--clear]
+          [--batch-size N] [--batch-delay SECONDS]   values per signed batch, at most (default
+                                  ${DEFAULT_MAX_VALUES}), and the longest a value waits for others (default ${DEFAULT_MAX_DELAY_MS / 1000})
   quote --stream ID [--target LEVEL]
   buy --stream ID --max-price MINOR [--target LEVEL | --rmse X | --half-width X [--confidence C]
       | --most-accurate] [--purchase-id ID] [--output PATH] [--key-names names.txt]
@@ -45,6 +47,7 @@ const OPTIONS = {
   'half-width': { type: 'string' }, confidence: { type: 'string' }, 'most-accurate': { type: 'boolean' },
   'purchase-id': { type: 'string' }, output: { type: 'string' }, 'key-names': { type: 'string' }, wait: { type: 'string' },
   'public-key': { type: 'string' }, 'old-key-file': { type: 'string', multiple: true },
+  'batch-size': { type: 'string' }, 'batch-delay': { type: 'string' },
 };
 
 function num(text, what) {
@@ -148,6 +151,15 @@ function items(o) {
   return [{ value_id: o['value-id'] ?? `v-${Date.now()}`, values: need(o, 'values').split(',').map((s) => num(s, 'values')) }];
 }
 
+/** `--batch-size` and `--batch-delay` (seconds) as a ValueBatcher's options, checked. */
+function batchOptions(o) {
+  const size = o['batch-size'] === undefined ? DEFAULT_MAX_VALUES : Number(o['batch-size']);
+  if (!Number.isInteger(size) || size < 1 || size > MAX_BATCH) throw new BadInput(`--batch-size takes 1 to ${MAX_BATCH} values, got ${o['batch-size']}`);
+  const delay = o['batch-delay'] === undefined ? DEFAULT_MAX_DELAY_MS / 1000 : Number(o['batch-delay']);
+  if (o['batch-delay'] === '' || !(delay >= 0) || !Number.isFinite(delay)) throw new BadInput(`--batch-delay takes seconds, 0 or more, got ${o['batch-delay']}`);
+  return { maxValues: size, maxDelayMs: delay * 1000 };
+}
+
 function accuracy(o) {
   if (o.rmse) return { rmse: num(o.rmse, 'rmse') };
   if (o['half-width']) return { half_width: num(o['half-width'], 'half-width'), ...(o.confidence ? { confidence: num(o.confidence, 'confidence') } : {}) };
@@ -184,8 +196,18 @@ const COMMANDS = {
     emit(o, entry, `stream ${entry.registration.stream_id} registered; levels for sale: ${entry.prices.map((x) => `${x.level} (${x.price_minor} ${entry.registration.currency ?? 'EUR'} minor)`).join(', ')}`);
   },
   async publish(o) {
+    const batching = batchOptions(o);
     const p = party(o);
-    const ans = await withClient(o, p, (c) => c.publish(need(o, 'stream'), items(o), { clear: !!o.clear }));
+    const stream = need(o, 'stream');
+    const rows = items(o);
+    const outcomes = await withClient(o, p, async (c) => {
+      const b = new ValueBatcher(c, stream, { ...batching, clear: !!o.clear });
+      const lines = [];
+      for (const it of rows) lines.push((await b.add(it)).line);
+      await b.close();
+      return Promise.all(lines);
+    });
+    const ans = { type: 'values_accepted', stream_id: stream, seller_id: p.accountId, outcomes };
     const bad = ans.outcomes.filter((x) => x.status === 'rejected');
     emit(o, ans, ans.outcomes.map((x) => `${x.value_id}: ${x.status}${x.reason ? ` (${x.reason}: ${x.message})` : ''}`).join('\n'));
     if (bad.length) throw new Refused(bad[0].reason, bad[0].message, ans);

@@ -11,5 +11,6 @@ export { stateKeys, stateStamp, stateAad, openState, entryDigest } from './state
 export { encodeIdentity } from './identity.js';
 export { workBytes, solveWork, leadingZeroBits, DEFAULT_WORK_BITS } from './work.js';
 export { MarketClient, Refused, TimedOut } from './kafka.js';
+export { ValueBatcher, DEFAULT_MAX_VALUES, DEFAULT_MAX_DELAY_MS, MAX_IN_FLIGHT, MAX_BATCH } from './batching.js';
 export { InboxOpener } from './opening.js';
 export { MarketRootError, readRoot, trustedKey, rootVerdict } from './root.js';

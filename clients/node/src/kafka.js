@@ -419,6 +419,16 @@ export class MarketClient {
    * the market's key from its catalog entry (§4.5). Returns the `values_accepted` answer.
    */
   async publish(streamId, items, { clear = false } = {}) {
+    const sent = await this.sendValues(streamId, items, { clear });
+    return this.answer(sent, (d) => d.type === 'values_accepted');
+  }
+
+  /**
+   * Seal and send one batch of value items (as `publish`) without waiting for its answer;
+   * returns what `send` returns, for `answer`. A ValueBatcher (src/batching.js) keeps several
+   * such batches in flight.
+   */
+  async sendValues(streamId, items, { clear = false } = {}) {
     const now = Date.now();
     const full = items.map((it) => ({ ...it, published_at_ms: it.published_at_ms ?? now }));
     let event;
@@ -431,8 +441,7 @@ export class MarketClient {
       await this.checkSealingKey(entry.market_sealing_key);
       event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
     }
-    const sent = await this.send(event);
-    return this.answer(sent, (d) => d.type === 'values_accepted');
+    return this.send(event);
   }
 
   /** Ask what a purchase would cost (§6.7). */

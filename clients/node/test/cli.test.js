@@ -30,6 +30,11 @@ test('bad input exits 2 with a message', () => {
   const r = run('account', 'open');
   assert.equal(r.status, 2);
   assert.match(r.stderr, /key-file/);
+  for (const [flag, bad, says] of [['--batch-size', '0', /--batch-size takes 1 to 1000 values/], ['--batch-size', '1001', /1 to 1000/], ['--batch-delay', 'soon', /--batch-delay takes seconds/]]) {
+    const b = run('publish', '--stream', 's', '--values', '1', flag, bad);
+    assert.equal(b.status, 2);
+    assert.match(b.stderr, says);
+  }
 });
 
 test('verify-receipt: the sealed receipt vector verifies; one changed number does not', () => {

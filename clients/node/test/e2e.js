@@ -12,7 +12,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { MarketClient, Party, Refused, nameKeys, receiptBytes, sha256Of, stringKey, verifyOutcome, toHex } from '../src/index.js';
+import { MarketClient, Party, Refused, ValueBatcher, nameKeys, receiptBytes, sha256Of, stringKey, verifyOutcome, toHex } from '../src/index.js';
 
 const broker = process.env.EMARKET_BROKER;
 const prefix = process.env.EMARKET_PREFIX ?? 'emarket';
@@ -82,6 +82,28 @@ try {
   await step('publish two sealed values', async () => {
     const ans = await S.publish(stream, [{ value_id: 'v1', values: [20.25, -0.0] }, { value_id: 'v2', values: [19.75, 3.5] }]);
     check(ans.outcomes.length === 2 && ans.outcomes.every((o) => o.status === 'accepted'), `accepted: ${JSON.stringify(ans.outcomes)}`);
+  });
+  await step('values added one by one go out in batches, each answered on its own', async () => {
+    const batched = `batched-${tag}`;
+    await S.register({ stream_id: batched, mechanism: 'laplace', sensitivity: 1.0, dimension: 2, steps: [0.5, 1.0], cap: 1.0, pricing: { kind: 'linear_level', rate_per_level: 100.0 } });
+    const told = [];
+    const b = new ValueBatcher(S, batched, { maxValues: 16, maxDelayMs: 60000, onAnswer: (items) => told.push(items.length) });
+    const lines = [];
+    for (let i = 0; i < 40; i++) lines.push((await b.add({ value_id: `b${i}`, values: i === 39 ? [1, 2, 3] : [i, 1] })).line);
+    await b.close(); // sends the last 8 at once, not after the delay
+    const got = await Promise.all(lines);
+    check(got.slice(0, 39).every((x) => x.status === 'accepted'), `accepted: ${JSON.stringify(got.slice(0, 39))}`);
+    check(got[39].status === 'rejected' && got[39].reason === 'wrong_dimension', `the bad value alone refused: ${JSON.stringify(got[39])}`);
+    check(JSON.stringify(told) === '[16,16,8]', `batches of 16, 16 and 8: ${told}`);
+    const values = await S.reader(S.topic('values'));
+    await values.caughtUp(5000);
+    const records = values.records.filter((r) => r.key?.toString() === batched).length;
+    check(records === 3, `3 records for 40 values, got ${records}`);
+    const refused = new ValueBatcher(S, `nosuch-${tag}`, { maxDelayMs: 0 });
+    const line = (await refused.add({ values: [1, 2] })).line;
+    await refused.close();
+    const r = await line;
+    check(r.status === 'rejected' && r.reason === 'unknown_stream', `a batch refused whole: each value learns why: ${JSON.stringify(r)}`);
   });
   await step('publish a sealed histogram value', async () => {
     const ans = await S.publish(hist, [{ value_id: 'd1', keys: ['berlin', 'Zu\u0308rich', '東京'], values: [5000, 3000, 4000] }]);

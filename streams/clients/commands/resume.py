@@ -1,13 +1,13 @@
-"""``publish --file`` stopped by Ctrl-C: finish the batch in flight, say where it stopped, and
-the exact command that resumes it.
+"""``publish --file`` stopped by Ctrl-C: finish the batches in flight, say where it stopped,
+and the exact command that resumes it.
 
 A value read from a file without a ``value_id`` gets a new id (and publication time) each time
 it is sent, so sending such a value again publishes it twice; only the values of a file the
-market has not received may be sent again. The first Ctrl-C therefore lets the batch in flight
-finish (sent and answered: at most one batch, ``--timeout`` at most), stops before the next, and
-prints how many values the market has answered and ``--skip N``, which resumes after them. A
-second Ctrl-C stops at once; the batch then in flight may or may not have reached the market,
-and the message says so, with what tells which (``tail`` shows the answers in the inbox).
+market has not received may be sent again. The first Ctrl-C therefore lets the batches already
+made finish (sent and answered: ``--timeout`` at most), adds no further value, and prints how
+many values the market has answered and ``--skip N``, which resumes after them. A second
+Ctrl-C stops at once; the batches then in flight may or may not have reached the market, and
+the message says so, with what tells which (``tail`` shows the answers in the inbox).
 """
 
 from __future__ import annotations

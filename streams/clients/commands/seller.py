@@ -238,7 +238,7 @@ def _rows(args: argparse.Namespace) -> list[Row]:
 def cmd_publish(args: argparse.Namespace) -> int:
     party = load_party(args)
     rows, run = _skipped(args, _rows(args))
-    per_batch = max(1, min(500, 900_000 // (26 * max(len(r[1]) for r in rows) + 200)))
+    per_batch = max(1, min(args.batch_size, 900_000 // (26 * max(len(r[1]) for r in rows) + 200)))
 
     async def body(c: Any) -> list[Any]:
         refused = []
@@ -250,22 +250,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
             raise CommandError(f"{exc} (or pass --market-sealing-key)") from None
         await c.signing_market()  # what every batch is signed for
         _check_counts(c.registration_of(args.stream), rows)
-        for start in range(0, len(rows), per_batch):
-            batch = c.value_batch(args.stream, rows[start : start + per_batch])
-            sending = c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
-            answer = await run.send(len(batch.items), sending)
+        last: tuple[Any, Any] = (None, None)
+
+        def answered(batch: Any, answer: Any) -> None:
+            nonlocal refused, last
+            last = batch, answer
             refused += _refusals(answer, batch)
             output.published(args, c, batch, answer)
             if run.total > 1:
                 rate = run.answered / max(1e-9, time.monotonic() - t0)
                 done = run.skipped + run.answered
                 output.progress(args, f"published {done}/{run.total} values ({rate:.0f}/s)")
-            if run.stopped:
-                break
+
+        await run.send(0, _publish_rows(c, args, rows, per_batch, answered, run))
         if run.total > 1:
             output.progress(args, None)
         else:
-            output.say(args, output.one_value(c, batch, answer))
+            output.say(args, output.one_value(c, *last))
         return refused
 
     try:
@@ -281,6 +282,39 @@ def cmd_publish(args: argparse.Namespace) -> int:
         output.say(args, "\n".join(run.report(args)))
         return EXIT_INTERRUPTED
     return EXIT_REFUSED if refused else 0
+
+
+async def _publish_rows(
+    c: Any, args: argparse.Namespace, rows: list[Row], per_batch: int, answered: Any, run: Run
+) -> None:
+    """``rows`` through the client's batcher (:mod:`streams.clients.batching`), in order, up
+    to ``per_batch`` values per batch and several batches in flight; ``answered`` is told of
+    each batch's answer, ``run`` of the values answered in order and those in flight. Once Ctrl-C
+    stopped ``run``, no value is added and those added are finished. Raises the error of a
+    value that got no answer (TimeoutError)."""
+    added = 0
+
+    def told(batch: Any, answer: Any) -> None:
+        run.answered, run.in_flight = batcher.answered, added - batcher.answered
+        answered(batch, answer)
+
+    async with c.batcher(
+        args.stream,
+        max_values=per_batch,
+        max_delay=args.batch_delay,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+        on_answer=told,
+    ) as batcher:
+        lines = []
+        for vid, values, at in rows:
+            if run.stopped:
+                break
+            lines.append(await batcher.add(values, value_id=vid, published_at_ms=at))
+            added += 1
+            run.in_flight = added - run.answered
+    for line in lines:
+        line.result()
 
 
 def _skipped(args: argparse.Namespace, rows: list[Row]) -> tuple[list[Row], Run]:
@@ -432,6 +466,7 @@ def _publish_parser(sub: Any) -> None:
         help="publication time (Unix ms); give the original one when resending a value id",
     )
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
+    _batch_flags(sp)
     sp.add_argument(
         "--skip",
         type=int,
@@ -449,3 +484,44 @@ def _publish_parser(sub: Any) -> None:
         "in the stream's catalog entry, which trusts whoever may write the catalog topic)",
     )
     sp.set_defaults(fn=cmd_publish)
+
+
+def _batch_size(text: str) -> int:
+    from ...wire.events import MAX_BATCH  # noqa: PLC0415
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
+        raise argparse.ArgumentTypeError(
+            f"--batch-size takes 1 to {MAX_BATCH} values, got {text!r}"
+        )
+    return int(text)
+
+
+def _batch_delay(text: str) -> float:
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = -1.0
+    if not (math.isfinite(delay) and delay >= 0):
+        raise argparse.ArgumentTypeError(f"--batch-delay takes seconds, 0 or more, got {text!r}")
+    return delay
+
+
+def _batch_flags(sp: Any) -> None:
+    """How ``publish`` gathers values into batches (:mod:`streams.clients.batching`)."""
+    from ..batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES  # noqa: PLC0415
+
+    sp.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default=DEFAULT_MAX_VALUES,
+        metavar="N",
+        help=f"values per signed batch, at most (default {DEFAULT_MAX_VALUES}: where the "
+        "market's CPU per value stops falling; fewer if the broker's message size needs it)",
+    )
+    sp.add_argument(
+        "--batch-delay",
+        type=_batch_delay,
+        default=DEFAULT_MAX_DELAY,
+        metavar="SECONDS",
+        help=f"longest a value waits for others to fill its batch (default {DEFAULT_MAX_DELAY})",
+    )

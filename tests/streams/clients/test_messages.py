@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from streams.clients.batching import DEFAULT_MAX_VALUES
+
 from ..conftest import Market
 from ..helpers import TEST_KEYS, cli_parties
 
@@ -130,13 +132,13 @@ def test_publish_stopped_by_ctrl_c_says_how_to_resume_and_resumes_once(
     market: Market, tmp_path: Path
 ) -> None:
     """Ctrl-C in `publish --file` printed no newline and no way to resume; values without ids
-    sent again would be published twice. The batch in flight is finished, the command says how
+    sent again would be published twice. The batches in flight are finished, the command says how
     many values the market answered and the command that resumes after them."""
     market.start_worker()
     pre = ["--broker", market.broker.url, "--prefix", market.topics.prefix]
     (acme,) = cli_parties(run, pre, tmp_path, "acme").values()
     said(run(*pre, "register", *acme, "--stream", "bulk", "--steps", "1"), 0)
-    total = 5_000  # 10 batches of 500: the first Ctrl-C comes long before the last
+    total = 5_000  # 157 batches: the first Ctrl-C comes long before the last
     values = tmp_path / "values.jsonl"
     values.write_text("".join(f"[{i}]\n" for i in range(total)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMARKET_")}
@@ -156,7 +158,7 @@ def test_publish_stopped_by_ctrl_c_says_how_to_resume_and_resumes_once(
         assert "Traceback" not in proc.stderr.read().decode()
         m = out.wait_for(rf"stopped by Ctrl-C: (\d+) of {total} values of \S+ sent and answered")
     done = int(m.group(1))
-    assert 0 < done < total and done % 500 == 0, out.text
+    assert 0 < done < total and done % DEFAULT_MAX_VALUES == 0, out.text
     assert re.search(r"values \(\d+/s\)\n", out.text), "the progress line was not ended"
     resume = out.wait_for(r"resume with: (.*)\n").group(1)
     assert resume.startswith("epsilon-market ") and resume.endswith(f"--skip {done}"), resume

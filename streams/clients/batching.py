@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..wire.events import MAX_BATCH, Rejection, ValueBatch, ValueOutcome, ValuesAccepted
+from .batch_defaults import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES
 
 if TYPE_CHECKING:
     from .client import MarketClient, ValueData
@@ -37,10 +38,6 @@ __all__ = [
     "ValueBatcher",
 ]
 
-DEFAULT_MAX_VALUES = 32
-"""Values per batch by default: where the market's CPU per value stops falling (see above)."""
-DEFAULT_MAX_DELAY = 0.05
-"""Seconds a value waits by default for others to share its batch (50 ms)."""
 MAX_IN_FLIGHT = 32
 """Batches sent and not yet answered at most; :meth:`ValueBatcher.add` waits for room."""
 

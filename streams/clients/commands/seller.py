@@ -508,7 +508,7 @@ def _batch_delay(text: str) -> float:
 
 def _batch_flags(sp: Any) -> None:
     """How ``publish`` gathers values into batches (:mod:`streams.clients.batching`)."""
-    from ..batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES  # noqa: PLC0415
+    from ..batch_defaults import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES  # noqa: PLC0415
 
     sp.add_argument(
         "--batch-size",

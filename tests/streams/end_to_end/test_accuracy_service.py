@@ -143,7 +143,7 @@ def test_the_cli_quotes_a_table_and_buys_by_accuracy(market: Market, tmp_path: P
     assert table[4].split()[:5] == ["4", "0.3536", "0.7491", "2.00", "EUR"], r.stderr
     r = cli(*pre, "buy", *bob, "--stream", "temp", "--half-width", "0.1", "--max-price", "5")
     assert r.returncode == 1 and "accuracy_not_for_sale" in r.stderr
-    assert "target_level 4" in r.stderr
+    assert "--target 4" in r.stderr
     r = cli(
         *pre, "buy", *bob, "--stream", "temp", "--rmse", "1", "--target", "2", "--max-price", "5"
     )

@@ -245,7 +245,7 @@ def add_commands(sub: Any) -> None:
     ):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
-        sp.add_argument("--stream", required=True)
+        sp.add_argument("--stream", required=True, help="the stream (`epsilon-market catalog`)")
         sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
         sp.add_argument(
             "--rmse",
@@ -262,7 +262,9 @@ def add_commands(sub: Any) -> None:
             "is at most ± this (value units)",
         )
         sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
-        sp.add_argument("--timeout", type=float, default=60.0)
+        sp.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
+        )
         if name == "buy":
             sp.add_argument(
                 "--max-price", required=True, help="most you will pay, e.g. 0.50 (in --currency)"
@@ -272,7 +274,7 @@ def add_commands(sub: Any) -> None:
                 action="store_true",
                 help="the most accurate level --max-price buys",
             )
-            sp.add_argument("--currency", default="EUR")
+            sp.add_argument("--currency", default="EUR", help="the currency of --max-price")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
             sp.add_argument("--output", default=None, help="also write the outcome to this file")
             sp.add_argument(
@@ -286,7 +288,7 @@ def add_commands(sub: Any) -> None:
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
     sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
-    sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--follow", action="store_true", help="keep reading new events until Ctrl-C")
     sp.add_argument(
         "--key-names",
         default=None,

@@ -18,8 +18,10 @@ from .common import (
     EXIT_REFUSED,
     CommandError,
     bootstrap,
+    check_broker,
     run_client,
     topics_of,
+    unreachable,
 )
 from .output import add_json_flag, json_mode, print_json, show
 
@@ -32,10 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
 
     settings = _worker_settings(args)
-    taken = _web_port_taken(settings)
-    if taken:
-        print(taken, file=sys.stderr)
-        return 2
+    _start_checks(args, settings, exclusive=True)
     broker = None
     if args.broker is None:
         broker = EmbeddedBroker().start()
@@ -74,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
     try:
-        return _run(settings, None if broker is None else broker.stop)
+        return _run(settings, None if broker is None else broker.stop, args=args)
     finally:
         if broker is not None:
             broker.stop()
@@ -92,17 +91,43 @@ def _market_key_of(settings: Any) -> tuple[str, str]:
 def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap(args)
     settings = _worker_settings(args)
-    taken = _web_port_taken(settings)
-    if taken:
-        print(taken, file=sys.stderr)
-        return 2
+    _start_checks(args, settings, exclusive=False)
     key_id, market_key = _market_key_of(settings)
     print(
         f"epsilon-market worker: market key {key_id}: clients pin it with "
         f"EMARKET_MARKET_KEY={market_key} (--market-key)",
         flush=True,
     )
-    return _run(settings)
+    return _run(settings, args=args)
+
+
+def _start_checks(args: argparse.Namespace, settings: Any, *, exclusive: bool) -> None:
+    """What ``serve`` and ``worker`` check before anything starts, each failure one line: the
+    data directory is not another ``serve``'s (held until this process ends), the web port is
+    free, and the broker answers (``serve`` without a broker starts its own)."""
+    from ...worker.data_lock import DataDirInUse, hold_data_dir  # noqa: PLC0415
+
+    try:
+        hold_data_dir(settings.data_dir, exclusive=exclusive)
+    except DataDirInUse as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(
+            f"--data-dir {settings.data_dir}: cannot use this directory ({exc.strerror or exc})"
+        ) from None
+    taken = _web_port_taken(settings)
+    if taken:
+        raise CommandError(taken)
+    if args.broker is not None:
+        check_broker(args, args.broker_wait, _auth_of(settings))
+
+
+def _auth_of(settings: Any) -> dict[str, Any]:
+    try:
+        auth: dict[str, Any] = settings.aiokafka_auth()
+    except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file
+        raise CommandError(f"broker credentials: {exc}") from None
+    return auth
 
 
 def _web_port_taken(settings: Any) -> str | None:
@@ -116,14 +141,21 @@ def _web_port_taken(settings: Any) -> str | None:
             sock.bind((settings.web_host, settings.web_port))
         except OSError as exc:
             return (
-                f"error: the worker's web port {settings.web_host}:{settings.web_port} is "
+                f"the worker's web port {settings.web_host}:{settings.web_port} is "
                 f"not free ({exc.strerror}): another market or program is serving there. "
                 "Choose another with --web-port N (or EMARKET_WEB_PORT)."
             )
     return None
 
 
-def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int:
+def _run(
+    settings: Any,
+    on_forced_exit: Callable[[], None] | None = None,
+    *,
+    args: argparse.Namespace,
+) -> int:
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
     from ...worker.identity import MarketIdentityError  # noqa: PLC0415
     from ...worker.runner import run_worker  # noqa: PLC0415
 
@@ -132,25 +164,32 @@ def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int
     except MarketIdentityError as exc:
         print(f"error: the worker did not start: {exc}", file=sys.stderr)
         return EXIT_IDENTITY
+    except TimeoutError as exc:  # the broker went away after answering the first check
+        raise unreachable(args, str(exc)) from None
+    except KafkaError as exc:
+        raise unreachable(args, type(exc).__name__) from None
     return 0
 
 
 def _worker_settings(args: argparse.Namespace) -> Any:
     from ...worker.config import Settings  # noqa: PLC0415
 
-    s = Settings.from_env(
-        broker=args.broker,
-        prefix=args.prefix,
-        app_id=args.app_id,
-        partitions=args.partitions,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        store=args.store,
-        web_host=args.web_host,
-        web_port=args.web_port,
-        log_level=args.log_level or ("warn" if args.command == "serve" else None),
-        require_encryption=False if args.unsafe_unsealed_buyers else None,
-        accept_clear_values=True if args.accept_clear_values else None,
-    )
+    try:
+        s = Settings.from_env(
+            broker=args.broker,
+            prefix=args.prefix,
+            app_id=args.app_id,
+            partitions=args.partitions,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            store=args.store,
+            web_host=args.web_host,
+            web_port=args.web_port,
+            log_level=args.log_level or ("warn" if args.command == "serve" else None),
+            require_encryption=False if args.unsafe_unsealed_buyers else None,
+            accept_clear_values=True if args.accept_clear_values else None,
+        )
+    except ValueError as exc:  # an EMARKET_* variable that is not what it must be
+        raise CommandError(f"the worker's settings: {exc}") from None
     if args.tansu:
         s = s.for_tansu()
     tuning = {
@@ -521,6 +560,14 @@ def _catalog_key(args: argparse.Namespace, outcome: Any) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.broker is not None:
+        from ...broker.auth import env_auth  # noqa: PLC0415
+
+        try:
+            auth = env_auth()
+        except (ValueError, OSError) as exc:
+            raise CommandError(f"broker credentials: {exc}") from None
+        check_broker(args, args.broker_wait, auth)
     from ..demo import run_demo  # noqa: PLC0415
 
     return run_demo(broker=args.broker, steps=args.steps, n_values=args.values)
@@ -528,19 +575,77 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _worker_options(sp: argparse.ArgumentParser) -> None:
     for flag, kind, text in (
-        ("--app-id", str, None),
-        ("--partitions", int, None),
-        ("--data-dir", str, None),
-        ("--store", str, "memory:// or rocksdb://"),
-        ("--web-host", str, None),
-        ("--web-port", int, None),
-        ("--session-timeout", float, None),
-        ("--heartbeat-interval", float, None),
-        ("--fetch-max-wait-ms", int, None),
+        (
+            "--app-id",
+            str,
+            "the Faust app id: workers with one id share the work "
+            "(default $EMARKET_APP_ID or epsilon-market)",
+        ),
+        (
+            "--partitions",
+            int,
+            "input partitions of the market's topics (default $EMARKET_PARTITIONS or 4)",
+        ),
+        (
+            "--data-dir",
+            str,
+            "the market's keys, the operators' token and local checkpoints "
+            "(default $EMARKET_DATA_DIR or data); one serve per directory",
+        ),
+        (
+            "--store",
+            str,
+            "table store, memory:// or rocksdb:// (default $EMARKET_STORE or memory://)",
+        ),
+        (
+            "--web-host",
+            str,
+            "address of /health, /metrics and /ledger (default $EMARKET_WEB_HOST or 127.0.0.1)",
+        ),
+        (
+            "--web-port",
+            int,
+            "port of /health, /metrics and /ledger (default $EMARKET_WEB_PORT or 6066)",
+        ),
+        (
+            "--session-timeout",
+            float,
+            "consumer group session timeout, seconds (default "
+            "$EMARKET_SESSION_TIMEOUT or 10; 3 with --tansu)",
+        ),
+        (
+            "--heartbeat-interval",
+            float,
+            "consumer group heartbeat, seconds (default "
+            "$EMARKET_HEARTBEAT_INTERVAL or 1; 0.3 with --tansu)",
+        ),
+        (
+            "--fetch-max-wait-ms",
+            int,
+            "longest wait of a fetch, ms (default "
+            "$EMARKET_FETCH_MAX_WAIT_MS or 1500; 20 with --tansu)",
+        ),
     ):
         sp.add_argument(flag, type=kind, default=None, help=text)
-    sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
-    sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+    sp.add_argument(
+        "--log-level",
+        default=None,
+        choices=["crit", "error", "warn", "info", "debug"],
+        help="default warn for serve; $EMARKET_LOG_LEVEL or info for worker",
+    )
+    sp.add_argument(
+        "--tansu",
+        action="store_true",
+        help="apply the embedded-broker workarounds (serve applies them to its own broker)",
+    )
+    sp.add_argument(
+        "--broker-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long the broker may take to answer before this stops with an error; raise it "
+        "where a supervisor starts the worker before the broker is up (default %(default)g)",
+    )
     sp.add_argument(
         "--unsafe-unsealed-buyers",
         action="store_true",
@@ -564,8 +669,19 @@ def add_commands(sub: Any) -> None:
     _worker_options(sp)
     sp.set_defaults(fn=cmd_worker)
     sp = sub.add_parser("demo", help="live demo: a seller streams, a buyer buys three steps")
-    sp.add_argument("--steps", type=int, default=3)
-    sp.add_argument("--values", type=int, default=20)
+    sp.add_argument(
+        "--steps", type=int, default=3, help="privacy steps the buyer buys, 1 to 5 (default 3)"
+    )
+    sp.add_argument(
+        "--values", type=int, default=20, help="readings the seller publishes (default 20)"
+    )
+    sp.add_argument(
+        "--broker-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --broker: how long it may take to answer (default %(default)g)",
+    )
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("init-topics", help="create the market's topics")
     sp.add_argument(
@@ -599,16 +715,20 @@ def add_commands(sub: Any) -> None:
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
-    sp.add_argument("--stream", default=None)
-    sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--stream", default=None, help="only this stream's (default: every stream)")
+    sp.add_argument("--follow", action="store_true", help="keep reading new refusals until Ctrl-C")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_rejections)
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
-    sp.add_argument("--out", default="docs/schemas")
+    sp.add_argument(
+        "--out", default="docs/schemas", help="directory to write to (default docs/schemas)"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_schemas)
     sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
-    sp.add_argument("--out", default="docs/vectors")
+    sp.add_argument(
+        "--out", default="docs/vectors", help="directory to write to (default docs/vectors)"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_vectors)
     sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")

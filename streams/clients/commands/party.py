@@ -142,7 +142,9 @@ def add_commands(sub: Any) -> None:
     asub = acct.add_subparsers(dest="account_command", required=True)
     sp = asub.add_parser("open", help="pin the key file's keys to its account id")
     sp.add_argument("--key-file", default=None)
-    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the market's answer"
+    )
     sp.add_argument(
         "--invitation",
         default=None,
@@ -155,6 +157,8 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--key-file", default=None, help="the current keys")
     sp.add_argument("--new-key-file", required=True, help="keygen output with the same account")
     sp.add_argument("--version", type=int, required=True, help="the account's version + 1")
-    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the market's answer"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_rotate, command="account rotate")

@@ -95,13 +95,22 @@ def _global_options(p: argparse.ArgumentParser, *, after: bool) -> None:
         p.add_argument("--json", action="store_true", default=default(False), help=output.JSON_HELP)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+class _Version(argparse.Action):
+    """``--version``: the installed package's version, read only when asked for."""
 
-    try:
-        return version("epsilon-market")
-    except PackageNotFoundError:  # run from a checkout without `pip install`
-        return "unknown (not installed: pip install -e .)"
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            text = version("epsilon-market")
+        except PackageNotFoundError:  # run from a checkout without `pip install`
+            text = "unknown (not installed: pip install -e .)"
+        print(f"{parser.prog} {text}")
+        parser.exit()
 
 
 def _parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -120,9 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A streaming data market selling differential privacy in lossless steps.",
         epilog="Options before a command's name may come after it too.",
     )
-    p.add_argument(
-        "--version", action="version", version=f"%(prog)s {_version()}", help="print the version"
-    )
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     _global_options(p, after=False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     operator.add_commands(sub)

@@ -277,6 +277,11 @@ def _operator_token(args: argparse.Namespace) -> str | None:
         return None
     except OSError as exc:
         raise CommandError(f"cannot read the operator token {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CommandError(
+            f"{path} is not an operator token (the worker writes one, text, to its data "
+            "directory as operator_token)"
+        ) from None
 
 
 def _whose_ledger(url: str, *, defaulted: bool) -> str:

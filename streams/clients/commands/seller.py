@@ -224,13 +224,16 @@ def _rows(args: argparse.Namespace) -> list[Row]:
     except OSError as exc:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}") from None
     with src:
-        for n, raw_line in enumerate(src, 1):
-            line = raw_line.strip()
-            if line:
-                try:
-                    rows.append(parse_row(line))
-                except ValueError as exc:
-                    raise CommandError(f"line {n}: {exc}") from None
+        try:
+            for n, raw_line in enumerate(src, 1):
+                line = raw_line.strip()
+                if line:
+                    try:
+                        rows.append(parse_row(line))
+                    except ValueError as exc:
+                        raise CommandError(f"line {n}: {exc}") from None
+        except UnicodeDecodeError:
+            raise CommandError(f"{args.file} is not text (UTF-8 JSON lines)") from None
     if not rows:
         raise CommandError(f"{args.file} holds no values")
     return rows
@@ -407,7 +410,10 @@ def _publish_parser(sub: Any) -> None:
     sp.add_argument("--values", type=floats, default=None, help="e.g. 20.5,21.0")
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
     sp.add_argument(
-        "--counts", default=None, help="one histogram: CSV rows key,count or a JSON object"
+        "--counts",
+        default=None,
+        metavar="FILE",
+        help="one histogram: CSV rows key,count or a JSON object",
     )
     sp.add_argument(
         "--published-at",

@@ -1,0 +1,445 @@
+"""No command of ``epsilon-market`` shows a person a traceback, whatever goes wrong.
+
+Every command is found in the argparse parser itself (a new command is walked without a
+change here) and run as a person would, with the mistakes people make: a dead broker in the
+environment, a key file that is missing, a directory or garbage, a malformed input file, and
+Ctrl-C while it waits. Each must end within its stated timeout with a message, never a
+traceback nor the last-resort "this is a bug" line (:func:`streams.clients.cli.main`).
+
+An option that names a file says so (``FILE`` as its metavar, or "file" in its help): that is
+how the walk knows which options to hand a malformed file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from streams.broker.embedded import find_free_port
+from streams.clients.cli import GLOBAL_OPTIONS, build_parser, help_line, main
+from streams.worker.data_lock import DataDirInUse, hold_data_dir
+
+from ..conftest import Market
+
+ROOT = Path(__file__).resolve().parents[3]
+GARBAGE = b"\x00\xff\xfe not what it should be {[\n\x80"
+TEXT = b'{"value_id": 7, "values": "no"}\n[1, 2\nkey,count\na,-1.5\n'  # UTF-8, not valid
+STATED = 5.0  # what every command may wait: its --timeout is set to it; --broker-wait is it
+SLACK = 20.0  # seconds a command may take beyond it on a busy CPU
+BUG_MARKS = ("Traceback", "this is a bug")
+Command = tuple[str, ...]
+
+
+def commands() -> dict[Command, argparse.ArgumentParser]:
+    """Every command of the CLI (``("account", "open")`` for a subcommand) and its parser."""
+    out: dict[Command, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: Command) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs and path:
+            out[path] = parser
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, (*path, name))
+
+    walk(build_parser(), ())
+    return out
+
+
+def options(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+    for a in parser._actions:
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction):
+            yield a
+
+
+def takes_file(a: argparse.Action) -> bool:
+    return a.metavar == "FILE" or "file" in f"{a.dest} {a.help or ''}".lower()
+
+
+class Case:
+    """Arguments that make every command runnable: its required options filled in."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.key = tmp / "a1.key"
+        r = run(["keygen", "--account", "a1", "--out", str(self.key)], env=clean_env())
+        assert r.returncode == 0, r.stderr
+        self.outcome = tmp / "outcome.json"
+        self.outcome.write_text('{"stream_id": "s1"}')
+        self.n = 0
+
+    def value(self, a: argparse.Action) -> str:
+        self.n += 1
+        by_dest = {
+            "key_file": str(self.key),
+            "new_key_file": str(self.key),
+            "event": str(self.outcome),
+            "out": str(self.tmp / f"new-{self.n}"),
+            "max_price": "1.00",
+            "steps": "1,2",
+            "version": "2",
+            "data_dir": str(self.tmp / f"data-{self.n}"),
+            "web_port": str(find_free_port()),
+            "timeout": f"{STATED:g}",
+            "values": "1",
+        }
+        if a.dest in by_dest:
+            return by_dest[a.dest]
+        if a.choices:
+            return str(next(iter(a.choices)))
+        return "2" if a.type in (int, float) else "x1"
+
+    def argv(self, command: Command, parser: argparse.ArgumentParser, **given: str) -> list[str]:
+        """``command`` with its required options, the optional ones a run needs (a data
+        directory and web port of its own, a short timeout) and ``given`` (dest -> value)."""
+        argv = list(command)
+        for a in options(parser):
+            wanted = a.required or a.dest in ("key_file", "data_dir", "web_port", "timeout")
+            if a.dest == "values":  # what publish sends, unless a file is given
+                wanted = not {"file", "counts"} & set(given)
+            if a.dest in given:
+                value = given[a.dest]
+            elif wanted and a.nargs != 0:
+                value = self.value(a)
+            else:
+                continue
+            argv += [value] if not a.option_strings else [a.option_strings[0], value]
+        return argv
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMARKET_")}
+    env["EMARKET_OPENING_WORK"] = "0"
+    return {**env, **extra}
+
+
+def run(
+    argv: list[str], env: dict[str, str], timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streams", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def ended(
+    argv: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str] | str:
+    """Run ``argv`` as a person would: how it ended, or what is wrong if it did not in time."""
+    try:
+        return run(argv, env, timeout)
+    except subprocess.TimeoutExpired:
+        return f"{' '.join(argv)}: still running after {timeout:g} s"
+
+
+def judged(argv: list[str], code: object, out: str, err: str) -> str | None:
+    """What is wrong with how ``argv`` ended (None: a message, no traceback)."""
+    if any(m in out + err for m in BUG_MARKS):
+        return f"{' '.join(argv)}: exit {code}\n{(out + err)[-3000:]}"
+    if code != 0 and not err.strip():
+        return f"{' '.join(argv)}: exit {code} without a word"
+    if len(err.splitlines()) > 8:
+        return f"{' '.join(argv)}: {len(err.splitlines())} lines on stderr\n{err[-2000:]}"
+    return None
+
+
+class Hung(BaseException):
+    """Raised by SIGALRM in a command run in this process that overran its time."""
+
+
+def in_process(argv: list[str], timeout: float) -> str | None:
+    """:func:`judged` for a command run by :func:`main` in this process (a subprocess each
+    would cost a second of CPU per case): an exception escaping ``main``, a traceback printed,
+    or a wait beyond ``timeout`` is what is wrong."""
+    out, err = io.StringIO(), io.StringIO()
+
+    def overran(*_: object) -> None:
+        raise Hung
+
+    before = signal.signal(signal.SIGALRM, overran)
+    signal.alarm(int(timeout))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code: object = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code
+    except Hung:
+        return f"{' '.join(argv)}: still running after {timeout:g} s"
+    except BaseException:  # what a person would see as a traceback
+        return f"{' '.join(argv)}: {traceback.format_exc()}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    return judged(argv, code, out.getvalue(), err.getvalue())
+
+
+def dead_port() -> int:
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_no_command_shows_a_traceback_with_a_dead_broker(tmp_path: Path) -> None:
+    """Every command with a dead broker in the environment (the README's `export
+    EMARKET_BROKER=...` kept from an earlier session): a message and an exit, in time. Those
+    that need the broker (serve, worker and demo first: they used to retry for half a minute
+    and end in a traceback) exit 4 with one line naming the broker and where its address
+    came from, given in the environment or with --broker."""
+    case = Case(tmp_path)
+    dead = f"kafka://127.0.0.1:{dead_port()}"
+    env = clean_env(EMARKET_BROKER=dead, EMARKET_WORKER="http://127.0.0.1:1")
+    flag = ["--broker", dead]
+    runs = [(command, case.argv(command, p), env) for command, p in commands().items()]
+    for command in (("serve",), ("worker",), ("demo",), ("catalog",)):
+        runs.append((command, [*case.argv(command, commands()[command]), *flag], clean_env()))
+    with ThreadPoolExecutor(4) as pool:  # they mostly wait
+        results = list(pool.map(lambda r: ended(r[1], r[2], STATED + SLACK), runs))
+    failures = []
+    for (command, argv, _), r in zip(runs, results, strict=True):
+        if isinstance(r, str):
+            failures.append(r)
+            continue
+        failures.append(judged(argv, r.returncode, r.stdout, r.stderr))
+        source = "--broker" if argv[-2:] == flag else "EMARKET_BROKER"
+        lines = r.stderr.strip().splitlines()
+        if "the broker" in r.stderr and not (
+            r.returncode == 4 and len(lines) == 1 and f"{dead} (from {source})" in lines[0]
+        ):
+            failures.append(f"{' '.join(argv)}: not one line naming {dead} from {source}: {lines}")
+        if command in (("serve",), ("worker",), ("demo",)) and r.returncode != 4:
+            failures.append(f"{' '.join(argv)}: exit {r.returncode}, not 4\n{r.stderr[-2000:]}")
+        if "is serving" in r.stdout:
+            failures.append(f"{' '.join(argv)}: says it is serving")
+    assert not (found := [f for f in failures if f]), "\n\n".join(found)
+
+
+def test_no_command_shows_a_traceback_with_a_bad_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command, with each file it takes missing, a directory, bytes that are not text,
+    or text that is not what the file should hold: a message and an exit, in time (a dead
+    broker in the environment, for those that get that far)."""
+    case = Case(tmp_path)
+    for k in [k for k in os.environ if k.startswith("EMARKET_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("EMARKET_BROKER", f"kafka://127.0.0.1:{dead_port()}")
+    monkeypatch.setenv("EMARKET_WORKER", "http://127.0.0.1:1")
+    failures, file_options = [], 0
+    for command, parser in commands().items():
+        for a in options(parser):
+            if not takes_file(a):
+                continue
+            file_options += 1
+            for kind, content in (
+                ("missing", None),
+                ("dir", None),
+                ("bytes", GARBAGE),
+                ("text", TEXT),
+            ):
+                bad = tmp_path / f"{kind}-{file_options}"
+                if kind == "dir":
+                    bad.mkdir()
+                elif content is not None:
+                    bad.write_bytes(content)
+                argv = case.argv(command, parser, **{a.dest: str(bad)})
+                failures.append(in_process(argv, STATED + SLACK))
+    assert file_options >= 15, "the walk found too few options that take a file"
+    assert not (found := [f for f in failures if f]), "\n\n".join(found)
+
+
+def test_options_work_on_either_side_of_the_command(tmp_path: Path) -> None:
+    """`demo --broker kafka://host:9092` as the README writes it: every global option is
+    taken after any command's name as before it."""
+    case = Case(tmp_path)
+    values = {"--broker": "kafka://h:9092", "--prefix": "p7", "--market-key": "K", "--json": None}
+    flags = [x for k, v in values.items() for x in ([k] if v is None else [k, v])]
+    parser = build_parser()
+    for command, sub in commands().items():
+        plain = case.argv(command, sub)
+        for argv in ([*flags, *plain], [*plain, *flags]):
+            args = parser.parse_args(argv)
+            got = (args.broker, args.prefix, args.market_key, args.json)
+            assert got == ("kafka://h:9092", "p7", "K", True), (argv, got)
+        args = parser.parse_args(["--prefix", "before", *plain])  # not given after: kept
+        assert args.prefix == "before", plain
+    assert set(values) == set(GLOBAL_OPTIONS)
+
+
+def test_every_option_has_a_help_line_with_its_default() -> None:
+    missing, silent = [], []
+    for command, parser in {(): build_parser(), **commands()}.items():
+        for a in options(parser):
+            text = help_line(a)
+            name = f"{' '.join(command)} {'/'.join(a.option_strings) or a.dest}"
+            if not text or text == argparse.SUPPRESS:
+                missing.append(name)
+            elif a.default not in (None, False, "", argparse.SUPPRESS) and "default" not in text:
+                silent.append(f"{name} (default {a.default!r})")
+    assert not missing, f"options without help: {missing}"
+    assert not silent, f"defaults not shown: {silent}"
+    usage = run(["buy", "--help"], clean_env()).stdout
+    assert "(default 60.0)" in usage and "(default EUR)" in usage, usage
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    r = run(["--version"], clean_env())
+    assert r.returncode == 0 and r.stdout.strip() == f"epsilon-market {version('epsilon-market')}"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
+def test_an_unreadable_key_file_is_one_line(tmp_path: Path) -> None:
+    case = Case(tmp_path)
+    case.key.chmod(0)
+    for command, parser in commands().items():
+        if any(a.dest == "key_file" for a in options(parser)):
+            r = run(case.argv(command, parser), clean_env(EMARKET_BROKER="kafka://127.0.0.1:1"))
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+            assert str(case.key) in r.stderr, r.stderr
+
+
+# -- a live broker: Ctrl-C, and one serve per data directory ----------------------------------
+def _connected(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds an established TCP connection to ``port`` on 127.0.0.1."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if m := re.fullmatch(r"socket:\[(\d+)\]", target):
+            inodes.add(m.group(1))
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[9] in inodes and f[3] == "01" and int(f[2].split(":")[1], 16) == port:
+            return True
+    return False
+
+
+def _interrupt(proc: subprocess.Popen[str], ready: str) -> str | None:
+    """SIGINT to ``proc`` once it is ``ready`` (done by the caller), then what is wrong with
+    how it ended (None: exit 130, or 0 for what Ctrl-C ends normally, a message, no
+    traceback)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return f"{proc.args}: still running 60 s after Ctrl-C ({ready})\n{err[-2000:]}"
+    text = out + err
+    if any(m in text for m in BUG_MARKS) or proc.returncode not in (0, 130):
+        return f"{proc.args} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
+    return None
+
+
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streams", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,  # a SIGINT to the test's group does not reach it
+    )
+
+
+def _wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 120) -> str:
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"{proc.args}: no line matching {pattern!r}: {''.join(seen)}")
+
+
+def _wait_connected(proc: subprocess.Popen[str], port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not _connected(proc.pid, port):
+        assert proc.poll() is None, (proc.args, proc.communicate())
+        assert time.monotonic() < deadline, f"{proc.args} never reached the broker"
+        time.sleep(0.05)
+
+
+@pytest.mark.broker
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc to see who waits")
+def test_ctrl_c_and_one_serve_per_data_directory(market: Market, tmp_path: Path) -> None:
+    """Ctrl-C while each long-running command runs ends it with a message and exit 130 (0 for
+    serve and worker, whose documented stop it is, and for the --follow readers, which print
+    what they read): never a traceback. While a serve runs on a data directory, a second
+    serve or a worker on it is refused in one line; once it stopped, the directory is free."""
+    case = Case(tmp_path)
+    broker, port = market.broker.url, int(market.broker.url.rsplit(":", 1)[1])
+    env = clean_env(EMARKET_BROKER=broker, EMARKET_PREFIX=market.topics.prefix)
+    data = tmp_path / "served"
+    failures: list[str | None] = []
+
+    serve = _start(
+        ["serve", "--tansu", "--data-dir", str(data), "--web-port", str(find_free_port())], env
+    )
+    try:
+        _wait_line(serve, r"worker pages: (http://\S+)/health")
+        for second in ("serve", "worker"):
+            argv = [second, "--data-dir", str(data), "--web-port", str(find_free_port())]
+            r = run(argv, env, timeout=60)
+            assert r.returncode == 2 and "running on the data directory" in r.stderr, r.stderr
+            assert f"pid {serve.pid}" in r.stderr and "Traceback" not in r.stderr
+        # clients of this prefix wait for an answer the market gives only once its worker
+        # is up: interrupted while they wait (connected to the broker)
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text("[1.0]\n" * 5000)
+        waiting = {
+            "tail": ["--follow"],
+            "sales": ["--follow"],
+            "rejections": ["--follow"],
+            "publish": ["--file", str(rows)],
+            "buy": [],
+        }
+        for name, extra in waiting.items():
+            argv = case.argv((name,), commands()[(name,)], timeout="600") + extra
+            proc = _start(argv, env)
+            _wait_connected(proc, port)
+            failures.append(_interrupt(proc, "connected to the broker"))
+        worker = _start(
+            ["worker", "--tansu", "--data-dir", str(tmp_path / "w"), "--app-id", "other"], env
+        )
+        _wait_line(worker, r"market key")
+        failures.append(_interrupt(worker, "starting"))
+        demo = _start(["demo", "--values", "3"], env)
+        _wait_line(demo, r"worker starting")
+        failures.append(_interrupt(demo, "its worker starting"))
+    finally:
+        failures.append(_interrupt(serve, "serving"))
+    assert not [f for f in failures if f], "\n\n".join(f for f in failures if f)
+    try:
+        fd = hold_data_dir(data, exclusive=True)
+    except DataDirInUse as exc:
+        raise AssertionError(f"serve left its data directory locked: {exc}") from None
+    os.close(fd)

@@ -223,10 +223,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
             if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
                 sealed_hint[0] = True
 
-    read_inbox(args, body, party)
+    interrupted = read_inbox(args, body, party)
     if sealed_hint[0]:
         warn("some releases are sealed for another key than this key file's sealing key")
-    if not confirmed[0]:  # nothing the market signed says this key holds the account
+    if not confirmed[0] and not interrupted:  # nothing the market signed says this key holds it
         raise CommandError(
             f"the market never confirmed account {party.account_id!r} for this key file's key: "
             f"open it (`epsilon-market account open --key-file {args.key_file}`)",

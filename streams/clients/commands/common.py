@@ -211,15 +211,18 @@ def run_client(
         raise unreachable(args, _why(exc)) from None
 
 
-def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any) -> None:
+def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any) -> bool:
     """Run ``body(client)`` reading ``party``'s own inbox until it ends or Ctrl-C stops it (what
-    was read so far is the caller's to print); an account without an inbox was never opened."""
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_client(args, body, party)
-        except LookupError:
-            raise CommandError(
-                f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)",
-                EXIT_REFUSED,
-            ) from None
+    was read so far is the caller's to print); an account without an inbox was never opened.
+    Returns whether Ctrl-C stopped it: the inbox may then not have been read at all."""
+    try:
+        run_client(args, body, party)
+    except KeyboardInterrupt:
+        return True
+    except LookupError:
+        raise CommandError(
+            f"no inbox for account {party.account_id!r}: open the account first "
+            f"(`epsilon-market account open --key-file {args.key_file}`)",
+            EXIT_REFUSED,
+        ) from None
+    return False

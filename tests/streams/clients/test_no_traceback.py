@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -337,10 +338,11 @@ def _connected(pid: int, port: int) -> bool:
     return False
 
 
-def _interrupt(proc: subprocess.Popen[str], ready: str) -> str | None:
-    """SIGINT to ``proc`` once it is ``ready`` (done by the caller), then what is wrong with
-    how it ended (None: exit 130, or 0 for what Ctrl-C ends normally, a message, no
-    traceback)."""
+def _interrupt(
+    proc: subprocess.Popen[str], ready: str, codes: tuple[int, ...] = (130,)
+) -> str | None:
+    """SIGINT to ``proc`` once it is ``ready`` (the caller waited for it), then what is wrong
+    with how it ended (None: one of ``codes``, no traceback)."""
     proc.send_signal(signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=60)
@@ -349,7 +351,7 @@ def _interrupt(proc: subprocess.Popen[str], ready: str) -> str | None:
         out, err = proc.communicate()
         return f"{proc.args}: still running 60 s after Ctrl-C ({ready})\n{err[-2000:]}"
     text = out + err
-    if any(m in text for m in BUG_MARKS) or proc.returncode not in (0, 130):
+    if any(m in text for m in BUG_MARKS) or proc.returncode not in codes:
         return f"{proc.args} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
     return None
 
@@ -388,13 +390,25 @@ def _wait_connected(proc: subprocess.Popen[str], port: int, timeout: float = 60)
         time.sleep(0.05)
 
 
+def _wait_healthy(pages: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{pages}/health", timeout=10):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"serve's worker at {pages} never became healthy"
+            time.sleep(0.2)
+
+
 @pytest.mark.broker
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc to see who waits")
 def test_ctrl_c_and_one_serve_per_data_directory(market: Market, tmp_path: Path) -> None:
-    """Ctrl-C while each long-running command runs ends it with a message and exit 130 (0 for
-    serve and worker, whose documented stop it is, and for the --follow readers, which print
-    what they read): never a traceback. While a serve runs on a data directory, a second
-    serve or a worker on it is refused in one line; once it stopped, the directory is free."""
+    """Ctrl-C while each long-running command runs (waiting for a market that does not
+    answer, or starting) ends it with exit 130, never a traceback; serve and worker, whose
+    documented stop it is, may exit 0, and so do the --follow readers, which print what they
+    read. While a serve runs on a data directory, a second serve or a worker on it is refused
+    in one line naming its pid; once it stopped, the directory is free."""
     case = Case(tmp_path)
     broker, port = market.broker.url, int(market.broker.url.rsplit(":", 1)[1])
     env = clean_env(EMARKET_BROKER=broker, EMARKET_PREFIX=market.topics.prefix)
@@ -405,7 +419,8 @@ def test_ctrl_c_and_one_serve_per_data_directory(market: Market, tmp_path: Path)
         ["serve", "--tansu", "--data-dir", str(data), "--web-port", str(find_free_port())], env
     )
     try:
-        _wait_line(serve, r"worker pages: (http://\S+)/health")
+        line = _wait_line(serve, r"worker pages: http://[\d.:]+/health")
+        pages = line.split("worker pages: ")[1].split("/health")[0]
         for second in ("serve", "worker"):
             argv = [second, "--data-dir", str(data), "--web-port", str(find_free_port())]
             r = run(argv, env, timeout=60)
@@ -415,28 +430,40 @@ def test_ctrl_c_and_one_serve_per_data_directory(market: Market, tmp_path: Path)
         # is up: interrupted while they wait (connected to the broker)
         rows = tmp_path / "rows.jsonl"
         rows.write_text("[1.0]\n" * 5000)
+        follow = (0,)  # Ctrl-C is how a --follow reader ends: it prints what it read
         waiting = {
-            "tail": ["--follow"],
-            "sales": ["--follow"],
-            "rejections": ["--follow"],
-            "publish": ["--file", str(rows)],
-            "buy": [],
+            "tail": (["--follow"], follow),
+            "sales": (["--follow"], follow),
+            "rejections": (["--follow"], follow),
+            "publish": (["--file", str(rows)], (130,)),
+            "buy": ([], (130,)),
         }
-        for name, extra in waiting.items():
-            argv = case.argv((name,), commands()[(name,)], timeout="600") + extra
+        idle = ["--prefix", f"{market.topics.prefix}idle"]  # a market no worker serves
+        for name, (extra, codes) in waiting.items():
+            argv = [*case.argv((name,), commands()[(name,)], timeout="600"), *extra, *idle]
             proc = _start(argv, env)
             _wait_connected(proc, port)
-            failures.append(_interrupt(proc, "connected to the broker"))
+            failures.append(_interrupt(proc, "connected to the broker", codes))
         worker = _start(
-            ["worker", "--tansu", "--data-dir", str(tmp_path / "w"), "--app-id", "other"], env
+            [
+                "worker",
+                "--tansu",
+                "--data-dir",
+                str(tmp_path / "w"),
+                "--web-port",
+                str(find_free_port()),
+                *idle,
+            ],
+            env,
         )
         _wait_line(worker, r"market key")
-        failures.append(_interrupt(worker, "starting"))
+        failures.append(_interrupt(worker, "starting", (0, 130)))
         demo = _start(["demo", "--values", "3"], env)
         _wait_line(demo, r"worker starting")
         failures.append(_interrupt(demo, "its worker starting"))
+        _wait_healthy(pages)
     finally:
-        failures.append(_interrupt(serve, "serving"))
+        failures.append(_interrupt(serve, "serving", (0, 130)))
     assert not [f for f in failures if f], "\n\n".join(f for f in failures if f)
     try:
         fd = hold_data_dir(data, exclusive=True)

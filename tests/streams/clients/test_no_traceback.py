@@ -106,7 +106,8 @@ class Case:
 
     def argv(self, command: Command, parser: argparse.ArgumentParser, **given: str) -> list[str]:
         """``command`` with its required options, the optional ones a run needs (a data
-        directory and web port of its own, a short timeout) and ``given`` (dest -> value)."""
+        directory and web port of its own, a short timeout) and ``given`` (dest -> value; a
+        dest the command does not have is left out)."""
         argv = list(command)
         for a in options(parser):
             wanted = a.required or a.dest in ("key_file", "data_dir", "web_port", "timeout")
@@ -200,6 +201,7 @@ def dead_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow  # 28 runs of the command line: about 10 s of CPU
 def test_no_command_shows_a_traceback_with_a_dead_broker(tmp_path: Path) -> None:
     """Every command with a dead broker in the environment (the README's `export
     EMARKET_BROKER=...` kept from an earlier session): a message and an exit, in time. Those
@@ -210,7 +212,8 @@ def test_no_command_shows_a_traceback_with_a_dead_broker(tmp_path: Path) -> None
     dead = f"kafka://127.0.0.1:{dead_port()}"
     env = clean_env(EMARKET_BROKER=dead, EMARKET_WORKER="http://127.0.0.1:1")
     flag = ["--broker", dead]
-    runs = [(command, case.argv(command, p), env) for command, p in commands().items()]
+    quick = {"broker_wait": "1"}  # serve, worker, demo: the flag runs below wait the default
+    runs = [(command, case.argv(command, p, **quick), env) for command, p in commands().items()]
     for command in (("serve",), ("worker",), ("demo",), ("catalog",)):
         runs.append((command, [*case.argv(command, commands()[command]), *flag], clean_env()))
     with ThreadPoolExecutor(4) as pool:  # they mostly wait
@@ -353,6 +356,8 @@ def _interrupt(
     text = out + err
     if any(m in text for m in BUG_MARKS) or proc.returncode not in codes:
         return f"{proc.args} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
+    if proc.returncode == 130 and "interrupted" not in text:
+        return f"{proc.args} ({ready}): exit 130 without a word"
     return None
 
 

@@ -10,7 +10,8 @@ prints JSON for machines instead, the same convention everywhere
 line on stderr that says what was wrong and what to do. Exit codes: 0 the market accepted this
 request (or the command did what it says), 1 the market refused it (or a receipt is invalid), 2
 bad input, 3 timed out, 4 broker or worker unreachable, 5 a service dependency is not
-installed, 6 the worker did not start (its noise secret is not the market's).
+installed, 6 the worker did not start (its noise secret is not the market's), 70 a failure no
+command foresaw (a bug: one line, the traceback kept in a file to report), 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -127,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="epsilon-market",
         description="A streaming data market selling differential privacy in lossless steps.",
-        epilog="Options before a command's name may come after it too.",
+        epilog="--broker, --prefix, --market-key and --json may come after the command's name "
+        "too. Exit codes: 0 done, "
+        "1 the market refused (or a receipt is invalid), 2 bad input, 3 timed out, 4 broker or "
+        "worker unreachable, 5 the service extra is missing, 6 the worker did not start, 70 a "
+        "bug (details in the file named), 130 Ctrl-C.",
     )
     p.add_argument("--version", action=_Version, help="print the version and exit")
     _global_options(p, after=False)

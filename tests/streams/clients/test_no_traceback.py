@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from streams.broker.embedded import find_free_port
-from streams.clients.cli import GLOBAL_OPTIONS, build_parser, help_line, main
+from streams.clients.cli import build_parser, main
+from streams.clients.parser import GLOBAL_OPTIONS, CommandParser
 from streams.worker.data_lock import DataDirInUse, hold_data_dir
 
 from ..conftest import Market
@@ -45,26 +46,13 @@ BUG_MARKS = ("Traceback", "this is a bug")
 Command = tuple[str, ...]
 
 
-def commands() -> dict[Command, argparse.ArgumentParser]:
+def commands() -> dict[Command, CommandParser]:
     """Every command of the CLI (``("account", "open")`` for a subcommand) and its parser."""
-    out: dict[Command, argparse.ArgumentParser] = {}
-
-    def walk(parser: argparse.ArgumentParser, path: Command) -> None:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs and path:
-            out[path] = parser
-        for action in subs:
-            for name, child in action.choices.items():
-                walk(child, (*path, name))
-
-    walk(build_parser(), ())
-    return out
+    return dict(build_parser().commands())
 
 
-def options(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
-    for a in parser._actions:
-        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction):
-            yield a
+def options(parser: CommandParser) -> Iterator[argparse.Action]:
+    return (a for a in parser.options if a.dest != "help")
 
 
 def takes_file(a: argparse.Action) -> bool:
@@ -104,7 +92,7 @@ class Case:
             return str(next(iter(a.choices)))
         return "2" if a.type in (int, float) else "x1"
 
-    def argv(self, command: Command, parser: argparse.ArgumentParser, **given: str) -> list[str]:
+    def argv(self, command: Command, parser: CommandParser, **given: str) -> list[str]:
         """``command`` with its required options, the optional ones a run needs (a data
         directory and web port of its own, a short timeout) and ``given`` (dest -> value; a
         dest the command does not have is left out)."""
@@ -293,7 +281,7 @@ def test_every_option_has_a_help_line_with_its_default() -> None:
     missing, silent = [], []
     for command, parser in {(): build_parser(), **commands()}.items():
         for a in options(parser):
-            text = help_line(a)
+            text = a.help  # as --help prints it, before %-expansion
             name = f"{' '.join(command)} {'/'.join(a.option_strings) or a.dest}"
             if not text or text == argparse.SUPPRESS:
                 missing.append(name)

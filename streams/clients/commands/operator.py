@@ -578,59 +578,62 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(broker=args.broker, steps=args.steps, n_values=args.values)
 
 
+_WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
+    (
+        "--app-id",
+        str,
+        "the Faust app id: workers with one id share the work "
+        "(default $EMARKET_APP_ID or epsilon-market)",
+    ),
+    (
+        "--partitions",
+        int,
+        "input partitions of the market's topics (default $EMARKET_PARTITIONS or 4)",
+    ),
+    (
+        "--data-dir",
+        str,
+        "the market's keys, the operators' token and local checkpoints "
+        "(default $EMARKET_DATA_DIR or data); one serve per directory",
+    ),
+    (
+        "--store",
+        str,
+        "table store, memory:// or rocksdb:// (default $EMARKET_STORE or memory://)",
+    ),
+    (
+        "--web-host",
+        str,
+        "address of /health, /metrics and /ledger (default $EMARKET_WEB_HOST or 127.0.0.1)",
+    ),
+    (
+        "--web-port",
+        int,
+        "port of /health, /metrics and /ledger (default $EMARKET_WEB_PORT or 6066)",
+    ),
+    (
+        "--session-timeout",
+        float,
+        "consumer group session timeout, seconds (default "
+        "$EMARKET_SESSION_TIMEOUT or 10; 3 with --tansu)",
+    ),
+    (
+        "--heartbeat-interval",
+        float,
+        "consumer group heartbeat, seconds (default "
+        "$EMARKET_HEARTBEAT_INTERVAL or 1; 0.3 with --tansu)",
+    ),
+    (
+        "--fetch-max-wait-ms",
+        int,
+        "longest wait of a fetch, ms (default $EMARKET_FETCH_MAX_WAIT_MS or 1500; 20 with --tansu)",
+    ),
+)
+"""The worker's settings a flag of ``serve``/``worker`` overrides (:mod:`streams.worker.config`)."""
+
+
 def _worker_options(sp: argparse.ArgumentParser) -> None:
-    for flag, kind, text in (
-        (
-            "--app-id",
-            str,
-            "the Faust app id: workers with one id share the work "
-            "(default $EMARKET_APP_ID or epsilon-market)",
-        ),
-        (
-            "--partitions",
-            int,
-            "input partitions of the market's topics (default $EMARKET_PARTITIONS or 4)",
-        ),
-        (
-            "--data-dir",
-            str,
-            "the market's keys, the operators' token and local checkpoints "
-            "(default $EMARKET_DATA_DIR or data); one serve per directory",
-        ),
-        (
-            "--store",
-            str,
-            "table store, memory:// or rocksdb:// (default $EMARKET_STORE or memory://)",
-        ),
-        (
-            "--web-host",
-            str,
-            "address of /health, /metrics and /ledger (default $EMARKET_WEB_HOST or 127.0.0.1)",
-        ),
-        (
-            "--web-port",
-            int,
-            "port of /health, /metrics and /ledger (default $EMARKET_WEB_PORT or 6066)",
-        ),
-        (
-            "--session-timeout",
-            float,
-            "consumer group session timeout, seconds (default "
-            "$EMARKET_SESSION_TIMEOUT or 10; 3 with --tansu)",
-        ),
-        (
-            "--heartbeat-interval",
-            float,
-            "consumer group heartbeat, seconds (default "
-            "$EMARKET_HEARTBEAT_INTERVAL or 1; 0.3 with --tansu)",
-        ),
-        (
-            "--fetch-max-wait-ms",
-            int,
-            "longest wait of a fetch, ms (default "
-            "$EMARKET_FETCH_MAX_WAIT_MS or 1500; 20 with --tansu)",
-        ),
-    ):
+    for flag, kind, text in _WORKER_FLAGS:
         sp.add_argument(flag, type=kind, default=None, help=text)
     sp.add_argument(
         "--log-level",
@@ -643,14 +646,7 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
         action="store_true",
         help="apply the embedded-broker workarounds (serve applies them to its own broker)",
     )
-    sp.add_argument(
-        "--broker-wait",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="how long the broker may take to answer before this stops with an error; raise it "
-        "where a supervisor starts the worker before the broker is up (default %(default)g)",
-    )
+    _broker_wait(sp)
     sp.add_argument(
         "--unsafe-unsealed-buyers",
         action="store_true",
@@ -666,7 +662,8 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
     )
 
 
-def add_commands(sub: Any) -> None:
+def _running_commands(sub: Any) -> None:
+    """``serve``, ``worker`` and ``demo``: the commands that run until stopped."""
     sp = sub.add_parser("serve", help="run the embedded broker and a worker (blocks)")
     _worker_options(sp)
     sp.set_defaults(fn=cmd_serve)
@@ -680,14 +677,24 @@ def add_commands(sub: Any) -> None:
     sp.add_argument(
         "--values", type=int, default=20, help="readings the seller publishes (default 20)"
     )
+    _broker_wait(sp)
+    sp.set_defaults(fn=cmd_demo)
+
+
+def _broker_wait(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--broker-wait",
         type=float,
         default=5.0,
         metavar="SECONDS",
-        help="with --broker: how long it may take to answer (default %(default)g)",
+        help="with --broker: how long it may take to answer before this stops (exit 4); "
+        "raise it where a supervisor may start this before the broker is up "
+        "(default %(default)g)",
     )
-    sp.set_defaults(fn=cmd_demo)
+
+
+def add_commands(sub: Any) -> None:
+    _running_commands(sub)
     sp = sub.add_parser("init-topics", help="create the market's topics")
     sp.add_argument(
         "--partitions",

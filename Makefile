@@ -39,9 +39,10 @@ test: $(VENV)/.installed $(NODE_CLIENT)/node_modules/.installed
 	$(PY) -m mypy
 	$(PY) -m pytest -n 4 --dist worksteal  # 4 processes on 2 cores: most tests wait on workers
 
-# market and core unit tests, no broker (< 60 s): the loop to run while editing
+# the loop to run while editing (under a minute on an idle 2-core machine): every test that needs
+# no broker and is not marked slow (statistical, fuzz and subprocess-heavy tests), two processes
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not broker" tests/market tests/applications tests/streams tests/test_layering.py tests/test_deploy.py market
+	$(PY) -m pytest -n 2 -m "not broker and not slow" --durations=5 tests market
 
 bench: $(VENV)/.installed
 	$(PY) -m bench.noise

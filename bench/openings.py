@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from bench.machine import Machine
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
+from streams.core.context import Limits
 from streams.wire.events import AccountState, Rejection
 from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics
@@ -108,7 +108,7 @@ async def _honest(
             p = Party.generate(next(ids))
             t0 = time.perf_counter()  # the work the market asks, as its client does it
             work = await asyncio.to_thread(
-                solve, topics.prefix, p.account_id, p.public_key, settings.opening_work
+                solve, topics.prefix, p.account_id, p.public_key, settings.limits.opening_work
             )
             t1 = time.perf_counter()
             raw = p.open_account(await c.signing_market(), work=work).model_dump_json().encode()
@@ -171,17 +171,16 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=workdir / "data",
             web_port=find_free_port(),
             log_level="info",
-            opening_work=args.work,
+            limits=Limits(openings="open", opening_work=args.work),
         ).for_tansu()
-        settings = replace(settings, openings="open")
         topics = Topics(settings.prefix, settings.partitions)
         worker = ChildWorker(settings, log_path=workdir / "market.log").start()
         try:
             worker.wait_healthy(90)
             print(
                 f"one worker, {settings.partitions} partitions, work {args.work} bits, "
-                f"openings {settings.max_openings_per_minute} a minute "
-                f"({settings.max_openings_per_minute // settings.partitions} on partition "
+                f"openings {settings.limits.max_openings_per_minute} a minute "
+                f"({settings.limits.max_openings_per_minute // settings.partitions} on partition "
                 f"{PARTITION}); {args.strangers} stranger process(es) on partition {PARTITION}"
             )
             print(

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streams.broker.kafka_internals import fresh_metadata
+
 __all__ = ["Produced", "ends", "produced_since"]
 
 
@@ -53,7 +55,7 @@ def _consumer(bootstrap: str) -> AIOKafkaConsumer:
 
 
 async def _partitions(c: AIOKafkaConsumer, want: Callable[[str], bool]) -> list[TopicPartition]:
-    cluster = await c._client.fetch_all_metadata()  # fresh, not the consumer's cached view
+    cluster = await fresh_metadata(c)  # not the consumer's cached view
     return [
         TopicPartition(t, p)
         for t in sorted(cluster.topics())

@@ -382,11 +382,12 @@ def _choose_of_three(
     u1: NDArray[np.float64], cums: tuple[float, float], total: float, margin: float
 ) -> tuple[NDArray[np.int8], NDArray[np.bool_]]:
     """:func:`_choose_part` for the fresh and tightening laws (scalar thresholds L | A0 | R):
-    the same comparisons, as two searches of the thresholds scaled to the uniform."""
-    edges = np.array([c / total for c in cums])  # U1 ≥ c/total ⟺ U1·total ≥ c, with margins
+    the same comparisons, against the two thresholds scaled to the uniform (two vector
+    comparisons each: a search of two thresholds costs as much as the whole draw)."""
+    e0, e1 = (c / total for c in cums)  # U1 ≥ c/total ⟺ U1·total ≥ c, with margins
     slack = margin + _U53
-    lo = np.searchsorted(edges + margin, u1, side="right")  # thresholds certainly passed
-    hi = np.searchsorted(edges - slack, u1, side="left")  # thresholds possibly passed
+    lo = (u1 >= e0 + margin).view(np.int8) + (u1 >= e1 + margin).view(np.int8)  # certainly passed
+    hi = (u1 > e0 - slack).view(np.int8) + (u1 > e1 - slack).view(np.int8)  # possibly passed
     return _OF_THREE[lo], lo != hi
 
 

@@ -157,6 +157,12 @@ def test_security_setup_script_is_valid_and_least_privilege() -> None:
     assert "--operation Write" in worker_inputs.split("done", 1)[0]
     # the admin connection authenticates; nothing runs as an anonymous principal
     assert "--command-config" in text and "ANONYMOUS" not in text
+    # every party is throttled by the broker (a flood of garbage costs the market nothing)
+    assert '\n  quota "$name"\n' in party_block
+    quota = text.split("quota() {", 1)[1].split("\n}\n", 1)[0]
+    assert "producer_byte_rate=" in quota and "request_percentage=" in quota
+    init = SERVICES["kafka-init"]["environment"]
+    assert {"PARTY_PRODUCE_BYTES", "PARTY_REQUEST_PERCENT"} <= set(init)
 
 
 def test_no_listener_is_unauthenticated() -> None:
@@ -586,6 +592,7 @@ def tls_handshake(ca: Path, cert: Path, key: Path, name: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+@pytest.mark.slow
 def test_tls_script_makes_material_clients_verify(tmp_path: Path) -> None:
     out = tmp_path / "tls"
     script = str(ROOT / "deploy/make-tls.sh")

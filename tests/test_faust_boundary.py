@@ -1,9 +1,13 @@
-"""The Faust boundary, checked: the pins, the upstream code behind our patches, and issue #606.
+"""The Faust boundary, checked: the pins, the upstream code behind our patches, that nothing
+else touches a library's internals, and issue #606.
 
 ``streams/worker/faust_internals.py`` replaces, wraps, copies, overrides or calls private
-functions of faust-streaming, mode and aiokafka (its ``UPSTREAM``). An upgrade could silently
-change what was copied, so each of those functions' source is hashed here for the pinned
-version, and any difference fails with what to review.
+functions of faust-streaming, mode and aiokafka, and ``streams/broker/kafka_internals.py``
+reads aiokafka's private client for the clients and the broker tools (their ``UPSTREAM``). An
+upgrade could silently change what was copied, so each of those functions' source is hashed
+here for the pinned version, and any difference fails with what to review. Nothing else in
+``streams``, ``market`` or ``bench`` reads, writes, imports or overrides a library's private
+name (:func:`test_only_the_boundary_modules_touch_library_internals`).
 
 Issue #606 of faust-streaming (open at 0.15.3): Faust commits the first consecutive run of
 acknowledged offsets after the committed one, and a record still in flight at the head of that
@@ -34,6 +38,7 @@ from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streams.broker import kafka_internals
 from streams.worker import faust_internals
 from streams.worker.faust_internals import (
     PINNED,
@@ -52,6 +57,8 @@ from streams.worker.faust_internals import (
 from streams.worker.intake import InputEvent, Intake
 
 ROOT = Path(__file__).resolve().parents[1]
+BOUNDARY = (*UPSTREAM, *kafka_internals.UPSTREAM)
+"""What the two boundary modules rely on, faust_internals' and kafka_internals'."""
 
 RECORDED: dict[str, dict[str, str]] = {
     "faust-streaming==0.15.3": {
@@ -129,6 +136,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "aiokafka.consumer.group_coordinator:CoordinatorGroupRebalance._on_join_leader": "c57a3e85197dcc20a2b17c312a6750a383729059af9adacc9f0617e729b8e34d",
         "aiokafka.consumer.group_coordinator:GroupCoordinator._perform_assignment": "a5cf61fa973201996a1b81e3486e6928dd7bf3f9f8e0384a2fbd0085f774f125",
         "aiokafka.consumer.group_coordinator:GroupCoordinator._on_join_complete": "0b0b3d204b408f3ce3c3cc7d2168d6425e442c5a074b3f3193a897a510d80594",
+        "aiokafka.consumer.consumer:AIOKafkaConsumer.__init__": "01506f316191f7c99c785bec915756d1560029a6fad75cba6f4da71e343a8163",
+        "aiokafka.admin.client:AIOKafkaAdminClient.__init__": "2598ace9015c12b0dca13f0d2b35589c6a7a796a2e5bcb39a33fe2af6b1eafbe",
+        "aiokafka.client:AIOKafkaClient.fetch_all_metadata": "8eeea5926b0ddbe252ea90f4cb7530fed30597c8275e9dbaac3e18b3cb235cd8",
     },
 }
 
@@ -137,9 +147,10 @@ How to review and re-record (never just re-record):
   1. for each function listed, compare its new source with the old version's (e.g.
      `git diff` of the two releases' tags upstream, or `.venv/bin/python -c "import inspect,
      faust.transport.consumer as m; print(inspect.getsource(m.Consumer._drain_messages))"`);
-  2. carry every change into streams/worker/faust_internals.py (its UPSTREAM says which of our
-     functions depends on each: a copy to update, a patch to check) and into the exact pins in
-     pyproject.toml and faust_internals.PINNED;
+  2. carry every change into streams/worker/faust_internals.py or
+     streams/broker/kafka_internals.py (their UPSTREAM says which of our functions depends on
+     each: a copy to update, a patch to check) and into the exact pins in pyproject.toml and
+     streams/broker/upstream.PINNED;
   3. run the worker tests (tests/streams/worker/test_intake.py, test_recovery.py, test_chaos.py);
   4. `.venv/bin/python -m tests.test_faust_boundary` prints the hashes of the installed
      versions: replace RECORDED in tests/test_faust_boundary.py with them.
@@ -187,22 +198,22 @@ def test_the_patched_libraries_are_pinned_to_the_reviewed_versions() -> None:
     pins = _pyproject_pins()
     for dist, version in PINNED.items():
         assert pins.get(dist) == version, (
-            f"pyproject.toml pins {dist}=={pins.get(dist)} but faust_internals.PINNED says "
+            f"pyproject.toml pins {dist}=={pins.get(dist)} but streams.broker.upstream.PINNED says "
             f"{version}: they must agree\n{REVIEW}"
         )
         assert installed(dist) == version, (
-            f"{dist} {installed(dist)} is installed, but streams/worker/faust_internals.py was "
-            f"reviewed against {version}\n{REVIEW}"
+            f"{dist} {installed(dist)} is installed, but the boundary modules were reviewed "
+            f"against {version}\n{REVIEW}"
         )
 
 
 def test_no_upstream_function_behind_the_boundary_changed() -> None:
-    problems = upstream_changes(UPSTREAM, Upstream.source, installed, RECORDED)
+    problems = upstream_changes(BOUNDARY, Upstream.source, installed, RECORDED)
     assert not problems, "\n".join(problems) + "\n" + REVIEW
 
 
 def test_the_recorded_hashes_name_only_what_the_boundary_uses() -> None:
-    targets = {u.target for u in UPSTREAM}
+    targets = {u.target for u in BOUNDARY}
     stale = [t for release in RECORDED.values() for t in release if t not in targets]
     assert not stale, stale
 
@@ -229,8 +240,8 @@ def test_another_installed_version_is_caught() -> None:
     def newer(dist: str) -> str:
         return "0.16.0" if dist == "faust-streaming" else installed(dist)
 
-    problems = upstream_changes(UPSTREAM, Upstream.source, newer, RECORDED)
-    assert len(problems) == sum(u.dist == "faust-streaming" for u in UPSTREAM)
+    problems = upstream_changes(BOUNDARY, Upstream.source, newer, RECORDED)
+    assert len(problems) == sum(u.dist == "faust-streaming" for u in BOUNDARY)
     assert all("no hashes recorded for faust-streaming==0.16.0" in p for p in problems)
 
 
@@ -320,48 +331,191 @@ def test_every_private_method_the_boundary_overrides_has_a_recorded_hash() -> No
     assert overridden <= targets
 
 
-def _private_accesses(path: Path) -> list[str]:
-    """Private names of other objects than ``self``/``cls`` that ``path`` reads, writes, imports
-    or overrides in a subclass of a library's class."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
-        if isinstance(node, ast.Attribute) and _private(node.attr):
-            owner = node.value
-            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls", "os")):
-                found.append(f"{where} {ast.unparse(node)}")
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found += [f"{where} import {a.name}" for a in node.names if _private(a.name)]
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("getattr", "setattr", "hasattr")
-            and len(node.args) > 1
-            and isinstance(node.args[1], ast.Constant)
-            and _private(str(node.args[1].value))
-        ):
-            found.append(f"{where} {ast.unparse(node)}")
-        elif isinstance(node, ast.ClassDef) and node.bases:  # may override a library's method
-            defs = [f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
-            found += [f"{where} {node.name}.{f.name}" for f in defs if _private(f.name)]
-    return found
+SCANNED = ("streams", "market", "bench")
+FIRST_PARTY = (*SCANNED, "tests")
+BOUNDARY_MODULES = (
+    ROOT / "streams" / "worker" / "faust_internals.py",
+    ROOT / "streams" / "broker" / "kafka_internals.py",
+)
+STANDARD_LIBRARY = {
+    "_exit": "os._exit, documented",
+    "_replace": "a named tuple's, documented (as _asdict, _fields, _make)",
+    "_asdict": "a named tuple's, documented",
+    "_fields": "a named tuple's, documented",
+    "_make": "a named tuple's, documented",
+    "_actions": "argparse: a parser's options, whose defaults the CLI sets from the environment",
+}
+"""Private names of the standard library the tree may read (not a third party's: pinned with
+Python itself), each with where it is read. Imports of the standard library's private modules
+(``_hashlib``, for a type) are not reported either."""
+PROBES = ("getattr", "setattr", "hasattr", "delattr")
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def test_the_worker_touches_library_internals_only_in_faust_internals() -> None:
-    """The rest of the worker calls named functions of the boundary (``os._exit`` aside)."""
-    worker = ROOT / "streams" / "worker"
+def _tree() -> list[Path]:
+    return [path for d in SCANNED for path in sorted((ROOT / d).rglob("*.py"))]
+
+
+def _own_private_names(paths: list[Path]) -> set[str]:
+    """Private names the tree defines: its functions, classes, variables, class attributes and
+    fields, and the attributes it sets on ``self`` or ``cls``. A private name read anywhere that
+    is not among them can only be a library's."""
+    own: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.alias):
+                own.add(node.asname or node.name.split(".")[0])
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                own.add(node.attr)
+    return {name for name in own if _private(name)}
+
+
+def _library_private_accesses(source: str, where: str, own: set[str]) -> list[str]:
+    """Private names of a library that ``source`` reads, writes or imports: an attribute (of any
+    object, ``self`` included: a subclass reading its library base's) or a ``getattr``-style
+    probe whose name the tree does not define (nor :data:`STANDARD_LIBRARY` lists), or an
+    import of a private name or module of a third-party package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        at = f"{where}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if node.attr not in own and node.attr not in STANDARD_LIBRARY:
+                found.append(f"{at} {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in (*FIRST_PARTY, *sys.stdlib_module_names):
+                parts = [*node.module.split("."), *(a.name for a in node.names)]
+                if any(_private(part) for part in parts):
+                    found.append(f"{at} {ast.unparse(node)}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                outside = parts[0] not in (*FIRST_PARTY, *sys.stdlib_module_names)
+                if outside and any(_private(part) for part in parts):
+                    found.append(f"{at} import {alias.name}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in PROBES
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and _private(str(node.args[1].value))
+            and str(node.args[1].value) not in own
+        ):
+            found.append(f"{at} {ast.unparse(node)}")
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _class_private_names(tree: ast.Module) -> dict[str, tuple[int, set[str]]]:
+    """Module-level classes with bases (and classes in their bodies), by qualified name: their
+    line and the private names their bodies define (methods, attributes)."""
+    out: dict[str, tuple[int, set[str]]] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            qualname = prefix + node.name
+            names = set()
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.Assign):
+                    names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+            names = {n for n in names if _private(n)}
+            if node.bases and names:
+                out[qualname] = (node.lineno, names)
+            visit(node.body, qualname + ".")
+
+    visit(tree.body, "")
+    return out
+
+
+def _library_private_overrides(paths: list[Path]) -> list[str]:
+    """Private methods and attributes of a library's class that a class of the tree overrides
+    (its own class or any of its bases is a library's), found on the imported classes."""
+    found = []
+    for path in paths:
+        classes = _class_private_names(ast.parse(path.read_text()))
+        if not classes or path.name == "__main__.py":
+            continue
+        module = importlib.import_module(_module_name(path))
+        for qualname, (line, names) in classes.items():
+            cls: Any = module
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+            for base in cls.__mro__[1:]:
+                if base is object or base.__module__.split(".")[0] in FIRST_PARTY:
+                    continue
+                found += [
+                    f"{path.relative_to(ROOT)}:{line} {qualname}.{name} overrides "
+                    f"{base.__module__}.{base.__qualname__}.{name}"
+                    for name in sorted(names & set(vars(base)))
+                ]
+    return found
+
+
+def test_only_the_boundary_modules_touch_library_internals() -> None:
+    """Outside faust_internals and kafka_internals, ``streams``, ``market`` and ``bench`` call
+    named functions of those two instead of a library's private names: a private name read,
+    written, imported, probed or overridden anywhere else is reported with its line."""
+    paths = [path for path in _tree() if path not in BOUNDARY_MODULES]
+    own = _own_private_names(paths)
     found = [
         hit
-        for path in sorted(worker.glob("*.py"))
-        if path.name != "faust_internals.py"
-        for hit in _private_accesses(path)
+        for path in paths
+        for hit in _library_private_accesses(path.read_text(), str(path.relative_to(ROOT)), own)
     ]
+    found += _library_private_overrides(paths)
     assert not found, found
-    assert _private_accesses(worker / "faust_internals.py")  # and the scan does find them
+    for boundary in BOUNDARY_MODULES:  # and the scan does find theirs
+        assert _library_private_accesses(boundary.read_text(), boundary.name, own), boundary
+
+
+def test_the_scan_tells_a_library_private_from_the_tree_own() -> None:
+    own = _own_private_names(_tree())
+    assert "_exact" in own  # market.release_state's
+    source = """
+import aiokafka._internal
+from aiokafka.util import _private_helper
+async def f(self, state, consumer):
+    state._exact = consumer._client
+    await self._consumer._client.fetch_all_metadata()
+    os._exit(getattr(consumer, "_coordinator", None) and hasattr(state, "_exact"))
+"""
+    hits = [h.split(" ", 1)[1] for h in _library_private_accesses(source, "s", own)]
+    assert sorted(hits) == sorted(
+        [
+            "import aiokafka._internal",
+            "from aiokafka.util import _private_helper",
+            "consumer._client",
+            "self._consumer._client",
+            "getattr(consumer, '_coordinator', None)",
+        ]
+    )
+    # an override of a library's private method, found on the imported class's bases
+    overrides = _library_private_overrides([BOUNDARY_MODULES[0]])
+    assert any(
+        "_Codec._dumps overrides faust.serializers.codecs.Codec._dumps" in h for h in overrides
+    )
 
 
 # --- faust-streaming #606 -------------------------------------------------------------------
@@ -558,7 +712,7 @@ if __name__ == "__main__":
     from collections import defaultdict
 
     table: dict[str, dict[str, str]] = defaultdict(dict)
-    for u in UPSTREAM:
+    for u in BOUNDARY:
         table[f"{u.dist}=={installed(u.dist)}"][u.target] = source_sha256(u.source())
     for release, hashes in table.items():
         print(f'    "{release}": {{')

@@ -117,9 +117,20 @@ acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.rejections"
 acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.deadletters"
 acl "${O[@]}" --operation Read --operation Describe --topic "$PREFIX.catalog"
 
+# A party's client quota: what one principal may write (bytes a second) and the share of one
+# broker thread its requests may take (percent), so that a flood of garbage from one party is
+# throttled by the broker before it costs the market anything (docs/operations.md, "Garbage
+# flood"). Defaults: 256 KiB/s and 25 % (thousands of signed events a second; a seller with
+# more traffic gets its own values with PARTY_PRODUCE_BYTES raised).
+quota() {  # user
+  "$BIN/kafka-configs.sh" "${B[@]}" --alter --entity-type users --entity-name "$1" \
+    --add-config "producer_byte_rate=${PARTY_PRODUCE_BYTES:-262144},request_percentage=${PARTY_REQUEST_PERCENT:-25}"
+}
+
 party() {  # name password topic-it-writes...
   local name=$1 password=$2; shift 2
   scram "$name" "$password"
+  quota "$name"
   topic "$PREFIX.inbox.$name" 1 --config retention.ms=$((365 * DAY))
   local P=(--allow-principal "User:$name")
   for t in accounts "$@"; do

@@ -12,6 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from ..wire.topics import Topics, TopicSpec
+from .kafka_internals import fresh_metadata
 
 __all__ = ["PartitionCountError", "check_input_partitions", "ensure_topics", "wait_for_broker"]
 
@@ -80,7 +81,7 @@ async def check_input_partitions(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000, **auth)
     await admin.start()
     try:
-        cluster = await admin._client.fetch_all_metadata()
+        cluster = await fresh_metadata(admin)
     finally:
         await admin.close()
     wrong = {

@@ -9,6 +9,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from .kafka_internals import fresh_metadata
+
 __all__ = ["first_record"]
 
 
@@ -36,7 +38,7 @@ async def first_record(
         while time.monotonic() < deadline:
             if not assigned:
                 # consumer.partitions_for_topic reads cached metadata: ask the broker afresh
-                cluster = await consumer._client.fetch_all_metadata()
+                cluster = await fresh_metadata(consumer)
                 if 0 not in (cluster.partitions_for_topic(topic) or set()):
                     await asyncio.sleep(0.1)
                     continue

@@ -45,12 +45,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from market.envelope import EnvelopeError
 from market.errors import ReceiptError
 from market.receipts import key_id, parse_public_key
 
 from ..broker.admin import ensure_topics
 from ..broker.auth import env_auth
 from ..broker.first_record import first_record
+from ..broker.kafka_internals import fresh_metadata
 from ..wire.answers import AnswerError, describe, verify_answer
 from ..wire.events import (
     INBOX_EVENT,
@@ -71,12 +73,13 @@ from ..wire.events import (
     ValuesAccepted,
 )
 from ..wire.root import RootError, read_root, trusted_key
-from ..wire.sealing import open_event, seal_values
+from ..wire.sealing import seal_values
 from ..wire.signing import MarketRef
 from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .keys import Party
+from .opening import InboxOpener, Unopened
 
 __all__ = [
     "InboxEvent",
@@ -162,7 +165,7 @@ class TopicReader:
             parts: set[int] | None = None
             for _ in range(max(1, int(wait / 0.1))):
                 # consumer.partitions_for_topic reads cached metadata: ask the broker afresh
-                cluster = await self._consumer._client.fetch_all_metadata()
+                cluster = await fresh_metadata(self._consumer)
                 parts = cluster.partitions_for_topic(topic)
                 if parts:
                     break
@@ -828,18 +831,38 @@ class MarketClient:
         return got
 
     async def tail(
-        self, *, idle_timeout: float | None = None, party: Party | None = None
+        self,
+        *,
+        idle_timeout: float | None = None,
+        party: Party | None = None,
+        on_unopened: Callable[[Unopened], None] | None = None,
     ) -> AsyncIterator[InboxEvent]:
-        """Every event in the party's inbox from the beginning (sealed releases opened with its
-        sealing key); stops after ``idle_timeout`` seconds without events."""
+        """Every event in the party's inbox from the beginning; stops after ``idle_timeout``
+        seconds without events.
+
+        Sealed releases are opened with every sealing key the party holds: its current one and
+        the retired ones of its key file (``previous``; :meth:`Party.holding` adds those of
+        older key files), so the whole history reads after a rotation. A record none of them
+        opens is yielded as it came (sealed, no releases) after ``on_unopened`` (default: the
+        client's ``on_warning``) is told which key version it was sealed under
+        (:class:`~streams.clients.opening.Unopened`).
+        """
         me = self._me(party)
         key = await self.market_key()
         topic = self.topics.inbox(me.account_id)
         reader = await self._inbox(me.account_id)
+        opener = InboxOpener(me.sealing_keys)
+        told = on_unopened or (lambda u: self.on_warning(f"{u.event.type}: {u.reason}"))
         try:
             async for ev in self._believed(reader, topic, key, idle_timeout):
-                if not isinstance(ev, Refusal):
-                    yield self._open(ev, me)
+                if isinstance(ev, Refusal):
+                    continue
+                got = opener.open(ev)
+                if isinstance(got, Unopened):
+                    told(got)
+                    yield got.event
+                else:
+                    yield got
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
@@ -913,9 +936,16 @@ class MarketClient:
 
     @staticmethod
     def _open(ev: InboxEvent, me: Party) -> InboxEvent:
+        """``ev`` opened with the party's current sealing key or a retired one (an earlier
+        outcome answered again after a rotation is sealed to the key of its time).
+
+        Raises :class:`market.envelope.EnvelopeError` if none opens it."""
         if me.sealing_key is None:
             return ev
-        return open_event(ev, me.sealing_key)
+        got = InboxOpener(me.sealing_keys).open(ev)
+        if isinstance(got, Unopened):
+            raise EnvelopeError(f"the answer cannot be opened with this key file: {got.reason}")
+        return got
 
     async def _watch(
         self,
@@ -999,7 +1029,8 @@ class _Watch:
     An answer to other bytes is not this event's, except in one case the market vouches for:
     a resend of a request id with the same terms but another send time (a new process) is told
     ``already_answered``, bound to these bytes, and then the market's earlier answer to that id
-    is the answer.
+    that the notice names (:func:`_named_by`) is the answer; an answer to another request that
+    used the id (refused ``idempotency_key_reused``) never is.
     """
 
     def __init__(
@@ -1017,7 +1048,8 @@ class _Watch:
         self.digest = hashlib.sha256(self.payload).hexdigest()
         self.request_id, self.refusals, self.stream_id = request_id, refusals, stream_id
         self.reader: TopicReader | None = None
-        self.earlier: InboxEvent | None = None
+        self.earlier: list[tuple[str, InboxEvent]] = []
+        """The market's answers to earlier sends of this id: (SHA-256 of the value, answer)."""
         self.refused: tuple[float, Rejection] | None = None
         self.sent: set[tuple[int, int]] = set()
         """Where in ``sent_to`` this client wrote the bytes: (partition, offset) of each send."""
@@ -1048,11 +1080,19 @@ class _Watch:
                 if isinstance(got[1], Rejection) and got[1].source_topic != self.sent_to:
                     continue  # a copy of these bytes someone wrote to another topic, refused
                 out.append(got[1])
-                if _notice(got[1]) and self.earlier is not None:
-                    out.append(self.earlier)
+                if _notice(got[1]):
+                    out.extend(self._earlier(got[1]))
             elif self.request_id is not None and _answers(got[1], self.request_id, self.stream_id):
-                self.earlier = got[1]  # the market's answer to an earlier send of this id
+                # the market's answer to an earlier send of this id
+                self.earlier.append((hashlib.sha256(raw).hexdigest(), got[1]))
         return out
+
+    def _earlier(self, notice: InboxEvent) -> list[InboxEvent]:
+        """The earlier answer ``notice`` (an ``already_answered`` bound to these bytes) stands
+        for; none if the inbox holds none of those it names."""
+        assert isinstance(notice, Rejection)
+        found = named_answer(notice, self.earlier)
+        return [] if found is None else [found]
 
     async def _refusal(self) -> None:
         assert self.refusals is not None
@@ -1094,6 +1134,30 @@ class _Watch:
 def _notice(ev: InboxEvent) -> bool:
     """Whether ``ev`` says the request was answered before (not the answer itself)."""
     return isinstance(ev, Rejection) and ev.reason == "already_answered"
+
+
+def named_answer(notice: Rejection, earlier: list[tuple[str, InboxEvent]]) -> InboxEvent | None:
+    """The answer an ``already_answered`` ``notice`` stands for among ``earlier`` (the market's
+    answers to that request id and stream in the inbox, oldest first, each with the SHA-256 of
+    its value): the newest it names (docs/protocol.md §12.4's resend rule), or None."""
+    for digest, ev in reversed(earlier):
+        if _named_by(notice, digest, ev):
+            return ev
+    return None
+
+
+def _named_by(notice: Rejection, digest: str, ev: InboxEvent) -> bool:
+    """Whether ``ev`` (an earlier answer to the notice's request id, whose value has SHA-256
+    ``digest``) is the decision ``notice`` says the request had (docs/protocol.md §12.4): the
+    fulfilment with the digest it names, or a rejection with the code it names. A market that
+    names neither (made before the rule) is taken at its newest answer that is not the refusal
+    of another request that used the id."""
+    named, code = notice.details.get("answer_sha256"), notice.details.get("answer_reason")
+    if isinstance(named, str):
+        return digest == named
+    if isinstance(code, str):
+        return isinstance(ev, Rejection) and ev.reason == code
+    return not (isinstance(ev, Rejection) and ev.reason == "idempotency_key_reused")
 
 
 def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> bool:

@@ -280,12 +280,25 @@ def _notice(
             "status": record.status,
             "answered_at_ms": answered_at_ms,
             "retry_after_ms": retry,
+            **_which_answer(record),
         },
     )
     out = Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), dump(event))
     return Outcome(
         "purchase", "duplicate", [out], reason="already_answered", stream_id=req.stream_id
     )
+
+
+def _which_answer(record: PurchaseRecord) -> dict[str, str]:
+    """What names the earlier answer a notice stands for (docs/protocol.md §12.4): the digest
+    of a fulfilment's bytes, or a refusal's code. The id may have been used since by another
+    request, refused ``idempotency_key_reused`` in the same inbox: the buyer's client must not
+    take that answer for the one to its purchase."""
+    if record.status == "fulfilled" and record.digest:
+        return {"answer_sha256": record.digest}
+    if record.status == "rejected" and record.reason:
+        return {"answer_reason": record.reason}
+    return {}
 
 
 def _refused_again(ctx: Context, inc: Incoming[PurchaseRequest], record: PurchaseRecord) -> Outcome:

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Annotated, Any, Literal
+from dataclasses import fields
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -41,6 +42,7 @@ from pydantic import (
     Field,
     StringConstraints,
     TypeAdapter,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -49,6 +51,7 @@ from pydantic_core import PydanticCustomError
 from market.errors import DuplicateLevelError, ScheduleError
 from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
+from market.receipts import Receipt
 
 from .ids import ID_PATTERN
 
@@ -752,35 +755,58 @@ class ReleasedValue(BaseModel):
         return v
 
 
-class ReceiptModel(BaseModel):
+_RECEIPT_ON_THE_WIRE: dict[str, Any] = {
+    "receipt_version": (int, ...),
+    "value_ids": (list[str], ...),
+    "market_key_id": (KeyId, ...),
+    "ciphertext_digest": (
+        Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")],
+        "",
+    ),
+    "commitment": (
+        Sha256Hex | None,
+        Field(
+            None,
+            exclude_if=_is_none,
+            description="receipt versions 4 and 5: HMAC-SHA256 commitment to the released "
+            "numbers (64 lower-case hex digits), opened by the outcome's `opening` "
+            "(docs/protocol.md §11)",
+        ),
+    ),
+    "release_digest": (
+        Sha256Hex | None,
+        Field(
+            None,
+            exclude_if=_is_none,
+            description="receipt versions 2 and 3 only: SHA-256 of the released numbers",
+        ),
+    ),
+}
+"""What the wire checks of a receipt's fields beyond their types in :class:`Receipt`: the
+version and the value ids required, the key id's and digests' spellings, and a version's
+absent commitment or digest left out rather than written empty."""
+
+
+def _receipt_fields() -> type[BaseModel]:
+    """The fields of :class:`market.receipts.Receipt`, the one definition of a receipt, as a
+    model of the wire: in its order but with the version first (as the market writes it), each
+    typed as the dataclass types it unless :data:`_RECEIPT_ON_THE_WIRE` refines it."""
+    names = [f.name for f in fields(Receipt)]
+    unknown = set(_RECEIPT_ON_THE_WIRE) - set(names)
+    if unknown:  # a field renamed or removed in Receipt: its wire checks must follow
+        raise TypeError(f"the wire refines fields market.receipts.Receipt lacks: {unknown}")
+    hints = get_type_hints(Receipt)
+    order = ["receipt_version", *(n for n in names if n != "receipt_version")]
+    return create_model(
+        "ReceiptFields",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        **{n: _RECEIPT_ON_THE_WIRE.get(n, (hints[n], ...)) for n in order},
+    )
+
+
+class ReceiptModel(_receipt_fields()):  # type: ignore[misc]  # its fields are Receipt's
     """A purchase's receipt with the market's Ed25519 signature (docs/protocol.md §11)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    receipt_version: int
-    purchase_id: str
-    buyer_id: str
-    stream_id: str
-    seller_id: str
-    mechanism: str
-    value_ids: list[str]
-    level_before: float
-    level_after: float
-    price_minor: int
-    currency: str
-    requested_at_ms: int
-    market_key_id: KeyId
-    ciphertext_digest: Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")] = ""
-    commitment: Sha256Hex | None = Field(
-        None,
-        exclude_if=_is_none,
-        description="receipt versions 4 and 5: HMAC-SHA256 commitment to the released numbers "
-        "(64 lower-case hex digits), opened by the outcome's `opening` (docs/protocol.md §11)",
-    )
-    release_digest: Sha256Hex | None = Field(
-        None,
-        exclude_if=_is_none,
-        description="receipt versions 2 and 3 only: SHA-256 of the released numbers",
-    )
     signature: Signature
 
 

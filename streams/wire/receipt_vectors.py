@@ -84,24 +84,9 @@ def _receipt_vector(
     }
     sealed = ""
     if sealed_for is not None:
-        plain = releases_json(releases, opening)
-        size = padded_length(plain, releases)
-        envelope = seal_releases(
-            Sealer(NOISE_SECRET),
-            public_key_b64(sealed_for),
-            releases,
-            purchase_aad(purchase["purchase_id"]),
-            opening,
-        )
-        sealed = ciphertext_digest(envelope.model_dump())
-        assert padded(plain, size) == _open(sealed_for, envelope.model_dump(), purchase)
-        out |= {
-            "buyer_sealing_private_key": BUYER_SEALING_SEED.hex(),
-            "buyer_sealing_key": public_key_b64(sealed_for),
-            "plaintext": plain.decode(),
-            "padded_length": size,
-            "envelope": envelope.model_dump(),
-        }
+        sealing = _sealing_vector(sealed_for, releases, purchase, opening)
+        sealed = ciphertext_digest(sealing["envelope"])
+        out |= sealing
     receipt = Receipt(
         purchase_id=purchase["purchase_id"],
         buyer_id=purchase["buyer_id"],
@@ -124,6 +109,33 @@ def _receipt_vector(
         "canonical_bytes": receipt.canonical_bytes().hex(),
         "signature": signature,
         "receipt": {**receipt.to_dict(), "signature": signature},
+    }
+
+
+def _sealing_vector(
+    sealed_for: X25519PrivateKey,
+    releases: list[ReleasedValue],
+    purchase: dict[str, Any],
+    opening: bytes,
+) -> dict[str, Any]:
+    """The sealed part of a receipt's vector: the buyer's keys, the padded plaintext and the
+    envelope that opens to it (checked here, so a vector never states a wrong envelope)."""
+    plain = releases_json(releases, opening)
+    size = padded_length(plain, releases)
+    envelope = seal_releases(
+        Sealer(NOISE_SECRET),
+        public_key_b64(sealed_for),
+        releases,
+        purchase_aad(purchase["purchase_id"]),
+        opening,
+    )
+    assert padded(plain, size) == _open(sealed_for, envelope.model_dump(), purchase)
+    return {
+        "buyer_sealing_private_key": BUYER_SEALING_SEED.hex(),
+        "buyer_sealing_key": public_key_b64(sealed_for),
+        "plaintext": plain.decode(),
+        "padded_length": size,
+        "envelope": envelope.model_dump(),
     }
 
 

@@ -39,6 +39,7 @@ from .events import (
     StreamRegistration,
     ValueBatch,
 )
+from .negative_vectors import negative
 from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of
 from .sealing import (
     padded_length,
@@ -302,13 +303,21 @@ def _sealed_batch() -> tuple[dict[str, Any], dict[str, Any]]:
         "hkdf_key": hkdf_key.hex(),
         "aad": aad.hex(),
         "plaintext": plaintext.decode(),
+        "numbers_json": [_numbers_json(i.values) for i in clear.items],
+        "padded_length": len(plaintext),
         "sealed": envelope,
-        "release_to_buyer": _release_to_buyer(),
+        "release_to_buyer": release_to_buyer(),
     }
     return fields, doc
 
 
-def _release_to_buyer() -> dict[str, Any]:
+def _numbers_json(values: Any) -> str:
+    """An item's numbers as the vector's plaintext spells them (``[a,b,c]``): what the padding
+    rule of docs/protocol.md §4.2 and §11.5 measures, in the market's spelling (any is valid)."""
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+def release_to_buyer() -> dict[str, Any]:
     """A purchase's releases sealed to the signer's sealing key, as the market seals them
     (docs/protocol.md §4.6): what a buyer opens with its private key alone. The plaintext holds
     the purchase's opening beside the releases (§11.4) and is padded (§11.5)."""
@@ -342,6 +351,7 @@ def _release_to_buyer() -> dict[str, Any]:
         "hkdf_key": key.hex(),
         "opening": opening.hex(),
         "plaintext": plaintext.decode(),
+        "numbers_json": [_numbers_json(r.values) for r in releases],
         "padded_length": padded_length(plaintext, releases),
         "sealed": envelope.model_dump(mode="json"),
     }
@@ -470,6 +480,11 @@ _STRINGS = [
 ]  # "Å" (U+00C5) and ANGSTROM SIGN (U+212B): one NFC form
 
 
+def _signed32(h: int) -> int:
+    """The 32 bits of ``h`` as a two's-complement integer: Kafka's Java ``int`` (§8.2)."""
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 def _keys() -> dict[str, Any]:
     label = b"emarket-histogram-key-v1\x00"
     strings = []
@@ -485,11 +500,13 @@ def _keys() -> dict[str, Any]:
                 "key": str(string_key(text)),
             }
         )
-    ids = ["alice", "temp", "seller1", "s", "buyer-42", "A_very-long_id_0123456789"]
+    # the ids of the market's tests, and Kafka's own test cases of Utils.murmur2 ("21", "foobar")
+    ids = ["alice", "temp", "seller1", "s", "buyer-42", "A_very-long_id_0123456789", "21", "foobar"]
     partitions = [
         {
             "key": k,
             "murmur2": murmur2(k.encode()),
+            "murmur2_signed": _signed32(murmur2(k.encode())),
             "partition": {str(p): Topics(MARKET, p).partition_of(k) for p in (1, 4, 12)},
         }
         for k in ids
@@ -558,6 +575,7 @@ def build() -> dict[str, Any]:
         "sealing.json": sealing,
         "keys.json": _keys(),
         "sales.json": _sales(),
+        "negative.json": negative(),
     }
 
 

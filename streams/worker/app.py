@@ -85,16 +85,7 @@ class MarketWorker:
         attach_intake(self.app, self.intake)
         self.progress, self.tables, self.replica = self._state()
         self.stores = Stores(**self.tables)
-        self.core = MarketCore(
-            self.stores,
-            self.keys,
-            self.topics,
-            require_encryption=settings.require_encryption,
-            accept_clear_values=settings.accept_clear_values,
-            dedup_horizon_ms=int(settings.dedup_horizon * 1000),
-            limits=settings.limits(),
-            replica=self.replica,
-        )
+        self.core = self._core()
         self.producer = Producer(
             self.app, settings, self.topics, self.metrics, FaultInjector.from_env()
         )
@@ -112,7 +103,32 @@ class MarketWorker:
             self.replica,
             profile=settings.profile_batches,
         )
-        self.takeover = Takeover(
+        self.takeover = self._takeover()
+        self.replica.on_checkpoint = self.takeover.observed
+        self.progress_watch = ProgressWatch(
+            self.app, settings, self.progress, self.producer, self.metrics
+        )
+        self.started_at = time.time()
+        self._vectors = web.VectorBytes()
+        self._wire()
+
+    def _core(self) -> MarketCore:
+        """The event logic over this worker's tables, with the limits its settings give."""
+        settings = self.settings
+        return MarketCore(
+            self.stores,
+            self.keys,
+            self.topics,
+            require_encryption=settings.require_encryption,
+            accept_clear_values=settings.accept_clear_values,
+            dedup_horizon_ms=int(settings.dedup_horizon * 1000),
+            limits=settings.limits,
+            replica=self.replica,
+        )
+
+    def _takeover(self) -> Takeover:
+        """What fences a partition taken over (a new epoch), attached to the app's rebalances."""
+        takeover = Takeover(
             self.app,
             list(self.tables.values()),
             self.state,
@@ -122,14 +138,8 @@ class MarketWorker:
             self._consumer_settings(),
             self.topics.inputs(),
         )
-        attach_takeover(self.app, self.takeover)
-        self.replica.on_checkpoint = self.takeover.observed
-        self.progress_watch = ProgressWatch(
-            self.app, settings, self.progress, self.producer, self.metrics
-        )
-        self.started_at = time.time()
-        self._vectors = web.VectorBytes()
-        self._wire()
+        attach_takeover(self.app, takeover)
+        return takeover
 
     def _rebuilding(self) -> tuple[TopicWatch, CatalogRebuild]:
         """What notices a lost inbox or catalog and what publishes the catalog again, wired to
@@ -229,8 +239,8 @@ class MarketWorker:
             table_standby_replicas=0,
             # no output may exceed the broker's message size: a larger one fails at once and is
             # dead-lettered instead of being resent forever
-            producer_max_request_size=s.max_message_bytes,
-            consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.max_message_bytes),
+            producer_max_request_size=s.limits.max_message_bytes,
+            consumer_max_fetch_size=max(16 * 1024 * 1024, 4 * s.limits.max_message_bytes),
             # stop at once on SIGTERM: never wait for a stream to drain
             stream_wait_empty=False,
             # a fetched batch is handed to the intake whole: bound it (Faust's default is the

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from ..broker.auth import kafka_auth
-
-if TYPE_CHECKING:
-    from ..core.context import Limits
+from ..core.context import Limits
 from ..wire.topics import DEDUP_HORIZON_MS
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 
@@ -34,11 +32,27 @@ def _env(name: str, default: Any, cast: Any = str) -> Any:
         raise ValueError(f"EMARKET_{name}={raw!r} is not a {kind}") from None
 
 
-def _openings(text: str) -> str:
+def _openings(text: str) -> Literal["invite", "open"]:
     """``EMARKET_OPENINGS``: ``invite`` or ``open``."""
     if text not in ("invite", "open"):
         raise ValueError(f"EMARKET_OPENINGS must be 'invite' or 'open', not {text!r}")
-    return text
+    return "invite" if text == "invite" else "open"
+
+
+def _limits_from_env() -> Limits:
+    """The core's bounds as the operators set them: each whole-number bound from ``EMARKET_``
+    and its name in capitals (``max_holders``: ``EMARKET_MAX_HOLDERS``), the openings rule
+    from ``EMARKET_OPENINGS``. The names are :class:`Limits`' own, so a bound added there is
+    settable here without a second list of them to keep in step."""
+    defaults = Limits()
+    whole = {
+        f.name: _env(f.name.upper(), getattr(defaults, f.name), int)
+        for f in fields(Limits)
+        if type(getattr(defaults, f.name)) is int
+    }
+    # a deployment asks proof of work of an opening unless told otherwise
+    whole["opening_work"] = _env("OPENING_WORK", DEFAULT_WORK_BITS, int)
+    return replace(defaults, **whole, openings=_openings(_env("OPENINGS", defaults.openings)))
 
 
 @dataclass(frozen=True)
@@ -87,42 +101,19 @@ class Settings:
     #: Log, per batch part, how long its oldest event waited since it was produced, and the
     #: time spent processing, persisting state and sending outputs.
     profile_batches: bool = False
-    #: The broker's maximum message size (Kafka's message.max.bytes): no output exceeds it and
-    #: larger inputs are refused unread.
-    max_message_bytes: int = 1_048_576
-    #: Accounts the market holds at most (each has an inbox topic).
-    max_accounts: int = 100_000
-    #: Streams the market holds at most, and of those histogram streams (split evenly over
-    #: the input partitions; see core.census).
-    max_streams: int = 4096
-    max_histogram_streams: int = 512
-    #: ... and of one seller
-    max_streams_per_seller: int = 64
-    max_histogram_streams_per_seller: int = 16
-    #: Accounts opened a minute in the whole market (split evenly over the input partitions)
-    #: and quotes one account may ask a minute (on each worker); see core.allowance.
-    max_openings_per_minute: int = 600
-    max_quotes_per_minute: int = 60
-    #: ``invite``: an account opens only with the operators' invitation (``epsilon-market
-    #: invite``), the deployment's default; ``open``: anyone may open one (local use).
-    openings: str = "open"
-    #: In an open market, the proof of work (bits) an opening carries (0: none): what bounds
-    #: one sender's openings by its computing power (wire/work.py). ``serve`` and ``worker``
-    #: (settings from the environment) ask ``DEFAULT_WORK_BITS`` unless told otherwise;
-    #: settings made in code (benchmarks, tests) ask none unless they say so.
-    opening_work: int = 0
+    #: The core's bounds (:class:`~streams.core.context.Limits`, where each is explained), from
+    #: ``EMARKET_MAX_*``, ``EMARKET_OPENINGS`` and ``EMARKET_OPENING_WORK``. In an open market
+    #: ``serve`` and ``worker`` (settings from the environment) ask ``DEFAULT_WORK_BITS`` of
+    #: proof of work an opening unless told otherwise; settings made in code (benchmarks,
+    #: tests) ask none unless they say so.
+    limits: Limits = field(default_factory=Limits)
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
-    #: Buyers holding a level on one stream at most (its record must fit in one message).
-    max_holders: int = 2_000
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
     stall_seconds: float = 30.0
     #: Sends refused for a permanent reason (too large, not authorised, no such topic) are
     #: retried this many times, then dead-lettered; a broker outage is waited out.
     permanent_retries: int = 3
-    #: most output (bytes) and noise work (units) one event may cause; see core.context.Limits
-    max_event_output_bytes: int = 32 * 1024 * 1024
-    max_event_work: int = 12_000_000
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -150,49 +141,12 @@ class Settings:
             accept_clear_values=_env("ACCEPT_CLEAR_VALUES", False, _truthy),
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
-            max_message_bytes=_env("MAX_MESSAGE_BYTES", cls.max_message_bytes, int),
-            max_accounts=_env("MAX_ACCOUNTS", cls.max_accounts, int),
-            max_streams=_env("MAX_STREAMS", cls.max_streams, int),
-            max_histogram_streams=_env("MAX_HISTOGRAM_STREAMS", cls.max_histogram_streams, int),
-            max_streams_per_seller=_env("MAX_STREAMS_PER_SELLER", cls.max_streams_per_seller, int),
-            max_histogram_streams_per_seller=_env(
-                "MAX_HISTOGRAM_STREAMS_PER_SELLER", cls.max_histogram_streams_per_seller, int
-            ),
-            max_openings_per_minute=_env(
-                "MAX_OPENINGS_PER_MINUTE", cls.max_openings_per_minute, int
-            ),
-            max_quotes_per_minute=_env("MAX_QUOTES_PER_MINUTE", cls.max_quotes_per_minute, int),
-            openings=_openings(_env("OPENINGS", cls.openings)),
-            opening_work=_env("OPENING_WORK", DEFAULT_WORK_BITS, int),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
-            max_holders=_env("MAX_HOLDERS", cls.max_holders, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),
-            max_event_output_bytes=_env("MAX_EVENT_OUTPUT_BYTES", cls.max_event_output_bytes, int),
-            max_event_work=_env("MAX_EVENT_WORK", cls.max_event_work, int),
+            limits=_limits_from_env(),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
-
-    def limits(self) -> Limits:
-        """The core's bounds, as the operator set them (the worker's; ``init-topics`` reads
-        the stream bounds from them too)."""
-        from ..core.context import Limits  # noqa: PLC0415 - numerics, not for every command
-
-        return Limits(
-            max_message_bytes=self.max_message_bytes,
-            max_accounts=self.max_accounts,
-            max_streams=self.max_streams,
-            max_histogram_streams=self.max_histogram_streams,
-            max_streams_per_seller=self.max_streams_per_seller,
-            max_histogram_streams_per_seller=self.max_histogram_streams_per_seller,
-            max_holders=self.max_holders,
-            max_openings_per_minute=self.max_openings_per_minute,
-            max_quotes_per_minute=self.max_quotes_per_minute,
-            openings="invite" if self.openings == "invite" else "open",
-            opening_work=self.opening_work,
-            max_event_output_bytes=self.max_event_output_bytes,
-            max_event_work=self.max_event_work,
-        )
 
     def for_tansu(self) -> Settings:
         """Short group timeouts and fetch waits that make the embedded broker responsive."""

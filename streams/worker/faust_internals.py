@@ -3,10 +3,12 @@
 The worker keeps faust-streaming for group membership, partition assignment, offsets and
 commits, flow control, table recovery and the web server, but replaces some of its insides.
 Every patch, every override of a private method and every read or write of a private name of
-faust, mode or aiokafka is here; the rest of the worker calls the named functions below.
+faust, mode or aiokafka the worker makes is here (the clients' and the broker tools' are in
+:mod:`streams.broker.kafka_internals`); the rest of the worker calls the named functions below.
 What is replaced, copied or relied upon is listed in :data:`UPSTREAM`, and
 ``tests/test_faust_boundary.py`` fails when the source of any of it differs from the one
-reviewed for the pinned versions (:data:`PINNED`).
+reviewed for the pinned versions (:data:`PINNED`), or when a private name of a library is
+touched anywhere else.
 
 **Changed on every broker** (production on Apache Kafka included):
 
@@ -62,8 +64,6 @@ applied through :func:`tune_fetch_wait` like on any broker).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
 import inspect
 import json
 import logging
@@ -77,6 +77,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.offset import OffsetRequest
 from faust.serializers import codecs
+
+from ..broker.upstream import PINNED, Upstream, source_sha256
 
 __all__ = [
     "PINNED",
@@ -126,49 +128,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 _tansu_installed = False
 
-PINNED = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0", "mode-streaming": "0.7.1"}
-"""The versions whose internals this module was written against (pinned in pyproject.toml)."""
-
 YIELD_EVERY = 100
 """Records the drain loop handles between two yields to the event loop (Faust's
 ``yield_every``): a fetch of a thousand records must not hold up health checks and timers."""
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """One upstream function this module replaces, wraps, copies, overrides, bypasses or calls.
-
-    Attributes
-    ----------
-    dist : str
-        The distribution that ships it: its recorded source hash is for that one's pinned version.
-    module, qualname : str
-        Where it is defined.
-    use : str
-        What we do with it: ``replaced``, ``wrapped``, ``copied``, ``overridden``, ``bypassed``,
-        or ``relied on`` (a private method we call, or code that gives a private attribute we
-        read or write its meaning).
-    by : str
-        The function or class of this project that depends on it.
-    """
-
-    dist: str
-    module: str
-    qualname: str
-    use: str
-    by: str
-
-    @property
-    def target(self) -> str:
-        """``module:qualname``, the key of its recorded hash."""
-        return f"{self.module}:{self.qualname}"
-
-    def source(self) -> str:
-        """Its source as installed (the original's, when this module has patched it)."""
-        obj: Any = importlib.import_module(self.module)
-        for part in self.qualname.split("."):
-            obj = getattr(obj, part)
-        return inspect.getsource(inspect.unwrap(obj))
 
 
 def _u(dist: str, module: str, names: str, use: str, by: str) -> list[Upstream]:
@@ -442,11 +404,6 @@ UPSTREAM: tuple[Upstream, ...] = (
     *_MEMBERSHIP,
 )
 """Every upstream function behind this module, with what we do with it."""
-
-
-def source_sha256(source: str) -> str:
-    """The hash recorded for an upstream function's source (``tests/test_faust_boundary.py``)."""
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 # --- the batched intake ---------------------------------------------------------------------

@@ -147,8 +147,8 @@ class ChildWorker:
         s = self.settings  # the opening rules as settings say (no flags: operators set them)
         env = {
             **os.environ,
-            "EMARKET_OPENINGS": s.openings,
-            "EMARKET_OPENING_WORK": str(s.opening_work),
+            "EMARKET_OPENINGS": s.limits.openings,
+            "EMARKET_OPENING_WORK": str(s.limits.opening_work),
             **self.env,
         }
         self.proc = subprocess.Popen(

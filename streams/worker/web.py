@@ -197,8 +197,8 @@ def openings_health(
     minute or more inboxes wait than one creation request makes (``EMARKET_INBOX_BATCH``)."""
     refused_recently = allowance.openings_behind()
     return {
-        "mode": settings.openings,
-        "work_bits": settings.opening_work if settings.openings == "open" else 0,
+        "mode": settings.limits.openings,
+        "work_bits": settings.limits.opening_work if settings.limits.openings == "open" else 0,
         "per_minute": allowance.openings_per_minute,
         "refused_rate_limited": allowance.openings_refused,
         "last_refused_at_ms": allowance.openings_refused_at_ms,

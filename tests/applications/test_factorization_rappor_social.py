@@ -34,6 +34,7 @@ def test_tree_factorization_is_exact_and_cheaper() -> None:
     assert ident.answer_variance(1.0).max() == pytest.approx(512.0)
 
 
+@pytest.mark.slow
 def test_factorization_releases_are_lossless_in_any_order() -> None:
     """Cov(L y_ρi, L y_ρj) = L Lᵀ Δ²/(2 max(ρi, ρj)), levels in shuffled order; repeats exact."""
     n, trials = 8, 20_000
@@ -97,6 +98,7 @@ def test_relaxing_alpha_is_lossless_and_keeps_the_permanent_response_consistent(
     assert same / total > 0.70
 
 
+@pytest.mark.slow
 def test_frequency_estimates_improve_as_parameters_relax() -> None:
     rng = default_rng(3)
     candidates = [f"site{i}" for i in range(6)]

@@ -231,6 +231,7 @@ REGISTRATIONS = [
 ]
 
 
+@pytest.mark.slow
 def test_the_exact_reference_is_the_integral_and_converges() -> None:
     """Two and three steps against scipy's adaptive quadrature of the Gaussian transition
     kernels (to 1e-9), and sixteen steps against the same reference on panels half as wide:
@@ -389,6 +390,7 @@ def test_new_zero_counts_start_from_the_exact_law(levels: tuple[float, ...], dom
         ladder(10.0, 8, 1e-3),
     ],
 )
+@pytest.mark.slow
 def test_every_accepted_registration_is_within_the_bound(levels: tuple[float, ...]) -> None:
     """The sweep: domains 2**10 … 2**62, false_keys 1e-6 … 1000, against the exact law."""
     for domain in (2**10, 2**40, 2**62):
@@ -401,6 +403,7 @@ def test_every_accepted_registration_is_within_the_bound(levels: tuple[float, ..
             assert err <= 5e-3 and ch.survival_error == pytest.approx(err, abs=1e-7), (domain, m)
 
 
+@pytest.mark.slow
 def test_a_grid_off_the_exact_law_is_refined_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Held to a tighter tolerance, the closest levels get twice the cells (and meet it); held
     to one no grid meets, they are refused, saying what to change."""
@@ -464,6 +467,7 @@ def test_support_counts_are_lossless_across_steps() -> None:
         assert_close_z(cov, 1 / (2 * LEVELS[k]), covariance_se(ys[:, j], ys[:, k]))
 
 
+@pytest.mark.slow
 def test_false_keys_stay_within_the_tolerance() -> None:
     """An empty histogram over 2**40 keys: the mean number of distinct keys shown over all steps
     is at most false_keys (the union bound), and close to it."""

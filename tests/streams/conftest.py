@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
+from streams.core.context import Limits
 from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
@@ -53,7 +54,8 @@ class Market:
             data_dir=tmp / "data",
             log_level="info",
             require_encryption=False,  # the test parties' names say whether they seal
-            opening_work=0,  # no proof of work an opening (test_openings.py asks for it)
+            # no proof of work an opening (test_openings.py asks for it)
+            limits=Limits(opening_work=0),
         ).for_tansu()
         helpers.write_test_keys(self.settings.data_dir)  # helpers seal values to its key
         self.topics = Topics(self.settings.prefix, self.settings.partitions)

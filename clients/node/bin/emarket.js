@@ -4,7 +4,7 @@
 // 2 bad input, 3 no answer in time, 4 broker unreachable.
 import { parseArgs } from 'node:util';
 import { readFileSync, writeFileSync } from 'node:fs';
-import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, openReleases, nameKeys, decodePublicKey } from '../src/index.js';
+import { MarketClient, MarketRootError, Party, Refused, TimedOut, ReceiptInvalid, verifyOutcome, verifyReceipt, nameKeys, decodePublicKey, InboxOpener } from '../src/index.js';
 
 const USAGE = `usage: emarket [global options] COMMAND [options]
 
@@ -26,7 +26,9 @@ commands:
   quote --stream ID [--target LEVEL]
   buy --stream ID --max-price MINOR [--target LEVEL | --rmse X | --half-width X [--confidence C]
       | --most-accurate] [--purchase-id ID] [--output PATH] [--key-names names.txt]
-  tail [--wait SECONDS]           every message of your inbox the market signed, opened
+  tail [--wait SECONDS] [--old-key-file OLD.key ...]
+                                  every message of your inbox the market signed, opened with the
+                                  key file's current and retired sealing keys (and OLD.key's)
   verify-receipt FILE [--public-key B64]`;
 
 class BadInput extends Error {}
@@ -42,7 +44,7 @@ const OPTIONS = {
   clear: { type: 'boolean' }, target: { type: 'string' }, 'max-price': { type: 'string' }, rmse: { type: 'string' },
   'half-width': { type: 'string' }, confidence: { type: 'string' }, 'most-accurate': { type: 'boolean' },
   'purchase-id': { type: 'string' }, output: { type: 'string' }, 'key-names': { type: 'string' }, wait: { type: 'string' },
-  'public-key': { type: 'string' },
+  'public-key': { type: 'string' }, 'old-key-file': { type: 'string', multiple: true },
 };
 
 function num(text, what) {
@@ -205,10 +207,23 @@ const COMMANDS = {
     emit(o, out, `bought ${out.stream_id} ${out.level_before} -> ${out.level_after} for ${out.price_minor} ${out.currency} minor (receipt verified)\n${out.releases.map((r) => fmtRelease(r, names)).join('\n')}`);
   },
   async tail(o) {
-    const p = party(o);
+    let p = party(o);
+    try {
+      p = p.holding((o['old-key-file'] ?? []).map((f) => Party.load(f)));
+    } catch (err) {
+      throw new BadInput(`--old-key-file: ${err.message}`);
+    }
     const msgs = await withClient(o, p, (c) => c.inboxMessages({ ms: 1000 * num(o.wait ?? '2', 'wait') }));
+    const fix = (u) => (u.keyVersion && !u.held ? `: pass the key file of version ${u.keyVersion} with --old-key-file FILE` : '');
     if (o.json) for (const m of msgs) console.log(JSON.stringify(m));
-    else for (const m of msgs) console.log(`${m._offset} ${m.type}${m.stream_id ? ` ${m.stream_id}` : ''}${m.reason ? ` ${m.reason}: ${m.message}` : ''}${m.releases ? `\n${m.releases.map((r) => fmtRelease(r)).join('\n')}` : ''}`);
+    else {
+      for (const m of msgs) {
+        console.log(`${m._offset} ${m.type}${m.stream_id ? ` ${m.stream_id}` : ''}${m.reason ? ` ${m.reason}: ${m.message}` : ''}${m.releases ? `\n${m.releases.map((r) => fmtRelease(r)).join('\n')}` : ''}`);
+        if (m._unopened) console.log(`  not opened: ${m._unopened.reason}${fix(m._unopened)}`);
+      }
+    }
+    const closed = msgs.filter((m) => m._unopened);
+    if (closed.length) console.error(`warning: ${closed.length} sealed message(s) could not be opened${o.json ? ' (their _unopened says why)' : ' (above)'}`);
   },
   async 'verify-receipt'(o, args) {
     const file = args[0] ?? need(o, 'file');
@@ -221,7 +236,11 @@ const COMMANDS = {
       return;
     }
     const sealedCiphertext = doc.sealed?.ciphertext;
-    if (doc.sealed && !doc.opening) doc = openReleases(doc, party(o).sealingPrivate);
+    if (doc.sealed && !doc.opening) {
+      const got = new InboxOpener(party(o).sealingKeys()).open(doc); // a retired key opens what was sealed before a rotation
+      if (got.unopened) throw new BadInput(`${file}: ${got.unopened.reason}`);
+      doc = got.doc;
+    }
     verifyOutcome(doc, key, { sealedCiphertext });
     emit(o, { valid: true, receipt: doc.receipt }, `receipt ${doc.receipt.purchase_id}: signature valid, ${doc.releases.length} releases open its commitment`);
   },

@@ -50,3 +50,25 @@ export function verifyAnswer({ prefix, topic, value, headers, marketPublicKey })
 
 /** `hex(R)`, the SHA-256 of the exact bytes sent: the key of a refusal record (§12.5). */
 export const requestDigest = (bytes) => toHex(sha256Of(bytes));
+
+/**
+ * The earlier answer an `already_answered` notice stands for (§12.4's resend rule), among
+ * `earlier`: the market's answers to that purchase id and stream in the inbox, oldest first, as
+ * `{doc, valueSha256}`. The `purchase_fulfilled` whose value has `details.answer_sha256`, or the
+ * rejection with code `details.answer_reason`; from a market that names neither, the newest
+ * answer that is not the refusal of another request that used the id. Newest first; undefined
+ * if none.
+ */
+export function namedAnswer(notice, earlier) {
+  const named = notice?.details?.answer_sha256;
+  const code = notice?.details?.answer_reason;
+  for (const { doc, valueSha256 } of [...earlier].reverse()) {
+    const ok = typeof named === 'string'
+      ? valueSha256 === named
+      : typeof code === 'string'
+        ? doc.type === 'rejection' && doc.reason === code
+        : !(doc.type === 'rejection' && doc.reason === 'idempotency_key_reused');
+    if (ok) return doc;
+  }
+  return undefined;
+}

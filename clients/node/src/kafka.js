@@ -6,11 +6,12 @@ import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
-import { verifyAnswer } from './answers.js';
-import { sealBatch, openReleases } from './sealing.js';
+import { verifyAnswer, requestDigest, namedAnswer } from './answers.js';
+import { sealBatch } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
 import { readRoot, trustedKey } from './root.js';
+import { InboxOpener } from './opening.js';
 
 /** The market said no: `reason` is the code of §9. */
 export class Refused extends Error {
@@ -329,6 +330,7 @@ export class MarketClient {
       throw new Refused('stale_key_version', `account ${p.accountId} is at other keys than the rotation's`, acc);
     }
     next.keyVersion = version;
+    next.previous = p.retiring(p.keyVersion).map((k) => ({ ...k })); // what was sealed to the old keys still opens (§5.2)
     this.party = next;
     return { account: acc, party: next };
   }
@@ -453,59 +455,75 @@ export class MarketClient {
       ans = await this.answer(sent, (d) => d.type === 'purchase_fulfilled' && d.purchase_id === purchaseId);
     } catch (err) {
       if (!(err instanceof Refused) || err.reason !== 'already_answered') throw err;
-      // The market's earlier answer to this purchase id, in this inbox, is the answer (§12.4).
-      ans = await this.earlierAnswer(purchaseId);
+      // The market's earlier answer to this purchase id that the notice names is the answer
+      // (§12.4): never the refusal of another request that used the id.
+      ans = await this.earlierAnswer(purchaseId, streamId, err.answer);
       if (!ans) throw err;
+      if (ans.type === 'rejection') throw new Refused(ans.reason, ans.message, ans);
     }
     return this.checkOutcome(ans);
   }
 
-  /** The newest market-signed `purchase_fulfilled` of `purchaseId` already in the inbox. */
-  async earlierAnswer(purchaseId) {
+  /**
+   * The market-signed earlier answer to `purchaseId` on `streamId` in the inbox that the
+   * `already_answered` notice names (§12.4's resend rule: `namedAnswer`). Undefined if the
+   * inbox holds none.
+   */
+  async earlierAnswer(purchaseId, streamId, notice) {
     const inbox = this.inbox();
     const r = await this.reader(inbox);
-    let found;
+    const earlier = [];
     await r.find((rec) => {
-      const b = this.believe(inbox, rec);
-      if (b && b.doc.type === 'purchase_fulfilled' && b.doc.purchase_id === purchaseId && b.doc.buyer_id === this.party.accountId) found = b.doc;
+      const d = this.believe(inbox, rec)?.doc;
+      if (!d || (d.purchase_id !== purchaseId && d.request_id !== purchaseId) || d.stream_id !== streamId) return undefined;
+      if (d.type === 'purchase_fulfilled' && d.buyer_id !== this.party.accountId) return undefined;
+      if (d.type === 'rejection' && d.reason === 'already_answered') return undefined;
+      earlier.push({ doc: d, valueSha256: requestDigest(rec.value) });
       return undefined;
     }, 0);
-    return found;
+    return namedAnswer(notice, earlier);
   }
 
   /** Open a purchase's releases and verify its receipt; returns the opened event. */
-  checkOutcome(ans) {
-    let opened = ans;
+  checkOutcome(ans, opened = null) {
     let sealedCiphertext;
     if (ans.sealed) {
-      if (!this.party.sealingPrivate) throw new Error('the releases are sealed and this key file has no sealing key');
-      opened = openReleases(ans, this.party.sealingPrivate);
+      if (!opened) {
+        // the current sealing key or a retired one: an earlier outcome answered again after a rotation is sealed to the key of its time
+        const got = new InboxOpener(this.party.sealingKeys()).open(ans);
+        if (got.unopened) throw new Error(`the answer cannot be opened with this key file: ${got.unopened.reason}`);
+        opened = got.doc;
+      }
       sealedCiphertext = ans.sealed.ciphertext;
-    }
+    } else opened = ans;
     verifyOutcome(opened, this.marketPublicKey, { sealedCiphertext });
     return opened;
   }
 
   /**
-   * Every message of this party's inbox the market signed, opened: answers and subscription
-   * deliveries (`value_released`, `deliveries_withheld`). Forged messages are warned about.
+   * Every message of this party's inbox the market signed, opened with every sealing key the
+   * party holds (its current one and the retired ones of its key file, §5.2): answers and
+   * subscription deliveries (`value_released`, `deliveries_withheld`). A sealed message no key
+   * opens is kept as it came, with `_unopened: {reason, keyVersion, keyId, held}` (the key
+   * version it was sealed under, whose key file opens it). Forged messages are warned about.
    */
   async inboxMessages({ ms = 1000, until = () => false } = {}) {
     const inbox = this.inbox();
     const out = [];
     if (!(await this.topicExists(inbox))) return out;
     const r = await this.reader(inbox);
+    const opener = new InboxOpener(this.party.sealingKeys());
     await r.find((rec) => {
       const b = this.believe(inbox, rec);
       if (!b) return undefined;
-      let doc = b.doc;
+      let { doc, unopened } = opener.open(b.doc);
       try {
-        if (doc.sealed && this.party.sealingPrivate) doc = doc.type === 'purchase_fulfilled' ? this.checkOutcome(doc) : openReleases(doc, this.party.sealingPrivate);
+        if (doc.type === 'purchase_fulfilled' && b.doc.sealed && !unopened) doc = this.checkOutcome(b.doc, doc);
       } catch (err) {
         this.warn(`${doc.type} at offset ${rec.offset}: ${err.message}`);
         return undefined;
       }
-      out.push({ ...doc, _offset: Number(rec.offset), _delivery: b.request === null });
+      out.push({ ...doc, _offset: Number(rec.offset), _delivery: b.request === null, ...(unopened ? { _unopened: unopened } : {}) });
       return until(doc, out) ? true : undefined;
     }, ms);
     return out;

@@ -162,6 +162,10 @@ try {
   });
   await step('a purchase sent again by a new process is answered by its first outcome', async () => {
     const first = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
+    // the id used again with other terms is refused, bound to those bytes (§12.4) ...
+    const reused = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 500 }).then(() => null, (e) => e);
+    check(reused instanceof Refused && reused.reason === 'idempotency_key_reused', `reuse: ${reused?.message}`);
+    // ... and is not the answer to the first purchase sent again: the notice names its own
     const again = await B.buy(stream, { purchaseId: `cap-${tag}`, targetLevel: 4.0, maxPriceMinor: 400 });
     check(again.receipt.signature === first.receipt.signature, 'the same receipt');
   });

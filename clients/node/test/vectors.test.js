@@ -118,8 +118,19 @@ function checkSealingIntermediates(s, sellerId, { ephemeral, nonce }) {
   assert.deepEqual(back, s.items.map((it) => ({ values: it.values })));
   // A batch sealed by this client (its JSON spelling of the numbers) opens to the same numbers.
   const ev = sealBatch({ prefix: s.market, marketSealingKey: s.market_sealing_key, streamId: s.stream_id, sellerId, items: s.items, ephemeral, nonce });
-  const mine = JSON.parse(new TextDecoder().decode(open(ev.sealed, fromHex(s.market_private_key ?? s.market_private_key_hex), aad)));
+  const mineRaw = open(ev.sealed, fromHex(s.market_private_key ?? s.market_private_key_hex), aad);
+  const mine = JSON.parse(new TextDecoder().decode(mineRaw));
   assert.deepEqual(mine, back);
+  if (s.padded_length !== undefined) {
+    // §4.2: any spelling is valid, and every spelling pads to the same length: this client's
+    // (JSON.stringify: -2, 0, 42) differs from the vector's (-2.0, 0.0, 42.0) and fills the
+    // same bytes; the rule measured on the vector's own spelling gives them too.
+    assert.notEqual(new TextDecoder().decode(mineRaw), s.plaintext);
+    assert.equal(mineRaw.length, s.padded_length);
+    let size = utf8(s.plaintext.trimEnd()).length;
+    for (const j of s.numbers_json) size += 25 * JSON.parse(j).length + 1 - j.length;
+    assert.equal(size, s.padded_length);
+  }
   return env;
 }
 
@@ -149,6 +160,13 @@ test('sealing.json: a release sealed to the buyer opens (§4.6)', () => {
   const raw = open(r.sealed, priv, utf8(r.purchase_id));
   assert.equal(raw.length, r.padded_length);
   assert.equal(new TextDecoder().decode(raw).trimEnd(), r.plaintext);
+  // §11.5: the numbers summed are those of each release's `values`, as spelled in the plaintext
+  let size = utf8(r.plaintext).length;
+  for (const j of r.numbers_json) {
+    assert.ok(r.plaintext.includes(j), j);
+    size += 25 * JSON.parse(j).length + 1 - j.length;
+  }
+  assert.equal(size, r.padded_length);
   const opened = openReleases(ev, priv);
   assert.equal(opened.opening, r.opening);
   assert.deepEqual(opened.releases, JSON.parse(r.plaintext).releases);
@@ -181,11 +199,16 @@ test('keys.json: key ids (§5)', () => {
 test('keys.json and §8.2: murmur2 and partitions', () => {
   for (const p of keys.partitions) {
     assert.equal(murmur2(utf8(p.key)), p.murmur2, p.key);
+    // one hash, two spellings: unsigned and Kafka's signed Java int (§8.2)
+    assert.equal(murmur2(utf8(p.key)) | 0, p.murmur2_signed, p.key);
+    assert.equal(p.murmur2_signed >>> 0, p.murmur2, p.key);
     for (const [n, part] of Object.entries(p.partition)) assert.equal(partitionOf(p.key, Number(n)), part, `${p.key} of ${n}`);
   }
-  // Kafka's own test cases, as signed 32-bit integers.
+  // Kafka's own test cases, as signed 32-bit integers, are among the vectors' ids.
   assert.equal(murmur2(utf8('21')) | 0, -973932308);
   assert.equal(murmur2(utf8('foobar')) | 0, -790332482);
+  const signed = Object.fromEntries(keys.partitions.map((p) => [p.key, p.murmur2_signed]));
+  assert.deepEqual([signed['21'], signed.foobar], [-973932308, -790332482]);
 });
 
 test('protocol.md §3.6: state records, format 2', () => {
@@ -299,4 +322,23 @@ test('protocol.md §6.1.2: the proof-of-work vector', () => {
   assert.equal(leadingZeroBits(sha256Of(raw)), v.bits);
   const w = solveWork(v.market_prefix, v.account_id, v.signing_key, 8);
   assert.ok(leadingZeroBits(sha256Of(workBytes(v.market_prefix, v.account_id, v.signing_key, w))) >= 8);
+});
+
+test('§5.2.1: the key file vector reads into its keys and is written back byte for byte', () => {
+  const doc = readFileSync(PROTOCOL, 'utf8');
+  const m = /<!-- key file vectors: begin -->\s*```json\n([\s\S]*?\n)```\s*<!-- key file vectors: end -->/.exec(doc);
+  assert.ok(m, 'docs/protocol.md lost its key file vector');
+  const text = m[1];
+  assert.equal(toHex(sha256Of(utf8(text))), '90771144fb726afbb37a8fc3738ebb0688063debf4c4ed2f28c810f50e23f574');
+  const p = Party.fromJSON(JSON.parse(text));
+  assert.equal(p.keyId, '03396219237f75a6');
+  assert.equal(p.keyVersion, 2);
+  assert.deepEqual(p.sealingKeys().map((k) => [k.keyVersion, k.sealingKey]), [
+    [2, 'Z13VdO13iTELPS52gfN5C0ZsdzsVIf7PNld5WDcepS8='],
+    [1, 'NYBy1jZYgNGu6jKa35EhODhR7SGijjt16WXQ0s0WYlQ='],
+  ]);
+  assert.equal(p.keyFile(), text);
+  const mixed = { ...JSON.parse(text), signing_key: 'A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg=' };
+  assert.throws(() => Party.fromJSON(mixed), /`signing_key` is not the public key/);
+  assert.throws(() => Party.fromJSON({ ...JSON.parse(text), key_version: 1 }), /`previous` must list/);
 });

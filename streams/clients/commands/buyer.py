@@ -150,6 +150,13 @@ def cmd_buy(args: argparse.Namespace) -> int:
         print_json(result)
     if isinstance(result, Rejection):
         raise CommandError(f"purchase refused ({result.reason}): {result.message}", EXIT_REFUSED)
+    _say_bought(args, result)
+    _say_named(args, result.releases)
+    return 0
+
+
+def _say_bought(args: argparse.Namespace, result: Any) -> None:
+    """What a person reads after a purchase: the level, the price, the values, the receipt."""
     paid = output.money(result.price_minor, result.currency)
     say(
         args,
@@ -166,8 +173,6 @@ def cmd_buy(args: argparse.Namespace) -> int:
             ]
         ),
     )
-    _say_named(args, result.releases)
-    return 0
 
 
 def _say_named(args: argparse.Namespace, releases: list[Any]) -> None:
@@ -205,27 +210,38 @@ def cmd_tail(args: argparse.Namespace) -> int:
         ValueReleased,
     )
 
-    party = load_party(args)
-    sealed_hint, confirmed = [False], [False]
+    party = _with_old_keys(args, load_party(args))
+    confirmed, unopened, pending = [False], [], []
+
+    def told(u: Any) -> None:
+        unopened.append(u)
+        pending.append(u)
 
     async def body(c: Any) -> None:
-        async for ev in c.tail(idle_timeout=None if args.follow else 2.0):
+        async for ev in c.tail(idle_timeout=None if args.follow else 2.0, on_unopened=told):
             if json_mode(args):
                 print(ev.model_dump_json(), flush=True)
             else:
                 print("\n".join(output.event(ev)), flush=True)
+            for u in pending:
+                _say_unopened(args, u)
+            pending.clear()
             if isinstance(ev, AccountState) and ev.signing_key == party.public_key:
                 confirmed[0] = True
             if isinstance(ev, PurchaseFulfilled | ValueReleased):
                 _say_named(args, ev.releases)
             if isinstance(ev, DeliveriesWithheld) and json_mode(args):
                 warn(f"{len(ev.value_ids)} value(s) withheld: {ev.message}")
-            if isinstance(ev, PurchaseFulfilled | ValueReleased) and ev.sealed and not ev.releases:
-                sealed_hint[0] = True
 
     interrupted = read_inbox(args, body, party)
-    if sealed_hint[0]:
-        warn("some releases are sealed for another key than this key file's sealing key")
+    if unopened:
+        versions = sorted({u.key_version for u in unopened if u.key_version and not u.held})
+        fix = (
+            f": pass the key file of version {', '.join(map(str, versions))} with --old-key-file"
+            if versions
+            else ""
+        )
+        warn(f"warning: {len(unopened)} sealed record(s) above could not be opened{fix}")
     if not confirmed[0] and not interrupted:  # nothing the market signed says this key holds it
         raise CommandError(
             f"the market never confirmed account {party.account_id!r} for this key file's key: "
@@ -233,6 +249,33 @@ def cmd_tail(args: argparse.Namespace) -> int:
             EXIT_REFUSED,
         )
     return 0
+
+
+def _with_old_keys(args: argparse.Namespace, party: Any) -> Any:
+    """``party`` also holding the sealing keys of every ``--old-key-file`` (key files of the
+    account before a rotation that did not yet record its retired keys in the new file)."""
+    from ..keys import KeyFileError, Party  # noqa: PLC0415
+
+    try:
+        older = [Party.load(p, on_warning=warn) for p in args.old_key_file or []]
+        return party.holding(older)
+    except KeyFileError as exc:
+        raise CommandError(f"--old-key-file: {exc}") from None
+
+
+def _say_unopened(args: argparse.Namespace, u: Any) -> None:
+    """Where a sealed record stays closed: why, and which key file opens it."""
+    ev = u.event
+    which = f"purchase {ev.purchase_id}" if ev.type == "purchase_fulfilled" else ev.stream_id
+    fix = (
+        f": pass the key file of version {u.key_version} with --old-key-file FILE"
+        if u.key_version is not None and not u.held and u.sealing_key is not None
+        else ""
+    )
+    if json_mode(args):
+        warn(f"{ev.type} ({which}) not opened: {u.reason}{fix}")
+    else:
+        print(f"  not opened: {u.reason}{fix}", flush=True)
 
 
 def add_commands(sub: Any) -> None:
@@ -286,8 +329,24 @@ def add_commands(sub: Any) -> None:
             )
         add_json_flag(sp)
         sp.set_defaults(fn=fn)
+    _add_tail(sub)
+
+
+def _add_tail(sub: Any) -> None:
     sp = sub.add_parser("tail", help="buyer/seller: print the events in your inbox")
-    sp.add_argument("--key-file", default=None, help="your keys: opens sealed releases")
+    sp.add_argument(
+        "--key-file",
+        default=None,
+        help="your keys: opens sealed releases (also with the retired sealing keys it records)",
+    )
+    sp.add_argument(
+        "--old-key-file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a key file of the account from before a rotation, to open what was sealed to it "
+        "(repeatable; default none)",
+    )
     sp.add_argument("--follow", action="store_true", help="keep reading new events until Ctrl-C")
     sp.add_argument(
         "--key-names",

@@ -94,7 +94,7 @@ def load_party(args: argparse.Namespace) -> Any:
             "EMARKET_KEY_FILE); create one with `epsilon-market keygen --account ID --out FILE`"
         )
     try:
-        return Party.load(path)
+        return Party.load(path, on_warning=warn)  # a key file others can read: said, not refused
     except KeyFileError as exc:
         raise CommandError(str(exc)) from None
 

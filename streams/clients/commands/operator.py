@@ -258,7 +258,7 @@ def _capacity(partitions: int) -> dict[str, int]:
     from ...core.census import capacity  # noqa: PLC0415
     from ...worker.config import Settings  # noqa: PLC0415
 
-    return capacity(Settings.from_env().limits().stream_quota, partitions)
+    return capacity(Settings.from_env().limits.stream_quota, partitions)
 
 
 def _operator_token(args: argparse.Namespace) -> str | None:

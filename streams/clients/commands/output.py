@@ -179,6 +179,11 @@ def releases(items: list[Any], model: Any) -> list[str]:
     return out
 
 
+def _count(ev: Any) -> str:
+    """How many values a release event shows: "sealed" while its envelope is not opened."""
+    return "sealed" if ev.sealed is not None and not ev.releases else str(len(ev.releases))
+
+
 def event(ev: Any) -> list[str]:
     """The lines a person reads for one event of an inbox (``tail``)."""
     kind = getattr(ev, "type", "")
@@ -193,11 +198,11 @@ def event(ev: Any) -> list[str]:
         head = (
             f"bought {ev.stream_id} at level {level(ev.level_after, ev.level_unit)} (from "
             f"{ev.level_before:g}) for {money(ev.price_minor, ev.currency)}, purchase "
-            f"{ev.purchase_id}: {len(ev.releases)} values"
+            f"{ev.purchase_id}: {_count(ev)} values"
         )
         return [head, *releases(ev.releases, ev.error_model)]
     if kind == "value_released":
-        head = f"new values of {ev.stream_id} at your level: {len(ev.releases)}"
+        head = f"new values of {ev.stream_id} at your level: {_count(ev)}"
         return [head, *releases(ev.releases, ev.error_model)]
     if kind == "quote":
         return [

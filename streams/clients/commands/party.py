@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_REFUSED, CommandError, load_party, run_client
-from .output import add_json_flag, json_mode, print_json, show
+from .output import add_json_flag, json_mode, print_json, show, warn
 
 __all__ = ["add_commands"]
 
@@ -97,9 +97,15 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
 
     old = load_party(args)
     try:
-        new = Party.load(args.new_key_file)
+        new = Party.load(args.new_key_file, on_warning=warn)
     except KeyFileError as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandError(f"--new-key-file: {exc}") from None
+    if new.account_id != old.account_id:
+        raise CommandError(
+            f"--new-key-file {args.new_key_file} is for account {new.account_id!r}, not "
+            f"{old.account_id!r}: make it with `epsilon-market keygen --account "
+            f"{old.account_id} --out {args.new_key_file}`"
+        )
 
     async def body(c: Any) -> Any:
         return await c.rotate_keys(new, args.version, timeout=args.timeout)
@@ -119,12 +125,21 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
             f"the market's answer pins other keys than {args.new_key_file}'s (key id {out.key_id})",
             EXIT_REFUSED,
         )
-    # events are signed at the key version: the new key file records it
-    dataclasses.replace(new, key_version=out.version).save_over(args.new_key_file)
+    # events are signed at the key version: the new key file records it, and keeps the old
+    # sealing keys (what was sealed to them opens with the new file alone, docs/protocol.md §5.2)
+    kept = old.retiring(out.version - 1)
+    dataclasses.replace(new, key_version=out.version, previous=kept).save_over(args.new_key_file)
+    held = (
+        f"; it also holds the retired sealing keys ({len(kept)}), so `tail --key-file "
+        f"{args.new_key_file}` opens everything sealed before"
+        if kept
+        else ""
+    )
     show(
         args,
         out,
-        f"keys of {out.account_id!r} rotated to version {out.version}: use {args.new_key_file}",
+        f"keys of {out.account_id!r} rotated to version {out.version}: use "
+        f"{args.new_key_file}{held}",
     )
     return 0
 

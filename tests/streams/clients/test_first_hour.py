@@ -274,6 +274,7 @@ def test_a_taken_web_port_is_one_clear_line_before_anything_starts(
     assert "is serving" not in r.stdout and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_ledger_names_the_market_it_read_and_refuses_another(market: Market) -> None:
     """`ledger` without EMARKET_WORKER read whatever answered on the default port, naming no
     market: another user's market could pass for one's own."""

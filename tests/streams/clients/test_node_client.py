@@ -55,10 +55,12 @@ def _cli(market: Market, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_node_client_passes_every_vector() -> None:
-    """Every vector of docs/vectors and docs/protocol.md a client computes, from the spec alone;
-    and the Node CLI's exit codes and receipt check, offline."""
-    r = _node("--test", "test/vectors.test.js", "test/cli.test.js")
+    """Every vector of docs/vectors and docs/protocol.md a client computes, from the spec alone,
+    and every negative vector a client must refuse (docs/vectors/negative.json); and the Node
+    CLI's exit codes and receipt check, offline."""
+    r = _node("--test", "test/vectors.test.js", "test/cli.test.js", "test/negative.test.js")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "# fail 0" in r.stdout
 

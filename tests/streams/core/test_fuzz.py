@@ -134,12 +134,14 @@ JSONISH = st.recursive(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topic=st.sampled_from(TOPICS), data=st.binary(max_size=300))
+@pytest.mark.slow
 def test_arbitrary_bytes(topic: str, data: bytes) -> None:
     check(fresh_core(), topic, data)
 
 
 @settings(max_examples=300, deadline=None)
 @given(topic=st.sampled_from(TOPICS), doc=JSONISH)
+@pytest.mark.slow
 def test_arbitrary_json(topic: str, doc: Any) -> None:
     check(fresh_core(), topic, json.dumps(doc, allow_nan=True).encode())
 
@@ -188,6 +190,7 @@ def _mutations() -> st.SearchStrategy[tuple[str, bytes]]:
 
 @settings(max_examples=500, deadline=None)
 @given(case=_mutations())
+@pytest.mark.slow
 def test_mutated_valid_events(case: tuple[str, bytes]) -> None:
     check(fresh_core(), *case)
 

@@ -12,6 +12,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
 from streams.wire.topics import Topics
@@ -39,6 +41,7 @@ def _ids_on(partition: int, n: int, prefix: str) -> list[str]:
     return [a for a in ids if T.partition_of(a) == partition][:n]
 
 
+@pytest.mark.slow
 def test_an_opening_without_enough_work_is_refused_saying_how_much() -> None:
     c = _core(opening_work=BITS)
     p = party("alice")
@@ -55,6 +58,7 @@ def test_an_opening_without_enough_work_is_refused_saying_how_much() -> None:
     assert c.handle(T.accounts, _opening("alice")).status == "accepted"
 
 
+@pytest.mark.slow
 def test_a_stranger_flooding_openings_does_not_stop_an_honest_one() -> None:
     """For two seconds a stranger opens accounts on the honest user's partition as fast as one
     core lets it, then the honest opening is confirmed: the partition's share (here 60 a

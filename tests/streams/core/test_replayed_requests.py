@@ -8,6 +8,7 @@ messages in the buyer's inbox.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from streams.core import MarketCore, Stores
@@ -122,3 +123,27 @@ def test_the_buyers_resend_of_an_unanswered_purchase_gets_its_answer() -> None:
     (ev,) = to_inbox(remade)
     assert isinstance(ev, PurchaseFulfilled) and remade.outputs[0].value == first.outputs[0].value
     assert stores.streams["temp"].revenue_minor == 50
+
+
+def test_an_already_answered_notice_names_the_answer_it_stands_for() -> None:
+    """A resend signed anew, after the id was used again with other terms, is told which
+    earlier answer is its own (docs/protocol.md §12.4): the fulfilment by the digest of its
+    bytes, a refusal by its code; never the refusal of the other request."""
+    now = [1_000]
+    c = new_core(now)
+    c.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    first = c.handle(T.purchases, purchase("temp", "alice", "p"))
+    sent = next(o.value for o in first.outputs if o.topic == T.inbox("alice"))
+    reused = c.handle(T.purchases, purchase("temp", "alice", "p", max_price=10**5))
+    assert reused.reason == "idempotency_key_reused"
+    now[0] += 1_000
+    again = to_inbox(c.handle(T.purchases, purchase("temp", "alice", "p", requested_at_ms=2_000)))
+    assert len(again) == 1 and again[0].reason == "already_answered", again
+    assert again[0].details["answer_sha256"] == hashlib.sha256(sent).hexdigest()
+    c.handle(T.purchases, purchase("temp", "alice", "r", max_price=0))
+    c.handle(T.purchases, purchase("temp", "alice", "r", max_price=1))
+    now[0] += 1_000
+    out = c.handle(T.purchases, purchase("temp", "alice", "r", max_price=0, requested_at_ms=2_000))
+    notice = to_inbox(out)
+    assert [ev.reason for ev in notice] == ["already_answered"], notice
+    assert notice[0].details["answer_reason"] == "price_too_high"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from streams.clients.client import MarketClient
+from streams.core.context import Limits
 from streams.wire.events import AccountState
 
 from ..clients.test_cli import cli
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 def test_an_invite_only_market_opens_an_account_with_the_operators_invitation(
     market: Market, tmp_path: Path
 ) -> None:
-    market.start_worker(openings="invite")
+    market.start_worker(limits=Limits(openings="invite"))
     key = tmp_path / "alice.key"
     signing = json.loads(
         cli(None, "keygen", "--account", "alice", "--out", str(key), "--json").stdout
@@ -62,7 +63,7 @@ def test_an_invite_only_market_opens_an_account_with_the_operators_invitation(
 
 
 def test_the_client_does_the_work_an_open_market_asks(market: Market) -> None:
-    market.start_worker(opening_work=8)
+    market.start_worker(limits=Limits(opening_work=8))
 
     async def go(c: MarketClient) -> object:
         return await c.open_account(party("alice"), timeout=60)

@@ -239,9 +239,51 @@ def test_key_ids_and_partitions() -> None:
         assert base64.b64encode(raw).decode() == row["public_key"]
         assert hashlib.sha256(raw).hexdigest()[:16] == row["key_id"]
     for row in vec["partitions"]:
+        # one hash, two spellings: unsigned, and Kafka's signed Java int (§8.2)
+        assert row["murmur2_signed"] & 0xFFFFFFFF == row["murmur2"]
+        assert -(2**31) <= row["murmur2_signed"] < 2**31 and 0 <= row["murmur2"] < 2**32
         for p, partition in row["partition"].items():
             assert (row["murmur2"] & 0x7FFFFFFF) % int(p) == partition
+            assert (row["murmur2_signed"] & 0x7FFFFFFF) % int(p) == partition
             assert Topics(MARKET, int(p)).partition_of(row["key"]) == partition
+    signed = {row["key"]: row["murmur2_signed"] for row in vec["partitions"]}
+    assert (signed["21"], signed["foobar"]) == (-973932308, -790332482)  # §8.2 quotes them
+    spec = (ROOT / "docs" / "protocol.md").read_text()
+    assert '`murmur2("21") = −973932308`' in spec and "murmur2_signed" in spec
+
+
+def _padded(plain: str, numbers_json: list[str]) -> int:
+    """§4.2's and §11.5's length rule, from the spelling written: 25·n + 1 − len(J) an item."""
+    size = len(plain.rstrip(" ").encode())
+    for spelled in numbers_json:
+        n = len(json.loads(spelled))
+        size += 25 * n + 1 - len(spelled) if n else 0
+    return size
+
+
+def test_the_sealed_plaintexts_spell_numbers_freely_and_pad_by_the_spelling_written() -> None:
+    """§4.2: any JSON spelling of a number is valid, the padding rule is measured on the
+    spelling written, and the vectors give it (numbers_json) so another language can check
+    the rule on the vector's bytes and its own spelling on its own bytes."""
+    vec = _load("sealing.json")
+    for doc in (vec, vec["release_to_buyer"]):
+        for spelled in doc["numbers_json"]:
+            assert spelled in doc["plaintext"]
+    assert _padded(vec["plaintext"], vec["numbers_json"]) == vec["padded_length"]
+    assert len(vec["plaintext"].encode()) == vec["padded_length"]
+    rel = vec["release_to_buyer"]
+    assert _padded(rel["plaintext"], rel["numbers_json"]) == rel["padded_length"]
+    # the shortest spelling (JSON.stringify's: -2, 0, 42) reads as the same numbers at the
+    # market, and pads to the same length: the rule does not depend on the spelling either
+    short = [
+        "[" + ",".join(format(x, "g") if x != int(x) else str(int(x)) for x in i["values"]) + "]"
+        for i in vec["items"]
+    ]
+    body = "[" + ",".join('{"values":' + j + "}" for j in short) + "]"
+    assert body != vec["plaintext"].rstrip(" ")
+    padded = body + " " * (_padded(body, short) - len(body))
+    assert len(padded) == vec["padded_length"]
+    assert [r["values"] for r in json.loads(padded)] == [i["values"] for i in vec["items"]]
 
 
 def test_murmur2_is_kafkas() -> None:
@@ -554,3 +596,50 @@ def test_a_histogram_value_naming_one_key_in_nfc_and_nfd_is_refused() -> None:
     assert "NFC" in (body.outcomes[0].message or "")
     assert core.handle(t.values, value("h", "v2", [3.0], keys=[nfd])).status == "accepted"
     assert key_of(nfd) == key_of(nfc) == str(string_key(nfc))
+
+
+# ------------------------------------------------------------------- §1.3, §2.1 from the text
+def _part(tag: bytes, data: bytes) -> bytes:
+    return tag + struct.pack(">I", len(data)) + data
+
+
+def test_the_value_identity_is_three_text_parts() -> None:
+    """§1.3's table, built from §1.1's encoding alone, is the identity the market keys a
+    value's noise by: stream id, value id and the hex digest of the numbers, all text."""
+    from market import Laplace
+    from market.chain import ReleaseChain
+    from market.rng import NoiseKeys
+    from streams.core.products.base import digest_values, value_identity
+
+    spec = (ROOT / "docs" / "protocol.md").read_text().split("### 1.3 Chains")[1]
+    for row in ("| stream id | text |", "| value id | text |", "| digest | text |"):
+        assert row in spec, row
+    secret = bytes(range(32))
+    chain = ReleaseChain(Laplace(1.0, dimension=2), (0.5, 1.0))
+    numbers = as_float_vector([1.5, -2.0])
+    digest = hashlib.sha256(struct.pack("<2d", 1.5, -2.0)).hexdigest()
+    assert digest_values(numbers) == digest
+    for j in (0, 1):
+        enc = (
+            _part(b"b", b"emarket-chain-v2")
+            + _part(b"b", chain.fingerprint)
+            + _part(b"s", b"temp")
+            + _part(b"s", b"v1")
+            + _part(b"s", digest.encode())
+            + _part(b"i", str(j).encode())
+        )
+        seed = b"emarket-noise-v2\x00" + struct.pack(">I", len(secret)) + secret + enc
+        want = hashlib.shake_256(seed).digest(32)
+        got = chain.key(NoiseKeys(secret), value_identity("temp", "v1", digest), j)
+        assert got == want
+
+
+def test_the_canonical_level_rounds_a_tie_to_even() -> None:
+    """§2.1: 15 significant digits of the double's exact value, a tie to the even digit (where
+    ECMAScript's toPrecision rounds up)."""
+    from market.levels import canonical_level
+
+    spec = (ROOT / "docs" / "protocol.md").read_text().split("### 2.1 ")[1].split("### 2.2 ")[0]
+    assert "`1.000030517578125`, whose canonical level is `1.00003051757812`" in spec
+    assert canonical_level(1.000030517578125) == 1.00003051757812
+    assert canonical_level(0.1 + 0.2) == canonical_level(0.3) == 0.3

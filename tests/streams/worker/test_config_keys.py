@@ -5,12 +5,15 @@ from __future__ import annotations
 import base64
 import os
 import stat
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from streams.broker.auth import kafka_auth
+from streams.core.context import Limits
 from streams.core.keys import MarketKeys
+from streams.wire.work import DEFAULT_BITS
 from streams.worker.config import Settings
 from streams.worker.secrets import load_or_create_keys
 
@@ -35,6 +38,29 @@ def test_settings_from_env_and_credentials(monkeypatch: pytest.MonkeyPatch) -> N
     assert "secret-pw" not in repr(s)
     tansu = s.for_tansu()
     assert tansu.tansu and tansu.fetch_max_wait_ms == 20 and tansu.session_timeout <= 3
+
+
+def test_every_bound_of_the_core_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Settings carry the core's one ``Limits``: each whole-number bound from ``EMARKET_`` and
+    its name in capitals, the openings rule from ``EMARKET_OPENINGS``."""
+    defaults = Limits()
+    whole = [f.name for f in fields(Limits) if type(getattr(defaults, f.name)) is int]
+    assert {"max_holders", "max_message_bytes", "max_event_work", "opening_work"} <= set(whole)
+    for i, name in enumerate(whole):
+        monkeypatch.setenv(f"EMARKET_{name.upper()}", str(1000 + i))
+    monkeypatch.setenv("EMARKET_OPENINGS", "invite")
+    limits = Settings.from_env().limits
+    assert [getattr(limits, name) for name in whole] == [1000 + i for i in range(len(whole))]
+    assert limits.openings == "invite"
+    assert limits.record_caps == defaults.record_caps and limits.refusals == defaults.refusals
+    monkeypatch.delenv("EMARKET_OPENING_WORK")
+    assert Settings.from_env().limits.opening_work == DEFAULT_BITS  # a deployment asks work
+    assert Settings().limits == defaults  # settings made in code: the core's defaults
+    monkeypatch.setenv("EMARKET_OPENINGS", "closed")
+    with pytest.raises(ValueError, match="EMARKET_OPENINGS must be 'invite' or 'open'"):
+        Settings.from_env()
 
 
 def test_keys_are_created_private_and_stable(tmp_path: Path) -> None:

@@ -34,11 +34,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
 
     settings = _worker_settings(args)
-    _start_checks(args, settings, exclusive=True)
+    key_id, market_key = _start_checks(args, settings, exclusive=True)
     broker = None
     if args.broker is None:
         broker = EmbeddedBroker().start()
         settings = replace(settings, broker=broker.url).for_tansu()
+    try:
+        _say_serving(settings, key_id, market_key, embedded=broker is not None)
+        return _run(settings, None if broker is None else broker.stop, args=args)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _say_serving(settings: Any, key_id: str, market_key: str, *, embedded: bool) -> None:
+    """What ``serve`` prints once it serves: where, what to paste in a second terminal."""
     url = settings.broker
     print(
         f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
@@ -46,7 +56,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     pages = f"http://{settings.web_host}:{settings.web_port}"
-    key_id, market_key = _market_key_of(settings)
     print(
         f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
         flush=True,
@@ -66,17 +75,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "(`epsilon-market ledger` reads it)",
         flush=True,
     )
-    if broker is not None:
+    if embedded:
         print(
             "  the embedded broker keeps everything in memory: when this stops, accounts, "
             "streams and holdings are gone (open the accounts again after a restart)",
             flush=True,
         )
-    try:
-        return _run(settings, None if broker is None else broker.stop, args=args)
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 def _market_key_of(settings: Any) -> tuple[str, str]:
@@ -84,15 +88,17 @@ def _market_key_of(settings: Any) -> tuple[str, str]:
     will): what clients pin (docs/protocol.md §12.1.1)."""
     from ...worker.secrets import load_or_create_keys  # noqa: PLC0415
 
-    keys = load_or_create_keys(settings.data_dir)
+    try:
+        keys = load_or_create_keys(settings.data_dir)
+    except (ValueError, OSError) as exc:  # EMARKET_SIGNING_KEY, EMARKET_NOISE_SECRET, the files
+        raise CommandError(f"the market's keys: {exc}") from None
     return str(keys.key_id), str(keys.public_key_b64)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap(args)
     settings = _worker_settings(args)
-    _start_checks(args, settings, exclusive=False)
-    key_id, market_key = _market_key_of(settings)
+    key_id, market_key = _start_checks(args, settings, exclusive=False)
     print(
         f"epsilon-market worker: market key {key_id}: clients pin it with "
         f"EMARKET_MARKET_KEY={market_key} (--market-key)",
@@ -101,10 +107,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return _run(settings, args=args)
 
 
-def _start_checks(args: argparse.Namespace, settings: Any, *, exclusive: bool) -> None:
+def _start_checks(args: argparse.Namespace, settings: Any, *, exclusive: bool) -> tuple[str, str]:
     """What ``serve`` and ``worker`` check before anything starts, each failure one line: the
     data directory is not another ``serve``'s (held until this process ends), the web port is
-    free, and the broker answers (``serve`` without a broker starts its own)."""
+    free, the market's keys load (made on the first start), and, last, the broker answers
+    (``serve`` without a broker starts its own). Returns the market key (id, public key)."""
     from ...worker.data_lock import DataDirInUse, hold_data_dir  # noqa: PLC0415
 
     try:
@@ -118,8 +125,10 @@ def _start_checks(args: argparse.Namespace, settings: Any, *, exclusive: bool) -
     taken = _web_port_taken(settings)
     if taken:
         raise CommandError(taken)
+    market_key = _market_key_of(settings)
     if args.broker is not None:
         check_broker(args, args.broker_wait, _auth_of(settings))
+    return market_key
 
 
 def _auth_of(settings: Any) -> dict[str, Any]:

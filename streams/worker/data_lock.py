@@ -12,8 +12,10 @@ left by a crashed process never blocks the next one (no stale lock to remove by 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["LOCK_FILE", "DataDirInUse", "hold_data_dir"]
@@ -25,9 +27,10 @@ class DataDirInUse(Exception):
     """Another process holds the data directory in a way this one cannot share."""
 
 
-def hold_data_dir(data_dir: Path, *, exclusive: bool) -> int:
-    """Lock ``data_dir`` for this process's life and return the lock's file descriptor (kept
-    open: closing it, or the process ending, releases the lock).
+@contextlib.contextmanager
+def hold_data_dir(data_dir: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold ``data_dir`` while the ``with`` block runs (or until the process ends, however it
+    ends).
 
     Raises
     ------
@@ -41,19 +44,20 @@ def hold_data_dir(data_dir: Path, *, exclusive: bool) -> int:
     path = data_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise DataDirInUse(
-            f"another epsilon-market serve or worker is running on the data directory "
-            f"{data_dir}{holder} (it holds {path}): stop it first, or give this one another "
-            "--data-dir (EMARKET_DATA_DIR)"
-        ) from None
-    if exclusive:  # who holds it, for the message of the next one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataDirInUse(
+                f"another epsilon-market serve or worker is running on the data directory "
+                f"{data_dir}{_holder(fd)} (it holds {path}): stop it first, or give this one "
+                "another --data-dir (EMARKET_DATA_DIR)"
+            ) from None
+        if exclusive:  # who holds it, for the message of the next one
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _holder(fd: int) -> str:

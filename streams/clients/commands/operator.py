@@ -5,10 +5,11 @@ anyone can run with the base package alone (no service dependencies)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,17 +35,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
 
     settings = _worker_settings(args)
-    key_id, market_key = _start_checks(args, settings, exclusive=True)
-    broker = None
-    if args.broker is None:
-        broker = EmbeddedBroker().start()
-        settings = replace(settings, broker=broker.url).for_tansu()
-    try:
-        _say_serving(settings, key_id, market_key, embedded=broker is not None)
-        return _run(settings, None if broker is None else broker.stop, args=args)
-    finally:
-        if broker is not None:
-            broker.stop()
+    with _data_dir_held(settings, exclusive=True):
+        key_id, market_key = _start_checks(args, settings)
+        broker = None
+        if args.broker is None:
+            broker = EmbeddedBroker().start()
+            settings = replace(settings, broker=broker.url).for_tansu()
+        try:
+            _say_serving(settings, key_id, market_key, embedded=broker is not None)
+            return _run(settings, None if broker is None else broker.stop, args=args)
+        finally:
+            if broker is not None:
+                broker.stop()
 
 
 def _say_serving(settings: Any, key_id: str, market_key: str, *, embedded: bool) -> None:
@@ -98,30 +100,40 @@ def _market_key_of(settings: Any) -> tuple[str, str]:
 def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap(args)
     settings = _worker_settings(args)
-    key_id, market_key = _start_checks(args, settings, exclusive=False)
-    print(
-        f"epsilon-market worker: market key {key_id}: clients pin it with "
-        f"EMARKET_MARKET_KEY={market_key} (--market-key)",
-        flush=True,
-    )
-    return _run(settings, args=args)
+    with _data_dir_held(settings, exclusive=False):
+        key_id, market_key = _start_checks(args, settings)
+        print(
+            f"epsilon-market worker: market key {key_id}: clients pin it with "
+            f"EMARKET_MARKET_KEY={market_key} (--market-key)",
+            flush=True,
+        )
+        return _run(settings, args=args)
 
 
-def _start_checks(args: argparse.Namespace, settings: Any, *, exclusive: bool) -> tuple[str, str]:
-    """What ``serve`` and ``worker`` check before anything starts, each failure one line: the
-    data directory is not another ``serve``'s (held until this process ends), the web port is
-    free, the market's keys load (made on the first start), and, last, the broker answers
-    (``serve`` without a broker starts its own). Returns the market key (id, public key)."""
+@contextlib.contextmanager
+def _data_dir_held(settings: Any, *, exclusive: bool) -> Iterator[None]:
+    """The data directory held while ``serve`` (``exclusive``) or ``worker`` runs: a second
+    ``serve`` on it, or a worker beside a ``serve``, is one line and exit 2."""
     from ...worker.data_lock import DataDirInUse, hold_data_dir  # noqa: PLC0415
 
+    held = contextlib.ExitStack()
     try:
-        hold_data_dir(settings.data_dir, exclusive=exclusive)
+        held.enter_context(hold_data_dir(settings.data_dir, exclusive=exclusive))
     except DataDirInUse as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(
             f"--data-dir {settings.data_dir}: cannot use this directory ({exc.strerror or exc})"
         ) from None
+    with held:
+        yield
+
+
+def _start_checks(args: argparse.Namespace, settings: Any) -> tuple[str, str]:
+    """What ``serve`` and ``worker`` check before anything starts, each failure one line: the
+    web port is free, the market's keys load (made on the first start), and, last, the broker
+    answers (``serve`` without a broker starts its own). Returns the market key (id, public
+    key)."""
     taken = _web_port_taken(settings)
     if taken:
         raise CommandError(taken)

@@ -1,13 +1,16 @@
 """No command of ``epsilon-market`` shows a person a traceback, whatever goes wrong.
 
-Every command is found in the argparse parser itself (a new command is walked without a
-change here) and run as a person would, with the mistakes people make: a dead broker in the
-environment, a key file that is missing, a directory or garbage, a malformed input file, and
-Ctrl-C while it waits. Each must end within its stated timeout with a message, never a
-traceback nor the last-resort "this is a bug" line (:func:`streams.clients.cli.main`).
+Every command is found in the parser itself (a new command is walked without a change here)
+and run with the mistakes people make: a dead broker in the environment, every ``EMARKET_*``
+variable garbled, each file it takes missing, a directory, not text or not what it should
+hold, and Ctrl-C while it waits or starts. Each must end within its stated timeout with a
+message, never a traceback nor the last-resort "this is a bug" line
+(:func:`streams.clients.cli.main`). The dead broker and Ctrl-C are run as a person would, in a
+subprocess; the files and the environment (hundreds of cases) by ``main`` in this process,
+where an exception escaping it is the traceback a person would see.
 
 An option that names a file says so (``FILE`` as its metavar, or "file" in its help): that is
-how the walk knows which options to hand a malformed file.
+how the walk knows which options to hand a bad file.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import logging
 import os
 import re
 import signal
@@ -27,6 +31,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +45,7 @@ from ..conftest import Market
 ROOT = Path(__file__).resolve().parents[3]
 GARBAGE = b"\x00\xff\xfe not what it should be {[\n\x80"
 TEXT = b'{"value_id": 7, "values": "no"}\n[1, 2\nkey,count\na,-1.5\n'  # UTF-8, not valid
-STATED = 5.0  # what every command may wait: its --timeout is set to it; --broker-wait is it
+STATED = 5.0  # what a command may wait here: its --timeout, or at most serve's --broker-wait
 SLACK = 20.0  # seconds a command may take beyond it on a busy CPU
 BUG_MARKS = ("Traceback", "this is a bug")
 Command = tuple[str, ...]
@@ -156,17 +161,21 @@ class Hung(BaseException):
     """Raised by SIGALRM in a command run in this process that overran its time."""
 
 
-def in_process(argv: list[str], timeout: float) -> str | None:
-    """:func:`judged` for a command run by :func:`main` in this process (a subprocess each
-    would cost a second of CPU per case): an exception escaping ``main``, a traceback printed,
-    or a wait beyond ``timeout`` is what is wrong."""
+def run_here(argv: list[str], timeout: float) -> tuple[object, str, str] | str:
+    """Run ``argv`` by :func:`main` in this process (a subprocess each would cost half a second
+    of CPU per case): (exit code, stdout, stderr), or what is wrong (an exception escaping
+    ``main``, the traceback a person would see; a wait beyond ``timeout``). Log records go to
+    its stderr as they would go to a person's terminal (``logging.lastResort``)."""
     out, err = io.StringIO(), io.StringIO()
+    terminal = logging.StreamHandler(err)
+    terminal.setLevel(logging.WARNING)
 
     def overran(*_: object) -> None:
         raise Hung
 
     before = signal.signal(signal.SIGALRM, overran)
     signal.alarm(int(timeout))
+    logging.getLogger().addHandler(terminal)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -175,12 +184,19 @@ def in_process(argv: list[str], timeout: float) -> str | None:
                 code = exc.code
     except Hung:
         return f"{' '.join(argv)}: still running after {timeout:g} s"
-    except BaseException:  # what a person would see as a traceback
+    except BaseException:
         return f"{' '.join(argv)}: {traceback.format_exc()}"
     finally:
+        logging.getLogger().removeHandler(terminal)
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
-    return judged(argv, code, out.getvalue(), err.getvalue())
+    return code, out.getvalue(), err.getvalue()
+
+
+def in_process(argv: list[str], timeout: float) -> str | None:
+    """What is wrong with how ``argv`` ended, run by :func:`run_here` (None: nothing)."""
+    r = run_here(argv, timeout)
+    return r if isinstance(r, str) else judged(argv, *r)
 
 
 def dead_port() -> int:
@@ -189,39 +205,60 @@ def dead_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.slow  # 28 runs of the command line: about 10 s of CPU
-def test_no_command_shows_a_traceback_with_a_dead_broker(tmp_path: Path) -> None:
+def broker_line(argv: list[str], code: object, err: str, dead: str, source: str) -> str | None:
+    """What is wrong with a command's report of the dead broker ``dead`` (None: nothing, or it
+    did not need the broker): exit 4 and one line naming it and where it came from."""
+    lines = err.strip().splitlines()
+    if "the broker" in err and not (
+        code == 4 and len(lines) == 1 and f"{dead} (from {source})" in lines[0]
+    ):
+        return f"{' '.join(argv)}: exit {code}, not one line naming {dead} from {source}: {lines}"
+    return None
+
+
+@pytest.mark.slow  # serve, worker and demo wait their --broker-wait (5 s), as a person's do
+def test_no_command_shows_a_traceback_with_a_dead_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every command with a dead broker in the environment (the README's `export
-    EMARKET_BROKER=...` kept from an earlier session): a message and an exit, in time. Those
-    that need the broker (serve, worker and demo first: they used to retry for half a minute
-    and end in a traceback) exit 4 with one line naming the broker and where its address
-    came from, given in the environment or with --broker."""
+    EMARKET_BROKER=...` kept from an earlier session): a message and an exit, in time, and
+    from those that need the broker, exit 4 and one line naming it and where its address came
+    from. serve, worker and demo (which used to retry for half a minute and end in a
+    traceback, serve after saying it serves) are run as a person would too, with the broker
+    from the environment and from --broker, and must exit 4."""
     case = Case(tmp_path)
     dead = f"kafka://127.0.0.1:{dead_port()}"
-    env = clean_env(EMARKET_BROKER=dead, EMARKET_WORKER="http://127.0.0.1:1")
-    flag = ["--broker", dead]
-    quick = {"broker_wait": "1"}  # serve, worker, demo: the flag runs below wait the default
-    runs = [(command, case.argv(command, p, **quick), env) for command, p in commands().items()]
-    for command in (("serve",), ("worker",), ("demo",), ("catalog",)):
-        runs.append((command, [*case.argv(command, commands()[command]), *flag], clean_env()))
-    with ThreadPoolExecutor(4) as pool:  # they mostly wait
-        results = list(pool.map(lambda r: ended(r[1], r[2], STATED + SLACK), runs))
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("EMARKET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EMARKET_BROKER", dead)
+    monkeypatch.setenv("EMARKET_WORKER", "http://127.0.0.1:1")
     failures = []
-    for (command, argv, _), r in zip(runs, results, strict=True):
-        if isinstance(r, str):
-            failures.append(r)
+    for command, parser in commands().items():
+        argv = case.argv(command, parser, broker_wait="0")
+        r = run_here(argv, STATED + SLACK)
+        failures.append(r if isinstance(r, str) else judged(argv, *r))
+        if not isinstance(r, str):
+            failures.append(broker_line(argv, r[0], r[2], dead, "EMARKET_BROKER"))
+    flag = ["--broker", dead]
+    runs = [
+        ([*case.argv((name,), commands()[(name,)]), *given], env, source)
+        for name in ("serve", "worker", "demo")
+        for given, env, source in (
+            ([], clean_env(EMARKET_BROKER=dead), "EMARKET_BROKER"),
+            (flag, clean_env(), "--broker"),
+        )
+    ]
+    with ThreadPoolExecutor(len(runs)) as pool:  # they wait: --broker-wait, 5 s
+        results = list(pool.map(lambda r: ended(r[0], r[1], STATED + SLACK), runs))
+    for (argv, _, source), done in zip(runs, results, strict=True):
+        if isinstance(done, str):
+            failures.append(done)
             continue
-        failures.append(judged(argv, r.returncode, r.stdout, r.stderr))
-        source = "--broker" if argv[-2:] == flag else "EMARKET_BROKER"
-        lines = r.stderr.strip().splitlines()
-        if "the broker" in r.stderr and not (
-            r.returncode == 4 and len(lines) == 1 and f"{dead} (from {source})" in lines[0]
-        ):
-            failures.append(f"{' '.join(argv)}: not one line naming {dead} from {source}: {lines}")
-        if command in (("serve",), ("worker",), ("demo",)) and r.returncode != 4:
-            failures.append(f"{' '.join(argv)}: exit {r.returncode}, not 4\n{r.stderr[-2000:]}")
-        if "is serving" in r.stdout:
-            failures.append(f"{' '.join(argv)}: says it is serving")
+        failures.append(judged(argv, done.returncode, done.stdout, done.stderr))
+        failures.append(broker_line(argv, done.returncode, done.stderr, dead, source))
+        if done.returncode != 4 or "is serving" in done.stdout:
+            failures.append(f"{' '.join(argv)}: exit {done.returncode}\n{done.stdout}{done.stderr}")
     assert not (found := [f for f in failures if f]), "\n\n".join(found)
 
 
@@ -259,30 +296,71 @@ def test_no_command_shows_a_traceback_with_a_bad_file(
     assert not (found := [f for f in failures if f]), "\n\n".join(found)
 
 
-@pytest.mark.slow  # each variable with each command: about 800 runs in this process
+class Reads(dict[str, str]):
+    """An ``os.environ`` that notes which ``EMARKET_*`` variables the code looks up."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env)
+        self.read: set[str] = set()
+        self.copied = False
+
+    def _note(self, key: object) -> None:
+        if isinstance(key, str) and key.startswith("EMARKET_"):
+            self.read.add(key)
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        self._note(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+    def __iter__(self) -> Iterator[str]:  # a copy, read later: every variable may be read
+        self.copied = True
+        return super().__iter__()
+
+    def keys(self) -> Any:  # what dict(os.environ) and {**os.environ} call
+        self.copied = True
+        return super().keys()
+
+
 def test_no_command_shows_a_traceback_in_a_garbled_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every command with each ``EMARKET_*`` variable the code reads, one at a time, set to
-    something it is not (a number, a mechanism, a key, a URL...): a message and an exit. The
-    variables are found in the source, so a new one is covered without a change here; the
-    fault injections of the tests' workers (``streams/worker/faults.py``) are not for people."""
+    """Every command with each ``EMARKET_*`` variable it reads, one at a time, set to something
+    it is not (a number, a mechanism, a key, a URL...): a message and an exit. What each
+    command reads is noted while it runs (a dead broker in the environment; a command that
+    copies the environment may read any variable the source names), so a new variable, or a
+    new command, is covered without a change here. The fault injections of the tests' workers
+    (``streams/worker/faults.py``) are not for people."""
     case = Case(tmp_path)
-    source = " ".join(p.read_text() for p in (ROOT / "streams").rglob("*.py"))
-    faults = (ROOT / "streams" / "worker" / "faults.py").read_text()
-    pattern = r"EMARKET_[A-Z][A-Z_]*[A-Z]"
-    names = set(re.findall(pattern, source)) - set(re.findall(pattern, faults)) - {"EMARKET_BROKER"}
-    assert {"EMARKET_PARTITIONS", "EMARKET_NOISE_SECRET", "EMARKET_KAFKA_MECHANISM"} <= names
     monkeypatch.chdir(tmp_path)  # a garbled EMARKET_DATA_DIR is made here, if anywhere
-    for name in [k for k in os.environ if k.startswith("EMARKET_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("EMARKET_BROKER", f"kafka://127.0.0.1:{dead_port()}")
-    runs = [case.argv(command, parser, broker_wait="0") for command, parser in commands().items()]
-    failures = []
-    for name in sorted(names):
-        monkeypatch.setenv(name, "x%y")
-        failures += [in_process(argv, STATED + SLACK) for argv in runs]
-        monkeypatch.delenv(name)
+    env = Reads({k: v for k, v in os.environ.items() if not k.startswith("EMARKET_")})
+    env["EMARKET_BROKER"] = f"kafka://127.0.0.1:{dead_port()}"
+    monkeypatch.setattr(os, "environ", env)
+    pattern = r"EMARKET_[A-Z][A-Z_]*[A-Z]"
+    named = {
+        n for p in (ROOT / "streams").rglob("*.py") for n in re.findall(pattern, p.read_text())
+    }
+    faults = set(re.findall(pattern, (ROOT / "streams/worker/faults.py").read_text()))
+    failures, seen = [], set()
+    for command, parser in commands().items():
+        argv = case.argv(command, parser, broker_wait="0")
+        env.read.clear()
+        env.copied = False
+        failures.append(in_process(argv, STATED + SLACK))
+        read = (env.read | (named if env.copied else set())) - faults - {"EMARKET_BROKER"}
+        seen |= read
+        for name in sorted(read):
+            env[name] = "x%y"
+            failures.append(in_process(argv, STATED + SLACK))
+            del env[name]
+    assert {"EMARKET_PARTITIONS", "EMARKET_NOISE_SECRET", "EMARKET_KAFKA_MECHANISM"} <= seen
     assert not (found := [f for f in failures if f]), "\n\n".join(found)
 
 
@@ -367,12 +445,12 @@ def _interrupt(
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        return f"{proc.args}: still running 60 s after Ctrl-C ({ready})\n{err[-2000:]}"
+        return f"{proc.args!r}: still running 60 s after Ctrl-C ({ready})\n{err[-2000:]}"
     text = out + err
     if any(m in text for m in BUG_MARKS) or proc.returncode not in codes:
-        return f"{proc.args} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
+        return f"{proc.args!r} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
     if proc.returncode == 130 and "interrupted" not in text:
-        return f"{proc.args} ({ready}): exit 130 without a word"
+        return f"{proc.args!r} ({ready}): exit 130 without a word"
     return None
 
 
@@ -399,14 +477,14 @@ def _wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 120) 
         seen.append(line)
         if re.search(pattern, line):
             return line
-    raise AssertionError(f"{proc.args}: no line matching {pattern!r}: {''.join(seen)}")
+    raise AssertionError(f"{proc.args!r}: no line matching {pattern!r}: {''.join(seen)}")
 
 
 def _wait_connected(proc: subprocess.Popen[str], port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not _connected(proc.pid, port):
         assert proc.poll() is None, (proc.args, proc.communicate())
-        assert time.monotonic() < deadline, f"{proc.args} never reached the broker"
+        assert time.monotonic() < deadline, f"{proc.args!r} never reached the broker"
         time.sleep(0.05)
 
 
@@ -486,7 +564,7 @@ def test_ctrl_c_and_one_serve_per_data_directory(market: Market, tmp_path: Path)
         failures.append(_interrupt(serve, "serving", (0, 130)))
     assert not [f for f in failures if f], "\n\n".join(f for f in failures if f)
     try:
-        fd = hold_data_dir(data, exclusive=True)
+        with hold_data_dir(data, exclusive=True):
+            pass
     except DataDirInUse as exc:
         raise AssertionError(f"serve left its data directory locked: {exc}") from None
-    os.close(fd)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Machine", "Meter", "Usage", "cpu_seconds"]
+__all__ = ["Machine", "Meter", "Usage", "cpu_seconds", "load_1min"]
 
 _X86_LEVELS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
 _ARM_LEVELS = (("sve2", "SVE2"), ("sve", "SVE"), ("asimd", "NEON"))
@@ -91,6 +91,11 @@ def _loadavg() -> tuple[float, float, float]:
     except OSError:
         return float("nan"), float("nan"), float("nan")
     return one, five, fifteen
+
+
+def load_1min() -> float:
+    """The 1-minute load average now (NaN where the system has none)."""
+    return _loadavg()[0]
 
 
 @dataclass(frozen=True)

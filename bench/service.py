@@ -1,42 +1,51 @@
-"""Service benchmark: the market's worker CPU per event against a Faust pass-through's, same run.
+"""Service benchmark: the market's worker CPU per event against the floors of the same run.
 
 Run ``python -m bench.service`` (``--quick`` for a smoke run). Each run starts the embedded
 broker and measures on it, in turn:
 
 * **raw round trip** — aiokafka produce → consume of same-size messages (this broker's limit);
-* **Faust pass-through** — a plain Faust agent forwarding those messages unchanged (the
-  framework's own per-event cost), :mod:`bench.passthrough`;
-* **market ingest** — values in, the subscribed buyers' releases out (2 subscribers);
+* **transport floor** — plain aiokafka consuming each message and producing it unchanged, no
+  market logic (:mod:`bench.forward`): what a worker cannot spend less per record on;
+* **Faust pass-through** — a plain Faust agent forwarding those messages unchanged
+  (:mod:`bench.passthrough`): kept as a row, retired as a goal (issue #42: its cost is Faust's
+  per-record delivery, about ten times the transport floor, not the market's);
+* **market ingest** — values in, the subscribed buyers' releases out (2 subscribers), one
+  value per batch and :data:`BATCH` values per batch (what a batching client sends);
 * **market fan-out** — values in on a stream with 16 holders, 16 releases out per value;
 * **market purchase** — purchases in, each buying the next step of a 16-step schedule on one of
   many streams (so every purchase draws new noise on its stream's 4 retained values), releases
-  sealed to the buyer's key (as the deployment requires) and a signed receipt out.
+  sealed to the buyer's key (as the deployment requires) and a signed receipt out;
+* **the market core in process** — :mod:`bench.core`'s paths in this process, no broker: the
+  core's share of the worker's CPU per event, and the crypto floor (the signatures,
+  verifications and envelopes the protocol requires for the event).
 
-**CPU per event** is what the goals are stated in (issue #32): over each open-loop run (send
-everything, wait for the last output) the user + system CPU time of the worker process (the
-pass-through's, or the market's :class:`~streams.worker.runner.ChildWorker`), of the broker
-process and of this load generator, read from ``/proc``, divided by the events. Wall-clock
-throughput on a shared 2-core machine measures the neighbours; CPU time barely moves with them.
-Just before each open-loop run the same processes are measured over a quiet window
-(:data:`IDLE_S`, the same consumers polling): the **idle rate** the broker burns serving polls
-and the worker its fetch loop. The tables give CPU per event as measured (gross) and net of the
-idle rate over the run's duration (the marginal cost; it undercounts a little, since a busy
-consumer does not also poll idle). The goals are judged on the gross ratio. The same run also
-counts the **bytes produced** per event to the broker, every topic (input, changelogs, inboxes,
-catalog), :mod:`bench.produced`.
+**CPU per event** is what the goals are stated in: over each open-loop run (send everything,
+wait for the last output) the user + system CPU time of the worker process (the forwarder's,
+or the market's :class:`~streams.worker.runner.ChildWorker`), of the broker process and of this
+load generator, read from ``/proc``, divided by the events. Wall-clock throughput on a shared
+2-core machine measures the neighbours; CPU time moves less with them. Just before each
+open-loop run the same processes are measured over a quiet window (:data:`IDLE_S`, the same
+consumers polling): the **idle rate** the broker burns serving polls and the worker its fetch
+loop. The tables give CPU per event as measured (gross) and net of the idle rate over the run's
+duration (the marginal cost; it undercounts a little, since a busy consumer does not also poll
+idle). The goals are judged on the gross figures. The same run also counts the **records and
+bytes produced** per event to the broker, every topic (input, changelogs, inboxes, catalog),
+:mod:`bench.produced`.
 
 Latency stays wall clock: p50/p99 closed loop (one event in flight), from the client's send to
 its receipt, so it includes the client's own fetch wait; and **paced** load: requests sent at a
 set rate with exponential gaps (open loop), by a client that does not linger — the pass-through
 forwarding values at 10/s (the floor this broker and these fetch waits set), then one sealed
-buyer's purchases at 10/s and at half the purchase rate the throughput run measured.
+buyer's purchases at 10/s and at a fixed :data:`PACED_FAST` per second.
 
-Goals (issue #32, on the median of the runs): worker CPU per value at most 1.0x the
-pass-through's per event, per purchase at most 1.5x; closed-loop p99 under 50 ms; paced
-purchases p99 under 25 ms at 10/s and under 50 ms at half their maximum. ``--runs`` (default
-3) repeats everything on a fresh broker and prints min / median / max. The pass-through and
-the market worker use the same consumer settings (fetch wait :data:`FETCH_WAIT_MS`, session
-timeout, heartbeat).
+Goals (issue #42, on the median of the runs): worker events per core-second at least 5,000 for
+values at 16 per batch and 1,500 for purchases, beside the transport floor's records per
+core-second; worker CPU outside the core (worker − core in process) per record the worker
+produces at most 15 µs, beside the transport floor's CPU per record; closed-loop p99 under
+50 ms; paced purchases p99 under 25 ms at 10/s and under 50 ms at 200/s. The rates and µs are
+absolute: read them with the load average printed under the tables. ``--runs`` (default 3)
+repeats everything on a fresh broker and prints min / median / max. The forwarders and the
+market worker use the same consumer fetch wait (:data:`FETCH_WAIT_MS`).
 """
 
 from __future__ import annotations
@@ -55,13 +64,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bench.machine import Machine, Meter, Usage
+from bench.machine import Machine, Meter, Usage, load_1min
 from bench.produced import Produced, ends, produced_since
 from streams.broker.admin import ensure_topics
 from streams.broker.embedded import EmbeddedBroker, find_free_port
@@ -79,6 +88,9 @@ from streams.wire.signing import MarketRef
 from streams.wire.topics import Topics, TopicSpec
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
+
+if TYPE_CHECKING:
+    from bench.core import Measure as CoreMeasure
 
 DIM = 8
 READ_WAIT_MS = 5
@@ -195,8 +207,9 @@ def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
     )
 
 
-def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> bytes:
-    """A signed batch of one value (signed before any clock starts)."""
+def _value_payload(i: int, market: str = "bench", stream: str = "bench", count: int = 1) -> bytes:
+    """A signed batch of ``count`` values, ids from ``v{i:07d}`` on (signed before any clock
+    starts)."""
     batch = sealed_batch(
         SELLER,
         market,
@@ -204,10 +217,11 @@ def _value_payload(i: int, market: str = "bench", stream: str = "bench") -> byte
         seller_id=SELLER.account_id,
         items=[
             {
-                "value_id": f"v{i:07d}",
-                "values": [20.0 + 0.001 * i] * DIM,
+                "value_id": f"v{j:07d}",
+                "values": [20.0 + 0.001 * j] * DIM,
                 "published_at_ms": now_ms(),
             }
+            for j in range(i, i + count)
         ],
     )
     return batch.model_dump_json().encode()
@@ -291,25 +305,49 @@ async def raw_round_trip(bootstrap: str, n: int, lat_n: int) -> Row:
 def faust_passthrough(
     broker: EmbeddedBroker, sizes: Sizes, workdir: Path, *, latency: bool = True
 ) -> tuple[Row, Paced | None]:
-    """The pass-through's open-loop run (CPU, bytes), then, if ``latency``, its closed-loop and
+    """The Faust pass-through's open-loop run (CPU, bytes), then, if ``latency``, its
+    closed-loop and paced latency."""
+    tag = uuid.uuid4().hex[:6]
+    argv = ["bench.passthrough", "--broker", broker.url, "--app-id", f"bench-pt-{tag}"]
+    argv += ["--data-dir", str(workdir / f"passthrough-{tag}")]  # not in the cwd
+    lat_n = sizes.lat_n if latency else 0
+    return _forwarder(broker, sizes, workdir, argv, PASS_THROUGH, lat_n=lat_n, paced=latency)
+
+
+def transport_forward(broker: EmbeddedBroker, sizes: Sizes, workdir: Path) -> Row:
+    """The transport floor's open-loop run (CPU, bytes) and closed-loop latency: plain
+    aiokafka forwarding the same records, :mod:`bench.forward`."""
+    argv = ["bench.forward", "--bootstrap", broker.bootstrap]
+    row, _ = _forwarder(broker, sizes, workdir, argv, TRANSPORT, lat_n=sizes.lat_n, paced=False)
+    return row
+
+
+def _forwarder(
+    broker: EmbeddedBroker,
+    sizes: Sizes,
+    workdir: Path,
+    argv: list[str],
+    name: str,
+    *,
+    lat_n: int,
+    paced: bool,
+) -> tuple[Row, Paced | None]:
+    """Start the forwarding process ``python -m argv`` from a new source topic to a new sink;
+    measure its open-loop run, then ``lat_n`` closed-loop samples and, if ``paced``, its
     paced latency."""
     tag = uuid.uuid4().hex[:6]
     src, dst = f"bench-src-{tag}", f"bench-dst-{tag}"
     asyncio.run(ensure_topics(broker.bootstrap, [TopicSpec(src, 4, {}), TopicSpec(dst, 4, {})]))
-    log = open(workdir / "passthrough.log", "ab")  # noqa: SIM115
+    log = open(workdir / f"{argv[0]}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "bench.passthrough",
-            "--broker",
-            broker.url,
+            *argv,
             "--source",
             src,
             "--sink",
             dst,
-            "--app-id",
-            f"bench-pt-{tag}",
             "--fetch-max-wait-ms",
             str(FETCH_WAIT_MS),
         ],
@@ -321,16 +359,15 @@ def faust_passthrough(
         asyncio.run(_wait_forwarding(broker.bootstrap, src, dst))
         meter = Meter({WORKER: [proc.pid], BROKER: [_pid(broker)], GENERATOR: [os.getpid()]})
         window = Window(meter, broker.bootstrap, lambda t: t in (src, dst), sizes.idle_s)
-        lat_n = sizes.lat_n if latency else 0
         row = asyncio.run(_pipe(broker.bootstrap, src, dst, sizes.n, lat_n, window))
-        paced = None
-        if latency:
-            paced = asyncio.run(_paced_pipe(broker.bootstrap, src, dst, sizes.paced_slow))
+        timed = None
+        if paced:
+            timed = asyncio.run(_paced_pipe(broker.bootstrap, src, dst, sizes.paced_slow))
     finally:
         proc.terminate()
         proc.wait(30)
         log.close()
-    return replace(row, name=PASS_THROUGH), paced
+    return replace(row, name=name), timed
 
 
 def _pid(broker: EmbeddedBroker) -> int:
@@ -405,32 +442,45 @@ def _registration(stream: str, steps: list[float], cap: float) -> dict[str, obje
 
 @dataclass
 class Run:
-    """One run's measurements: the throughput rows, then the paced-latency rows."""
+    """One run's measurements: the throughput rows, then the paced-latency rows, then the
+    market core's CPU per event and its crypto floor, in this process (:mod:`bench.core`)."""
 
     rows: list[Row]
     paced: list[Paced]
+    core: dict[str, CoreMeasure] = field(default_factory=dict)
+    load: tuple[float, float] = (float("nan"), float("nan"))
+    """The 1-minute load average at the run's start and end."""
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Events per measurement: open-loop throughput, closed-loop latency, paced latency."""
+    """Events per measurement: open-loop throughput, closed-loop latency, paced latency, and
+    the in-process core's streams and values (:func:`bench.core.one_run`)."""
 
     n: int
     lat_n: int
     paced_slow: int  # purchases at PACED_RATE per second
-    paced_busy: int  # purchases at half the measured purchase rate
+    paced_busy: int  # purchases at PACED_FAST per second
     idle_s: float = IDLE_S  # the quiet window before each open-loop run
+    core: tuple[int, int] = (100, 2000)
 
 
 PACED_RATE = 10.0
+PACED_FAST = 200.0
+"""The busy paced rate (issue #42: a fixed rate; half the measured maximum, as before,
+measured the neighbours' load)."""
 PASS_THROUGH_PACED = f"Faust pass-through, {PACED_RATE:g}/s"
 PACED_SLOW = f"market purchase, {PACED_RATE:g}/s"
-PACED_BUSY = "market purchase, 50% of its measured max"
+PACED_BUSY = f"market purchase, {PACED_FAST:g}/s"
 FULL = Sizes(5000, 300, 300, 1000)
-QUICK = Sizes(400, 40, 40, 100, 1.0)
+QUICK = Sizes(400, 40, 40, 100, 1.0, (10, 200))
 RAW = "raw aiokafka round trip"
+TRANSPORT = "raw aiokafka forward (transport floor)"
 PASS_THROUGH = "Faust pass-through agent"
+BATCH = 16
+"""Values per batch of the batched ingest path (what a batching client sends)."""
 INGEST = "market ingest (value → 2 releases)"
+INGEST16 = f"market ingest, {BATCH} values per batch (value → 2 releases)"
 FANOUT = f"market fan-out (value → {FANOUT_HOLDERS} releases)"
 PURCHASE = "market purchase (next step → 4 sealed releases + receipt)"
 
@@ -476,14 +526,13 @@ async def _market(settings: Settings, sizes: Sizes, window: Window) -> Run:
             # rows, which the pass-through's rows never had (the p99 of the purchases at 10/s:
             # 30 ms with them, 23 ms without, seen here).
             rows = []
-            for path in (_ingest, _fanout, _purchases):
+            for path in (_ingest, _ingest_batched, _fanout, _purchases):
                 rows.append(await path(b))
                 await _stop_readers(b)
-            busy = rows[-1].rate / 2
             paced = []
             for rate, n, name in (
                 (PACED_RATE, sizes.paced_slow, PACED_SLOW),
-                (busy, sizes.paced_busy, PACED_BUSY),
+                (PACED_FAST, sizes.paced_busy, PACED_BUSY),
             ):
                 paced.append(await _paced_purchases(b, rate, n, name))
                 await _stop_readers(b)
@@ -499,34 +548,45 @@ async def _stop_readers(b: _Bench) -> None:
     b.readers.clear()
 
 
-async def _ingest(b: _Bench) -> Row:
-    """Values in, one release per subscriber out (2 subscribers)."""
-    await b.client.register(_registration("bench", [0.5, 1.0], 1e6), timeout=60)
+async def _ingest(b: _Bench, per_batch: int = 1) -> Row:
+    """Values in, ``per_batch`` per signed batch, one release per subscriber out (2
+    subscribers); events are values (closed loop: one batch in flight)."""
+    stream = "bench" if per_batch == 1 else f"bench{per_batch}"
+    await b.client.register(_registration(stream, [0.5, 1.0], 1e6), timeout=60)
     for i in range(4):
-        await b.client.publish("bench", [1.0] * DIM, value_id=f"w{i}")
-    subs = [Party.generate(name, sealing=False) for name in ("sub1", "sub2")]
+        await b.client.publish(stream, [1.0] * DIM, value_id=f"w{i}")
+    subs = [Party.generate(f"{stream}sub{i}", sealing=False) for i in (1, 2)]
     readers = []
     for sub in subs:
         await b.client.open_account(sub, timeout=60)
-        await b.client.buy("bench", max_price_minor=0, timeout=60, party=sub)
+        await b.client.buy(stream, max_price_minor=0, timeout=60, party=sub)
         r = await b.reader(b.topics.inbox(sub.account_id))
         await _drain([r], 2, 5)  # skip the account and the purchase outcome
         readers.append(r)
-    market = b.topics.prefix
-    payloads = [_value_payload(i, market) for i in range(b.n + b.lat_n)]  # signed beforehand
+    market, records = b.topics.prefix, max(1, b.n // per_batch)
+    payloads = [  # signed beforehand
+        _value_payload(i * per_batch, market, stream, per_batch) for i in range(records + b.lat_n)
+    ]
+    key, n = stream.encode(), records * per_batch
     await b.open()
     t0 = time.perf_counter()
-    futs = [await b.prod.send(b.topics.values, payloads[i], key=b"bench") for i in range(b.n)]
+    futs = [await b.prod.send(b.topics.values, payloads[i], key=key) for i in range(records)]
     await asyncio.gather(*futs)
-    got = await _drain(readers, b.n * len(subs), 600)
+    got = await _drain(readers, n * len(subs), 600)
     rate = got / len(subs) / (time.perf_counter() - t0)
-    cost, produced = await b.close(b.n)
+    cost, produced = await b.close(n)
 
     async def send_value(i: int) -> None:
-        await b.prod.send_and_wait(b.topics.values, payloads[b.n + i], key=b"bench")
+        await b.prod.send_and_wait(b.topics.values, payloads[records + i], key=key)
 
-    lat = await _closed_loop(send_value, readers, b.lat_n, len(subs))
-    return Row(INGEST, rate, _pct(lat, 0.5), _pct(lat, 0.99), cost, produced)
+    lat = await _closed_loop(send_value, readers, b.lat_n, len(subs) * per_batch)
+    name = INGEST if per_batch == 1 else INGEST16
+    return Row(name, rate, _pct(lat, 0.5), _pct(lat, 0.99), cost, produced)
+
+
+async def _ingest_batched(b: _Bench) -> Row:
+    """:func:`_ingest` with :data:`BATCH` values per batch."""
+    return await _ingest(b, BATCH)
 
 
 STEPS = 16
@@ -774,27 +834,55 @@ async def _fanout(b: _Bench) -> Row:
 
 
 def one_run(sizes: Sizes, workdir: Path) -> Run:
-    """Every path once, on a fresh embedded broker: raw, pass-through, the market's, and the
-    pass-through's open-loop run again: its CPU per event is that of both runs together, so a
-    neighbour's load that comes or goes during the market's paths weighs on both sides."""
+    """Every path once, on a fresh embedded broker: raw, the transport floor, the Faust
+    pass-through, the market's, the market core in process (no broker: the core's share of
+    the worker's CPU, and the crypto floor), and the two forwarders' open-loop runs again:
+    their CPU per event is that of both runs together, so a neighbour's load that comes or
+    goes during the market's paths weighs on both sides."""
+    from bench import core  # bench.core imports this module
+
     workdir.mkdir(parents=True, exist_ok=True)
+    load = load_1min()
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         raw = asyncio.run(raw_round_trip(broker.bootstrap, sizes.n, sizes.lat_n))
+        floor_before = transport_forward(broker, sizes, workdir)
         before, faust_paced = faust_passthrough(broker, sizes, workdir)
         market = market_paths(broker, sizes, workdir)
+        in_process = core.one_run(*sizes.core)
+        floor_after = transport_forward(broker, sizes, workdir)
         after, _ = faust_passthrough(broker, sizes, workdir, latency=False)
-    assert before.cost is not None and after.cost is not None and faust_paced is not None
-    faust = replace(before, cost=before.cost + after.cost, halves=(before.cost, after.cost))
-    return Run([raw, faust, *market.rows], [faust_paced, *market.paced])
+    assert faust_paced is not None
+    rows = [raw, _joined(floor_before, floor_after), _joined(before, after), *market.rows]
+    by = {m.path: m for m in in_process}
+    cores = {PURCHASE: by[core.PURCHASE], INGEST: by[core.VALUE], INGEST16: by[core.VALUE16]}
+    return Run(rows, [faust_paced, *market.paced], cores, (load, load_1min()))
 
 
-GOAL_CPU_RATIO = {INGEST: 1.0, PURCHASE: 1.5}
-"""Worker CPU per event ÷ the pass-through's, same run (issue #32), on the median of the runs."""
+def _joined(before: Row, after: Row) -> Row:
+    """A forwarder's row whose CPU is that of its two open-loop runs together."""
+    assert before.cost is not None and after.cost is not None
+    return replace(before, cost=before.cost + after.cost, halves=(before.cost, after.cost))
+
+
+GOAL_PER_CORE_SECOND = {INGEST16: 5000.0, PURCHASE: 1500.0}
+"""Events one worker core-second handles, gross (issue #42), on the median of the runs: an
+absolute rate, shown beside the transport floor's records per core-second of the same run."""
+GOAL_OUTSIDE_US = 15.0
+"""Worker CPU outside the core per record the worker produces, µs (issue #42)."""
+RETIRED_CPU_RATIO = {INGEST: 1.0, PURCHASE: 1.5}
+"""Worker CPU per event ÷ the Faust pass-through's (issue #32): retired as a goal by issue
+#42, which found it measured Faust's per-record delivery (about ten times the transport
+floor), not the market; still printed, as a row and a ratio."""
 GOAL_P99_MS = 50.0
 """Closed-loop p99 goal (wall clock) of every market path."""
 GOAL_PACED_P99_MS = {PACED_SLOW: 25.0, PACED_BUSY: 50.0}
 """p99 goals (wall clock) of the market's paced purchases (the pass-through's row is their
 floor)."""
+INPUT_KIND = {INGEST: "values", INGEST16: "values", FANOUT: "values", PURCHASE: "purchases"}
+"""The topic kind (:func:`topic_kind`) each path's events arrive on: the load generator's
+records, not the worker's."""
+FLOOR_ROWS = (INGEST, INGEST16, PURCHASE)
+"""The paths the in-process core is measured for (:func:`one_run`)."""
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -806,7 +894,7 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def _verdict(ok: bool) -> str:
-    return "ok" if ok else "MISS"
+    return "met" if ok else "not met"
 
 
 def _by_name(run: list[Row]) -> dict[str, Row]:
@@ -822,58 +910,143 @@ def _costs(runs: list[list[Row]], name: str) -> list[Cost]:
     return out
 
 
-def _cpu_ratios(runs: list[list[Row]], name: str, *, net: bool = False) -> list[float]:
-    """Worker CPU per event of ``name`` ÷ the pass-through's, within each run."""
-    base = _costs(runs, PASS_THROUGH)
+def _cpu_ratios(
+    runs: list[list[Row]], name: str, *, net: bool = False, base: str = PASS_THROUGH
+) -> list[float]:
+    """Worker CPU per event of ``name`` ÷ ``base``'s, within each run."""
     return [
         c.us(WORKER, net=net) / max(p.us(WORKER, net=net), 1e-9)
-        for c, p in zip(_costs(runs, name), base, strict=True)
+        for c, p in zip(_costs(runs, name), _costs(runs, base), strict=True)
     ]
 
 
-CPU_ROWS = (PASS_THROUGH, INGEST, FANOUT, PURCHASE)
+CPU_ROWS = (TRANSPORT, PASS_THROUGH, INGEST, INGEST16, FANOUT, PURCHASE)
 
 
 def render_cpu(runs: list[list[Row]]) -> str:
     """CPU per event of every path with a measured cost; ratios within a run."""
-    idle_s = _costs(runs, INGEST)[0].idle.wall_s  # one quiet window (the pass-through has two)
+    idle_s = _costs(runs, INGEST)[0].idle.wall_s  # one quiet window (the forwarders have two)
     lines = [
         f"CPU per event, open loop: user + system CPU time of each process (`/proc`) over the "
         f"run ÷ its events. Net: less the process's idle rate, measured over {idle_s:.0f} s "
         "just before with the same consumers polling, times the run's duration. Fan-out: per "
-        "value (each reaches every holder). Each cell: min / median / max of "
-        f"{len(runs)} runs; ratios are taken within a run.",
+        f"value (each reaches every holder); {BATCH} values per batch: per value. The "
+        "**transport floor** is plain aiokafka consuming each record and producing it "
+        "unchanged (`bench.forward`): what a worker cannot spend less per record on. The "
+        "Faust pass-through is kept as a row; its ratio is no longer a goal (issue #42: it "
+        "measured Faust's per-record delivery, not the market). Each cell: min / median / max "
+        f"of {len(runs)} runs; ratios are taken within a run.",
         "",
-        "| path | worker µs/event | net of idle | worker ÷ pass-through | net ÷ net | "
-        "broker µs/event | net of idle | load generator µs/event | idle cores: worker, "
-        "broker |",
+        "| path | worker µs/event | net of idle | worker ÷ transport floor | worker ÷ "
+        "pass-through (retired goal) | broker µs/event | net of idle | load generator "
+        "µs/event | idle cores: worker, broker |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in CPU_ROWS:
         cs = _costs(runs, name)
-        worker = [c.us(WORKER) for c in cs]
-        ratio = ratio_net = "1 (baseline)"
-        if name != PASS_THROUGH:
-            ratio = f"{_spread(_cpu_ratios(runs, name), '.2f')}x"
-            ratio_net = f"{_spread(_cpu_ratios(runs, name, net=True), '.2f')}x"
+        vs_floor, vs_faust = "1 (the floor)", "—"
+        if name != TRANSPORT:
+            vs_floor = f"{_spread(_cpu_ratios(runs, name, base=TRANSPORT), '.2f')}x"
+        if name == PASS_THROUGH:
+            vs_faust = "1 (baseline)"
+        elif name != TRANSPORT:
+            vs_faust = f"{_spread(_cpu_ratios(runs, name), '.2f')}x"
         lines.append(
-            f"| {name} | {_spread(worker, ',.0f')} | "
-            f"{_spread([c.us(WORKER, net=True) for c in cs], ',.0f')} | {ratio} | {ratio_net} | "
-            f"{_spread([c.us(BROKER) for c in cs], ',.0f')} | "
+            f"| {name} | {_spread([c.us(WORKER) for c in cs], ',.0f')} | "
+            f"{_spread([c.us(WORKER, net=True) for c in cs], ',.0f')} | {vs_floor} | "
+            f"{vs_faust} | {_spread([c.us(BROKER) for c in cs], ',.0f')} | "
             f"{_spread([c.us(BROKER, net=True) for c in cs], ',.0f')} | "
             f"{_spread([c.us(GENERATOR) for c in cs], ',.0f')} | "
             f"{_spread([c.idle.cores(WORKER) for c in cs], '.2f')}, "
             f"{_spread([c.idle.cores(BROKER) for c in cs], '.2f')} |"
         )
-    halves = [h for run in runs if (h := _by_name(run)[PASS_THROUGH].halves) is not None]
-    if halves:
-        each = ", ".join(f"{a.us(WORKER):,.0f} → {b.us(WORKER):,.0f}" for a, b in halves)
-        lines += [
-            "",
-            "The pass-through's row is two open-loop runs, before the market's paths and "
-            f"after them; its worker µs/event in each, run by run: {each} (a difference is "
-            "the machine's load changing, not the pass-through).",
-        ]
+    for name in (TRANSPORT, PASS_THROUGH):
+        halves = [h for run in runs if (h := _by_name(run)[name].halves) is not None]
+        if halves:
+            each = ", ".join(f"{a.us(WORKER):,.0f} → {b.us(WORKER):,.0f}" for a, b in halves)
+            lines += [
+                "",
+                f"The {name} row is two open-loop runs, before the market's paths and after "
+                f"them; its worker µs/event in each, run by run: {each} (a difference is the "
+                "machine's load changing, not the forwarder).",
+            ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Floors:
+    """One market path in one run, set against its floors."""
+
+    worker_us: float
+    """Worker CPU per event, gross."""
+    core_us: float
+    """The market core's CPU per event in process (:mod:`bench.core`), same run."""
+    crypto_us: float
+    """The crypto floor per event, same run."""
+    records: float
+    """Records the worker produced per event (every topic but the input)."""
+    transport_us: float
+    """The transport floor: raw aiokafka's CPU per record consumed and produced."""
+
+    @property
+    def outside_us(self) -> float:
+        """Worker CPU outside the core per record it produced."""
+        return (self.worker_us - self.core_us) / max(self.records, 1e-9)
+
+    @property
+    def per_core_second(self) -> float:
+        """Events one worker core-second handles."""
+        return 1e6 / max(self.worker_us, 1e-9)
+
+
+def floors(run: Run, name: str) -> Floors:
+    """Path ``name`` of ``run`` against the floors measured in the same run."""
+    rows = _by_name(run.rows)
+    cost, made, floor = rows[name].cost, rows[name].produced, rows[TRANSPORT].cost
+    assert cost is not None and made is not None and floor is not None, name
+    core = run.core[name]
+    input_records = made.per_event(topic_kind).get(INPUT_KIND[name], (0.0, 0.0))[0]
+    return Floors(
+        cost.us(WORKER),
+        core.core_us,
+        core.floor_us,
+        made.records_per_event - input_records,
+        floor.us(WORKER),
+    )
+
+
+def render_floors(runs: list[Run]) -> str:
+    """The market's paths against the crypto floor and the transport floor, same run."""
+    lines = [
+        "Against the floors, same run. Core: the market core's CPU per event in this process "
+        "(`bench.core`'s paths, no broker: thread CPU time), measured between the market's "
+        "paths and the forwarders' second runs; crypto floor: the signatures, verifications "
+        "and envelopes the protocol requires for the event (`bench.core`); records produced: "
+        "by the worker per event, every topic but the input (changelogs, inboxes, catalog); "
+        "outside the core: (worker − core) ÷ records produced; transport floor: raw "
+        "aiokafka's CPU per record consumed and produced (`bench.forward`). Events per "
+        "core-second: 1 s ÷ worker CPU per event (gross). Each cell: min / median / max of "
+        f"{len(runs)} runs.",
+        "",
+        "| path | worker µs/event | core µs/event | crypto floor µs/event | core ÷ crypto "
+        "floor | records produced/event | worker outside the core µs/record produced | "
+        "transport floor µs/record | worker events per core-second | transport floor "
+        "records per core-second |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in FLOOR_ROWS:
+        fs = [floors(run, name) for run in runs]
+        lines.append(
+            f"| {name} | {_spread([f.worker_us for f in fs], ',.0f')} | "
+            f"{_spread([f.core_us for f in fs], ',.0f')} | "
+            f"{_spread([f.crypto_us for f in fs], ',.0f')} | "
+            f"{_spread([f.core_us / f.crypto_us for f in fs], '.2f')}x | "
+            f"{_spread([f.records for f in fs], '.2f')} | "
+            f"{_spread([f.outside_us for f in fs], ',.1f')} | "
+            f"{_spread([f.transport_us for f in fs], ',.1f')} | "
+            f"{_spread([f.per_core_second for f in fs], ',.0f')} | "
+            f"{_spread([1e6 / f.transport_us for f in fs], ',.0f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -900,7 +1073,7 @@ def render_bytes(runs: list[list[Row]]) -> str:
         "| path | topic | records/event | bytes/event |",
         "|---|---|---|---|",
     ]
-    for name in (PASS_THROUGH, INGEST, FANOUT, PURCHASE):
+    for name in (TRANSPORT, PASS_THROUGH, INGEST, INGEST16, FANOUT, PURCHASE):
         made = [_by_name(run)[name].produced for run in runs]
         if any(m is None for m in made):
             continue
@@ -922,20 +1095,23 @@ def render_wall(runs: list[list[Row]]) -> str:
     lines = [
         "Throughput (open loop) and closed-loop latency, **wall clock**: on a shared machine "
         "these move with the neighbours' load. Fan-out events/s are deliveries (values × "
-        f"{FANOUT_HOLDERS}).",
+        f"{FANOUT_HOLDERS}); {BATCH} values per batch: values/s, latency of a batch.",
         "",
-        "| path | events/s | p50 ms | p99 ms | vs Faust pass-through | vs raw round trip |",
-        "|---|---|---|---|---|---|",
+        "| path | events/s | p50 ms | p99 ms | vs transport floor | vs Faust pass-through "
+        "| vs raw round trip |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in runs[0]:
         rs = [_by_name(run)[row.name] for run in runs]
         base = [_by_name(run) for run in runs]
+        vs_floor = [r.rate / b[TRANSPORT].rate for r, b in zip(rs, base, strict=True)]
         vs_faust = [r.rate / b[PASS_THROUGH].rate for r, b in zip(rs, base, strict=True)]
         vs_raw = [r.rate / b[RAW].rate for r, b in zip(rs, base, strict=True)]
         lines.append(
             f"| {row.name} | {_spread([r.rate for r in rs], ',.0f')} | "
             f"{_spread([r.p50_ms for r in rs], '.1f')} | {_spread([r.p99_ms for r in rs], '.1f')} "
-            f"| {_spread(vs_faust, '.2f')}x | {_spread(vs_raw, '.3f')}x |"
+            f"| {_spread(vs_floor, '.2f')}x | {_spread(vs_faust, '.2f')}x | "
+            f"{_spread(vs_raw, '.3f')}x |"
         )
     return "\n".join(lines)
 
@@ -965,19 +1141,34 @@ def render_paced(paced: list[list[Paced]]) -> str:
     return "\n".join(out)
 
 
-def render_goals(runs: list[list[Row]], paced: list[list[Paced]]) -> str:
-    """Every goal, on the median of the runs."""
-    out = ["goals (the median over runs; CPU ratios within a run, judged gross):"]
-    for name, goal in GOAL_CPU_RATIO.items():
-        gross = statistics.median(_cpu_ratios(runs, name))
-        net = statistics.median(_cpu_ratios(runs, name, net=True))
-        what = name.split(" (")[0].removeprefix("market ")
+def render_goals(results: list[Run]) -> str:
+    """Every goal, on the median of the runs, and the retired pass-through ratios."""
+    runs, paced = [r.rows for r in results], [r.paced for r in results]
+    out = [
+        "goals (issue #42; the median over runs; CPU gross; the per-core-second and µs goals "
+        "are absolute, read them with the load average below):"
+    ]
+    faust = statistics.median(1e6 / max(c.us(WORKER), 1e-9) for c in _costs(runs, PASS_THROUGH))
+    for name, goal in GOAL_PER_CORE_SECOND.items():
+        fs = [floors(run, name) for run in results]
+        rate = statistics.median(f.per_core_second for f in fs)
+        floor = statistics.median(1e6 / f.transport_us for f in fs)
+        what = f"values at {BATCH} per batch" if name == INGEST16 else "purchases"
         out.append(
-            f"  worker CPU per {'value' if name == INGEST else what} ÷ pass-through's "
-            f"per event <= {goal:.1f}x: {_verdict(gross <= goal)} ({gross:.2f}x; net of "
-            f"idle {net:.2f}x)"
+            f"  worker events per core-second, {what} >= {goal:,.0f}: "
+            f"{_verdict(rate >= goal)} ({rate:,.0f}; per core-second the transport floor "
+            f"forwards {floor:,.0f} records, the Faust pass-through {faust:,.0f})"
         )
-    for name in (INGEST, FANOUT, PURCHASE):
+    for name in FLOOR_ROWS:
+        fs = [floors(run, name) for run in results]
+        outside = statistics.median(f.outside_us for f in fs)
+        floor = statistics.median(f.transport_us for f in fs)
+        out.append(
+            f"  worker CPU outside the core per record produced, {name.split(' (')[0]} "
+            f"<= {GOAL_OUTSIDE_US:g} µs: {_verdict(outside <= GOAL_OUTSIDE_US)} "
+            f"({outside:.1f} µs; the transport floor {floor:.1f} µs per record)"
+        )
+    for name in (INGEST, INGEST16, FANOUT, PURCHASE):
         p99 = statistics.median(_by_name(run)[name].p99_ms for run in runs)
         out.append(
             f"  {name.split(' (')[0]}: closed-loop p99 < {GOAL_P99_MS:g} ms (wall clock): "
@@ -991,18 +1182,35 @@ def render_goals(runs: list[list[Row]], paced: list[list[Paced]]) -> str:
                 f"  {first.name}: p99 < {limit:g} ms (wall clock): "
                 f"{_verdict(p99 < limit)} ({p99:.1f} ms)"
             )
+    for name, goal in RETIRED_CPU_RATIO.items():
+        gross = statistics.median(_cpu_ratios(runs, name))
+        what = "value" if name == INGEST else "purchase"
+        out.append(
+            f"  retired (issue #42): worker CPU per {what} ÷ pass-through's per event, was "
+            f"<= {goal:.1f}x: {gross:.2f}x (no verdict: it measured Faust, not the market)"
+        )
     return "\n".join(out)
 
 
-def render(runs: list[list[Row]], paced: list[list[Paced]]) -> str:
+def render_load(results: list[Run]) -> str:
+    """The load each run ran at, for under its CPU tables."""
+    each = ", ".join(f"{a:.2f} → {b:.2f}" for a, b in (r.load for r in results))
+    return f"Load average (1 min) at each run's start → end, run by run: {each}."
+
+
+def render(results: list[Run]) -> str:
     """Every table and the goals, from every run."""
+    runs, paced = [r.rows for r in results], [r.paced for r in results]
     return "\n\n".join(
         [
             render_cpu(runs),
+            render_load(results),
+            render_floors(results),
+            render_load(results),
             render_bytes(runs),
             render_wall(runs),
             render_paced(paced),
-            render_goals(runs, paced),
+            render_goals(results),
         ]
     )
 
@@ -1021,7 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
         f"## Service on the embedded broker ({sizes.n:,} events per open-loop run, "
         f"{sizes.lat_n} closed-loop latency samples, {runs} runs)\n"
     )
-    print(render([r.rows for r in results], [r.paced for r in results]))
+    print(render(results))
     print(machine.line())
     print(f"(logs: {workdir})", file=sys.stderr)  # not part of the result (bench.report)
     return 0

@@ -59,3 +59,40 @@ def test_the_machine_line_names_the_cpu_its_simd_and_the_load() -> None:
     assert line.startswith("machine: ") and " cores, SIMD " in line and "numpy " in line
     assert "load average (1 / 5 / 15 min) " in line and " at start, " in line
     assert cpu_seconds(os.getpid()) >= 0.0
+
+
+def test_the_crypto_floor_is_every_signature_verification_and_envelope_the_core_makes() -> None:
+    """What each path's floor counts is what the core does, call for call (counted on the
+    core's own libsodium and envelope calls): a floor that left one out would flatter the
+    core's ratio, one that counted more would excuse it."""
+    from bench import core
+
+    counted = core.counted_calls()
+    paths = [
+        core.prepare_purchases(2),
+        core.prepare_values(core.VALUES_PER_CORE_BATCH),
+        core.prepare_values(core.VALUES_PER_CORE_BATCH, 16),
+    ]
+    for path in paths:
+        assert counted[path.name] == pytest.approx(core.floor_calls(path)), path.name
+    assert counted[core.PURCHASE] == pytest.approx({"seal": 1, "sign": 3, "verify": 1})
+    assert counted[core.VALUE16]["verify"] == pytest.approx(1 / 16)
+
+
+def test_a_path_is_set_against_the_floors_of_its_own_run() -> None:
+    """Worker CPU outside the core per record the worker produced (the input records are the
+    load generator's) and events per core-second, from the rows of one run."""
+    from bench.core import Measure
+    from bench.service import PURCHASE, TRANSPORT, Row, Run, floors
+
+    transport = Row(TRANSPORT, 0.0, 0.0, 0.0, _cost(1000, 1.0, 0.02, 1.0, 0.0))  # 20 µs
+    made = Produced(
+        100, {"m.purchases": (100, 36_000), "m.inbox.b": (200, 1), "x-changelog": (300, 1)}
+    )
+    purchase = Row(PURCHASE, 0.0, 0.0, 0.0, _cost(100, 1.0, 0.1, 1.0, 0.0), made)  # 1,000 µs
+    run = Run([transport, purchase], [], {PURCHASE: Measure(PURCHASE, 600.0, 150.0, 30.0)})
+    got = floors(run, PURCHASE)
+    assert got.records == pytest.approx(5.0)  # 2 inbox + 3 changelog records per purchase
+    assert got.outside_us == pytest.approx((1000.0 - 600.0) / 5.0)
+    assert got.per_core_second == pytest.approx(1000.0)
+    assert got.transport_us == pytest.approx(20.0) and got.crypto_us == pytest.approx(150.0)

@@ -690,3 +690,20 @@ def test_documented_account_outcomes_are_the_ones_counted() -> None:
     (row,) = [line for line in docs.splitlines() if line.startswith("| `emarket_account_events")]
     documented = set(re.findall(r"`(\w+)`", row)) & set(typing.get_args(Status))
     assert documented == seen, row
+
+
+def test_every_env_recipe_keeps_the_secrets_private() -> None:
+    """Each recipe that writes the secrets to .env does it under ``umask 077``: a shell's usual
+    umask (022) leaves the file readable by every user of the host. The compose file's header
+    omitted it while operations.md had it."""
+    files = [ROOT / "docker-compose.yml", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files.append(ROOT / "deploy" / "make-env.sh")
+    recipes = [
+        (path.name, line)
+        for path in files
+        for line in path.read_text().splitlines()
+        if re.search(r"make-env\.sh\b.*>\s*\.env", line)
+    ]
+    assert len(recipes) >= 3, recipes  # compose, operations.md, the script's own usage
+    for name, line in recipes:
+        assert re.search(r"\(umask 077;[^)]*make-env\.sh[^)]*> ?\.env\)", line), (name, line)

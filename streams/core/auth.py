@@ -18,6 +18,7 @@ from market import MarketError
 
 from ..wire.events import AccountState
 from ..wire.signing import key_id_of, signed_v1, verify
+from ..wire.times import utc_text
 from .context import Context
 from .outputs import Defer, Misplaced, Reject
 
@@ -95,13 +96,14 @@ def _refuse_if_rotated(ctx: Context, event: Any, acct: AccountState) -> None:
                 "key_rotated",
                 f"the event was signed with key {event.key_id} at key version {past.version} "
                 f"of {acct.account_id!r}, but the account's keys were rotated: it is at version "
-                f"{acct.version} (key {acct.key_id}) since {acct.updated_at_ms} (Unix ms). It "
+                f"{acct.version} (key {acct.key_id}) since {utc_text(acct.updated_at_ms)}. It "
                 "was not applied and never will be; sign it again with the current key and "
                 "version and send it again (a purchase may keep its purchase_id)",
                 sender=acct.account_id,
                 signed_version=past.version,
                 current_version=acct.version,
                 current_key_id=acct.key_id,
+                rotated_at_ms=acct.updated_at_ms,
             )
 
 

@@ -61,13 +61,8 @@ def _receipt_vector(
 ) -> dict[str, Any]:
     """One purchase's receipt, with everything between the secrets and the signature."""
     signing = Ed25519PrivateKey.from_private_bytes(SIGNING_SEED)
-    ident = identity_bytes(
-        purchase["buyer_id"],
-        purchase["stream_id"],
-        purchase["purchase_id"],
-        purchase["requested_at_ms"],
-        purchase["level_after"],
-    )
+    parts = ("buyer_id", "stream_id", "purchase_id", "requested_at_ms", "level_after")
+    ident = identity_bytes(*(purchase[p] for p in parts))
     opening = derive_opening(opening_key(NOISE_SECRET), **purchase)
     keyed = any(r.keys is not None for r in releases)
     triples: list[Any] = [

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import output
 from .common import EXIT_REFUSED, CommandError, load_party, read_inbox, run_client, warn
+from .flags import refused
 from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands"]
@@ -71,19 +72,8 @@ def cmd_quote(args: argparse.Namespace) -> int:
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
-        if json_mode(args):
-            print_json(result)
-        raise CommandError(f"no quote ({result.reason}): {result.message}", EXIT_REFUSED)
-    show(
-        args,
-        result,
-        output.offers_table(result)
-        + "\n"
-        + (
-            f"level {result.level_before:g} -> {result.level_after:g} ({result.level_unit}) costs "
-            f"{output.money(result.price_minor, result.currency)}"
-        ),
-    )
+        raise refused(args, "quote", result)
+    show(args, result, output.offers_table(result) + "\n" + output.quote_line(result))
     return 0
 
 
@@ -149,7 +139,7 @@ def cmd_buy(args: argparse.Namespace) -> int:
     elif json_mode(args):
         print_json(result)
     if isinstance(result, Rejection):
-        raise CommandError(f"purchase refused ({result.reason}): {result.message}", EXIT_REFUSED)
+        raise refused(args, "purchase", result, printed=True)
     _say_bought(args, result)
     _say_named(args, result.releases)
     return 0

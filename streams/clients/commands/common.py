@@ -18,6 +18,7 @@ from .output import print_json, warn
 
 __all__ = [
     "EXIT_BROKER",
+    "EXIT_INTERRUPTED",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BROKER = 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 T = TypeVar("T")
 
 
@@ -173,6 +175,7 @@ def run_client(
     import asyncio  # noqa: PLC0415 - not on the path of --help and keygen
 
     from aiokafka.errors import KafkaError  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
 
     from ...broker.auth import env_auth  # noqa: PLC0415
     from ..client import MarketClient, MarketKeyError, MarketRootError  # noqa: PLC0415
@@ -201,6 +204,10 @@ def run_client(
         raise unreachable(args, type(exc).__name__) from None
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
+    except ValidationError as exc:  # an event built from what was typed, before it is signed
+        from .flags import input_problem  # noqa: PLC0415
+
+        raise CommandError(f"invalid input: {input_problem(args, exc)}") from None
     except MarketRootError as exc:  # no key to pass would make this market trustworthy
         raise CommandError(f"the market's trust root ({exc.reason}): {exc}", EXIT_REFUSED) from None
     except MarketKeyError as exc:

@@ -24,7 +24,7 @@ from .common import (
     topics_of,
     unreachable,
 )
-from .output import add_json_flag, json_mode, print_json, show
+from .output import add_json_flag, json_mode, print_json, say, show
 
 __all__ = ["add_commands", "cmd_verify_receipt"]
 
@@ -455,6 +455,7 @@ def cmd_rejections(args: argparse.Namespace) -> int:
                         continue
                     if args.stream and rej.stream_id != args.stream:
                         continue
+                    shown[0] += 1
                     if json_mode(args):
                         print(rej.model_dump_json(), flush=True)
                         continue
@@ -465,9 +466,12 @@ def cmd_rejections(args: argparse.Namespace) -> int:
         finally:
             await reader.stop()
 
-    skipped = [0]
+    skipped, shown = [0], [0]
     with contextlib.suppress(KeyboardInterrupt):
         run_client(args, body)
+    if not shown[0]:  # said, not left to an empty screen
+        on = f" on stream {args.stream!r}" if args.stream else ""
+        say(args, f"no refusals{on} on {args.prefix}.rejections yet")
     if skipped[0]:
         print(
             f"warning: skipped {skipped[0]} records that are not rejections (written by "
@@ -516,9 +520,11 @@ def cmd_vectors(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_receipt(args: argparse.Namespace) -> int:
-    """Verify a saved purchase outcome; needs only the base package (no service extra)."""
+    """Verify a saved purchase outcome against the market's key: the receipt's signature, and
+    the released numbers (and envelope) of the file against what the receipt commits to. With a
+    key given (pinned) it needs only the base package (no service extra) and no broker."""
     from market.errors import ReceiptError  # noqa: PLC0415
-    from market.receipts import parse_public_key, verify_outcome  # noqa: PLC0415
+    from market.receipts import verify_outcome  # noqa: PLC0415
 
     try:
         data = json.loads(Path(args.event).read_text())
@@ -526,63 +532,67 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {args.event}: {exc.strerror}") from None
     except (ValueError, RecursionError):
         raise CommandError(f"{args.event} is not JSON (expected a `buy --output` file)") from None
-    text = args.public_key if args.public_key is not None else _catalog_key(args, data)
-    try:
-        key = parse_public_key(text)
-    except ReceiptError as exc:
-        raise CommandError(exc.message) from None
+    key, source = _receipt_key(args)
     try:
         rec = verify_outcome(data, key)
     except ReceiptError as exc:  # the verdict, not an error of the command: on stdout
-        show(args, {"valid": False, "error": exc.message}, f"INVALID: {exc.message}")
+        verdict = f"INVALID: {exc.message} (checked with the market key {source})"
+        show(args, {"valid": False, "error": exc.message}, verdict)
         return EXIT_REFUSED
     from ...wire.money import format_money  # noqa: PLC0415 - plain Python: no service extra
 
     price = format_money(rec.price_minor, rec.currency)
+    sealed = " and its sealed envelope" if rec.ciphertext_digest else ""
     show(
         args,
         {"valid": True, "receipt": rec.to_dict()},
         f"valid: purchase {rec.purchase_id} by {rec.buyer_id} on {rec.stream_id} (seller "
         f"{rec.seller_id}, {rec.mechanism}), level {rec.level_before:g} -> {rec.level_after:g}, "
-        f"{price}, {len(rec.value_ids)} values",
+        f"{price}, {len(rec.value_ids)} values\n"
+        f"  checked: the receipt is signed by the market key {source}, and the released "
+        f"values of {args.event} ({len(rec.value_ids)}){sealed} are the ones it commits to "
+        "(with the file's opening)",
     )
     return 0
 
 
-def _catalog_key(args: argparse.Namespace, outcome: Any) -> str:
-    """The market key the catalog lists for the outcome's stream (needs the broker)."""
-    stream = outcome.get("stream_id") if isinstance(outcome, dict) else None
-    if not getattr(args, "broker", None) or not isinstance(stream, str):
+def _receipt_key(args: argparse.Namespace) -> tuple[Any, str]:
+    """The market key a receipt is checked with, and where it came from: the key given
+    (``--public-key``, else ``--market-key`` / ``EMARKET_MARKET_KEY``: pinned, no broker needed),
+    else the one the market's identity record on ``--broker`` names, trusted on first use with a
+    warning, as every other command reads it (docs/protocol.md §12.1.1)."""
+    from market.errors import ReceiptError  # noqa: PLC0415
+    from market.receipts import key_id, parse_public_key  # noqa: PLC0415
+
+    given = [
+        (f, k)
+        for f, k in (("--public-key", args.public_key), ("--market-key", args.market_key))
+        if k
+    ]
+    if len({k for _, k in given}) > 1:
         raise CommandError(
-            "pass --public-key KEY (market_public_key of the stream in `epsilon-market catalog`)"
-            ", or --broker / EMARKET_BROKER to read it from the catalog"
+            "--public-key and --market-key (or EMARKET_MARKET_KEY) name two different keys: "
+            "give the market's key once"
+        )
+    if given:
+        flag, text = given[0]
+        try:
+            key = parse_public_key(text)
+        except ReceiptError as exc:
+            raise CommandError(f"{flag}: {exc.message}") from None
+        return key, f"{key_id(key)} given ({flag})"
+    if not getattr(args, "broker", None):
+        raise CommandError(
+            "verify-receipt needs the market's key: pass --market-key KEY (or set "
+            "EMARKET_MARKET_KEY; --public-key KEY works too; `epsilon-market serve` prints it), "
+            "or --broker / EMARKET_BROKER to read it from the market's identity record"
         )
 
     async def body(c: Any) -> Any:
-        return await c.catalog_records()
+        return await c.market_key()
 
-    entries, _ = run_client(args, body)
-    mine = [e for e in entries if e.registration.stream_id == stream]
-    if not mine:
-        raise CommandError(
-            f"stream {stream!r} is not in the catalog at {args.broker}; pass --public-key KEY"
-        )
-    keys = {e.market_public_key for e in entries}
-    if len(keys) > 1:  # one market signs every entry: another key was written by someone else
-        raise CommandError(
-            f"the catalog at {args.broker} names {len(keys)} different market keys, so someone "
-            "other than the market has written to it; pass --public-key KEY obtained from the "
-            "market's operators",
-            EXIT_REFUSED,
-        )
-    entry = mine[-1]
-    print(
-        f"market key {entry.market_key_id} read from the catalog at {args.broker}: this trusts "
-        "whoever may write the catalog topic (on a deployment with ACLs, only the market); "
-        "pass --public-key KEY to check against a key you hold",
-        file=sys.stderr,
-    )
-    return str(entry.market_public_key)
+    key = run_client(args, body)
+    return key, f"{key_id(key)} read from {args.prefix}.market on {args.broker} (not pinned)"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -764,13 +774,22 @@ def add_commands(sub: Any) -> None:
     )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_vectors)
-    sp = sub.add_parser("verify-receipt", help="verify a purchase outcome against the market key")
+    _verify_receipt_parser(sub)
+
+
+def _verify_receipt_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "verify-receipt",
+        help="check a purchase outcome (buy --output): the receipt's signature by the market key "
+        "and the released values against it",
+    )
     sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
     sp.add_argument(
         "--public-key",
         default=None,
-        help="the market's key, base64 (market_public_key in the catalog); default: read it "
-        "from the catalog on --broker (pass it to check without trusting the broker)",
+        help="the market's key, base64, for this check (as --market-key); default "
+        "--market-key / $EMARKET_MARKET_KEY, else the key of the market's identity record on "
+        "--broker, trusted on first use with a warning",
     )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_verify_receipt)

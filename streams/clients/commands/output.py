@@ -18,6 +18,8 @@ import math
 import sys
 from typing import Any
 
+from ...wire.times import utc_text
+
 __all__ = [
     "accuracy",
     "add_json_flag",
@@ -32,6 +34,7 @@ __all__ = [
     "print_json",
     "progress",
     "published",
+    "quote_line",
     "registered",
     "releases",
     "say",
@@ -229,6 +232,24 @@ def event(ev: Any) -> list[str]:
     return [f"{kind or 'event'}: --json shows it"]
 
 
+def quote_line(q: Any) -> str:
+    """What a quote buys and costs; at or below the level held, that there is nothing to buy
+    (and, at the top step, that nothing more is for sale)."""
+    if q.level_after > q.level_before:
+        return (
+            f"level {q.level_before:g} -> {q.level_after:g} ({q.level_unit}) costs "
+            f"{money(q.price_minor, q.currency)}"
+        )
+    held = f"you already hold level {level(q.level_before, q.level_unit)} of {q.stream_id}"
+    above = sorted(o.level for o in q.offers if o.level > q.level_before)
+    if not above:
+        return f"{held}, the top level for sale: there is nothing more to buy"
+    return (
+        f"{held}, as accurate as this quote asks or more: nothing to buy; the next level for "
+        f"sale is {above[0]:g} (--target {above[0]:g})"
+    )
+
+
 def offers_table(q: Any) -> str:
     """The levels for sale as a buyer reads them: accuracy in the value's units, price now."""
     lines = [
@@ -242,13 +263,8 @@ def offers_table(q: Any) -> str:
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
     pw = getattr(q, "privacy_window", None)
     if pw is not None:
-        from datetime import UTC, datetime  # noqa: PLC0415
-
-        def iso(ms: int) -> str:
-            return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
         lines.append(
-            f"privacy window {iso(pw.start_ms)} – {iso(pw.end_ms)}: spent "
+            f"privacy window {utc_text(pw.start_ms)} – {utc_text(pw.end_ms)}: spent "
             f"{pw.spent:g} of {pw.cap:g} {pw.unit}, headroom {pw.headroom:g}"
         )
     return "\n".join(lines)
@@ -290,10 +306,13 @@ def published(args: argparse.Namespace, client: Any, batch: Any, answer: Any) ->
 
 
 def one_value(client: Any, batch: Any, answer: Any) -> str:
-    """The line for a single value published: its id, publication time and the answer."""
+    """The line for a single value published: its id, the answer, its publication time in UTC,
+    and the flags that resend it as the same value (the time is part of its identity)."""
     vid = batch.items[0].value_id
+    ms = client.published_at(batch.stream_id, vid)
     return (
-        f"{vid} published_at_ms={client.published_at(batch.stream_id, vid)} {_status(answer, vid)}"
+        f"{vid} {_status(answer, vid)}, published at {utc_text(ms)} "
+        f"(resend as --value-id {vid} --published-at {ms})"
     )
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from .common import EXIT_REFUSED, CommandError, load_party, run_client
-from .output import add_json_flag, json_mode, print_json, show, warn
+from .flags import refused
+from .output import add_json_flag, show, warn
 
 __all__ = ["add_commands"]
 
@@ -59,9 +60,7 @@ def cmd_account_open(args: argparse.Namespace) -> int:
 
     out = run_client(args, body, party)
     if isinstance(out, Rejection):
-        if json_mode(args):
-            print_json(out)
-        raise CommandError(f"account not opened ({out.reason}): {out.message}", EXIT_REFUSED)
+        raise refused(args, "account opening", out)
     show(
         args,
         out,
@@ -112,14 +111,12 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
 
     out = run_client(args, body, old)
     if isinstance(out, Rejection):
-        if json_mode(args):
-            print_json(out)
         hint = (
             " (--version is the account's current version + 1: its inbox's last `account` says it)"
             if out.reason == "stale_key_version"
             else ""
         )
-        raise CommandError(f"keys not rotated ({out.reason}): {out.message}{hint}", EXIT_REFUSED)
+        raise refused(args, "key rotation", out, hint)
     if out.signing_key != new.public_key:
         raise CommandError(
             f"the market's answer pins other keys than {args.new_key_file}'s (key id {out.key_id})",

@@ -16,17 +16,21 @@ from typing import Any
 
 from . import output
 from .common import (
+    EXIT_INTERRUPTED,
     EXIT_REFUSED,
     CommandError,
     floats,
     load_party,
-    print_json,
     run_client,
     warn,
 )
-from .output import add_json_flag, json_mode
+from .flags import in_flags, input_problem, refused
+from .output import add_json_flag
+from .resume import Run
 
 __all__ = ["add_commands", "parse_row"]
+
+"""Stopped by Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 Row = tuple[str | None, list[float] | dict[str, float], int | None]
 ROW_HELP = (
@@ -149,20 +153,14 @@ def cmd_register(args: argparse.Namespace) -> int:
             {**fields, "key_id": "0" * 16, "signature": "A" * 86 + "=="}
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CommandError(f"invalid registration: {where}: {first['msg']}") from None
+        raise CommandError(f"invalid registration: {input_problem(args, exc)}") from None
 
     async def body(c: Any) -> Any:
         return await c.register(fields, timeout=args.timeout)
 
     result = run_client(args, body, party)
     if isinstance(result, Rejection):
-        if json_mode(args):
-            print_json(result)
-        raise CommandError(
-            f"registration refused ({result.reason}): {result.message}", EXIT_REFUSED
-        )
+        raise refused(args, "registration", result)
     output.show(args, result, output.registered(result))
     return 0
 
@@ -241,11 +239,11 @@ def _rows(args: argparse.Namespace) -> list[Row]:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     party = load_party(args)
-    rows = _rows(args)
+    rows, run = _skipped(args, _rows(args))
     per_batch = max(1, min(500, 900_000 // (26 * max(len(r[1]) for r in rows) + 200)))
 
-    async def body(c: Any) -> tuple[int, list[Any]]:
-        sent, refused = 0, []
+    async def body(c: Any) -> list[Any]:
+        refused = []
         t0 = time.monotonic()
         c.market_sealing_key = args.market_sealing_key
         try:  # the numbers are sealed to the market's key: find it before sending anything
@@ -256,23 +254,51 @@ def cmd_publish(args: argparse.Namespace) -> int:
         _check_counts(c.registration_of(args.stream), rows)
         for start in range(0, len(rows), per_batch):
             batch = c.value_batch(args.stream, rows[start : start + per_batch])
-            answer = await c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
+            sending = c.publish_batch(batch, wait=not args.no_wait, timeout=args.timeout)
+            answer = await run.send(len(batch.items), sending)
             refused += _refusals(answer, batch)
-            sent += len(batch.items)
             output.published(args, c, batch, answer)
-            if len(rows) > 1:
-                rate = sent / max(1e-9, time.monotonic() - t0)
-                output.progress(args, f"published {sent}/{len(rows)} values ({rate:.0f}/s)")
-        if len(rows) > 1:
+            if run.total > 1:
+                rate = run.answered / max(1e-9, time.monotonic() - t0)
+                done = run.skipped + run.answered
+                output.progress(args, f"published {done}/{run.total} values ({rate:.0f}/s)")
+            if run.stopped:
+                break
+        if run.total > 1:
             output.progress(args, None)
         else:
             output.say(args, output.one_value(c, batch, answer))
-        return sent, refused
+        return refused
 
-    _, refused = run_client(args, body, party)
+    try:
+        refused = run_client(args, body, party)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before anything was sent
+        output.progress(args, None)
+        if args.file is not None:
+            output.say(args, "\n".join(run.report(args)))
+        raise
     for vid, reason, message in refused:
-        warn(f"value {vid} refused ({reason}): {message}")
+        warn(f"value {vid} refused ({reason}): {in_flags(args, message)}")
+    if run.stopped and args.file is not None:  # one value given on the line was sent whole
+        output.say(args, "\n".join(run.report(args)))
+        return EXIT_INTERRUPTED
     return EXIT_REFUSED if refused else 0
+
+
+def _skipped(args: argparse.Namespace, rows: list[Row]) -> tuple[list[Row], Run]:
+    """``rows`` after ``--skip N`` (the values of a ``--file`` already published), and the
+    run that counts them."""
+    if not args.skip:
+        return rows, Run(len(rows))
+    if args.file is None:
+        raise CommandError("--skip N skips values of --file (a publish stopped by Ctrl-C)")
+    if args.skip < 0:
+        raise CommandError(f"--skip is a number of values, 0 or more; not {args.skip}")
+    if args.skip >= len(rows):
+        raise CommandError(
+            f"--skip {args.skip}: {args.file} holds {len(rows)} values; skip fewer than that"
+        )
+    return rows[args.skip :], Run(len(rows), skipped=args.skip)
 
 
 def _check_counts(reg: Any, rows: list[Row]) -> None:
@@ -422,6 +448,14 @@ def _publish_parser(sub: Any) -> None:
         help="publication time (Unix ms); give the original one when resending a value id",
     )
     sp.add_argument("--no-wait", action="store_true", help="send without waiting for the answer")
+    sp.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --file: skip its first N values (the ones a publish stopped by Ctrl-C had "
+        "sent; it prints this option); default 0",
+    )
     sp.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
     )

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.request
@@ -158,23 +159,30 @@ def judged(argv: list[str], code: object, out: str, err: str) -> str | None:
 
 
 class Hung(BaseException):
-    """Raised by SIGALRM in a command run in this process that overran its time."""
+    """Raised (by SIGUSR1) in a command run in this process that overran its time."""
 
 
 def run_here(argv: list[str], timeout: float) -> tuple[object, str, str] | str:
     """Run ``argv`` by :func:`main` in this process (a subprocess each would cost half a second
     of CPU per case): (exit code, stdout, stderr), or what is wrong (an exception escaping
-    ``main``, the traceback a person would see; a wait beyond ``timeout``). Log records go to
-    its stderr as they would go to a person's terminal (``logging.lastResort``)."""
+    ``main``, the traceback a person would see; a wait beyond ``timeout``, ended by
+    :class:`Hung` raised every second from then on). Log records go to its stderr as they
+    would go to a person's terminal (``logging.lastResort``)."""
     out, err = io.StringIO(), io.StringIO()
     terminal = logging.StreamHandler(err)
     terminal.setLevel(logging.WARNING)
+    done = threading.Event()
 
     def overran(*_: object) -> None:
         raise Hung
 
-    before = signal.signal(signal.SIGALRM, overran)
-    signal.alarm(int(timeout))
+    def watchdog(main_thread: int) -> None:
+        if not done.wait(timeout):
+            while not done.wait(1.0):  # again, should the command swallow it
+                signal.pthread_kill(main_thread, signal.SIGUSR1)
+
+    before = signal.signal(signal.SIGUSR1, overran)
+    threading.Thread(target=watchdog, args=(threading.get_ident(),), daemon=True).start()
     logging.getLogger().addHandler(terminal)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -187,9 +195,9 @@ def run_here(argv: list[str], timeout: float) -> tuple[object, str, str] | str:
     except BaseException:
         return f"{' '.join(argv)}: {traceback.format_exc()}"
     finally:
+        done.set()
         logging.getLogger().removeHandler(terminal)
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
+        signal.signal(signal.SIGUSR1, before)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -449,7 +457,7 @@ def _interrupt(
     text = out + err
     if any(m in text for m in BUG_MARKS) or proc.returncode not in codes:
         return f"{proc.args!r} ({ready}): exit {proc.returncode}\n{text[-3000:]}"
-    if proc.returncode == 130 and "interrupted" not in text:
+    if proc.returncode == 130 and not re.search("interrupted|stopped by Ctrl-C", text):
         return f"{proc.args!r} ({ready}): exit 130 without a word"
     return None
 

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,27 @@ def test_a_purchase_signed_with_a_rotated_key_is_refused_to_its_sender() -> None
         requested_at_ms=1_000,
     )
     assert c.handle(T.purchases, again.model_dump_json().encode()).status == "fulfilled"
+
+
+def test_key_rotated_says_when_in_utc_and_keeps_the_milliseconds_for_machines() -> None:
+    """The refusal said "since 1733… (Unix ms)": a person reads an ISO 8601 UTC time, and the
+    number stays in ``details`` for machines."""
+    c = market_core("seller1", "alice")
+    _stream(c)
+    in_flight = purchase("temp", "alice", "p1")
+    _rotate(c, party("alice"), party("alice-2"), 2)
+    out = c.handle(T.purchases, in_flight)
+    rej = INBOX_EVENT.validate_json(
+        next(o.value for o in out.outputs if o.topic == T.inbox("alice"))
+    )
+    assert isinstance(rej, Rejection) and rej.reason == "key_rotated"
+    assert "Unix ms" not in rej.message
+    when = re.search(r"since (\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d{3})?Z\.", rej.message)
+    assert when is not None, rej.message
+    stamp = rej.details.get("rotated_at_ms")
+    assert isinstance(stamp, int) and str(stamp) not in rej.message
+    said = datetime(*map(int, when.groups()[:6]), tzinfo=UTC)
+    assert said == datetime.fromtimestamp(stamp // 1000, tz=UTC)
 
 
 def test_old_signed_bytes_are_never_fulfilled_after_rotating_back_to_their_key() -> None:

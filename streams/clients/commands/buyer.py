@@ -309,7 +309,9 @@ def add_commands(sub: Any) -> None:
             )
             sp.add_argument("--currency", default="EUR", help="the currency of --max-price")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
-            sp.add_argument("--output", default=None, help="also write the outcome to this file")
+            sp.add_argument(
+                "--output", default=None, metavar="FILE", help="also write the outcome to this file"
+            )
             sp.add_argument(
                 "--key-names",
                 default=None,

@@ -783,7 +783,9 @@ def _verify_receipt_parser(sub: Any) -> None:
         help="check a purchase outcome (buy --output): the receipt's signature by the market key "
         "and the released values against it",
     )
-    sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
+    sp.add_argument(
+        "event", metavar="FILE", help="a purchase_fulfilled event, as buy --output writes it"
+    )
     sp.add_argument(
         "--public-key",
         default=None,

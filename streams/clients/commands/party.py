@@ -144,7 +144,9 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("keygen", help="a new key file for an account (signing + sealing keys)")
     sp.add_argument("--account", required=True, help="the account id to act as")
-    sp.add_argument("--out", required=True, help="the key file to create (never overwritten)")
+    sp.add_argument(
+        "--out", required=True, metavar="FILE", help="the key file to create (never overwritten)"
+    )
     sp.add_argument(
         "--no-sealing", action="store_true", help="no sealing key (sellers that never buy)"
     )

@@ -9,8 +9,8 @@ message, never a traceback nor the last-resort "this is a bug" line
 subprocess; the files and the environment (hundreds of cases) by ``main`` in this process,
 where an exception escaping it is the traceback a person would see.
 
-An option that names a file says so (``FILE`` as its metavar, or "file" in its help): that is
-how the walk knows which options to hand a bad file.
+An option that names a file says so (``FILE`` as its metavar, or a name ending in ``file``):
+that is how the walk knows which options to hand a bad file.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def options(parser: CommandParser) -> Iterator[argparse.Action]:
 
 
 def takes_file(a: argparse.Action) -> bool:
-    return a.metavar == "FILE" or "file" in f"{a.dest} {a.help or ''}".lower()
+    return a.metavar == "FILE" or a.dest.endswith("file")
 
 
 class Case:
@@ -153,7 +153,7 @@ def judged(argv: list[str], code: object, out: str, err: str) -> str | None:
         return f"{' '.join(argv)}: exit {code}\n{(out + err)[-3000:]}"
     if code != 0 and not err.strip():
         return f"{' '.join(argv)}: exit {code} without a word"
-    if len(err.splitlines()) > 8:
+    if len(err.splitlines()) > 8 and "usage:" not in err:  # argparse's usage is long
         return f"{' '.join(argv)}: {len(err.splitlines())} lines on stderr\n{err[-2000:]}"
     return None
 

@@ -56,7 +56,10 @@ def read_counts(path: str) -> dict[str, float]:
         a finite number, negative or fractional (:mod:`streams.wire.counts`), a JSON file that
         is not one object, or no count at all.
     """
-    text = Path(path).read_text(encoding="utf-8-sig")
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not text (UTF-8): expected CSV or JSON counts") from None
     as_json = path.lower().endswith(".json") or text.lstrip().startswith(("{", "["))
     out = _json_counts(path, text) if as_json else _csv_counts(path, text)
     if not out:

@@ -21,7 +21,15 @@ def _truthy(text: str) -> bool:
 
 def _env(name: str, default: Any, cast: Any = str) -> Any:
     raw = os.environ.get(f"EMARKET_{name}")
-    return default if raw is None or raw == "" else cast(raw)
+    if raw is None or raw == "":
+        return default
+    if cast not in (int, float):
+        return cast(raw)  # its own checks name the variable
+    try:
+        return cast(raw)
+    except ValueError:  # named, for the one line a person reads
+        kind = "whole number" if cast is int else "number"
+        raise ValueError(f"EMARKET_{name}={raw!r} is not a {kind}") from None
 
 
 def _openings(text: str) -> Literal["invite", "open"]:

@@ -222,7 +222,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             if isinstance(ev, DeliveriesWithheld) and json_mode(args):
                 warn(f"{len(ev.value_ids)} value(s) withheld: {ev.message}")
 
-    read_inbox(args, body, party)
+    interrupted = read_inbox(args, body, party)
     if unopened:
         versions = sorted({u.key_version for u in unopened if u.key_version and not u.held})
         fix = (
@@ -231,7 +231,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             else ""
         )
         warn(f"warning: {len(unopened)} sealed record(s) above could not be opened{fix}")
-    if not confirmed[0]:  # nothing the market signed says this key holds the account
+    if not confirmed[0] and not interrupted:  # nothing the market signed says this key holds it
         raise CommandError(
             f"the market never confirmed account {party.account_id!r} for this key file's key: "
             f"open it (`epsilon-market account open --key-file {args.key_file}`)",
@@ -277,7 +277,7 @@ def add_commands(sub: Any) -> None:
     ):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
-        sp.add_argument("--stream", required=True)
+        sp.add_argument("--stream", required=True, help="the stream (`epsilon-market catalog`)")
         sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
         sp.add_argument(
             "--rmse",
@@ -294,7 +294,9 @@ def add_commands(sub: Any) -> None:
             "is at most ± this (value units)",
         )
         sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
-        sp.add_argument("--timeout", type=float, default=60.0)
+        sp.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
+        )
         if name == "buy":
             sp.add_argument(
                 "--max-price", required=True, help="most you will pay, e.g. 0.50 (in --currency)"
@@ -304,9 +306,11 @@ def add_commands(sub: Any) -> None:
                 action="store_true",
                 help="the most accurate level --max-price buys",
             )
-            sp.add_argument("--currency", default="EUR")
+            sp.add_argument("--currency", default="EUR", help="the currency of --max-price")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
-            sp.add_argument("--output", default=None, help="also write the outcome to this file")
+            sp.add_argument(
+                "--output", default=None, metavar="FILE", help="also write the outcome to this file"
+            )
             sp.add_argument(
                 "--key-names",
                 default=None,
@@ -334,7 +338,7 @@ def _add_tail(sub: Any) -> None:
         help="a key file of the account from before a rotation, to open what was sealed to it "
         "(repeatable; default none)",
     )
-    sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--follow", action="store_true", help="keep reading new events until Ctrl-C")
     sp.add_argument(
         "--key-names",
         default=None,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from .flags import in_flags, input_problem
@@ -18,21 +19,26 @@ from .output import json_mode, print_json, warn
 
 __all__ = [
     "EXIT_BROKER",
+    "EXIT_INTERRUPTED",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
     "CommandError",
     "bootstrap",
+    "broker_source",
+    "check_broker",
     "floats",
     "load_party",
     "print_json",
     "read_inbox",
     "run_client",
     "topics_of",
+    "unreachable",
     "warn",
 ]
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BROKER = 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 T = TypeVar("T")
 
 
@@ -96,12 +102,78 @@ def load_party(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
 
 
+def broker_source(args: argparse.Namespace) -> str:
+    """Where ``--broker``'s value came from, as the person typed it: the flag, or the
+    environment variable a shell kept from an earlier session (set by :func:`..cli.main`)."""
+    return str(getattr(args, "broker_from", None) or "--broker")
+
+
+def unreachable(args: argparse.Namespace, why: str) -> CommandError:
+    """The one error for a broker that does not answer: which broker, where its address came
+    from, and what to do (exit 4), for client commands and ``serve``/``worker``/``demo`` alike."""
+    source = broker_source(args)
+    if args.command == "serve" and source != "--broker":
+        todo = (
+            f"`unset {source}` to run serve's embedded broker, or start that broker; "
+            "--broker kafka://HOST:PORT names another"
+        )
+    elif args.command == "serve":
+        todo = "start that broker, or leave out --broker to run serve's embedded broker"
+    elif source != "--broker":
+        todo = (
+            f"is it running? {source} is set in this shell: `unset {source}` if that broker "
+            "is gone, or pass --broker kafka://HOST:PORT (`epsilon-market serve` prints the "
+            "URL of its embedded broker)"
+        )
+    else:
+        todo = "is it running? `epsilon-market serve` prints the URL of its embedded broker"
+    return CommandError(
+        f"cannot reach the broker at {args.broker} (from {source}): {why}; {todo}", EXIT_BROKER
+    )
+
+
+@contextlib.contextmanager
+def _quiet_kafka_logs() -> Iterator[None]:
+    """aiokafka logs every failed connection attempt; a command reports the failure once, as an
+    error line with what to do (the level is restored after, for a worker's own logs)."""
+    log = logging.getLogger("aiokafka")
+    before = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
+
+
+def check_broker(args: argparse.Namespace, wait: float, auth: dict[str, Any]) -> None:
+    """Return once the broker of ``--broker`` answers, or raise :func:`unreachable` after
+    ``wait`` seconds: what ``serve``, ``worker`` and ``demo`` do before anything starts, so a
+    dead broker is one line, not a worker retrying and then a traceback."""
+    import asyncio  # noqa: PLC0415
+
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+    from ...broker.admin import wait_for_broker  # noqa: PLC0415
+
+    boot = bootstrap(args)
+    with _quiet_kafka_logs():
+        try:
+            asyncio.run(wait_for_broker(boot, timeout=wait, **auth))
+        except TimeoutError:
+            raise unreachable(args, f"no answer within {wait:g} s") from None
+        except (KafkaError, OSError) as exc:
+            raise unreachable(args, _why(exc)) from None
+
+
+def _why(exc: BaseException) -> str:
+    return str(getattr(exc, "strerror", None) or type(exc).__name__)
+
+
 def run_client(
     args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any = None
 ) -> T:
     """Run ``body(client)`` with a connected client; broker failures become CommandErrors."""
     import asyncio  # noqa: PLC0415 - not on the path of --help and keygen
-    import logging  # noqa: PLC0415
 
     from aiokafka.errors import KafkaError  # noqa: PLC0415
     from pydantic import ValidationError  # noqa: PLC0415
@@ -110,9 +182,6 @@ def run_client(
     from ..client import MarketClient, MarketKeyError, MarketRootError  # noqa: PLC0415
 
     boot = bootstrap(args)
-    # a client command reports a broker failure once, as an error line with what to do;
-    # aiokafka would also log each failed connection attempt
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         auth = env_auth()
     except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file
@@ -130,13 +199,10 @@ def run_client(
             return await body(client)
 
     try:
-        return asyncio.run(go())
+        with _quiet_kafka_logs():
+            return asyncio.run(go())
     except KafkaError as exc:
-        raise CommandError(
-            f"cannot reach the broker at {args.broker} ({type(exc).__name__}); is it running? "
-            "`epsilon-market serve` prints the URL of its embedded broker",
-            EXIT_BROKER,
-        ) from None
+        raise unreachable(args, type(exc).__name__) from None
     except TimeoutError as exc:
         raise CommandError(f"timed out: {exc}", EXIT_TIMEOUT) from None
     except ValidationError as exc:  # an event built from what was typed, before it is signed
@@ -148,23 +214,24 @@ def run_client(
             f"{exc}; pass --market-key KEY (EMARKET_MARKET_KEY; `epsilon-market serve` prints it)"
         ) from None
     except OSError as exc:
-        raise CommandError(
-            f"cannot reach the broker at {args.broker}: {exc.strerror or exc}", EXIT_BROKER
-        ) from None
+        raise unreachable(args, _why(exc)) from None
 
 
-def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any) -> None:
+def read_inbox(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]], party: Any) -> bool:
     """Run ``body(client)`` reading ``party``'s own inbox until it ends or Ctrl-C stops it (what
-    was read so far is the caller's to print); an account without an inbox was never opened."""
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            run_client(args, body, party)
-        except LookupError:
-            raise CommandError(
-                f"no inbox for account {party.account_id!r}: open the account first "
-                f"(`epsilon-market account open --key-file {args.key_file}`)",
-                EXIT_REFUSED,
-            ) from None
+    was read so far is the caller's to print); an account without an inbox was never opened.
+    Returns whether Ctrl-C stopped it: the inbox may then not have been read at all."""
+    try:
+        run_client(args, body, party)
+    except KeyboardInterrupt:
+        return True
+    except LookupError:
+        raise CommandError(
+            f"no inbox for account {party.account_id!r}: open the account first "
+            f"(`epsilon-market account open --key-file {args.key_file}`)",
+            EXIT_REFUSED,
+        ) from None
+    return False
 
 
 def refused(

@@ -92,6 +92,6 @@ def add_commands(sub: Any) -> None:
         help="the worker's data directory, which holds the market key (default "
         "$EMARKET_DATA_DIR or data)",
     )
-    sp.add_argument("--out", default=None, help="write the invitation to this file")
+    sp.add_argument("--out", default=None, metavar="FILE", help="write the invitation to this file")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_invite)

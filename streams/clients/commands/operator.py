@@ -5,10 +5,11 @@ anyone can run with the base package alone (no service dependencies)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from .common import (
     EXIT_REFUSED,
     CommandError,
     bootstrap,
+    check_broker,
     run_client,
     topics_of,
+    unreachable,
 )
 from .output import add_json_flag, json_mode, print_json, say, show
 
@@ -32,14 +35,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ...broker.embedded import EmbeddedBroker  # noqa: PLC0415
 
     settings = _worker_settings(args)
-    taken = _web_port_taken(settings)
-    if taken:
-        print(taken, file=sys.stderr)
-        return 2
-    broker = None
-    if args.broker is None:
-        broker = EmbeddedBroker().start()
-        settings = replace(settings, broker=broker.url).for_tansu()
+    with _data_dir_held(settings, exclusive=True):
+        key_id, market_key = _start_checks(args, settings)
+        broker = None
+        if args.broker is None:
+            broker = EmbeddedBroker().start()
+            settings = replace(settings, broker=broker.url).for_tansu()
+        try:
+            _say_serving(settings, key_id, market_key, embedded=broker is not None)
+            return _run(settings, None if broker is None else broker.stop, args=args)
+        finally:
+            if broker is not None:
+                broker.stop()
+
+
+def _say_serving(settings: Any, key_id: str, market_key: str, *, embedded: bool) -> None:
+    """What ``serve`` prints once it serves: where, what to paste in a second terminal."""
     url = settings.broker
     print(
         f"epsilon-market is serving on {url} (prefix {settings.prefix}); "
@@ -47,7 +58,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     pages = f"http://{settings.web_host}:{settings.web_port}"
-    key_id, market_key = _market_key_of(settings)
     print(
         f"  export EMARKET_BROKER={url} EMARKET_WORKER={pages} EMARKET_MARKET_KEY={market_key}",
         flush=True,
@@ -67,17 +77,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "(`epsilon-market ledger` reads it)",
         flush=True,
     )
-    if broker is not None:
+    if embedded:
         print(
             "  the embedded broker keeps everything in memory: when this stops, accounts, "
             "streams and holdings are gone (open the accounts again after a restart)",
             flush=True,
         )
-    try:
-        return _run(settings, None if broker is None else broker.stop)
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 def _market_key_of(settings: Any) -> tuple[str, str]:
@@ -85,24 +90,65 @@ def _market_key_of(settings: Any) -> tuple[str, str]:
     will): what clients pin (docs/protocol.md §12.1.1)."""
     from ...worker.secrets import load_or_create_keys  # noqa: PLC0415
 
-    keys = load_or_create_keys(settings.data_dir)
+    try:
+        keys = load_or_create_keys(settings.data_dir)
+    except (ValueError, OSError) as exc:  # EMARKET_SIGNING_KEY, EMARKET_NOISE_SECRET, the files
+        raise CommandError(f"the market's keys: {exc}") from None
     return str(keys.key_id), str(keys.public_key_b64)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap(args)
     settings = _worker_settings(args)
+    with _data_dir_held(settings, exclusive=False):
+        key_id, market_key = _start_checks(args, settings)
+        print(
+            f"epsilon-market worker: market key {key_id}: clients pin it with "
+            f"EMARKET_MARKET_KEY={market_key} (--market-key)",
+            flush=True,
+        )
+        return _run(settings, args=args)
+
+
+@contextlib.contextmanager
+def _data_dir_held(settings: Any, *, exclusive: bool) -> Iterator[None]:
+    """The data directory held while ``serve`` (``exclusive``) or ``worker`` runs: a second
+    ``serve`` on it, or a worker beside a ``serve``, is one line and exit 2."""
+    from ...worker.data_lock import DataDirInUse, hold_data_dir  # noqa: PLC0415
+
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(hold_data_dir(settings.data_dir, exclusive=exclusive))
+    except DataDirInUse as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(
+            f"--data-dir {settings.data_dir}: cannot use this directory ({exc.strerror or exc})"
+        ) from None
+    with held:
+        yield
+
+
+def _start_checks(args: argparse.Namespace, settings: Any) -> tuple[str, str]:
+    """What ``serve`` and ``worker`` check before anything starts, each failure one line: the
+    web port is free, the market's keys load (made on the first start), and, last, the broker
+    answers (``serve`` without a broker starts its own). Returns the market key (id, public
+    key)."""
     taken = _web_port_taken(settings)
     if taken:
-        print(taken, file=sys.stderr)
-        return 2
-    key_id, market_key = _market_key_of(settings)
-    print(
-        f"epsilon-market worker: market key {key_id}: clients pin it with "
-        f"EMARKET_MARKET_KEY={market_key} (--market-key)",
-        flush=True,
-    )
-    return _run(settings)
+        raise CommandError(taken)
+    market_key = _market_key_of(settings)
+    if args.broker is not None:
+        check_broker(args, args.broker_wait, _auth_of(settings))
+    return market_key
+
+
+def _auth_of(settings: Any) -> dict[str, Any]:
+    try:
+        auth: dict[str, Any] = settings.aiokafka_auth()
+    except (ValueError, OSError) as exc:  # a half-set EMARKET_KAFKA_*, an unreadable CA file
+        raise CommandError(f"broker credentials: {exc}") from None
+    return auth
 
 
 def _web_port_taken(settings: Any) -> str | None:
@@ -116,14 +162,21 @@ def _web_port_taken(settings: Any) -> str | None:
             sock.bind((settings.web_host, settings.web_port))
         except OSError as exc:
             return (
-                f"error: the worker's web port {settings.web_host}:{settings.web_port} is "
+                f"the worker's web port {settings.web_host}:{settings.web_port} is "
                 f"not free ({exc.strerror}): another market or program is serving there. "
                 "Choose another with --web-port N (or EMARKET_WEB_PORT)."
             )
     return None
 
 
-def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int:
+def _run(
+    settings: Any,
+    on_forced_exit: Callable[[], None] | None = None,
+    *,
+    args: argparse.Namespace,
+) -> int:
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
     from ...worker.identity import MarketIdentityError  # noqa: PLC0415
     from ...worker.runner import run_worker  # noqa: PLC0415
 
@@ -132,25 +185,32 @@ def _run(settings: Any, on_forced_exit: Callable[[], None] | None = None) -> int
     except MarketIdentityError as exc:
         print(f"error: the worker did not start: {exc}", file=sys.stderr)
         return EXIT_IDENTITY
+    except TimeoutError as exc:  # the broker went away after answering the first check
+        raise unreachable(args, str(exc)) from None
+    except KafkaError as exc:
+        raise unreachable(args, type(exc).__name__) from None
     return 0
 
 
 def _worker_settings(args: argparse.Namespace) -> Any:
     from ...worker.config import Settings  # noqa: PLC0415
 
-    s = Settings.from_env(
-        broker=args.broker,
-        prefix=args.prefix,
-        app_id=args.app_id,
-        partitions=args.partitions,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        store=args.store,
-        web_host=args.web_host,
-        web_port=args.web_port,
-        log_level=args.log_level or ("warn" if args.command == "serve" else None),
-        require_encryption=False if args.unsafe_unsealed_buyers else None,
-        accept_clear_values=True if args.accept_clear_values else None,
-    )
+    try:
+        s = Settings.from_env(
+            broker=args.broker,
+            prefix=args.prefix,
+            app_id=args.app_id,
+            partitions=args.partitions,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            store=args.store,
+            web_host=args.web_host,
+            web_port=args.web_port,
+            log_level=args.log_level or ("warn" if args.command == "serve" else None),
+            require_encryption=False if args.unsafe_unsealed_buyers else None,
+            accept_clear_values=True if args.accept_clear_values else None,
+        )
+    except ValueError as exc:  # an EMARKET_* variable that is not what it must be
+        raise CommandError(f"the worker's settings: {exc}") from None
     if args.tansu:
         s = s.for_tansu()
     tuning = {
@@ -238,6 +298,11 @@ def _operator_token(args: argparse.Namespace) -> str | None:
         return None
     except OSError as exc:
         raise CommandError(f"cannot read the operator token {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CommandError(
+            f"{path} is not an operator token (the worker writes one, text, to its data "
+            "directory as operator_token)"
+        ) from None
 
 
 def _whose_ledger(url: str, *, defaulted: bool) -> str:
@@ -531,26 +596,88 @@ def _receipt_key(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.broker is not None:
+        from ...broker.auth import env_auth  # noqa: PLC0415
+
+        try:
+            auth = env_auth()
+        except (ValueError, OSError) as exc:
+            raise CommandError(f"broker credentials: {exc}") from None
+        check_broker(args, args.broker_wait, auth)
     from ..demo import run_demo  # noqa: PLC0415
 
     return run_demo(broker=args.broker, steps=args.steps, n_values=args.values)
 
 
+_WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
+    (
+        "--app-id",
+        str,
+        "the Faust app id: workers with one id share the work "
+        "(default $EMARKET_APP_ID or epsilon-market)",
+    ),
+    (
+        "--partitions",
+        int,
+        "input partitions of the market's topics (default $EMARKET_PARTITIONS or 4)",
+    ),
+    (
+        "--data-dir",
+        str,
+        "the market's keys, the operators' token and local checkpoints "
+        "(default $EMARKET_DATA_DIR or data); one serve per directory",
+    ),
+    (
+        "--store",
+        str,
+        "table store, memory:// or rocksdb:// (default $EMARKET_STORE or memory://)",
+    ),
+    (
+        "--web-host",
+        str,
+        "address of /health, /metrics and /ledger (default $EMARKET_WEB_HOST or 127.0.0.1)",
+    ),
+    (
+        "--web-port",
+        int,
+        "port of /health, /metrics and /ledger (default $EMARKET_WEB_PORT or 6066)",
+    ),
+    (
+        "--session-timeout",
+        float,
+        "consumer group session timeout, seconds (default "
+        "$EMARKET_SESSION_TIMEOUT or 10; 3 with --tansu)",
+    ),
+    (
+        "--heartbeat-interval",
+        float,
+        "consumer group heartbeat, seconds (default "
+        "$EMARKET_HEARTBEAT_INTERVAL or 1; 0.3 with --tansu)",
+    ),
+    (
+        "--fetch-max-wait-ms",
+        int,
+        "longest wait of a fetch, ms (default $EMARKET_FETCH_MAX_WAIT_MS or 1500; 20 with --tansu)",
+    ),
+)
+"""The worker's settings a flag of ``serve``/``worker`` overrides (:mod:`streams.worker.config`)."""
+
+
 def _worker_options(sp: argparse.ArgumentParser) -> None:
-    for flag, kind, text in (
-        ("--app-id", str, None),
-        ("--partitions", int, None),
-        ("--data-dir", str, None),
-        ("--store", str, "memory:// or rocksdb://"),
-        ("--web-host", str, None),
-        ("--web-port", int, None),
-        ("--session-timeout", float, None),
-        ("--heartbeat-interval", float, None),
-        ("--fetch-max-wait-ms", int, None),
-    ):
+    for flag, kind, text in _WORKER_FLAGS:
         sp.add_argument(flag, type=kind, default=None, help=text)
-    sp.add_argument("--log-level", default=None, choices=["crit", "error", "warn", "info", "debug"])
-    sp.add_argument("--tansu", action="store_true", help="apply the embedded-broker workarounds")
+    sp.add_argument(
+        "--log-level",
+        default=None,
+        choices=["crit", "error", "warn", "info", "debug"],
+        help="default warn for serve; $EMARKET_LOG_LEVEL or info for worker",
+    )
+    sp.add_argument(
+        "--tansu",
+        action="store_true",
+        help="apply the embedded-broker workarounds (serve applies them to its own broker)",
+    )
+    _broker_wait(sp)
     sp.add_argument(
         "--unsafe-unsealed-buyers",
         action="store_true",
@@ -566,7 +693,8 @@ def _worker_options(sp: argparse.ArgumentParser) -> None:
     )
 
 
-def add_commands(sub: Any) -> None:
+def _running_commands(sub: Any) -> None:
+    """``serve``, ``worker`` and ``demo``: the commands that run until stopped."""
     sp = sub.add_parser("serve", help="run the embedded broker and a worker (blocks)")
     _worker_options(sp)
     sp.set_defaults(fn=cmd_serve)
@@ -574,9 +702,30 @@ def add_commands(sub: Any) -> None:
     _worker_options(sp)
     sp.set_defaults(fn=cmd_worker)
     sp = sub.add_parser("demo", help="live demo: a seller streams, a buyer buys three steps")
-    sp.add_argument("--steps", type=int, default=3)
-    sp.add_argument("--values", type=int, default=20)
+    sp.add_argument(
+        "--steps", type=int, default=3, help="privacy steps the buyer buys, 1 to 5 (default 3)"
+    )
+    sp.add_argument(
+        "--values", type=int, default=20, help="readings the seller publishes (default 20)"
+    )
+    _broker_wait(sp)
     sp.set_defaults(fn=cmd_demo)
+
+
+def _broker_wait(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--broker-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --broker: how long it may take to answer before this stops (exit 4); "
+        "raise it where a supervisor may start this before the broker is up "
+        "(default %(default)g)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    _running_commands(sub)
     sp = sub.add_parser("init-topics", help="create the market's topics")
     sp.add_argument(
         "--partitions",
@@ -609,16 +758,20 @@ def add_commands(sub: Any) -> None:
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("rejections", help="operators: every refused event, with its reason")
-    sp.add_argument("--stream", default=None)
-    sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--stream", default=None, help="only this stream's (default: every stream)")
+    sp.add_argument("--follow", action="store_true", help="keep reading new refusals until Ctrl-C")
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_rejections)
     sp = sub.add_parser("schemas", help="export the JSON Schemas of every event")
-    sp.add_argument("--out", default="docs/schemas")
+    sp.add_argument(
+        "--out", default="docs/schemas", help="directory to write to (default docs/schemas)"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_schemas)
     sp = sub.add_parser("vectors", help="write the protocol's test vectors (docs/vectors)")
-    sp.add_argument("--out", default="docs/vectors")
+    sp.add_argument(
+        "--out", default="docs/vectors", help="directory to write to (default docs/vectors)"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_vectors)
     _verify_receipt_parser(sub)
@@ -630,7 +783,9 @@ def _verify_receipt_parser(sub: Any) -> None:
         help="check a purchase outcome (buy --output): the receipt's signature by the market key "
         "and the released values against it",
     )
-    sp.add_argument("event", help="file with a purchase_fulfilled event (buy --output)")
+    sp.add_argument(
+        "event", metavar="FILE", help="a purchase_fulfilled event, as buy --output writes it"
+    )
     sp.add_argument(
         "--public-key",
         default=None,

@@ -143,7 +143,9 @@ def cmd_account_rotate(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("keygen", help="a new key file for an account (signing + sealing keys)")
     sp.add_argument("--account", required=True, help="the account id to act as")
-    sp.add_argument("--out", required=True, help="the key file to create (never overwritten)")
+    sp.add_argument(
+        "--out", required=True, metavar="FILE", help="the key file to create (never overwritten)"
+    )
     sp.add_argument(
         "--no-sealing", action="store_true", help="no sealing key (sellers that never buy)"
     )
@@ -153,7 +155,9 @@ def add_commands(sub: Any) -> None:
     asub = acct.add_subparsers(dest="account_command", required=True)
     sp = asub.add_parser("open", help="pin the key file's keys to its account id")
     sp.add_argument("--key-file", default=None)
-    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the market's answer"
+    )
     sp.add_argument(
         "--invitation",
         default=None,
@@ -166,6 +170,8 @@ def add_commands(sub: Any) -> None:
     sp.add_argument("--key-file", default=None, help="the current keys")
     sp.add_argument("--new-key-file", required=True, help="keygen output with the same account")
     sp.add_argument("--version", type=int, required=True, help="the account's version + 1")
-    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the market's answer"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_account_rotate, command="account rotate")

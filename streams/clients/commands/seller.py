@@ -16,6 +16,7 @@ from typing import Any
 
 from . import output
 from .common import (
+    EXIT_INTERRUPTED,
     EXIT_REFUSED,
     CommandError,
     floats,
@@ -30,7 +31,6 @@ from .resume import Run
 
 __all__ = ["add_commands", "parse_row"]
 
-EXIT_INTERRUPTED = 130
 """Stopped by Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 Row = tuple[str | None, list[float] | dict[str, float], int | None]
@@ -223,13 +223,16 @@ def _rows(args: argparse.Namespace) -> list[Row]:
     except OSError as exc:
         raise CommandError(f"cannot read {args.file}: {exc.strerror}") from None
     with src:
-        for n, raw_line in enumerate(src, 1):
-            line = raw_line.strip()
-            if line:
-                try:
-                    rows.append(parse_row(line))
-                except ValueError as exc:
-                    raise CommandError(f"line {n}: {exc}") from None
+        try:
+            for n, raw_line in enumerate(src, 1):
+                line = raw_line.strip()
+                if line:
+                    try:
+                        rows.append(parse_row(line))
+                    except ValueError as exc:
+                        raise CommandError(f"line {n}: {exc}") from None
+        except UnicodeDecodeError:
+            raise CommandError(f"{args.file} is not text (UTF-8 JSON lines)") from None
     if not rows:
         raise CommandError(f"{args.file} holds no values")
     return rows
@@ -370,15 +373,20 @@ def _refusals(answer: Any, batch: Any) -> list[tuple[str, str, str]]:
 def add_commands(sub: Any) -> None:
     sp = sub.add_parser("register", help="seller: register a stream (signed with --key-file)")
     sp.add_argument("--key-file", default=None, help="the seller's keys (epsilon-market keygen)")
-    sp.add_argument("--stream", required=True)
+    sp.add_argument("--stream", required=True, help="the new stream's id")
     sp.add_argument(
         "--mechanism",
         choices=["laplace", "gaussian", "poisson", "discrete_laplace"],
         default="laplace",
         help="discrete_laplace: exact whole-number releases of counts",
     )
-    sp.add_argument("--sensitivity", type=float, default=1.0)
-    sp.add_argument("--dimension", type=int, default=1)
+    sp.add_argument(
+        "--sensitivity",
+        type=float,
+        default=1.0,
+        help="most one person changes one value, in the value's units",
+    )
+    sp.add_argument("--dimension", type=int, default=1, help="numbers in one value")
     sp.add_argument(
         "--steps",
         "--ladder",
@@ -388,7 +396,9 @@ def add_commands(sub: Any) -> None:
     )
     sp.add_argument("--cap", type=float, default=None, help="default: the top step")
     sp.add_argument("--retain", type=int, default=16, help="newest values a purchase covers")
-    sp.add_argument("--sealed", action="store_true")
+    sp.add_argument(
+        "--sealed", action="store_true", help="releases of this stream are sealed to each buyer"
+    )
     _product_flags(sp)
     sp.add_argument(
         "--price-per-level",
@@ -401,9 +411,11 @@ def add_commands(sub: Any) -> None:
         help="price of each unit of precision (1/variance) instead",
     )
     sp.add_argument("--price-table", default=None, help="e.g. 1=1.00,2=1.50: only these levels")
-    sp.add_argument("--currency", default="EUR")
-    sp.add_argument("--description", default="")
-    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument("--currency", default="EUR", help="the prices' currency (ISO 4217)")
+    sp.add_argument("--description", default="", help="what the values are, for buyers")
+    sp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the market's answer"
+    )
     add_json_flag(sp)
     sp.set_defaults(fn=cmd_register)
     _publish_parser(sub)
@@ -452,12 +464,17 @@ def _product_flags(sp: Any) -> None:
 def _publish_parser(sub: Any) -> None:
     sp = sub.add_parser("publish", help="seller: publish values and wait until they are accepted")
     sp.add_argument("--key-file", default=None, help="the seller's keys")
-    sp.add_argument("--stream", required=True)
-    sp.add_argument("--value-id", default=None)
+    sp.add_argument("--stream", required=True, help="the stream to publish to")
+    sp.add_argument(
+        "--value-id", default=None, help="the value's id with --values or --counts (default: new)"
+    )
     sp.add_argument("--values", type=floats, default=None, help="e.g. 20.5,21.0")
     sp.add_argument("--file", default=None, help="JSON lines file (or - for stdin)")
     sp.add_argument(
-        "--counts", default=None, help="one histogram: CSV rows key,count or a JSON object"
+        "--counts",
+        default=None,
+        metavar="FILE",
+        help="one histogram: CSV rows key,count or a JSON object",
     )
     sp.add_argument(
         "--published-at",
@@ -475,7 +492,9 @@ def _publish_parser(sub: Any) -> None:
         help="with --file: skip its first N values (the ones a publish stopped by Ctrl-C had "
         "sent; it prints this option); default 0",
     )
-    sp.add_argument("--timeout", type=float, default=60.0)
+    sp.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
+    )
     add_json_flag(sp)
     sp.add_argument(
         "--market-sealing-key",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire.events import MAX_BATCH, ValueBatch, ValueItem, ValueOutcome, ValuesAccepted
+from ..wire.trusted import trusted
 from .auth import acting_for
 from .context import Context
 from .delivery import release_bytes
@@ -55,7 +56,9 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
     finally:
         product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
-    answer = ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
+    answer = trusted(
+        ValuesAccepted, stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines
+    )
     inbox = ctx.topics.inbox(batch.seller_id)
     outcome.outputs.append(Output(inbox, batch.items[-1].value_id.encode(), dump(answer)))
     outcome.outputs.extend(ctx.deliveries.drain_unless_batching())
@@ -121,13 +124,17 @@ def _one(
     except Reject as rej:  # the operators see it; the seller sees it in values_accepted
         out.outputs += rejection(ctx, "value", src, rej, request_id=item.value_id).outputs[:1]
         out.items.append(("rejected", rej.reason))
-        return ValueOutcome(
-            value_id=item.value_id, status="rejected", reason=rej.reason, message=rej.message
+        return trusted(
+            ValueOutcome,
+            value_id=item.value_id,
+            status="rejected",
+            reason=rej.reason,
+            message=rej.message,
         )
     out.items.append((status, None))
     out.releases += released
     out.new_noise += new_noise
-    return ValueOutcome(value_id=item.value_id, status=status)
+    return trusted(ValueOutcome, value_id=item.value_id, status=status)
 
 
 def ingest_value(

@@ -516,7 +516,7 @@ def _fulfilled(
         receipt_version=stream.product.receipt_version,
         requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,
-        ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
+        ciphertext_digest="" if sealed is None else ciphertext_digest(dict(sealed)),
     )
     signature = sign_receipt(receipt, ctx.keys.signing_key)
     event = trusted(

@@ -269,7 +269,7 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
         return batch
     opener = key if isinstance(key, Opener) else Opener(key)
     aad = values_aad(market, opener.public_b64, batch)
-    plain = opener.open(batch.sealed.model_dump(), aad)
+    plain = opener.open(dict(batch.sealed), aad)
     rows = _rows(plain, len(batch.items))
     items = [
         ValueItem.model_validate(
@@ -277,7 +277,8 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
         )
         for i, row in zip(batch.items, rows, strict=True)
     ]
-    return batch.model_copy(update={"items": items, "sealed": None})
+    given = {k: v for k, v in batch if k in batch.model_fields_set}
+    return trusted(ValueBatch, **{**given, "items": items, "sealed": None})
 
 
 def _rows(plain: bytes, n: int) -> list[dict[str, Any]]:

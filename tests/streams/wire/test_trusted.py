@@ -14,14 +14,16 @@ from streams.wire.events import (
     ReceiptModel,
     ReleasedValue,
     Sale,
+    ValueBatch,
     ValueOutcome,
     ValueReleased,
     ValuesAccepted,
 )
+from streams.wire.sealing import open_values
 from streams.wire.topics import Topics
 from streams.wire.trusted import trusted
 
-from ..helpers import MARKET, market_core, purchase, registration, value, values
+from ..helpers import MARKET, TEST_KEYS, market_core, purchase, registration, value, values
 
 T = Topics(MARKET)
 BUILT = {
@@ -30,6 +32,7 @@ BUILT = {
     ReceiptModel,
     ReleasedValue,
     Sale,
+    ValueBatch,
     ValueOutcome,
     ValueReleased,
     ValuesAccepted,
@@ -73,6 +76,10 @@ def test_the_market_s_own_events_rebuild_alike() -> None:
         for o in out.outputs:
             if o.topic.startswith(T.inbox("")):
                 _rebuilt(INBOX_EVENT.validate_json(o.value), seen)
+    sealed = ValueBatch.model_validate_json(values("s", [("v3", [1.0, 2.0, 3.0])]))
+    opened = open_values(sealed, MARKET, TEST_KEYS.opener)  # the router's, one per batch
+    _same(opened, sealed.model_copy(update={"items": opened.items, "sealed": None}))
+    seen.add(ValueBatch)
     assert seen >= BUILT, BUILT - seen
 
 

@@ -277,7 +277,7 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
         )
         for i, row in zip(batch.items, rows, strict=True)
     ]
-    given = {k: v for k, v in batch if k in batch.model_fields_set}
+    given = {k: getattr(batch, k) for k in batch.model_fields_set}
     return trusted(ValueBatch, **{**given, "items": items, "sealed": None})
 
 

@@ -45,6 +45,7 @@ import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -327,7 +328,15 @@ class Receipt:
         tagged items of the signed events (§2): ``s`` ‖ u32be length ‖ UTF-8, ``i`` ‖ i64be,
         ``f`` ‖ f64be (-0 written as +0), ``n``. Versions 2 and 3: the fields as JSON, keys
         sorted, no whitespace, UTF-8, numbers as Python spells them.
+
+        Written once per receipt (it is frozen): the market signs these bytes and its sale
+        notice names their digest.
         """
+        return self._canonical
+
+    @cached_property
+    def _canonical(self) -> bytes:
+        """The bytes :meth:`canonical_bytes` returns, computed on first use."""
         if self.legacy:
             return json.dumps(
                 self.to_dict(),

@@ -23,6 +23,7 @@ from market.envelope import Sealer
 from ..wire.events import UNIT_OF, DeliveriesWithheld, ReleasedValue, ValueReleased
 from ..wire.sealing import delivery_aad, seal_releases
 from ..wire.topics import Topics
+from ..wire.trusted import trusted
 from .accuracy import error_info
 from .directory import Directory
 from .ledger import describe, status
@@ -108,8 +109,14 @@ class Deliveries:
         made = {}
         for lvl, v in by_level.items():
             values, keys = listed(v)
-            made[lvl] = ReleasedValue.model_construct(
-                value_id=value_id, seq=seq, level=lvl, values=values, terms=terms, keys=keys
+            made[lvl] = trusted(
+                ReleasedValue,
+                value_id=value_id,
+                seq=seq,
+                level=lvl,
+                values=values,
+                terms=terms,
+                keys=keys,
             )
         self.pending_bytes += len(st.holders) * release_bytes(st.registration.release_width(), True)
         queued = 0
@@ -224,7 +231,8 @@ class Deliveries:
         sealed = None
         if key is not None:
             sealed = seal_releases(self._sealer, key, chunk, delivery_aad(sid, buyer))
-        event = ValueReleased.model_construct(
+        event = trusted(
+            ValueReleased,
             buyer_id=buyer,
             stream_id=sid,
             level_unit=UNIT_OF[reg.mechanism],

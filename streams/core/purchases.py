@@ -51,6 +51,7 @@ from ..wire.events import (
 )
 from ..wire.money import format_money
 from ..wire.sealing import purchase_aad, seal_releases
+from ..wire.trusted import trusted
 from .accuracy import error_info
 from .context import Context
 from .incoming import Incoming
@@ -515,10 +516,11 @@ def _fulfilled(
         receipt_version=stream.product.receipt_version,
         requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,
-        ciphertext_digest="" if sealed is None else ciphertext_digest(sealed.model_dump()),
+        ciphertext_digest="" if sealed is None else ciphertext_digest(dict(sealed)),
     )
     signature = sign_receipt(receipt, ctx.keys.signing_key)
-    event = PurchaseFulfilled.model_construct(
+    event = trusted(
+        PurchaseFulfilled,
         purchase_id=req.purchase_id,
         buyer_id=req.buyer_id,
         stream_id=reg.stream_id,
@@ -530,7 +532,7 @@ def _fulfilled(
         releases=[] if sealed else releases,
         sealed=sealed,
         opening=None if sealed else opening.hex(),  # in clear only beside numbers in clear
-        receipt=ReceiptModel.model_construct(**receipt.to_dict(), signature=signature),
+        receipt=trusted(ReceiptModel, **receipt.to_dict(), signature=signature),
         error_model=error_info(reg, step.after),
     )
     return event, receipt

@@ -45,8 +45,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import BaseModel, ConfigDict, with_config
 
 from market import ChainState
 from market.histogram_chain import HistogramValue
@@ -82,13 +81,16 @@ def record_key(*parts: str) -> str:
     return "/".join(parts)
 
 
-@pydantic_dataclass(slots=True, config=ConfigDict(extra="forbid"))
+@with_config(ConfigDict(extra="forbid"))
+@dataclass(slots=True)
 class ValueEntry:
     """A value in its stream's window (newest last).
 
     A slotted dataclass, not a model: a stream keeps up to ``retain_last`` of these, and as a
     model each took ~1.2 kB of heap (its ``__dict__`` and fields-set), as much as the rest of
-    a small value's state together; slotted, ~0.2 kB. The JSON (changelog) is the same.
+    a small value's state together; slotted, ~0.2 kB. The JSON (changelog) is the same. A
+    standard one, not pydantic's: the core makes one per value from numbers it has checked,
+    and pydantic checks them where they come in, when a record is read from its store.
     """
 
     value_id: str

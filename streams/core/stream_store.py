@@ -198,7 +198,7 @@ class Streams:
     def built(self, reg: StreamRegistration) -> Built:
         """The registration's terms and product, built once per registration and worker."""
         cached = self._built.pop(reg.stream_id, None)
-        if cached is None or cached[0] != reg:
+        if cached is None or (cached[0] is not reg and cached[0] != reg):
             terms = terms_of(reg)
             cached = (reg, terms, product_for(reg, terms))
         self._keep(cached)

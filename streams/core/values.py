@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire.events import MAX_BATCH, ValueBatch, ValueItem, ValueOutcome, ValuesAccepted
+from ..wire.trusted import trusted
 from .auth import acting_for
 from .context import Context
 from .delivery import release_bytes
 from .incoming import Incoming
 from .outputs import Outcome, Output, Reject, dump
 from .products import Product
+from .products.base import Exact
 from .rejections import Source, rejection
 from .state import EvictedValue, ValueState
 from .stream import Stream
@@ -42,13 +44,21 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
     _check_batch_cost(ctx, stream, len(batch.items))
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id, mechanism=reg.mechanism)
     withheld = ctx.deliveries.withheld_total
-    stream.product.prepare(ctx, stream, batch.items)  # the batch's noise, in one kernel call
+    product = stream.product
+    checked = [_checked(stream, item) for item in batch.items]  # each value's numbers, once
+    new = [(item, e) for item, e in zip(batch.items, checked, strict=True) if isinstance(e, Exact)]
+    product.prepare(ctx, stream, new)  # the batch's noise, in one kernel call
     try:
-        lines = [_one(ctx, stream, item, inc.src, outcome) for item in batch.items]
+        lines = [
+            _one(ctx, stream, item, exact, inc.src, outcome)
+            for item, exact in zip(batch.items, checked, strict=True)
+        ]
     finally:
-        stream.product.prepared_done()
+        product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
-    answer = ValuesAccepted(stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines)
+    answer = trusted(
+        ValuesAccepted, stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines
+    )
     inbox = ctx.topics.inbox(batch.seller_id)
     outcome.outputs.append(Output(inbox, batch.items[-1].value_id.encode(), dump(answer)))
     outcome.outputs.extend(ctx.deliveries.drain_unless_batching())
@@ -89,29 +99,52 @@ def _check_batch_cost(ctx: Context, stream: Stream[Product], items: int) -> None
         )
 
 
+def _checked(stream: Stream[Product], item: ValueItem) -> Exact | Reject:
+    """The value's numbers checked by its stream's product, or their refusal (raised when the
+    value's turn comes, as any refusal of one value of a batch)."""
+    try:
+        with acting_for(stream.registration.seller_id):
+            return stream.product.exact(item)
+    except Reject as rej:
+        return rej
+
+
 def _one(
-    ctx: Context, stream: Stream[Product], item: ValueItem, src: Source, out: Outcome
+    ctx: Context,
+    stream: Stream[Product],
+    item: ValueItem,
+    exact: Exact | Reject,
+    src: Source,
+    out: Outcome,
 ) -> ValueOutcome:
     """One value of a batch; a refusal of it is recorded, never raised."""
     try:
         with acting_for(stream.registration.seller_id):
-            status, released, new_noise = ingest_value(ctx, stream, item)
+            status, released, new_noise = ingest_value(ctx, stream, item, exact)
     except Reject as rej:  # the operators see it; the seller sees it in values_accepted
         out.outputs += rejection(ctx, "value", src, rej, request_id=item.value_id).outputs[:1]
         out.items.append(("rejected", rej.reason))
-        return ValueOutcome(
-            value_id=item.value_id, status="rejected", reason=rej.reason, message=rej.message
+        return trusted(
+            ValueOutcome,
+            value_id=item.value_id,
+            status="rejected",
+            reason=rej.reason,
+            message=rej.message,
         )
     out.items.append((status, None))
     out.releases += released
     out.new_noise += new_noise
-    return ValueOutcome(value_id=item.value_id, status=status)
+    return trusted(ValueOutcome, value_id=item.value_id, status=status)
 
 
-def ingest_value(ctx: Context, stream: Stream[Product], item: ValueItem) -> tuple[str, int, int]:
-    """Apply one value; return (status, releases queued, new chain steps computed)."""
+def ingest_value(
+    ctx: Context, stream: Stream[Product], item: ValueItem, exact: Exact | Reject
+) -> tuple[str, int, int]:
+    """Apply one value whose numbers its product checked (``exact``, or their refusal);
+    return (status, releases queued, new chain steps computed)."""
+    if isinstance(exact, Reject):
+        raise exact
     product = stream.product
-    exact = product.exact(item)
     ctx.admission.admit(
         "value", item.published_at_ms, stream.state.watermark_ms, item.value_id, stream.id
     )

@@ -27,6 +27,7 @@ from typing import Any
 from market.receipts import Receipt
 
 from .events import UNIT_OF, Sale
+from .trusted import trusted
 
 __all__ = [
     "PSEUDONYM_LABEL",
@@ -90,7 +91,8 @@ def sale_of(receipt: Mapping[str, Any] | Receipt, key: bytes, sold_at_ms: int) -
         ``receipt`` is not a receipt's fields.
     """
     rec = receipt if isinstance(receipt, Receipt) else Receipt.from_dict(receipt)
-    return Sale.model_construct(
+    return trusted(
+        Sale,
         seller_id=rec.seller_id,
         stream_id=rec.stream_id,
         buyer_ref=buyer_ref(key, rec.seller_id, rec.buyer_id),

@@ -38,6 +38,7 @@ from pydantic import BaseModel, TypeAdapter
 from market.envelope import EnvelopeError, Opener, Sealer, open_envelope, seal
 
 from .events import Envelope, PurchaseFulfilled, ReleasedValue, ValueBatch, ValueItem, ValueReleased
+from .trusted import trusted
 
 __all__ = [
     "VALUES_LABEL",
@@ -61,7 +62,6 @@ _RELEASES: TypeAdapter[list[ReleasedValue]] = TypeAdapter(list[ReleasedValue])
 _PURCHASE: TypeAdapter[dict[str, str | list[ReleasedValue]]] = TypeAdapter(
     dict[str, str | list[ReleasedValue]]
 )
-_NUMBERS: TypeAdapter[list[float]] = TypeAdapter(list[float])
 
 
 def purchase_aad(purchase_id: str) -> bytes:
@@ -95,6 +95,7 @@ NUMBER_WIDTH = 24
 number is padded as if it took that many, so the plaintext's length says nothing of them."""
 KEY_WIDTH = 20
 """The most digits of a histogram key (a key is below 2⁶⁴)."""
+_VALUES = b'"values":['
 
 
 def padded_length(plaintext: bytes, releases: Sequence[ReleasedValue]) -> int:
@@ -106,11 +107,18 @@ def padded_length(plaintext: bytes, releases: Sequence[ReleasedValue]) -> int:
     signs, digits or exponents (docs/protocol.md §11.5). A histogram release's
     is then rounded up to the next power of two, at least :data:`PAD_MIN`: how many keys show
     (which depends on the counts) is seen only to within a factor of two.
+
+    The numbers are measured as ``plaintext`` spells them, not written again: each release's
+    ``"values":[…]`` is found in it (ids, keys and the opening cannot hold that text, nor a
+    number a ``]``), one per release, in order.
     """
     size = len(plaintext)
+    at = 0
     for r in releases:  # "[a,b,c]": the numbers' characters are the rest less n + 1
+        start = plaintext.index(_VALUES, at) + len(_VALUES) - 1
+        at = plaintext.index(b"]", start) + 1
         if r.values:
-            size += (NUMBER_WIDTH + 1) * len(r.values) + 1 - len(_NUMBERS.dump_json(r.values))
+            size += (NUMBER_WIDTH + 1) * len(r.values) + 1 - (at - start)
         if r.keys:
             size += KEY_WIDTH * len(r.keys) - sum(map(len, r.keys))
     if any(r.keys is not None for r in releases):
@@ -144,7 +152,7 @@ def seal_releases(
     """
     plaintext = releases_json(releases, opening)
     plaintext = padded(plaintext, padded_length(plaintext, releases))
-    return Envelope.model_validate(sealer.seal(public_key_b64, plaintext, aad))
+    return trusted(Envelope, **sealer.seal(public_key_b64, plaintext, aad))
 
 
 def open_event(event: E, key: X25519PrivateKey) -> E:
@@ -261,7 +269,7 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
         return batch
     opener = key if isinstance(key, Opener) else Opener(key)
     aad = values_aad(market, opener.public_b64, batch)
-    plain = opener.open(batch.sealed.model_dump(), aad)
+    plain = opener.open(dict(batch.sealed), aad)
     rows = _rows(plain, len(batch.items))
     items = [
         ValueItem.model_validate(
@@ -269,7 +277,8 @@ def open_values(batch: ValueBatch, market: str, key: X25519PrivateKey | Opener) 
         )
         for i, row in zip(batch.items, rows, strict=True)
     ]
-    return batch.model_copy(update={"items": items, "sealed": None})
+    given = {k: getattr(batch, k) for k in batch.model_fields_set}
+    return trusted(ValueBatch, **{**given, "items": items, "sealed": None})
 
 
 def _rows(plain: bytes, n: int) -> list[dict[str, Any]]:

@@ -111,10 +111,11 @@ class Product(ABC):
         return ctx.records.value(record_key(stream.id, value_id))
 
     def prepare(  # noqa: B027 - optional hook, default: nothing
-        self, ctx: Context, stream: Stream[Any], items: Sequence[ValueItem]
+        self, ctx: Context, stream: Stream[Any], values: Sequence[tuple[ValueItem, Exact]]
     ) -> None:
         """Before a batch's values are ingested one by one, do at once what each would do
-        alone (nothing by default; what is prepared is forgotten by :meth:`prepared_done`)."""
+        alone (nothing by default; what is prepared is forgotten by :meth:`prepared_done`).
+        ``values``: the batch's values :meth:`exact` did not refuse, with their numbers."""
 
     def prepared_done(self) -> None:  # noqa: B027 - optional hook, default: nothing
         """Forget what :meth:`prepare` did for the batch."""

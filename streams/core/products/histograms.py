@@ -32,6 +32,7 @@ from market.histogram_chain import (
 from market.receipts import KEYED_RECEIPT_VERSION
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release, listed
 from ..outputs import Reject
@@ -183,6 +184,4 @@ def as_released(value_id: str, seq: int, level: float, release: HistogramRelease
     """One histogram release on the wire, listed as deliveries list it
     (:func:`~streams.core.delivery.listed`: keys as decimal text, exact in every language)."""
     values, keys = listed(release)
-    return ReleasedValue.model_construct(
-        value_id=value_id, seq=seq, level=level, values=values, keys=keys
-    )
+    return trusted(ReleasedValue, value_id=value_id, seq=seq, level=level, values=values, keys=keys)

@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from market import ChainState
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release
 from ..outputs import Reject
@@ -154,8 +155,13 @@ class Totals(Product):
         counts = [e.seq + 1 for e in window]
         totals, new_noise = self._totals(ctx, stream, counts, level)
         releases = [
-            ReleasedValue.model_construct(
-                value_id=e.value_id, seq=e.seq, level=level, values=v.tolist(), terms=terms_of(c)
+            trusted(
+                ReleasedValue,
+                value_id=e.value_id,
+                seq=e.seq,
+                level=level,
+                values=v.tolist(),
+                terms=terms_of(c),
             )
             for e, v, c in zip(window, totals, counts, strict=True)
         ]

@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from market import ChainState
 from market.histogram_chain import HistogramValue
 
 from ...wire.events import ReleasedValue, ValueItem
+from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release
-from ..outputs import Reject
 from ..state import record_key
 from ..stream import Stream
 from .base import Exact, Identity, numbers, store_state, value_identity
@@ -44,26 +46,24 @@ class Vectors(Retained):
     def exact(self, item: ValueItem) -> Exact:
         return numbers(self.terms, self.reg, item)
 
-    def prepare(self, ctx: Context, stream: Stream[Any], items: Sequence[ValueItem]) -> None:
+    def prepare(
+        self, ctx: Context, stream: Stream[Any], values: Sequence[tuple[ValueItem, Exact]]
+    ) -> None:
         """The steps every new value of the batch will be released at, in one chain call: on a
         stream whose every value is released at every level held (no privacy window) and
         whose chain is open; a value that turns out refused or known just wastes its steps."""
         held = stream.held_levels()
-        if len(items) < 2 or not held or self.reg.sealed or stream.ledger.windowed:
+        if len(values) < 2 or not held or self.reg.sealed or stream.ledger.windowed:
             return
         chain = self.terms.chain
         step = min(chain.step_of(lv.value) for lv in held)
         states, identities, ids, digests = [], [], [], []
-        for item in items:
+        for item, exact in values:
             if item.value_id in self._prepared or item.value_id in ids:
                 continue
             if ctx.records.value(record_key(stream.id, item.value_id)) is not None:
                 continue  # known (or a lost batch's): decided one by one
-            try:
-                exact = self.exact(item)
-            except Reject:
-                continue  # refused one by one
-            states.append(chain.open(exact.value))
+            states.append(_opened(exact))
             identities.append(value_identity(stream.id, item.value_id, exact.digest))
             ids.append(item.value_id)
             digests.append(exact.digest)
@@ -86,7 +86,7 @@ class Vectors(Retained):
         if ready is not None and ready[0] == exact.digest:
             return ready[1], ready[2]  # its steps: counted here, found computed by releases
         if not self.reg.sealed:
-            return chain.open(exact.value), 0
+            return _opened(exact), 0
         stream.ledger.record_held_by_market(stream.ledger.level(self.reg.cap))
         return chain.seal(exact.value, identity, ctx.noise), 1  # the cap-level release
 
@@ -123,9 +123,17 @@ class Vectors(Retained):
             for e, s in zip(window, states, strict=True):
                 store_state(ctx, record_key(stream.id, e.value_id), s)
         releases = [
-            ReleasedValue.model_construct(
-                value_id=e.value_id, seq=e.seq, level=level, values=v.tolist()
-            )
+            trusted(ReleasedValue, value_id=e.value_id, seq=e.seq, level=level, values=v.tolist())
             for e, v in zip(window, vectors, strict=True)
         ]
         return releases, new_noise
+
+
+def _opened(exact: Exact) -> ChainState:
+    """A new value's state on its open chain: what :meth:`ReleaseChain.open
+    <market.chain.ReleaseChain.open>` makes of numbers :func:`~.base.numbers` checked
+    (the chain's own checks and more: its family's rules, its range, the stream's
+    dimension), without checking them again."""
+    assert isinstance(exact.value, np.ndarray)
+    exact.value.setflags(write=False)  # the chain's exact values are read-only
+    return ChainState(exact.value, {})

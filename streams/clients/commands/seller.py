@@ -12,7 +12,7 @@ import json
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import output
 from .common import (
@@ -27,7 +27,9 @@ from .common import (
 )
 from .flags import in_flags, input_problem
 from .output import add_json_flag
-from .resume import Run
+
+if TYPE_CHECKING:  # resume imports asyncio: --help and keygen load nothing heavy
+    from .resume import Run
 
 __all__ = ["add_commands", "parse_row"]
 
@@ -323,6 +325,8 @@ async def _publish_rows(
 def _skipped(args: argparse.Namespace, rows: list[Row]) -> tuple[list[Row], Run]:
     """``rows`` after ``--skip N`` (the values of a ``--file`` already published), and the
     run that counts them."""
+    from .resume import Run  # noqa: PLC0415
+
     if not args.skip:
         return rows, Run(len(rows))
     if args.file is None:

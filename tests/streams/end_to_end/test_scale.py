@@ -17,6 +17,7 @@ from ..helpers import buy
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 STREAMS = [f"s{i}" for i in range(6)]
+BUYERS = 2  # racing each other on every stream, each at every target
 CAP = 2.0
 
 
@@ -36,7 +37,7 @@ def reg(stream: str) -> dict[str, Any]:
 def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
     w1 = market.start_worker()
     w2 = market.start_worker()
-    market.open_accounts("seller1", "u0", "u1", "u2")
+    market.open_accounts("seller1", *(f"u{b}" for b in range(BUYERS)))
 
     async def setup(c: MarketClient) -> None:
         for s in STREAMS:
@@ -66,7 +67,7 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
                 timeout=90,
             )
 
-        jobs = [one(f"u{b}", s, t) for b in range(3) for s in STREAMS for t in targets]
+        jobs = [one(f"u{b}", s, t) for b in range(BUYERS) for s in STREAMS for t in targets]
         results = []
         for i in range(0, len(jobs), 16):  # 16 purchases in flight at a time
             if i == 48:
@@ -75,14 +76,14 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
         return results
 
     results = market.run(race)
-    asked = [(f"u{b}", s, t) for b in range(3) for s in STREAMS for t in targets]
+    asked = [(f"u{b}", s, t) for b in range(BUYERS) for s in STREAMS for t in targets]
     fulfilled = [r for r in results if isinstance(r, PurchaseFulfilled)]
     rejected = [r for r in results if isinstance(r, Rejection)]
     assert len(fulfilled) + len(rejected) == len(results)
     reasons = collections.Counter(r.reason for r in rejected)
     assert set(reasons) <= {"level_above_cap", "level_not_for_sale", "already_held"}, reasons
-    assert reasons["level_above_cap"] == 3 * len(STREAMS) * 3  # the three targets above the cap
-    assert reasons["level_not_for_sale"] == 3 * len(STREAMS)  # 1.5 is not a step
+    assert reasons["level_above_cap"] == BUYERS * len(STREAMS) * 3  # the three targets above the cap
+    assert reasons["level_not_for_sale"] == BUYERS * len(STREAMS)  # 1.5 is not a step
     # the steps of one buyer race each other: a step that arrives after a higher one was
     # fulfilled is refused as already held (never charged), and says what the buyer holds
     for (_, _, target), r in zip(asked, results, strict=True):

@@ -50,7 +50,7 @@ from ..helpers import buy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.minutes]
 
-CRASHES = 60  # across the lanes: ~10 at each fail point; each costs a worker restart (3-15 s)
+CRASHES = 36  # across the lanes: ~6 at each fail point; each costs a worker restart (3-15 s)
 LANES = 2  # independent markets crashing side by side (a third starved the tests beside it)
 LADDER = [0.25, 0.5, 1.0, 2.0]
 CAP = 2.0

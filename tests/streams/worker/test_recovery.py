@@ -159,7 +159,9 @@ def test_a_registration_is_on_its_own_changelog_once_and_read_back_on_restart(
     assert written("registered") == registered  # the restarted worker did not write it again
 
 
-@pytest.mark.parametrize("point", ["mid_batch", "mid_state", "after_state", "mid_output"])
+# two of the six fail points, one before the state is acknowledged and one after; the chaos test
+# (test_chaos.py) crashes at all six, many times, with the same checks
+@pytest.mark.parametrize("point", ["mid_state", "mid_output"])
 def test_worker_killed_mid_purchase_then_restarted(market: Market, point: str) -> None:
     """A worker dies (fail point = SIGKILL-like exit) in the middle of a burst of purchases:
     after a restart and client resends, every purchase has exactly one outcome (duplicates are

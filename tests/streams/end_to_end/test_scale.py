@@ -82,7 +82,9 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
     assert len(fulfilled) + len(rejected) == len(results)
     reasons = collections.Counter(r.reason for r in rejected)
     assert set(reasons) <= {"level_above_cap", "level_not_for_sale", "already_held"}, reasons
-    assert reasons["level_above_cap"] == BUYERS * len(STREAMS) * 3  # the three targets above the cap
+    assert (
+        reasons["level_above_cap"] == BUYERS * len(STREAMS) * 3
+    )  # the three targets above the cap
     assert reasons["level_not_for_sale"] == BUYERS * len(STREAMS)  # 1.5 is not a step
     # the steps of one buyer race each other: a step that arrives after a higher one was
     # fulfilled is refused as already held (never charged), and says what the buyer holds

@@ -180,10 +180,17 @@ def _say_named(args: argparse.Namespace, releases: list[Any]) -> None:
 
 
 def _open_output(path: str) -> Any:
-    """``--output`` opened for writing (mode 0600: it holds opened releases) before the
-    purchase is made, so that a bad path fails before anything is paid."""
+    """``--output`` created for writing (mode 0600: it holds opened releases) before the
+    purchase is made, so that a bad path fails before anything is paid. Never an existing
+    file: it may hold an earlier outcome and its receipt, which a failed purchase would
+    otherwise destroy."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise CommandError(
+            f"--output {path}: the file exists (it may hold an earlier outcome and receipt); "
+            "give a new file name; nothing was bought"
+        ) from None
     except OSError as exc:
         raise CommandError(
             f"--output {path}: cannot write this file ({exc.strerror}); nothing was bought"

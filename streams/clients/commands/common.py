@@ -31,6 +31,7 @@ __all__ = [
     "load_party",
     "print_json",
     "read_inbox",
+    "refused",
     "run_client",
     "topics_of",
     "unreachable",

@@ -67,6 +67,10 @@ log = logging.getLogger("emarket.worker")
 _CREATED, _EXISTS = 0, 36  # created, TOPIC_ALREADY_EXISTS
 _FINE = {_CREATED, _EXISTS}
 LIST_WAIT_S = 30.0
+MADE_GRACE_S = 5.0
+"""Seconds after this worker made a topic during which a metadata answer without it is taken
+for the broker's lag, not a deletion (the embedded broker can answer a metadata request made
+just after CreateTopics without the new topic when its CPU is contended)."""
 """Longest the agent waits for the broker's inboxes to be listed before its first batch."""
 DUTY = 0.5
 """Most of the time the worker spends making inboxes back to back: after a request that took
@@ -123,6 +127,7 @@ class Inboxes:
         self._wrong: set[str] = set()  # exist with another partition count: deleted first
         self._front: dict[str, int] = {}  # records of a lost topic's held list sent before
         self._given_up: set[str] = set()
+        self._made_at: dict[str, float] = {}  # made by this worker within MADE_GRACE_S
         self._size = max(1, settings.inbox_batch)
         self._wake = asyncio.Event()
         self.listed = asyncio.Event()
@@ -401,6 +406,12 @@ class Inboxes:
         else:
             log.warning("deleted %d topics to make them again (%s): %s", len(names), why, names[:5])
 
+    def just_made(self, topic: str) -> bool:
+        """Whether this worker made ``topic`` less than :data:`MADE_GRACE_S` ago: a metadata
+        answer without it is then the broker's lag (checked again at the next look)."""
+        made = self._made_at.get(topic)
+        return made is not None and time.monotonic() - made < MADE_GRACE_S
+
     async def _release(self, names: list[str]) -> None:
         """Send what is held for ``names`` (and what arrives meanwhile), then mark them known
         and give the acknowledgements that waited only for them; a topic lost again meanwhile
@@ -413,6 +424,9 @@ class Inboxes:
             await self.producer.send_all(batch)
         done = {n for n in names if n not in self._lost}
         self.known |= done
+        now = time.monotonic()
+        self._made_at = {n: t for n, t in self._made_at.items() if now - t < MADE_GRACE_S}
+        self._made_at.update(dict.fromkeys(done, now))
         self.created += len(done)
         for n in done:
             self._queued.pop(n, None)

@@ -175,6 +175,8 @@ class TopicWatch:
             if spec is None or self.inboxes.is_lost(name):
                 continue
             parts = found.get(name)
+            if parts is None and self.inboxes.just_made(name):
+                continue  # made a moment ago: the broker's metadata lags; looked at again later
             if parts is None:
                 self._lose(name, "it does not exist")
             elif len(parts) != spec.partitions and self.remake_misfits:

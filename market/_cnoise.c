@@ -38,6 +38,15 @@ static const int PILN[24] = {10, 7,  11, 17, 18, 3, 5,  16, 8,  21, 24, 4,
 #define UNROLL
 #endif
 
+/* Append index i to the list of undecided coordinates; -1 (with the exception set) on failure. */
+static int append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *k = PyLong_FromSsize_t(i);
+    if (k == NULL) return -1;
+    const int r = PyList_Append(list, k);
+    Py_DECREF(k);
+    return r;
+}
+
 static void keccak_f(uint64_t st[25]) {
     uint64_t bc[5], t;
     for (int round = 0; round < 24; round++) {
@@ -344,12 +353,9 @@ static PyObject *dlap_segments(PyObject *self, PyObject *args) {
             const int64_t g1 = (int64_t)g + 1;
             o[i] = part == 4 ? g1 : (part == 0 ? -g1 : 0);
             if (und) {
-                PyObject *k = PyLong_FromSsize_t(i);
-                if (k == NULL || PyList_Append(undecided, k) < 0) {
-                    Py_XDECREF(k);
+                if (append_index(undecided, i) < 0) {
                     goto done;
                 }
-                Py_DECREF(k);
             }
         }
     }
@@ -470,13 +476,10 @@ static PyObject *table_segments(PyObject *self, PyObject *args) {
             const int ok = u >= below + margin && u + U53 + margin <= above && a < len;
             o[i] = (int64_t)lo + (int64_t)a;
             if (!ok) {
-                PyObject *k = PyLong_FromSsize_t(i);
-                if (k == NULL || PyList_Append(undecided, k) < 0) {
-                    Py_XDECREF(k);
+                if (append_index(undecided, i) < 0) {
                     PyBuffer_Release(&table);
                     goto done;
                 }
-                Py_DECREF(k);
             }
         }
         PyBuffer_Release(&table);
@@ -578,12 +581,9 @@ static PyObject *gaussian_snap(PyObject *self, PyObject *args) {
         const int und = dist <= margin || dist >= 1.0 - margin || !isfinite(margin);
         if (und) {
             f = 0.0;
-            PyObject *k = PyLong_FromSsize_t(i);
-            if (k == NULL || PyList_Append(undecided, k) < 0) {
-                Py_XDECREF(k);
+            if (append_index(undecided, i) < 0) {
                 goto done;
             }
-            Py_DECREF(k);
         }
         o[i] = (int64_t)xi + (int64_t)f;
     }
@@ -682,12 +682,9 @@ static PyObject *dlap_plans(PyObject *self, PyObject *args) {
             const int64_t g1 = g + 1;
             o[i] = lo == 2 ? g1 : (lo == 0 ? -g1 : 0);
             if (und) {
-                PyObject *key = PyLong_FromSsize_t(i);
-                if (key == NULL || PyList_Append(undecided, key) < 0) {
-                    Py_XDECREF(key);
+                if (append_index(undecided, i) < 0) {
                     goto done;
                 }
-                Py_DECREF(key);
             }
         }
     }

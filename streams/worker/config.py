@@ -55,6 +55,14 @@ def _limits_from_env() -> Limits:
     return replace(defaults, **whole, openings=_openings(_env("OPENINGS", defaults.openings)))
 
 
+TANSU_SESSION_TIMEOUT = 3.0
+"""Seconds: the embedded broker holds a JoinGroup for half the session timeout."""
+TANSU_HEARTBEAT_INTERVAL = 0.3
+TANSU_FETCH_MAX_WAIT_MS = 20
+"""The embedded broker answers a fetch only when its wait ends, even when records arrive: the
+wait is each hop's latency, and each waiting consumer's cost while idle."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a worker needs. Defaults suit the embedded broker; see docs/operations.md."""
@@ -149,9 +157,18 @@ class Settings:
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 
     def for_tansu(self) -> Settings:
-        """Short group timeouts and fetch waits that make the embedded broker responsive."""
+        """Short group timeouts and fetch waits that make the embedded broker responsive.
+
+        Tansu holds a join for half the session timeout and never wakes a waiting fetch, so
+        its defaults differ from Kafka's; an ``EMARKET_SESSION_TIMEOUT``,
+        ``EMARKET_HEARTBEAT_INTERVAL`` or ``EMARKET_FETCH_MAX_WAIT_MS`` that is set still wins
+        (a command's flags are applied after this)."""
         return replace(
-            self, tansu=True, session_timeout=3.0, heartbeat_interval=0.3, fetch_max_wait_ms=20
+            self,
+            tansu=True,
+            session_timeout=_env("SESSION_TIMEOUT", TANSU_SESSION_TIMEOUT, float),
+            heartbeat_interval=_env("HEARTBEAT_INTERVAL", TANSU_HEARTBEAT_INTERVAL, float),
+            fetch_max_wait_ms=_env("FETCH_MAX_WAIT_MS", TANSU_FETCH_MAX_WAIT_MS, int),
         )
 
     def aiokafka_auth(self) -> dict[str, Any]:

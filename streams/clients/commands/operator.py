@@ -40,7 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         broker = None
         if args.broker is None:
             broker = EmbeddedBroker().start()
-            settings = replace(settings, broker=broker.url).for_tansu()
+            settings = _tuned(replace(settings, broker=broker.url).for_tansu(), args)
         try:
             _say_serving(settings, key_id, market_key, embedded=broker is not None)
             return _run(settings, None if broker is None else broker.stop, args=args)
@@ -211,14 +211,18 @@ def _worker_settings(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:  # an EMARKET_* variable that is not what it must be
         raise CommandError(f"the worker's settings: {exc}") from None
-    if args.tansu:
-        s = s.for_tansu()
+    return _tuned(s.for_tansu() if args.tansu else s, args)
+
+
+def _tuned(settings: Any, args: argparse.Namespace) -> Any:
+    """``settings`` with the group and fetch flags given on the command line, which win over
+    the embedded broker's defaults and the environment."""
     tuning = {
         "session_timeout": args.session_timeout,
         "fetch_max_wait_ms": args.fetch_max_wait_ms,
         "heartbeat_interval": args.heartbeat_interval,
     }
-    return replace(s, **{k: v for k, v in tuning.items() if v is not None})
+    return replace(settings, **{k: v for k, v in tuning.items() if v is not None})
 
 
 def cmd_init_topics(args: argparse.Namespace) -> int:

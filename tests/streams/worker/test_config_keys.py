@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from streams.broker.auth import kafka_auth
+from streams.clients.cli import build_parser
+from streams.clients.commands.operator import _tuned
 from streams.core.context import Limits
 from streams.core.keys import MarketKeys
 from streams.wire.work import DEFAULT_BITS
@@ -38,6 +40,25 @@ def test_settings_from_env_and_credentials(monkeypatch: pytest.MonkeyPatch) -> N
     assert "secret-pw" not in repr(s)
     tansu = s.for_tansu()
     assert tansu.tansu and tansu.fetch_max_wait_ms == 20 and tansu.session_timeout <= 3
+
+
+def test_the_embedded_brokers_tuning_yields_to_the_environment_and_the_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``serve`` on the embedded broker used to apply its short fetch wait after the flags and
+    the environment, so ``--fetch-max-wait-ms`` and ``EMARKET_FETCH_MAX_WAIT_MS`` did nothing."""
+    monkeypatch.delenv("EMARKET_FETCH_MAX_WAIT_MS", raising=False)
+    assert Settings().for_tansu().fetch_max_wait_ms == 20
+    monkeypatch.setenv("EMARKET_FETCH_MAX_WAIT_MS", "80")
+    monkeypatch.setenv("EMARKET_SESSION_TIMEOUT", "4.5")
+    tansu = Settings().for_tansu()
+    assert (tansu.fetch_max_wait_ms, tansu.session_timeout, tansu.heartbeat_interval) == (
+        80,
+        4.5,
+        0.3,
+    )
+    args = build_parser().parse_args(["serve", "--fetch-max-wait-ms", "120"])
+    assert _tuned(tansu, args).fetch_max_wait_ms == 120
 
 
 def test_every_bound_of_the_core_comes_from_the_environment(

@@ -17,11 +17,12 @@ Topic → payload:
 ``<p>.registrations``       :class:`StreamRegistration` (seller → market)
 ``<p>.catalog``             :class:`CatalogEntry` (market → everyone, compacted)
 ``<p>.values``              :class:`ValueBatch` (seller → market)
-``<p>.purchases``           :class:`PurchaseRequest` or :class:`QuoteRequest` (buyer → market)
+``<p>.purchases``           :class:`PurchaseRequest`, :class:`QuoteRequest` or
+                            :class:`ReserveRequest` (buyer → market)
 ``<p>.inbox.<account_id>``  :class:`AccountState`, :class:`ValuesAccepted`,
                             :class:`PurchaseFulfilled`, :class:`ValueReleased`,
-                            :class:`DeliveriesWithheld`, :class:`QuoteAnswer` or
-                            :class:`Rejection` (market → one party)
+                            :class:`DeliveriesWithheld`, :class:`QuoteAnswer`,
+                            :class:`Reservation` or :class:`Rejection` (market → one party)
 ``<p>.rejections``          :class:`Rejection` (every refused event, for operators)
 ``<p>.deadletters``         :class:`DeadLetter` (outputs the broker refused for good)
 ``<p>.market``              :class:`MarketIdentity` (which noise secret made the state)
@@ -58,6 +59,7 @@ from .ids import ID_PATTERN
 __all__ = [
     "ACCOUNTS_EVENT",
     "ID_PATTERN",
+    "MAX_HOLD_MS",
     "INBOX_EVENT",
     "MAX_RETIRED_KEYS",
     "MAX_SAFE_INTEGER",
@@ -73,6 +75,7 @@ __all__ = [
     "DeliveriesWithheld",
     "Envelope",
     "ErrorModelInfo",
+    "HeldRoom",
     "HistogramKey",
     "HistogramSpec",
     "Identifier",
@@ -101,6 +104,8 @@ __all__ = [
     "Refusal",
     "Rejection",
     "ReleasedValue",
+    "ReserveRequest",
+    "Reservation",
     "RetiredKey",
     "RotateKeys",
     "Sale",
@@ -664,11 +669,23 @@ class PurchaseRequest(_Signed):
         description="when the buyer made the request (Unix ms; keep it when resending): "
         "requests older than the stream's newest minus the dedup horizon are refused"
     )
+    reservation_id: Identifier | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="buy on the terms of this live reservation of the buyer's (its level and "
+        "price, in the room it holds); with it, name no accuracy and no most_accurate, and "
+        "a target_level only if it is the reservation's level",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> PurchaseRequest:
         if (self.target_level is not None) + (self.accuracy is not None) + self.most_accurate > 1:
             raise ValueError("name at most one of target_level, accuracy and most_accurate")
+        if self.reservation_id is not None and (self.accuracy is not None or self.most_accurate):
+            raise ValueError(
+                "a purchase naming a reservation buys the reservation's level: name no "
+                "accuracy and no most_accurate beside reservation_id"
+            )
         return self
 
 
@@ -690,7 +707,41 @@ class QuoteRequest(_Signed):
         return self
 
 
-PurchasesEvent = Annotated[PurchaseRequest | QuoteRequest, Field(discriminator="type")]
+MIN_HOLD_MS = 1_000
+MAX_HOLD_MS = 120_000
+"""Longest a reservation holds its terms: a short limit, so that reserving cannot block a
+privacy window for free (docs/protocol.md §6.9)."""
+
+
+class ReserveRequest(_Signed):
+    """Hold the terms of a purchase for a while (``<p>.purchases``, key: stream_id): its level,
+    its price and the privacy room it needs, for this buyer alone (docs/protocol.md §6.9)."""
+
+    type: Literal["reserve"] = "reserve"
+    reservation_id: Identifier = Field(
+        description="names the reservation: unique per buyer; a purchase names it"
+    )
+    buyer_id: Identifier
+    stream_id: Identifier
+    target_level: Level | None = Field(
+        None, description="as in a purchase; default: the next step above the level held"
+    )
+    accuracy: AccuracyTarget | None = None
+    hold_ms: Annotated[int, Field(ge=MIN_HOLD_MS, le=MAX_HOLD_MS)] = Field(
+        description="how long to hold the terms, from requested_at_ms (1 s to 120 s)"
+    )
+    requested_at_ms: Millis
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ReserveRequest:
+        if self.target_level is not None and self.accuracy is not None:
+            raise ValueError("name at most one of target_level and accuracy")
+        return self
+
+
+PurchasesEvent = Annotated[
+    PurchaseRequest | QuoteRequest | ReserveRequest, Field(discriminator="type")
+]
 
 
 # ------------------------------------------------------------------- market → everyone
@@ -1001,6 +1052,42 @@ class QuoteAnswer(_Event):
     )
 
 
+class HeldRoom(BaseModel):
+    """The privacy room a reservation holds in one window, for its buyer's purchase."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    start_ms: int = Field(description="first millisecond of the window (Unix ms)")
+    end_ms: int = Field(description="first millisecond after it")
+    room: float = Field(
+        description="what the reserved purchase adds to the window's sum, in the stream's "
+        "level unit: other buyers see the window's headroom less this until the reservation "
+        "is used or expires"
+    )
+
+
+class Reservation(_Event):
+    """The terms the market holds for one buyer until ``expires_at_ms``
+    (``<p>.inbox.<buyer_id>``, key: reservation_id; signed like every answer, §12)."""
+
+    type: Literal["reservation"] = "reservation"
+    reservation_id: Identifier
+    buyer_id: Identifier
+    stream_id: Identifier
+    level_unit: LevelUnit
+    level_before: float = Field(description="the level the buyer held when it reserved")
+    level_after: float = Field(description="the level a purchase naming it buys")
+    price_minor: int = Field(description="what that purchase costs, whatever happens meanwhile")
+    currency: str
+    expires_at_ms: int = Field(
+        description="the market's clock (Unix ms) from which the reservation no longer holds"
+    )
+    held: list[HeldRoom] = Field(
+        default_factory=list,
+        description="on a 'window' stream: the room held in each window the purchase adds to",
+    )
+    error_model: ErrorModelInfo | None = None
+
+
 class DeliveriesWithheld(_Event):
     """Values a buyer's subscription did not deliver, and why (``<p>.inbox.<buyer_id>``).
 
@@ -1212,13 +1299,16 @@ InboxPayload = (
     | ValueReleased
     | DeliveriesWithheld
     | QuoteAnswer
+    | Reservation
     | Rejection
     | Sale
 )
 """Every event the market sends to one party's inbox (the one list of them)."""
 InboxEvent = Annotated[InboxPayload, Field(discriminator="type")]
 
-PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest] = TypeAdapter(PurchasesEvent)
+PURCHASES_EVENT: TypeAdapter[PurchaseRequest | QuoteRequest | ReserveRequest] = TypeAdapter(
+    PurchasesEvent
+)
 ACCOUNTS_EVENT: TypeAdapter[OpenAccount | RotateKeys] = TypeAdapter(AccountEvent)
 INBOX_EVENT: TypeAdapter[InboxPayload] = TypeAdapter(InboxEvent)
 

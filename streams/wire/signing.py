@@ -37,8 +37,11 @@ version, even after a rotation back to their key. The fields are every one that 
                      values are then empty), the envelope's alg, epk, nonce and
                      ciphertext as text (base64, as sent)
 ``purchase``         purchase_id, buyer_id, stream_id, target_level, max_price_minor,
-                     currency, requested_at_ms, accuracy, most_accurate
+                     currency, requested_at_ms, accuracy, most_accurate, and when it names
+                     one only: reservation_id
 ``quote``            quote_id, buyer_id, stream_id, target_level, requested_at_ms, accuracy
+``reserve``          reservation_id, buyer_id, stream_id, target_level, hold_ms,
+                     requested_at_ms, accuracy
 ===================  ================================================================
 """
 
@@ -65,6 +68,7 @@ from .events import (
     OpenAccount,
     PurchaseRequest,
     QuoteRequest,
+    ReserveRequest,
     RotateKeys,
     StreamRegistration,
     ValueBatch,
@@ -215,10 +219,18 @@ def _purchase(c: _Canon, e: PurchaseRequest) -> None:
     c.s(e.currency).i(e.requested_at_ms)
     _accuracy(c, e.accuracy)
     c.b(e.most_accurate)
+    if e.reservation_id is not None:  # only when named: other purchases' bytes are unchanged
+        c.s(e.reservation_id)
 
 
 def _quote(c: _Canon, e: QuoteRequest) -> None:
     c.s(e.quote_id).s(e.buyer_id).s(e.stream_id).f(e.target_level).i(e.requested_at_ms)
+    _accuracy(c, e.accuracy)
+
+
+def _reserve(c: _Canon, e: ReserveRequest) -> None:
+    c.s(e.reservation_id).s(e.buyer_id).s(e.stream_id).f(e.target_level).i(e.hold_ms)
+    c.i(e.requested_at_ms)
     _accuracy(c, e.accuracy)
 
 
@@ -229,6 +241,7 @@ _FIELDS: dict[str, Callable[[_Canon, Any], None]] = {
     "values": _values,
     "purchase": _purchase,
     "quote": _quote,
+    "reserve": _reserve,
 }
 
 

@@ -34,6 +34,7 @@ from .events import (
     OpenAccount,
     PurchaseRequest,
     QuoteRequest,
+    ReserveRequest,
     ReleasedValue,
     RotateKeys,
     StreamRegistration,
@@ -75,6 +76,7 @@ SIGNED_EVENTS: dict[str, type[BaseModel]] = {
     "values": ValueBatch,
     "purchase": PurchaseRequest,
     "quote": QuoteRequest,
+    "reserve": ReserveRequest,
 }
 """Event type → its model: every event a party sends."""
 
@@ -228,6 +230,37 @@ _CASES: list[tuple[str, str, dict[str, Any], int]] = [
         1,
     ),
     ("purchase, most_accurate", "purchase", _purchase(most_accurate=True), 1),
+    (
+        "purchase on a reservation",
+        "purchase",
+        _purchase(target_level=1.0, reservation_id="r1"),
+        1,
+    ),
+    (
+        "reserve, defaults",
+        "reserve",
+        {
+            "reservation_id": "r1",
+            "buyer_id": "alice",
+            "stream_id": "temp",
+            "hold_ms": 60000,
+            "requested_at_ms": 1000,
+        },
+        1,
+    ),
+    (
+        "reserve of a level",
+        "reserve",
+        {
+            "reservation_id": "r1",
+            "buyer_id": "alice",
+            "stream_id": "temp",
+            "target_level": 1.0,
+            "hold_ms": 120000,
+            "requested_at_ms": 1000,
+        },
+        1,
+    ),
     (
         "quote, defaults",
         "quote",

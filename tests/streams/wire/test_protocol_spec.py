@@ -56,6 +56,7 @@ TOPIC_OF = {
     "values": "values",
     "purchase": "purchases",
     "quote": "purchases",
+    "reserve": "purchases",
 }
 
 
@@ -495,12 +496,22 @@ _SPEC: dict[str, Any] = {
         + _i(e["requested_at_ms"])
         + _accuracy(e.get("accuracy"))
         + _b(e.get("most_accurate", False))
+        + (b"" if e.get("reservation_id") is None else _s(e["reservation_id"]))
     ),
     "quote": lambda e: (
         _s(e["quote_id"])
         + _s(e["buyer_id"])
         + _s(e["stream_id"])
         + _f(e.get("target_level"))
+        + _i(e["requested_at_ms"])
+        + _accuracy(e.get("accuracy"))
+    ),
+    "reserve": lambda e: (
+        _s(e["reservation_id"])
+        + _s(e["buyer_id"])
+        + _s(e["stream_id"])
+        + _f(e.get("target_level"))
+        + _i(e["hold_ms"])
         + _i(e["requested_at_ms"])
         + _accuracy(e.get("accuracy"))
     ),

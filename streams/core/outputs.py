@@ -26,7 +26,7 @@ __all__ = [
     "dump",
 ]
 
-Kind = Literal["account", "registration", "value", "purchase", "quote", "unknown"]
+Kind = Literal["account", "registration", "value", "purchase", "quote", "reserve", "unknown"]
 Status = Literal[
     "accepted", "fulfilled", "rejected", "duplicate", "answered", "deferred", "forwarded"
 ]
@@ -63,6 +63,8 @@ class StreamFigures:
     #: on a ``window`` stream: the window of its newest value (spent, cap), else None
     window_spent: float | None = None
     window_cap: float | None = None
+    #: reservations holding room (or a price) on the stream now (:mod:`.holds`)
+    reservations_held: int = 0
 
 
 @dataclass

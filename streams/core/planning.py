@@ -12,7 +12,7 @@ from typing import Any
 from market.accuracy import AccuracyNotForSaleError, cheapest_level
 from market.pricing import StepPlan, plan_step
 
-from ..wire.events import Offer, PurchaseRequest, QuoteRequest
+from ..wire.events import Offer, PurchaseRequest, QuoteRequest, ReserveRequest
 from .accuracy import offer_accuracy, threshold
 from .outputs import Reject
 from .products import Product
@@ -22,7 +22,7 @@ __all__ = ["offers", "plan", "target"]
 
 
 def target(
-    stream: Stream[Product], buyer_id: str, req: PurchaseRequest | QuoteRequest
+    stream: Stream[Product], buyer_id: str, req: PurchaseRequest | QuoteRequest | ReserveRequest
 ) -> float | None:
     """The level a request names; ``None`` for the next step."""
     if req.accuracy is None and not getattr(req, "most_accurate", False):
@@ -45,7 +45,9 @@ def target(
     return above[0] if above else None
 
 
-def _for_accuracy(stream: Stream[Product], req: PurchaseRequest | QuoteRequest) -> float:
+def _for_accuracy(
+    stream: Stream[Product], req: PurchaseRequest | QuoteRequest | ReserveRequest
+) -> float:
     """The cheapest level whose error meets the request's accuracy (on running totals, for the
     least accurate total)."""
     reg = stream.registration

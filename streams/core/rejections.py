@@ -32,6 +32,7 @@ Source = tuple[str, int | None, int | None, bytes]
 _ID_FIELDS = {
     "purchase_id": "request_id",
     "quote_id": "request_id",
+    "reservation_id": "request_id",
     "value_id": "request_id",
     "buyer_id": "account_id",
     "seller_id": "account_id",

@@ -26,6 +26,7 @@ The event path, one module per step::
             ──► values         (value batch → the product keeps and releases each value)
             ──► purchases      (purchase → recall, then fulfil or refuse, then keep)
             ──► quotes         (quote → what a purchase would cost)
+            ──► reserving      (reserve → a purchase's terms and room, held for a while)
             ──► rejections     (anything refused, to the operators and the proven sender)
 
 Replay safety lives in :mod:`streams.core.replay`; see also ``docs/architecture.md``.
@@ -52,13 +53,14 @@ from ..wire.events import (
     REFUSAL_CODES,
     OpenAccount,
     QuoteRequest,
+    ReserveRequest,
     RotateKeys,
     StreamRegistration,
     ValueBatch,
 )
 from ..wire.sealing import open_values
 from ..wire.topics import DEDUP_HORIZON_MS, Topics
-from . import accounts, purchases, quotes, registrations, values
+from . import accounts, purchases, quotes, registrations, reserving, values
 from .answering import dropped_outputs, sign_deliveries, sign_outcome
 from .auth import acting_for, authenticate
 from .context import Context, Limits
@@ -91,6 +93,7 @@ _ROUTES: dict[Kind, tuple[str, Handler]] = {
     "value": ("seller_id", values.ingest),
     "purchase": ("buyer_id", purchases.purchase),
     "quote": ("buyer_id", quotes.quote),
+    "reserve": ("buyer_id", reserving.reserve),
 }
 
 
@@ -128,7 +131,9 @@ class MarketCore:
             limits=limits,
             require_encryption=require_encryption,
         )
-        self.streams = Streams(stores, keys, limits.max_streams, lambda: self.ctx.records.epoch)
+        self.streams = Streams(
+            stores, keys, limits.max_streams, lambda: self.ctx.records.epoch, clock=clock
+        )
         self.refusals = RefusalBudget(limits.refusals, clock)
         self._batched = False
         self.accept_clear_values = accept_clear_values
@@ -206,6 +211,8 @@ class MarketCore:
             return accounts.handle_account(self.ctx, event, src, final=final)
         if isinstance(event, QuoteRequest):
             return self._guard("quote", src, lambda: self._apply("quote", event, src, final))
+        if isinstance(event, ReserveRequest):
+            return self._guard("reserve", src, lambda: self._apply("reserve", event, src, final))
         return self._apply(kind, event, src, final)
 
     def _apply(self, kind: Kind, event: Any, src: Source, final: bool) -> Outcome:

@@ -51,6 +51,7 @@ from market import ChainState
 from market.histogram_chain import HistogramValue
 
 from ..wire.events import AccountState, StreamRegistration
+from .holds import HOLD_BYTES, MAX_KEPT, Hold
 
 __all__ = [
     "PURCHASE_RECORD_BYTES",
@@ -180,6 +181,8 @@ class StreamRecord(BaseModel):
     #: windows at or below this index without an entry in ``window_spent`` are closed: their
     #: sums were dropped, so a value published into one is refused (-1: none closed)
     window_floor: int = -1
+    #: buyers' reservations: terms and privacy room held for a while (:mod:`.holds`)
+    reservations: list[Hold] = []
 
 
 class StreamState(StreamRecord):
@@ -209,7 +212,7 @@ MAX_RECENT_WINDOWS = 256
 
 def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = False) -> int:
     """Most bytes a stream's record can take: a full window, every holder, every privacy-window
-    sum.
+    sum, every reservation kept.
 
     The registration is refused if this (or :func:`registered_bound`) exceeds the message
     limit, so a stream's state can always be written (``tests/streams/core/test_core.py`` checks
@@ -219,6 +222,7 @@ def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = 
         WINDOW_ENTRY_BYTES * retain_last
         + HOLDER_BYTES * max_holders
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
+        + HOLD_BYTES * MAX_KEPT
         + 1024
     )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from ..wire.events import UNIT_OF, StreamRegistration, ValueItem
+from .holds import held_count
 from .ledger import Level, PrivacyLedger, latest_status
 from .outputs import StreamFigures
 from .state import Holder, StreamState, ValueEntry
@@ -70,6 +71,7 @@ class Stream(Generic[P]):
             reg.currency,
             None if ws is None else ws.spent,
             None if ws is None else ws.cap,
+            held_count(self.state.reservations),
         )
 
     # -- holders --------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..wire.events import StreamRegistration
+from .holds import settle
 from .keys import MarketKeys
 from .outputs import Reject
 from .products import Product, product_for
@@ -117,6 +118,7 @@ class Streams:
         keys: MarketKeys,
         max_streams: int,
         batch: Callable[[], int] = lambda: 0,
+        clock: Callable[[], int] = lambda: 0,
     ) -> None:
         self._stores = stores
         self._keys = keys
@@ -125,6 +127,7 @@ class Streams:
         self._loaded: dict[str, Stream[Product]] = {}
         self._whole: dict[str, _Whole] = {}
         self._batch = batch  # the batch being applied (its writes are persisted together)
+        self._clock = clock  # the market's clock: when reservations lapse
 
     @contextlib.contextmanager
     def event(self) -> Iterator[None]:
@@ -169,7 +172,8 @@ class Streams:
 
     def find(self, stream_id: str) -> Stream[Product] | None:
         """The stream, ``None`` if it is not registered (its noise secret is not checked: for
-        the records kept about it, not for releasing)."""
+        the records kept about it, not for releasing). Its reservations are settled by the
+        market's clock as it is loaded (:func:`~.holds.settle`), once per event."""
         stream = self._loaded.get(stream_id)
         if stream is not None:
             return stream
@@ -178,6 +182,8 @@ class Streams:
             return None
         _, terms, product = self.built(state.registration)
         stream = Stream(state, terms, product)
+        if state.reservations and settle(state.reservations, self._clock()):
+            stream.touch()  # once per event, before anything reads what is held
         self._loaded[stream_id] = stream
         return stream
 

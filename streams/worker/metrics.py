@@ -46,6 +46,8 @@ class Metrics:
     values: Counter
     purchases: Counter
     quotes: Counter
+    reservations: Counter
+    reservations_held: Gauge
     forwarded: Counter
     registrations: Counter
     accounts: Counter
@@ -115,6 +117,14 @@ class Metrics:
             inc(self.values, (mech, status))
             if reason:
                 inc(self.rejections, (reason,))
+        self._by_kind(o, mech)
+        if o.new_noise:
+            inc(self.noise_draws, (mech,), o.new_noise)
+        self._ledger(o)
+
+    def _by_kind(self, o: Outcome, mech: str) -> None:
+        """The counter of the event's kind (a value's, a purchase's, ...)."""
+        inc = self._inc
         replay = o.status == "duplicate"
         if o.kind == "value":
             if not o.items:  # refused as a whole (bad signature, unknown stream, ...)
@@ -125,13 +135,12 @@ class Metrics:
             inc(self.releases, ("replay" if replay else "purchase",), o.releases)
         elif o.kind == "quote":
             inc(self.quotes, (), 1)
+        elif o.kind == "reserve":
+            inc(self.reservations, (o.status,))
         elif o.kind == "registration":
             inc(self.registrations, (o.status,))
         elif o.kind == "account":
             inc(self.accounts, (o.status,))
-        if o.new_noise:
-            inc(self.noise_draws, (mech,), o.new_noise)
-        self._ledger(o)
 
     def _inc(self, metric: Counter, labels: tuple[str, ...], amount: float = 1) -> None:
         key = (metric, labels)
@@ -148,6 +157,7 @@ class Metrics:
         gauges = self._gauges
         gauges[self.privacy_spent, labels] = f.spent
         gauges[self.privacy_cap, labels] = f.cap
+        gauges[self.reservations_held, (f.stream_id,)] = f.reservations_held
         if f.window_cap is not None and f.window_spent is not None:
             headroom = max(0.0, f.window_cap - f.window_spent)
             for gauge, value in (
@@ -206,6 +216,20 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
         {},
     ),
     "quotes": (Counter, "quotes", "Quote requests answered", [], {}),
+    "reservations": (
+        Counter,
+        "reservations",
+        "Reservation requests, by outcome (accepted, rejected, duplicate)",
+        ["outcome"],
+        {},
+    ),
+    "reservations_held": (
+        Gauge,
+        "reservations_held",
+        "Reservations holding a purchase's terms and privacy room on the stream now",
+        ["stream"],
+        {},
+    ),
     "registrations": (
         Counter,
         "registrations",
@@ -255,7 +279,7 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
         Counter,
         "events_forwarded",
         "Events a producer wrote to another input partition than their id's, moved "
-        "to their own (kind: account, registration, value, purchase, quote)",
+        "to their own (kind: account, registration, value, purchase, quote, reserve)",
         ["kind"],
         {},
     ),

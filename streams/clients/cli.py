@@ -21,7 +21,7 @@ import os
 import sys
 import traceback
 
-from .commands import buyer, invite, operator, party, sales, seller
+from .commands import buyer, invite, operator, party, reserve, sales, seller
 from .commands.common import EXIT_INTERRUPTED, EXIT_USAGE, CommandError
 from .parser import CommandParser, Version, add_global_options
 
@@ -50,6 +50,7 @@ def build_parser() -> CommandParser:
     seller.add_commands(sub)
     sales.add_commands(sub)
     buyer.add_commands(sub)
+    reserve.add_commands(sub)
     for parser in list(p.parsers())[1:]:
         add_global_options(parser, after=True)
     return p

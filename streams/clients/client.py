@@ -66,6 +66,8 @@ from ..wire.events import (
     QuoteRequest,
     Refusal,
     Rejection,
+    Reservation,
+    ReserveRequest,
     Sale,
     StreamRegistration,
     ValueBatch,
@@ -787,6 +789,7 @@ class MarketClient:
         max_price_minor: int,
         currency: str = "EUR",
         purchase_id: str | None = None,
+        reservation_id: str | None = None,
         timeout: float = 60.0,
         resend_every: float = 15.0,
         requested_at_ms: int | None = None,
@@ -796,7 +799,9 @@ class MarketClient:
 
         What to buy: the next step (default), ``target_level``, an ``accuracy`` (``{"rmse":
         r}`` or ``{"half_width": t, "confidence": c}``: the cheapest level that meets it), or
-        ``most_accurate`` (the most accurate level ``max_price_minor`` buys).
+        ``most_accurate`` (the most accurate level ``max_price_minor`` buys). With
+        ``reservation_id`` (a live reservation of the party's, :meth:`reserve`) it buys that
+        reservation's level at its price, in the room it holds.
 
         Sealed releases are returned opened with the party's sealing key (the event keeps the
         envelope, which the receipt binds). A purchase id keeps its identity: its request time
@@ -817,6 +822,7 @@ class MarketClient:
             max_price_minor=max_price_minor,
             currency=currency,
             requested_at_ms=stamp,
+            reservation_id=reservation_id,
         )
         got = await self._request(
             self.topics.purchases,
@@ -866,6 +872,46 @@ class MarketClient:
             request_id=qid,
         )
         assert isinstance(got, QuoteAnswer | Rejection)
+        return got
+
+    async def reserve(
+        self,
+        stream_id: str,
+        *,
+        hold_ms: int,
+        target_level: float | None = None,
+        accuracy: dict[str, float] | None = None,
+        reservation_id: str | None = None,
+        timeout: float = 30.0,
+        party: Party | None = None,
+    ) -> Reservation | Rejection:
+        """Hold a purchase's terms (level, price, privacy room) for ``hold_ms`` (at most
+        120,000): the answer is the market-signed reservation, whose id a purchase names
+        (:meth:`buy` with ``reservation_id``) before its ``expires_at_ms``."""
+        me = self._me(party)
+        rid = reservation_id or uuid.uuid4().hex[:20]
+        req = me.sign(
+            ReserveRequest,
+            await self.signing_market(),
+            reservation_id=rid,
+            buyer_id=me.account_id,
+            stream_id=stream_id,
+            target_level=target_level,
+            accuracy=accuracy,
+            hold_ms=hold_ms,
+            requested_at_ms=now_ms(),
+        )
+        got = await self._request(
+            self.topics.purchases,
+            stream_id,
+            req.model_dump_json().encode(),
+            lambda ev: _answers(ev, rid),
+            inbox=me.account_id,
+            timeout=timeout,
+            resend_every=timeout,
+            request_id=rid,
+        )
+        assert isinstance(got, Reservation | Rejection)
         return got
 
     async def tail(
@@ -1381,6 +1427,8 @@ def _answers(ev: InboxEvent, request_id: str, stream_id: str | None = None) -> b
         return ev.purchase_id == request_id
     if isinstance(ev, QuoteAnswer):
         return ev.quote_id == request_id
+    if isinstance(ev, Reservation):
+        return ev.reservation_id == request_id
     # `already_answered`: a resend met an outcome sent before (the inbox, read from its start,
     # holds it) — not the answer itself; keep waiting
     return (

@@ -61,6 +61,7 @@ from .products import Product
 from .rejections import Source, rejection
 from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
+from .reserving import reserved_step
 from .sales import sale
 from .state import PurchaseRecord
 from .stream import Stream
@@ -72,7 +73,7 @@ __all__ = ["fingerprint", "purchase"]
 def fingerprint(req: PurchaseRequest) -> str:
     """What makes two purchases with one id the same request (the send time does not)."""
     acc = None if req.accuracy is None else req.accuracy.model_dump()
-    fields = (
+    fields: tuple[object, ...] = (
         req.stream_id,
         req.target_level,
         req.max_price_minor,
@@ -80,6 +81,8 @@ def fingerprint(req: PurchaseRequest) -> str:
         acc,
         req.most_accurate,
     )
+    if req.reservation_id is not None:  # only then: earlier purchases keep their fingerprint
+        fields += (req.reservation_id,)
     return hashlib.sha256(repr(fields).encode()).hexdigest()
 
 
@@ -411,7 +414,10 @@ def _fulfil(
     stream = streams.load(req.stream_id)
     reg = stream.registration
     _check_terms(ctx, req, stream, account)
-    step = plan(stream, req.buyer_id, target(stream, req.buyer_id, req))
+    if req.reservation_id is not None:
+        step = reserved_step(stream, req)
+    else:
+        step = plan(stream, req.buyer_id, target(stream, req.buyer_id, req))
     _check_step(ctx, req, stream, step)
     ledger = stream.ledger
     ledger.check_purchase(ledger.level(step.after))

@@ -24,8 +24,16 @@ from __future__ import annotations
 import hashlib
 
 from market.errors import NoHigherStepError
+from market.pricing import StepPlan
 
-from ..wire.events import MAX_HOLD_MS, UNIT_OF, HeldRoom, Reservation, ReserveRequest
+from ..wire.events import (
+    MAX_HOLD_MS,
+    UNIT_OF,
+    HeldRoom,
+    PurchaseRequest,
+    Reservation,
+    ReserveRequest,
+)
 from .accuracy import error_info
 from .context import Context
 from .holds import Hold, add, admit, find, within
@@ -38,7 +46,7 @@ from .room import level_of, room_for
 from .stream import Stream
 from .stream_store import Streams
 
-__all__ = ["reserve"]
+__all__ = ["reserve", "reserved_step"]
 
 
 def fingerprint(req: ReserveRequest) -> str:
@@ -165,3 +173,40 @@ def _answer(stream: Stream[Product], req: ReserveRequest, hold: Hold) -> Reserva
         held=held,
         error_model=error_info(reg, hold.level),
     )
+
+
+def reserved_step(stream: Stream[Product], req: PurchaseRequest) -> StepPlan:
+    """The step a purchase naming a reservation buys: the reservation's level at its price,
+    or a refusal saying why it cannot (unknown, expired — and when —, used, or asking for
+    another level)."""
+    rid = req.reservation_id
+    kept = find(stream.state.reservations, req.buyer_id)
+    if kept is None or kept.reservation_id != rid:
+        raise Reject(
+            "reservation_unknown",
+            f"stream {req.stream_id!r} holds no reservation {rid!r} of yours: it was never "
+            "made, was replaced by a newer one, or expired long enough ago to be forgotten. "
+            "Reserve again (`epsilon-market reserve`), or buy without --reservation",
+        )
+    if kept.status == "lapsed":
+        raise Reject(
+            "reservation_expired",
+            f"reservation {rid!r} expired at {kept.expires_at_ms} ms by the market's clock, "
+            "and its room was released: buy without --reservation, or reserve again from "
+            f"{kept.keep_until_ms} ms",
+            expired_at_ms=kept.expires_at_ms,
+        )
+    if kept.status == "used":
+        raise Reject(
+            "reservation_used",
+            f"reservation {rid!r} was used by an earlier purchase of yours on this stream (any "
+            "purchase of yours there uses your reservation): reserve again to hold new terms",
+        )
+    if req.target_level is not None and req.target_level != kept.level:
+        raise Reject(
+            "reservation_mismatch",
+            f"reservation {rid!r} holds level {kept.level:g}, not the target_level "
+            f"{req.target_level:g} this purchase names: name no --target, or its level",
+            reserved_level=kept.level,
+        )
+    return StepPlan(kept.level_before, kept.level, kept.level, kept.price_minor)

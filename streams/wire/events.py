@@ -54,6 +54,7 @@ from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
 from market.receipts import Receipt
 
+from .holding import MAX_HOLD_MS, MIN_HOLD_MS
 from .ids import ID_PATTERN
 
 __all__ = [
@@ -705,12 +706,6 @@ class QuoteRequest(_Signed):
         if self.target_level is not None and self.accuracy is not None:
             raise ValueError("name at most one of target_level and accuracy")
         return self
-
-
-MIN_HOLD_MS = 1_000
-MAX_HOLD_MS = 120_000
-"""Longest a reservation holds its terms: a short limit, so that reserving cannot block a
-privacy window for free (docs/protocol.md §6.9)."""
 
 
 class ReserveRequest(_Signed):

@@ -16,7 +16,7 @@ from . import output
 from .common import EXIT_REFUSED, CommandError, load_party, read_inbox, refused, run_client, warn
 from .output import add_json_flag, json_mode, print_json, say, show
 
-__all__ = ["add_commands"]
+__all__ = ["accuracy_target", "add_commands", "add_target_flags"]
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def cmd_quote(args: argparse.Namespace) -> int:
     from ...wire.events import Rejection  # noqa: PLC0415
 
     party = load_party(args)
-    accuracy = _accuracy(args)
+    accuracy = accuracy_target(args)
 
     async def body(c: Any) -> Any:
         return await c.quote(
@@ -76,7 +76,7 @@ def cmd_quote(args: argparse.Namespace) -> int:
     return 0
 
 
-def _accuracy(args: argparse.Namespace) -> dict[str, float] | None:
+def accuracy_target(args: argparse.Namespace) -> dict[str, float] | None:
     """``--rmse`` or ``--half-width`` (with ``--confidence``) as an accuracy target."""
     rmse, hw = getattr(args, "rmse", None), getattr(args, "half_width", None)
     if rmse is not None and hw is not None:
@@ -105,11 +105,16 @@ def cmd_buy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(f"--max-price: {exc}") from None
 
-    accuracy = _accuracy(args)
+    accuracy = accuracy_target(args)
     if args.most_accurate and (accuracy is not None or args.target is not None):
         raise CommandError(
             "--most-accurate buys the best level --max-price pays for: give it "
             "alone, without --target, --rmse or --half-width"
+        )
+    if args.reservation and (accuracy is not None or args.most_accurate):
+        raise CommandError(
+            "--reservation buys the level the reservation holds: give it without --rmse, "
+            "--half-width or --most-accurate (--target only if it is that level)"
         )
     out = _open_output(args.output) if args.output else None  # before paying, not after
 
@@ -122,6 +127,7 @@ def cmd_buy(args: argparse.Namespace) -> int:
             max_price_minor=max_minor,
             currency=args.currency,
             purchase_id=args.purchase_id,
+            reservation_id=args.reservation,
             timeout=args.timeout,
         )
 
@@ -283,27 +289,7 @@ def add_commands(sub: Any) -> None:
         ("buy", cmd_buy, "buyer: buy the next step (or --target) and wait for the release"),
     ):
         sp = sub.add_parser(name, help=helptext)
-        sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
-        sp.add_argument("--stream", required=True, help="the stream (`epsilon-market catalog`)")
-        sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
-        sp.add_argument(
-            "--rmse",
-            type=float,
-            default=None,
-            help="instead of a level: the cheapest level with at most this RMS error "
-            "per coordinate (value units)",
-        )
-        sp.add_argument(
-            "--half-width",
-            type=float,
-            default=None,
-            help="instead of a level: the cheapest level whose --confidence interval "
-            "is at most ± this (value units)",
-        )
-        sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
-        sp.add_argument(
-            "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
-        )
+        add_target_flags(sp)
         if name == "buy":
             sp.add_argument(
                 "--max-price", required=True, help="most you will pay, e.g. 0.50 (in --currency)"
@@ -315,6 +301,12 @@ def add_commands(sub: Any) -> None:
             )
             sp.add_argument("--currency", default="EUR", help="the currency of --max-price")
             sp.add_argument("--purchase-id", default=None, help="idempotency key (default: new)")
+            sp.add_argument(
+                "--reservation",
+                default=None,
+                metavar="ID",
+                help="buy on the terms of this reservation of yours (`epsilon-market reserve`)",
+            )
             sp.add_argument(
                 "--output", default=None, metavar="FILE", help="also write the outcome to this file"
             )
@@ -328,6 +320,31 @@ def add_commands(sub: Any) -> None:
         add_json_flag(sp)
         sp.set_defaults(fn=fn)
     _add_tail(sub)
+
+
+def add_target_flags(sp: Any) -> None:
+    """What a buyer's request names (the stream, a level or an accuracy) and how it signs."""
+    sp.add_argument("--key-file", default=None, help="the buyer's keys (epsilon-market keygen)")
+    sp.add_argument("--stream", required=True, help="the stream (`epsilon-market catalog`)")
+    sp.add_argument("--target", type=float, default=None, help="a level for sale (a step)")
+    sp.add_argument(
+        "--rmse",
+        type=float,
+        default=None,
+        help="instead of a level: the cheapest level with at most this RMS error "
+        "per coordinate (value units)",
+    )
+    sp.add_argument(
+        "--half-width",
+        type=float,
+        default=None,
+        help="instead of a level: the cheapest level whose --confidence interval "
+        "is at most ± this (value units)",
+    )
+    sp.add_argument("--confidence", type=float, default=0.95, help="for --half-width")
+    sp.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for the market's answer"
+    )
 
 
 def _add_tail(sub: Any) -> None:

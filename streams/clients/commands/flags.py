@@ -28,6 +28,7 @@ FIELD_FLAGS = {
     "target_level": "--target",
     "max_price_minor": "--max-price",
     "purchase_id": "--purchase-id",
+    "reservation_id": "--reservation",
     "accuracy.rmse": "--rmse",
     "accuracy.half_width": "--half-width",
     "accuracy.confidence": "--confidence",

@@ -57,20 +57,25 @@ def fingerprint(req: ReserveRequest) -> str:
 
 
 def reserve(ctx: Context, streams: Streams, inc: Incoming[ReserveRequest]) -> Outcome:
-    """Apply one signed ``reserve``: a copy → nothing; else admit, plan, hold, answer."""
+    """Apply one signed ``reserve``: a copy → nothing; else admit, plan, hold, answer (a
+    reservation the stream keeps is recognised by its record, a refused one by the worker's
+    memory of the requests it decided)."""
     req = inc.event
-    try:
-        first = ctx.quotes.admit(req.buyer_id, f"reserve/{req.reservation_id}", req.requested_at_ms)
-    except Reject as stale:  # no inbox: a stale copy may be anyone's (.replay.quotes)
-        return rejection(ctx, "reserve", inc.src, stale)
-    if not first:  # a copy of a request this worker decided: its answer is in the inbox
-        return Outcome("reserve", "duplicate", reason="already_answered", stream_id=req.stream_id)
-    now = ctx.clock()
     stream = streams.load(req.stream_id)
     mine = find(stream.state.reservations, req.buyer_id)
     if mine is not None and mine.reservation_id == req.reservation_id:
         return _again(req, mine)
-    _fresh(req, now)
+    try:
+        first = ctx.quotes.admit(req.buyer_id, f"reserve/{req.reservation_id}", req.requested_at_ms)
+    except Reject as stale:  # no inbox: a stale copy may be anyone's (.replay.quotes)
+        return rejection(ctx, "reserve", inc.src, stale)
+    if not first:  # a copy of a request this worker refused: its refusal is in the inbox
+        return Outcome("reserve", "duplicate", reason="already_answered", stream_id=req.stream_id)
+    now = ctx.clock()
+    try:
+        _fresh(req, now)
+    except Reject as stale:  # no inbox either: anyone may write an old request again
+        return rejection(ctx, "reserve", inc.src, stale)
     ctx.allowance.quote(req.buyer_id)  # a reservation is a quote that holds: rate-limited alike
     admit(stream.state.reservations, req.buyer_id, req.requested_at_ms, now)
     hold = _hold(stream, req, now)
@@ -100,19 +105,22 @@ def _again(req: ReserveRequest, kept: Hold) -> Outcome:
 
 
 def _fresh(req: ReserveRequest, now: int) -> None:
-    """Refuse a request whose hold has passed by the market's clock, or dated too far ahead."""
+    """Refuse a request whose hold has passed by the market's clock, or dated too far ahead
+    (to the operators and the public refusal record, like a stale quote: not to the inbox)."""
     if req.requested_at_ms + req.hold_ms <= now:
         raise Reject(
             "request_too_old",
             f"reservation {req.reservation_id!r} was requested at {req.requested_at_ms} ms to "
             f"hold {req.hold_ms} ms: that time has passed by the market's clock ({now} ms). "
             "Reserve again with a new reservation id and the current time",
+            claimed=req.buyer_id,
         )
     if req.requested_at_ms > now + MAX_HOLD_MS:
         raise Reject(
             "request_from_the_future",
             f"reservation {req.reservation_id!r} claims a time more than {MAX_HOLD_MS} ms "
             f"ahead of the market's clock ({now} ms); check the buyer's clock",
+            claimed=req.buyer_id,
         )
 
 

@@ -26,8 +26,10 @@ commands:
           [--batch-size N] [--batch-delay SECONDS]   values per signed batch, at most (default
                                   ${DEFAULT_MAX_VALUES}), and the longest a value waits for others (default ${DEFAULT_MAX_DELAY_MS / 1000})
   quote --stream ID [--target LEVEL]
+  reserve --stream ID --hold SECONDS [--target LEVEL] [--reservation-id ID]
+                                  hold the price and privacy room of a purchase (1 to 120 s)
   buy --stream ID --max-price MINOR [--target LEVEL | --rmse X | --half-width X [--confidence C]
-      | --most-accurate] [--purchase-id ID] [--output PATH] [--key-names names.txt]
+      | --most-accurate | --reservation ID] [--purchase-id ID] [--output PATH] [--key-names names.txt]
   tail [--wait SECONDS] [--old-key-file OLD.key ...]
                                   every message of your inbox the market signed, opened with the
                                   key file's current and retired sealing keys (and OLD.key's)
@@ -48,6 +50,7 @@ const OPTIONS = {
   'purchase-id': { type: 'string' }, output: { type: 'string' }, 'key-names': { type: 'string' }, wait: { type: 'string' },
   'public-key': { type: 'string' }, 'old-key-file': { type: 'string', multiple: true },
   'batch-size': { type: 'string' }, 'batch-delay': { type: 'string' },
+  hold: { type: 'string' }, reservation: { type: 'string' }, 'reservation-id': { type: 'string' },
 };
 
 function num(text, what) {
@@ -218,12 +221,27 @@ const COMMANDS = {
     const offers = (ans.offers ?? []).map((x) => `  ${String(x.level).padEnd(8)} rmse ${x.rmse.toPrecision(4).padStart(10)}  ${x.held ? 'held' : `${x.price_minor} minor`}`).join('\n');
     emit(o, ans, `next step: ${ans.level_before} -> ${ans.level_after} (${ans.level_unit}) for ${ans.price_minor} ${ans.currency} minor\n${offers}`);
   },
+  async reserve(o) {
+    const p = party(o);
+    const seconds = num(need(o, 'hold'), 'hold');
+    if (!(seconds >= 1 && seconds <= 120)) throw new BadInput(`--hold is how many seconds to hold the terms, 1 to 120, not ${o.hold}`);
+    const ans = await withClient(o, p, (c) => c.reserve(need(o, 'stream'), {
+      holdMs: Math.round(seconds * 1000), targetLevel: o.target ? num(o.target, 'target') : null,
+      ...(o['reservation-id'] ? { reservationId: o['reservation-id'] } : {}),
+    }));
+    const room = (ans.held ?? []).map((h) => `  room held in the window from ${new Date(h.start_ms).toISOString()}: ${h.room} ${ans.level_unit}`).join('\n');
+    emit(o, ans, `reserved ${ans.reservation_id} on ${ans.stream_id}: ${ans.level_before} -> ${ans.level_after} (${ans.level_unit}) for ${ans.price_minor} ${ans.currency} minor until ${new Date(ans.expires_at_ms).toISOString()}${room ? `\n${room}` : ''}\nbuy it: emarket buy --stream ${ans.stream_id} --reservation ${ans.reservation_id} --max-price ${ans.price_minor}`);
+  },
   async buy(o) {
     const p = party(o);
+    if (o.reservation && (o.rmse || o['half-width'] || o['most-accurate'])) {
+      throw new BadInput('--reservation buys the level the reservation holds: give it without --rmse, --half-width or --most-accurate');
+    }
     const names = o['key-names'] ? nameKeys(readFileSync(o['key-names'], 'utf8').split('\n').filter(Boolean)) : null;
     const out = await withClient(o, p, (c) => c.buy(need(o, 'stream'), {
       maxPriceMinor: int(need(o, 'max-price'), 'max-price'), targetLevel: o.target ? num(o.target, 'target') : null,
       accuracy: accuracy(o), mostAccurate: !!o['most-accurate'], ...(o['purchase-id'] ? { purchaseId: o['purchase-id'] } : {}), ...(o.currency ? { currency: o.currency } : {}),
+      ...(o.reservation ? { reservationId: o.reservation } : {}),
     }));
     if (o.output) writeFileSync(o.output, JSON.stringify(out, null, 2) + '\n');
     emit(o, out, `bought ${out.stream_id} ${out.level_before} -> ${out.level_after} for ${out.price_minor} ${out.currency} minor (receipt verified)\n${out.releases.map((r) => fmtRelease(r, names)).join('\n')}`);

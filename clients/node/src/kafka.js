@@ -96,7 +96,7 @@ class TopicReader {
   }
 }
 
-const INPUT = { open_account: 'accounts', rotate_keys: 'accounts', register_stream: 'registrations', values: 'values', purchase: 'purchases', quote: 'purchases' };
+const INPUT = { open_account: 'accounts', rotate_keys: 'accounts', register_stream: 'registrations', values: 'values', purchase: 'purchases', quote: 'purchases', reserve: 'purchases' };
 const ID_FIELD = { accounts: 'account_id', registrations: 'stream_id', values: 'stream_id', purchases: 'stream_id' };
 
 /**
@@ -451,13 +451,31 @@ export class MarketClient {
   }
 
   /**
-   * Buy a step (§6.5): returns the `purchase_fulfilled` answer with its releases opened and its
-   * receipt verified against the releases (§11); `receipt_invalid` throws.
+   * Hold a purchase's terms — level, price, privacy room — for `holdMs` (1,000 to 120,000; §6.9):
+   * returns the market-signed `reservation` (its `expires_at_ms` by the market's clock); a
+   * refusal throws. Buy on it with `buy(streamId, { reservationId, maxPriceMinor })`.
    */
-  async buy(streamId, { purchaseId = `p-${toHex(randomBytes(6))}`, maxPriceMinor, targetLevel = null, accuracy = null, mostAccurate = false, currency = 'EUR' } = {}) {
+  async reserve(streamId, { holdMs, reservationId = `r-${toHex(randomBytes(6))}`, targetLevel = null, accuracy = null } = {}) {
+    if (!Number.isInteger(holdMs) || holdMs < 1000 || holdMs > 120000) {
+      throw new RangeError(`holdMs: how long to hold the terms, 1000 to 120000 ms, not ${holdMs}`);
+    }
+    const sent = await this.send({
+      type: 'reserve', reservation_id: reservationId, buyer_id: this.party.accountId, stream_id: streamId,
+      target_level: targetLevel, hold_ms: holdMs, requested_at_ms: Date.now(), accuracy,
+    });
+    return this.answer(sent, (d) => d.type === 'reservation' && d.reservation_id === reservationId);
+  }
+
+  /**
+   * Buy a step (§6.5): returns the `purchase_fulfilled` answer with its releases opened and its
+   * receipt verified against the releases (§11); `receipt_invalid` throws. With `reservationId`
+   * it buys that reservation's level at its price (§6.9).
+   */
+  async buy(streamId, { purchaseId = `p-${toHex(randomBytes(6))}`, maxPriceMinor, targetLevel = null, accuracy = null, mostAccurate = false, currency = 'EUR', reservationId = null } = {}) {
     const sent = await this.send({
       type: 'purchase', purchase_id: purchaseId, buyer_id: this.party.accountId, stream_id: streamId, target_level: targetLevel,
       max_price_minor: maxPriceMinor, currency, requested_at_ms: Date.now(), accuracy, most_accurate: mostAccurate,
+      ...(reservationId == null ? {} : { reservation_id: reservationId }),
     });
     let ans;
     try {

@@ -98,11 +98,19 @@ function purchase(it, e) {
   it.i(e.max_price_minor, 'max_price_minor').s(e.currency ?? 'EUR').i(e.requested_at_ms, 'requested_at_ms');
   accuracy(it, e.accuracy);
   it.b(e.most_accurate ?? false);
+  // only when named: the bytes of every other purchase are unchanged (§6.5)
+  if (e.reservation_id != null) it.s(e.reservation_id);
 }
 
 function quote(it, e) {
   it.s(e.quote_id).s(e.buyer_id).s(e.stream_id).fOrN(e.target_level, 'target_level');
   it.i(e.requested_at_ms, 'requested_at_ms');
+  accuracy(it, e.accuracy);
+}
+
+function reserve(it, e) {
+  it.s(e.reservation_id).s(e.buyer_id).s(e.stream_id).fOrN(e.target_level, 'target_level');
+  it.i(e.hold_ms, 'hold_ms').i(e.requested_at_ms, 'requested_at_ms');
   accuracy(it, e.accuracy);
 }
 
@@ -113,6 +121,7 @@ const FIELDS = {
   values,
   purchase,
   quote,
+  reserve,
 };
 
 /** The event types of §6. */

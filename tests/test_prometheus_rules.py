@@ -71,6 +71,21 @@ def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path) -> None:
     assert r.returncode != 0 and "MarketWorkerStalled" in r.stdout + r.stderr
 
 
+def test_the_reservations_alert_names_the_market_s_own_bound() -> None:
+    """The alert fires at the most reservations a stream holds: the bound of the code."""
+    from streams.core.holds import MAX_PER_STREAM  # noqa: PLC0415
+
+    rules = yaml.safe_load((PROM / "alerts.yml").read_text())
+    (rule,) = [
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r["alert"] == "MarketReservationsSaturated"
+    ]
+    assert rule["expr"].endswith(f">= {MAX_PER_STREAM}")
+    assert f"({MAX_PER_STREAM})" in rule["annotations"]["description"]
+
+
 def alert_names() -> set[str]:
     rules = yaml.safe_load((PROM / "alerts.yml").read_text())
     return {r["alert"] for g in rules["groups"] for r in g["rules"]}

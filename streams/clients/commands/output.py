@@ -213,6 +213,12 @@ def event(ev: Any) -> list[str]:
             f"{level(ev.level_after, ev.level_unit)} costs "
             f"{money(ev.price_minor, ev.currency)}"
         ]
+    if kind == "reservation":
+        return [
+            f"reserved {ev.reservation_id} on {ev.stream_id}: level {ev.level_before:g} -> "
+            f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}, "
+            f"until {utc_text(ev.expires_at_ms)}"
+        ]
     if kind == "sale":
         return [
             f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "

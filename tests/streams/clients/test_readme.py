@@ -125,6 +125,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert out.count(" accepted") == 2, out  # each publish waited for its answer
     assert "bought level 0.5 (epsilon) of temp for 0.50 EUR: 2 values (outcome" in out
     assert "bought level 1 (epsilon) of temp for 0.50 EUR: 2 values" in out
+    assert re.search(r"^reserved more on temp: level 0\.5 -> 1 epsilon for 0\.50 EUR", out, re.M)
     assert re.search(r"^valid: purchase \S+ by alice on temp .* 0\.50 EUR, 2 values$", out, re.M)
     # every command's output is for a person: lines and tables with units, never JSON
     assert "{" not in r.stdout, r.stdout

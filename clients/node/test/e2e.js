@@ -136,8 +136,16 @@ try {
   });
   const bought = [];
   for (const level of [0.5, 1.0]) {
-    bought.push(await step(`buy the step to ${level}, open it, verify the receipt`, async () => {
-      const out = await B.buy(stream, { maxPriceMinor: q.price_minor });
+    const reserved = level === 1.0 ? `r-${tag}` : null;
+    if (reserved) {
+      await step('reserve the step to 1: a signed reservation holds its price (§6.9)', async () => {
+        const r = await B.reserve(stream, { holdMs: 60000, reservationId: reserved });
+        check(r.type === 'reservation' && r.level_before === 0.5 && r.level_after === 1.0, `reservation: ${JSON.stringify(r)}`);
+        check(r.price_minor === q.price_minor && r.expires_at_ms > Date.now() - 60000, `its price and expiry: ${JSON.stringify(r)}`);
+      });
+    }
+    bought.push(await step(`buy the step to ${level}${reserved ? ' on the reservation' : ''}, open it, verify the receipt`, async () => {
+      const out = await B.buy(stream, { maxPriceMinor: q.price_minor, ...(reserved ? { reservationId: reserved } : {}) });
       check(out.level_after === level, `level_after ${out.level_after}`);
       check(out.releases.length === 2 && out.releases.every((r) => r.values.length === 2 && r.level === level), 'two releases of two numbers');
       check(out.receipt.receipt_version === 4 && out.receipt.ciphertext_digest, 'a sealed v4 receipt');

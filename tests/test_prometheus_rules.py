@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from streams.core.holds import MAX_PER_STREAM
+
 ROOT = Path(__file__).resolve().parents[1]
 PROM = ROOT / "deploy" / "prometheus"
 PROMTOOL = shutil.which("promtool")
@@ -73,8 +75,6 @@ def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path) -> None:
 
 def test_the_reservations_alert_names_the_market_s_own_bound() -> None:
     """The alert fires at the most reservations a stream holds: the bound of the code."""
-    from streams.core.holds import MAX_PER_STREAM  # noqa: PLC0415
-
     rules = yaml.safe_load((PROM / "alerts.yml").read_text())
     (rule,) = [
         r

@@ -1,0 +1,103 @@
+"""Reservations on the real broker and a real worker, in one walk: a reservation holds its room
+against other buyers (who may fill what is left of the window, and no more), lapses by the
+market's clock and releases its room, is one per buyer and stream, survives a restart, and the
+purchase naming it gets exactly its terms."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from streams.clients.client import MarketClient, now_ms
+from streams.wire.events import (
+    LinearLevelSpec,
+    PurchaseFulfilled,
+    Rejection,
+    Reservation,
+)
+
+from ..conftest import Market
+from ..helpers import buy, party
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+W = 600_000  # ten-minute windows: the next one starts less than the allowed clock skew ahead
+
+
+def reg() -> dict[str, Any]:
+    return {
+        "stream_id": "home",
+        "mechanism": "laplace",
+        "sensitivity": 1.0,
+        "dimension": 3,
+        "steps": [0.5, 1.0, 2.0],
+        "cap": 2.0,
+        "retain_last": 8,
+        "pricing": LinearLevelSpec(rate_per_level=100.0),
+        "privacy_unit": "window",
+        "window": {"duration_ms": W, "cap": 3.0},
+    }
+
+
+async def reserve(c: MarketClient, who: str, rid: str, **kw: Any) -> Any:
+    return await c.reserve("home", reservation_id=rid, party=party(who), **kw)
+
+
+def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Market) -> None:
+    w1 = market.start_worker()
+    market.open_accounts("seller1", "alice", "bob", "carol")
+    base = now_ms() // W * W
+
+    async def first(c: MarketClient) -> dict[str, Any]:
+        entry = await c.register(reg())
+        assert not isinstance(entry, Rejection), entry
+        for i in range(2):
+            await c.publish("home", [20.0, 21.0, float(i)], value_id=f"v{i}", published_at_ms=base)
+        market.wait_ingested("home", 2)
+        out: dict[str, Any] = {}
+        # carol holds 2.0 of the window's 3.0 for a second: alice's reservation does not fit
+        out["carol"] = await reserve(c, "carol", "c1", target_level=1.0, hold_ms=1_000)
+        out["alice_early"] = await reserve(c, "alice", "a0", target_level=1.0, hold_ms=120_000)
+        while now_ms() <= out["carol"].expires_at_ms:  # the market's clock passes its expiry
+            await asyncio.sleep(0.05)
+        out["carol_late"] = await buy(
+            c, "carol", "home", target_level=1.0, max_price_minor=1000, reservation_id="c1"
+        )
+        out["alice"] = await reserve(c, "alice", "a1", target_level=1.0, hold_ms=120_000)
+        out["again"] = await reserve(c, "alice", "a2", hold_ms=120_000)
+        # bob fills the rest of the window; one step more would eat alice's room
+        out["bob"] = await buy(c, "bob", "home", target_level=0.5, max_price_minor=1000)
+        out["bob_more"] = await buy(c, "bob", "home", target_level=1.0, max_price_minor=1000)
+        return out
+
+    got = market.run(first)
+    carol, early, late = got["carol"], got["alice_early"], got["carol_late"]
+    assert isinstance(carol, Reservation) and [h.room for h in carol.held] == [2.0], carol
+    assert isinstance(early, Rejection) and early.reason == "privacy_window_full", early
+    assert isinstance(late, Rejection) and late.reason == "reservation_expired", late
+    assert late.details["expired_at_ms"] == carol.expires_at_ms
+    alice = got["alice"]
+    assert isinstance(alice, Reservation), alice
+    assert (alice.level_before, alice.level_after, alice.price_minor) == (0.0, 1.0, 100)
+    assert isinstance(got["again"], Rejection) and got["again"].reason == "reservation_limit"
+    assert isinstance(got["bob"], PurchaseFulfilled), got["bob"]
+    bob_more = got["bob_more"]
+    assert isinstance(bob_more, Rejection) and bob_more.reason == "privacy_window_full", bob_more
+    assert w1.metric("emarket_reservations_held", {"stream": "home"}) == 1
+    assert w1.metric("emarket_rejections_total", {"reason": "reservation_limit"}) == 1
+
+    w1.stop()  # the reservation lives in the stream's record: a new worker holds it
+    w2 = market.start_worker()
+
+    async def after(c: MarketClient) -> Any:
+        return await buy(
+            c, "alice", "home", target_level=1.0, max_price_minor=100, reservation_id="a1"
+        )
+
+    bought = market.run(after)
+    assert isinstance(bought, PurchaseFulfilled), bought
+    assert (bought.level_after, bought.price_minor) == (1.0, 100)
+    window = market.ledger()["home"]["privacy_window"]["spent_by_window_start_ms"]
+    assert window == {str(base): 3.0}  # bob's 1.0 and alice's 2.0: the cap, exactly
+    assert w2.metric("emarket_reservations_held", {"stream": "home"}) == 0

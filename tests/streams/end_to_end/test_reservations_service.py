@@ -1,7 +1,7 @@
 """Reservations on the real broker and a real worker, in one walk: a reservation holds its room
 against other buyers (who may fill what is left of the window, and no more), lapses by the
-market's clock and releases its room, is one per buyer and stream, survives a restart, and the
-purchase naming it gets exactly its terms."""
+market's clock and releases its room, is one per buyer and stream, survives a restart, the
+purchase naming it gets exactly its terms, and a rolled-back record does not bring it back."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from streams.wire.events import (
 
 from ..conftest import Market
 from ..helpers import buy, party
+from ..worker.test_forged_state import append, opened, read_changelog, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 W = 600_000  # ten-minute windows: the next one starts less than the allowed clock skew ahead
@@ -101,3 +102,36 @@ def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Ma
     window = market.ledger()["home"]["privacy_window"]["spent_by_window_start_ms"]
     assert window == {str(base): 3.0}  # bob's 1.0 and alice's 2.0: the cap, exactly
     assert w2.metric("emarket_reservations_held", {"stream": "home"}) == 0
+
+    # a rollback: the stream's record from while a1 was held, appended again by a stranger
+    records = market.run(lambda c: read_changelog(market, "streams"))
+    held = [
+        r
+        for r in records
+        if r.key == b"home"
+        and r.value is not None
+        and b'"status":"held"' in (opened("streams", r) or b"")
+    ]
+    old = held[-1]
+    market.stop_workers()
+    market.run(
+        lambda c: append(
+            market, "streams", [(old.key, old.value, list(old.headers), old.partition)]
+        )
+    )
+    market.start_worker()
+    wait_for(
+        "the old record refused",
+        lambda: (
+            market.metric("emarket_state_records_refused_total", reason="older", store="streams")
+            >= 1
+        ),
+    )
+
+    async def replayed(c: MarketClient) -> Any:
+        return await buy(
+            c, "alice", "home", target_level=1.0, max_price_minor=100, reservation_id="a1"
+        )
+
+    again = market.run(replayed)
+    assert isinstance(again, Rejection) and again.reason == "reservation_used", again

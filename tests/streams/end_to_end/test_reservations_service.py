@@ -103,7 +103,12 @@ def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Ma
     assert window == {str(base): 3.0}  # bob's 1.0 and alice's 2.0: the cap, exactly
     assert w2.metric("emarket_reservations_held", {"stream": "home"}) == 0
 
-    # a rollback: the stream's record from while a1 was held, appended again by a stranger
+    rolled_back_record_brings_nothing_back(market)
+
+
+def rolled_back_record_brings_nothing_back(market: Market) -> None:
+    """A stranger appends the stream's record from while a1 was held: it is refused as older,
+    and a1 stays used."""
     records = market.run(lambda c: read_changelog(market, "streams"))
     held = [
         r

@@ -133,8 +133,8 @@ STORE_OWNERS = {
 RECORD_FIELDS = {
     "window",
     "holders",
-    "spent",
-    "window_spent",
+    "spent_nano",
+    "window_spent_nano",
     "window_floor",
     "next_seq",
     "values_ingested",
@@ -212,7 +212,7 @@ def writes(source: str) -> list[tuple[str, str, int]]:
 def test_the_owner_finder_sees_every_kind_of_write() -> None:
     snippet = (
         "ctx.stores.releases[k] = v\nself._stores.streams[k] = s\nctx.stores.purchases.pop(k)\n"
-        "del ctx.stores.accounts[k]\nst.spent = 1\nst.window.append(e)\ne.level += 1\n"
+        "del ctx.stores.accounts[k]\nst.spent_nano = 1\nst.window.append(e)\ne.level += 1\n"
         "st.holders[b] = h\na, st.next_seq = 1, 2\nx = ctx.stores.releases.get(k)\n"
     )
     assert sorted(writes(snippet), key=lambda w: w[2]) == [
@@ -220,7 +220,7 @@ def test_the_owner_finder_sees_every_kind_of_write() -> None:
         ("store", "streams", 2),
         ("store", "purchases", 3),
         ("store", "accounts", 4),
-        ("field", "spent", 5),
+        ("field", "spent_nano", 5),
         ("field", "window", 6),
         ("field", "level", 7),
         ("field", "holders", 8),

@@ -239,3 +239,31 @@ def test_each_store_and_the_stream_record_have_one_writer() -> None:
             if rel not in owners:
                 wrong.append(f"streams/core/{rel}:{line} writes {kind} {name!r}")
     assert not wrong, "\n".join(wrong)
+
+
+SPEND_FIELDS = {
+    "spent_nano",
+    "window_spent_nano",
+    "level",
+    "holders",
+    "revenue_minor",
+    "paid_minor",
+    "purchases",
+}
+"""What a release spends (the stream's spent, the windows' sums, a value's loss) and what a
+purchase charges (the holders, their payments, the revenue)."""
+
+
+def test_only_the_ledger_writes_a_spend_or_a_charge() -> None:
+    """Every release passes the ledger's one gate, which checks, releases, then records: any
+    other module of ``streams`` writing a spend or a charge would be a release it did not
+    account (``streams/core/state.py`` defines the records and their stores)."""
+    owners = {"streams/core/ledger.py", "streams/core/state.py"}
+    wrong = [
+        f"{rel}:{line} writes {name!r}"
+        for path in sorted((ROOT / "streams").rglob("*.py"))
+        if (rel := path.relative_to(ROOT).as_posix()) not in owners
+        for kind, name, line in writes(path.read_text())
+        if kind == "field" and name in SPEND_FIELDS
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -18,7 +18,9 @@ release adds to each window), runs every check on it, and only if all pass calls
 ``release``; whatever that raises, nothing has been recorded. Then it records the spend (and a
 purchase's charge) with plain assignments of values computed beforehand, which cannot fail half
 way. The predicates (:meth:`PrivacyLedger.fitting_purchase`, what quotes show) run the same
-checks and change nothing.
+checks and change nothing. A resent purchase whose outcome is recomputed from its decision
+(:mod:`.purchases`) sends again bytes the gate accounted when they were first made, and records
+nothing.
 
 **Exact accounting.** Privacy is counted in integers of 10⁻⁹ of the stream's unit
 (:mod:`.privacy_units`): a value's loss is its level's canonical decimal rounded up, a window

@@ -73,6 +73,7 @@ class Stream(Generic[P]):
             reg.currency,
             None if ws is None else ws.spent,
             None if ws is None else ws.cap,
+            None if ws is None else ws.headroom,
         )
 
     # -- holders --------------------------------------------------------------------------------

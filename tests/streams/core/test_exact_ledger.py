@@ -75,6 +75,7 @@ def test_ten_steps_of_a_tenth_fit_a_cap_of_one_exactly() -> None:
     for k in range(10):
         out = c.handle(T.values, value("s", f"v{k}", [1.0, 2.0, 3.0], published_at_ms=k))
         assert out.status == "accepted" and out.withheld == 0, k
+        assert out.figures is not None and out.figures.window_headroom == (9 - k) / 10
     assert c.stores.streams["s"].window_spent_nano == {0: 10**9}
     out = c.handle(T.values, value("s", "v10", [1.0, 2.0, 3.0], published_at_ms=10))
     assert out.withheld == 1

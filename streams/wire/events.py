@@ -576,8 +576,8 @@ class StreamRegistration(_Signed):
             raise ValueError(
                 f"the window cap {window.cap!r} has more than {NANO_DIGITS} decimal places: the "
                 f"market accounts privacy windows in whole 10^-{NANO_DIGITS} of the level unit "
-                f"(docs/protocol.md §6.3), so a window cap must be one; give window.cap as "
-                f"{level_of(suggested)!r}, or another with at most {NANO_DIGITS} decimals"
+                f"(docs/protocol.md §6.3); give the window cap as {level_of(suggested)!r}, or "
+                f"another with at most {NANO_DIGITS} decimals"
             )
 
 

@@ -98,7 +98,7 @@ def spent(core: MarketCore) -> dict[int, float]:
         ({**WINDOWED, "window": {"duration_ms": 1_000, "cap": 1.0}}, "greater than or equal"),
         (
             {**WINDOWED, "window": {"duration_ms": W, "cap": 4.0000000001}},
-            "give window.cap as 4.0,",
+            "give the window cap as 4.0,",
         ),
     ],
 )

@@ -68,6 +68,7 @@ from .state import MAX_RECENT_WINDOWS, Holder, StreamState, ValueEntry
 
 __all__ = [
     "CHECKS",
+    "Check",
     "Level",
     "Made",
     "PrivacyLedger",
@@ -310,11 +311,29 @@ class PrivacyLedger:
         wanted: Iterable[Level],
         release: Callable[[frozenset[Level]], Made[R]],
     ) -> R:
-        """The gate of a value's deliveries: the ``wanted`` levels that fit (a value published
-        at ``published_at_ms``, released up to ``current`` so far; levels up to ``current``
-        cost nothing), then ``release(fitting)``, then its loss, its window's sum and the
-        stream's spent. On a ``window`` stream the value's window is kept open even when
-        nothing was released."""
+        """The gate of a value's deliveries: the ``wanted`` levels that fit, then
+        ``release(fitting)``, then the value's loss, its window's sum and the stream's spent.
+
+        On a ``window`` stream the value's window is kept open even when nothing was released.
+
+        Parameters
+        ----------
+        published_at_ms : int
+            When the value was published (which window it spends in).
+        current : Level
+            The largest level it was released at so far (0 for a new value): levels up to it
+            cost nothing and always fit.
+        wanted : iterable of Level
+            The levels its holders hold.
+        release : callable
+            Makes the releases at the levels that fit (and, for a new value, its entry);
+            whatever it raises, nothing has been recorded.
+
+        Returns
+        -------
+        R
+            ``release``'s result.
+        """
         fits = frozenset(lv for lv in wanted if self._fits_value(published_at_ms, current, lv))
         made = release(fits)
         released = [self.level(lv) for lv in made.levels]
@@ -356,10 +375,31 @@ class PrivacyLedger:
         return [self.shortfall(Spend(lv, retained.added(lv.nanos))) is None for lv in levels]
 
     def sell(self, buyer_id: str, level: Level, price_minor: int, release: Callable[[], R]) -> R:
-        """The gate of a purchase: refuse it if releasing ``level`` on every retained value
-        fails a check (``privacy_window_full``: by how much, what fits, when it frees); else
-        ``release()``, then record the values' losses, the windows' sums, the stream's spent,
-        the buyer's holding of ``level`` and the charge of ``price_minor``, all at once."""
+        """The gate of a purchase: check, release, then record the spend and the charge.
+
+        Parameters
+        ----------
+        buyer_id : str
+            Who buys (their holding becomes ``level``).
+        level : Level
+            The level released on every retained value.
+        price_minor : int
+            What the step costs, added to what the buyer paid and to the stream's revenue.
+        release : callable
+            Makes the releases and the outcome; called only if every check passed, and
+            whatever it raises, nothing has been recorded.
+
+        Returns
+        -------
+        R
+            ``release``'s result.
+
+        Raises
+        ------
+        Reject
+            ``privacy_window_full`` if releasing ``level`` would overspend a window: by how
+            much, what fits and when it frees (``release`` is not called).
+        """
         spend = Spend(level, self._retained().added(level.nanos), buyer_id, price_minor)
         short = self.shortfall(spend)
         if short is not None:

@@ -459,12 +459,15 @@ class PrivacyLedger:
     def _retained(self) -> _Retained:
         """The retained values' losses per window (none on an ``event`` stream)."""
         out = _Retained()
-        if self._duration is None:
+        duration = self._duration
+        if duration is None:
             return out
+        levels: dict[int, list[float]] = {}
         for e in self.state.window:
-            out.losses.setdefault(self.window_of(e.published_at_ms), []).append(spend_of(e.level))
-        for k, losses in out.losses.items():
-            losses.sort()
+            levels.setdefault(e.published_at_ms // duration, []).append(e.level)
+        for k, window in levels.items():
+            window.sort()  # spend_of is monotone: the losses come out sorted
+            out.losses[k] = losses = [spend_of(lv) for lv in window]
             out.prefix[k] = [0, *accumulate(losses)]
         return out
 

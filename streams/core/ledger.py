@@ -337,7 +337,9 @@ class PrivacyLedger:
         fits = frozenset(lv for lv in wanted if self._fits_value(published_at_ms, current, lv))
         made = release(fits)
         released = [self.level(lv) for lv in made.levels]
-        if any(lv not in fits and lv > current for lv in released):
+        if made.entry.published_at_ms != published_at_ms or any(
+            lv not in fits and lv > current for lv in released
+        ):
             raise AssertionError(f"released beyond what the ledger let through: {released}")
         self._commit_value(made.entry, max(released, default=current))
         return made.result

@@ -39,9 +39,10 @@ sum was dropped is refused (``privacy_window_closed``): never counted from zero.
 
 **Adding a check.** A check is a function of the ledger and a :class:`Spend` that returns a
 :class:`Shortfall` (which window, or cap, has too little room, and by how much) or ``None``;
-:data:`CHECKS` lists them and both the gate and the predicates run them all. A reservation
-(room held for a quote for a while) is a check that counts the room other buyers' live
-reservations hold as spent, plus a commit step that consumes the buyer's own; a per-buyer quota
+:data:`CHECKS` lists them and both the gate and the predicates run them all. Reservations
+(:mod:`.holds`) are the check :func:`reserved_room`, which counts the room other buyers' held
+reservations hold as spent; :meth:`PrivacyLedger.hold` is the gate asked for a reservation's
+room, and a purchase's commit uses its buyer's reservation; a per-buyer quota
 (a buyer's share of each window's cap) is a check that compares the buyer's own sum per window
 (``Spend.buyer_id``, ``Spend.added``) with its share. Each adds its state to the stream's
 record, written only in :meth:`PrivacyLedger._commit` and the commit of deliveries, so a
@@ -63,6 +64,7 @@ from typing import Generic, Literal, TypeVar
 from market.privacy_units import cap_of, level_of, spend_of
 
 from ..wire.events import UNIT_OF, WindowStatus
+from .holds import consume, held_by_others
 from .outputs import Reject
 from .state import MAX_RECENT_WINDOWS, Holder, StreamState, ValueEntry
 
@@ -172,7 +174,25 @@ def window_room(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
     return None
 
 
-CHECKS: tuple[Check, ...] = (window_room,)
+def reserved_room(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
+    """The first window the spend would push into the room that other buyers' reservations
+    hold there (:mod:`.holds`; a delivery, made to no one buyer, sees every reservation's):
+    a reservation's room counts as spent for everyone but its buyer."""
+    cap = ledger.window_cap_nanos
+    if cap is None:
+        return None
+    held = held_by_others(ledger.state.reservations, spend.buyer_id)
+    if not held:
+        return None
+    sums = ledger.state.window_spent_nano
+    for k in sorted(spend.added):
+        over = sums.get(k, 0) + held.get(k, 0) + spend.added[k] - cap
+        if spend.added[k] > 0 and over > 0:
+            return Shortfall(k, over)
+    return None
+
+
+CHECKS: tuple[Check, ...] = (window_room, reserved_room)
 """Every check the gate runs on a spend, in order (the module docstring: adding one)."""
 
 
@@ -410,6 +430,17 @@ class PrivacyLedger:
         self._commit(spend)
         return result
 
+    def hold(self, buyer_id: str, level: Level, price_minor: int) -> dict[int, int]:
+        """What a reservation of ``buyer_id``'s purchase of ``level`` holds: window index →
+        what the purchase would add there (nano-units), if every check would let it through
+        now; else the purchase's refusal. Records nothing (the reservation is kept by
+        :mod:`.reserving`)."""
+        spend = Spend(level, self._retained().added(level.nanos), buyer_id, price_minor)
+        short = self.shortfall(spend)
+        if short is not None:
+            raise self._refusal(spend, short)
+        return dict(spend.added)
+
     def _commit(self, spend: Spend) -> None:
         """Record a purchase that passed the gate: every value below to its level, every
         window by what the spend adds, the holding and the charge (computed first, then
@@ -432,6 +463,7 @@ class PrivacyLedger:
             st.spent_nano = max(st.spent_nano, level.nanos)
         st.holders[buyer] = holder
         st.revenue_minor += spend.price_minor
+        consume(st.reservations, buyer)  # its room is now this spend (any purchase uses it)
         self._charged.append(buyer)
         self._changed()
 
@@ -451,11 +483,28 @@ class PrivacyLedger:
         return Reject(
             "privacy_window_full",
             f"releasing the level asked for on the {n} values of this stream's {describe(ws)} "
-            f"would spend {added:g} more; {best}. New values count against the next "
+            f"would spend {added:g} more{self._held_note(spend, short.window)}; {best}. New "
+            "values count against the next "
             f"window from {_iso(ws.end_ms)}; this window's values stop being covered by "
             f"purchases once {st.registration.retain_last} newer values have arrived",
             window=ws.model_dump(),
             best_level=max(fits).value if fits else None,
+        )
+
+    def _held_note(self, spend: Spend, window: int) -> str:
+        """What other buyers' reservations hold of the window's headroom, and until when."""
+        holds = [
+            h
+            for h in self.state.reservations
+            if h.status == "held" and h.buyer_id != spend.buyer_id and h.room.get(window)
+        ]
+        if not holds:
+            return ""
+        held = level_of(sum(h.room[window] for h in holds))
+        first = min(h.expires_at_ms for h in holds)
+        return (
+            f", and {held:g} of its headroom is held by other buyers' reservations (the first "
+            f"lapses at {_iso(first)} unless used)"
         )
 
     def _retained(self) -> _Retained:

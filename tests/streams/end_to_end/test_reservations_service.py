@@ -6,6 +6,7 @@ purchase naming it gets exactly its terms, and a rolled-back record does not bri
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -49,30 +50,7 @@ def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Ma
     w1 = market.start_worker()
     market.open_accounts("seller1", "alice", "bob", "carol")
     base = now_ms() // W * W
-
-    async def first(c: MarketClient) -> dict[str, Any]:
-        entry = await c.register(reg())
-        assert not isinstance(entry, Rejection), entry
-        for i in range(2):
-            await c.publish("home", [20.0, 21.0, float(i)], value_id=f"v{i}", published_at_ms=base)
-        market.wait_ingested("home", 2)
-        out: dict[str, Any] = {}
-        # carol holds 2.0 of the window's 3.0 for a second: alice's reservation does not fit
-        out["carol"] = await reserve(c, "carol", "c1", target_level=1.0, hold_ms=1_000)
-        out["alice_early"] = await reserve(c, "alice", "a0", target_level=1.0, hold_ms=120_000)
-        while now_ms() <= out["carol"].expires_at_ms:  # the market's clock passes its expiry
-            await asyncio.sleep(0.05)
-        out["carol_late"] = await buy(
-            c, "carol", "home", target_level=1.0, max_price_minor=1000, reservation_id="c1"
-        )
-        out["alice"] = await reserve(c, "alice", "a1", target_level=1.0, hold_ms=120_000)
-        out["again"] = await reserve(c, "alice", "a2", hold_ms=120_000)
-        # bob fills the rest of the window; one step more would eat alice's room
-        out["bob"] = await buy(c, "bob", "home", target_level=0.5, max_price_minor=1000)
-        out["bob_more"] = await buy(c, "bob", "home", target_level=1.0, max_price_minor=1000)
-        return out
-
-    got = market.run(first)
+    got = market.run(lambda c: before_the_restart(c, market, base))
     carol, early, late = got["carol"], got["alice_early"], got["carol_late"]
     assert isinstance(carol, Reservation) and [h.room for h in carol.held] == [2.0], carol
     assert isinstance(early, Rejection) and early.reason == "privacy_window_full", early
@@ -85,46 +63,19 @@ def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Ma
     assert isinstance(got["bob"], PurchaseFulfilled), got["bob"]
     bob_more = got["bob_more"]
     assert isinstance(bob_more, Rejection) and bob_more.reason == "privacy_window_full", bob_more
+    bought = got["alice_bought"]
+    assert isinstance(bought, PurchaseFulfilled), bought
+    assert (bought.level_after, bought.price_minor) == (1.0, 100)
+    assert isinstance(got["bob_holds"], Reservation) and got["bob_holds"].price_minor == 50
     assert w1.metric("emarket_reservations_held", {"stream": "home"}) == 1
     assert w1.metric("emarket_rejections_total", {"reason": "reservation_limit"}) == 1
 
-    w1.stop()  # the reservation lives in the stream's record: a new worker holds it
+    # a stranger appends the stream's record from while alice's reservation was held; bob's
+    # reservation lives in the stream's record: the worker started next holds it
+    rollback = old_record_while_held(market, "a1")
+    w1.stop()
+    market.run(lambda c: append(market, "streams", [rollback]))
     w2 = market.start_worker()
-
-    async def after(c: MarketClient) -> Any:
-        return await buy(
-            c, "alice", "home", target_level=1.0, max_price_minor=100, reservation_id="a1"
-        )
-
-    bought = market.run(after)
-    assert isinstance(bought, PurchaseFulfilled), bought
-    assert (bought.level_after, bought.price_minor) == (1.0, 100)
-    window = market.ledger()["home"]["privacy_window"]["spent_by_window_start_ms"]
-    assert window == {str(base): 3.0}  # bob's 1.0 and alice's 2.0: the cap, exactly
-    assert w2.metric("emarket_reservations_held", {"stream": "home"}) == 0
-
-    rolled_back_record_brings_nothing_back(market)
-
-
-def rolled_back_record_brings_nothing_back(market: Market) -> None:
-    """A stranger appends the stream's record from while a1 was held: it is refused as older,
-    and a1 stays used."""
-    records = market.run(lambda c: read_changelog(market, "streams"))
-    held = [
-        r
-        for r in records
-        if r.key == b"home"
-        and r.value is not None
-        and b'"status":"held"' in (opened("streams", r) or b"")
-    ]
-    old = held[-1]
-    market.stop_workers()
-    market.run(
-        lambda c: append(
-            market, "streams", [(old.key, old.value, list(old.headers), old.partition)]
-        )
-    )
-    market.start_worker()
     wait_for(
         "the old record refused",
         lambda: (
@@ -133,10 +84,62 @@ def rolled_back_record_brings_nothing_back(market: Market) -> None:
         ),
     )
 
-    async def replayed(c: MarketClient) -> Any:
-        return await buy(
+    async def after(c: MarketClient) -> tuple[Any, Any]:
+        again = await buy(
             c, "alice", "home", target_level=1.0, max_price_minor=100, reservation_id="a1"
         )
+        bob = await buy(c, "bob", "home", max_price_minor=50, reservation_id="b1")
+        return again, bob
 
-    again = market.run(replayed)
+    again, bob = market.run(after)
     assert isinstance(again, Rejection) and again.reason == "reservation_used", again
+    assert isinstance(bob, PurchaseFulfilled) and bob.level_after == 1.0, bob
+    window = market.ledger()["home"]["privacy_window"]["spent_by_window_start_ms"]
+    # bob's 0.5 on both values (1.0), then alice's 1.0 adds 0.5 on each: her room held 2.0 and
+    # what bob released meanwhile covered half of it; bob's step to 1.0 then adds nothing
+    assert window == {str(base): 2.0}
+    assert w2.metric("emarket_reservations_held", {"stream": "home"}) == 0
+
+
+async def before_the_restart(c: MarketClient, market: Market, base: int) -> dict[str, Any]:
+    """Carol's reservation holds, then lapses; alice's holds against bob, who fills the rest
+    of the window; alice buys on hers; bob reserves the next step."""
+    entry = await c.register(reg())
+    assert not isinstance(entry, Rejection), entry
+    for i in range(2):
+        await c.publish("home", [20.0, 21.0, float(i)], value_id=f"v{i}", published_at_ms=base)
+    market.wait_ingested("home", 2)
+    out: dict[str, Any] = {}
+    # carol holds 2.0 of the window's 3.0 for a second: alice's reservation does not fit
+    out["carol"] = await reserve(c, "carol", "c1", target_level=1.0, hold_ms=1_000)
+    out["alice_early"] = await reserve(c, "alice", "a0", target_level=1.0, hold_ms=120_000)
+    while now_ms() <= out["carol"].expires_at_ms:  # the market's clock passes its expiry
+        await asyncio.sleep(0.05)
+    out["carol_late"] = await buy(
+        c, "carol", "home", target_level=1.0, max_price_minor=1000, reservation_id="c1"
+    )
+    out["alice"] = await reserve(c, "alice", "a1", target_level=1.0, hold_ms=120_000)
+    out["again"] = await reserve(c, "alice", "a2", hold_ms=120_000)
+    # bob fills the rest of the window; one step more would eat alice's room
+    out["bob"] = await buy(c, "bob", "home", target_level=0.5, max_price_minor=1000)
+    out["bob_more"] = await buy(c, "bob", "home", target_level=1.0, max_price_minor=1000)
+    out["alice_bought"] = await buy(
+        c, "alice", "home", target_level=1.0, max_price_minor=100, reservation_id="a1"
+    )
+    out["bob_holds"] = await reserve(c, "bob", "b1", hold_ms=120_000)
+    return out
+
+
+def old_record_while_held(market: Market, rid: str) -> Any:
+    """The stream's last changelog record in which reservation ``rid`` was held, to append
+    again (what anyone who reads the changelog can do)."""
+    records = market.run(lambda c: read_changelog(market, "streams"))
+
+    def holds(r: Any) -> bool:
+        plain = opened("streams", r) if r.key == b"home" and r.value is not None else None
+        kept = json.loads(plain)["reservations"] if plain else []
+        return any(h["reservation_id"] == rid and h["status"] == "held" for h in kept)
+
+    held = [r for r in records if holds(r)]
+    old = held[-1]
+    return (old.key, old.value, list(old.headers), old.partition)

@@ -389,12 +389,14 @@ class PrivacyLedger:
         self._changed()
 
     # -- purchases ------------------------------------------------------------------------------
-    def fitting_purchase(self, levels: Sequence[Level]) -> list[bool]:
-        """Which of ``levels`` a purchase could release now on every retained value (every
-        check passes: all of them on other streams, or with no retained value). Changes
-        nothing."""
+    def fitting_purchase(self, levels: Sequence[Level], buyer_id: str | None = None) -> list[bool]:
+        """Which of ``levels`` a purchase (of ``buyer_id``'s, whose own reservation is room it
+        may use) could release now on every retained value (every check passes: all of them
+        on other streams, or with no retained value). Changes nothing."""
         retained = self._retained()
-        return [self.shortfall(Spend(lv, retained.added(lv.nanos))) is None for lv in levels]
+        return [
+            self.shortfall(Spend(lv, retained.added(lv.nanos), buyer_id)) is None for lv in levels
+        ]
 
     def sell(self, buyer_id: str, level: Level, price_minor: int, release: Callable[[], R]) -> R:
         """The gate of a purchase: check, release, then record the spend and the charge.
@@ -473,7 +475,8 @@ class PrivacyLedger:
         ws = status(st, short.window)
         n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == short.window)
         sellable = [self.level(lv) for lv in self._levels]
-        fits = [lv for lv, ok in zip(sellable, self.fitting_purchase(sellable), strict=True) if ok]
+        fitting = self.fitting_purchase(sellable, spend.buyer_id)
+        fits = [lv for lv, ok in zip(sellable, fitting, strict=True) if ok]
         best = (
             f"the most accurate level that fits now is {max(fits).value:g}"
             if fits

@@ -32,7 +32,7 @@ def target(
     held = stream.held(buyer_id)
     budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
     above = [lv for lv in stream.terms.levels if lv > held]
-    fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above])
+    fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above], buyer_id)
     price = stream.terms.schedule.step_price
     mech = stream.terms.mechanism
     affordable = [
@@ -94,15 +94,17 @@ def plan(stream: Stream[Any], buyer_id: str, level: float | None) -> StepPlan:
     )
 
 
-def offers(stream: Stream[Product], held: float) -> list[Offer]:
-    """Every level for sale with its accuracy and what it costs the buyer from ``held``."""
+def offers(stream: Stream[Product], buyer_id: str, held: float) -> list[Offer]:
+    """Every level for sale with its accuracy and what it costs ``buyer_id`` from ``held``
+    (which fit the windows: the room its own reservation holds is its to use)."""
     reg = stream.registration
     terms = stream.terms
     levels = list(terms.levels)
     window = reg.window is not None
     factor = type(stream.product).error_factor(reg)  # running totals: the least accurate total's
     # a level at or below the one held is answered with the held level's release
-    fits = stream.ledger.fitting_purchase([stream.ledger.level(max(lv, held)) for lv in levels])
+    wanted = [stream.ledger.level(max(lv, held)) for lv in levels]
+    fits = stream.ledger.fitting_purchase(wanted, buyer_id)
     out = []
     for lv, ok in zip(levels, fits, strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)

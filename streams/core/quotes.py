@@ -56,7 +56,7 @@ def quote(ctx: Context, streams: Streams, inc: Incoming[QuoteRequest]) -> Outcom
         price_minor=step.price_minor,
         currency=reg.currency,
         error_model=error_info(reg, step.after),
-        offers=offers(stream, step.held),
+        offers=offers(stream, req.buyer_id, step.held),
         privacy_window=latest_status(stream.state),
     )
     return Outcome(

@@ -4,12 +4,22 @@ other buyers see the room as spent; a purchase naming it gets its terms; bounds 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from streams.core import MarketCore, Stores
-from streams.core.holds import MAX_KEPT, MAX_PER_STREAM, Hold, admit, consume, held_by_others
+from streams.core.holds import (
+    HOLD_BYTES,
+    MAX_HELD_WINDOWS,
+    MAX_KEPT,
+    MAX_PER_STREAM,
+    Hold,
+    admit,
+    consume,
+    held_by_others,
+)
 from streams.core.holds import settle as settle_holds
 from streams.core.outputs import Reject
 from streams.wire.events import (
@@ -204,6 +214,12 @@ def test_a_reservation_holds_its_room_against_other_buyers_and_its_buyer_gets_it
         (1.0, False),
         (2.0, False),
     ]
+    # alice's own quote sees her room as hers
+    (mine,) = inbox(
+        core.handle(T.purchases, helpers.quote("home", "alice", "q2", requested_at_ms=NOW)),
+        "alice",
+    )
+    assert [(o.level, o.fits_window) for o in mine.offers][:2] == [(0.5, True), (1.0, True)]
     clock.now += 30_000
     out = core.handle(
         T.purchases, purchase("home", "alice", "a1", target_level=1.0, reservation_id="r1")
@@ -278,3 +294,26 @@ def test_a_stream_holds_a_bounded_number_of_reservations() -> None:
         assert core.handle(T.purchases, reserve("plain", b, "r1")).status == "accepted"
     rej = refused(core.handle(T.purchases, reserve("plain", buyers[-1], "r1")))
     assert rej.reason == "reservation_limit" and rej.details["retry_at_ms"] == NOW + 60_000
+
+
+def test_the_reservations_a_record_keeps_fit_the_bound_it_counts() -> None:
+    """Every record a stream keeps at its largest (64-character ids, extreme numbers, room in
+    the most windows) fits :data:`HOLD_BYTES` each: the stream's record bound counts them."""
+    big = 2**63 - 1
+    holds = [
+        Hold(
+            reservation_id="r" * 64,
+            buyer_id=f"{i:064d}",
+            requested_at_ms=big,
+            fingerprint="f" * 64,
+            expires_at_ms=big,
+            keep_until_ms=big,
+            level_before=1.2345678901234567e-300,
+            level=1.2345678901234567e-300,
+            price_minor=10**15,
+            room={big - k: 10**18 for k in range(MAX_HELD_WINDOWS)},
+        )
+        for i in range(MAX_KEPT)
+    ]
+    record = {"reservations": [h.model_dump(mode="json") for h in holds]}
+    assert len(json.dumps(record, separators=(",", ":"))) <= HOLD_BYTES * MAX_KEPT

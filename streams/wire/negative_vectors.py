@@ -29,6 +29,7 @@ from .events import (
     OpenAccount,
     PurchaseRequest,
     QuoteRequest,
+    ReserveRequest,
     RotateKeys,
     StreamRegistration,
     ValueBatch,
@@ -173,6 +174,21 @@ def _quote(signer: str = "alice", **kw: Any) -> dict[str, Any]:
     return {
         "topic": "t.purchases",
         "value": _dump(signed(QuoteRequest, _FOR, _key(signer), **fields)),
+    }
+
+
+def _reserve(signer: str = "alice", **kw: Any) -> dict[str, Any]:
+    fields = {
+        "reservation_id": "r1",
+        "buyer_id": "alice",
+        "stream_id": "temp",
+        "hold_ms": 60_000,
+        "requested_at_ms": _NOW,
+        **kw,
+    }
+    return {
+        "topic": "t.purchases",
+        "value": _dump(signed(ReserveRequest, _FOR, _key(signer), **fields)),
     }
 
 
@@ -673,6 +689,37 @@ def _purchase_state() -> list[dict[str, Any]]:
     ]
 
 
+def _reservations() -> list[dict[str, Any]]:
+    """§9's codes of reservations (§6.9)."""
+    held = [*WITH_VALUE, _reserve()]
+    return [
+        _case(
+            "reservation_limit",
+            "a second reservation of one buyer on one stream while the first holds",
+            held,
+            _reserve(reservation_id="r2"),
+        ),
+        _case(
+            "reservation_unknown",
+            "a purchase naming a reservation never made",
+            WITH_VALUE,
+            _buy(reservation_id="nosuch"),
+        ),
+        _case(
+            "reservation_used",
+            "a purchase naming a reservation an earlier purchase used",
+            [*held, _buy(reservation_id="r1")],
+            _buy(purchase_id="p2", reservation_id="r1"),
+        ),
+        _case(
+            "reservation_mismatch",
+            "a purchase naming a reservation and another level",
+            held,
+            _buy(reservation_id="r1", target_level=1.0),
+        ),
+    ]
+
+
 _WINDOW = [
     *BASE,
     _register(
@@ -700,6 +747,7 @@ MARKET_CASES = (
     _purchase_cases,
     _purchase_levels,
     _purchase_state,
+    _reservations,
 )
 """The builders of the market's cases, by section of §9."""
 
@@ -709,6 +757,8 @@ UNREACHED: dict[str, str] = {
     "error, not an input",
     "privacy_window_closed": "a value into a window the market has dropped, after more than "
     "MAX_RECENT_WINDOWS windows of values (tests/streams/core/test_windows.py draws it)",
+    "reservation_expired": "a purchase naming a reservation after the market's clock passed its "
+    "expiry: a case has one clock (tests/streams/core/test_reservations.py draws it)",
     "refusals_dropped": "the summary of more than 20 unproven events in 10 s on one partition, "
     "written when the next batch begins (tests/streams/core/test_refusal_budget.py draws it)",
 }

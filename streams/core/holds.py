@@ -6,7 +6,11 @@ reservation is held, every other release on the stream — other buyers' purchas
 subscription deliveries of new values — sees each window's headroom less the room that others'
 reservations hold (:func:`held_by_others`, the ledger's check); the reserving buyer's purchase
 sees its own room as free. So a purchase naming a held reservation gets its terms whatever
-other buyers do meanwhile.
+other buyers do meanwhile: every release checks ``spent + room held by others + added ≤ cap``
+per window, and a reservation is granted only under the same rule, so ``spent + every held
+room ≤ cap`` always holds, and the room a buyer holds is there when it buys (values published
+since need room of their own). A buyer who holds no level keeps a place among the stream's
+bounded holders while its reservation holds (:func:`newcomers`).
 
 This module is the one place that says what is held, and it never reads a clock: the market's
 clock is read once per event, and :func:`settle` turns what it says into state (a reservation
@@ -29,7 +33,7 @@ after that it is too old to be admitted (its ``requested_at_ms`` + ``hold_ms`` i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -48,6 +52,7 @@ __all__ = [
     "find",
     "held_by_others",
     "held_count",
+    "newcomers",
     "settle",
     "within",
 ]
@@ -98,6 +103,16 @@ def find(holds: Iterable[Hold], buyer_id: str) -> Hold | None:
 def held_count(holds: Iterable[Hold]) -> int:
     """How many reservations hold room now."""
     return sum(1 for h in holds if h.status == "held")
+
+
+def newcomers(holds: Iterable[Hold], holders: Container[str], buyer_id: str) -> int:
+    """Buyers other than ``buyer_id`` whose held reservation keeps them a holder's place (they
+    hold no level yet): a stream's holders are bounded, and their purchase must find one."""
+    return sum(
+        1
+        for h in holds
+        if h.status == "held" and h.buyer_id != buyer_id and h.buyer_id not in holders
+    )
 
 
 def held_by_others(holds: Iterable[Hold], buyer_id: str | None) -> dict[int, int]:

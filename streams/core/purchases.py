@@ -61,7 +61,7 @@ from .products import Product
 from .rejections import Source, rejection
 from .replay.records import ANSWER_INTERVAL_MS, MAX_FAR_FUTURE_RECORDS, purchase_key
 from .replay.watermarks import advance_purchases, floor_purchases, heap_of
-from .reserving import reserved_step
+from .reserving import check_place, reserved_step
 from .sales import sale
 from .state import PurchaseRecord
 from .stream import Stream
@@ -398,13 +398,7 @@ def _check_step(
             "purchase's max_price_minor",
             quoted_price_minor=step.price_minor,
         )
-    limit = ctx.limits.holder_limit(reg.release_width())
-    if req.buyer_id not in stream.state.holders and len(stream.state.holders) >= limit:
-        raise Reject(
-            "stream_full",
-            f"stream {reg.stream_id!r} has its maximum of {limit} buyers (every new value is "
-            "delivered to each of them); ask the operators (EMARKET_MAX_HOLDERS)",
-        )
+    check_place(ctx, stream, req.buyer_id)
 
 
 def _fulfil(

@@ -36,7 +36,7 @@ from ..wire.events import (
 )
 from .accuracy import error_info
 from .context import Context
-from .holds import Hold, add, admit, find, within
+from .holds import Hold, add, admit, find, newcomers, within
 from .incoming import Incoming
 from .outputs import Outcome, Output, Reject, dump
 from .planning import plan, target
@@ -46,7 +46,7 @@ from .room import level_of, room_for
 from .stream import Stream
 from .stream_store import Streams
 
-__all__ = ["reserve", "reserved_step"]
+__all__ = ["check_place", "reserve", "reserved_step"]
 
 
 def fingerprint(req: ReserveRequest) -> str:
@@ -78,7 +78,7 @@ def reserve(ctx: Context, streams: Streams, inc: Incoming[ReserveRequest]) -> Ou
         return rejection(ctx, "reserve", inc.src, stale)
     ctx.allowance.quote(req.buyer_id)  # a reservation is a quote that holds: rate-limited alike
     admit(stream.state.reservations, req.buyer_id, req.requested_at_ms, now)
-    hold = _hold(stream, req, now)
+    hold = _hold(ctx, stream, req, now)
     add(stream.state.reservations, hold)
     stream.touch()
     answer = _answer(stream, req, hold)
@@ -124,7 +124,24 @@ def _fresh(req: ReserveRequest, now: int) -> None:
         )
 
 
-def _hold(stream: Stream[Product], req: ReserveRequest, now: int) -> Hold:
+def check_place(ctx: Context, stream: Stream[Product], buyer_id: str) -> None:
+    """Refuse (``stream_full``) a buyer who holds no level on a stream whose holders, with the
+    places kept for other buyers' reservations, are at the most it may have."""
+    reg = stream.registration
+    holders = stream.state.holders
+    limit = ctx.limits.holder_limit(reg.release_width())
+    if buyer_id in holders:
+        return
+    if len(holders) + newcomers(stream.state.reservations, holders, buyer_id) >= limit:
+        raise Reject(
+            "stream_full",
+            f"stream {reg.stream_id!r} has its maximum of {limit} buyers, counting those whose "
+            "reservation keeps them a place (every new value is delivered to each of them); "
+            "ask the operators (EMARKET_MAX_HOLDERS)",
+        )
+
+
+def _hold(ctx: Context, stream: Stream[Product], req: ReserveRequest, now: int) -> Hold:
     """The reservation the request asks for, if the stream can hold it (else a refusal)."""
     try:
         step = plan(stream, req.buyer_id, target(stream, req.buyer_id, req))
@@ -140,6 +157,7 @@ def _hold(stream: Stream[Product], req: ReserveRequest, now: int) -> Hold:
             "more: reserve a level above it",
             held_level=step.held,
         )
+    check_place(ctx, stream, req.buyer_id)
     room = room_for(stream, req.buyer_id, step.after, step.price_minor)
     within(room)
     start = min(req.requested_at_ms, now)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from streams.core import MarketCore, Stores
+from streams.core.context import Limits
 from streams.core.holds import (
     HOLD_BYTES,
     MAX_HELD_WINDOWS,
@@ -317,3 +318,16 @@ def test_the_reservations_a_record_keeps_fit_the_bound_it_counts() -> None:
     ]
     record = {"reservations": [h.model_dump(mode="json") for h in holds]}
     assert len(json.dumps(record, separators=(",", ":"))) <= HOLD_BYTES * MAX_KEPT
+
+
+def test_a_reservation_keeps_its_buyer_a_place_among_the_holders() -> None:
+    clock = Clock()
+    core = MarketCore(Stores(), TEST_KEYS, T, clock=clock, limits=Limits(max_holders=1))
+    open_accounts(core, "seller1", "alice", "bob")
+    assert core.handle(T.registrations, registration("plain")).status == "accepted"
+    assert core.handle(T.purchases, reserve("plain", "alice", "r1")).status == "accepted"
+    rej = refused(core.handle(T.purchases, purchase("plain", "bob", "b1")))
+    assert rej.reason == "stream_full" and "reservation keeps them a place" in rej.message
+    assert refused(core.handle(T.purchases, reserve("plain", "bob", "r1"))).reason == "stream_full"
+    bought = purchase("plain", "alice", "a1", reservation_id="r1")
+    assert core.handle(T.purchases, bought).status == "fulfilled"

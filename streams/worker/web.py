@@ -22,6 +22,7 @@ from market.privacy_units import level_of
 
 from ..core import MarketKeys, Stores
 from ..core.allowance import Allowance
+from ..core.holds import held_count
 from ..core.ledger import latest_status
 from ..core.state import InconsistentStream, with_registration
 from ..core.stream_store import holders_of
@@ -254,6 +255,7 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
             "revenue_minor": st.revenue_minor,
             "values_ingested": st.values_ingested,
             "holder_count": len(holders),
+            "reservations_held": held_count(st.reservations),
         }
         if per_buyer:
             streams[sid]["holders"] = {b: h.model_dump() for b, h in holders.items()}

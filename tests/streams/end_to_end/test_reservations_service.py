@@ -69,6 +69,7 @@ def test_a_reservation_holds_lapses_is_bounded_and_survives_a_restart(market: Ma
     assert isinstance(got["bob_holds"], Reservation) and got["bob_holds"].price_minor == 50
     assert w1.metric("emarket_reservations_held", {"stream": "home"}) == 1
     assert w1.metric("emarket_rejections_total", {"reason": "reservation_limit"}) == 1
+    assert market.ledger()["home"]["reservations_held"] == 1  # bob's
 
     # a stranger appends the stream's record from while alice's reservation was held; bob's
     # reservation lives in the stream's record: the worker started next holds it

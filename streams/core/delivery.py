@@ -26,6 +26,7 @@ from ..wire.topics import Topics
 from ..wire.trusted import trusted
 from .accuracy import error_info
 from .directory import Directory
+from .holds import held_note
 from .ledger import describe, status
 from .outputs import Output, dump
 from .state import StreamState
@@ -195,7 +196,8 @@ class Deliveries:
         ws = status(st, window)
         message = (
             f"values of stream {st.registration.stream_id!r} withheld from you: releasing them "
-            f"at your level {level:g} {ws.unit} would overspend its {describe(ws)}. Values "
+            f"at your level {level:g} {ws.unit} would overspend its {describe(ws)}"
+            f"{held_note(st.reservations, window, None)}. Values "
             "published in the next window reach you again; the seller caps what the values of "
             "one window may reveal together"
         )

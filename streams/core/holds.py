@@ -38,6 +38,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from market.privacy_units import level_of
+
+from ..wire.times import utc_text
 from .outputs import Reject
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "find",
     "held_by_others",
     "held_count",
+    "held_note",
     "newcomers",
     "settle",
     "within",
@@ -124,6 +128,25 @@ def held_by_others(holds: Iterable[Hold], buyer_id: str | None) -> dict[int, int
             for k, room in h.room.items():
                 out[k] = out.get(k, 0) + room
     return out
+
+
+def held_note(holds: Iterable[Hold], window: int, buyer_id: str | None) -> str:
+    """What reservations of buyers other than ``buyer_id`` hold of window ``window``'s
+    headroom and until when, as a clause a refusal or a withheld notice appends ("" if
+    none): a window refused with headroom left says why."""
+    mine = [
+        h
+        for h in holds
+        if h.status == "held" and h.buyer_id != buyer_id and h.room.get(window, 0) > 0
+    ]
+    if not mine:
+        return ""
+    held = level_of(sum(h.room[window] for h in mine))
+    first = min(h.expires_at_ms for h in mine)
+    return (
+        f", and {held:g} of its headroom is held by buyers' reservations (the first lapses at "
+        f"{utc_text(first)} unless used)"
+    )
 
 
 def settle(holds: list[Hold], now_ms: int) -> bool:

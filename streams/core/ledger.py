@@ -64,7 +64,7 @@ from typing import Generic, Literal, TypeVar
 from market.privacy_units import cap_of, level_of, spend_of
 
 from ..wire.events import UNIT_OF, WindowStatus
-from .holds import consume, held_by_others
+from .holds import consume, held_by_others, held_note
 from .outputs import Reject
 from .state import MAX_RECENT_WINDOWS, Holder, StreamState, ValueEntry
 
@@ -486,28 +486,13 @@ class PrivacyLedger:
         return Reject(
             "privacy_window_full",
             f"releasing the level asked for on the {n} values of this stream's {describe(ws)} "
-            f"would spend {added:g} more{self._held_note(spend, short.window)}; {best}. New "
+            f"would spend {added:g} more{held_note(st.reservations, short.window, spend.buyer_id)}"
+            f"; {best}. New "
             "values count against the next "
             f"window from {_iso(ws.end_ms)}; this window's values stop being covered by "
             f"purchases once {st.registration.retain_last} newer values have arrived",
             window=ws.model_dump(),
             best_level=max(fits).value if fits else None,
-        )
-
-    def _held_note(self, spend: Spend, window: int) -> str:
-        """What other buyers' reservations hold of the window's headroom, and until when."""
-        holds = [
-            h
-            for h in self.state.reservations
-            if h.status == "held" and h.buyer_id != spend.buyer_id and h.room.get(window)
-        ]
-        if not holds:
-            return ""
-        held = level_of(sum(h.room[window] for h in holds))
-        first = min(h.expires_at_ms for h in holds)
-        return (
-            f", and {held:g} of its headroom is held by other buyers' reservations (the first "
-            f"lapses at {_iso(first)} unless used)"
         )
 
     def _retained(self) -> _Retained:

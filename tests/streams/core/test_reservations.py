@@ -206,6 +206,10 @@ def test_a_reservation_holds_its_room_against_other_buyers_and_its_buyer_gets_it
     # 2.0 of the window's 2.5 is held for alice: bob's purchase of 1.0 (2.0 more) does not fit
     rej = refused(core.handle(T.purchases, purchase("home", "bob", "b1", target_level=1.0)))
     assert rej.reason == "privacy_window_full"
+    assert (
+        "headroom 2.5" in rej.message
+        and "2 of its headroom is held by buyers' reservations" in (rej.message)
+    )
     (q,) = inbox(
         core.handle(T.purchases, helpers.quote("home", "bob", "q1", requested_at_ms=NOW)), "bob"
     )
@@ -247,6 +251,7 @@ def test_deliveries_see_the_room_held() -> None:
     out = publish(core, "v1", 1)  # bob's 1.0 on v1 would eat alice's room: withheld
     (told,) = inbox(out, "bob")
     assert isinstance(told, DeliveriesWithheld)
+    assert "1 of its headroom is held by buyers' reservations" in told.message
     clock.now += 60_000  # alice's reservation lapses: its room is free again
     out = publish(core, "v2", 2)
     assert [type(e) for e in inbox(out, "bob")] == [ValueReleased]

@@ -16,6 +16,9 @@ This module does it once per call for all of them:
 * :func:`normals` is :func:`market._normal.normals` (standard normals and their error bounds),
   and :func:`gaussian_step` a Gaussian chain's step: the normals of every level and value of a
   call, summed (:func:`market._normal.add`) and rounded (:func:`market._normal.snap`) at once;
+* :func:`gaussian_release` is a Gaussian release of any size (a :class:`~market.ReleaseState`'s
+  conditional step: :func:`market._normal.add_normals` then :func:`market._normal.snap`), one
+  loop over the coordinates with no temporaries, which the compiler vectorises;
 * :func:`poisson_segments` is :func:`market._poisson.sample` for a chain's Poisson steps (one
   law per value-step, inversion of its table).
 
@@ -57,6 +60,7 @@ __all__ = [
     "dlap_plans",
     "dlap_segments",
     "draws",
+    "gaussian_release",
     "gaussian_step",
     "keyed_draws",
     "normals",
@@ -330,3 +334,62 @@ def gaussian_step(
     for i in undecided:
         out[i] = settle(i)
     return out
+
+
+_BRIDGE_WEIGHT = 1.0 + 2.0**-50
+"""``|w|(1 + 2⁻⁵⁰)``: the bound's weight of a bridge's mixture (:class:`market._normal.Mixed`)."""
+
+
+def _prior(h: _normal.Hidden | _normal.Mixed | None) -> tuple[object, ...] | None:
+    """What :func:`gaussian_release`'s compiled pass adds the new normal to (its ``prior``)."""
+    if h is None:
+        return None
+    if isinstance(h, _normal.Hidden):
+        return (h.z, h.err)
+    fa, fb = float(h.wa), float(h.wb)
+    az, aerr = (None, None) if h.a is None else (h.a.z, h.a.err)
+    return (az, aerr, fa, abs(fa) * _BRIDGE_WEIGHT, h.b.z, h.b.err, fb, abs(fb) * _BRIDGE_WEIGHT)
+
+
+def gaussian_release(
+    h: _normal.Hidden | _normal.Mixed | None,
+    c: float,
+    draws: Draws,
+    base: NDArray[np.float64],
+    grid_exp: int,
+    settle: Callable[[int], int],
+) -> tuple[_normal.Hidden, NDArray[np.int64]]:
+    """The float pass ``h + c·N`` of a Gaussian release (``N`` the normals of ``draws``, two
+    slots) and its integers ``round((base + Z)/2^grid_exp)``: the reference's
+    :func:`market._normal.add_normals` then :func:`market._normal.snap`, or one compiled loop
+    over the coordinates (the same expressions in the same order, its own ``ln`` within 2⁻⁴⁹
+    where the reference trusts numpy's to 2⁻⁴⁶); both leave the coordinates they cannot decide
+    to ``settle``, so they give the same integers.
+
+    Raises
+    ------
+    OverflowError
+        A value too large for its release grid.
+    """
+    c_mod = _ACTIVE[0]
+    if c_mod is None or draws.slots != _normal.SLOTS:
+        hidden = _normal.add_normals(h, c, draws)
+        return hidden, _normal.snap(base, hidden, grid_exp, settle)
+    n = draws.n
+    z, err, out = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
+    undecided = c_mod.gaussian_pass(
+        draws.words,
+        (c, abs(c) * (1.0 + 2.0**-49)),
+        np.ascontiguousarray(base, dtype=np.float64),
+        math.ldexp(1.0, -grid_exp),
+        _NORMAL_CONSTANTS,
+        _prior(h),
+        z,
+        err,
+        out,
+    )
+    if undecided is None:
+        raise OverflowError("a value is too large for its release grid")
+    for i in undecided:
+        out[i] = settle(i)
+    return _normal.Hidden(z, err), out

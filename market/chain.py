@@ -168,6 +168,13 @@ class ReleaseChain:
         v = [mech.exact_variance(x) for x in self.levels] + [Fraction(0)]
         return tuple(v[j] - v[j + 1] for j in range(len(self.levels)))
 
+    @functools.cached_property
+    def _coefficients(self) -> tuple[float, ...]:
+        """Gaussian: each step's coefficient ``√(v_j − v_{j+1})`` in floats, as
+        :meth:`market._normal.Term.coefficient` computes it (worked out once per chain)."""
+        one = Fraction(1)
+        return tuple(_normal.Term(b"", one, v).coefficient() for v in self._variance_steps)
+
     def validate(self, value: Any) -> Vector:
         """The exact value checked for this chain (its family's rules and :attr:`value_limit`)."""
         exact = self.mechanism.validate_value(value)
@@ -363,41 +370,51 @@ class ReleaseChain:
         """Step ``k`` of open Gaussian states: the real noise from the top down, rounded."""
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
-        top = len(self.levels) - 1
-        paths = self._paths(identities, k, keys)
-        for st in states:
-            if st.exact is None:
-                raise SealedStateError("a sealed Gaussian chain state lost a step")
-        sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
-        depth = top - k + 1  # every step's normals of every value, in one pass
-        draws = _step.draws([p[j].key for j in range(depth) for p in paths], sizes * depth, 2)
-        coefficients = [paths[0][j].coefficient() for j in range(depth)]
-        base = np.concatenate([st.exact for st in states if st.exact is not None])
+        exacts = [st.exact for st in states]
+        if any(x is None for x in exacts):
+            raise SealedStateError("a sealed Gaussian chain state lost a step")
+        found = self._path_keys(identities, k, keys)
+        sizes = [int(x.shape[0]) for x in exacts if x is not None]
+        depth = len(self.levels) - k  # every step's normals of every value, in one pass
+        draws = _step.draws(found, sizes * depth, 2)
+        base = np.concatenate(exacts)  # type: ignore[arg-type]  # none is None (checked)
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])
+        variances = self._variance_steps[k:][::-1]
+        count = len(states)
 
-        def settle(i: int) -> int:
+        def settle(i: int) -> int:  # the rare coordinate the float pass leaves undecided
             v = next(j for j in range(len(sizes)) if offsets[j + 1] > i)
-            local = i - offsets[v]
-            return _normal.exact_snap(float(base[i]), paths[v], sizes[v], local, grid)
+            one = Fraction(1)
+            path = tuple(
+                _normal.Term(found[d * count + v], one, var) for d, var in enumerate(variances)
+            )
+            return _normal.exact_snap(float(base[i]), path, sizes[v], i - offsets[v], grid)
 
-        out = _step.gaussian_step(draws, coefficients, base, grid, settle)
+        out = _step.gaussian_step(draws, self._coefficients[k:][::-1], base, grid, settle)
         for v, st in enumerate(states):
             st.put(k, _frozen(out[offsets[v] : offsets[v + 1]].copy()))
+
+    def _path_keys(self, identities: Sequence[Identity], k: int, keys: NoiseKeys) -> list[bytes]:
+        """The request keys of the normals of step ``k`` of each value (steps ``j >= k``), top
+        step first and, within a step, in the order of the values (the order
+        :meth:`_descend_gaussian` draws them in): the key of step ``top − d`` of value ``i`` at
+        ``d·len(identities) + i``. Every value's keys are derived in one call."""
+        js = range(len(self.levels) - 1, k - 1, -1)
+        pairs = [(i, j) for j in js for i in range(len(identities))]
+        return _step.request_keys(keys, self._seeds(identities, pairs))
 
     def _paths(
         self, identities: Sequence[Identity], k: int, keys: NoiseKeys
     ) -> list[tuple[_normal.Term, ...]]:
         """The real noise of step ``k`` of each value: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top
-        term first (every value's keys derived in one call)."""
-        top = len(self.levels) - 1
-        js = range(top, k - 1, -1)
-        var = [self._variance_steps[j] for j in js]
-        pairs = [(i, j) for i in range(len(identities)) for j in js]
-        found = iter(_step.request_keys(keys, self._seeds(identities, pairs)))
+        term first (:meth:`_path_keys`)."""
+        found, count = self._path_keys(identities, k, keys), len(identities)
+        var = self._variance_steps[k:][::-1]
         one = Fraction(1)
         return [
-            tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
+            tuple(_normal.Term(found[d * count + i], one, v) for d, v in enumerate(var))
+            for i in range(count)
         ]
 
 

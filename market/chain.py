@@ -351,9 +351,9 @@ class ReleaseChain:
                     raise SealedStateError("a sealed chain state lost its top release")
                 uppers.append(mech.origin(st.exact).values)
             else:
-                upper = st.get(s + 1)
-                assert upper is not None  # the descent computes the steps in order
-                uppers.append(upper)
+                above = st.get(s + 1)
+                assert above is not None  # the descent computes the steps in order
+                uppers.append(above)
         slots = mech.slots(self.levels[s], upper_level, None)
         seeds = self._seeds(identities, [(i, s) for i in range(len(identities))])
         draws = _step.keyed_draws(keys, seeds, [int(u.shape[0]) for u in uppers], slots)
@@ -377,7 +377,7 @@ class ReleaseChain:
         sizes = [int(x.shape[0]) for x in exacts if x is not None]
         depth = len(self.levels) - k  # every step's normals of every value, in one pass
         draws = _step.draws(found, sizes * depth, 2)
-        base = np.concatenate(exacts)  # type: ignore[arg-type]  # none is None (checked)
+        base: Vector = np.concatenate(exacts)  # type: ignore[arg-type]  # none is None
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])
         variances = self._variance_steps[k:][::-1]
@@ -515,6 +515,11 @@ class ChainState:
     def steps(self) -> _Steps:
         return _Steps(self)
 
+    @steps.setter
+    def steps(self, value: Mapping[int, Vector]) -> None:
+        self._forget_rows()
+        self._new = dict(value) or None
+
     def get(self, k: int) -> Vector | None:
         """Step ``k`` (``0 <= k``) if cached, else ``None``: ``steps.get(k)`` without building
         the mapping (the chain asks this for every value of every request)."""
@@ -542,11 +547,6 @@ class ChainState:
             self._new = {k: v}
         else:
             self._new[k] = v
-
-    @steps.setter
-    def steps(self, value: Mapping[int, Vector]) -> None:
-        self._forget_rows()
-        self._new = dict(value) or None
 
     def _forget_rows(self) -> None:
         """Drop the packed rows, keeping the exact value (copied out: no view keeps them)."""

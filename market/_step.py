@@ -73,6 +73,20 @@ ENV = "EMARKET_NOISE_STEP"
 """Environment variable: ``numpy`` forces the reference implementation."""
 
 
+_FUNCTIONS = (
+    "request_keys",
+    "main_words",
+    "keyed_words",
+    "dlap_segments",
+    "dlap_plans",
+    "normals",
+    "table_segments",
+    "gaussian_snap",
+    "gaussian_pass",
+)
+"""What this module calls in the extension (market/_cnoise.pyi)."""
+
+
 def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get(ENV, "").strip().lower() == "numpy":
         return None, f"{ENV}=numpy"
@@ -81,6 +95,9 @@ def _load() -> tuple[ModuleType | None, str]:
     except ImportError as exc:
         return None, f"market._cnoise is not built ({exc}); reinstall with a C compiler"
     mod: ModuleType = _cnoise
+    missing = [f for f in _FUNCTIONS if not hasattr(mod, f)]
+    if missing:  # built from an older market/_cnoise.c: its bits are right, its API short
+        return None, f"market._cnoise is out of date (no {', '.join(missing)}); rebuild it"
     return mod, "market._cnoise"
 
 

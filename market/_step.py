@@ -142,7 +142,11 @@ def using(backend: str) -> Iterator[None]:
 
 def _head(keys: NoiseKeys) -> bytes:
     """What the request keys' sponge absorbs before the seed (§1.1)."""
-    secret = keys.secret
+    return _head_of(keys.secret)
+
+
+@functools.lru_cache(maxsize=16)  # a worker has one secret (a few in tests)
+def _head_of(secret: bytes) -> bytes:
     return KEY_LABEL + struct.pack(">I", len(secret)) + secret
 
 

@@ -308,7 +308,12 @@ def small_markdown(calls: int, runs: int) -> str:
         + ("installed" if opendp_samplers(1) is not None else "not installed")
         + f"). CPU time of this thread: {calls} calls of each, {_IN_A_ROW} in a row at a time "
         f"and the functions in turn, after {_IN_A_ROW} to warm up; the median over the turns "
-        f"({what}). The goal is an absolute time: read it with the load average below.",
+        f"({what}). Ours reads 20-50 % above `bench.noise_step`'s purchase rows, the same "
+        "calls: here each turn starts with caches OpenDP's calls have just filled, and each "
+        "call takes new values' states, where `bench.noise_step` keeps releasing the same "
+        "four down their chain; and "
+        "a Gaussian step here sums two levels' normals (its top step there, one). The goal is "
+        "an absolute time: read it with the load average below.",
         "",
         "| mechanism | ours µs per value-step | numpy µs per call | ours ÷ numpy | OpenDP µs "
         f"per call | OpenDP ÷ ours | goal: ours <= {GOAL_STEP_US:g} µs |",

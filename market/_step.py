@@ -366,10 +366,16 @@ def _prior(h: _normal.Hidden | _normal.Mixed | None) -> tuple[object, ...] | Non
     if h is None:
         return None
     if isinstance(h, _normal.Hidden):
-        return (h.z, h.err)
+        return (_doubles(h.z), _doubles(h.err))
     fa, fb = float(h.wa), float(h.wb)
-    az, aerr = (None, None) if h.a is None else (h.a.z, h.a.err)
-    return (az, aerr, fa, abs(fa) * _BRIDGE_WEIGHT, h.b.z, h.b.err, fb, abs(fb) * _BRIDGE_WEIGHT)
+    az, aerr = (None, None) if h.a is None else (_doubles(h.a.z), _doubles(h.a.err))
+    bz, berr = _doubles(h.b.z), _doubles(h.b.err)
+    return (az, aerr, fa, abs(fa) * _BRIDGE_WEIGHT, bz, berr, fb, abs(fb) * _BRIDGE_WEIGHT)
+
+
+def _doubles(a: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a`` as the compiled pass reads it: contiguous doubles (no copy when it already is)."""
+    return np.ascontiguousarray(a, dtype=np.float64)
 
 
 def gaussian_release(
@@ -401,7 +407,7 @@ def gaussian_release(
     undecided = c_mod.gaussian_pass(
         draws.words,
         (c, abs(c) * (1.0 + 2.0**-49)),
-        np.ascontiguousarray(base, dtype=np.float64),
+        _doubles(base),
         math.ldexp(1.0, -grid_exp),
         _NORMAL_CONSTANTS,
         _prior(h),

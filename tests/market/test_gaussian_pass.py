@@ -105,6 +105,25 @@ def test_the_compiled_pass_releases_the_reference_integers(form: str) -> None:
     assert np.allclose(h_c.err[ok], h_r.err[ok], rtol=1e-2, atol=0.0)
 
 
+@needs_compiled
+def test_strided_inputs_are_read_as_the_reference_reads_them() -> None:
+    """Views with a stride (a slice of a wider float pass, of a batch's values) are read by
+    value, not refused nor misread."""
+    n = 3000
+    g = default_rng(17)
+    wide = g.normal(0.0, 3.0, (3, 2 * n))
+    prior = _normal.Mixed(
+        _normal.Hidden(wide[0, ::2], np.abs(wide[1, ::2]) * 1e-12),
+        Fraction(1, 3),
+        _normal.Hidden(wide[2, ::2], np.abs(wide[1, 1::2]) * 1e-12),
+        Fraction(2, 3),
+    )
+    base = wide[2, 1::2] * 40.0
+    got = _release("compiled", prior, 0.25, _draws(n), base)
+    want = _release("numpy", prior, 0.25, _draws(n), base)
+    assert np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
 @pytest.mark.parametrize("backend", BOTH)
 def test_undecided_and_oversized_values_are_handled_alike(backend: str) -> None:
     """Values on half-grid points under a negligible coefficient leave every coordinate to the

@@ -258,9 +258,11 @@ def dlap_segments(
     c = _ACTIVE[0]
     if c is None:
         return _dlap.sample_segments(laws, sizes, draws, eta=eta, margin=margin)
-    if not _dlap.batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
+    distinct = {id(law): law for law in laws}  # a call's value-steps share a few laws
+    if not _dlap.batchable(list(distinct.values())) or draws.slots != 2 or draws.n != sum(sizes):
         raise ValueError("dlap_segments needs batchable laws and their two-slot draws")
-    consts = b"".join([_constants(law) for law in laws])
+    packed = {i: _constants(law) for i, law in distinct.items()}
+    consts = b"".join([packed[id(law)] for law in laws])
     raw, undecided = c.dlap_segments(draws.words, consts, sizes, margin, eta, libm_error)
     out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
     if undecided:

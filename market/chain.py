@@ -266,7 +266,7 @@ class ReleaseChain:
 
     def new_steps(self, state: ChainState, k: int) -> int:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
-        if k in state.steps:
+        if state.has(k):
             return 0
         return _start(state, k, len(self.levels)) - k
 
@@ -280,15 +280,16 @@ class ReleaseChain:
         todo = [i for i, st in enumerate(states) if not st.has(k)]
         if not todo:
             return
+        if len(todo) == len(states):  # the usual case: no value has the step yet
+            some, idents = list(states), list(identities)
+        else:
+            some, idents = [states[i] for i in todo], [identities[i] for i in todo]
         if isinstance(self.mechanism, Gaussian):
-            self._descend_gaussian(
-                [states[i] for i in todo], k, [identities[i] for i in todo], keys
-            )
+            self._descend_gaussian(some, k, idents, keys)
             return
-        starts = [_start(states[i], k, len(self.levels)) for i in todo]
-        if self._descend_at_once(
-            [states[i] for i in todo], starts, k, [identities[i] for i in todo], keys
-        ):
+        count = len(self.levels)
+        starts = [_start(st, k, count) for st in some]
+        if self._descend_at_once(some, starts, k, idents, keys):
             return
         for s in range(max(starts) - 1, k - 1, -1):
             batch = [i for i, b in zip(todo, starts, strict=True) if b > s]

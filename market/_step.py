@@ -83,6 +83,7 @@ _FUNCTIONS = (
     "table_segments",
     "gaussian_snap",
     "gaussian_pass",
+    "wide",
 )
 """What this module calls in the extension (market/_cnoise.pyi)."""
 
@@ -380,6 +381,14 @@ def _doubles(a: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
+SCALAR_MAX = 1024
+"""Coordinates up to which :func:`gaussian_release` runs compiled on any CPU: one loop in C
+beats numpy's ~30 calls there even one coordinate at a time; above, only where the loop runs
+vectorised (:data:`WIDE`), else numpy's reference is the faster."""
+WIDE = _COMPILED is not None and bool(_COMPILED.wide())
+"""Whether the compiled Gaussian pass runs vectorised on this CPU (``market._cnoise.wide``)."""
+
+
 def gaussian_release(
     h: _normal.Hidden | _normal.Mixed | None,
     c: float,
@@ -393,7 +402,8 @@ def gaussian_release(
     :func:`market._normal.add_normals` then :func:`market._normal.snap`, or one compiled loop
     over the coordinates (the same expressions in the same order, its own ``ln`` within 2⁻⁴⁹
     where the reference trusts numpy's to 2⁻⁴⁶); both leave the coordinates they cannot decide
-    to ``settle``, so they give the same integers.
+    to ``settle``, so they give the same integers. Above :data:`SCALAR_MAX` coordinates the
+    compiled loop runs only where it is vectorised (:data:`WIDE`).
 
     Raises
     ------
@@ -401,7 +411,7 @@ def gaussian_release(
         A value too large for its release grid.
     """
     c_mod = _ACTIVE[0]
-    if c_mod is None or draws.slots != _normal.SLOTS:
+    if c_mod is None or draws.slots != _normal.SLOTS or (draws.n > SCALAR_MAX and not WIDE):
         hidden = _normal.add_normals(h, c, draws)
         return hidden, _normal.snap(base, hidden, grid_exp, settle)
     n = draws.n

@@ -35,6 +35,14 @@ N = 2 * _normal.BLOCK + 77  # two blocks of the reference and a partial one
 GRID = -12
 
 
+@pytest.fixture(autouse=True)
+def _compiled_loop_at_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled pass at every size, whatever this CPU's vector width (a CPU without
+    AVX-512 runs it only up to :data:`market._step.SCALAR_MAX` coordinates: slower above, not
+    different; every build of the loop gives the same doubles)."""
+    monkeypatch.setattr(_step, "WIDE", True)
+
+
 def _edge_words(n: int) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
     """Random words for ``U₁`` and ``U₂``, with ``U₁``'s first words where its ``ln`` is
     hardest: 0 (the exact path), near 1 (``u`` rounding to 1, and just below), just either

@@ -234,11 +234,16 @@ time between OpenDP's, whose ~0.3 ms of work evicts the caches, took ours from ~
 per value-step and numpy's from ~1 to ~4 µs per call)."""
 
 
+def _turns(calls: int) -> int:
+    """Timed turns of :func:`_cpu_in_turns` for ``calls`` calls (one more warms up)."""
+    return max(1, calls // _IN_A_ROW)
+
+
 def _cpu_in_turns(fns: Sequence[Callable[[], Any]], calls: int) -> list[float]:
     """CPU seconds of this thread per call of each function: :data:`_IN_A_ROW` calls of each
     timed together, the functions in turn (so all see the same machine state), ``calls`` calls
     of each in all; the median over the turns, after one turn to warm up."""
-    turns = max(1, calls // _IN_A_ROW)
+    turns = _turns(calls)
     times: list[list[float]] = [[] for _ in fns]
     for turn in range(turns + 1):
         for i, fn in enumerate(fns):
@@ -281,7 +286,7 @@ def small_table(calls: int) -> list[tuple[str, float, float, float | None]]:
     peers = opendp_samplers(SMALL_DIM)
     rows = []
     for name, mech, sampler in _SMALL_CASES:
-        ours = _value_steps(mech, calls + _IN_A_ROW)
+        ours = _value_steps(mech, (_turns(calls) + 1) * _IN_A_ROW)
         numpy = functools.partial(getattr(base, sampler), 0.0, 1.0, SMALL_DIM)
         fns: list[Callable[[], Any]] = [ours, numpy]
         if peers is not None:

@@ -34,7 +34,7 @@ frees.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from functools import lru_cache
@@ -42,6 +42,7 @@ from functools import lru_cache
 from market.privacy_units import cap_of, level_of, spend_of
 
 from ..wire.events import StreamRegistration, WindowStatus
+from ..wire.times import utc_text
 from .outputs import Reject
 
 __all__ = [
@@ -153,7 +154,6 @@ def refusal(
     ex: Excess,
     ws: WindowStatus | None,
     best: float | None,
-    iso: Callable[[int], str],
 ) -> Reject:
     """``buyer_quota_exceeded``: which cap, what the buyer would use, its share, the most
     accurate level that fits now (``best``) and, for a window (``ws``), when it frees."""
@@ -171,12 +171,12 @@ def refusal(
         n = ex.use // spend_of(ex.level)
         what = (
             f"at level {ex.level:g} you would use {level_of(ex.use):g} {ws.unit} of the privacy "
-            f"window {iso(ws.start_ms)}–{iso(ws.end_ms)} ({n} values at {ex.level:g}), but "
+            f"window {utc_text(ws.start_ms)}–{utc_text(ws.end_ms)} ({n} values at {ex.level:g}), but "
             f"one buyer may use at most {level_of(ex.limit):g} ({share * 100:g} % of its cap "
             f"{reg.window.cap:g})"
         )
         when = (
-            f". Values published from {iso(ws.end_ms)} count against the next window; this "
+            f". Values published from {utc_text(ws.end_ms)} count against the next window; this "
             f"window's values stop being covered by purchases once {reg.retain_last} newer "
             "values have arrived"
         )
@@ -211,9 +211,7 @@ def check_registration(reg: StreamRegistration) -> None:
     )
 
 
-def withheld_text(
-    stream_id: str, share: Share, level: float, ws: WindowStatus, iso: Callable[[int], str]
-) -> str:
+def withheld_text(stream_id: str, share: Share, level: float, ws: WindowStatus) -> str:
     """What a holder is told of values withheld for its share: how many values of a window its
     level allows, and when values reach it again."""
     n = values_allowed(share, level)
@@ -221,7 +219,7 @@ def withheld_text(
         f"values of stream {stream_id!r} withheld from you: one buyer may use at most "
         f"{level_of(share.of_window or 0):g} {ws.unit} of each privacy window "
         f"({share.fraction * 100:g} % of its cap), which at your level {level:g} is {n} "
-        f"values of a window. Values published from {iso(ws.end_ms)} (the next window) reach you "
+        f"values of a window. Values published from {utc_text(ws.end_ms)} (the next window) reach you "
         "again; a lower level gets more values of each window"
     )
 

@@ -133,8 +133,8 @@ STORE_OWNERS = {
 RECORD_FIELDS = {
     "window",
     "holders",
-    "spent",
-    "window_spent",
+    "spent_nano",
+    "window_spent_nano",
     "window_floor",
     "next_seq",
     "values_ingested",
@@ -212,7 +212,7 @@ def writes(source: str) -> list[tuple[str, str, int]]:
 def test_the_owner_finder_sees_every_kind_of_write() -> None:
     snippet = (
         "ctx.stores.releases[k] = v\nself._stores.streams[k] = s\nctx.stores.purchases.pop(k)\n"
-        "del ctx.stores.accounts[k]\nst.spent = 1\nst.window.append(e)\ne.level += 1\n"
+        "del ctx.stores.accounts[k]\nst.spent_nano = 1\nst.window.append(e)\ne.level += 1\n"
         "st.holders[b] = h\na, st.next_seq = 1, 2\nx = ctx.stores.releases.get(k)\n"
     )
     assert sorted(writes(snippet), key=lambda w: w[2]) == [
@@ -220,7 +220,7 @@ def test_the_owner_finder_sees_every_kind_of_write() -> None:
         ("store", "streams", 2),
         ("store", "purchases", 3),
         ("store", "accounts", 4),
-        ("field", "spent", 5),
+        ("field", "spent_nano", 5),
         ("field", "window", 6),
         ("field", "level", 7),
         ("field", "holders", 8),
@@ -238,4 +238,32 @@ def test_each_store_and_the_stream_record_have_one_writer() -> None:
             owners = STORE_OWNERS[name] if kind == "store" else RECORD_OWNERS
             if rel not in owners:
                 wrong.append(f"streams/core/{rel}:{line} writes {kind} {name!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+SPEND_FIELDS = {
+    "spent_nano",
+    "window_spent_nano",
+    "level",
+    "holders",
+    "revenue_minor",
+    "paid_minor",
+    "purchases",
+}
+"""What a release spends (the stream's spent, the windows' sums, a value's loss) and what a
+purchase charges (the holders, their payments, the revenue)."""
+
+
+def test_only_the_ledger_writes_a_spend_or_a_charge() -> None:
+    """Every release passes the ledger's one gate, which checks, releases, then records: any
+    other module of ``streams`` writing a spend or a charge would be a release it did not
+    account (``streams/core/state.py`` defines the records and their stores)."""
+    owners = {"streams/core/ledger.py", "streams/core/state.py"}
+    wrong = [
+        f"{rel}:{line} writes {name!r}"
+        for path in sorted((ROOT / "streams").rglob("*.py"))
+        if (rel := path.relative_to(ROOT).as_posix()) not in owners
+        for kind, name, line in writes(path.read_text())
+        if kind == "field" and name in SPEND_FIELDS
+    ]
     assert not wrong, "\n".join(wrong)

@@ -12,7 +12,8 @@
 ``rejections``          a refused event → a ``Rejection`` its sender can act on
 ``stream``              :class:`~.stream.Stream`: a stream's record, terms, product and ledger;
                         ``stream_store`` loads it once per event and saves it in one place
-``ledger``              the privacy ledger: the one writer of values' losses and window sums
+``ledger``              the privacy ledger: the one gate of every release, and the one writer
+                        of spends (values' losses, window sums) and charges
 ``products/``           what a stream sells (vectors, histograms, running totals), one protocol
 ``replay/``             recall, keep, forget; time admission; watermarks
 ``delivery``            subscription deliveries, batched per buyer and stream

@@ -1,13 +1,30 @@
-"""The privacy ledger: the one writer of what a stream's releases have cost.
+"""The privacy ledger: the one gate every release passes, and the one writer of what it cost.
 
 Lossless release makes a value's privacy loss the largest level released of it, to anyone; so
 the ledger keeps, and it alone writes:
 
-* each retained value's loss (:attr:`ValueEntry.level`);
+* each retained value's loss (:attr:`ValueEntry.level`, the level itself: the chain needs the
+  exact double back, and its nano-units are :func:`~.privacy_units.spend_of` it);
 * the stream's *spent*: the largest level released of any of its values (what the operators'
   gauges show against the cap);
 * on a ``window`` stream, each privacy window's sum of its values' losses and the floor below
-  which windows are closed.
+  which windows are closed;
+* what a purchase charges: the buyer's holding and the stream's revenue.
+
+**One gate.** A release is made through one call that checks, releases, then records:
+:meth:`PrivacyLedger.sell` for a purchase, :meth:`PrivacyLedger.deliver` for a value's
+subscription deliveries (and a resend's). The call works out the :class:`Spend` (what the
+release adds to each window), runs every check on it, and only if all pass calls the caller's
+``release``; whatever that raises, nothing has been recorded. Then it records the spend (and a
+purchase's charge) with plain assignments of values computed beforehand, which cannot fail half
+way. The predicates (:meth:`PrivacyLedger.fitting_purchase`, what quotes show) run the same
+checks and change nothing. A resent purchase whose outcome is recomputed from its decision
+(:mod:`.purchases`) sends again bytes the gate accounted when they were first made, and records
+nothing.
+
+**Exact accounting.** Privacy is counted in integers of 10⁻⁹ of the stream's unit
+(:mod:`.privacy_units`): a value's loss is its level's canonical decimal rounded up, a window
+cap is rounded down, and sums and comparisons are exact; there is no tolerance.
 
 On a stream registered with privacy unit ``window`` (duration W, window cap C) the same people
 are in every value (a thermometer in one home, a per-user counter), so their loss over a window
@@ -20,28 +37,43 @@ join it or a retained value of it can still be re-released; beyond that at most
 :data:`~streams.core.state.MAX_RECENT_WINDOWS` more, and a value published into a window whose
 sum was dropped is refused (``privacy_window_closed``): never counted from zero.
 
+**Adding a check.** A check is a function of the ledger and a :class:`Spend` that returns a
+:class:`Shortfall` (which window, or cap, has too little room, and by how much) or ``None``;
+:data:`CHECKS` lists them and both the gate and the predicates run them all. A reservation
+(room held for a quote for a while) is a check that counts the room other buyers' live
+reservations hold as spent, plus a commit step that consumes the buyer's own; a per-buyer quota
+(a buyer's share of each window's cap) is a check that compares the buyer's own sum per window
+(``Spend.buyer_id``, ``Spend.added``) with its share. Each adds its state to the stream's
+record, written only in :meth:`PrivacyLedger._commit` and the commit of deliveries, so a
+release is still recorded all at once or not at all.
+
 Levels carry their unit (:class:`Level`): ε, ρ and ω never compare or add across units, so a
 sum of levels is a sum of one unit by construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from itertools import accumulate
+from typing import Generic, Literal, TypeVar
 
-import numpy as np
-from numpy.typing import NDArray
+from market.privacy_units import cap_of, level_of, spend_of
 
 from ..wire.events import UNIT_OF, WindowStatus
 from .outputs import Reject
-from .state import MAX_RECENT_WINDOWS, StreamState, ValueEntry
+from .state import MAX_RECENT_WINDOWS, Holder, StreamState, ValueEntry
 
 __all__ = [
-    "TOLERANCE",
+    "CHECKS",
+    "Check",
     "Level",
+    "Made",
     "PrivacyLedger",
+    "Shortfall",
+    "Spend",
     "Unit",
     "describe",
     "latest_status",
@@ -49,10 +81,7 @@ __all__ = [
 ]
 
 Unit = Literal["epsilon", "rho", "omega"]
-
-TOLERANCE = 1e-9
-"""Relative slack (of the window cap) for sums of floating-point levels: ten steps of 0.1
-must fit a cap of 1."""
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +109,71 @@ class Level:
     def __ge__(self, other: Level) -> bool:
         return self.value >= self._of(other)
 
-    def __add__(self, other: Level) -> Level:
-        return Level(self.value + self._of(other), self.unit)
+    @property
+    def nanos(self) -> int:
+        """The level as a spend: nano-units, rounded up (:mod:`.privacy_units`)."""
+        return spend_of(self.value)
 
-    def __sub__(self, other: Level) -> Level:
-        return Level(self.value - self._of(other), self.unit)
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What one release would add: per window, in nano-units.
+
+    Attributes
+    ----------
+    level : Level
+        The level released (a purchase's, or one level of a delivery).
+    added : mapping of int to int
+        Window index → nano-units the release adds to its sum (only windows it adds to).
+    buyer_id : str or None
+        The buyer of a purchase (``None`` for a delivery, which goes to every holder of the
+        level).
+    price_minor : int
+        What the purchase charges (0 for a delivery).
+    """
+
+    level: Level
+    added: Mapping[int, int]
+    buyer_id: str | None = None
+    price_minor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a spend does not fit: window ``window`` would go ``over`` nano-units above its cap."""
+
+    window: int
+    over: int
+
+
+@dataclass(frozen=True, slots=True)
+class Made(Generic[R]):
+    """What a delivery's ``release`` made: the value's entry (new or retained), the levels it
+    was released at, and the caller's result."""
+
+    entry: ValueEntry
+    levels: Iterable[float]
+    result: R
+
+
+Check = Callable[["PrivacyLedger", Spend], "Shortfall | None"]
+
+
+def window_room(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
+    """The first window the spend would push over its cap (nothing new costs nothing)."""
+    cap = ledger.window_cap_nanos
+    if cap is None:
+        return None
+    sums = ledger.state.window_spent_nano
+    for k in sorted(spend.added):
+        over = sums.get(k, 0) + spend.added[k] - cap
+        if spend.added[k] > 0 and over > 0:
+            return Shortfall(k, over)
+    return None
+
+
+CHECKS: tuple[Check, ...] = (window_room,)
+"""Every check the gate runs on a spend, in order (the module docstring: adding one)."""
 
 
 def _iso(ms: int) -> str:
@@ -95,18 +184,18 @@ def _iso(ms: int) -> str:
 
 
 def status(st: StreamState, idx: int) -> WindowStatus:
-    """Window ``idx`` of a ``window`` stream as the ledger accounts it."""
+    """Window ``idx`` of a ``window`` stream as the ledger accounts it (levels as decimals)."""
     reg = st.registration
     assert reg.window is not None
-    spent = st.window_spent.get(idx, 0.0)
+    spent = st.window_spent_nano.get(idx, 0)
     w = reg.window.duration_ms
     return WindowStatus(
         start_ms=idx * w,
         end_ms=(idx + 1) * w,
         unit=UNIT_OF[reg.mechanism],
         cap=reg.window.cap,
-        spent=spent,
-        headroom=max(0.0, reg.window.cap - spent),
+        spent=level_of(spent),
+        headroom=level_of(max(0, cap_of(reg.window.cap) - spent)),
     )
 
 
@@ -126,9 +215,26 @@ def describe(ws: WindowStatus) -> str:
     )
 
 
+@dataclass(slots=True)
+class _Retained:
+    """The retained values' losses per window, sorted, with prefix sums: what releasing a
+    level on all of them adds to each window, in O(log n) per window."""
+
+    losses: dict[int, list[int]] = field(default_factory=dict)
+    prefix: dict[int, list[int]] = field(default_factory=dict)
+
+    def added(self, nanos: int) -> dict[int, int]:
+        out = {}
+        for k, losses in self.losses.items():
+            below = bisect_left(losses, nanos)
+            if (a := below * nanos - self.prefix[k][below]) > 0:
+                out[k] = a
+        return out
+
+
 class PrivacyLedger:
     """What one stream's releases have cost (see the module docstring); every write of a
-    value's loss, the stream's spent or a window's sum goes through here.
+    value's loss, the stream's spent, a window's sum or a charge goes through here.
 
     Parameters
     ----------
@@ -138,27 +244,30 @@ class PrivacyLedger:
         The levels for sale, in this stream's unit (what a refusal says still fits).
     changed : callable
         Called after every write (the stream is then saved at the end of the event).
+    charged : list of str
+        Where the buyers whose holdings changed are noted (the stream store saves them).
     """
 
     def __init__(
-        self, state: StreamState, levels: Sequence[float], changed: Callable[[], None]
+        self,
+        state: StreamState,
+        levels: Sequence[float],
+        changed: Callable[[], None],
+        charged: list[str],
     ) -> None:
-        self._st = state
+        self.state = state
         self._levels = levels
         self._changed = changed
+        self._charged = charged
         self.unit: Unit = UNIT_OF[state.registration.mechanism]
         window = state.registration.window
         self._duration = None if window is None else window.duration_ms
-        self._cap = None if window is None else window.cap
+        #: the window cap in nano-units, rounded down (None: not a ``window`` stream)
+        self.window_cap_nanos = None if window is None else cap_of(window.cap)
 
     def level(self, value: float) -> Level:
         """``value`` as a level of this stream's unit."""
         return Level(float(value), self.unit)
-
-    @property
-    def spent(self) -> Level:
-        """The largest level released of any of the stream's values."""
-        return self.level(self._st.spent)
 
     @property
     def windowed(self) -> bool:
@@ -170,6 +279,14 @@ class PrivacyLedger:
         assert self._duration is not None
         return published_at_ms // self._duration
 
+    def shortfall(self, spend: Spend) -> Shortfall | None:
+        """The first check the spend fails (:data:`CHECKS`); ``None`` if it fits. Changes
+        nothing."""
+        for check in CHECKS:
+            if (short := check(self, spend)) is not None:
+                return short
+        return None
+
     # -- values ---------------------------------------------------------------------------------
     def check_open(self, published_at_ms: int, value_id: str) -> None:
         """Refuse (``privacy_window_closed``) a value whose window's sum was dropped: it would
@@ -177,8 +294,8 @@ class PrivacyLedger:
         if self._duration is None:
             return
         idx = self.window_of(published_at_ms)
-        if idx <= self._st.window_floor and idx not in self._st.window_spent:
-            ws = status(self._st, idx)
+        if idx <= self.state.window_floor and idx not in self.state.window_spent_nano:
+            ws = status(self.state, idx)
             raise Reject(
                 "privacy_window_closed",
                 f"value {value_id!r} was published in the privacy window {_iso(ws.start_ms)}–"
@@ -187,134 +304,191 @@ class PrivacyLedger:
                 "still join); publish values in order and on time",
             )
 
-    def fitting(self, published_at_ms: int, current: Level, wanted: Iterable[Level]) -> set[Level]:
-        """The ``wanted`` levels a value (published at ``published_at_ms``, released up to
-        ``current`` so far) may be released at without overspending its window: all of them on
-        other streams. Nothing new costs nothing, so levels up to ``current`` always fit."""
-        levels = set(wanted)
-        if self._cap is None:
-            return levels
-        spent = self._st.window_spent.get(self.window_of(published_at_ms), 0.0)
-        limit = self.level(current.value + (self._cap - spent) + self._cap * TOLERANCE)
-        return {lv for lv in levels if lv <= current or lv <= limit}
+    def deliver(
+        self,
+        published_at_ms: int,
+        current: Level,
+        wanted: Iterable[Level],
+        release: Callable[[frozenset[Level]], Made[R]],
+    ) -> R:
+        """The gate of a value's deliveries: the ``wanted`` levels that fit, then
+        ``release(fitting)``, then the value's loss, its window's sum and the stream's spent.
 
-    def record_value(self, entry: ValueEntry, released: Iterable[Level]) -> None:
-        """The value of ``entry`` was released at ``released``: its loss becomes the largest
-        (its window's sum grows by the difference), and so may the stream's spent. On a
-        ``window`` stream the value's window is kept open even when nothing was released."""
+        On a ``window`` stream the value's window is kept open even when nothing was released.
+
+        Parameters
+        ----------
+        published_at_ms : int
+            When the value was published (which window it spends in).
+        current : Level
+            The largest level it was released at so far (0 for a new value): levels up to it
+            cost nothing and always fit.
+        wanted : iterable of Level
+            The levels its holders hold.
+        release : callable
+            Makes the releases at the levels that fit (and, for a new value, its entry);
+            whatever it raises, nothing has been recorded.
+
+        Returns
+        -------
+        R
+            ``release``'s result.
+        """
+        fits = frozenset(lv for lv in wanted if self._fits_value(published_at_ms, current, lv))
+        made = release(fits)
+        released = [self.level(lv) for lv in made.levels]
+        if made.entry.published_at_ms != published_at_ms or any(
+            lv not in fits and lv > current for lv in released
+        ):
+            raise AssertionError(f"released beyond what the ledger let through: {released}")
+        self._commit_value(made.entry, max(released, default=current))
+        return made.result
+
+    def _fits_value(self, published_at_ms: int, current: Level, level: Level) -> bool:
+        if level <= current or self._duration is None:
+            return True
+        spend = Spend(level, {self.window_of(published_at_ms): level.nanos - current.nanos})
+        return self.shortfall(spend) is None
+
+    def _commit_value(self, entry: ValueEntry, top: Level) -> None:
+        st = self.state
         current = self.level(entry.level)
-        top = max(released, default=current)
         if self._duration is not None:
             idx = self.window_of(entry.published_at_ms)
-            sums = self._st.window_spent
-            sums[idx] = sums.get(idx, 0.0) + max(0.0, top.value - current.value)
+            added = max(0, top.nanos - current.nanos)
+            st.window_spent_nano[idx] = st.window_spent_nano.get(idx, 0) + added
         if top > current:
             entry.level = top.value
-        self._st.spent = max(self._st.spent, top.value)
+        st.spent_nano = max(st.spent_nano, top.nanos)
         self._changed()
 
     def record_held_by_market(self, level: Level) -> None:
         """The market computed (and keeps to itself) a release at ``level``: a sealed stream's
-        cap-level release, counted in the stream's spent."""
-        self._st.spent = max(self._st.spent, level.value)
+        cap-level release, counted in the stream's spent (sealed streams have no windows)."""
+        self.state.spent_nano = max(self.state.spent_nano, level.nanos)
         self._changed()
 
     # -- purchases ------------------------------------------------------------------------------
     def fitting_purchase(self, levels: Sequence[Level]) -> list[bool]:
-        """Which of ``levels`` a purchase could release now on every retained value without
-        overspending any window (all of them on other streams, or with no retained value)."""
-        if self._cap is None or not self._st.window or not levels:
-            return [True] * len(levels)
-        windows, added = self._window_sums(levels)
-        room = (added <= self._headroom(windows)[None, :]) | (added == 0.0)  # nothing new: free
-        ok: NDArray[np.bool_] = np.all(room, axis=1)
-        return [bool(x) for x in ok.tolist()]
+        """Which of ``levels`` a purchase could release now on every retained value (every
+        check passes: all of them on other streams, or with no retained value). Changes
+        nothing."""
+        retained = self._retained()
+        return [self.shortfall(Spend(lv, retained.added(lv.nanos))) is None for lv in levels]
 
-    def check_purchase(self, level: Level) -> None:
-        """Refuse (``privacy_window_full``) a purchase releasing ``level`` on the retained
-        values if that would overspend a window; say by how much, what fits and when it frees."""
-        st = self._st
-        if self._cap is None or not st.window:
-            return
-        windows, added = self._window_sums([level])
-        over = np.where(added[0] == 0.0, 0.0, added[0] - self._headroom(windows))
-        if (over <= 0).all():
-            return
-        j = int(np.argmax(over))
-        k = int(windows[j])
-        ws = status(st, k)
-        n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == k)
+    def sell(self, buyer_id: str, level: Level, price_minor: int, release: Callable[[], R]) -> R:
+        """The gate of a purchase: check, release, then record the spend and the charge.
+
+        Parameters
+        ----------
+        buyer_id : str
+            Who buys (their holding becomes ``level``).
+        level : Level
+            The level released on every retained value.
+        price_minor : int
+            What the step costs, added to what the buyer paid and to the stream's revenue.
+        release : callable
+            Makes the releases and the outcome; called only if every check passed, and
+            whatever it raises, nothing has been recorded.
+
+        Returns
+        -------
+        R
+            ``release``'s result.
+
+        Raises
+        ------
+        Reject
+            ``privacy_window_full`` if releasing ``level`` would overspend a window: by how
+            much, what fits and when it frees (``release`` is not called).
+        """
+        spend = Spend(level, self._retained().added(level.nanos), buyer_id, price_minor)
+        short = self.shortfall(spend)
+        if short is not None:
+            raise self._refusal(spend, short)
+        result = release()
+        self._commit(spend)
+        return result
+
+    def _commit(self, spend: Spend) -> None:
+        """Record a purchase that passed the gate: every value below to its level, every
+        window by what the spend adds, the holding and the charge (computed first, then
+        assigned)."""
+        st = self.state
+        level, buyer = spend.level, spend.buyer_id
+        assert buyer is not None
+        old = st.holders.get(buyer) or Holder(level=level.value)
+        # a new Holder, never the old one changed: a holders base may share the old one
+        holder = Holder(
+            level=level.value,
+            paid_minor=old.paid_minor + spend.price_minor,
+            purchases=old.purchases + 1,
+        )
+        sums = {k: st.window_spent_nano.get(k, 0) + a for k, a in spend.added.items()}
+        for e in st.window:
+            e.level = max(e.level, level.value)
+        st.window_spent_nano.update(sums)
+        if st.window:
+            st.spent_nano = max(st.spent_nano, level.nanos)
+        st.holders[buyer] = holder
+        st.revenue_minor += spend.price_minor
+        self._charged.append(buyer)
+        self._changed()
+
+    def _refusal(self, spend: Spend, short: Shortfall) -> Reject:
+        """``privacy_window_full``: the window that has no room, what fits and when it frees."""
+        st = self.state
+        ws = status(st, short.window)
+        n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == short.window)
         sellable = [self.level(lv) for lv in self._levels]
         fits = [lv for lv, ok in zip(sellable, self.fitting_purchase(sellable), strict=True) if ok]
         best = (
             f"the most accurate level that fits now is {max(fits).value:g}"
             if fits
-            else ("no level fits now")
+            else "no level fits now"
         )
-        raise Reject(
+        added = level_of(spend.added[short.window])
+        return Reject(
             "privacy_window_full",
             f"releasing the level asked for on the {n} values of this stream's {describe(ws)} "
-            f"would spend {float(added[0][j]):g} more; {best}. New values count against the next "
+            f"would spend {added:g} more; {best}. New values count against the next "
             f"window from {_iso(ws.end_ms)}; this window's values stop being covered by "
             f"purchases once {st.registration.retain_last} newer values have arrived",
             window=ws.model_dump(),
             best_level=max(fits).value if fits else None,
         )
 
-    def record_purchase(self, level: Level) -> None:
-        """Every retained value was released at ``level`` (after :meth:`check_purchase` let
-        it through): their losses, their windows' sums and the stream's spent."""
-        st = self._st
-        for e in st.window:
-            if level.value > e.level:
-                if self._duration is not None:
-                    k = self.window_of(e.published_at_ms)
-                    st.window_spent[k] = st.window_spent.get(k, 0.0) + (level.value - e.level)
-                e.level = level.value
-        if st.window:
-            st.spent = max(st.spent, level.value)
-        self._changed()
+    def _retained(self) -> _Retained:
+        """The retained values' losses per window (none on an ``event`` stream)."""
+        out = _Retained()
+        duration = self._duration
+        if duration is None:
+            return out
+        levels: dict[int, list[float]] = {}
+        for e in self.state.window:
+            levels.setdefault(e.published_at_ms // duration, []).append(e.level)
+        for k, window in levels.items():
+            window.sort()  # spend_of is monotone: the losses come out sorted
+            out.losses[k] = losses = [spend_of(lv) for lv in window]
+            out.prefix[k] = [0, *accumulate(losses)]
+        return out
 
     # -- upkeep ---------------------------------------------------------------------------------
     def prune(self, horizon_ms: int) -> None:
         """Drop sums no release can change any more; beyond that keep the newest
         :data:`~streams.core.state.MAX_RECENT_WINDOWS`, closing older ones."""
-        st = self._st
+        st = self.state
         if self._duration is None:
             return
+        sums = st.window_spent_nano
         joinable = max(0, st.watermark_ms - horizon_ms) // self._duration  # none can join below
-        if (
-            len(st.window_spent) <= MAX_RECENT_WINDOWS
-            and min(st.window_spent, default=joinable) >= joinable
-        ):
+        if len(sums) <= MAX_RECENT_WINDOWS and min(sums, default=joinable) >= joinable:
             return  # nothing to drop (the usual case: one pass over the few sums, not the window)
         retained = {self.window_of(e.published_at_ms) for e in st.window}
-        recent = sorted(k for k in st.window_spent if k not in retained and k >= joinable)
-        dropped = [k for k in st.window_spent if k not in retained and k < joinable]
+        recent = sorted(k for k in sums if k not in retained and k >= joinable)
+        dropped = [k for k in sums if k not in retained and k < joinable]
         dropped += recent[: max(0, len(recent) - MAX_RECENT_WINDOWS)]
         for k in dropped:
-            del st.window_spent[k]
+            del sums[k]
             st.window_floor = max(st.window_floor, k)
         self._changed()
-
-    def _window_sums(
-        self, levels: Sequence[Level]
-    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """For each candidate level, what releasing it on every retained value would add to
-        each window that has retained values: (windows, added[candidate, window])."""
-        assert self._duration is not None
-        st = self._st
-        held = np.array([e.level for e in st.window], dtype=np.float64)
-        idx = np.array([e.published_at_ms for e in st.window], dtype=np.int64) // self._duration
-        order = np.argsort(idx, kind="stable")
-        idx, held = idx[order], held[order]
-        windows, starts = np.unique(idx, return_index=True)
-        cand = np.array([lv.value for lv in levels], dtype=np.float64)
-        added = np.maximum(0.0, cand[:, None] - held[None, :])
-        return windows, np.add.reduceat(added, starts, axis=1)
-
-    def _headroom(self, windows: NDArray[np.int64]) -> NDArray[np.float64]:
-        assert self._cap is not None
-        sums = self._st.window_spent
-        spent = np.array([sums.get(int(k), 0.0) for k in windows], dtype=np.float64)
-        return self._cap - spent + self._cap * TOLERANCE

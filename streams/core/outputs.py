@@ -60,9 +60,11 @@ class StreamFigures:
     spent: float
     cap: float
     currency: str
-    #: on a ``window`` stream: the window of its newest value (spent, cap), else None
+    #: on a ``window`` stream: the window of its newest value (spent, cap, headroom: the
+    #: ledger's exact figures as decimals), else None
     window_spent: float | None = None
     window_cap: float | None = None
+    window_headroom: float | None = None
 
 
 @dataclass

@@ -413,15 +413,18 @@ def _fulfil(
     _check_terms(ctx, req, stream, account)
     step = plan(stream, req.buyer_id, target(stream, req.buyer_id, req))
     _check_step(ctx, req, stream, step)
+
+    def release() -> tuple[list[ReleasedValue], int, Receipt, bytes]:
+        # the outcome (sealed, signed) is built inside the gate, before anything is charged:
+        # if building it failed, the buyer would otherwise pay for a level with no outcome
+        releases, new_noise = stream.product.release_window(ctx, stream, step.after)
+        fulfilled, receipt = _fulfilled(ctx, req, stream, step, releases, account.sealing_key)
+        return releases, new_noise, receipt, dump(fulfilled)
+
     ledger = stream.ledger
-    ledger.check_purchase(ledger.level(step.after))
-    releases, new_noise = stream.product.release_window(ctx, stream, step.after)
-    # the outcome (sealed, signed) is built before anything is charged: if building it failed,
-    # the buyer would otherwise hold and pay for a level with no kept outcome
-    fulfilled, receipt = _fulfilled(ctx, req, stream, step, releases, account.sealing_key)
-    payload = dump(fulfilled)
-    stream.charge(req.buyer_id, step.after, step.price_minor)
-    ledger.record_purchase(ledger.level(step.after))
+    releases, new_noise, receipt, payload = ledger.sell(
+        req.buyer_id, ledger.level(step.after), step.price_minor, release
+    )
     record = _decision(ctx, req, stream, step, fp, payload)
     outcome = Outcome(
         "purchase",

@@ -45,10 +45,11 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, with_config
+from pydantic import BaseModel, ConfigDict, model_validator, with_config
 
 from market import ChainState
 from market.histogram_chain import HistogramValue
+from market.privacy_units import spend_of
 
 from ..wire.events import AccountState, StreamRegistration
 
@@ -166,20 +167,39 @@ class StreamRecord(BaseModel):
     #: the holders base the stored record completes (None: ``holders`` is every holder)
     holders_base: BaseRef | None = None
     revenue_minor: int = 0
-    spent: float = 0.0
+    #: the largest level released of any of the stream's values, in nano-units rounded up
+    #: (:mod:`streams.core.privacy_units`)
+    spent_nano: int = 0
     values_ingested: int = 0
     #: newest publication time accepted on the stream; values older than this minus the dedup
     #: horizon are refused, which is what allows forgetting their eviction markers
     watermark_ms: int = 0
     #: the same for purchases: outcomes older than it minus the horizon are forgotten
     purchase_watermark_ms: int = 0
-    #: on a ``window`` stream: window index → sum over its values of their largest level
-    #: (:mod:`streams.core.ledger`); windows no value can join or be re-released into are
-    #: dropped, at most ``MAX_RECENT_WINDOWS`` beyond those of the values in ``window``
-    window_spent: dict[int, float] = {}
-    #: windows at or below this index without an entry in ``window_spent`` are closed: their
-    #: sums were dropped, so a value published into one is refused (-1: none closed)
+    #: on a ``window`` stream: window index → sum over its values of their largest level,
+    #: each in nano-units rounded up (:mod:`streams.core.ledger`); windows no value can join or
+    #: be re-released into are dropped, at most ``MAX_RECENT_WINDOWS`` beyond those of the
+    #: values in ``window``
+    window_spent_nano: dict[int, int] = {}
+    #: windows at or below this index without an entry in ``window_spent_nano`` are closed:
+    #: their sums were dropped, so a value published into one is refused (-1: none closed)
     window_floor: int = -1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _float_sums(cls, data: object) -> object:
+        """Read a record an earlier version wrote, with the stream's spent and its window sums
+        as floating-point levels (``spent``, ``window_spent``): each becomes nano-units rounded
+        up from its canonical decimal, so what was spent is never counted as less."""
+        if not isinstance(data, dict) or not {"spent", "window_spent"} & data.keys():
+            return data
+        data = dict(data)
+        if "spent" in data:
+            data["spent_nano"] = spend_of(float(data.pop("spent")))
+        if "window_spent" in data:
+            sums = data.pop("window_spent")
+            data["window_spent_nano"] = {k: spend_of(float(v)) for k, v in sums.items()}
+        return data
 
 
 class StreamState(StreamRecord):

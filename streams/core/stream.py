@@ -2,8 +2,9 @@
 
 :class:`Stream` is loaded once per event (:class:`streams.core.stream_store.Streams`) and saved
 in one place, at the end of the event, if anything changed it. Everything that changes a
-stream's record goes through here or its :class:`~streams.core.ledger.PrivacyLedger`, which mark
-it changed; the record is never written to its store anywhere else.
+stream's record goes through here or its :class:`~streams.core.ledger.PrivacyLedger` (the one
+writer of spends and charges), which mark it changed; the record is never written to its store
+anywhere else.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from market.privacy_units import level_of
+
 from ..wire.events import UNIT_OF, StreamRegistration, ValueItem
 from .ledger import Level, PrivacyLedger, latest_status
 from .outputs import StreamFigures
-from .state import Holder, StreamState, ValueEntry
+from .state import StreamState, ValueEntry
 from .terms import Terms
 
 __all__ = ["Stream"]
@@ -34,8 +37,8 @@ class Stream(Generic[P]):
     changed : bool
         Whether this event changed the record (it is then saved when the event ends).
     charged : list of str
-        The buyers whose holdings this event changed (a stored record carries only the
-        holders changed since its holders base: :mod:`streams.core.stream_store`).
+        The buyers whose holdings this event changed, noted by the ledger (a stored record
+        carries only the holders changed since its holders base: :mod:`streams.core.stream_store`).
     """
 
     state: StreamState
@@ -51,7 +54,7 @@ class Stream(Generic[P]):
     def __post_init__(self) -> None:
         self.registration = self.state.registration
         self.id = self.registration.stream_id
-        self.ledger = PrivacyLedger(self.state, self.terms.levels, self.touch)
+        self.ledger = PrivacyLedger(self.state, self.terms.levels, self.touch, self.charged)
 
     def touch(self) -> None:
         """Note that the record changed (saved when the event ends)."""
@@ -65,11 +68,12 @@ class Stream(Generic[P]):
             reg.stream_id,
             reg.mechanism,
             UNIT_OF[reg.mechanism],
-            self.state.spent,
+            level_of(self.state.spent_nano),
             reg.cap,
             reg.currency,
             None if ws is None else ws.spent,
             None if ws is None else ws.cap,
+            None if ws is None else ws.headroom,
         )
 
     # -- holders --------------------------------------------------------------------------------
@@ -81,20 +85,6 @@ class Stream(Generic[P]):
     def held_levels(self) -> set[Level]:
         """The levels the stream's holders hold."""
         return {self.ledger.level(h.level) for h in self.state.holders.values()}
-
-    def charge(self, buyer_id: str, level: float, price_minor: int) -> Holder:
-        """``buyer_id`` now holds ``level`` and has paid ``price_minor`` more for it."""
-        st = self.state
-        # a new Holder, never the old one changed: a holders base may share the old one
-        old = st.holders.get(buyer_id) or Holder(level=level)
-        holder = Holder(
-            level=level, paid_minor=old.paid_minor + price_minor, purchases=old.purchases + 1
-        )
-        st.holders[buyer_id] = holder
-        st.revenue_minor += price_minor
-        self.charged.append(buyer_id)
-        self.touch()
-        return holder
 
     # -- the window of retained values ----------------------------------------------------------
     def entry(self, value_id: str) -> ValueEntry | None:

@@ -51,6 +51,7 @@ from pydantic_core import PydanticCustomError
 from market.errors import DuplicateLevelError, ScheduleError
 from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
+from market.privacy_units import NANO_DIGITS, cap_of, level_of, whole_nanos
 from market.receipts import Receipt
 
 from .ids import ID_PATTERN
@@ -579,6 +580,14 @@ class StreamRegistration(_Signed):
                 "released at the cap would overspend its window alone, so levels above the "
                 "window cap could be sold but never delivered; lower the cap or raise the "
                 "window cap"
+            )
+        if not whole_nanos(window.cap):
+            suggested = max(cap_of(window.cap), 1)
+            raise ValueError(
+                f"the window cap {window.cap!r} has more than {NANO_DIGITS} decimal places: the "
+                f"market accounts privacy windows in whole 10^-{NANO_DIGITS} of the level unit "
+                f"(docs/protocol.md §6.3); give the window cap as {level_of(suggested)!r}, or "
+                f"another with at most {NANO_DIGITS} decimals"
             )
 
 

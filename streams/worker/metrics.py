@@ -153,12 +153,15 @@ class Metrics:
         gauges = self._gauges
         gauges[self.privacy_spent, labels] = f.spent
         gauges[self.privacy_cap, labels] = f.cap
-        if f.window_cap is not None and f.window_spent is not None:
-            headroom = max(0.0, f.window_cap - f.window_spent)
+        if (
+            f.window_cap is not None
+            and f.window_spent is not None
+            and f.window_headroom is not None
+        ):
             for gauge, value in (
                 (self.window_spent, f.window_spent),
                 (self.window_cap, f.window_cap),
-                (self.window_headroom, headroom),
+                (self.window_headroom, f.window_headroom),
             ):
                 gauges[gauge, labels] = value
         if o.price_minor > 0:

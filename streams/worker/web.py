@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from market import ChainState
+from market.privacy_units import level_of
 
 from ..core import MarketKeys, Stores
 from ..core.allowance import Allowance
@@ -237,7 +238,7 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
             "level_unit": UNIT_OF[reg.mechanism],
             "currency": reg.currency,
             "cap": reg.cap,
-            "privacy_spent": st.spent,
+            "privacy_spent": level_of(st.spent_nano),
             "privacy_unit": reg.privacy_unit,
             "privacy_window": None
             if reg.window is None
@@ -246,7 +247,8 @@ def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict
                 "cap": reg.window.cap,
                 "latest": None if (ws := latest_status(st)) is None else ws.model_dump(),
                 "spent_by_window_start_ms": {
-                    str(k * reg.window.duration_ms): v for k, v in sorted(st.window_spent.items())
+                    str(k * reg.window.duration_ms): level_of(v)
+                    for k, v in sorted(st.window_spent_nano.items())
                 },
             },
             "revenue_minor": st.revenue_minor,

@@ -51,7 +51,7 @@ FIELD_FLAGS = {
 }
 """Wire field (dotted path inside the event) → the flag that sets it."""
 
-_FIELD = re.compile(r"(?<!['\"])\b[a-z]+(?:_[a-z]+)+\b(?!['\"])")
+_FIELD = re.compile(r"(?<![-'\"])\b[a-z]+(?:_[a-z]+)+\b(?![-'\"])")
 """A field name in a message: snake_case with at least one underscore (``steps`` or ``cap``
 alone are also English words, and stay as they are), not quoted (``'value_id'`` is an id)."""
 
@@ -64,13 +64,20 @@ def _flag(args: argparse.Namespace, field: str) -> str | None:
     return flag
 
 
-_WORD = re.compile(r"(?<!['\"])\b[a-z]+(?:_[a-z]+)*\b(?!['\"])")
-"""Any field name, ``steps`` included: in the model's own rules every such word is a field."""
+_WORD = re.compile(r"(?<![-'\"])\b[a-z]+(?:_[a-z]+)*\b(?![-'\"])")
+"""Any field name, ``steps`` included: in the model's own rules every such word is a field
+(not inside a flag: ``cap`` of ``--window-cap``)."""
+
+_PHRASES = {"window cap": "window.cap"}
+"""Fields the rules name in words (``window cap``, not ``cap``)."""
 
 
 def in_flags(args: argparse.Namespace, text: str, *, words: bool = False) -> str:
     """``text`` with every field name the command has a flag for written as that flag (with
     ``words``, one-word names such as ``steps`` too)."""
+    for phrase, field in _PHRASES.items():
+        if (flag := _flag(args, field)) is not None:
+            text = text.replace(phrase, flag)
     pattern = _WORD if words else _FIELD
     return pattern.sub(lambda m: _flag(args, m.group(0)) or m.group(0), text)
 

@@ -20,14 +20,16 @@ from market.histogram_chain import HistogramValue
 from ...wire.events import ValueItem
 from ..context import Context
 from ..delivery import Release
+from ..ledger import Level, Made
 from ..replay.watermarks import saw_value
-from ..state import EvictedValue, ValueState, record_key
+from ..state import EvictedValue, ValueEntry, ValueState, record_key
 from ..stream import Stream
 from .base import Exact, Identity, Product, deliver, retire, store_state, value_identity
 
 __all__ = ["Retained"]
 
 State = ChainState | HistogramValue
+Releases = dict[float, Release]
 
 
 class Retained(Product):
@@ -58,11 +60,17 @@ class Retained(Product):
         ident = value_identity(stream.id, item.value_id, exact.digest)
         state, drawn = self.new_state(ctx, stream, ident, exact)
         held = stream.held_levels()
-        fits = stream.ledger.fitting(item.published_at_ms, stream.ledger.level(0.0), held)
-        by_level, new_noise = self.releases(ctx, state, ident, {lv.value for lv in fits}, 0.0)
-        entry = stream.append(item, exact.digest, ctx.clock())
-        saw_value(stream, item.published_at_ms)
-        stream.ledger.record_value(entry, [stream.ledger.level(lv) for lv in by_level])
+
+        def release(fits: frozenset[Level]) -> Made[tuple[ValueEntry, Releases, int]]:
+            by_level, new_noise = self.releases(ctx, state, ident, {lv.value for lv in fits}, 0.0)
+            entry = stream.append(item, exact.digest, ctx.clock())
+            saw_value(stream, item.published_at_ms)
+            return Made(entry, by_level, (entry, by_level, new_noise))
+
+        ledger = stream.ledger
+        entry, by_level, new_noise = ledger.deliver(
+            item.published_at_ms, ledger.level(0.0), held, release
+        )
         retire(ctx, stream)
         store_state(ctx, record_key(stream.id, item.value_id), state)
         return deliver(ctx, stream, entry, by_level, held), new_noise + drawn
@@ -75,12 +83,16 @@ class Retained(Product):
             return 0, 0
         ident = value_identity(stream.id, value_id, entry.digest)
         held = stream.held_levels()
+        before = entry.level
+
+        def release(fits: frozenset[Level]) -> Made[tuple[Releases, int]]:
+            made = self.releases(ctx, known, ident, {lv.value for lv in fits}, before)
+            return Made(entry, made[0], made)
+
         ledger = stream.ledger
-        fits = ledger.fitting(entry.published_at_ms, ledger.level(entry.level), held)
-        by_level, new_noise = self.releases(
-            ctx, known, ident, {lv.value for lv in fits}, entry.level
+        by_level, new_noise = ledger.deliver(
+            entry.published_at_ms, ledger.level(before), held, release
         )
-        ledger.record_value(entry, [ledger.level(lv) for lv in by_level])
         return deliver(ctx, stream, entry, by_level, held), new_noise
 
     def retained_states(self, ctx: Context, stream: Stream[Any]) -> list[State]:

@@ -38,15 +38,17 @@ from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release
+from ..ledger import Level, Made
 from ..outputs import Reject
 from ..replay.watermarks import saw_value
-from ..state import EvictedValue, ValueState, record_key
+from ..state import EvictedValue, ValueEntry, ValueState, record_key
 from ..stream import Stream
 from .base import Exact, Product, digest_values, drop_state, numbers, retire, store_state
 
 __all__ = ["Totals", "completed_by", "decomposition", "terms_of"]
 
 Node = tuple[int, int]
+Releases = dict[float, Release]
 
 
 def terms_of(count: int) -> int:
@@ -120,10 +122,17 @@ class Totals(Product):
         oldest = st.window[0].seq + 1 if st.window else None
         assert not isinstance(exact.value, ChainState)
         self._add_increment(ctx, stream, np.asarray(exact.value))
-        by_level, new_noise = self._held_totals(ctx, stream, st.next_seq + 1)
-        entry = stream.append(item, exact.digest, ctx.clock())
-        saw_value(stream, item.published_at_ms)
-        stream.ledger.record_value(entry, [stream.ledger.level(lv) for lv in by_level])
+
+        def release(fits: frozenset[Level]) -> Made[tuple[ValueEntry, Releases, int]]:
+            by_level, new_noise = self._totals_at(ctx, stream, st.next_seq + 1, fits)
+            entry = stream.append(item, exact.digest, ctx.clock())
+            saw_value(stream, item.published_at_ms)
+            return Made(entry, by_level, (entry, by_level, new_noise))
+
+        ledger = stream.ledger
+        entry, by_level, new_noise = ledger.deliver(
+            item.published_at_ms, ledger.level(0.0), stream.held_levels(), release
+        )
         key = record_key(stream.id, item.value_id)
         ctx.records.mark_value(stream.id, key, EvictedValue.of(entry), expires=False)  # dedup
         retire(ctx, stream)
@@ -140,7 +149,15 @@ class Totals(Product):
         entry = stream.entry(value_id)
         if entry is None:
             return 0, 0
-        by_level, new_noise = self._held_totals(ctx, stream, entry.seq + 1)
+
+        def release(fits: frozenset[Level]) -> Made[tuple[Releases, int]]:
+            made = self._totals_at(ctx, stream, entry.seq + 1, fits)
+            return Made(entry, made[0], made)
+
+        ledger = stream.ledger
+        by_level, new_noise = ledger.deliver(
+            entry.published_at_ms, ledger.level(entry.level), stream.held_levels(), release
+        )
         released = ctx.deliveries.queue(
             stream.state, value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
         )
@@ -168,13 +185,13 @@ class Totals(Product):
         return releases, new_noise
 
     # -- the tree -------------------------------------------------------------------------------
-    def _held_totals(
-        self, ctx: Context, stream: Stream[Any], count: int
-    ) -> tuple[dict[float, Release], int]:
-        """The running total after ``count`` increments at every level the holders hold."""
-        by_level: dict[float, Release] = {}
+    def _totals_at(
+        self, ctx: Context, stream: Stream[Any], count: int, levels: frozenset[Level]
+    ) -> tuple[Releases, int]:
+        """The running total after ``count`` increments at each of ``levels``."""
+        by_level: Releases = {}
         new_noise = 0
-        for lv in sorted({h.level for h in stream.state.holders.values()}):
+        for lv in sorted({lv.value for lv in levels}):
             (by_level[lv],), drawn = self._totals(ctx, stream, [count], lv)
             new_noise += drawn
         return by_level, new_noise

@@ -36,7 +36,22 @@ def test_field_names_read_as_the_flags_of_the_command() -> None:
     assert in_flags(BUY, "stream 'target_level' is unknown") == "stream 'target_level' is unknown"
 
 
-def _problem(**fields: Any) -> str:
+def test_a_window_cap_refused_names_the_flag_that_sets_it() -> None:
+    """The rule says "window cap", which the register command sets with --window-cap (not
+    --cap, the stream's own)."""
+    register = argparse.Namespace(**vars(REGISTER), window_cap=8.0000000001, privacy_window=1)
+    text = _problem(
+        steps=[1.0],
+        cap=1.0,
+        privacy_unit="window",
+        window={"duration_ms": 3_600_000, "cap": 8.0000000001},
+        args=register,
+    )
+    assert "the --window-cap 8.0000000001 has more than 9 decimal places" in text, text
+    assert "give the --window-cap as 8.0, or another" in text, text
+
+
+def _problem(args: argparse.Namespace = REGISTER, **fields: Any) -> str:
     body = {
         "stream_id": "s",
         "seller_id": "acme",
@@ -54,7 +69,7 @@ def _problem(**fields: Any) -> str:
     }
     with pytest.raises(ValidationError) as err:
         StreamRegistration.model_validate(body)
-    return input_problem(REGISTER, err.value)
+    return input_problem(args, err.value)
 
 
 @pytest.mark.parametrize(

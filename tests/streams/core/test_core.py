@@ -99,7 +99,7 @@ def test_buy_three_steps_then_subscribe(core: MarketCore) -> None:
     sub = core.handle(T.values, value("temp", "v3", [1.0, 2.0, 3.0]))
     (ev,) = buyer_events(sub)
     assert ev.type == "value_released" and ev.releases[0].level == 2.0
-    assert core.stores.streams["temp"].spent == 2.0
+    assert core.stores.streams["temp"].spent_nano == 2 * 10**9
 
 
 def test_duplicate_purchase_reemits_identical_bytes_and_charges_once() -> None:
@@ -143,7 +143,7 @@ def test_buyers_share_one_release_process(core: MarketCore) -> None:
     a = buyer_events(core.handle(T.purchases, purchase("temp", "alice", "p", target_level=1.0)))
     b = buyer_events(core.handle(T.purchases, purchase("temp", "bob", "p", target_level=1.0)))
     assert a[0].releases[0].values == b[0].releases[0].values
-    assert core.stores.streams["temp"].spent == 1.0
+    assert core.stores.streams["temp"].spent_nano == 10**9
 
 
 def test_price_too_high_quotes_the_price() -> None:
@@ -303,7 +303,7 @@ def test_sealed_stream_releases_only_postprocessing(core: MarketCore) -> None:
     state = core.stores.releases["sealed/v0"]
     assert state.exact is None and set(state.steps) == {3}  # only the cap, step 3 of 0.5..4
     assert out.new_noise == 1
-    assert core.stores.streams["sealed"].spent == 4.0
+    assert core.stores.streams["sealed"].spent_nano == 4 * 10**9
     ok = core.handle(T.purchases, purchase("sealed", "alice", "p1", target_level=1.0))
     assert ok.status == "fulfilled"
 
@@ -815,13 +815,13 @@ def test_the_largest_stream_record_fits_its_bound() -> None:
         for i in range(1000)
     ]
     sums = 1000 + MAX_RECENT_WINDOWS + 1
-    st.window_spent = {big - i: 1.2345678901234567e-300 for i in range(sums)}
+    st.window_spent_nano = {big - i: 10**18 for i in range(sums)}
     st.window_floor = big
     st.holders = {
         f"{i:064d}": Holder(level=1.2345678901234567e-300, paid_minor=10**15, purchases=big)
         for i in range(2000)
     }
-    st.revenue_minor, st.values_ingested, st.spent = big, big, 1.2345678901234567e-300
+    st.revenue_minor, st.values_ingested, st.spent_nano = big, big, 10**18
     size = len(encode_stream(StreamState.model_validate(st.model_dump())))
     assert size <= stream_record_bound(1000, 2000, windowed=True) <= 1_048_576
     registered = len(CODECS["registered"][0](st.registered))

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from market.privacy_units import spend_of
 from streams.clients import cli
 from streams.core import MarketCore, Stores
 from streams.core.codecs import encode_purchase
@@ -120,7 +121,7 @@ def check(core: MarketCore, topic: str, payload: bytes) -> None:
         if o.topic.startswith("f.inbox."):
             INBOX_EVENT.validate_json(o.value)
     for s in core.stores.streams.values():
-        assert s.spent <= s.registration.cap
+        assert s.spent_nano <= spend_of(s.registration.cap)
 
 
 JSONISH = st.recursive(

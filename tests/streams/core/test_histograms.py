@@ -279,7 +279,7 @@ def test_a_window_histogram_stream_counts_each_histograms_level_against_its_wind
     assert c.handle(T.purchases, purchase("h", "alice", "a0")).status == "fulfilled"  # ρ = 1
     assert publish(c, "d1", CITIES).status == "accepted"
     assert publish(c, "d2", CITIES).status == "accepted"
-    assert c.stores.streams["h"].window_spent == {0: 2.0}
+    assert c.stores.streams["h"].window_spent_nano == {0: 2 * 10**9}
     out = publish(c, "d3", CITIES)  # 3 in the window: still fits
     assert [type(e).__name__ for e in inbox(out, "alice")] == ["ValueReleased"]
     out = publish(c, "d4", CITIES)  # would be 4 > 3: withheld, and said so

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from market.privacy_units import cap_of, spend_of
 from streams.core import MarketCore, Stores
 from streams.wire.events import (
     INBOX_EVENT,
@@ -161,9 +162,9 @@ def _check_history(c: MarketCore, sent: list[Any], cap: dict[str, Any]) -> None:
     for e in st.window:
         assert e.level == loss.get(e.value_id, 0.0), (e, loss)
     if "window" in cap:
-        for k, total in st.window_spent.items():
-            spent = sum(lv for vid, lv in loss.items() if PUBLISHED[vid] // W == k)
-            assert total == pytest.approx(spent) and total <= cap["window"]["cap"] + 1e-9
+        for k, total in st.window_spent_nano.items():
+            spent = sum(spend_of(lv) for vid, lv in loss.items() if PUBLISHED[vid] // W == k)
+            assert total == spent <= cap_of(cap["window"]["cap"])
     fulfilled = {(e.buyer_id, e.purchase_id): e for e in sent if isinstance(e, PurchaseFulfilled)}
     for buyer in BUYERS:
         mine = [e for (b, _), e in fulfilled.items() if b == buyer]

@@ -118,7 +118,7 @@ def attack(
     first |= releases(c.handle(T.purchases, purchase("s", "b", "p2", requested_at_ms=NOW)))
     c.handle(T.values, value("s", "W", [0.0] * dim, published_at_ms=NOW + 3_000_000))
     assert "s/V" not in c.stores.releases  # V and its marker are gone
-    spent = c.stores.streams["s"].spent
+    spent = c.stores.streams["s"].spent_nano
     again = releases(c.handle(T.values, value("s", "V", resent or x, published_at_ms=NOW)))
     return first, again, spent
 
@@ -127,7 +127,7 @@ def test_a_forgotten_value_sent_again_gets_the_same_release_not_fresh_noise() ->
     c = core()
     first, again, spent = attack(c, 2000)
     assert again[("V", 2.0)] == first[("V", 2.0)]
-    assert c.stores.streams["s"].spent == spent == 2.0
+    assert c.stores.streams["s"].spent_nano == spent == 2 * 10**9
 
 
 def test_a_forgotten_zero_sent_again_as_minus_zero_gets_the_same_release() -> None:

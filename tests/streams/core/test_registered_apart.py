@@ -56,7 +56,7 @@ def _figures(c: MarketCore) -> dict[str, Any]:
         "holders": {b: h.model_dump() for b, h in st.holders.items()},
         "window": [e.value_id for e in st.window],
         "revenue": st.revenue_minor,
-        "spent": st.spent,
+        "spent": st.spent_nano,
         "values": st.values_ingested,
         "registered": st.registered,
     }

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from market.privacy_units import level_of
 from streams.core import MarketCore
 from streams.core.state import MAX_RECENT_WINDOWS
 from streams.wire.events import (
@@ -74,7 +75,7 @@ def publish(core: MarketCore, vid: str, at_ms: int) -> Any:
 
 
 def spent(core: MarketCore) -> dict[int, float]:
-    return dict(core.stores.streams["home"].window_spent)
+    return {k: level_of(v) for k, v in core.stores.streams["home"].window_spent_nano.items()}
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,10 @@ def spent(core: MarketCore) -> dict[int, float]:
         ({**WINDOWED, "sealed": True}, "unsealed"),
         ({**WINDOWED, "window": {"duration_ms": W, "cap": 1.5}}, "below the stream's cap"),
         ({**WINDOWED, "window": {"duration_ms": 1_000, "cap": 1.0}}, "greater than or equal"),
+        (
+            {**WINDOWED, "window": {"duration_ms": W, "cap": 4.0000000001}},
+            "give the window cap as 4.0,",
+        ),
     ],
 )
 def test_registrations_that_cannot_be_accounted_are_refused(fields: Any, says: str) -> None:
@@ -241,13 +246,13 @@ def test_sums_stay_bounded_and_a_value_is_never_counted_from_zero() -> None:
     for k in range(n):
         publish(c, f"v{k}", k * W)
     st = c.stores.streams["home"]
-    assert len(st.window_spent) <= MAX_RECENT_WINDOWS + 2
-    assert st.window_spent[n - 1] == 2.0 and 0 not in st.window_spent
+    assert len(st.window_spent_nano) <= MAX_RECENT_WINDOWS + 2
+    assert st.window_spent_nano[n - 1] == 2 * 10**9 and 0 not in st.window_spent_nano
     out = c.handle(T.values, value("home", "late", [1.0, 2.0, 3.0], published_at_ms=5))
     assert (out.status, out.reason) == ("rejected", "privacy_window_closed")
-    assert 0 not in st.window_spent
+    assert 0 not in st.window_spent_nano
     publish(c, "recent", (n - 3) * W + 7)  # a window still accounted takes values
-    assert st.window_spent[n - 3] == 2.0  # … and it was full: the value was withheld
+    assert st.window_spent_nano[n - 3] == 2 * 10**9  # … and it was full: the value was withheld
 
 
 def test_the_dedup_horizon_drops_the_sums_no_value_can_join_any_more() -> None:
@@ -256,15 +261,17 @@ def test_the_dedup_horizon_drops_the_sums_no_value_can_join_any_more() -> None:
     c.handle(T.registrations, windowed(retain_last=1))
     for k in range(10):
         publish(c, f"v{k}", k * W)
-    assert sorted(c.stores.streams["home"].window_spent) == [4, 5, 6, 7, 8, 9]
+    assert sorted(c.stores.streams["home"].window_spent_nano) == [4, 5, 6, 7, 8, 9]
     out = c.handle(T.values, value("home", "old", [1.0, 2.0, 3.0], published_at_ms=W))
     assert out.reason == "value_too_old"
 
 
 # -- found by the review of the feature (each failed before its fix) ----------------------------
-def test_what_was_released_already_always_fits_even_past_the_float_slack() -> None:
-    """A window filled to C(1 + 1e-9) by a tiny level: a resend of a value at the level it was
-    delivered at, and a purchase that releases nothing new, cost nothing and go through."""
+def test_a_tiny_spend_after_exhaustion_is_refused_and_what_was_released_still_fits() -> None:
+    """A window filled exactly to its cap by one value: the least level for sale (10⁻⁹, one
+    nano-unit) of a new value is withheld, and a purchase releasing it on that value is refused
+    (with a float slack both went through); a resend of the value at the levels it was released
+    at, and a purchase that releases nothing new, cost nothing and go through."""
     c = new_core()
     c.handle(
         T.registrations,
@@ -280,12 +287,19 @@ def test_what_was_released_already_always_fits_even_past_the_float_slack() -> No
     c.handle(T.purchases, purchase("s", "alice", "a1", target_level=1.0))
     c.handle(T.purchases, purchase("s", "bob", "b1", target_level=1e-9))
     c.handle(T.values, value("s", "v0", [1.0, 1.0, 1.0], published_at_ms=0))
-    c.handle(T.values, value("s", "v1", [2.0, 2.0, 2.0], published_at_ms=1))  # bob only
-    assert c.stores.streams["s"].window_spent[0] > 1.0  # within the slack
-    again = c.handle(T.values, value("s", "v1", [2.0, 2.0, 2.0], published_at_ms=1))
+    assert c.stores.streams["s"].window_spent_nano == {0: 10**9}  # the cap, exactly
+    late = c.handle(T.values, value("s", "v1", [2.0, 2.0, 2.0], published_at_ms=1))
+    assert [type(e) for e in inbox(late, "bob")] == [DeliveriesWithheld]
+    assert c.stores.streams["s"].window_spent_nano == {0: 10**9}
+    again = c.handle(T.values, value("s", "v0", [1.0, 1.0, 1.0], published_at_ms=0))
     assert [type(e) for e in inbox(again, "bob")] == [ValueReleased]
     out = c.handle(T.purchases, purchase("s", "carol", "c1", target_level=1e-9))
-    assert out.status == "fulfilled"
+    assert (out.status, out.reason) == ("rejected", "privacy_window_full")  # v1 would spend 1
+    for k in range(1, 5):  # four windows of one value each: v0 and v1 leave the retained four
+        c.handle(T.values, value("s", f"v{k + 1}", [2.0, 2.0, 2.0], published_at_ms=k * W))
+    out = c.handle(T.purchases, purchase("s", "carol", "c2", target_level=1e-9))
+    assert out.status == "fulfilled"  # every retained value was released at 1.0 already
+    assert [c.stores.streams["s"].window_spent_nano[k] for k in range(1, 5)] == [10**9] * 4
 
 
 def test_a_level_no_window_could_take_cannot_be_registered() -> None:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from market.privacy_units import cap_of, level_of, spend_of
 from streams.core.outputs import Outcome, StreamFigures
 from streams.worker.metrics import build_metrics
 
 
 def _figures(spent: float) -> StreamFigures:
     return StreamFigures(
-        "s1", "laplace", "epsilon", spent, 2.0, "EUR", window_spent=spent, window_cap=1.5
+        "s1",
+        "laplace",
+        "epsilon",
+        spent,
+        2.0,
+        "EUR",
+        window_spent=spent,
+        window_cap=1.5,
+        window_headroom=level_of(max(0, cap_of(1.5) - spend_of(spent))),
     )
 
 

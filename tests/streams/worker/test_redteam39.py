@@ -264,6 +264,13 @@ def test_old_checkpoints_in_place_of_the_newest_roll_nothing_back(market: Market
         )
     )
     w = market.start_worker(healthy=False)
+    # "degraded" until its first look at the broker, which a busy machine can delay past any
+    # fixed sleep; the verdict is what it says once it has looked
+    wait_for(
+        "the restarted worker looked at the broker and its state",
+        lambda: status_of(w) in ("ok", "unverified"),
+        timeout=90,
+    )
     time.sleep(3)
     status = health_of(w)["status"]
 

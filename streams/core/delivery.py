@@ -54,6 +54,7 @@ log = logging.getLogger("emarket.core")
 def _never(level: float) -> bool:
     return False
 
+
 WITHHELD_NOTICE_BYTES = 1024
 """Upper bound on a ``deliveries_withheld`` notice without its value ids (ids, window
 figures, message with 64-character ids: about 870 bytes)."""

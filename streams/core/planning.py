@@ -14,6 +14,7 @@ from market.pricing import StepPlan, plan_step
 
 from ..wire.events import Offer, PurchaseRequest, QuoteRequest
 from .accuracy import offer_accuracy, threshold
+from .ledger import buyer_share, window_room
 from .outputs import Reject
 from .products import Product
 from .stream import Stream
@@ -100,9 +101,13 @@ def offers(stream: Stream[Product], held: float) -> list[Offer]:
     window = reg.window is not None
     factor = type(stream.product).error_factor(reg)  # running totals: the least accurate total's
     # a level at or below the one held is answered with the held level's release
-    fits = stream.ledger.fitting_purchase([stream.ledger.level(max(lv, held)) for lv in levels])
+    ledger = stream.ledger
+    asked = [ledger.level(max(lv, held)) for lv in levels]
+    fits = ledger.fitting_purchase(asked, (window_room,))
+    in_share = ledger.fitting_purchase(asked, (buyer_share,))
+    shared = reg.buyer_share is not None
     out = []
-    for lv, ok in zip(levels, fits, strict=True):
+    for lv, ok, mine in zip(levels, fits, in_share, strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(
@@ -113,6 +118,7 @@ def offers(stream: Stream[Product], held: float) -> list[Offer]:
                 price_minor=price,
                 held=lv <= held,
                 fits_window=ok if window else None,
+                fits_share=mine if shared else None,
                 threshold=threshold(reg, lv),
             )
         )

@@ -34,7 +34,7 @@ frees.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from functools import lru_cache
@@ -50,7 +50,6 @@ __all__ = [
     "Share",
     "check_registration",
     "excess",
-    "fitting",
     "refusal",
     "room",
     "share_of",
@@ -170,10 +169,10 @@ def refusal(
     else:
         n = ex.use // spend_of(ex.level)
         what = (
-            f"at level {ex.level:g} you would use {level_of(ex.use):g} {ws.unit} of the privacy "
-            f"window {utc_text(ws.start_ms)}–{utc_text(ws.end_ms)} ({n} values at {ex.level:g}), but "
-            f"one buyer may use at most {level_of(ex.limit):g} ({share * 100:g} % of its cap "
-            f"{reg.window.cap:g})"
+            f"at level {ex.level:g} you would use {level_of(ex.use):g} {ws.unit} of the "
+            f"privacy window {utc_text(ws.start_ms)}–{utc_text(ws.end_ms)} ({n} values at "
+            f"{ex.level:g}), but one buyer may use at most {level_of(ex.limit):g} "
+            f"({share * 100:g} % of its cap {reg.window.cap:g})"
         )
         when = (
             f". Values published from {utc_text(ws.end_ms)} count against the next window; this "
@@ -193,21 +192,15 @@ def refusal(
 
 def check_registration(reg: StreamRegistration) -> None:
     """Refuse (``invalid_event``) a share that leaves one buyer less than the lowest step: no
-    buyer could buy anything."""
+    buyer could buy anything. (A window's cap is at least the stream's, so its share is too.)"""
     share = share_of(reg)
-    if share is None:
+    if share is None or spend_of(reg.steps[0]) <= share.of_cap:
         return
-    low = reg.steps[0]
-    ex = excess(share, low, {}, [0], new=1)
-    if ex is None:
-        return
-    cap = "--cap" if ex.window is None else "--window-cap"
     raise Reject(
         "invalid_event",
-        f"buyer_share {share.fraction:g} leaves one buyer {level_of(ex.limit):g} of the "
-        f"{'stream' if ex.window is None else 'window'}'s cap, less than the lowest step "
-        f"{low:g}: no buyer could buy anything; raise --buyer-share or {cap}, or lower the "
-        "first of --steps",
+        f"buyer_share {share.fraction:g} leaves one buyer {level_of(share.of_cap):g} of the "
+        f"stream's cap {reg.cap:g}, less than the lowest step {reg.steps[0]:g}: no buyer could "
+        "buy anything; raise --buyer-share or --cap, or lower the first of --steps",
     )
 
 
@@ -219,20 +212,6 @@ def withheld_text(stream_id: str, share: Share, level: float, ws: WindowStatus) 
         f"values of stream {stream_id!r} withheld from you: one buyer may use at most "
         f"{level_of(share.of_window or 0):g} {ws.unit} of each privacy window "
         f"({share.fraction * 100:g} % of its cap), which at your level {level:g} is {n} "
-        f"values of a window. Values published from {utc_text(ws.end_ms)} (the next window) reach you "
-        "again; a lower level gets more values of each window"
+        f"values of a window. Values published from {utc_text(ws.end_ms)} (the next window) "
+        "reach you again; a lower level gets more values of each window"
     )
-
-
-def fitting(
-    share: Share | None,
-    levels: Sequence[float],
-    counts: Mapping[int, int],
-    windows: Iterable[int],
-) -> list[bool]:
-    """Which of ``levels`` a purchase covering values of ``windows`` may buy within the share
-    (all of them without one)."""
-    if share is None:
-        return [True] * len(levels)
-    ws = list(windows)
-    return [excess(share, lv, counts, ws) is None for lv in levels]

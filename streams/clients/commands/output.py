@@ -270,6 +270,8 @@ def offers_table(q: Any) -> str:
         mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
         if o.fits_window is False and not o.held:
             mark += "  (over the privacy window's headroom now)"
+        if getattr(o, "fits_share", None) is False and not o.held:
+            mark += "  (over one buyer's share now)"
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
     pw = getattr(q, "privacy_window", None)
     if pw is not None:

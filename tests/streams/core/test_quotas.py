@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from streams.clients.commands.output import offers_table
 from streams.core import MarketCore
 from streams.core.codecs import decode_stream, encode_stream
 from streams.core.quotas import share_of
@@ -133,6 +134,13 @@ def test_a_buyer_at_its_share_is_refused_while_another_buyer_still_buys() -> Non
         (0.25, True, True),
         (0.5, False, True),
         (1.0, False, False),
+    ]
+    table = offers_table(ans).splitlines()  # as the CLI's quote shows it
+    assert [row.endswith("(over one buyer's share now)") for row in table[1:5]] == [
+        False,
+        False,
+        True,
+        True,
     ]
     (ev,) = inbox(buy(c, "carol", "c2", most_accurate=True, max_price_minor=10_000), "carol")
     assert isinstance(ev, PurchaseFulfilled) and ev.level_after == 0.25

@@ -231,7 +231,7 @@ class StreamState(StreamRecord):
 WINDOW_ENTRY_BYTES = 300
 HOLDER_BYTES = 160
 WINDOW_SUM_BYTES = 48
-WINDOW_COUNT_BYTES = 32
+WINDOW_COUNT_BYTES = 48
 #: privacy-window sums a stream keeps besides those of the values it retains
 MAX_RECENT_WINDOWS = 256
 

@@ -143,6 +143,10 @@ class Spend:
         (what a buyer learns of them is counted against its share, :func:`buyer_share`).
     new_values : int
         Values the release adds to its windows' counts: 1 for a value just published.
+    fresh : mapping of int to int or None
+        A purchase by a buyer that holds nothing (so was released nothing before): the values
+        of each window it will then have had, the retained ones, which its share counts
+        instead of all the window's values.
     """
 
     level: Level
@@ -151,6 +155,7 @@ class Spend:
     price_minor: int = 0
     windows: frozenset[int] = frozenset()
     new_values: int = 0
+    fresh: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +201,7 @@ def buyer_share(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
     share = ledger.share
     if share is None:
         return None
-    counts = ledger.state.window_values
+    counts = ledger.state.window_values if spend.fresh is None else spend.fresh
     ex = quotas.excess(share, spend.level.value, counts, spend.windows, spend.new_values)
     return None if ex is None else Shortfall(ex.window, ex.use - ex.limit, "buyer_quota_exceeded")
 
@@ -251,6 +256,10 @@ class _Retained:
 
     losses: dict[int, list[int]] = field(default_factory=dict)
     prefix: dict[int, list[int]] = field(default_factory=dict)
+
+    def counts(self) -> dict[int, int]:
+        """How many retained values each window has."""
+        return {k: len(losses) for k, losses in self.losses.items()}
 
     def added(self, nanos: int) -> dict[int, int]:
         out = {}
@@ -427,15 +436,19 @@ class PrivacyLedger:
 
     # -- purchases ------------------------------------------------------------------------------
     def fitting_purchase(
-        self, levels: Sequence[Level], checks: Sequence[Check] = CHECKS
+        self, levels: Sequence[Level], checks: Sequence[Check] = CHECKS, *, fresh: bool = False
     ) -> list[bool]:
         """Which of ``levels`` a purchase could release now on every retained value (each of
         ``checks``, all unless told, passes: all of them on other streams, or with no retained
-        value). Changes nothing."""
+        value), by a buyer that holds nothing yet if ``fresh``. Changes nothing."""
         retained = self._retained()
         windows = frozenset(retained.losses)
+        counts = retained.counts() if fresh else None
         return [
-            self.shortfall(Spend(lv, retained.added(lv.nanos), windows=windows), checks) is None
+            self.shortfall(
+                Spend(lv, retained.added(lv.nanos), windows=windows, fresh=counts), checks
+            )
+            is None
             for lv in levels
         ]
 
@@ -473,6 +486,7 @@ class PrivacyLedger:
             buyer_id,
             price_minor,
             windows=frozenset(retained.losses),
+            fresh=None if buyer_id in self.state.holders else retained.counts(),
         )
         short = self.shortfall(spend)
         if short is not None:
@@ -511,14 +525,18 @@ class PrivacyLedger:
         has no room, what fits and when it frees."""
         st = self.state
         sellable = [self.level(lv) for lv in self._levels]
-        fits = [lv for lv, ok in zip(sellable, self.fitting_purchase(sellable), strict=True) if ok]
+        ok = self.fitting_purchase(sellable, fresh=spend.fresh is not None)
+        fits = [lv for lv, fit in zip(sellable, ok, strict=True) if fit]
         if short.reason == "buyer_quota_exceeded":
             assert self.share is not None
             windows = () if short.window is None else (short.window,)
-            ex = quotas.excess(self.share, spend.level.value, st.window_values, windows)
+            counts = st.window_values if spend.fresh is None else spend.fresh
+            ex = quotas.excess(self.share, spend.level.value, counts, windows)
             assert ex is not None
             ws = None if ex.window is None else status(st, ex.window)
-            return quotas.refusal(st.registration, ex, ws, max(fits).value if fits else None)
+            holder = st.holders.get(spend.buyer_id or "")
+            above = [lv.value for lv in fits if holder is None or lv.value > holder.level]
+            return quotas.refusal(st.registration, ex, ws, max(above, default=None))
         assert short.window is not None
         ws = status(st, short.window)
         n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == short.window)

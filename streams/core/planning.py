@@ -33,7 +33,9 @@ def target(
     held = stream.held(buyer_id)
     budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
     above = [lv for lv in stream.terms.levels if lv > held]
-    fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above])
+    fits = stream.ledger.fitting_purchase(
+        [stream.ledger.level(lv) for lv in above], fresh=buyer_id not in stream.state.holders
+    )
     price = stream.terms.schedule.step_price
     mech = stream.terms.mechanism
     affordable = [
@@ -104,7 +106,9 @@ def offers(stream: Stream[Product], held: float) -> list[Offer]:
     ledger = stream.ledger
     asked = [ledger.level(max(lv, held)) for lv in levels]
     fits = ledger.fitting_purchase(asked, (window_room,))
-    in_share = ledger.fitting_purchase(asked, (buyer_share,))
+    # a buyer that holds nothing (held 0: levels are at least 10⁻⁹) will have had only the
+    # retained values of each window, which its share counts
+    in_share = ledger.fitting_purchase(asked, (buyer_share,), fresh=held == 0.0)
     shared = reg.buyer_share is not None
     out = []
     for lv, ok, mine in zip(levels, fits, in_share, strict=True):

@@ -12,11 +12,12 @@ far. Every release to a buyer is at most the level it holds, and it has had at m
 window's values, so by composition L·n_k bounds what it has learned of the window: it is
 exact for a buyer that held L since the window began (a subscriber), and over-counts for one
 that joined later (such a buyer gets fewer of the window's values than its share would allow,
-never more). The figure needs no state per buyer: one count per window, kept and dropped with
-the window's sum by the ledger (``StreamRecord.window_values``, written there alone), so no
-holder's record is rewritten for every value; and it depends on the level alone, so the limit
-on deliveries is per level, like the window's own: at level L, a buyer gets at most
-⌊share/L⌋ values of one window.
+never more). A buyer that holds nothing has been released nothing, so its first purchase is
+counted with the retained values it is about to get instead of n_k. The figure needs no state
+per buyer: one count per window, kept and dropped with the window's sum by the ledger
+(``StreamRecord.window_values``, written there alone), so no holder's record is rewritten for
+every value; and it depends on the level alone, so the limit on deliveries is per level, like
+the window's own: at level L, a buyer gets at most ⌊share/L⌋ values of one window.
 
 **Integers.** In the ledger's nano-units (:mod:`market.privacy_units`): a share is
 ⌊s·⌊C⌋⌋ with s read from its canonical decimal (a share is a cap: rounded down), and a use is
@@ -24,7 +25,8 @@ on deliveries is per level, like the window's own: at level L, a buyer gets at m
 values at 0.01.
 
 **Checks.** A purchase at L by a buyer fits if ``spend_of(L)`` is at most the share of C, and
-``spend_of(L)·n_k`` at most the share of C_w for every window k of the values it covers. A new
+``spend_of(L)·n_k`` at most the share of C_w for every window k of the values it covers (a
+buyer holding nothing: the retained values of k instead of n_k). A new
 value of window k reaches the holders of L if ``spend_of(L)·(n_k + 1)`` is at most the share
 of C_w (a value sent again: ``spend_of(L)·n_k``, it is counted already); the others are told
 (``deliveries_withheld``, reason ``buyer_quota_exceeded``). A purchase beyond the share is
@@ -155,11 +157,12 @@ def refusal(
     best: float | None,
 ) -> Reject:
     """``buyer_quota_exceeded``: which cap, what the buyer would use, its share, the most
-    accurate level that fits now (``best``) and, for a window (``ws``), when it frees."""
+    accurate level above what it holds that fits now (``best``) and, for a window (``ws``),
+    when it frees."""
     share = reg.buyer_share
     assert share is not None
     fits = f"the most accurate level that fits now is {best:g}" if best is not None else ""
-    fits = fits or "no level fits now"
+    fits = fits or "no level above what you hold fits now"
     if ex.window is None or ws is None or reg.window is None:
         what = (
             f"level {ex.level:g} is above one buyer's share of this stream's cap: at most "

@@ -113,13 +113,16 @@ def test_a_buyer_at_its_share_is_refused_while_another_buyer_still_buys() -> Non
     assert buy(c, "alice", "a1", target_level=0.25).status == "fulfilled"  # 4 × 0.25: all of 1
     rej = refusal(buy(c, "alice", "a2", target_level=0.5))  # 4 × 0.5 = 2 > 1
     assert rej.reason == "buyer_quota_exceeded"
-    assert rej.details["best_level"] == 0.25 and rej.details["buyer_share"] == 0.5
+    assert rej.details["best_level"] is None and rej.details["buyer_share"] == 0.5
     assert (rej.details["limit"], rej.details["would_use"]) == (1.0, 2.0)
     assert (rej.details["window"]["start_ms"], rej.details["window"]["end_ms"]) == (0, W)
-    assert "the most accurate level that fits now is 0.25" in rej.message
+    assert "no level above what you hold fits now" in rej.message
     assert "Values published from 1970-01-01T00:01:00Z count against the next window" in (
         rej.message
     )
+    rej = refusal(buy(c, "bob", "b0", target_level=0.5))  # bob holds nothing: 0.25 fits him
+    assert rej.details["best_level"] == 0.25
+    assert "the most accurate level that fits now is 0.25" in rej.message
     assert buy(c, "bob", "b1", target_level=0.25).status == "fulfilled"  # bob has his own share
     st = c.stores.streams["home"]
     assert st.holders.keys() == {"alice", "bob"} and st.holders["alice"].level == 0.25
@@ -144,6 +147,27 @@ def test_a_buyer_at_its_share_is_refused_while_another_buyer_still_buys() -> Non
     ]
     (ev,) = inbox(buy(c, "carol", "c2", most_accurate=True, max_price_minor=10_000), "carol")
     assert isinstance(ev, PurchaseFulfilled) and ev.level_after == 0.25
+
+
+def test_a_buyer_that_joins_late_in_a_window_counts_only_what_it_gets() -> None:
+    """A buyer that holds nothing has been released nothing: its first purchase gives it the
+    retained values alone, and its share counts those; a holder is counted for every value of
+    the window (it may have had each, at most at the level it holds)."""
+    c = new_core()
+    for i in range(8):  # eight values of window 0, four of them retained
+        publish(c, f"v{i}", i)
+    assert c.stores.streams["home"].window_values == {0: 8}
+    (ans,) = inbox(
+        c.handle(T.purchases, quote("home", "carol", "q1", requested_at_ms=NOW)), "carol"
+    )
+    assert [o.fits_share for o in ans.offers] == [True, True, False, False]
+    assert buy(c, "carol", "c1", target_level=0.25).status == "fulfilled"  # 4 × 0.25 = 1
+    rej = refusal(buy(c, "carol", "c2", target_level=0.5))  # a holder now: 8 × 0.5 > 1
+    assert rej.reason == "buyer_quota_exceeded" and rej.details["would_use"] == 4.0
+    assert rej.details["best_level"] is None  # nothing above what carol holds fits her now
+    out = publish(c, "v8", 8)  # 9 × 0.25 > 1: withheld from her for the rest of the window
+    assert [e.reason for e in inbox(out, "carol")] == ["buyer_quota_exceeded"]
+    assert buy(c, "alice", "a1", most_accurate=True, max_price_minor=10_000).status == ("fulfilled")
 
 
 def test_deliveries_are_withheld_from_the_holder_over_its_share_only() -> None:

@@ -1,7 +1,7 @@
 """Per-buyer quotas on the real broker and a real worker: a stream registered with a buyer share
 shows it in the catalog, withholds deliveries from the holder beyond its share while another
-still gets them, refuses a purchase beyond it with what fits and when, counts both, and keeps
-what each window has used across a restart."""
+still gets them, refuses a purchase beyond it with what fits and when (and then sells what
+fits), counts both, and keeps what each window has used across a restart."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_buyer_shares_end_to_end(market: Market) -> None:
                 "home", [20.0, 21.0, float(i)], value_id=f"v{i}", published_at_ms=base + i
             )
         market.wait_ingested("home", 3)
-        over = await buy(c, "bob", "home", target_level=0.5, max_price_minor=1000)
+        over = await buy(c, "carol", "home", target_level=0.5, max_price_minor=1000)
         other = await buy(c, "carol", "home", target_level=0.25, max_price_minor=1000)
         return over, other, await inboxes(c, 3)
 
@@ -112,7 +112,7 @@ def test_buyer_shares_end_to_end(market: Market) -> None:
     assert over.details["best_level"] == 0.25 and over.details["window"]["end_ms"] == base + W
     assert "the most accurate level that fits now is 0.25" in over.message
     assert "count against the next window" in over.message
-    assert isinstance(other, PurchaseFulfilled)  # carol has a share of her own
+    assert isinstance(other, PurchaseFulfilled)  # what fits her share, beside alice and bob
     assert "each buyer at most 50 % of the cap and of each window's cap" in catalog_text(market)
     assert w1.metric("emarket_buyer_quota_refusals_total", {"kind": "purchase"}) == 1
     assert w1.metric("emarket_buyer_quota_refusals_total", {"kind": "delivery"}) == 1

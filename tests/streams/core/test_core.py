@@ -824,6 +824,9 @@ def test_the_largest_stream_record_fits_its_bound() -> None:
     st.revenue_minor, st.values_ingested, st.spent_nano = big, big, 10**18
     size = len(encode_stream(StreamState.model_validate(st.model_dump())))
     assert size <= stream_record_bound(1000, 2000, windowed=True) <= 1_048_576
+    st.window_values = {big - i: big for i in range(sums)}  # with a buyer share: the counts
+    size = len(encode_stream(StreamState.model_validate(st.model_dump())))
+    assert size <= stream_record_bound(1000, 2000, windowed=True, shared=True) <= 1_048_576
     registered = len(CODECS["registered"][0](st.registered))
     assert registered <= registered_bound(len(st.registered.catalog_payload)) <= 1_048_576
 

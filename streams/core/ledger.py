@@ -49,8 +49,9 @@ deliveries, so a release is still recorded all at once or not at all.
 registered with a ``buyer_share``, a release at a level L reaching values of windows
 ``Spend.windows`` fails if L is above one buyer's share of the stream's cap, or if L times
 the values of one of those windows (with ``Spend.new_values``; for a buyer holding nothing, the
-retained ones, ``Spend.fresh``) is above its share of the window's cap. Its state is one count of values per window (``StreamRecord.window_values``), written in
-the commit of a new value's deliveries and dropped with the window's sum.
+retained ones, ``Spend.fresh``) is above its share of the window's cap. Its state is one
+count of values per window (``StreamRecord.window_values``), written in the commit of a new
+value's deliveries and dropped with the window's sum.
 
 Levels carry their unit (:class:`Level`): ε, ρ and ω never compare or add across units, so a
 sum of levels is a sum of one unit by construction.

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _special as special
+from . import _gauss as gauss
 from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import (
     exceed_probability,
@@ -79,6 +79,7 @@ __all__ = [
     "snap",
     "string_key",
     "threshold",
+    "z_score",
 ]
 
 DOMAIN = b"emarket-histogram-v1"
@@ -113,8 +114,8 @@ class TooManyFalseKeysError(MarketError):
 def threshold(
     level: float, sensitivity: float, domain: int, false_keys: float, steps: int
 ) -> float:
-    """τ of a step: ``z·Δ/√(2ρ)`` with ``z = Φ⁻¹(1 − m/(d·K))``, so a zero count exceeds it
-    with probability ``m/(d·K)``.
+    """τ of a step: ``z·Δ/√(2ρ)`` with ``z`` the least multiple of ``2⁻³²`` with ``Φ(−z) ≤
+    m/(d·K)`` (:func:`z_score`), so a zero count exceeds it with probability at most ``m/(d·K)``.
 
     Public (a function of the registration), so quotes and releases state it exactly.
 
@@ -135,8 +136,37 @@ def threshold(
     -------
     float
     """
-    z = -float(special.ndtri(false_keys / (domain * steps)))
-    return z * sensitivity / math.sqrt(2.0 * level)
+    return z_score(false_keys / (domain * steps)) * sensitivity / math.sqrt(2.0 * level)
+
+
+Z_BITS = 32
+"""``z`` is a multiple of ``2⁻³²``: the least one whose upper tail is at most the target."""
+
+
+def z_score(p: float) -> float:
+    """The least multiple ``z`` of ``2⁻³²`` with ``Φ(−z) ≤ p`` (``p < 1/2``; ``∞`` for ``p = 0``),
+    by bisection
+    on the integers with :func:`market._gauss.ndtr`: the same double on every platform, and a
+    tail no larger than ``p`` (up to ``Φ``'s 10⁻¹³ relative error), so the false keys stay
+    within the seller's bound.
+
+    Raises
+    ------
+    InvalidValueError
+        ``p`` is 1/2 or more.
+    """
+    if p <= 0.0:
+        return math.inf  # the chain refuses an infinite threshold, saying to raise false_keys
+    if not p < 0.5:
+        raise InvalidValueError(f"a tail probability must be below 1/2, got {p!r}")
+    lo, hi = 0, 40 << Z_BITS  # Φ(−0) = 1/2 > p ≥ Φ(−40)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if float(gauss.ndtr(-math.ldexp(mid, -Z_BITS))) <= p:
+            hi = mid
+        else:
+            lo = mid
+    return math.ldexp(hi, -Z_BITS)
 
 
 def string_key(text: str) -> int:
@@ -452,9 +482,9 @@ class HistogramChain:
             starts = np.zeros(q)
         else:
             starts = sample_starts(rng, q, r.grid, r.cdf, r.a, r.sd, r.width)
-        tail = special.ndtr(-(r.a - starts) / r.sd)
+        tail = gauss.ndtr(-(r.a - starts) / r.sd)
         u = 1.0 - rng.random(q)  # (0, 1]
-        steps = -r.sd * special.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
+        steps = -r.sd * gauss.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
         return (
             np.concatenate([tracked, fresh]),
             np.concatenate([counts, np.zeros(q)]),

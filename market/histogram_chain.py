@@ -45,7 +45,9 @@ import itertools
 import math
 import struct
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,10 @@ from .histogram import (
     sample_starts,
 )
 from .levels import canonical_level, step_of
-from .rng import Identity, KeyedRngFactory
+from ._draws import Draws
+from ._normal import SLOTS, Hidden, Term, add, grid_exponent, normals, snap
+from .histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
+from .rng import Identity, KeyedRngFactory, NoiseKeys
 
 __all__ = [
     "ACCURACY",
@@ -76,13 +81,12 @@ __all__ = [
     "HistogramValue",
     "TooManyFalseKeysError",
     "noise_check_histogram",
-    "snap",
     "string_key",
     "threshold",
     "z_score",
 ]
 
-DOMAIN = b"emarket-histogram-v1"
+DOMAIN = b"emarket-histogram-v2"
 """Domain separation of the histogram chain's keyed randomness."""
 GRID = 512
 """Cells of the survival density (the stream's, computed once per chain, and on half as many
@@ -234,6 +238,9 @@ class HistogramValue:
 @dataclass(frozen=True)
 class _Round:
     level: float
+    exact_level: Fraction  # rat(ρ)
+    var: Fraction  # the walk's increment variance into this step, exactly: Δ²(ρ − ρ_prev)/2
+    grid_exp: int  # releases are integers times 2^grid_exp (the Gaussian's grid at this level)
     tau: float
     sd: float  # of the walk's increment into this step
     a: float  # ρ·τ: a zero count is released at this step iff its walk exceeds it
@@ -414,7 +421,7 @@ class HistogramChain:
         return HistogramValue(k, c)
 
     def release(
-        self, value: HistogramValue, k: int, identity: Identity, rngs: KeyedRngFactory
+        self, value: HistogramValue, k: int, identity: Identity, keys: NoiseKeys | KeyedRngFactory
     ) -> HistogramRelease:
         """Step ``k`` of ``value``: the keys above ``τ_k`` and their noisy counts.
 
@@ -426,70 +433,157 @@ class HistogramChain:
             The step, ``0 <= k < len(self)``.
         identity : tuple
             What the value's randomness is keyed by (stream, value id, digest of its counts).
-        rngs : KeyedRngFactory
-            Keyed randomness holding the secret.
+        keys : NoiseKeys or KeyedRngFactory
+            The request keys of the market's noise secret (a factory's, for callers that hold
+            one).
 
         Returns
         -------
         (ndarray of int64, ndarray of float64)
-            Keys increasing, read-only.
+            Keys increasing, read-only; counts on the step's grid (:func:`grid_exponent`).
 
         Raises
         ------
         TooManyFalseKeysError
             The chain would track more than ``max_false_keys`` zero counts (p < 10⁻³⁰).
         """
-        return self.release_steps(value, {k}, identity, rngs)[k]
+        return self.release_steps(value, {k}, identity, keys)[k]
 
     def release_steps(
-        self, value: HistogramValue, steps: set[int], identity: Identity, rngs: KeyedRngFactory
+        self,
+        value: HistogramValue,
+        steps: set[int],
+        identity: Identity,
+        keys: NoiseKeys | KeyedRngFactory,
     ) -> dict[int, HistogramRelease]:
         """:meth:`release` at each of ``steps``, walking the chain once (up to the highest)."""
         if any(not 0 <= k < len(self.levels) for k in steps):
             raise IndexError(f"steps {sorted(steps)} outside a chain of {len(self.levels)} levels")
+        noise = keys.keys if isinstance(keys, KeyedRngFactory) else keys
+        walk = _Walk(value)
         out: dict[int, HistogramRelease] = {}
-        tracked, counts = value.keys, value.counts
-        walk = np.zeros(tracked.size)
         for s in range(max(steps, default=-1) + 1):
-            rng = rngs(DOMAIN, self.fingerprint, *identity, s)
-            tracked, counts, walk = self._step(self._rounds[s], rng, value, tracked, counts, walk)
+            r = self._rounds[s]
+
+            def key(*part: str | int, _s: int = s) -> bytes:
+                return noise(DOMAIN, self.fingerprint, *identity, _s, *part)
+
+            self._step(r, s, key, walk)
             if s in steps:
-                out[s] = _above(self._rounds[s], tracked, counts, walk)
+                out[s] = walk.release(r, s)
         return out
 
-    def _step(
-        self,
-        r: _Round,
-        rng: np.random.Generator,
-        value: HistogramValue,
-        tracked: NDArray[np.int64],
-        counts: NDArray[np.float64],
-        walk: NDArray[np.float64],
-    ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
-        """One step of :class:`~market.histogram.SparseHistogramRelease`, in its draw order."""
-        walk = walk + rng.normal(0.0, r.sd, walk.size)
-        untracked = self.domain - tracked.size
-        q = int(rng.binomial(untracked, r.p)) if untracked > 0 and r.p > 0 else 0
-        if not q:
-            return tracked, counts, walk
-        if tracked.size - value.keys.size + q > self.max_false_keys:
+    def _step(self, r: _Round, s: int, key: Callable[..., bytes], walk: _Walk) -> None:
+        """Step ``s``: the tracked keys' increments, then the zero counts that first exceed."""
+        walk.parts.append(Part(key("walk"), len(walk.tracked), r.var))
+        n0 = walk.value.keys.size
+        limit = self.max_false_keys - (len(walk.tracked) - n0)
+        q = binomial(self.domain - len(walk.tracked), r.p, key("count"), limit)
+        if q > limit:
             raise TooManyFalseKeysError(
                 f"the value would show more than {self.max_false_keys} keys with a zero count "
                 "(an event of probability below 1e-30); it is not released"
             )
-        fresh = _fresh_keys(rng, q, tracked, self.domain)
-        if r.grid is None or r.cdf is None:
-            starts = np.zeros(q)
-        else:
-            starts = sample_starts(rng, q, r.grid, r.cdf, r.a, r.sd, r.width)
-        tail = gauss.ndtr(-(r.a - starts) / r.sd)
-        u = 1.0 - rng.random(q)  # (0, 1]
-        steps = -r.sd * gauss.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
-        return (
-            np.concatenate([tracked, fresh]),
-            np.concatenate([counts, np.zeros(q)]),
-            np.concatenate([walk, starts + steps]),
-        )
+        if not q:
+            return
+        fresh = fresh_keys(key("keys"), q, walk.known, self.domain)
+        cells = key("cell")
+        for e, k in enumerate(fresh):
+            cell = Cell(Fraction(0), Fraction(0))
+            if r.grid is not None and r.cdf is not None and r.width is not None:
+                c = pick_cell(cells, q, e, r.cdf.tolist())
+                width = Fraction(float(r.width[c]))
+                cell = Cell(Fraction(float(r.grid[c])) + width / 2, width)
+
+            def trial(t: int, _e: int = e) -> bytes:
+                return key("start", _e, t)
+
+            walk.add(k, new_start(trial, s, r.a, r.var, r.sd, cell))
+
+
+@dataclass
+class _Walk:
+    """The tracked keys of a value during a release: its own, then the zero counts in the order
+    they first exceeded, with the draws of their walks."""
+
+    value: HistogramValue
+    tracked: list[int] = field(init=False)
+    known: set[int] = field(init=False)
+    starts: dict[int, Start] = field(init=False, default_factory=dict)
+    parts: list[Part] = field(init=False, default_factory=list)
+    _normals: dict[int, Hidden] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tracked = self.value.keys.tolist()
+        self.known = set(self.tracked)
+
+    def add(self, key: int, start: Start) -> None:
+        self.starts[len(self.tracked)] = start
+        self.tracked.append(key)
+        self.known.add(key)
+
+    def release(self, r: _Round, k: int) -> HistogramRelease:
+        """The keys whose count on the step's grid exceeds ``τ_k``, increasing, with it."""
+        ints = self._counts(r, k)
+        bar = math.floor(Fraction(r.tau) * Fraction(2) ** -r.grid_exp)  # shown iff n > bar
+        shown = sorted((key, n) for key, n in zip(self.tracked, ints, strict=True) if n > bar)
+        keys = np.array([key for key, _ in shown], dtype=np.int64)
+        out = np.array([_on_grid(n, r.grid_exp) for _, n in shown], dtype=np.float64)
+        keys.setflags(write=False)
+        out.setflags(write=False)
+        return keys, out
+
+    def _hidden(self, r: _Round, k: int) -> Hidden:
+        """The float pass of every tracked key's ``W/ρ_k``, with error bounds: the steps'
+        normals on the keys tracked when each began, plus a zero count's ``S`` where it first
+        exceeded (enclosed in 30 digits, rounded outwards)."""
+        total = len(self.tracked)
+        z, err = np.zeros(total), np.zeros(total)
+        inv = float(1 / r.exact_level)  # within 2⁻⁵³
+        for j, part in enumerate(self.parts[: k + 1]):
+            if j not in self._normals:
+                self._normals[j] = normals(Draws(part.key, part.n, SLOTS))
+            nz = self._normals[j]
+            coef = Term(part.key, 1 / r.exact_level, part.var).coefficient()
+            seg = add(Hidden(z[: part.n], err[: part.n]), coef, nz)
+            z[: part.n], err[: part.n] = seg.z, seg.err
+        if self.starts:
+            at = np.fromiter(self.starts, dtype=np.int64)
+            mid, rad = zip(*(st.float_bounds() for st in self.starts.values()), strict=True)
+            s = add(Hidden(z[at], err[at]), inv, Hidden(np.array(mid), np.array(rad)))
+            z[at], err[at] = s.z, s.err
+        return Hidden(z, err)
+
+    def _counts(self, r: _Round, k: int) -> list[int]:
+        """Every tracked key's integer on the step's grid: a float pass with error bounds,
+        exact where it is unsure (and for counts too large for int64 on the grid)."""
+        n0 = self.value.counts.size
+        counts = np.concatenate([self.value.counts, np.zeros(len(self.tracked) - n0)])
+        h = self._hidden(r, k)
+
+        def exact(i: int, prec: int = 30) -> int:
+            st = self.starts.get(i)
+            parts = self.parts[(0 if st is None else st.step + 1) : k + 1]
+            c = Fraction(float(counts[i]))
+            return settle(c, st, parts, i, r.exact_level, r.grid_exp, prec)
+
+        big = np.abs(counts) >= math.ldexp(1.0, 61 + r.grid_exp)
+        ints: list[int] = [0] * counts.size
+        small = np.flatnonzero(~big)
+        if small.size:
+            got = snap(counts[small], Hidden(h.z[small], h.err[small]), r.grid_exp,
+                       lambda m: exact(int(small[m])))  # fmt: skip
+            for i, n in zip(small.tolist(), got.tolist(), strict=True):
+                ints[i] = n
+        for i in np.flatnonzero(big).tolist():
+            digits = len(str(int(abs(float(counts[i])) * 2.0 ** -r.grid_exp)))
+            ints[i] = exact(i, digits + 30)
+        return ints
+
+
+def _on_grid(n: int, grid_exp: int) -> float:
+    """The double nearest ``n·2^e`` (ties to even)."""
+    return float(Fraction(n) * Fraction(2) ** grid_exp)
 
 
 def _survival_law(
@@ -518,8 +612,22 @@ def _survival_law(
             cdf /= cdf[-1]
         sigma = sensitivity / math.sqrt(2.0 * lvl)
         kept = cdf is not None
+        d2 = Fraction(sensitivity) ** 2
         rounds.append(
-            _Round(lvl, tau, sd, a, sigma, p, at if kept else None, cdf, width if kept else None)
+            _Round(
+                lvl,
+                Fraction(lvl),
+                d2 * (Fraction(lvl) - Fraction(prev)) / 2,
+                grid_exponent(d2 / (2 * Fraction(lvl))),
+                tau,
+                sd,
+                a,
+                sigma,
+                p,
+                at if kept else None,
+                cdf,
+                width if kept else None,
+            )
         )
         if graded:
             edges = graded_cells(a, sd, total_sd, cells)
@@ -549,70 +657,6 @@ def _first_appearance(rounds: tuple[_Round, ...] | list[_Round]) -> NDArray[np.f
     return np.asarray(p * survive, dtype=np.float64)
 
 
-def _above(
-    r: _Round, tracked: NDArray[np.int64], counts: NDArray[np.float64], walk: NDArray[np.float64]
-) -> HistogramRelease:
-    """The keys whose noisy count exceeds the step's threshold, increasing, with the counts
-    rounded to the step's public grid (:func:`snap`)."""
-    noisy = snap(counts + walk / r.level, r.sigma)  # snapped first: every count shown is > τ
-    keep = np.flatnonzero(noisy > r.tau)
-    order = keep[np.argsort(tracked[keep], kind="stable")]
-    keys, out = tracked[order], noisy[order]
-    keys.setflags(write=False)
-    out.setflags(write=False)
-    return keys, out
-
-
-SNAP_BITS = 32
-"""Released counts are multiples of ``2^(⌊log₂ σ⌋ − SNAP_BITS)``: a billionth of the noise."""
-
-
-def snap(values: NDArray[np.float64], sigma: float) -> NDArray[np.float64]:
-    """Round noisy counts to a public grid far below the noise (``σ·2⁻³²`` or finer).
-
-    A count's noise is drawn by ``normal`` when its key is tracked and by inverting a normal
-    tail (``ndtri``) when a zero count is released for the first time: both have the right law
-    to ~1e-16, but their low bits differ in structure (an inverted uniform sits on a lattice).
-    Rounding every released count to one grid, much coarser than that lattice and much finer
-    than the noise, leaves the law alone and the low bits saying nothing of where a key came
-    from (post-processing: no privacy cost).
-
-    Parameters
-    ----------
-    values : ndarray of float64
-        Noisy counts.
-    sigma : float
-        The step's noise standard deviation ``Δ/√(2ρ)``.
-
-    Returns
-    -------
-    ndarray of float64
-    """
-    grain = 2.0 ** (math.floor(math.log2(sigma)) - SNAP_BITS)
-    # beyond 2**52 grains a double is already a multiple of the grain (and dividing by the grain
-    # could overflow to inf): left as it is
-    out = np.array(values, dtype=np.float64)
-    small = np.abs(out) < 2.0**52 * grain
-    out[small] = np.round(out[small] / grain) * grain
-    return out
-
-
-def _fresh_keys(
-    rng: np.random.Generator, q: int, tracked: NDArray[np.int64], domain: int
-) -> NDArray[np.int64]:
-    """``q`` distinct uniformly random keys of ``[0, domain)`` outside ``tracked`` (rejection)."""
-    known = set(tracked.tolist())
-    out: list[int] = []
-    while len(out) < q:
-        for j in rng.integers(0, domain, size=2 * (q - len(out)) + 8).tolist():
-            if j not in known:
-                known.add(j)
-                out.append(j)
-                if len(out) == q:
-                    break
-    return np.asarray(out, dtype=np.int64)
-
-
 _CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"
 
 
@@ -629,7 +673,7 @@ def noise_check_histogram() -> str:
     str
         Hex SHA-256 of the keys and counts released at each step.
     """
-    rngs = KeyedRngFactory(_CHECK_SECRET)
+    rngs = NoiseKeys(_CHECK_SECRET)
     chain = HistogramChain((0.25, 1.0, 4.0), sensitivity=1.0, domain=1000, false_keys=60.0)
     value = chain.value(np.arange(0, 640, 10), np.linspace(-2.0, 40.0, 64))
     h = hashlib.sha256(DOMAIN)

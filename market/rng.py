@@ -170,6 +170,11 @@ class KeyedRngFactory:
         self._bits = AESCounter(key=0)
         self._gen = np.random.Generator(self._bits)
 
+    @property
+    def keys(self) -> NoiseKeys:
+        """The request keys of the same secret (for samplers that read keystreams)."""
+        return self._keys
+
     def __call__(self, *identity: IdentityPart) -> np.random.Generator:
         self._bits.seed(key=int.from_bytes(self._keys(*identity)[:16], "little"))
         return self._gen

@@ -54,18 +54,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import _gauss as gauss
+from ._draws import Draws
+from ._normal import SLOTS, Hidden, Term, add, grid_exponent, normals, snap
 from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import (
     exceed_probability,
     first_exceedance,
     graded_cells,
     propagate,
-    sample_starts,
 )
-from .levels import canonical_level, step_of
-from ._draws import Draws
-from ._normal import SLOTS, Hidden, Term, add, grid_exponent, normals, snap
 from .histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
+from .levels import canonical_level, step_of
 from .rng import Identity, KeyedRngFactory, NoiseKeys
 
 __all__ = [
@@ -576,7 +575,7 @@ class _Walk:
             for i, n in zip(small.tolist(), got.tolist(), strict=True):
                 ints[i] = n
         for i in np.flatnonzero(big).tolist():
-            digits = len(str(int(abs(float(counts[i])) * 2.0 ** -r.grid_exp)))
+            digits = len(str(int(abs(float(counts[i])) * 2.0**-r.grid_exp)))
             ints[i] = exact(i, digits + 30)
         return ints
 

@@ -14,8 +14,8 @@ on whole arrays and in a fixed order, so the results are a pure function of the 
 * :func:`erfcx`: ``e^{x²}·erfc(x)`` for ``x ≥ 0`` from a table of its values at ``j/16``
   (computed once per process, in 50-digit decimal arithmetic, by :func:`_erfcx_node`) and 14
   terms of its Taylor series about the nearest node, whose derivatives follow from ``y' = 2xy −
-  2/√π`` (``y⁽ⁿ⁺¹⁾ = 2x·y⁽ⁿ⁾ + 2n·y⁽ⁿ⁻¹⁾``); beyond the table, the asymptotic series. Within 10⁻¹⁴ relative
-  (``tests/market/test_histogram_portable.py`` against scipy).
+  2/√π`` (``y⁽ⁿ⁺¹⁾ = 2x·y⁽ⁿ⁾ + 2n·y⁽ⁿ⁻¹⁾``); beyond the table, the asymptotic series.
+  Within 10⁻¹⁴ relative (``tests/market/test_histogram_portable.py`` against scipy).
 * :func:`ndtr`: ``Φ(x) = erfcx(−x/√2)·e^{−x²/2}/2`` below 0, ``1 − Φ(−x)`` above: the lower
   tail relative-accurate however far out (``Φ(−38) ≈ 3·10⁻³¹⁷``).
 * :func:`npdf`: ``φ(x) = e^{−x²/2}/√(2π)``.

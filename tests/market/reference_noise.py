@@ -983,7 +983,7 @@ def _start_of(
             sigma = _iv_sqrt_of(var, p)
             over = iv_sub(enclosed, (a, a), p)  # S − a = σE/λ − h(1 − U_x)
             # y − λ = (a − r)/σ + E/λ − λ, and E/λ = (S − a + h(1 − U_x))/σ
-            lo_x, hi_x = ux.interval
+            lo_x, hi_x = start.ux.interval
             back = (width * (1 - hi_x), width * (1 - lo_x))
             e_over_lam = iv_div(iv_add(over, back, p), sigma, p)
             dev = iv_sub(

@@ -12,7 +12,7 @@ on whole arrays and in a fixed order, so the results are a pure function of the 
   exact), the Taylor polynomial of degree 13 on ``|r| ≤ ln 2/2``, then ``2^k`` by ``ldexp``;
   within 2 ulps.
 * :func:`erfcx`: ``e^{x²}·erfc(x)`` for ``x ≥ 0`` from a table of its values at ``j/16``
-  (computed once per process, in 50-digit decimal arithmetic, by :func:`_erfcx_node`) and 14
+  (computed once per process, in 50-digit decimal arithmetic, by :func:`_erfcx_node`) and 11
   terms of its Taylor series about the nearest node, whose derivatives follow from ``y' = 2xy −
   2/√π`` (``y⁽ⁿ⁺¹⁾ = 2x·y⁽ⁿ⁾ + 2n·y⁽ⁿ⁻¹⁾``); beyond the table, the asymptotic series.
   Within 10⁻¹⁴ relative (``tests/market/test_histogram_portable.py`` against scipy).
@@ -49,6 +49,7 @@ __all__ = [
     "ndtr",
     "ndtri",
     "npdf",
+    "phi_and_tail",
     "total",
 ]
 
@@ -64,25 +65,36 @@ _INV_SQRT_PI = float.fromhex("0x1.20dd750429b6dp-1")  # 1/√π
 _INV_SQRT_2PI = float.fromhex("0x1.9884533d43651p-2")  # 1/√(2π)
 _STEP = 16  # nodes per unit of x
 _TOP = 32.0  # the table's last node; the asymptotic series beyond
-_TAYLOR = 14
+_TAYLOR = 11
 
 
 def exp(x: ArrayLike) -> Array:
     """``e^x`` elementwise, within 2 ulps, from ``+ − × ÷`` and ``ldexp`` only."""
-    v = np.asarray(x, dtype=np.float64)
-    clipped = np.clip(np.where(np.isnan(v), 0.0, v), -746.0, 710.0)
-    k = np.floor(clipped * _INV_LN2 + 0.5)
-    r = (clipped - k * _LN2_HI) - k * _LN2_LO
+    given = np.asarray(x, dtype=np.float64)
+    v = given.reshape(-1)
+    clipped = np.clip(v, -746.0, 710.0)
+    nan = np.isnan(v)
+    if bool(nan.any()):
+        clipped[nan] = 0.0
+    k = clipped * _INV_LN2
+    k += 0.5
+    np.floor(k, out=k)
+    r = k * _LN2_HI
+    np.subtract(clipped, r, out=r)
+    r -= k * _LN2_LO
     p = np.full_like(r, _EXP_TERMS[-1])
     for c in _EXP_TERMS[-2::-1]:
-        p = p * r + c
+        p *= r
+        p += c
     # 2^k in two halves: p·2^k may be subnormal, and ldexp of p rounds once there
     half = np.floor(k / 2.0)
+    k -= half
     with np.errstate(over="ignore"):
-        out = np.ldexp(np.ldexp(p, half.astype(np.int64)), (k - half).astype(np.int64))
-    out = np.where(v < -745.5, 0.0, out)
-    out = np.where(v > 709.8, np.inf, out)
-    return np.asarray(np.where(np.isnan(v), np.nan, out), dtype=np.float64)
+        out = np.ldexp(np.ldexp(p, half.astype(np.int64)), k.astype(np.int64))
+    out[v < -745.5] = 0.0
+    out[v > 709.8] = np.inf
+    out[nan] = np.nan
+    return out.reshape(given.shape)
 
 
 def _erfcx_node(j: int) -> float:
@@ -121,26 +133,46 @@ def _table() -> tuple[Array, Array]:
 
 def erfcx(x: ArrayLike) -> Array:
     """``e^{x²}·erfc(x)`` elementwise, for ``x ≥ 0`` (negative ``x`` are taken as 0)."""
-    v = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+    given = np.asarray(x, dtype=np.float64)
+    v = np.maximum(given.reshape(-1), 0.0)
     nodes, values = _table()
     inside = v <= _TOP
-    j = np.floor(np.where(inside, v, 0.0) * _STEP + 0.5).astype(np.int64)
+    near = np.where(inside, v, 0.0)
+    j = (near * _STEP + 0.5).astype(np.int64)  # the nearest node (v ≥ 0: truncation floors)
     x0, y0 = nodes[j], values[j]
-    h = np.where(inside, v, 0.0) - x0  # exact: |h| ≤ 1/32 and x0 on a coarser grid
+    h = np.subtract(near, x0, out=near)  # exact: |h| ≤ 1/32 and x0 on a coarser grid
     # Taylor terms t_n = y⁽ⁿ⁾(x0)·hⁿ/n!: t_{n+1} = (2x0·t_n + 2h·t_{n−1})·h/(n+1)
+    two_x0, two_h = 2.0 * x0, 2.0 * h
     prev = y0
-    cur = (2.0 * x0 * y0 - 2.0 * _INV_SQRT_PI) * h
+    cur = two_x0 * y0
+    cur -= 2.0 * _INV_SQRT_PI
+    cur *= h
     total = y0 + cur
     for n in range(1, _TAYLOR):
-        nxt = (2.0 * x0 * cur + 2.0 * h * prev) * (h / (n + 1))
-        total = total + nxt
+        nxt = two_x0 * cur
+        nxt += two_h * prev
+        nxt *= h
+        nxt *= 1.0 / (n + 1)
+        total += nxt
         prev, cur = cur, nxt
-    # beyond the table: erfcx(x) = (1/(x√π))·(1 − 1/(2x²) + 3/(2x²)² − 15/(2x²)³ + …)
-    big = np.where(inside, _TOP, v)
-    w = 1.0 / (2.0 * big * big)
-    series = 1.0 - w * (1.0 - 3.0 * w * (1.0 - 5.0 * w * (1.0 - 7.0 * w * (1.0 - 9.0 * w))))
-    far = series * _INV_SQRT_PI / big
-    return np.asarray(np.where(inside, total, far), dtype=np.float64)
+    far = ~inside
+    if bool(far.any()):  # erfcx(x) = (1/(x√π))·(1 − 1/(2x²) + 3/(2x²)² − 15/(2x²)³ + …)
+        big = v[far]
+        w = 1.0 / (2.0 * big * big)
+        series = 1.0 - w * (1.0 - 3.0 * w * (1.0 - 5.0 * w * (1.0 - 7.0 * w * (1.0 - 9.0 * w))))
+        total[far] = series * _INV_SQRT_PI / big
+    return total.reshape(given.shape)
+
+
+def phi_and_tail(u: ArrayLike) -> tuple[Array, Array]:
+    """``(φ(u), Φ(−u))`` for ``u ≥ 0``, sharing one exponential."""
+    v = np.asarray(u, dtype=np.float64)
+    e = exp(-0.5 * v * v)
+    tail = erfcx(v * _SQRT_HALF)
+    tail *= e
+    tail *= 0.5
+    e *= _INV_SQRT_2PI
+    return e, tail
 
 
 def ndtr(x: ArrayLike) -> Array:

@@ -251,7 +251,13 @@ def _phi_integral(t: NDArray[np.float64]) -> NDArray[np.float64]:
     no large terms cancel on the left (``G(−u) = φ(u) − uΦ(−u)``, clipped at 0 where it
     underflows)."""
     u = np.abs(t)
-    left = np.maximum(gauss.npdf(u) - u * gauss.ndtr(-u), 0.0)
+    left = np.zeros_like(u)
+    live = -0.5 * u * u >= -745.5  # beyond, e^{−u²/2} is 0 in doubles and so is G(−u)
+    w = u[live]
+    phi, tail = gauss.phi_and_tail(w)
+    tail *= w
+    phi -= tail
+    left[live] = np.maximum(phi, 0.0, out=phi)
     return np.asarray(np.maximum(t, 0.0) + left, dtype=np.float64)
 
 

@@ -65,7 +65,7 @@ from .histogram import (
 )
 from .histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
 from .levels import canonical_level, step_of
-from .rng import Identity, KeyedRngFactory, NoiseKeys
+from .rng import Identity, KeyedRngFactory, NoiseKeys, identity_bytes
 
 __all__ = [
     "ACCURACY",
@@ -459,13 +459,14 @@ class HistogramChain:
         if any(not 0 <= k < len(self.levels) for k in steps):
             raise IndexError(f"steps {sorted(steps)} outside a chain of {len(self.levels)} levels")
         noise = keys.keys if isinstance(keys, KeyedRngFactory) else keys
+        prefix = identity_bytes(DOMAIN, self.fingerprint, *identity)
         walk = _Walk(value)
         out: dict[int, HistogramRelease] = {}
         for s in range(max(steps, default=-1) + 1):
             r = self._rounds[s]
 
             def key(*part: str | int, _s: int = s) -> bytes:
-                return noise(DOMAIN, self.fingerprint, *identity, _s, *part)
+                return noise.of(prefix + identity_bytes(_s, *part))
 
             self._step(r, s, key, walk)
             if s in steps:
@@ -474,7 +475,7 @@ class HistogramChain:
 
     def _step(self, r: _Round, s: int, key: Callable[..., bytes], walk: _Walk) -> None:
         """Step ``s``: the tracked keys' increments, then the zero counts that first exceed."""
-        walk.parts.append(Part(key("walk"), len(walk.tracked), r.var))
+        walk.advance(Part(key("walk"), len(walk.tracked), r.var))
         n0 = walk.value.keys.size
         limit = self.max_false_keys - (len(walk.tracked) - n0)
         q = binomial(self.domain - len(walk.tracked), r.p, key("count"), limit)
@@ -486,11 +487,12 @@ class HistogramChain:
         if not q:
             return
         fresh = fresh_keys(key("keys"), q, walk.known, self.domain)
-        cells = key("cell")
+        cells = Draws(key("cell"), q, 1) if r.cdf is not None else None
+        cdf = r.cdf.tolist() if r.cdf is not None else []
         for e, k in enumerate(fresh):
             cell = Cell(Fraction(0), Fraction(0))
-            if r.grid is not None and r.cdf is not None and r.width is not None:
-                c = pick_cell(cells, q, e, r.cdf.tolist())
+            if cells is not None and r.grid is not None and r.width is not None:
+                c = pick_cell(cells, e, cdf)
                 width = Fraction(float(r.width[c]))
                 cell = Cell(Fraction(float(r.grid[c])) + width / 2, width)
 
@@ -510,55 +512,73 @@ class _Walk:
     known: set[int] = field(init=False)
     starts: dict[int, Start] = field(init=False, default_factory=dict)
     parts: list[Part] = field(init=False, default_factory=list)
-    _normals: dict[int, Hidden] = field(init=False, default_factory=dict)
+    _w: Hidden = field(init=False)
+    _pending: list[tuple[float, float]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.tracked = self.value.keys.tolist()
         self.known = set(self.tracked)
+        n0 = len(self.tracked)
+        self._w = Hidden(np.zeros(n0), np.zeros(n0))
+
+    def advance(self, part: Part) -> None:
+        """A step's increments ``σ·N`` on the keys tracked when it begins (the float pass of
+        the walk ``W``, with its error bounds)."""
+        self.parts.append(part)
+        nz = normals(Draws(part.key, part.n, SLOTS))
+        coef = Term(part.key, Fraction(1), part.var).coefficient()
+        w = self._walk()
+        seg = add(Hidden(w.z[: part.n], w.err[: part.n]), coef, nz)
+        w.z[: part.n], w.err[: part.n] = seg.z, seg.err
 
     def add(self, key: int, start: Start) -> None:
+        """A zero count that first exceeded: its walk is its start ``S``."""
         self.starts[len(self.tracked)] = start
         self.tracked.append(key)
         self.known.add(key)
+        self._pending.append(start.float_bounds())
+
+    def _walk(self) -> Hidden:
+        """The float pass of the walk, with the starts added since it was last read."""
+        if self._pending:
+            mid, rad = zip(*self._pending, strict=True)
+            self._w = Hidden(np.append(self._w.z, mid), np.append(self._w.err, rad))
+            self._pending.clear()
+        return self._w
 
     def release(self, r: _Round, k: int) -> HistogramRelease:
         """The keys whose count on the step's grid exceeds ``τ_k``, increasing, with it."""
         ints = self._counts(r, k)
         bar = math.floor(Fraction(r.tau) * Fraction(2) ** -r.grid_exp)  # shown iff n > bar
-        shown = sorted((key, n) for key, n in zip(self.tracked, ints, strict=True) if n > bar)
-        keys = np.array([key for key, _ in shown], dtype=np.int64)
-        out = np.array([_on_grid(n, r.grid_exp) for _, n in shown], dtype=np.float64)
+        tracked = np.array(self.tracked, dtype=np.int64)
+        if isinstance(ints, np.ndarray) and abs(bar) < 2**62:
+            n = ints
+            at = np.flatnonzero(n > bar)
+            at = at[np.argsort(tracked[at], kind="stable")]
+            keys = tracked[at]
+            # int64 → double rounds to nearest, ties to even; the power of two is exact
+            out = np.ldexp(n[at].astype(np.float64), r.grid_exp)
+        else:  # a count beyond 2⁶² grid steps: Python integers
+            shown = sorted((key, n) for key, n in zip(self.tracked, ints, strict=True) if n > bar)
+            keys = np.array([key for key, _ in shown], dtype=np.int64)
+            out = np.array([_on_grid(n, r.grid_exp) for _, n in shown], dtype=np.float64)
         keys.setflags(write=False)
         out.setflags(write=False)
         return keys, out
 
-    def _hidden(self, r: _Round, k: int) -> Hidden:
-        """The float pass of every tracked key's ``W/ρ_k``, with error bounds: the steps'
-        normals on the keys tracked when each began, plus a zero count's ``S`` where it first
-        exceeded (enclosed in 30 digits, rounded outwards)."""
-        total = len(self.tracked)
-        z, err = np.zeros(total), np.zeros(total)
-        inv = float(1 / r.exact_level)  # within 2⁻⁵³
-        for j, part in enumerate(self.parts[: k + 1]):
-            if j not in self._normals:
-                self._normals[j] = normals(Draws(part.key, part.n, SLOTS))
-            nz = self._normals[j]
-            coef = Term(part.key, 1 / r.exact_level, part.var).coefficient()
-            seg = add(Hidden(z[: part.n], err[: part.n]), coef, nz)
-            z[: part.n], err[: part.n] = seg.z, seg.err
-        if self.starts:
-            at = np.fromiter(self.starts, dtype=np.int64)
-            mid, rad = zip(*(st.float_bounds() for st in self.starts.values()), strict=True)
-            s = add(Hidden(z[at], err[at]), inv, Hidden(np.array(mid), np.array(rad)))
-            z[at], err[at] = s.z, s.err
-        return Hidden(z, err)
+    def _hidden(self, r: _Round) -> Hidden:
+        """The float pass of every tracked key's ``W/ρ_k`` with error bounds (the walk as it
+        stands after step ``k``)."""
+        w = self._walk()
+        zero = Hidden(np.zeros(w.z.size), np.zeros(w.z.size))
+        return add(zero, float(1 / r.exact_level), w)  # 1/ρ within 2⁻⁵³
 
-    def _counts(self, r: _Round, k: int) -> list[int]:
+    def _counts(self, r: _Round, k: int) -> NDArray[np.int64] | list[int]:
         """Every tracked key's integer on the step's grid: a float pass with error bounds,
         exact where it is unsure (and for counts too large for int64 on the grid)."""
         n0 = self.value.counts.size
         counts = np.concatenate([self.value.counts, np.zeros(len(self.tracked) - n0)])
-        h = self._hidden(r, k)
+        h = self._hidden(r)
 
         def exact(i: int, prec: int = 30) -> int:
             st = self.starts.get(i)
@@ -567,6 +587,8 @@ class _Walk:
             return settle(c, st, parts, i, r.exact_level, r.grid_exp, prec)
 
         big = np.abs(counts) >= math.ldexp(1.0, 61 + r.grid_exp)
+        if not bool(big.any()):
+            return snap(counts, h, r.grid_exp, exact)
         ints: list[int] = [0] * counts.size
         small = np.flatnonzero(~big)
         if small.size:

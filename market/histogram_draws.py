@@ -29,6 +29,7 @@ transcendental function (:mod:`market._gauss`).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from . import _interval as iv
-from ._draws import LazyUniform, lazy_at
+from ._draws import Draws, LazyUniform, lazy_at
 from ._normal import _normal_iv
 
 __all__ = [
@@ -104,6 +105,9 @@ def binomial(n: int, p: float, key: bytes, limit: int) -> int:
     if n <= 0 or p <= 0.0:
         return 0
     u = lazy_at(key, 1, 0, 0)
+    fast = _float_binomial(u.num, n, p, limit)
+    if fast is not None:
+        return fast
     pr = Fraction(p)
     ratio = pr / (1 - pr) if pr < 1 else None
     prec = _PREC
@@ -127,6 +131,35 @@ def binomial(n: int, p: float, key: bytes, limit: int) -> int:
         u.refine()
         prec += 20
     raise RuntimeError("the binomial did not settle")  # pragma: no cover
+
+
+def _float_binomial(word: int, n: int, p: float, limit: int) -> int | None:
+    """:func:`binomial` in doubles from the uniform's first 64 bits ``[w·2⁻⁶⁴, (w+1)·2⁻⁶⁴)``:
+    each comparison with the cumulative probability decided only when clear of it by a
+    relative margin far above the float error (``log1p`` and ``exp`` trusted to 64 ulps, so
+    ``P(0)`` within ``2⁻⁴⁴·(1 + |n·ln(1−p)|)``; each later term and sum adds a few ``2⁻⁵³``);
+    ``None`` when one is not (then intervals decide)."""
+    if p >= 0.5:
+        return None
+    log_q = n * math.log1p(-p)
+    pmf = math.exp(log_q)
+    if pmf < 1e-280:
+        return None
+    lo, hi = word * 2.0**-64, (word + 1) * 2.0**-64  # each within 2⁻¹¹⁶ relative
+    ratio = p / (1.0 - p)
+    slack = 2.0**-44 * (1.0 + abs(log_q))
+    cdf, m = pmf, 0
+    while True:
+        rel = slack + (m + 4) * 2.0**-50
+        if hi <= cdf * (1.0 - rel):
+            return m
+        if lo < cdf * (1.0 + rel):
+            return None
+        if m >= min(n, limit + 1):
+            return m
+        pmf *= (n - m) / (m + 1) * ratio
+        cdf += pmf
+        m += 1
 
 
 def fresh_keys(key: bytes, q: int, tracked: set[int], domain: int) -> list[int]:
@@ -216,10 +249,16 @@ class Start:
         return self.ue.bounds()[0] > 0
 
 
-def pick_cell(key: bytes, q: int, e: int, cdf: Sequence[float]) -> int:
+def pick_cell(draws: Draws, e: int, cdf: Sequence[float]) -> int:
     """The cell of new key ``e``: the least ``c`` with ``U < cdf_c`` (``U`` slot 0 of
-    coordinate ``e`` of ``key``; the last ``cdf`` is 1)."""
-    u = lazy_at(key, q, 0, e)
+    coordinate ``e`` of the step's ``"cell"`` draws; the last ``cdf`` is 1)."""
+    u = draws.lazy(0, e)
+    guess = bisect.bisect_right(cdf, u.num * 2.0**-64)  # the float candidate, checked exactly
+    lo, hi = u.bounds()
+    if (guess == 0 or Fraction(cdf[guess - 1]) <= lo) and hi <= Fraction(
+        cdf[min(guess, len(cdf) - 1)]
+    ):
+        return guess
     for _ in range(MAX_ROUNDS):
         lo, hi = u.bounds()
         first = _least_above(cdf, lo)  # the least c with lo < cdf_c
@@ -258,22 +297,18 @@ def new_start(
     """``S_j`` of a key that first exceeds ``a`` at step ``j``, from ``cell``.
 
     Trial ``t`` reads slots 0, 1, 2 (``U_x``, ``U_E``, ``U_V``) of the request key
-    ``key_of_trial(t)``; it is kept iff ``U_V < e^{−(y − λ)²/2}`` and ``x + σ·y > a``.
-
-    Raises
-    ------
-    RuntimeError
-        ``λ < β`` (cannot happen: ``λ − b ≥ 1/(b + 2)``), or a decision never settled.
+    ``key_of_trial(t)``; it is kept iff ``U_V < e^{−(y − λ)²/2}`` and ``x + σ·y > a``. A kept
+    ``(x, y)`` has density ``∝ λe^{−λ(y−β)}·e^{−(y−λ)²/2}·1{x + σy > a} ∝ φ(y)·1{x + σy > a}``
+    on the cell (any ``λ > 0``; Robert's makes trials cheap): ``x`` with density
+    ``∝ Φ((x − a)/σ)``, and ``y`` the normal truncated to exceed (``docs/math.md`` §11).
     """
     lam = Fraction(robert_rate(a, float(cell.right), sd))
     a_r = Fraction(a)
     beta_num = a_r - cell.right  # β = beta_num/σ
-    if lam * lam * var < beta_num * beta_num and beta_num > 0:  # λ < β
-        raise RuntimeError("Robert's rate is below the truncation point")
     t = 0
     while True:
-        k = key_of_trial(t)
-        ux, ue, uv = lazy_at(k, 1, 0, 0), lazy_at(k, 1, 1, 0), lazy_at(k, 1, 2, 0)
+        draws = Draws(key_of_trial(t), 1, 3)
+        ux, ue, uv = draws.lazy(0, 0), draws.lazy(1, 0), draws.lazy(2, 0)
         start = Start(j, a_r, var, lam, cell.width, ux, ue)
         if _trial(start, uv, beta_num):
             return start

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,48 @@ def test_the_exact_path_releases_what_the_float_passes_release(
     monkeypatch.setattr(histogram_chain, "snap", exact_snap)
     monkeypatch.setattr(histogram_draws, "_float_trial", lambda *a: None)
     assert _digest(chain, value, 3, "x") == fast
+
+
+def test_a_new_zero_counts_start_has_its_cells_exact_law() -> None:
+    """Robert's trials in a cell ``[−1, 0]`` with ``a = 0.5``, ``σ = 0.3``: ``S`` has density
+    ``∝ Φ((s + 1)/σ) − Φ(s/σ)`` above ``a`` (a uniform start weighted by its chance to exceed,
+    then the increment truncated to exceed). A start drawn uniformly in the cell, ignoring
+    that weight, is far from it: the test has power."""
+    from scipy import integrate, stats
+
+    a, sigma = 0.5, 0.3
+    cell = histogram_draws.Cell(Fraction(0), Fraction(1))
+    var = Fraction(sigma) ** 2
+    draws = [
+        float(
+            histogram_draws.new_start(
+                lambda t, i=i: KEYS("start law", i, t), 1, a, var, sigma, cell
+            )
+            .enclose(30)
+            .lo
+        )
+        for i in range(1500)
+    ]
+
+    def density(s: float) -> float:
+        return float(special.ndtr((s + 1) / sigma) - special.ndtr(s / sigma))
+
+    grid = np.linspace(a, a + 12 * sigma, 2001)
+    pdf = np.array([density(s) for s in grid])
+    cdf = np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(grid))])
+    cdf /= cdf[-1]
+    total, _ = integrate.quad(density, a, a + 12 * sigma)
+    assert total > 0
+
+    def law(x: Any) -> Any:
+        return np.interp(x, grid, cdf)
+
+    assert stats.kstest(draws, law).pvalue > 1e-3
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1.0, 0.0, 1500)
+    lo = (a - x) / sigma
+    naive = x + sigma * stats.truncnorm.rvs(lo, np.inf, random_state=rng)
+    assert stats.kstest(naive, law).pvalue < 1e-6
 
 
 _PERTURB = """

@@ -12,18 +12,22 @@ Algorithm 3 on the whole domain, computed by the exact sparse algorithm of
 What makes it a chain the market can sell:
 
 * **Thresholds fixed by the seller's tolerance for false keys.** ``τ_k = z·Δ/√(2ρ_k)`` with
-  ``z = Φ⁻¹(1 − m/(d·K))``: a key with a zero count shows up at step ``k`` with probability
-  ``m/(d·K)``, so over all ``K`` steps at most ``m`` (``false_keys``) keys with a zero count are
-  expected in all of a value's releases together (union bound), whatever the domain.
+  ``z`` the least multiple of 2⁻³² with ``Φ(−z) ≤ m/(d·K)`` (:func:`z_score`): a key with a zero
+  count shows up at step ``k`` with probability at most ``m/(d·K)``, so over all ``K`` steps at
+  most ``m`` (``false_keys``) keys with a zero count are expected in all of a value's releases
+  together (union bound), whatever the domain.
 * **The survival law is the stream's, not the value's.** Which never-released zero count
   exceeds a threshold next depends only on the levels and thresholds, so the survival density
-  and the exceedance probability of every step are computed once per chain; a value's state is
-  just its exact counts.
-* **Noise a pure function of the request.** Step ``s`` of a value draws everything (the walk's
-  increments, how many zero counts first exceed, which keys, their walks) from
-  ``rngs(DOMAIN, fingerprint, *identity, s)``, and the release at step ``k`` is recomputed from
-  step 0: the same bytes whenever, wherever and in whatever order it is asked for; nothing
-  cached, nothing to lose.
+  and the exceedance probability of every step are computed once per chain, from ``+ − × ÷ √``
+  only (:mod:`market._gauss`): the same doubles on every platform. A value's state is just its
+  exact counts.
+* **Noise a pure function of the request.** Step ``s`` of a value reads the draws of the request
+  keys ``(DOMAIN, fingerprint, *identity, s, part…)`` and every outcome (the walk's increments,
+  how many zero counts first exceed, which keys, where their walks start, the counts on the
+  release grid) is the exact outcome of its ideal uniforms (:mod:`market.histogram_draws`,
+  ``docs/protocol.md`` §1.9); the release at step ``k`` is recomputed from step 0: the same bytes
+  whenever, wherever, on whatever machine and in whatever order it is asked for; nothing cached,
+  nothing to lose.
 * **Bounded.** At most ``ceil(2m) + 64`` zero counts are ever tracked; more happens with
   probability below 10⁻³⁰ and is refused rather than truncated (truncating would change the law).
 

@@ -213,6 +213,7 @@ class Start:
     width: Fraction
     ux: LazyUniform
     ue: LazyUniform
+    floats: tuple[float, float, float, float]  # a, σ (within 2⁻⁵²), λ, width: exact doubles
     _float: tuple[float, float] | None = None
 
     def enclose(self, prec: int) -> iv.Iv:
@@ -232,8 +233,8 @@ class Start:
             ux, ue = self.ux.num * 2.0**-64, self.ue.num * 2.0**-64
             if ue < 2.0**-40:
                 return 0.0, math.inf
-            a, width, lam = float(self.a), float(self.width), float(self.lam)
-            unit = math.sqrt(float(self.var)) / lam
+            a, sigma, lam, width = self.floats
+            unit = sigma / lam
             shift = unit * -math.log(ue)
             back = width * (1.0 - ux)
             mid = a - back + shift
@@ -302,15 +303,19 @@ def new_start(
     on the cell (any ``λ > 0``; Robert's makes trials cheap): ``x`` with density
     ``∝ Φ((x − a)/σ)``, and ``y`` the normal truncated to exceed (``docs/math.md`` §11).
     """
-    lam = Fraction(robert_rate(a, float(cell.right), sd))
+    lam_f = robert_rate(a, float(cell.right), sd)
+    lam = Fraction(lam_f)
     a_r = Fraction(a)
     beta_num = a_r - cell.right  # β = beta_num/σ
+    sigma = math.sqrt(float(var))
+    floats = (a, sigma, lam_f, float(cell.width))
+    beta = float(beta_num) / sigma  # within a few 2⁻⁵³ relative
     t = 0
     while True:
         draws = Draws(key_of_trial(t), 1, 3)
         ux, ue, uv = draws.lazy(0, 0), draws.lazy(1, 0), draws.lazy(2, 0)
-        start = Start(j, a_r, var, lam, cell.width, ux, ue)
-        if _trial(start, uv, beta_num):
+        start = Start(j, a_r, var, lam, cell.width, ux, ue, floats)
+        if _trial(start, uv, beta_num, beta):
             return start
         t += 1
 
@@ -326,26 +331,27 @@ def _float_trial(start: Start, uv: LazyUniform, beta: float) -> bool | None:
     ux, ue, v = (u.num * 2.0**-64 for u in (start.ux, start.ue, uv))
     if ue < 2.0**-40:
         return None
-    lam = float(start.lam)
-    e = -math.log(ue)
+    _, sigma, lam, width = start.floats
+    e = -math.log(ue)  # within 2⁻⁵² (the prefix's rounding) + 2⁻⁴⁶·E
     dev = beta + e / lam - lam
     bound = math.exp(-0.5 * dev * dev)
     if v > bound * (1 + _MARGIN) + 2.0**-60:
         return False
     if v >= bound * (1 - _MARGIN):
         return None
-    shift = math.sqrt(float(start.var)) * e / lam
-    back = float(start.width) * (1.0 - ux)
-    if shift - back > _MARGIN * (shift + back) + 2.0**-60 * float(start.width):
+    unit = sigma / lam
+    shift = unit * e
+    back = width * (1.0 - ux)
+    slack = _MARGIN * (shift + back) + 2.0**-60 * width + 2.0**-50 * unit
+    if shift - back > slack:
         return True
-    if back - shift > _MARGIN * (shift + back) + 2.0**-60 * float(start.width):
+    if back - shift > slack:
         return False
     return None
 
 
-def _trial(start: Start, uv: LazyUniform, beta_num: Fraction) -> bool:
-    """One trial of :func:`new_start`, decided exactly."""
-    beta = float(beta_num) / math.sqrt(float(start.var))
+def _trial(start: Start, uv: LazyUniform, beta_num: Fraction, beta: float) -> bool:
+    """One trial of :func:`new_start`, decided exactly (``beta``: β in doubles)."""
     fast = _float_trial(start, uv, beta)
     if fast is not None:
         return fast

@@ -369,13 +369,172 @@ done:
     return result;
 }
 
+/* -------------------------------------------------------------------- Gaussian float pass */
+/* Every loop of this section is branch-free per coordinate (selects, no libm calls), so the
+ * compiler vectorises it; on x86-64 with GCC 11 or later and glibc it is also built for AVX-512
+ * and AVX2, glibc picking the clone for the CPU at load time (IEEE operations round the same in
+ * every width, and -ffp-contract=off keeps fused multiply-adds out: the same doubles on every
+ * path). */
+#if defined(__GNUC__) && __GNUC__ >= 11 && !defined(__clang__) && defined(__x86_64__) && \
+    defined(__GLIBC__)
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define SIMD_CLONES_ON 1
+#else
+#define SIMD_CLONES
+#endif
+
+PyDoc_STRVAR(wide_doc,
+             "wide() -> bool\n\n"
+             "Whether the Gaussian pass runs vectorised on this CPU: x86-64 needs AVX-512 (its\n"
+             "64-bit integer conversions; the AVX2 and baseline builds run them one by one, at\n"
+             "~3x numpy's time per coordinate), arm64 always has them.");
+
+static PyObject *wide(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+#if defined(SIMD_CLONES_ON)
+    __builtin_cpu_init();
+    const int ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512cd");
+    return PyBool_FromLong(ok);
+#elif defined(__aarch64__) || (defined(__AVX512F__) && defined(__AVX512DQ__))
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+#if defined(_MSC_VER) && !defined(__STDC_VERSION__)
+#define restrict __restrict
+#endif
+
+#define LN2_HI 0x1.62e42fee00000p-1 /* ln 2 to 32 bits: k * LN2_HI is exact for |k| < 2^20 */
+#define LN2_LO 0x1.a39ef35793c76p-33
+#define SQRT2 0x1.6a09e667f3bcdp+0
+
+/* ln u for a double u in (0, 1], within 2^-49 relative (the float pass trusts 2^-46, TAU).
+ * u = 2^k m with m in [1/√2, √2) (bits, no libm), ln m = 2 atanh(s), s = (m - 1)/(m + 1),
+ * |s| < 0.1716, by its series to s^21 (the tail is below 2^-60). m - 1 is exact (Sterbenz),
+ * s within 2 ulps, the Horner sum 1 + s²/3 + ... within 3 and 2s times it within 1 more: ln m
+ * within 2^-50 relative. For k <= -1, |ln u| > 0.34 and k LN2_HI is exact, so the two
+ * additions and ln m's error stay below 2^-49 |ln u|. u = 1 gives 0 exactly; u = 0 a finite
+ * value the caller's bound rejects (its 2^-60/u term is infinite). */
+static inline __attribute__((always_inline)) double log_unit(double u) {
+    uint64_t bits;
+    memcpy(&bits, &u, sizeof bits);
+    const uint64_t mbits = (bits & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
+    double m;
+    memcpy(&m, &mbits, sizeof m);
+    const int64_t k0 = (int64_t)(bits >> 52) - 1023;
+    const int big = m >= SQRT2;
+    m = big ? m * 0.5 : m;
+    const double k = (double)(k0 + big);
+    const double f = m - 1.0;
+    const double s = f / (2.0 + f), s2 = s * s;
+    double p = 0x1.8618618618618p-5; /* 1/21 */
+    p = p * s2 + 0x1.af286bca1af28p-5; /* 1/19 */
+    p = p * s2 + 0x1.e1e1e1e1e1e1ep-5; /* 1/17 */
+    p = p * s2 + 0x1.1111111111111p-4; /* 1/15 */
+    p = p * s2 + 0x1.3b13b13b13b14p-4; /* 1/13 */
+    p = p * s2 + 0x1.745d1745d1746p-4; /* 1/11 */
+    p = p * s2 + 0x1.c71c71c71c71cp-4; /* 1/9 */
+    p = p * s2 + 0x1.2492492492492p-3; /* 1/7 */
+    p = p * s2 + 0x1.999999999999ap-3; /* 1/5 */
+    p = p * s2 + 0x1.5555555555555p-2; /* 1/3 */
+    p = p * s2 + 1.0;
+    const double ln_m = (2.0 * s) * p;
+    return k * LN2_HI + (k * LN2_LO + ln_m);
+}
+
+/* cos(2 pi v) for v in [-1/2, 1/2]: market._normal.cos_2pi, operation for operation (its
+ * coefficients (-1)^k/(2k+1)! as Python rounds them), so the same doubles as the reference. */
+static inline __attribute__((always_inline)) double cos_2pi(double v) {
+    double x = fabs(v);
+    x -= 0.25;
+    x *= -0x1.921fb54442d18p+2; /* -2 pi */
+    const double z = x * x;
+    double p = z * -0x1.2f49b46814157p-57;
+    p += 0x1.952c77030ad4ap-49;
+    p *= z;
+    p += -0x1.ae7f3e733b81fp-41;
+    p *= z;
+    p += 0x1.6124613a86d09p-33;
+    p *= z;
+    p += -0x1.ae64567f544e4p-26;
+    p *= z;
+    p += 0x1.71de3a556c734p-19;
+    p *= z;
+    p += -0x1.a01a01a01a01ap-13;
+    p *= z;
+    p += 0x1.1111111111111p-7;
+    p *= z;
+    p += -0x1.5555555555555p-3;
+    p *= z;
+    p += 1.0;
+    return p * x;
+}
+
+#define U64 0x1p-64
+
+/* The standard normal of words (w1, w2) (read as signed, as market._normal.normals reads them)
+ * and its error bound: z = 0 and err = inf where the bound is not finite (the exact path). */
+static inline __attribute__((always_inline)) void normal_at(int64_t w1, int64_t w2, double c_log, double c_cos, double *z_out,
+                             double *err_out) {
+    double u = (double)w1;
+    u *= U64;
+    u += (double)(u < 0.0);
+    double r2 = log_unit(u);
+    r2 *= -2.0;
+    double d_r2 = 0x1p-60 / u;
+    d_r2 += 0x1p-48;
+    d_r2 += r2 * c_log;
+    const double r = sqrt(r2);
+    double e = d_r2 / r;
+    e *= 1.0 + 0x1p-50;
+    double v = (double)w2;
+    v *= U64; /* U2 modulo 1, in [-1/2, 1/2) */
+    double z = cos_2pi(v) * r;
+    e += r * c_cos;
+    e += fabs(z) * (2.0 * U53);
+    const int ok = isfinite(e);
+    *z_out = ok ? z : 0.0;
+    *err_out = ok ? e : INFINITY;
+}
+
+/* market._normal.snap of x + z (bound err) on the grid 1/scale: the integer, and whether the
+ * float pass leaves it undecided (then 0 is added to floor(x scale), settled by the caller). */
+static inline __attribute__((always_inline)) int64_t snap_at(double x, double z, double err, double scale, unsigned char *und) {
+    const double q = x * scale, xi = floor(q);
+    double t = q - xi;
+    t += z * scale;
+    double margin = fabs(t);
+    margin += 2.0;
+    margin *= 2.0 * U53;
+    margin += err * scale;
+    double dist = t + 0.5;
+    double f = floor(dist);
+    dist -= f;
+    const int u = !(dist > margin) | (dist >= 1.0 - margin);
+    *und = (unsigned char)u;
+    f = u ? 0.0 : f;
+    return (int64_t)xi + (int64_t)f;
+}
+
+SIMD_CLONES
+static void normals_kernel(const int64_t *w1, const int64_t *w2, Py_ssize_t n, double c_log,
+                           double c_cos, double *restrict z, double *restrict err) {
+    for (Py_ssize_t i = 0; i < n; i++) normal_at(w1[i], w2[i], c_log, c_cos, z + i, err + i);
+}
+
 /* -------------------------------------------------------------------------------- normals */
 PyDoc_STRVAR(normals_doc,
              "normals(words, c_log, c_cos, two_pi_u64) -> (bytearray, bytearray)\n\n"
              "market._normal.normals' float pass over two rows of n words (U1, U2): the\n"
-             "Box-Muller normals and their error bounds (float64), each expression as numpy\n"
-             "evaluates it; c_log = 2*TAU, c_cos = 2^-48 + 2*TAU + 2^-53, two_pi_u64 = 2*pi*2^-64.\n"
-             "A coordinate whose bound is not finite gets z = 0 and err = inf (the exact path).");
+             "Box-Muller normals and their error bounds (float64), cos(2 pi U2) as the\n"
+             "reference's polynomial, ln U1 within 2^-49 (log_unit); c_log = 2*TAU,\n"
+             "c_cos = 2^-48 + 2*TAU + 2^-53 (two_pi_u64 is unused). A coordinate whose bound is\n"
+             "not finite gets z = 0 and err = inf (the exact path).");
 
 static PyObject *normals(PyObject *self, PyObject *args) {
     (void)self;
@@ -391,34 +550,9 @@ static PyObject *normals(PyObject *self, PyObject *args) {
     zs = PyByteArray_FromStringAndSize(NULL, 8 * n);
     errs = PyByteArray_FromStringAndSize(NULL, 8 * n);
     if (zs == NULL || errs == NULL) goto done;
-    const int64_t *w1 = (const int64_t *)words.buf, *w2 = w1 + n;
-    double *z = (double *)PyByteArray_AS_STRING(zs), *err = (double *)PyByteArray_AS_STRING(errs);
-    const double u64 = 1.0 / 18446744073709551616.0; /* 2^-64 */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double u = (double)w1[i];
-        u *= u64;
-        u += (double)(u < 0.0);
-        double r2 = log(u);
-        r2 *= -2.0;
-        double d_r2 = 8.673617379884035e-19 / u; /* 2^-60 */
-        d_r2 += 3.552713678800501e-15;           /* 2^-48 */
-        d_r2 += r2 * c_log;
-        const double r = sqrt(r2);
-        double e = d_r2 / r;
-        e *= 1.0 + 8.881784197001252e-16; /* 1 + 2^-50 */
-        double theta = (double)w2[i];
-        theta *= two_pi_u64;
-        double zi = cos(theta);
-        zi *= r;
-        e += r * c_cos;
-        e += fabs(zi) * (2.0 * U53);
-        if (!isfinite(e)) {
-            zi = 0.0;
-            e = INFINITY;
-        }
-        z[i] = zi;
-        err[i] = e;
-    }
+    const int64_t *w1 = (const int64_t *)words.buf;
+    normals_kernel(w1, w1 + n, n, c_log, c_cos, (double *)PyByteArray_AS_STRING(zs),
+                   (double *)PyByteArray_AS_STRING(errs));
     result = PyTuple_Pack(2, zs, errs);
 done:
     Py_XDECREF(zs);
@@ -504,6 +638,27 @@ PyDoc_STRVAR(gaussian_snap_doc,
              "integers and the indices left undecided, or None when a value is too large for\n"
              "its grid. consts are normals' (c_log, c_cos, two_pi_u64).");
 
+/* Whether every |x scale| is below 2^62 (NaN is not): snap's range. */
+static int in_range(const double *x, Py_ssize_t n, double scale) {
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n; i++) ok &= fabs(x[i] * scale) < 0x1p62;
+    return ok;
+}
+
+/* The flagged coordinates' indices appended to a new list (NULL with an error set). */
+static PyObject *flagged(const unsigned char *und, Py_ssize_t n) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL;
+    for (const unsigned char *p = und, *end = und + n; (p = memchr(p, 1, (size_t)(end - p)));
+         p++) {
+        if (append_index(list, p - und) < 0) {
+            Py_DECREF(list);
+            return NULL;
+        }
+    }
+    return list;
+}
+
 static PyObject *gaussian_snap(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer words, terms, xs;
@@ -511,88 +666,218 @@ static PyObject *gaussian_snap(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*d(ddd)", &words, &terms, &xs, &scale, &c_log, &c_cos,
                           &two_pi_u64))
         return NULL;
-    PyObject *out = NULL, *undecided = NULL, *result = NULL;
+    PyObject *out = NULL, *result = NULL;
+    unsigned char *und = NULL;
     const Py_ssize_t n = xs.len / 8, depth = terms.len / 16;
     if (words.len != 16 * n * depth) {
         PyErr_SetString(PyExc_ValueError, "gaussian_snap: words of the wrong size");
         goto done;
     }
     const double *x = (const double *)xs.buf, *tc = (const double *)terms.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!(fabs(x[i] * scale) < 4611686018427387904.0)) { /* 2^62 */
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
-        }
+    if (!in_range(x, n, scale)) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
     }
     out = PyByteArray_FromStringAndSize(NULL, 8 * n);
-    undecided = PyList_New(0);
-    if (out == NULL || undecided == NULL) goto done;
+    und = PyMem_Malloc(n ? (size_t)n : 1);
+    if (out == NULL || und == NULL) {
+        if (und == NULL) PyErr_NoMemory();
+        goto done;
+    }
     const int64_t *w1 = (const int64_t *)words.buf, *w2 = w1 + n * depth;
     int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
-    const double u64 = 1.0 / 18446744073709551616.0, e49 = 1.7763568394002505e-15; /* 2^-49 */
     for (Py_ssize_t i = 0; i < n; i++) {
         double hz = 0.0, herr = 0.0;
         for (Py_ssize_t j = 0; j < depth; j++) {
-            /* normals (as in the normals function above) */
-            const Py_ssize_t at = j * n + i;
-            double u = (double)w1[at];
-            u *= u64;
-            u += (double)(u < 0.0);
-            double r2 = log(u);
-            r2 *= -2.0;
-            double d_r2 = 8.673617379884035e-19 / u;
-            d_r2 += 3.552713678800501e-15;
-            d_r2 += r2 * c_log;
-            const double r = sqrt(r2);
-            double e = d_r2 / r;
-            e *= 1.0 + 8.881784197001252e-16;
-            double theta = (double)w2[at];
-            theta *= two_pi_u64;
-            double nz = cos(theta);
-            nz *= r;
-            e += r * c_cos;
-            e += fabs(nz) * (2.0 * U53);
-            if (!isfinite(e)) {
-                nz = 0.0;
-                e = INFINITY;
-            }
+            double nz, e;
+            normal_at(w1[j * n + i], w2[j * n + i], c_log, c_cos, &nz, &e);
             /* add(h, c, N) */
             double z = nz * tc[2 * j];
             double err = e * tc[2 * j + 1];
-            err += fabs(z) * e49;
+            err += fabs(z) * 0x1p-49;
             err += herr;
             z += hz;
             err += fabs(z) * U53;
             hz = z;
             herr = err;
         }
-        /* snap */
-        const double q = x[i] * scale, xi = floor(q);
-        double t = q - xi;
-        t += hz * scale;
-        double margin = fabs(t);
-        margin += 2.0;
-        margin *= 2.0 * U53;
-        margin += herr * scale;
-        double f = floor(t + 0.5);
-        double dist = t + 0.5;
-        dist -= f;
-        const int und = dist <= margin || dist >= 1.0 - margin || !isfinite(margin);
-        if (und) {
-            f = 0.0;
-            if (append_index(undecided, i) < 0) {
-                goto done;
-            }
-        }
-        o[i] = (int64_t)xi + (int64_t)f;
+        o[i] = snap_at(x[i], hz, herr, scale, und + i);
     }
-    result = PyTuple_Pack(2, out, undecided);
+    PyObject *undecided = flagged(und, n);
+    if (undecided != NULL) {
+        result = PyTuple_Pack(2, out, undecided);
+        Py_DECREF(undecided);
+    }
 done:
     Py_XDECREF(out);
-    Py_XDECREF(undecided);
+    PyMem_Free(und);
     PyBuffer_Release(&words);
     PyBuffer_Release(&terms);
+    PyBuffer_Release(&xs);
+    return result;
+}
+
+/* ------------------------------------------------------------------------- gaussian_pass */
+/* What the new normal is added to: nothing (a fresh release), an anchor's float pass h, or a
+ * bridge's mixture fa a + fb b (a absent for the exact value's noise, 0). */
+typedef struct {
+    const double *az, *aerr, *bz, *berr;
+    double fa, fa_err, fb, fb_err; /* weights and |w| (1 + 2^-50) */
+} prior;
+
+enum { FRESH, ADD, MIX_B, MIX_AB };
+
+/* One coordinate of market._normal.add_normals (its Mixed.block and _add_into, operation for
+ * operation) then snap: z and err written, the integer returned. */
+static inline __attribute__((always_inline)) int64_t pass_at(int mode, const prior *h, Py_ssize_t i, int64_t w1, int64_t w2,
+                              double c, double c_err, double c_log, double c_cos, double x,
+                              double scale, double *z_out, double *err_out, unsigned char *und) {
+    double nz, ne;
+    normal_at(w1, w2, c_log, c_cos, &nz, &ne);
+    double z = nz * c, err = ne * c_err;
+    err += fabs(z) * 0x1p-49;
+    if (mode != FRESH) {
+        double hz, herr;
+        if (mode == ADD) {
+            hz = h->az[i];
+            herr = h->aerr[i];
+        } else {
+            const double pb = h->bz[i] * h->fb, eb = h->berr[i] * h->fb_err;
+            double pa;
+            if (mode == MIX_B) {
+                herr = eb;
+                hz = pb;
+                pa = fabs(pb);
+            } else {
+                const double qa = h->az[i] * h->fa;
+                herr = h->aerr[i] * h->fa_err;
+                herr += eb;
+                hz = qa + pb;
+                pa = fabs(qa) + fabs(pb);
+            }
+            pa *= 0x1p-50;
+            herr += pa;
+            herr += fabs(hz) * U53;
+        }
+        err += herr;
+        z += hz;
+        err += fabs(z) * U53;
+    }
+    *z_out = z;
+    *err_out = err;
+    return snap_at(x, z, err, scale, und);
+}
+
+SIMD_CLONES
+static void pass_kernel(int mode, const prior *h, const int64_t *w1, const int64_t *w2,
+                        Py_ssize_t n, double c, double c_err, double c_log, double c_cos,
+                        const double *x, double scale, double *restrict z,
+                        double *restrict err, int64_t *restrict o, unsigned char *restrict und) {
+    const prior hv = *h; /* a local copy: its pointers cannot change inside the loops */
+    /* one loop per mode, so each is a straight vectorisable line */
+#define PASS_LOOP(M)                                                                          \
+    for (Py_ssize_t i = 0; i < n; i++)                                                        \
+        o[i] = pass_at(M, &hv, i, w1[i], w2[i], c, c_err, c_log, c_cos, x[i], scale, z + i,    \
+                       err + i, und + i);
+    switch (mode) {
+    case FRESH: PASS_LOOP(FRESH) break;
+    case ADD: PASS_LOOP(ADD) break;
+    case MIX_B: PASS_LOOP(MIX_B) break;
+    default: PASS_LOOP(MIX_AB) break;
+    }
+#undef PASS_LOOP
+}
+
+/* A float64 buffer of n doubles (read-only, or writable), or an error. */
+static int get_doubles(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable) {
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                               : PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len != 8 * n) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "gaussian_pass: arrays of n doubles");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(gaussian_pass_doc,
+             "gaussian_pass(words, coef, x, scale, consts, prior, z, err, out) -> list or None\n\n"
+             "A Gaussian release's float pass over n coordinates in one loop: the normals of\n"
+             "words (2 rows of n), times coef = (c, |c|(1 + 2^-49)), added to prior as\n"
+             "market._normal.add_normals adds them, then rounded as market._normal.snap rounds\n"
+             "x + Z on the grid of 1/scale. prior is None (fresh), (hz, herr) (an anchor's\n"
+             "float pass) or (az, aerr, fa, fa_err, bz, berr, fb, fb_err) (a bridge's mixture;\n"
+             "az and aerr None for the exact value), weights with |w|(1 + 2^-50). Writes the sum\n"
+             "and its bound into z and err and the int64 integers into out (writable buffers of\n"
+             "n); returns the indices left undecided, or None when a value is too large for\n"
+             "its grid (nothing written). consts are normals' (c_log, c_cos, two_pi_u64).");
+
+static PyObject *gaussian_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer words, xs;
+    double c, c_err, scale, c_log, c_cos, two_pi_u64;
+    PyObject *prior_obj, *z_obj, *err_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "y*(dd)y*d(ddd)OOOO", &words, &c, &c_err, &xs, &scale, &c_log,
+                          &c_cos, &two_pi_u64, &prior_obj, &z_obj, &err_obj, &out_obj))
+        return NULL;
+    const Py_ssize_t n = xs.len / 8;
+    Py_buffer views[7]; /* z, err, out, then the prior's arrays */
+    int held = 0, mode = FRESH;
+    PyObject *result = NULL, *arrays[4] = {NULL, NULL, NULL, NULL};
+    prior h = {NULL, NULL, NULL, NULL, 0.0, 0.0, 0.0, 0.0};
+    unsigned char *und = NULL;
+    if (words.len != 16 * n) {
+        PyErr_SetString(PyExc_ValueError, "gaussian_pass: two rows of n words");
+        goto done;
+    }
+    if (prior_obj != Py_None) {
+        PyObject *az = NULL, *aerr = NULL, *bz = NULL, *berr = NULL;
+        if (PyTuple_Check(prior_obj) && PyTuple_GET_SIZE(prior_obj) == 2) {
+            if (!PyArg_ParseTuple(prior_obj, "OO", &az, &aerr)) goto done;
+            mode = ADD;
+        } else if (!PyArg_ParseTuple(prior_obj, "OOddOOdd", &az, &aerr, &h.fa, &h.fa_err, &bz,
+                                     &berr, &h.fb, &h.fb_err)) {
+            goto done;
+        } else {
+            mode = az == Py_None ? MIX_B : MIX_AB;
+        }
+        arrays[0] = az == Py_None ? NULL : az;
+        arrays[1] = az == Py_None ? NULL : aerr;
+        arrays[2] = bz;
+        arrays[3] = berr;
+    }
+    PyObject *outs[3] = {z_obj, err_obj, out_obj};
+    for (int k = 0; k < 3; k++, held++)
+        if (get_doubles(outs[k], &views[held], n, 1) < 0) goto done;
+    for (int k = 0; k < 4; k++) {
+        if (arrays[k] == NULL) continue;
+        if (get_doubles(arrays[k], &views[held], n, 0) < 0) goto done;
+        const double *p = (const double *)views[held++].buf;
+        if (k == 0) h.az = p;
+        else if (k == 1) h.aerr = p;
+        else if (k == 2) h.bz = p;
+        else h.berr = p;
+    }
+    if (!in_range((const double *)xs.buf, n, scale)) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    und = PyMem_Malloc(n ? (size_t)n : 1);
+    if (und == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *w1 = (const int64_t *)words.buf;
+    pass_kernel(mode, &h, w1, w1 + n, n, c, c_err, c_log, c_cos, (const double *)xs.buf, scale,
+                (double *)views[0].buf, (double *)views[1].buf, (int64_t *)views[2].buf, und);
+    result = flagged(und, n);
+done:
+    while (held > 0) PyBuffer_Release(&views[--held]);
+    PyMem_Free(und);
+    PyBuffer_Release(&words);
     PyBuffer_Release(&xs);
     return result;
 }
@@ -707,6 +992,8 @@ static PyMethodDef methods[] = {
     {"normals", normals, METH_VARARGS, normals_doc},
     {"table_segments", table_segments, METH_VARARGS, table_segments_doc},
     {"gaussian_snap", gaussian_snap, METH_VARARGS, gaussian_snap_doc},
+    {"gaussian_pass", gaussian_pass, METH_VARARGS, gaussian_pass_doc},
+    {"wide", wide, METH_NOARGS, wide_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cnoise",

@@ -33,3 +33,15 @@ def gaussian_snap(
 def dlap_plans(
     words: Buffer, sizes: Sequence[int], laws: Sequence[bytes], margin: float, eta: float
 ) -> tuple[bytearray, list[int]]: ...
+def gaussian_pass(
+    words: Buffer,
+    coef: tuple[float, float],
+    x: Buffer,
+    scale: float,
+    consts: tuple[float, float, float],
+    prior: tuple[object, ...] | None,
+    z: Buffer,
+    err: Buffer,
+    out: Buffer,
+) -> list[int] | None: ...
+def wide() -> bool: ...

@@ -176,12 +176,13 @@ class Draws:
         the ``(slots, n)`` array :meth:`joined` would hold for the requests ``segments``
         (``(key, coordinates)`` each, in order)."""
         out = object.__new__(cls)
-        out.slots, out.n = int(words.shape[0]), int(words.shape[1])
-        if out.n != sum(n for _, n in segments):
+        out.slots, out.n = words.shape
+        offsets = list(itertools.accumulate([n for _, n in segments], initial=0))
+        if out.n != offsets.pop():
             raise ValueError("the words do not hold the segments' coordinates")
         out._words = words
         out._segments = segments
-        out._offsets = list(itertools.accumulate([n for _, n in segments[:-1]], initial=0))
+        out._offsets = offsets
         return out
 
     @property

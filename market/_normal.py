@@ -11,9 +11,10 @@ defined by ideal real arithmetic, never by a float.
 **Float pass.** Each normal is computed in floats with a rigorous error bound per coordinate:
 the uniforms' 64-bit prefixes pin ``U₁`` and ``U₂`` to intervals, the platform's ``log`` and
 ``sqrt`` are trusted to :data:`TAU` relative (64 units in the last place; the libraries numpy
-uses document at most 4) and ``cos(2πU₂)`` is a polynomial proved within 2⁻⁴⁷
-(:func:`cos_2pi`). The bounds add up through the sum, and a coordinate
-is decided only when ``(x + Z)/g`` is farther from every half-integer than its bound.
+uses document at most 4; the compiled pass, :func:`market._step.gaussian_release`, computes
+``ln`` itself within 2⁻⁴⁹, its error argued in ``market/_cnoise.c``) and ``cos(2πU₂)`` is a
+polynomial proved within 2⁻⁴⁷ (:func:`cos_2pi`). The bounds add up through the sum, and a
+coordinate is decided only when ``(x + Z)/g`` is farther from every half-integer than its bound.
 
 **Exact path.** Any other coordinate (about one in 10⁷) is recomputed in
 :mod:`market._interval` arithmetic from its uniforms, extended by more random bits and digits

@@ -16,6 +16,9 @@ This module does it once per call for all of them:
 * :func:`normals` is :func:`market._normal.normals` (standard normals and their error bounds),
   and :func:`gaussian_step` a Gaussian chain's step: the normals of every level and value of a
   call, summed (:func:`market._normal.add`) and rounded (:func:`market._normal.snap`) at once;
+* :func:`gaussian_release` is a Gaussian release of any size (a :class:`~market.ReleaseState`'s
+  conditional step: :func:`market._normal.add_normals` then :func:`market._normal.snap`), one
+  loop over the coordinates with no temporaries, which the compiler vectorises;
 * :func:`poisson_segments` is :func:`market._poisson.sample` for a chain's Poisson steps (one
   law per value-step, inversion of its table).
 
@@ -57,6 +60,7 @@ __all__ = [
     "dlap_plans",
     "dlap_segments",
     "draws",
+    "gaussian_release",
     "gaussian_step",
     "keyed_draws",
     "normals",
@@ -69,6 +73,21 @@ ENV = "EMARKET_NOISE_STEP"
 """Environment variable: ``numpy`` forces the reference implementation."""
 
 
+_FUNCTIONS = (
+    "request_keys",
+    "main_words",
+    "keyed_words",
+    "dlap_segments",
+    "dlap_plans",
+    "normals",
+    "table_segments",
+    "gaussian_snap",
+    "gaussian_pass",
+    "wide",
+)
+"""What this module calls in the extension (market/_cnoise.pyi)."""
+
+
 def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get(ENV, "").strip().lower() == "numpy":
         return None, f"{ENV}=numpy"
@@ -77,6 +96,9 @@ def _load() -> tuple[ModuleType | None, str]:
     except ImportError as exc:
         return None, f"market._cnoise is not built ({exc}); reinstall with a C compiler"
     mod: ModuleType = _cnoise
+    missing = [f for f in _FUNCTIONS if not hasattr(mod, f)]
+    if missing:  # built from an older market/_cnoise.c: its bits are right, its API short
+        return None, f"market._cnoise is out of date (no {', '.join(missing)}); rebuild it"
     return mod, "market._cnoise"
 
 
@@ -121,7 +143,11 @@ def using(backend: str) -> Iterator[None]:
 
 def _head(keys: NoiseKeys) -> bytes:
     """What the request keys' sponge absorbs before the seed (§1.1)."""
-    secret = keys.secret
+    return _head_of(keys.secret)
+
+
+@functools.lru_cache(maxsize=16)  # a worker has one secret (a few in tests)
+def _head_of(secret: bytes) -> bytes:
     return KEY_LABEL + struct.pack(">I", len(secret)) + secret
 
 
@@ -233,9 +259,11 @@ def dlap_segments(
     c = _ACTIVE[0]
     if c is None:
         return _dlap.sample_segments(laws, sizes, draws, eta=eta, margin=margin)
-    if not _dlap.batchable(laws) or draws.slots != 2 or draws.n != sum(sizes):
+    distinct = {id(law): law for law in laws}  # a call's value-steps share a few laws
+    if not _dlap.batchable(list(distinct.values())) or draws.slots != 2 or draws.n != sum(sizes):
         raise ValueError("dlap_segments needs batchable laws and their two-slot draws")
-    consts = b"".join([_constants(law) for law in laws])
+    packed = {i: _constants(law) for i, law in distinct.items()}
+    consts = b"".join([packed[id(law)] for law in laws])
     raw, undecided = c.dlap_segments(draws.words, consts, sizes, margin, eta, libm_error)
     out: NDArray[np.int64] = np.frombuffer(raw, dtype=np.int64)
     if undecided:
@@ -330,3 +358,77 @@ def gaussian_step(
     for i in undecided:
         out[i] = settle(i)
     return out
+
+
+_BRIDGE_WEIGHT = 1.0 + 2.0**-50
+"""``|w|(1 + 2⁻⁵⁰)``: the bound's weight of a bridge's mixture (:class:`market._normal.Mixed`)."""
+
+
+def _prior(h: _normal.Hidden | _normal.Mixed | None) -> tuple[object, ...] | None:
+    """What :func:`gaussian_release`'s compiled pass adds the new normal to (its ``prior``)."""
+    if h is None:
+        return None
+    if isinstance(h, _normal.Hidden):
+        return (_doubles(h.z), _doubles(h.err))
+    fa, fb = float(h.wa), float(h.wb)
+    az, aerr = (None, None) if h.a is None else (_doubles(h.a.z), _doubles(h.a.err))
+    bz, berr = _doubles(h.b.z), _doubles(h.b.err)
+    return (az, aerr, fa, abs(fa) * _BRIDGE_WEIGHT, bz, berr, fb, abs(fb) * _BRIDGE_WEIGHT)
+
+
+def _doubles(a: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``a`` as the compiled pass reads it: contiguous doubles (no copy when it already is)."""
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+SCALAR_MAX = 1024
+"""Coordinates up to which :func:`gaussian_release` runs compiled on any CPU: one loop in C
+beats numpy's ~30 calls there even one coordinate at a time; above, only where the loop runs
+vectorised (:data:`WIDE`), else numpy's reference is the faster."""
+WIDE = _COMPILED is not None and bool(_COMPILED.wide())
+"""Whether the compiled Gaussian pass runs vectorised on this CPU (``market._cnoise.wide``)."""
+
+
+def gaussian_release(
+    h: _normal.Hidden | _normal.Mixed | None,
+    c: float,
+    draws: Draws,
+    base: NDArray[np.float64],
+    grid_exp: int,
+    settle: Callable[[int], int],
+) -> tuple[_normal.Hidden, NDArray[np.int64]]:
+    """The float pass ``h + c·N`` of a Gaussian release (``N`` the normals of ``draws``, two
+    slots) and its integers ``round((base + Z)/2^grid_exp)``: the reference's
+    :func:`market._normal.add_normals` then :func:`market._normal.snap`, or one compiled loop
+    over the coordinates (the same expressions in the same order, its own ``ln`` within 2⁻⁴⁹
+    where the reference trusts numpy's to 2⁻⁴⁶); both leave the coordinates they cannot decide
+    to ``settle``, so they give the same integers. Above :data:`SCALAR_MAX` coordinates the
+    compiled loop runs only where it is vectorised (:data:`WIDE`).
+
+    Raises
+    ------
+    OverflowError
+        A value too large for its release grid.
+    """
+    c_mod = _ACTIVE[0]
+    if c_mod is None or draws.slots != _normal.SLOTS or (draws.n > SCALAR_MAX and not WIDE):
+        hidden = _normal.add_normals(h, c, draws)
+        return hidden, _normal.snap(base, hidden, grid_exp, settle)
+    n = draws.n
+    z, err, out = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64)
+    undecided = c_mod.gaussian_pass(
+        draws.words,
+        (c, abs(c) * (1.0 + 2.0**-49)),
+        _doubles(base),
+        math.ldexp(1.0, -grid_exp),
+        _NORMAL_CONSTANTS,
+        _prior(h),
+        z,
+        err,
+        out,
+    )
+    if undecided is None:
+        raise OverflowError("a value is too large for its release grid")
+    for i in undecided:
+        out[i] = settle(i)
+    return _normal.Hidden(z, err), out

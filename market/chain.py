@@ -150,12 +150,30 @@ class ReleaseChain:
         return min(self.mechanism.value_limit(x) for x in self.levels)
 
     @functools.cached_property
+    def _plans(self) -> tuple[tuple[tuple[float, float], int], ...]:
+        """Per step ``s``: ``(level, upper level)`` of its unconditional draw and the slots it
+        reads (public: levels only), worked out once per chain, not per request."""
+        mech, lv = self.mechanism, self.levels
+        out = []
+        for s, level in enumerate(lv):
+            upper = lv[s + 1] if s + 1 < len(lv) else math.inf
+            out.append(((level, upper), mech.slots(level, upper, None)))
+        return tuple(out)
+
+    @functools.cached_property
     def _variance_steps(self) -> tuple[Fraction, ...]:
         """Gaussian: the exact variance each step adds, ``v_j − v_{j+1}`` (``v_K = 0``)."""
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
         v = [mech.exact_variance(x) for x in self.levels] + [Fraction(0)]
         return tuple(v[j] - v[j + 1] for j in range(len(self.levels)))
+
+    @functools.cached_property
+    def _coefficients(self) -> tuple[float, ...]:
+        """Gaussian: each step's coefficient ``√(v_j − v_{j+1})`` in floats, as
+        :meth:`market._normal.Term.coefficient` computes it (worked out once per chain)."""
+        one = Fraction(1)
+        return tuple(_normal.Term(b"", one, v).coefficient() for v in self._variance_steps)
 
     def validate(self, value: Any) -> Vector:
         """The exact value checked for this chain (its family's rules and :attr:`value_limit`)."""
@@ -236,18 +254,19 @@ class ReleaseChain:
             return []
         self._descend(states, k, identities, keys)
         lvl, mech = self.levels[k], self.mechanism
-        found = [st.steps[k] for st in states]
+        found: list[Vector] = [st.get(k) for st in states]  # type: ignore[misc]  # all descended
+        first = found[0]
         if (
             len(found) > 1
             and type(mech).decode is not Mechanism.decode  # not the identity: decode them at once
-            and len({(v.shape, v.dtype) for v in found}) == 1
+            and all(v.shape == first.shape and v.dtype == first.dtype for v in found)
         ):
-            return list(_frozen(mech.decode(Anchor(lvl, np.stack(found)))))
+            return list(_frozen(mech.decode(Anchor(lvl, np.array(found)))))
         return [_frozen(mech.decode(Anchor(lvl, v))) for v in found]
 
     def new_steps(self, state: ChainState, k: int) -> int:
         """How many steps :meth:`release` would compute to give ``state`` step ``k``."""
-        if k in state.steps:
+        if state.has(k):
             return 0
         return _start(state, k, len(self.levels)) - k
 
@@ -258,18 +277,19 @@ class ReleaseChain:
         identities: Sequence[Identity],
         keys: NoiseKeys,
     ) -> None:
-        todo = [i for i, st in enumerate(states) if k not in st.steps]
+        todo = [i for i, st in enumerate(states) if not st.has(k)]
         if not todo:
             return
+        if len(todo) == len(states):  # the usual case: no value has the step yet
+            some, idents = list(states), list(identities)
+        else:
+            some, idents = [states[i] for i in todo], [identities[i] for i in todo]
         if isinstance(self.mechanism, Gaussian):
-            self._descend_gaussian(
-                [states[i] for i in todo], k, [identities[i] for i in todo], keys
-            )
+            self._descend_gaussian(some, k, idents, keys)
             return
-        starts = [_start(states[i], k, len(self.levels)) for i in todo]
-        if self._descend_at_once(
-            [states[i] for i in todo], starts, k, [identities[i] for i in todo], keys
-        ):
+        count = len(self.levels)
+        starts = [_start(st, k, count) for st in some]
+        if self._descend_at_once(some, starts, k, idents, keys):
             return
         for s in range(max(starts) - 1, k - 1, -1):
             batch = [i for i, b in zip(todo, starts, strict=True) if b > s]
@@ -286,22 +306,22 @@ class ReleaseChain:
         """Every step from each state's ``start − 1`` down to ``k`` in one vectorised draw of
         their noises (independent of the values: ``Y_s = Y_{s+1} + W_s``), when the family
         batches them (:meth:`Mechanism.increments`); the same integers as step by step."""
-        mech, top = self.mechanism, len(self.levels) - 1
+        mech, count = self.mechanism, len(self.levels)
         pairs = [(i, s) for i, b in enumerate(starts) for s in range(b - 1, k - 1, -1)]
         if len(pairs) < 2 and not _step.compiled():  # numpy's one-law kernel is faster alone
             return False
         bases: list[Vector] = []
         for st, b in zip(states, starts, strict=True):
-            base = mech.origin(st.exact).values if b > top and st.exact is not None else None
-            base = st.steps.get(b) if base is None else base
+            exact = st.exact if b == count else None
+            base = mech.origin(exact).values if exact is not None else st.get(b)
             if base is None:
                 return False
             bases.append(base)
-        steps = [(self.levels[s], math.inf if s == top else self.levels[s + 1]) for _, s in pairs]
-        slots = {mech.slots(level, upper, None) for level, upper in set(steps)}
-        if len(slots) != 1:
+        plans = self._plans
+        steps = [plans[s][0] for _, s in pairs]
+        m = plans[pairs[0][1]][1]
+        if any(plans[s][1] != m for _, s in pairs):
             return False
-        (m,) = slots
         sizes = [int(bases[i].shape[0]) for i, _ in pairs]
         draws = _step.keyed_draws(keys, self._seeds(identities, pairs), sizes, m)
         noise = mech.increments(steps, sizes, draws)
@@ -310,12 +330,12 @@ class ReleaseChain:
         if len(pairs) == len(states) and len(set(sizes)) == 1:  # one step per value: one add
             rows = _frozen((np.concatenate(bases) + noise).reshape(len(pairs), sizes[0]))
             for (i, s), row in zip(pairs, rows, strict=True):
-                states[i].steps[s] = row
+                states[i].put(s, row)
             return True
         at = 0
         for (i, s), n in zip(pairs, sizes, strict=True):
             bases[i] = _frozen(bases[i] + noise[at : at + n])
-            states[i].steps[s] = bases[i]
+            states[i].put(s, bases[i])
             at += n
         return True
 
@@ -332,7 +352,9 @@ class ReleaseChain:
                     raise SealedStateError("a sealed chain state lost its top release")
                 uppers.append(mech.origin(st.exact).values)
             else:
-                uppers.append(st.steps[s + 1])
+                above = st.get(s + 1)
+                assert above is not None  # the descent computes the steps in order
+                uppers.append(above)
         slots = mech.slots(self.levels[s], upper_level, None)
         seeds = self._seeds(identities, [(i, s) for i in range(len(identities))])
         draws = _step.keyed_draws(keys, seeds, [int(u.shape[0]) for u in uppers], slots)
@@ -340,7 +362,7 @@ class ReleaseChain:
         out = mech.conditional(self.levels[s], upper, None, draws, upper.values).values
         start = 0
         for st, u in zip(states, uppers, strict=True):
-            st.steps[s] = _frozen(out[start : start + u.shape[0]].copy())
+            st.put(s, _frozen(out[start : start + u.shape[0]].copy()))
             start += int(u.shape[0])
 
     def _descend_gaussian(
@@ -349,41 +371,51 @@ class ReleaseChain:
         """Step ``k`` of open Gaussian states: the real noise from the top down, rounded."""
         mech = self.mechanism
         assert isinstance(mech, Gaussian)
-        top = len(self.levels) - 1
-        paths = self._paths(identities, k, keys)
-        for st in states:
-            if st.exact is None:
-                raise SealedStateError("a sealed Gaussian chain state lost a step")
-        sizes = [int(st.exact.shape[0]) for st in states if st.exact is not None]
-        depth = top - k + 1  # every step's normals of every value, in one pass
-        draws = _step.draws([p[j].key for j in range(depth) for p in paths], sizes * depth, 2)
-        coefficients = [paths[0][j].coefficient() for j in range(depth)]
-        base = np.concatenate([st.exact for st in states if st.exact is not None])
+        exacts = [st.exact for st in states]
+        if any(x is None for x in exacts):
+            raise SealedStateError("a sealed Gaussian chain state lost a step")
+        found = self._path_keys(identities, k, keys)
+        sizes = [int(x.shape[0]) for x in exacts if x is not None]
+        depth = len(self.levels) - k  # every step's normals of every value, in one pass
+        draws = _step.draws(found, sizes * depth, 2)
+        base: Vector = np.concatenate(exacts)  # type: ignore[arg-type]  # none is None
         offsets = list(itertools.accumulate(sizes, initial=0))
         grid = mech.grid_exponent(self.levels[k])
+        variances = self._variance_steps[k:][::-1]
+        count = len(states)
 
-        def settle(i: int) -> int:
+        def settle(i: int) -> int:  # the rare coordinate the float pass leaves undecided
             v = next(j for j in range(len(sizes)) if offsets[j + 1] > i)
-            local = i - offsets[v]
-            return _normal.exact_snap(float(base[i]), paths[v], sizes[v], local, grid)
+            one = Fraction(1)
+            path = tuple(
+                _normal.Term(found[d * count + v], one, var) for d, var in enumerate(variances)
+            )
+            return _normal.exact_snap(float(base[i]), path, sizes[v], i - offsets[v], grid)
 
-        out = _step.gaussian_step(draws, coefficients, base, grid, settle)
+        out = _step.gaussian_step(draws, self._coefficients[k:][::-1], base, grid, settle)
         for v, st in enumerate(states):
-            st.steps[k] = _frozen(out[offsets[v] : offsets[v + 1]].copy())
+            st.put(k, _frozen(out[offsets[v] : offsets[v + 1]].copy()))
+
+    def _path_keys(self, identities: Sequence[Identity], k: int, keys: NoiseKeys) -> list[bytes]:
+        """The request keys of the normals of step ``k`` of each value (steps ``j >= k``), top
+        step first and, within a step, in the order of the values (the order
+        :meth:`_descend_gaussian` draws them in): the key of step ``top − d`` of value ``i`` at
+        ``d·len(identities) + i``. Every value's keys are derived in one call."""
+        js = range(len(self.levels) - 1, k - 1, -1)
+        pairs = [(i, j) for j in js for i in range(len(identities))]
+        return _step.request_keys(keys, self._seeds(identities, pairs))
 
     def _paths(
         self, identities: Sequence[Identity], k: int, keys: NoiseKeys
     ) -> list[tuple[_normal.Term, ...]]:
         """The real noise of step ``k`` of each value: ``Σ_{j ≥ k} √(v_j − v_{j+1})·N_j``, top
-        term first (every value's keys derived in one call)."""
-        top = len(self.levels) - 1
-        js = range(top, k - 1, -1)
-        var = [self._variance_steps[j] for j in js]
-        pairs = [(i, j) for i in range(len(identities)) for j in js]
-        found = iter(_step.request_keys(keys, self._seeds(identities, pairs)))
+        term first (:meth:`_path_keys`)."""
+        found, count = self._path_keys(identities, k, keys), len(identities)
+        var = self._variance_steps[k:][::-1]
         one = Fraction(1)
         return [
-            tuple(_normal.Term(next(found), one, v) for v in var) for _ in range(len(identities))
+            tuple(_normal.Term(found[d * count + i], one, v) for d, v in enumerate(var))
+            for i in range(count)
         ]
 
 
@@ -392,9 +424,10 @@ def _encoded(identity: Identity) -> bytes:
     service's) is kept, for the values asked for again and again (a purchase releases the same
     retained values step after step). Other parts are encoded each time: a cache key would take
     ``1``, ``1.0`` and ``True`` for one another."""
-    if all(type(p) is str for p in identity):
-        return _encoded_text(identity)
-    return identity_bytes(*identity)
+    for p in identity:  # a loop, not all(): this runs for every value of every request
+        if type(p) is not str:
+            return identity_bytes(*identity)
+    return _encoded_text(identity)
 
 
 @functools.lru_cache(maxsize=4096)  # bounded: a value batch's identities are new every time
@@ -409,14 +442,15 @@ def _step_part(s: int) -> bytes:
 
 
 def _start(st: ChainState, k: int, count: int) -> int:
-    """The lowest cached step above ``k`` (``count``, the exact value, when none is cached):
-    where the descent to ``k`` starts."""
-    low = st.lowest_at_least(k)
-    if low is None:
-        if st.exact is None:
-            raise SealedStateError("a sealed chain state lost its top release")
-        return count
-    return low
+    """The lowest cached step at or above ``k`` (``count``, the exact value, when none is
+    cached): where the descent to ``k`` starts. Walked up from ``k``: the step just above is
+    the usual answer (a purchase descends one step at a time)."""
+    for j in range(k, count):
+        if st.has(j):
+            return j
+    if st.exact is None:
+        raise SealedStateError("a sealed chain state lost its top release")
+    return count
 
 
 class ChainState:
@@ -486,6 +520,34 @@ class ChainState:
     def steps(self, value: Mapping[int, Vector]) -> None:
         self._forget_rows()
         self._new = dict(value) or None
+
+    def get(self, k: int) -> Vector | None:
+        """Step ``k`` (``0 <= k``) if cached, else ``None``: ``steps.get(k)`` without building
+        the mapping (the chain asks this for every value of every request)."""
+        new = self._new
+        if new is not None:
+            found = new.get(k)
+            if found is not None:
+                return found
+        mask = self._mask
+        if not mask >> k & 1:
+            return None
+        assert self._rows is not None
+        row: Vector = self._rows[self._xrow + (mask & ((1 << k) - 1)).bit_count()]
+        return row
+
+    def has(self, k: int) -> bool:
+        """Whether step ``k`` (``0 <= k``) is cached (``k in steps``, without the mapping)."""
+        return bool(self._mask >> k & 1) or (self._new is not None and k in self._new)
+
+    def put(self, k: int, v: Vector) -> None:
+        """Cache step ``k`` (``steps[k] = v``, without building the mapping)."""
+        if _has(self._mask, k):
+            self._unpacked()
+        if self._new is None:
+            self._new = {k: v}
+        else:
+            self._new[k] = v
 
     def _forget_rows(self) -> None:
         """Drop the packed rows, keeping the exact value (copied out: no view keeps them)."""
@@ -647,19 +709,14 @@ class _Steps(MutableMapping[int, Vector]):
         st = self._st
         if st._new is not None and k in st._new:
             return st._new[k]
-        if st._rows is not None and _has(st._mask, k):
-            below = st._mask & ((1 << operator.index(k)) - 1)
-            row: Vector = st._rows[st._xrow + below.bit_count()]  # a read-only view of its row
+        if _has(st._mask, k):
+            row = st.get(operator.index(k))  # a read-only view of its row
+            assert row is not None
             return row
         raise KeyError(k)
 
     def __setitem__(self, k: int, v: Vector) -> None:
-        st = self._st
-        if _has(st._mask, k):
-            st._unpacked()
-        if st._new is None:
-            st._new = {}
-        st._new[k] = v
+        self._st.put(k, v)
 
     def __delitem__(self, k: int) -> None:
         st = self._st

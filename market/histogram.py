@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _special as special
+from . import _gauss as gauss
 from .errors import InvalidLevelError, InvalidValueError
 from .levels import canonical_level
 from .rng import RngLike, default_rng
@@ -176,9 +176,9 @@ class SparseHistogramRelease:
             new_idx = self._fresh_indices(q)
             starts = self._sample_starts(q, x_grid, weights)
             # last increment: N(0, sd) truncated to x + N > a, by inverting the tail exactly
-            tail = special.ndtr(-(a - starts) / sd)
+            tail = gauss.ndtr(-(a - starts) / sd)
             u = 1.0 - self._rng.random(q)  # (0, 1]
-            steps = -sd * special.ndtri(u * tail)
+            steps = -sd * gauss.ndtri(u * tail)
             self._idx = np.concatenate([self._idx, new_idx])
             self._counts = np.concatenate([self._counts, np.zeros(q)])
             self._walk = np.concatenate([self._walk, starts + steps])
@@ -251,7 +251,13 @@ def _phi_integral(t: NDArray[np.float64]) -> NDArray[np.float64]:
     no large terms cancel on the left (``G(−u) = φ(u) − uΦ(−u)``, clipped at 0 where it
     underflows)."""
     u = np.abs(t)
-    left = np.maximum(np.exp(-0.5 * u * u) / math.sqrt(2 * math.pi) - u * special.ndtr(-u), 0.0)
+    left = np.zeros_like(u)
+    live = -0.5 * u * u >= -745.5  # beyond, e^{−u²/2} is 0 in doubles and so is G(−u)
+    w = u[live]
+    phi, tail = gauss.phi_and_tail(w)
+    tail *= w
+    phi -= tail
+    left[live] = np.maximum(phi, 0.0, out=phi)
     return np.asarray(np.maximum(t, 0.0) + left, dtype=np.float64)
 
 
@@ -286,13 +292,13 @@ def exceed_probability(
         counts that exceed (cell mass × the cell's exceedance probability).
     """
     if grid is None or density is None:
-        return float(special.ndtr(-a / sd)), None, None
+        return float(gauss.ndtr(-a / sd)), None, None
     h = _widths(grid, width)
     upper = _phi_integral((grid + h / 2 - a) / sd)
     lower = _phi_integral((grid - h / 2 - a) / sd)
     weights = density * np.maximum(upper - lower, 0.0) * (sd / h)
-    total = float(density.sum())
-    return (float(weights.sum()) / total if total > 0 else 0.0), grid, weights
+    total = gauss.total(density)
+    return (gauss.total(weights) / total if total > 0 else 0.0), grid, weights
 
 
 def sample_starts(
@@ -341,7 +347,7 @@ def sample_starts(
     # and converges monotonically; bisection takes over if it ever stalls
     t = hi.copy()
     for _ in range(100):
-        step = (_phi_integral(t) - target) / np.maximum(special.ndtr(t), 1e-300)
+        step = (_phi_integral(t) - target) / np.maximum(gauss.ndtr(t), 1e-300)
         nxt = np.clip(t - step, lo, hi)
         if bool(np.all(np.abs(nxt - t) <= 1e-15 * np.maximum(1.0, np.abs(t)))):
             t = nxt
@@ -396,7 +402,7 @@ def propagate(
         edges = size
     else:
         lo = min(-_SPAN * total_sd, a - 2 * sd)
-        edges = np.linspace(lo, a, size + 1)
+        edges = gauss.linspace(lo, a, size)
     y = (edges[:-1] + edges[1:]) / 2
     if grid is None or density is None:  # S_{r-1} = 0 exactly
         return y, _first_masses(edges, sd)
@@ -410,8 +416,8 @@ def _first_masses(edges: NDArray[np.float64], sd: float) -> NDArray[np.float64]:
     lo_e, hi_e = edges[:-1] / sd, edges[1:] / sd
     mass: NDArray[np.float64] = np.where(
         lo_e >= 0,
-        special.ndtr(-lo_e) - special.ndtr(-hi_e),
-        special.ndtr(hi_e) - special.ndtr(lo_e),
+        gauss.ndtr(-lo_e) - gauss.ndtr(-hi_e),
+        gauss.ndtr(hi_e) - gauss.ndtr(lo_e),
     )
     return np.maximum(mass, 0.0)
 
@@ -439,9 +445,9 @@ def _moved_masses(
     above = edges[:-1, None] >= old[None, 1:]
     moved += np.where(above, 0.0, ramps)
     if isinstance(hx, np.ndarray):
-        mass = np.maximum(moved, 0.0) @ (density * (sd / hx))
+        mass = gauss.dot(np.maximum(moved, 0.0), density * (sd / hx))
     else:
-        mass = (np.maximum(moved, 0.0) @ density) * (sd / hx)
+        mass = gauss.dot(np.maximum(moved, 0.0), density) * (sd / hx)
     return np.maximum(mass, 0.0)
 
 
@@ -481,7 +487,7 @@ def graded_cells(a: float, sd: float, total_sd: float, size: int) -> NDArray[np.
     lo = min(-_SPAN, (a - 2 * sd) / total_sd)  # in units of σ
     z = a / total_sd
     if z <= 1.0:
-        return np.linspace(lo * total_sd, a, size + 1)
+        return gauss.linspace(lo * total_sd, a, size)
     c = ((1.0 - lo) + (z * z - 1.0) / 2) / size  # cells: (1 − lo)/c below 1, (z² − 1)/2c above
     n = np.arange(size + 1, dtype=np.float64)
     knee = (1.0 - lo) / c
@@ -495,8 +501,6 @@ _LO = -10.0
 """Lower end of the exact law's nodes, in standard deviations of ``S``: what lies below
 (probability ``Φ(−10) ≈ 8·10⁻²⁴``) can lower a first-exceedance probability by at most that
 fraction of itself (a path that low and one that exceeds are negatively associated)."""
-_ORDER = 16
-"""Gauss–Legendre nodes per panel of the exact law."""
 
 
 def first_exceedance(levels: Any, bounds: Any) -> NDArray[np.float64]:
@@ -532,22 +536,22 @@ def first_exceedance(levels: Any, bounds: Any) -> NDArray[np.float64]:
     r = np.sqrt(rho[:-1] / rho[1:])
     s = np.sqrt(1.0 - r * r)
     panel = 8.0 * min(0.25, float(s.min(initial=1.0)), 1.0 / float(b.max()))
-    g, gw = np.polynomial.legendre.leggauss(_ORDER)
+    g, gw = gauss.GAUSS_LEGENDRE_16
 
     def nodes(top: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        edges = np.linspace(_LO, top, max(1, math.ceil((top - _LO) / panel)) + 1)
+        edges = gauss.linspace(_LO, top, max(1, math.ceil((top - _LO) / panel)))
         mid, half = (edges[1:] + edges[:-1]) / 2, (edges[1:] - edges[:-1]) / 2
         return (mid[:, None] + half[:, None] * g).ravel(), (half[:, None] * gw).ravel()
 
     x, w = nodes(float(b[0]))
-    u = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)  # X_0 ~ N(0, 1), cut at b_0
-    out = [float(special.ndtr(-b[0]))]
+    u = gauss.npdf(x)  # X_0 ~ N(0, 1), cut at b_0
+    out = [float(gauss.ndtr(-b[0]))]
     for k in range(1, b.size):
         rk, sk = float(r[k - 1]), float(s[k - 1])
         mass = w * u
-        out.append(float(mass @ special.ndtr((r[k - 1] * x - b[k]) / sk)))
+        out.append(float(gauss.dot(mass, gauss.ndtr((r[k - 1] * x - b[k]) / sk))))
         y, wy = nodes(float(b[k]))
         t = (y[:, None] - rk * x[None, :]) / sk
-        u = np.exp(-0.5 * t * t) @ mass / (sk * math.sqrt(2 * math.pi))
+        u = gauss.dot(gauss.npdf(t), mass) / sk
         x, w = y, wy
     return np.asarray(out, dtype=np.float64)

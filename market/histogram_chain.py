@@ -12,18 +12,22 @@ Algorithm 3 on the whole domain, computed by the exact sparse algorithm of
 What makes it a chain the market can sell:
 
 * **Thresholds fixed by the seller's tolerance for false keys.** ``τ_k = z·Δ/√(2ρ_k)`` with
-  ``z = Φ⁻¹(1 − m/(d·K))``: a key with a zero count shows up at step ``k`` with probability
-  ``m/(d·K)``, so over all ``K`` steps at most ``m`` (``false_keys``) keys with a zero count are
-  expected in all of a value's releases together (union bound), whatever the domain.
+  ``z`` the least multiple of 2⁻³² with ``Φ(−z) ≤ m/(d·K)`` (:func:`z_score`): a key with a zero
+  count shows up at step ``k`` with probability at most ``m/(d·K)``, so over all ``K`` steps at
+  most ``m`` (``false_keys``) keys with a zero count are expected in all of a value's releases
+  together (union bound), whatever the domain.
 * **The survival law is the stream's, not the value's.** Which never-released zero count
   exceeds a threshold next depends only on the levels and thresholds, so the survival density
-  and the exceedance probability of every step are computed once per chain; a value's state is
-  just its exact counts.
-* **Noise a pure function of the request.** Step ``s`` of a value draws everything (the walk's
-  increments, how many zero counts first exceed, which keys, their walks) from
-  ``rngs(DOMAIN, fingerprint, *identity, s)``, and the release at step ``k`` is recomputed from
-  step 0: the same bytes whenever, wherever and in whatever order it is asked for; nothing
-  cached, nothing to lose.
+  and the exceedance probability of every step are computed once per chain, from ``+ − × ÷ √``
+  only (:mod:`market._gauss`): the same doubles on every platform. A value's state is just its
+  exact counts.
+* **Noise a pure function of the request.** Step ``s`` of a value reads the draws of the request
+  keys ``(DOMAIN, fingerprint, *identity, s, part…)`` and every outcome (the walk's increments,
+  how many zero counts first exceed, which keys, where their walks start, the counts on the
+  release grid) is the exact outcome of its ideal uniforms (:mod:`market.histogram_draws`,
+  ``docs/protocol.md`` §1.9); the release at step ``k`` is recomputed from step 0: the same bytes
+  whenever, wherever, on whatever machine and in whatever order it is asked for; nothing cached,
+  nothing to lose.
 * **Bounded.** At most ``ceil(2m) + 64`` zero counts are ever tracked; more happens with
   probability below 10⁻³⁰ and is refused rather than truncated (truncating would change the law).
 
@@ -45,23 +49,27 @@ import itertools
 import math
 import struct
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from . import _special as special
+from . import _gauss as gauss
+from ._draws import Draws
+from ._normal import SLOTS, Hidden, Term, add, grid_exponent, normals, snap
 from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import (
     exceed_probability,
     first_exceedance,
     graded_cells,
     propagate,
-    sample_starts,
 )
+from .histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
 from .levels import canonical_level, step_of
-from .rng import Identity, KeyedRngFactory
+from .rng import Identity, KeyedRngFactory, NoiseKeys, identity_bytes
 
 __all__ = [
     "ACCURACY",
@@ -76,12 +84,12 @@ __all__ = [
     "HistogramValue",
     "TooManyFalseKeysError",
     "noise_check_histogram",
-    "snap",
     "string_key",
     "threshold",
+    "z_score",
 ]
 
-DOMAIN = b"emarket-histogram-v1"
+DOMAIN = b"emarket-histogram-v2"
 """Domain separation of the histogram chain's keyed randomness."""
 GRID = 512
 """Cells of the survival density (the stream's, computed once per chain, and on half as many
@@ -113,8 +121,8 @@ class TooManyFalseKeysError(MarketError):
 def threshold(
     level: float, sensitivity: float, domain: int, false_keys: float, steps: int
 ) -> float:
-    """τ of a step: ``z·Δ/√(2ρ)`` with ``z = Φ⁻¹(1 − m/(d·K))``, so a zero count exceeds it
-    with probability ``m/(d·K)``.
+    """τ of a step: ``z·Δ/√(2ρ)`` with ``z`` the least multiple of ``2⁻³²`` with ``Φ(−z) ≤
+    m/(d·K)`` (:func:`z_score`), so a zero count exceeds it with probability at most ``m/(d·K)``.
 
     Public (a function of the registration), so quotes and releases state it exactly.
 
@@ -135,8 +143,37 @@ def threshold(
     -------
     float
     """
-    z = -float(special.ndtri(false_keys / (domain * steps)))
-    return z * sensitivity / math.sqrt(2.0 * level)
+    return z_score(false_keys / (domain * steps)) * sensitivity / math.sqrt(2.0 * level)
+
+
+Z_BITS = 32
+"""``z`` is a multiple of ``2⁻³²``: the least one whose upper tail is at most the target."""
+
+
+def z_score(p: float) -> float:
+    """The least multiple ``z`` of ``2⁻³²`` with ``Φ(−z) ≤ p`` (``p < 1/2``; ``∞`` for ``p = 0``),
+    by bisection
+    on the integers with :func:`market._gauss.ndtr`: the same double on every platform, and a
+    tail no larger than ``p`` (up to ``Φ``'s 10⁻¹³ relative error), so the false keys stay
+    within the seller's bound.
+
+    Raises
+    ------
+    InvalidValueError
+        ``p`` is 1/2 or more.
+    """
+    if p <= 0.0:
+        return math.inf  # the chain refuses an infinite threshold, saying to raise false_keys
+    if not p < 0.5:
+        raise InvalidValueError(f"a tail probability must be below 1/2, got {p!r}")
+    lo, hi = 0, 40 << Z_BITS  # Φ(−0) = 1/2 > p ≥ Φ(−40)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if float(gauss.ndtr(-math.ldexp(mid, -Z_BITS))) <= p:
+            hi = mid
+        else:
+            lo = mid
+    return math.ldexp(hi, -Z_BITS)
 
 
 def string_key(text: str) -> int:
@@ -204,6 +241,9 @@ class HistogramValue:
 @dataclass(frozen=True)
 class _Round:
     level: float
+    exact_level: Fraction  # rat(ρ)
+    var: Fraction  # the walk's increment variance into this step, exactly: Δ²(ρ − ρ_prev)/2
+    grid_exp: int  # releases are integers times 2^grid_exp (the Gaussian's grid at this level)
     tau: float
     sd: float  # of the walk's increment into this step
     a: float  # ρ·τ: a zero count is released at this step iff its walk exceeds it
@@ -384,7 +424,7 @@ class HistogramChain:
         return HistogramValue(k, c)
 
     def release(
-        self, value: HistogramValue, k: int, identity: Identity, rngs: KeyedRngFactory
+        self, value: HistogramValue, k: int, identity: Identity, keys: NoiseKeys | KeyedRngFactory
     ) -> HistogramRelease:
         """Step ``k`` of ``value``: the keys above ``τ_k`` and their noisy counts.
 
@@ -396,70 +436,179 @@ class HistogramChain:
             The step, ``0 <= k < len(self)``.
         identity : tuple
             What the value's randomness is keyed by (stream, value id, digest of its counts).
-        rngs : KeyedRngFactory
-            Keyed randomness holding the secret.
+        keys : NoiseKeys or KeyedRngFactory
+            The request keys of the market's noise secret (a factory's, for callers that hold
+            one).
 
         Returns
         -------
         (ndarray of int64, ndarray of float64)
-            Keys increasing, read-only.
+            Keys increasing, read-only; counts on the step's grid (:func:`grid_exponent`).
 
         Raises
         ------
         TooManyFalseKeysError
             The chain would track more than ``max_false_keys`` zero counts (p < 10⁻³⁰).
         """
-        return self.release_steps(value, {k}, identity, rngs)[k]
+        return self.release_steps(value, {k}, identity, keys)[k]
 
     def release_steps(
-        self, value: HistogramValue, steps: set[int], identity: Identity, rngs: KeyedRngFactory
+        self,
+        value: HistogramValue,
+        steps: set[int],
+        identity: Identity,
+        keys: NoiseKeys | KeyedRngFactory,
     ) -> dict[int, HistogramRelease]:
         """:meth:`release` at each of ``steps``, walking the chain once (up to the highest)."""
         if any(not 0 <= k < len(self.levels) for k in steps):
             raise IndexError(f"steps {sorted(steps)} outside a chain of {len(self.levels)} levels")
+        noise = keys.keys if isinstance(keys, KeyedRngFactory) else keys
+        prefix = identity_bytes(DOMAIN, self.fingerprint, *identity)
+        walk = _Walk(value)
         out: dict[int, HistogramRelease] = {}
-        tracked, counts = value.keys, value.counts
-        walk = np.zeros(tracked.size)
         for s in range(max(steps, default=-1) + 1):
-            rng = rngs(DOMAIN, self.fingerprint, *identity, s)
-            tracked, counts, walk = self._step(self._rounds[s], rng, value, tracked, counts, walk)
+            r = self._rounds[s]
+
+            def key(*part: str | int, _s: int = s) -> bytes:
+                return noise.of(prefix + identity_bytes(_s, *part))
+
+            self._step(r, s, key, walk)
             if s in steps:
-                out[s] = _above(self._rounds[s], tracked, counts, walk)
+                out[s] = walk.release(r, s)
         return out
 
-    def _step(
-        self,
-        r: _Round,
-        rng: np.random.Generator,
-        value: HistogramValue,
-        tracked: NDArray[np.int64],
-        counts: NDArray[np.float64],
-        walk: NDArray[np.float64],
-    ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
-        """One step of :class:`~market.histogram.SparseHistogramRelease`, in its draw order."""
-        walk = walk + rng.normal(0.0, r.sd, walk.size)
-        untracked = self.domain - tracked.size
-        q = int(rng.binomial(untracked, r.p)) if untracked > 0 and r.p > 0 else 0
-        if not q:
-            return tracked, counts, walk
-        if tracked.size - value.keys.size + q > self.max_false_keys:
+    def _step(self, r: _Round, s: int, key: Callable[..., bytes], walk: _Walk) -> None:
+        """Step ``s``: the tracked keys' increments, then the zero counts that first exceed."""
+        walk.advance(Part(key("walk"), len(walk.tracked), r.var))
+        n0 = walk.value.keys.size
+        limit = self.max_false_keys - (len(walk.tracked) - n0)
+        q = binomial(self.domain - len(walk.tracked), r.p, key("count"), limit)
+        if q > limit:
             raise TooManyFalseKeysError(
                 f"the value would show more than {self.max_false_keys} keys with a zero count "
                 "(an event of probability below 1e-30); it is not released"
             )
-        fresh = _fresh_keys(rng, q, tracked, self.domain)
-        if r.grid is None or r.cdf is None:
-            starts = np.zeros(q)
-        else:
-            starts = sample_starts(rng, q, r.grid, r.cdf, r.a, r.sd, r.width)
-        tail = special.ndtr(-(r.a - starts) / r.sd)
-        u = 1.0 - rng.random(q)  # (0, 1]
-        steps = -r.sd * special.ndtri(u * tail)  # N(0, sd) truncated to starts + step > a
-        return (
-            np.concatenate([tracked, fresh]),
-            np.concatenate([counts, np.zeros(q)]),
-            np.concatenate([walk, starts + steps]),
-        )
+        if not q:
+            return
+        fresh = fresh_keys(key("keys"), q, walk.known, self.domain)
+        cells = Draws(key("cell"), q, 1) if r.cdf is not None else None
+        cdf = r.cdf.tolist() if r.cdf is not None else []
+        for e, k in enumerate(fresh):
+            cell = Cell(Fraction(0), Fraction(0))
+            if cells is not None and r.grid is not None and r.width is not None:
+                c = pick_cell(cells, e, cdf)
+                width = Fraction(float(r.width[c]))
+                cell = Cell(Fraction(float(r.grid[c])) + width / 2, width)
+
+            def trial(t: int, _e: int = e) -> bytes:
+                return key("start", _e, t)
+
+            walk.add(k, new_start(trial, s, r.a, r.var, r.sd, cell))
+
+
+@dataclass
+class _Walk:
+    """The tracked keys of a value during a release: its own, then the zero counts in the order
+    they first exceeded, with the draws of their walks."""
+
+    value: HistogramValue
+    tracked: list[int] = field(init=False)
+    known: set[int] = field(init=False)
+    starts: dict[int, Start] = field(init=False, default_factory=dict)
+    parts: list[Part] = field(init=False, default_factory=list)
+    _w: Hidden = field(init=False)
+    _pending: list[tuple[float, float]] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tracked = self.value.keys.tolist()
+        self.known = set(self.tracked)
+        n0 = len(self.tracked)
+        self._w = Hidden(np.zeros(n0), np.zeros(n0))
+
+    def advance(self, part: Part) -> None:
+        """A step's increments ``σ·N`` on the keys tracked when it begins (the float pass of
+        the walk ``W``, with its error bounds)."""
+        self.parts.append(part)
+        nz = normals(Draws(part.key, part.n, SLOTS))
+        coef = Term(part.key, Fraction(1), part.var).coefficient()
+        w = self._walk()
+        seg = add(Hidden(w.z[: part.n], w.err[: part.n]), coef, nz)
+        w.z[: part.n], w.err[: part.n] = seg.z, seg.err
+
+    def add(self, key: int, start: Start) -> None:
+        """A zero count that first exceeded: its walk is its start ``S``."""
+        self.starts[len(self.tracked)] = start
+        self.tracked.append(key)
+        self.known.add(key)
+        self._pending.append(start.float_bounds())
+
+    def _walk(self) -> Hidden:
+        """The float pass of the walk, with the starts added since it was last read."""
+        if self._pending:
+            mid, rad = zip(*self._pending, strict=True)
+            self._w = Hidden(np.append(self._w.z, mid), np.append(self._w.err, rad))
+            self._pending.clear()
+        return self._w
+
+    def release(self, r: _Round, k: int) -> HistogramRelease:
+        """The keys whose count on the step's grid exceeds ``τ_k``, increasing, with it."""
+        ints = self._counts(r, k)
+        bar = math.floor(Fraction(r.tau) * Fraction(2) ** -r.grid_exp)  # shown iff n > bar
+        tracked = np.array(self.tracked, dtype=np.int64)
+        if isinstance(ints, np.ndarray) and abs(bar) < 2**62:
+            n = ints
+            at = np.flatnonzero(n > bar)
+            at = at[np.argsort(tracked[at], kind="stable")]
+            keys = tracked[at]
+            # int64 → double rounds to nearest, ties to even; the power of two is exact
+            out = np.ldexp(n[at].astype(np.float64), r.grid_exp)
+        else:  # a count beyond 2⁶² grid steps: Python integers
+            shown = sorted((key, n) for key, n in zip(self.tracked, ints, strict=True) if n > bar)
+            keys = np.array([key for key, _ in shown], dtype=np.int64)
+            out = np.array([_on_grid(n, r.grid_exp) for _, n in shown], dtype=np.float64)
+        keys.setflags(write=False)
+        out.setflags(write=False)
+        return keys, out
+
+    def _hidden(self, r: _Round) -> Hidden:
+        """The float pass of every tracked key's ``W/ρ_k`` with error bounds (the walk as it
+        stands after step ``k``)."""
+        w = self._walk()
+        zero = Hidden(np.zeros(w.z.size), np.zeros(w.z.size))
+        return add(zero, float(1 / r.exact_level), w)  # 1/ρ within 2⁻⁵³
+
+    def _counts(self, r: _Round, k: int) -> NDArray[np.int64] | list[int]:
+        """Every tracked key's integer on the step's grid: a float pass with error bounds,
+        exact where it is unsure (and for counts too large for int64 on the grid)."""
+        n0 = self.value.counts.size
+        counts = np.concatenate([self.value.counts, np.zeros(len(self.tracked) - n0)])
+        h = self._hidden(r)
+
+        def exact(i: int, prec: int = 30) -> int:
+            st = self.starts.get(i)
+            parts = self.parts[(0 if st is None else st.step + 1) : k + 1]
+            c = Fraction(float(counts[i]))
+            return settle(c, st, parts, i, r.exact_level, r.grid_exp, prec)
+
+        big = np.abs(counts) >= math.ldexp(1.0, 61 + r.grid_exp)
+        if not bool(big.any()):
+            return snap(counts, h, r.grid_exp, exact)
+        ints: list[int] = [0] * counts.size
+        small = np.flatnonzero(~big)
+        if small.size:
+            got = snap(counts[small], Hidden(h.z[small], h.err[small]), r.grid_exp,
+                       lambda m: exact(int(small[m])))  # fmt: skip
+            for i, n in zip(small.tolist(), got.tolist(), strict=True):
+                ints[i] = n
+        for i in np.flatnonzero(big).tolist():
+            digits = len(str(int(abs(float(counts[i])) * 2.0**-r.grid_exp)))
+            ints[i] = exact(i, digits + 30)
+        return ints
+
+
+def _on_grid(n: int, grid_exp: int) -> float:
+    """The double nearest ``n·2^e`` (ties to even)."""
+    return float(Fraction(n) * Fraction(2) ** grid_exp)
 
 
 def _survival_law(
@@ -488,8 +637,22 @@ def _survival_law(
             cdf /= cdf[-1]
         sigma = sensitivity / math.sqrt(2.0 * lvl)
         kept = cdf is not None
+        d2 = Fraction(sensitivity) ** 2
         rounds.append(
-            _Round(lvl, tau, sd, a, sigma, p, at if kept else None, cdf, width if kept else None)
+            _Round(
+                lvl,
+                Fraction(lvl),
+                d2 * (Fraction(lvl) - Fraction(prev)) / 2,
+                grid_exponent(d2 / (2 * Fraction(lvl))),
+                tau,
+                sd,
+                a,
+                sigma,
+                p,
+                at if kept else None,
+                cdf,
+                width if kept else None,
+            )
         )
         if graded:
             edges = graded_cells(a, sd, total_sd, cells)
@@ -519,70 +682,6 @@ def _first_appearance(rounds: tuple[_Round, ...] | list[_Round]) -> NDArray[np.f
     return np.asarray(p * survive, dtype=np.float64)
 
 
-def _above(
-    r: _Round, tracked: NDArray[np.int64], counts: NDArray[np.float64], walk: NDArray[np.float64]
-) -> HistogramRelease:
-    """The keys whose noisy count exceeds the step's threshold, increasing, with the counts
-    rounded to the step's public grid (:func:`snap`)."""
-    noisy = snap(counts + walk / r.level, r.sigma)  # snapped first: every count shown is > τ
-    keep = np.flatnonzero(noisy > r.tau)
-    order = keep[np.argsort(tracked[keep], kind="stable")]
-    keys, out = tracked[order], noisy[order]
-    keys.setflags(write=False)
-    out.setflags(write=False)
-    return keys, out
-
-
-SNAP_BITS = 32
-"""Released counts are multiples of ``2^(⌊log₂ σ⌋ − SNAP_BITS)``: a billionth of the noise."""
-
-
-def snap(values: NDArray[np.float64], sigma: float) -> NDArray[np.float64]:
-    """Round noisy counts to a public grid far below the noise (``σ·2⁻³²`` or finer).
-
-    A count's noise is drawn by ``normal`` when its key is tracked and by inverting a normal
-    tail (``ndtri``) when a zero count is released for the first time: both have the right law
-    to ~1e-16, but their low bits differ in structure (an inverted uniform sits on a lattice).
-    Rounding every released count to one grid, much coarser than that lattice and much finer
-    than the noise, leaves the law alone and the low bits saying nothing of where a key came
-    from (post-processing: no privacy cost).
-
-    Parameters
-    ----------
-    values : ndarray of float64
-        Noisy counts.
-    sigma : float
-        The step's noise standard deviation ``Δ/√(2ρ)``.
-
-    Returns
-    -------
-    ndarray of float64
-    """
-    grain = 2.0 ** (math.floor(math.log2(sigma)) - SNAP_BITS)
-    # beyond 2**52 grains a double is already a multiple of the grain (and dividing by the grain
-    # could overflow to inf): left as it is
-    out = np.array(values, dtype=np.float64)
-    small = np.abs(out) < 2.0**52 * grain
-    out[small] = np.round(out[small] / grain) * grain
-    return out
-
-
-def _fresh_keys(
-    rng: np.random.Generator, q: int, tracked: NDArray[np.int64], domain: int
-) -> NDArray[np.int64]:
-    """``q`` distinct uniformly random keys of ``[0, domain)`` outside ``tracked`` (rejection)."""
-    known = set(tracked.tolist())
-    out: list[int] = []
-    while len(out) < q:
-        for j in rng.integers(0, domain, size=2 * (q - len(out)) + 8).tolist():
-            if j not in known:
-                known.add(j)
-                out.append(j)
-                if len(out) == q:
-                    break
-    return np.asarray(out, dtype=np.int64)
-
-
 _CHECK_SECRET = b"emarket noise check: a public test key, never used for real noise"
 
 
@@ -599,7 +698,7 @@ def noise_check_histogram() -> str:
     str
         Hex SHA-256 of the keys and counts released at each step.
     """
-    rngs = KeyedRngFactory(_CHECK_SECRET)
+    rngs = NoiseKeys(_CHECK_SECRET)
     chain = HistogramChain((0.25, 1.0, 4.0), sensitivity=1.0, domain=1000, false_keys=60.0)
     value = chain.value(np.arange(0, 640, 10), np.linspace(-2.0, 40.0, 64))
     h = hashlib.sha256(DOMAIN)

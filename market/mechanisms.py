@@ -600,14 +600,14 @@ class Gaussian(Mechanism):
             h = _normal.Mixed(h_u, 1 - w, lower.hidden or _normal.hidden(lower.path, n), w)
         new = _normal.Term(draws.key, Fraction(1), var)
         path = (*path, new)
-        h = _normal.add_normals(h, new.coefficient(), draws)
         grid = self.grid_exponent(level)
         check_range(base, self.value_limit(level))
 
         def settle(i: int) -> int:
             return _normal.exact_snap(float(base[i]), path, n, i, grid)
 
-        return Anchor(level, _normal.snap(base, h, grid, settle), path, h)
+        hidden, ints = _step.gaussian_release(h, new.coefficient(), draws, base, grid, settle)
+        return Anchor(level, ints, path, hidden)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -685,12 +685,7 @@ class Poisson(Mechanism):
     def increments(
         self, steps: Sequence[tuple[float, float]], sizes: Sequence[int], draws: Draws
     ) -> Vector | None:
-        for level, _ in steps:
-            self.check_level(level)
-        laws = [
-            _poisson.poisson(self.exact_rate(level) - self.exact_rate(upper))
-            for level, upper in steps
-        ]
+        laws = [_poisson_increment(self, level, upper) for level, upper in steps]
         return _step.poisson_segments(laws, sizes, draws)
 
     def conditional(
@@ -713,6 +708,14 @@ class Poisson(Mechanism):
         laws = [_poisson.binomial(int(c), p) for c in distinct]
         thinned: Vector = _poisson.sample(laws, which.astype(np.intp), draws)
         return Anchor(level, up + thinned)
+
+
+@functools.lru_cache(maxsize=4096)
+def _poisson_increment(mech: Poisson, level: float, upper: float) -> _poisson.Poisson:
+    """The law ``Poi(λ − λ_u)`` a Poisson chain's step adds (``level`` checked; cached: a
+    stream's few steps are asked for again and again, and their rationals cost microseconds)."""
+    mech.check_level(level)
+    return _poisson.poisson(mech.exact_rate(level) - mech.exact_rate(upper))
 
 
 def calibrated(mechanism: Mechanism, value: Any) -> Mechanism:

@@ -159,7 +159,8 @@ class KeyedRngFactory:
 
     Notes
     -----
-    For samplers that still draw through a numpy generator (the histogram chains). Re-keys one
+    For callers that draw through a numpy generator (none of the market's chains: a histogram
+    chain given a factory reads the request keys of :attr:`keys`). Re-keys one
     AES-CTR bit generator in place with the first 16 bytes of the request key; the generator
     returned by a call is the same object each time: draw from it before the next call. Not
     thread-safe.
@@ -169,6 +170,11 @@ class KeyedRngFactory:
         self._keys = NoiseKeys(secret)
         self._bits = AESCounter(key=0)
         self._gen = np.random.Generator(self._bits)
+
+    @property
+    def keys(self) -> NoiseKeys:
+        """The request keys of the same secret (for samplers that read keystreams)."""
+        return self._keys
 
     def __call__(self, *identity: IdentityPart) -> np.random.Generator:
         self._bits.seed(key=int.from_bytes(self._keys(*identity)[:16], "little"))

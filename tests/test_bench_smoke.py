@@ -46,6 +46,8 @@ def test_noise_benchmark_runs() -> None:
         "the same, plus building the stream's survival law",
         "vs a Gaussian vector of as many numbers",
         "domain 2^60 vs 2^20",
+        noise.HIST_NUMPY,
+        noise.HIST_STARTS,
     ):
         assert f"| histogram | {row} |" in out
     assert "## Memory per stored value" in out

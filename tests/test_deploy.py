@@ -42,6 +42,7 @@ def exported_metric_names() -> set[str]:
     for g in (m.window_spent, m.window_cap, m.window_headroom):
         g.labels("s", "laplace", "epsilon").set(1)
     m.withheld.labels("s").inc()
+    m.quota_refusals.labels("s", "purchase").inc()
     m.revenue.labels("s", "EUR").inc()
     m.state_entries.labels("t").set(1)
     m.consumer_lag.labels("t").set(1)

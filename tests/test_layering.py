@@ -135,6 +135,7 @@ RECORD_FIELDS = {
     "holders",
     "spent_nano",
     "window_spent_nano",
+    "window_values",
     "window_floor",
     "next_seq",
     "values_ingested",
@@ -244,6 +245,7 @@ def test_each_store_and_the_stream_record_have_one_writer() -> None:
 SPEND_FIELDS = {
     "spent_nano",
     "window_spent_nano",
+    "window_values",
     "level",
     "holders",
     "revenue_minor",

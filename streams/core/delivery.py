@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from numpy.typing import NDArray
@@ -29,6 +29,7 @@ from .directory import Directory
 from .holds import held_note
 from .ledger import describe, status
 from .outputs import Output, dump
+from .quotas import share_of, withheld_text
 from .state import StreamState
 
 __all__ = ["BYTES_PER_NUMBER", "Deliveries", "Release", "release_bytes"]
@@ -49,6 +50,11 @@ def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue
 
 
 log = logging.getLogger("emarket.core")
+
+
+def _never(level: float) -> bool:
+    return False
+
 
 WITHHELD_NOTICE_BYTES = 1024
 """Upper bound on a ``deliveries_withheld`` notice without its value ids (ids, window
@@ -85,14 +91,16 @@ class Deliveries:
         self._pending: dict[tuple[str, str], list[ReleasedValue]] = {}
         #: the record of every stream with something queued, as it was when it was queued
         self._streams: dict[str, StreamState] = {}
-        #: (buyer, stream, window index, level held) → value ids withheld
-        self._withheld: dict[tuple[str, str, int, float], list[str]] = {}
+        #: (buyer, stream, window index, level held, reason) → value ids withheld
+        self._withheld: dict[tuple[str, str, int, float, str], list[str]] = {}
         self._batching = False
         self.max_message_bytes = max_message_bytes
         #: an upper bound on the bytes of everything queued (the worker cuts batches by it)
         self.pending_bytes = 0
-        #: deliveries withheld so far (monotonic: handlers count theirs by difference)
+        #: deliveries withheld so far (monotonic: handlers count theirs by difference), and of
+        #: those for a buyer's share (:mod:`.quotas`)
         self.withheld_total = 0
+        self.quota_withheld_total = 0
 
     def queue(
         self,
@@ -129,14 +137,25 @@ class Deliveries:
             queued += 1
         return queued
 
-    def withhold(self, st: StreamState, value_id: str, window: int, released: set[float]) -> None:
+    def withhold(
+        self,
+        st: StreamState,
+        value_id: str,
+        window: int,
+        released: set[float],
+        over_share: Callable[[float], bool] = _never,
+    ) -> None:
         """Note that ``value_id`` (of privacy window ``window``) is withheld from every holder
-        whose level is not in ``released``."""
+        whose level is not in ``released``: for the buyer's share where ``over_share(level)``,
+        else for the window's cap."""
         sid = st.registration.stream_id
         self._streams[sid] = st
         for buyer, holder in st.holders.items():
             if holder.level not in released:
-                group = (buyer, sid, window, holder.level)
+                quota = over_share(holder.level)
+                reason = "buyer_quota_exceeded" if quota else "privacy_window_full"
+                self.quota_withheld_total += quota
+                group = (buyer, sid, window, holder.level, reason)
                 if group not in self._withheld:  # a notice of its own: window, message, ids
                     self._withheld[group] = []
                     self.pending_bytes += WITHHELD_NOTICE_BYTES
@@ -175,9 +194,10 @@ class Deliveries:
                     log.exception(
                         "could not deliver %d releases of %s to %s", len(releases), sid, buyer
                     )
-            for (buyer, sid, window, level), ids in self._withheld.items():
+            for (buyer, sid, window, level, reason), ids in self._withheld.items():
                 try:
-                    outputs += self._withheld_messages(buyer, streams[sid], window, level, ids)
+                    st = streams[sid]
+                    outputs += self._withheld_messages(buyer, st, window, level, reason, ids)
                 except Exception:
                     log.exception(
                         "could not tell %s of %d values of %s withheld", buyer, len(ids), sid
@@ -190,24 +210,36 @@ class Deliveries:
         return outputs
 
     def _withheld_messages(
-        self, buyer: str, st: StreamState, window: int, level: float, ids: list[str]
+        self,
+        buyer: str,
+        st: StreamState,
+        window: int,
+        level: float,
+        reason: str,
+        ids: list[str],
     ) -> list[Output]:
         """``deliveries_withheld`` events for the values of one window, under the size limit."""
         ws = status(st, window)
-        message = (
-            f"values of stream {st.registration.stream_id!r} withheld from you: releasing them "
-            f"at your level {level:g} {ws.unit} would overspend its {describe(ws)}"
-            f"{held_note(st.reservations, window, None)}. Values "
-            "published in the next window reach you again; the seller caps what the values of "
-            "one window may reveal together"
-        )
+        sid = st.registration.stream_id
+        share = share_of(st.registration)
+        if reason == "buyer_quota_exceeded" and share is not None:
+            message = withheld_text(sid, share, level, ws)
+        else:
+            message = (
+                f"values of stream {sid!r} withheld from you: releasing them at your level "
+                f"{level:g} {ws.unit} would overspend its {describe(ws)}"
+                f"{held_note(st.reservations, window, None)}. Values published in the next "
+                "window reach you again; the seller caps what the values of one window may "
+                "reveal together"
+            )
         room = max(1, (self.max_message_bytes - 4096) // 67)  # a quoted 64-character id
         out = []
         for start in range(0, len(ids), room):
             chunk = ids[start : start + room]
             event = DeliveriesWithheld(
                 buyer_id=buyer,
-                stream_id=st.registration.stream_id,
+                stream_id=sid,
+                reason=reason,
                 level=level,
                 value_ids=chunk,
                 window=ws,

@@ -39,14 +39,23 @@ sum was dropped is refused (``privacy_window_closed``): never counted from zero.
 
 **Adding a check.** A check is a function of the ledger and a :class:`Spend` that returns a
 :class:`Shortfall` (which window, or cap, has too little room, and by how much) or ``None``;
-:data:`CHECKS` lists them and both the gate and the predicates run them all. Reservations
-(:mod:`.holds`) are the check :func:`reserved_room`, which counts the room other buyers' held
-reservations hold as spent; :meth:`PrivacyLedger.hold` is the gate asked for a reservation's
-room, and a purchase's commit uses its buyer's reservation; a per-buyer quota
-(a buyer's share of each window's cap) is a check that compares the buyer's own sum per window
-(``Spend.buyer_id``, ``Spend.added``) with its share. Each adds its state to the stream's
-record, written only in :meth:`PrivacyLedger._commit` and the commit of deliveries, so a
-release is still recorded all at once or not at all.
+:data:`CHECKS` lists them and both the gate and the predicates run them all. Each adds its
+state to the stream's record, written only in :meth:`PrivacyLedger._commit` and the commit of
+deliveries, so a release is still recorded all at once or not at all.
+
+**Reservations** (:mod:`.holds`) are the check :func:`reserved_room`, which counts the room
+other buyers' held reservations hold as spent (``Spend.buyer_id``: a buyer's own is room it may
+use); :meth:`PrivacyLedger.hold` is the whole gate asked for a reservation's room (so a
+reservation also keeps within the buyer's share), and a purchase's commit uses its buyer's
+reservation.
+
+**Per-buyer shares** (:mod:`.quotas`) are such a check, :func:`buyer_share`: on a stream
+registered with a ``buyer_share``, a release at a level L reaching values of windows
+``Spend.windows`` fails if L is above one buyer's share of the stream's cap, or if L times
+the values of one of those windows (with ``Spend.new_values``; for a buyer holding nothing, the
+retained ones, ``Spend.fresh``) is above its share of the window's cap. Its state is one
+count of values per window (``StreamRecord.window_values``), written in the commit of a new
+value's deliveries and dropped with the window's sum.
 
 Levels carry their unit (:class:`Level`): ε, ρ and ω never compare or add across units, so a
 sum of levels is a sum of one unit by construction.
@@ -64,6 +73,7 @@ from typing import Generic, Literal, TypeVar
 from market.privacy_units import cap_of, level_of, spend_of
 
 from ..wire.events import UNIT_OF, WindowStatus
+from . import quotas
 from .holds import consume, held_by_others, held_note
 from .outputs import Reject
 from .state import MAX_RECENT_WINDOWS, Holder, StreamState, ValueEntry
@@ -77,9 +87,12 @@ __all__ = [
     "Shortfall",
     "Spend",
     "Unit",
+    "buyer_share",
     "describe",
     "latest_status",
+    "reserved_room",
     "status",
+    "window_room",
 ]
 
 Unit = Literal["epsilon", "rho", "omega"]
@@ -132,20 +145,35 @@ class Spend:
         level).
     price_minor : int
         What the purchase charges (0 for a delivery).
+    windows : frozenset of int
+        The windows of the values the release reaches, whether or not it adds to their sums
+        (what a buyer learns of them is counted against its share, :func:`buyer_share`).
+    new_values : int
+        Values the release adds to its windows' counts: 1 for a value just published.
+    fresh : mapping of int to int or None
+        A purchase by a buyer that holds nothing (so was released nothing before): the values
+        of each window it will then have had, the retained ones, which its share counts
+        instead of all the window's values.
     """
 
     level: Level
     added: Mapping[int, int]
     buyer_id: str | None = None
     price_minor: int = 0
+    windows: frozenset[int] = frozenset()
+    new_values: int = 0
+    fresh: Mapping[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Shortfall:
-    """Why a spend does not fit: window ``window`` would go ``over`` nano-units above its cap."""
+    """Why a spend does not fit: window ``window`` (``None``: the stream's cap) would go
+    ``over`` nano-units above its cap, or (``reason`` ``buyer_quota_exceeded``) above one
+    buyer's share of it."""
 
-    window: int
+    window: int | None
     over: int
+    reason: str = "privacy_window_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +220,18 @@ def reserved_room(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
     return None
 
 
-CHECKS: tuple[Check, ...] = (window_room, reserved_room)
+def buyer_share(ledger: PrivacyLedger, spend: Spend) -> Shortfall | None:
+    """The stream's cap or first window a release at ``spend.level`` would take a buyer beyond
+    its share of (streams with a ``buyer_share``; :mod:`.quotas`)."""
+    share = ledger.share
+    if share is None:
+        return None
+    counts = ledger.state.window_values if spend.fresh is None else spend.fresh
+    ex = quotas.excess(share, spend.level.value, counts, spend.windows, spend.new_values)
+    return None if ex is None else Shortfall(ex.window, ex.use - ex.limit, "buyer_quota_exceeded")
+
+
+CHECKS: tuple[Check, ...] = (window_room, reserved_room, buyer_share)
 """Every check the gate runs on a spend, in order (the module docstring: adding one)."""
 
 
@@ -243,6 +282,10 @@ class _Retained:
     losses: dict[int, list[int]] = field(default_factory=dict)
     prefix: dict[int, list[int]] = field(default_factory=dict)
 
+    def counts(self) -> dict[int, int]:
+        """How many retained values each window has."""
+        return {k: len(losses) for k, losses in self.losses.items()}
+
     def added(self, nanos: int) -> dict[int, int]:
         out = {}
         for k, losses in self.losses.items():
@@ -284,6 +327,8 @@ class PrivacyLedger:
         self._duration = None if window is None else window.duration_ms
         #: the window cap in nano-units, rounded down (None: not a ``window`` stream)
         self.window_cap_nanos = None if window is None else cap_of(window.cap)
+        #: one buyer's share of the caps (None: registered without one)
+        self.share = quotas.share_of(state.registration)
 
     def level(self, value: float) -> Level:
         """``value`` as a level of this stream's unit."""
@@ -299,10 +344,10 @@ class PrivacyLedger:
         assert self._duration is not None
         return published_at_ms // self._duration
 
-    def shortfall(self, spend: Spend) -> Shortfall | None:
-        """The first check the spend fails (:data:`CHECKS`); ``None`` if it fits. Changes
-        nothing."""
-        for check in CHECKS:
+    def shortfall(self, spend: Spend, checks: Sequence[Check] = CHECKS) -> Shortfall | None:
+        """The first of ``checks`` the spend fails (all of :data:`CHECKS` unless told);
+        ``None`` if it fits. Changes nothing."""
+        for check in checks:
             if (short := check(self, spend)) is not None:
                 return short
         return None
@@ -330,9 +375,12 @@ class PrivacyLedger:
         current: Level,
         wanted: Iterable[Level],
         release: Callable[[frozenset[Level]], Made[R]],
+        *,
+        new: bool = False,
     ) -> R:
         """The gate of a value's deliveries: the ``wanted`` levels that fit, then
-        ``release(fitting)``, then the value's loss, its window's sum and the stream's spent.
+        ``release(fitting)``, then the value's loss, its window's sum, its window's count of
+        values and the stream's spent.
 
         On a ``window`` stream the value's window is kept open even when nothing was released.
 
@@ -342,41 +390,64 @@ class PrivacyLedger:
             When the value was published (which window it spends in).
         current : Level
             The largest level it was released at so far (0 for a new value): levels up to it
-            cost nothing and always fit.
+            cost the window nothing and fit its cap, but still count against a buyer's share.
         wanted : iterable of Level
             The levels its holders hold.
         release : callable
             Makes the releases at the levels that fit (and, for a new value, its entry);
             whatever it raises, nothing has been recorded.
+        new : bool
+            A value just published: it joins its window's count of values (a value sent again
+            is counted already).
 
         Returns
         -------
         R
             ``release``'s result.
         """
-        fits = frozenset(lv for lv in wanted if self._fits_value(published_at_ms, current, lv))
+        fits = frozenset(
+            lv for lv in wanted if self._fits_value(published_at_ms, current, lv, new=new)
+        )
         made = release(fits)
         released = [self.level(lv) for lv in made.levels]
         if made.entry.published_at_ms != published_at_ms or any(
             lv not in fits and lv > current for lv in released
         ):
             raise AssertionError(f"released beyond what the ledger let through: {released}")
-        self._commit_value(made.entry, max(released, default=current))
+        self._commit_value(made.entry, max(released, default=current), new=new)
         return made.result
 
-    def _fits_value(self, published_at_ms: int, current: Level, level: Level) -> bool:
-        if level <= current or self._duration is None:
+    def _fits_value(self, published_at_ms: int, current: Level, level: Level, *, new: bool) -> bool:
+        if self._duration is None:
             return True
-        spend = Spend(level, {self.window_of(published_at_ms): level.nanos - current.nanos})
+        k = self.window_of(published_at_ms)
+        added = {k: level.nanos - current.nanos} if level > current else {}
+        spend = Spend(level, added, windows=frozenset((k,)), new_values=int(new))
         return self.shortfall(spend) is None
 
-    def _commit_value(self, entry: ValueEntry, top: Level) -> None:
+    def over_share(self, level: float, window: int) -> bool:
+        """Whether holders of ``level`` are beyond one buyer's share of ``window`` (after its
+        newest value was counted): why a delivery to them was withheld. Changes nothing."""
+        spend = Spend(self.level(level), {}, windows=frozenset((window,)))
+        return self.shortfall(spend, (buyer_share,)) is not None
+
+    def room(self, buyer_id: str, window: int) -> int | None:
+        """The room, in nano-units, ``buyer_id`` may still use of ``window`` before its share
+        is spent at the level it holds (``None``: no per-buyer limit on this stream's
+        windows): what a reservation holding a buyer's room counts against."""
+        holder = self.state.holders.get(buyer_id)
+        held = 0.0 if holder is None else holder.level
+        return quotas.room(self.share, held, self.state.window_values, window)
+
+    def _commit_value(self, entry: ValueEntry, top: Level, *, new: bool) -> None:
         st = self.state
         current = self.level(entry.level)
         if self._duration is not None:
             idx = self.window_of(entry.published_at_ms)
             added = max(0, top.nanos - current.nanos)
             st.window_spent_nano[idx] = st.window_spent_nano.get(idx, 0) + added
+            if new and self.share is not None:
+                st.window_values[idx] = st.window_values.get(idx, 0) + 1
         if top > current:
             entry.level = top.value
         st.spent_nano = max(st.spent_nano, top.nanos)
@@ -389,13 +460,28 @@ class PrivacyLedger:
         self._changed()
 
     # -- purchases ------------------------------------------------------------------------------
-    def fitting_purchase(self, levels: Sequence[Level], buyer_id: str | None = None) -> list[bool]:
-        """Which of ``levels`` a purchase (of ``buyer_id``'s, whose own reservation is room it
-        may use) could release now on every retained value (every check passes: all of them
-        on other streams, or with no retained value). Changes nothing."""
+    def fitting_purchase(
+        self,
+        levels: Sequence[Level],
+        checks: Sequence[Check] = CHECKS,
+        *,
+        fresh: bool = False,
+        buyer_id: str | None = None,
+    ) -> list[bool]:
+        """Which of ``levels`` a purchase could release now on every retained value (each of
+        ``checks``, all unless told, passes: all of them on other streams, or with no retained
+        value), by a buyer that holds nothing yet if ``fresh``, and of ``buyer_id``'s (whose own
+        reservation is room it may use) if given. Changes nothing."""
         retained = self._retained()
+        windows = frozenset(retained.losses)
+        counts = retained.counts() if fresh else None
         return [
-            self.shortfall(Spend(lv, retained.added(lv.nanos), buyer_id)) is None for lv in levels
+            self.shortfall(
+                Spend(lv, retained.added(lv.nanos), buyer_id, windows=windows, fresh=counts),
+                checks,
+            )
+            is None
+            for lv in levels
         ]
 
     def sell(self, buyer_id: str, level: Level, price_minor: int, release: Callable[[], R]) -> R:
@@ -421,13 +507,11 @@ class PrivacyLedger:
         Raises
         ------
         Reject
-            ``privacy_window_full`` if releasing ``level`` would overspend a window: by how
-            much, what fits and when it frees (``release`` is not called).
+            ``privacy_window_full`` if releasing ``level`` would overspend a window, or
+            ``buyer_quota_exceeded`` if it would take the buyer beyond its share: by how much,
+            what fits and when it frees (``release`` is not called).
         """
-        spend = Spend(level, self._retained().added(level.nanos), buyer_id, price_minor)
-        short = self.shortfall(spend)
-        if short is not None:
-            raise self._refusal(spend, short)
+        spend = self._purchase(buyer_id, level, price_minor)
         result = release()
         self._commit(spend)
         return result
@@ -437,11 +521,25 @@ class PrivacyLedger:
         what the purchase would add there (nano-units), if every check would let it through
         now; else the purchase's refusal. Records nothing (the reservation is kept by
         :mod:`.reserving`)."""
-        spend = Spend(level, self._retained().added(level.nanos), buyer_id, price_minor)
+        return dict(self._purchase(buyer_id, level, price_minor).added)
+
+    def _purchase(self, buyer_id: str, level: Level, price_minor: int) -> Spend:
+        """The spend of ``buyer_id``'s purchase of ``level`` on every retained value, if every
+        check lets it through now; else its refusal (raised). The one spend a sale and a
+        reservation are both judged by."""
+        retained = self._retained()
+        spend = Spend(
+            level,
+            retained.added(level.nanos),
+            buyer_id,
+            price_minor,
+            windows=frozenset(retained.losses),
+            fresh=None if buyer_id in self.state.holders else retained.counts(),
+        )
         short = self.shortfall(spend)
         if short is not None:
             raise self._refusal(spend, short)
-        return dict(spend.added)
+        return spend
 
     def _commit(self, spend: Spend) -> None:
         """Record a purchase that passed the gate: every value below to its level, every
@@ -470,13 +568,25 @@ class PrivacyLedger:
         self._changed()
 
     def _refusal(self, spend: Spend, short: Shortfall) -> Reject:
-        """``privacy_window_full``: the window that has no room, what fits and when it frees."""
+        """``privacy_window_full`` (or ``buyer_quota_exceeded``): the window (or share) that
+        has no room, what fits and when it frees."""
         st = self.state
+        sellable = [self.level(lv) for lv in self._levels]
+        ok = self.fitting_purchase(sellable, fresh=spend.fresh is not None, buyer_id=spend.buyer_id)
+        fits = [lv for lv, fit in zip(sellable, ok, strict=True) if fit]
+        if short.reason == "buyer_quota_exceeded":
+            assert self.share is not None
+            windows = () if short.window is None else (short.window,)
+            counts = st.window_values if spend.fresh is None else spend.fresh
+            ex = quotas.excess(self.share, spend.level.value, counts, windows)
+            assert ex is not None
+            ws = None if ex.window is None else status(st, ex.window)
+            holder = st.holders.get(spend.buyer_id or "")
+            above = [lv.value for lv in fits if holder is None or lv.value > holder.level]
+            return quotas.refusal(st.registration, ex, ws, max(above, default=None))
+        assert short.window is not None
         ws = status(st, short.window)
         n = sum(1 for e in st.window if self.window_of(e.published_at_ms) == short.window)
-        sellable = [self.level(lv) for lv in self._levels]
-        fitting = self.fitting_purchase(sellable, spend.buyer_id)
-        fits = [lv for lv, ok in zip(sellable, fitting, strict=True) if ok]
         best = (
             f"the most accurate level that fits now is {max(fits).value:g}"
             if fits
@@ -527,5 +637,6 @@ class PrivacyLedger:
         dropped += recent[: max(0, len(recent) - MAX_RECENT_WINDOWS)]
         for k in dropped:
             del sums[k]
+            st.window_values.pop(k, None)
             st.window_floor = max(st.window_floor, k)
         self._changed()

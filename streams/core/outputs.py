@@ -85,8 +85,9 @@ class Outcome:
     figures: StreamFigures | None = None
     #: inbox topics to create before the outputs are sent (only when an account is opened)
     create_topics: list[TopicSpec] = field(default_factory=list)
-    #: subscription deliveries withheld by privacy windows
+    #: subscription deliveries withheld by privacy windows, and of those for buyers' shares
     withheld: int = 0
+    quota_withheld: int = 0
     #: per value of a batch: (status, reason)
     items: list[tuple[str, str | None]] = field(default_factory=list)
     #: the account a deferred event waits for (status "deferred": nothing was changed)

@@ -14,6 +14,7 @@ from market.pricing import StepPlan, plan_step
 
 from ..wire.events import Offer, PurchaseRequest, QuoteRequest, ReserveRequest
 from .accuracy import offer_accuracy, threshold
+from .ledger import buyer_share, reserved_room, window_room
 from .outputs import Reject
 from .products import Product
 from .stream import Stream
@@ -32,7 +33,11 @@ def target(
     held = stream.held(buyer_id)
     budget = req.max_price_minor if isinstance(req, PurchaseRequest) else 0
     above = [lv for lv in stream.terms.levels if lv > held]
-    fits = stream.ledger.fitting_purchase([stream.ledger.level(lv) for lv in above], buyer_id)
+    fits = stream.ledger.fitting_purchase(
+        [stream.ledger.level(lv) for lv in above],
+        fresh=buyer_id not in stream.state.holders,
+        buyer_id=buyer_id,
+    )
     price = stream.terms.schedule.step_price
     mech = stream.terms.mechanism
     affordable = [
@@ -103,10 +108,15 @@ def offers(stream: Stream[Product], buyer_id: str, held: float) -> list[Offer]:
     window = reg.window is not None
     factor = type(stream.product).error_factor(reg)  # running totals: the least accurate total's
     # a level at or below the one held is answered with the held level's release
-    wanted = [stream.ledger.level(max(lv, held)) for lv in levels]
-    fits = stream.ledger.fitting_purchase(wanted, buyer_id)
+    ledger = stream.ledger
+    asked = [ledger.level(max(lv, held)) for lv in levels]
+    fits = ledger.fitting_purchase(asked, (window_room, reserved_room), buyer_id=buyer_id)
+    # a buyer that holds nothing (held 0: levels are at least 10⁻⁹) will have had only the
+    # retained values of each window, which its share counts
+    in_share = ledger.fitting_purchase(asked, (buyer_share,), fresh=held == 0.0)
+    shared = reg.buyer_share is not None
     out = []
-    for lv, ok in zip(levels, fits, strict=True):
+    for lv, ok, mine in zip(levels, fits, in_share, strict=True):
         rmse, hw95 = offer_accuracy(reg.mechanism, reg.release_sensitivity(), reg.dimension, lv)
         price = terms.schedule.step_price(terms.mechanism, held, lv) if lv > held else 0
         out.append(
@@ -117,6 +127,7 @@ def offers(stream: Stream[Product], buyer_id: str, held: float) -> list[Offer]:
                 price_minor=price,
                 held=lv <= held,
                 fits_window=ok if window else None,
+                fits_share=mine if shared else None,
                 threshold=threshold(reg, lv),
             )
         )

@@ -20,6 +20,7 @@ from .delivery import release_bytes
 from .incoming import Incoming
 from .outputs import Outcome, Output, Reject, dump
 from .products import product_class
+from .quotas import check_registration
 from .state import Registered, StreamState, registered_bound, stream_record_bound
 from .stream_store import Streams
 from .terms import terms_of
@@ -36,6 +37,7 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
     existing = streams.registered(reg.stream_id)
     if existing is not None:
         return _again(ctx, reg, existing)
+    check_registration(reg)  # a share that leaves a buyer nothing to buy
     # every check before a histogram stream's survival law, the one costly part, is built
     _check_purchase_cost(ctx, reg, len(sellable_levels(reg.steps, reg.cap)))
     ctx.census.check_room(reg, ctx.limits.stream_quota)
@@ -123,7 +125,10 @@ def _check_record_size(ctx: Context, reg: StreamRegistration, catalog_bytes: int
     """The stream's records must always fit in one message each, however full it gets."""
     record = max(
         stream_record_bound(
-            reg.retain_last, ctx.limits.max_holders, windowed=reg.window is not None
+            reg.retain_last,
+            ctx.limits.max_holders,
+            windowed=reg.window is not None,
+            shared=reg.window is not None and reg.buyer_share is not None,
         ),
         registered_bound(catalog_bytes),
     )

@@ -45,7 +45,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator, with_config
+from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 
 from market import ChainState
 from market.histogram_chain import HistogramValue
@@ -76,6 +76,11 @@ __all__ = [
     "stream_record_bound",
     "with_registration",
 ]
+
+
+def _empty(counts: dict[int, int]) -> bool:
+    """A stream's record leaves out counts it keeps none of (streams without a share)."""
+    return not counts
 
 
 def record_key(*parts: str) -> str:
@@ -185,6 +190,9 @@ class StreamRecord(BaseModel):
     #: windows at or below this index without an entry in ``window_spent_nano`` are closed:
     #: their sums were dropped, so a value published into one is refused (-1: none closed)
     window_floor: int = -1
+    #: on a ``window`` stream with a ``buyer_share``: window index → values published into it
+    #: (:mod:`streams.core.quotas`), kept and dropped with the window's sum by the ledger
+    window_values: dict[int, int] = Field(default_factory=dict, exclude_if=_empty)
     #: buyers' reservations: terms and privacy room held for a while (:mod:`.holds`)
     reservations: list[Hold] = []
 
@@ -222,17 +230,21 @@ class StreamState(StreamRecord):
 
 
 #: upper bounds on the JSON of one window entry and one holder with 64-character ids, and of
-#: one privacy window's sum
+#: one privacy window's sum and count of values
 WINDOW_ENTRY_BYTES = 300
 HOLDER_BYTES = 160
 WINDOW_SUM_BYTES = 48
+WINDOW_COUNT_BYTES = 48
 #: privacy-window sums a stream keeps besides those of the values it retains
 MAX_RECENT_WINDOWS = 256
 
 
-def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = False) -> int:
+def stream_record_bound(
+    retain_last: int, max_holders: int, *, windowed: bool = False, shared: bool = False
+) -> int:
     """Most bytes a stream's record can take: a full window, every holder, every privacy-window
-    sum, every reservation kept.
+    sum (and, ``shared``: with a per-buyer share, every window's count of values), every
+    reservation kept.
 
     The registration is refused if this (or :func:`registered_bound`) exceeds the message
     limit, so a stream's state can always be written (``tests/streams/core/test_core.py`` checks
@@ -242,6 +254,7 @@ def stream_record_bound(retain_last: int, max_holders: int, *, windowed: bool = 
         WINDOW_ENTRY_BYTES * retain_last
         + HOLDER_BYTES * max_holders
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
+        + (WINDOW_COUNT_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if shared else 0)
         + HOLD_BYTES * MAX_KEPT
         + 1024
     )

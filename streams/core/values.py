@@ -44,6 +44,7 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
     _check_batch_cost(ctx, stream, len(batch.items))
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id, mechanism=reg.mechanism)
     withheld = ctx.deliveries.withheld_total
+    quota_withheld = ctx.deliveries.quota_withheld_total
     product = stream.product
     checked = [_checked(stream, item) for item in batch.items]  # each value's numbers, once
     new = [(item, e) for item, e in zip(batch.items, checked, strict=True) if isinstance(e, Exact)]
@@ -56,6 +57,7 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
     finally:
         product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
+    outcome.quota_withheld = ctx.deliveries.quota_withheld_total - quota_withheld
     answer = trusted(
         ValuesAccepted, stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines
     )

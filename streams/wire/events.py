@@ -253,6 +253,9 @@ class PrivacyWindow(BaseModel):
 # ----------------------------------------------------------------------- party → market
 Work = Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z_-]{1,32}$", strict=True)]
 
+BuyerShare = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+"""A fraction of a cap one buyer may use: above 0, at most 1."""
+
 
 class Invitation(BaseModel):
     """The operators' leave to open one account, signed with the market's key
@@ -465,6 +468,13 @@ class StreamRegistration(_Signed):
         description="histogram only: the keys of its values; `dimension` is then the most keys "
         "one value may have (each release also shows up to 2·false_keys + 64 keys with a zero "
         "count), and `sensitivity` the ℓ2 sensitivity of the counts",
+    )
+    buyer_share: BuyerShare | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the most of the stream's cap, and of each privacy window's cap, that one "
+        "buyer may use, as a fraction in (0, 1] (null: no per-buyer limit); docs/protocol.md "
+        "§6.3.1",
     )
 
     @model_validator(mode="after")
@@ -924,6 +934,12 @@ class Offer(BaseModel):
         description="on a 'window' stream: a purchase of this level fits the privacy "
         "windows' headroom now (absent on 'event' streams)",
     )
+    fits_share: bool | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="on a stream with a buyer_share: a purchase of this level stays within "
+        "one buyer's share of the caps now (absent on streams without one)",
+    )
     threshold: float | None = Field(
         None,
         exclude_if=_is_none,
@@ -1096,16 +1112,21 @@ class DeliveriesWithheld(_Event):
     """Values a buyer's subscription did not deliver, and why (``<p>.inbox.<buyer_id>``).
 
     On a ``window`` stream a value reaches a holder only if releasing it at the holder's level
-    keeps its privacy window within the cap; otherwise the market withholds it and says so
-    here, once per buyer, stream, window and level held in each batch (split to stay under the
-    message size). Withheld values are not released to the buyer later at that level: the
-    seller's budget for their window is spent.
+    keeps its privacy window within the cap, and (on a stream with a ``buyer_share``) within one
+    buyer's share of that cap; otherwise the market withholds it and says so here, once per
+    buyer, stream, window and level held in each batch (split to stay under the message size).
+    Withheld values are not released to the buyer later at that level: the seller's budget for
+    their window (or the buyer's share of it) is spent.
     """
 
     type: Literal["deliveries_withheld"] = "deliveries_withheld"
     buyer_id: Identifier
     stream_id: Identifier
-    reason: Literal["privacy_window_full"] = "privacy_window_full"
+    reason: Literal["privacy_window_full", "buyer_quota_exceeded"] = Field(
+        "privacy_window_full",
+        description="'privacy_window_full': the window has no room left at this level; "
+        "'buyer_quota_exceeded': one buyer's share of the window's cap has none",
+    )
     level: float = Field(description="the level the buyer holds")
     value_ids: list[Identifier]
     window: WindowStatus

@@ -681,6 +681,12 @@ def _purchase_state() -> list[dict[str, Any]]:
             _buy(stream_id="win", target_level=4.0),
         ),
         _case(
+            "buyer_quota_exceeded",
+            "a level above one buyer's share (half) of the stream's cap of 4",
+            [*BASE, _register(stream_id="half", buyer_share=0.5)],
+            _buy(stream_id="half", target_level=4.0),
+        ),
+        _case(
             "already_answered",
             "p1 signed anew within 10 s of its answer (a notice, not a refusal: no refusal record)",
             [*WITH_VALUE, _buy()],

@@ -30,7 +30,8 @@ version, even after a rotation back to their key. The fields are every one that 
                      description, and on a ``window`` stream only: privacy_unit,
                      window duration_ms, window cap; on a ``running_totals`` stream
                      only: product, tree_height; on a ``histogram`` stream only:
-                     product, key_space, domain_size (``n`` for strings), false_keys
+                     product, key_space, domain_size (``n`` for strings), false_keys;
+                     with a per-buyer share only: the text ``buyer_share``, buyer_share
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values, and on a histogram item only: number of
                      keys, then each key as text; on a sealed batch only (its items'
@@ -193,6 +194,8 @@ def _registration(c: _Canon, e: StreamRegistration) -> None:
         c.s(e.product).s(h.key_space)
         c.n() if h.domain_size is None else c.i(h.domain_size)
         c.f(h.false_keys)
+    if e.buyer_share is not None:  # nothing without a per-buyer share: earlier bytes stand
+        c.s("buyer_share").f(e.buyer_share)
 
 
 def _values(c: _Canon, e: ValueBatch) -> None:

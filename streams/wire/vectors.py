@@ -168,6 +168,16 @@ _CASES: list[tuple[str, str, dict[str, Any], int]] = [
         1,
     ),
     (
+        "register_stream, window with a per-buyer share",
+        "register_stream",
+        _registration(
+            privacy_unit="window",
+            window={"duration_ms": 3_600_000, "cap": 8.0},
+            buyer_share=0.25,
+        ),
+        1,
+    ),
+    (
         "register_stream, running_totals",
         "register_stream",
         _registration(mechanism="gaussian", product="running_totals", tree_height=20),

@@ -69,6 +69,7 @@ class Metrics:
     window_headroom: Gauge
     window_cap: Gauge
     withheld: Counter
+    quota_refusals: Counter
     revenue: Counter
     state_entries: Gauge
     state_bytes: Gauge
@@ -150,6 +151,10 @@ class Metrics:
         """The stream's privacy and revenue figures after the event."""
         if o.withheld and o.stream_id:
             self._inc(self.withheld, (o.stream_id,), o.withheld)
+        if o.quota_withheld and o.stream_id:
+            self._inc(self.quota_refusals, (o.stream_id, "delivery"), o.quota_withheld)
+        if o.reason == "buyer_quota_exceeded" and o.status == "rejected" and o.stream_id:
+            self._inc(self.quota_refusals, (o.stream_id, "purchase"))
         f = o.figures
         if f is None:
             return
@@ -393,8 +398,17 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
     "withheld": (
         Counter,
         "deliveries_withheld",
-        "Subscription deliveries withheld because a privacy window was full",
+        "Subscription deliveries withheld because a privacy window (or a buyer's share of it) was "
+        "full",
         ["stream"],
+        {},
+    ),
+    "quota_refusals": (
+        Counter,
+        "buyer_quota_refusals",
+        "Purchases refused and subscription deliveries withheld because they would exceed one "
+        "buyer's share of the stream's caps (kind: purchase or delivery)",
+        ["stream", "kind"],
         {},
     ),
     "revenue": (

@@ -20,6 +20,7 @@ import numpy as np
 from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap, _poisson
 from market._draws import Draws, LazyUniform, request_key
 from market.chain import ReleaseChain, noise_check
+from market.histogram_chain import HistogramChain, noise_check_histogram
 from market.rng import NoiseKeys, identity_bytes
 
 SECRET = bytes(range(32))
@@ -160,6 +161,70 @@ def _straddles() -> list[dict[str, Any]]:
     return out
 
 
+HISTOGRAM = {
+    "levels": (0.25, 4.0),
+    "sensitivity": 1.0,
+    "domain": 200,
+    "false_keys": 20.0,
+    "grid": 16,
+    "keys": [3, 17, 42, 99, 150, 151],
+    "counts": [0.5, 2.0, 5.0, 12.0, -1.0, 3.25],
+}
+
+
+def _hex(values: Any) -> list[str]:
+    return [float(x).hex() for x in values]
+
+
+def _histogram() -> dict[str, Any]:
+    """The histogram chain's vector (§1.9): its public law, then the releases of one value."""
+    h = HISTOGRAM
+    chain = HistogramChain(
+        h["levels"],
+        sensitivity=h["sensitivity"],
+        domain=h["domain"],
+        false_keys=h["false_keys"],
+        grid=h["grid"],
+    )
+    value = chain.value(h["keys"], h["counts"])
+    ident = ("stream-1", "value-1", value.digest())
+    steps = chain.release_steps(value, set(range(len(chain))), ident, NoiseKeys(SECRET))
+    law = []
+    for r in chain._rounds:
+        cells = None
+        if r.grid is not None and r.cdf is not None and r.width is not None:
+            cells = {"centres": _hex(r.grid), "widths": _hex(r.width), "cdf": _hex(r.cdf)}
+        law.append(
+            {
+                "threshold": r.tau.hex(),
+                "a": r.a.hex(),
+                "sd": r.sd.hex(),
+                "p": r.p.hex(),
+                "grid_exponent": r.grid_exp,
+                "cells": cells,
+            }
+        )
+    return {
+        "sensitivity": float(h["sensitivity"]).hex(),
+        "domain": h["domain"],
+        "false_keys": float(h["false_keys"]).hex(),
+        "grid": h["grid"],
+        "cells": chain.cells,
+        "levels": _hex(h["levels"]),
+        "keys": h["keys"],
+        "counts": _hex(h["counts"]),
+        "identity": _identity_json(ident),
+        "fingerprint": chain.fingerprint.hex(),
+        "max_false_keys": chain.max_false_keys,
+        "law": law,
+        "releases": [
+            {"keys": [int(k) for k in keys], "counts": _hex(counts)}
+            for _, (keys, counts) in sorted(steps.items())
+        ],
+        "noise_check_histogram": noise_check_histogram(),
+    }
+
+
 def generate() -> dict[str, Any]:
     """Every vector of §1.8."""
     ident = ("stream", "v1", 3, b"\x00\xff", -0.5)
@@ -185,6 +250,7 @@ def generate() -> dict[str, Any]:
         "chains": [_chain(*case) for case in CHAINS],
         "straddles": _straddles(),
         "noise_check": noise_check(),
+        "histogram": _histogram(),
     }
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -825,3 +825,288 @@ def noise_check(order: str = "per-family") -> str:
         for row in check_chain(family, sealed).releases:
             digest.update(value_bytes(family, row))
     return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# §1.9 histogram chains: the releases of one value, given the chain's public law
+
+HISTOGRAM_DOMAIN = b"emarket-histogram-v2"
+
+
+def histogram_fingerprint(
+    sensitivity: float,
+    domain: int,
+    false_keys: float,
+    grid: int,
+    levels: Sequence[float],
+    cells: int,
+) -> bytes:
+    """``SHA-256("emarket-histogram-v2" ‖ f64le(Δ) ‖ u64le(d) ‖ f64le(m) ‖ u32le(G) ‖ levels ‖
+    "graded-v1" ‖ u32le(cells))``, first 16 bytes."""
+    message = (
+        HISTOGRAM_DOMAIN
+        + f64le(sensitivity)
+        + struct.pack("<Q", domain)
+        + f64le(false_keys)
+        + struct.pack("<I", grid)
+        + b"".join(f64le(level) for level in levels)
+        + b"graded-v1"
+        + struct.pack("<I", cells)
+    )
+    return hashlib.sha256(message).digest()[:16]
+
+
+@dataclass
+class HistogramStep:
+    """Step ``s`` of the public law, as §1.9 lists it."""
+
+    tau: float
+    a: float
+    sd: float
+    p: float
+    grid_exponent: int
+    centres: list[float] | None
+    widths: list[float] | None
+    cdf: list[float] | None
+
+
+def _iv_exp(a: Interval, p: int) -> Interval:
+    """``e^x`` over an enclosure (increasing)."""
+    return exp_iv(down(a[0], p), p)[0], exp_iv(up(a[1], p), p)[1]
+
+
+def _iv_sqrt_of(x: Fraction, p: int) -> Interval:
+    return sqrt_iv((x, x), p)
+
+
+def _binomial_count(u: Uniform, n: int, prob: Fraction, limit: int) -> int:
+    """The least ``j`` with ``U < Σ_{i ≤ j} C(n, i) p^i (1 − p)^{n−i}`` (at most ``limit + 1``)."""
+
+    def decide(p: int) -> int | None:
+        lo, hi = u.interval
+        w = p + 16
+        log_q = log_iv(1 - prob, w)
+        pmf = _iv_exp(iv(n * log_q[0], n * log_q[1], w), w)
+        cdf = pmf
+        j = 0
+        while True:
+            if hi <= cdf[0]:
+                return j
+            if lo < cdf[1]:
+                return None
+            if j >= min(n, limit + 1):
+                return j
+            ratio = F(n - j, j + 1) * prob / (1 - prob)
+            pmf = iv(pmf[0] * ratio, pmf[1] * ratio, w)
+            cdf = iv_add(cdf, pmf, w)
+            j += 1
+
+    return settle(decide, [u])
+
+
+def _new_keys(draws: Draws, q: int, tracked: set[int], domain: int) -> list[int]:
+    """Main words in turn, their top ``b`` bits, kept if below ``d`` and new."""
+    b = (domain - 1).bit_length()
+    out: list[int] = []
+    t = 0
+    while len(out) < q:
+        w = draws.main_word(t)
+        t += 1
+        j = w >> (64 - b) if b else 0
+        if j < domain and j not in tracked and j not in out:
+            out.append(j)
+    return out
+
+
+def _cell_of(u: Uniform, cdf: Sequence[float]) -> int:
+    """The least ``c`` with ``U < cdf_c``."""
+
+    def decide(p: int) -> int | None:
+        lo, hi = u.interval
+        for c, edge in enumerate(cdf):
+            if hi <= F(edge):
+                return c
+            if lo < F(edge):
+                return None
+        raise ArithmeticError("the last cdf entry is not 1")
+
+    return settle(decide, [u])
+
+
+@dataclass
+class _NewStart:
+    """``S = a − h·(1 − U_x) + σ·E/λ`` with its two uniforms."""
+
+    a: Fraction
+    h: Fraction
+    var: Fraction
+    lam: Fraction
+    ux: Uniform
+    ue: Uniform
+
+    def enclose(self, p: int) -> Interval | None:
+        lo_e, hi_e = self.ue.interval
+        if lo_e == 0:
+            return None
+        e = (-log_iv(hi_e, p)[1], -log_iv(lo_e, p)[0]) if hi_e < 1 else (F(0), -log_iv(lo_e, p)[0])
+        sigma = _iv_sqrt_of(self.var, p)
+        shift = iv_div(iv_mul(sigma, e, p), (self.lam, self.lam), p)
+        lo_x, hi_x = self.ux.interval
+        back = (self.h * (1 - hi_x), self.h * (1 - lo_x))
+        return iv_add(iv_sub((self.a, self.a), back, p), shift, p)
+
+
+def _start_of(
+    secret: bytes,
+    base: list[Part],
+    s: int,
+    e: int,
+    step: HistogramStep,
+    var: Fraction,
+    cell: tuple[Fraction, Fraction],
+) -> _NewStart:
+    """Robert's trials of new key ``e`` from its cell ``(r, h)``, each decided exactly."""
+    right, width = cell
+    b = (step.a - float(right)) / step.sd
+    lam = F((b + math.sqrt(b * b + 4.0)) / 2.0)
+    a = F(step.a)
+    t = 0
+    while True:
+        draws = Draws(request_key(secret, [*base, s, "start", e, t]), 1)
+        ux, ue, uv = draws.uniform(0, 0), draws.uniform(1, 0), draws.uniform(2, 0)
+        start = _NewStart(a, width, var, lam, ux, ue)
+
+        def decide(p: int, start: _NewStart = start, uv: Uniform = uv) -> bool | None:
+            enclosed = start.enclose(p)
+            if enclosed is None:
+                return None
+            sigma = _iv_sqrt_of(var, p)
+            over = iv_sub(enclosed, (a, a), p)  # S − a = σE/λ − h(1 − U_x)
+            # y − λ = (a − r)/σ + E/λ − λ, and E/λ = (S − a + h(1 − U_x))/σ
+            lo_x, hi_x = start.ux.interval
+            back = (width * (1 - hi_x), width * (1 - lo_x))
+            e_over_lam = iv_div(iv_add(over, back, p), sigma, p)
+            dev = iv_sub(
+                iv_add(iv_div((a - right, a - right), sigma, p), e_over_lam, p), (lam, lam), p
+            )
+            sq_hi = max(dev[0] * dev[0], dev[1] * dev[1])
+            sq_lo = F(0) if dev[0] <= 0 <= dev[1] else min(dev[0] * dev[0], dev[1] * dev[1])
+            bound = _iv_exp((-sq_hi / 2, -sq_lo / 2), p)
+            lo_v, hi_v = uv.interval
+            if lo_v >= bound[1]:
+                return False
+            if hi_v > bound[0]:
+                return None
+            if over[0] > 0:
+                return True
+            if over[1] <= 0:
+                return False
+            return None
+
+        if settle(decide, [ux, ue, uv]):
+            return start
+        t += 1
+
+
+def run_histogram(secret: bytes, vector: dict[str, Any]) -> list[tuple[list[int], list[float]]]:
+    """The releases at every step of the vector's value, from its public law and §1.9."""
+    levels = [float.fromhex(x) for x in vector["levels"]]
+    delta = float.fromhex(vector["sensitivity"])
+    domain = int(vector["domain"])
+    keys = [int(k) for k in vector["keys"]]
+    counts = [float.fromhex(c) for c in vector["counts"]]
+    fp = histogram_fingerprint(
+        delta, domain, float.fromhex(vector["false_keys"]), vector["grid"], levels, vector["cells"]
+    )
+    base: list[Part] = [HISTOGRAM_DOMAIN, fp, *(p[1] for p in vector["identity"])]
+    law = [
+        HistogramStep(
+            float.fromhex(st["threshold"]),
+            float.fromhex(st["a"]),
+            float.fromhex(st["sd"]),
+            float.fromhex(st["p"]),
+            st["grid_exponent"],
+            None if st["cells"] is None else [float.fromhex(x) for x in st["cells"]["centres"]],
+            None if st["cells"] is None else [float.fromhex(x) for x in st["cells"]["widths"]],
+            None if st["cells"] is None else [float.fromhex(x) for x in st["cells"]["cdf"]],
+        )
+        for st in vector["law"]
+    ]
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    tracked = [keys[i] for i in order]
+    exact = [F(counts[i]) for i in order]
+    starts: dict[int, _NewStart] = {}
+    walks: list[tuple[Draws, int, Fraction]] = []  # per step: its draws, n_s, σ_s²
+    limit = vector["max_false_keys"]
+    out = []
+    for s, step in enumerate(law):
+        n_s = len(tracked)
+        prev = F(levels[s - 1]) if s else F(0)
+        var = F(delta) ** 2 * (F(levels[s]) - prev) / 2
+        walks.append((Draws(request_key(secret, [*base, s, "walk"]), n_s), n_s, var))
+        q = 0
+        if step.p > 0 and n_s < domain:
+            u = Draws(request_key(secret, [*base, s, "count"]), 1).uniform(0, 0)
+            q = _binomial_count(u, domain - n_s, F(step.p), limit - (n_s - len(keys)))
+        fresh = (
+            _new_keys(Draws(request_key(secret, [*base, s, "keys"]), q), q, set(tracked), domain)
+            if q
+            else []
+        )
+        cells = Draws(request_key(secret, [*base, s, "cell"]), max(q, 1))
+        for e, key in enumerate(fresh):
+            if step.cdf is None or step.centres is None or step.widths is None:
+                cell = (F(0), F(0))
+            else:
+                c = _cell_of(cells.uniform(0, e), step.cdf)
+                cell = (F(step.centres[c]) + F(step.widths[c]) / 2, F(step.widths[c]))
+            starts[len(tracked)] = _start_of(secret, base, s, e, step, var, cell)
+            tracked.append(key)
+            exact.append(F(0))
+        out.append(_histogram_release(tracked, exact, starts, walks, F(levels[s]), step))
+    return out
+
+
+def _histogram_release(
+    tracked: list[int],
+    exact: list[Fraction],
+    starts: dict[int, _NewStart],
+    walks: list[tuple[Draws, int, Fraction]],
+    level: Fraction,
+    step: HistogramStep,
+) -> tuple[list[int], list[float]]:
+    k = step.grid_exponent
+    shown = []
+    for i, key in enumerate(tracked):
+        parts = [(d, var) for d, n, var in walks if i < n]
+        start = starts.get(i)
+        uniforms = [d.uniform(slot, i) for d, _ in parts for slot in (0, 1)]
+        if start is not None:
+            uniforms += [start.ux, start.ue]
+
+        def decide(
+            p: int,
+            i: int = i,
+            parts: list[tuple[Draws, Fraction]] = parts,
+            start: _NewStart | None = start,
+        ) -> int | None:
+            total: Interval = (F(0), F(0))
+            if start is not None:
+                enclosed = start.enclose(p)
+                if enclosed is None:
+                    return None
+                total = enclosed
+            for d, var in parts:
+                nrm = _normal_iv(d, i, p)
+                if nrm is None:
+                    return None
+                total = iv_add(total, iv_mul(_iv_sqrt_of(var, p + 8), nrm, p + 8), p + 8)
+            scaled = iv_add((exact[i], exact[i]), iv_div(total, (level, level), p + 8), p + 8)
+            grid = F(2) ** k
+            return floor_if_certain((scaled[0] / grid + F(1, 2), scaled[1] / grid + F(1, 2)))
+
+        n = settle(decide, uniforms)
+        if n * F(2) ** k > F(step.tau):
+            shown.append((key, _release(n, k)))
+    shown.sort()
+    return [key for key, _ in shown], [value for _, value in shown]

@@ -43,7 +43,7 @@ def documented() -> dict[str, Any]:
 
 def test_the_document_vectors_are_what_the_code_computes() -> None:
     doc, ours = documented(), generate()
-    for name in ("request_key", "draws", "noise_check", "secret"):
+    for name in ("request_key", "draws", "noise_check", "secret", "histogram"):
         assert ours[name] == doc[name], name
     assert [c["name"] for c in ours["chains"]] == [c["name"] for c in doc["chains"]]
     for mine, theirs in zip(ours["chains"], doc["chains"], strict=True):
@@ -145,11 +145,9 @@ def test_every_simd_path_draws_the_documented_noise(disabled: str) -> None:
 def test_histogram_chains_draw_the_same_noise_on_every_simd_path_and_libm(
     disabled: str, direction: str
 ) -> None:
-    """The histogram chains are not yet format v2 (docs/math.md §6): their noise goes through
-    numpy's samplers and a float survival law, and only its rounding to ``σ·2⁻³²`` keeps a
-    platform's last bits out of the released counts. Their digest, recorded by every market, is
-    checked here under the other SIMD paths, and with numpy's and math's transcendentals one
-    ulp up."""
+    """The histogram chains' digest (``docs/protocol.md`` §1.9), recorded by every market, under
+    the other SIMD paths, and with numpy's and math's transcendentals one ulp up or down
+    (``tests/market/test_histogram_portable.py`` moves scipy's too, on a large histogram)."""
     from market.histogram_chain import noise_check_histogram
 
     prelude, args = (_PERTURB, (direction,)) if direction else ("", ())

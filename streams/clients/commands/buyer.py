@@ -49,7 +49,7 @@ def _catalog_table(entries: dict[str, Any]) -> None:
         reg = e.registration
         print(
             f"{sid:<20} {reg.seller_id:<14} {reg.mechanism:<17} {reg.dimension:>6}  "
-            f"{output.prices(e)}"
+            f"{output.prices(e)}{output.share(reg)}"
         )
     first = next(iter(entries.values()))
     print(

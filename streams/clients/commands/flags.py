@@ -42,6 +42,7 @@ FIELD_FLAGS = {
     "description": "--description",
     "window.cap": "--window-cap",
     "window.duration_ms": "--privacy-window",
+    "buyer_share": "--buyer-share",
     "tree_height": "--running-totals",
     "histogram.domain_size": "--histogram",
     "histogram.false_keys": "--false-keys",

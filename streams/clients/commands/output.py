@@ -38,6 +38,7 @@ __all__ = [
     "registered",
     "releases",
     "say",
+    "share",
     "show",
     "warn",
 ]
@@ -118,6 +119,15 @@ def prices(entry: Any) -> str:
     )
 
 
+def share(reg: Any) -> str:
+    """A stream's per-buyer share in words (empty without one): ``; each buyer at most 25 %
+    of the caps``."""
+    if getattr(reg, "buyer_share", None) is None:
+        return ""
+    caps = "the cap and of each window's cap" if reg.window else "the cap"
+    return f"; each buyer at most {reg.buyer_share * 100:g} % of {caps}"
+
+
 # -- what the market answered -------------------------------------------------------------
 def registered(entry: Any) -> str:
     """The lines saying a registration was accepted: what is sold, at which prices."""
@@ -133,7 +143,7 @@ def registered(entry: Any) -> str:
     )
     return (
         f"registered stream {reg.stream_id!r} of {reg.seller_id}: {product}, {reg.mechanism}, "
-        f"dimension {reg.dimension}, sensitivity {reg.sensitivity:g}{privacy}\n"
+        f"dimension {reg.dimension}, sensitivity {reg.sensitivity:g}{privacy}{share(reg)}\n"
         f"  for sale: {prices(entry)}; cap {level(reg.cap, entry.level_unit)}\n"
         f"  signed by the market key {entry.market_key_id}; --json for the catalog entry"
     )
@@ -266,6 +276,8 @@ def offers_table(q: Any) -> str:
         mark = "  <- this quote" if o.level == q.level_after and not o.held else ""
         if o.fits_window is False and not o.held:
             mark += "  (over the privacy window's headroom now)"
+        if getattr(o, "fits_share", None) is False and not o.held:
+            mark += "  (over one buyer's share now)"
         lines.append(f"{o.level:<16g} {o.rmse:>10.4g} {o.half_width_95:>10.4g} {price:>12}{mark}")
     pw = getattr(q, "privacy_window", None)
     if pw is not None:

@@ -150,6 +150,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         description=args.description,
         **_privacy(args),
         **_product(args),
+        **({} if args.buyer_share is None else {"buyer_share": args.buyer_share}),
     )
     try:
         StreamRegistration.model_validate(  # checked here; signed once the market key is read
@@ -462,6 +463,14 @@ def _product_flags(sp: Any) -> None:
         type=float,
         default=None,
         help="with --privacy-window: most one window's values may spend together",
+    )
+    sp.add_argument(
+        "--buyer-share",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="the most of --cap, and of each window's --window-cap, that one buyer may use "
+        "(e.g. 0.25: a quarter; above 0, at most 1); default: no per-buyer limit",
     )
 
 

@@ -212,11 +212,19 @@ def deliver(
     held: set[Level],
 ) -> int:
     """Queue the value's releases for the holders whose level is in ``by_level``; tell the
-    others (only a privacy window withholds) it is withheld. Return the releases queued."""
+    others (only a privacy window, or a buyer's share of it, withholds) it is withheld, and
+    why. Return the releases queued."""
     released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, by_level)
     missing = {lv for lv in held if lv.value not in by_level}
     if missing:
-        assert stream.ledger.windowed, f"levels held but not released: {missing}"
-        window = stream.ledger.window_of(entry.published_at_ms)
-        ctx.deliveries.withhold(stream.state, entry.value_id, window, set(by_level))
+        ledger = stream.ledger
+        assert ledger.windowed, f"levels held but not released: {missing}"
+        window = ledger.window_of(entry.published_at_ms)
+        ctx.deliveries.withhold(
+            stream.state,
+            entry.value_id,
+            window,
+            set(by_level),
+            lambda level: ledger.over_share(level, window),
+        )
     return released

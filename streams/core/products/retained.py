@@ -69,7 +69,7 @@ class Retained(Product):
 
         ledger = stream.ledger
         entry, by_level, new_noise = ledger.deliver(
-            item.published_at_ms, ledger.level(0.0), held, release
+            item.published_at_ms, ledger.level(0.0), held, release, new=True
         )
         retire(ctx, stream)
         store_state(ctx, record_key(stream.id, item.value_id), state)

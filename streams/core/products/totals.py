@@ -131,7 +131,7 @@ class Totals(Product):
 
         ledger = stream.ledger
         entry, by_level, new_noise = ledger.deliver(
-            item.published_at_ms, ledger.level(0.0), stream.held_levels(), release
+            item.published_at_ms, ledger.level(0.0), stream.held_levels(), release, new=True
         )
         key = record_key(stream.id, item.value_id)
         ctx.records.mark_value(stream.id, key, EvictedValue.of(entry), expires=False)  # dedup

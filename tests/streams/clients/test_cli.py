@@ -62,6 +62,13 @@ def test_cli_rejects_bad_input_with_a_clear_message(tmp_path: Path) -> None:
     assert r.returncode == 2 and "invalid registration: --stream must be" in r.stderr
     r = cli(
         None,
+        *("--broker", "kafka://127.0.0.1:1", "register", "--key-file", str(key)),
+        *("--stream", "s", "--steps", "1,2", "--buyer-share", "1.5"),
+        check=False,
+    )
+    assert r.returncode == 2 and "invalid registration: --buyer-share" in r.stderr, r.stderr
+    r = cli(
+        None,
         "--broker",
         "kafka://127.0.0.1:1",
         "publish",

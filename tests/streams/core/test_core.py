@@ -779,9 +779,11 @@ def test_ids_with_dots_are_refused_and_inboxes_never_collide() -> None:
 
 
 def test_the_largest_stream_record_fits_its_bound() -> None:
-    """A full window and every holder, all with 64-character ids and extreme numbers."""
+    """A full window, every holder and every reservation kept, all with 64-character ids and
+    extreme numbers; then with a buyer share's counts of values too."""
     from streams.core.codecs import CODECS, encode_stream
     from streams.core.context import Limits
+    from streams.core.holds import MAX_HELD_WINDOWS, MAX_KEPT, Hold
     from streams.core.state import (
         MAX_RECENT_WINDOWS,
         Holder,
@@ -822,8 +824,26 @@ def test_the_largest_stream_record_fits_its_bound() -> None:
         for i in range(2000)
     }
     st.revenue_minor, st.values_ingested, st.spent_nano = big, big, 10**18
+    st.reservations = [
+        Hold(
+            reservation_id="r" * 64,
+            buyer_id=f"{i:064d}",
+            requested_at_ms=big,
+            fingerprint="f" * 64,
+            expires_at_ms=big,
+            keep_until_ms=big,
+            level_before=1.2345678901234567e-300,
+            level=1.2345678901234567e-300,
+            price_minor=10**15,
+            room={big - k: 10**18 for k in range(MAX_HELD_WINDOWS)},
+        )
+        for i in range(MAX_KEPT)
+    ]
     size = len(encode_stream(StreamState.model_validate(st.model_dump())))
     assert size <= stream_record_bound(1000, 2000, windowed=True) <= 1_048_576
+    st.window_values = {big - i: big for i in range(sums)}  # with a buyer share: the counts
+    size = len(encode_stream(StreamState.model_validate(st.model_dump())))
+    assert size <= stream_record_bound(1000, 2000, windowed=True, shared=True) <= 1_048_576
     registered = len(CODECS["registered"][0](st.registered))
     assert registered <= registered_bound(len(st.registered.catalog_payload)) <= 1_048_576
 

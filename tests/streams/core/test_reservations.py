@@ -336,3 +336,36 @@ def test_a_reservation_keeps_its_buyer_a_place_among_the_holders() -> None:
     assert refused(core.handle(T.purchases, reserve("plain", "bob", "r1"))).reason == "stream_full"
     bought = purchase("plain", "alice", "a1", reservation_id="r1")
     assert core.handle(T.purchases, bought).status == "fulfilled"
+
+
+def test_a_reservation_keeps_within_the_buyers_share_and_quotes_say_both() -> None:
+    """A reservation passes the whole gate, the buyer's share too: one above it is refused
+    ``buyer_quota_exceeded`` naming what fits; the quote table says both what fits the
+    window's room (the buyer's own reservation is its own) and what fits its share."""
+    clock = Clock()
+    core = new_core(clock)
+    body = {"steps": [0.25, 0.5, 1.0], "cap": 1.0, "retain_last": 4, "buyer_share": 0.5}
+    reg = registration("home", **body, **WINDOWED | {"window": {"duration_ms": W, "cap": 2.0}})
+    assert core.handle(T.registrations, reg).status == "accepted"
+    for i in range(4):
+        publish(core, f"v{i}", i)
+    # 0.5 on the window's 4 values uses 2 of it: the window's cap has room, alice's share (1) not
+    rej = refused(core.handle(T.purchases, reserve("home", "alice", "r1", target_level=0.5)))
+    assert rej.reason == "buyer_quota_exceeded" and rej.details["best_level"] == 0.25
+    assert core.stores.streams["home"].reservations == []
+    ok = core.handle(T.purchases, reserve("home", "alice", "r2", target_level=0.25))
+    assert [type(e) for e in inbox(ok, "alice")] == [Reservation]
+
+    def offers(buyer: str, qid: str) -> list[tuple[float, bool | None, bool | None]]:
+        q_event = helpers.quote("home", buyer, qid, requested_at_ms=NOW)
+        (q,) = inbox(core.handle(T.purchases, q_event), buyer)
+        assert isinstance(q, QuoteAnswer)
+        return [(o.level, o.fits_window, o.fits_share) for o in q.offers]
+
+    # alice's reservation holds 1 of the window's 2: bob's 0.5 (2 more) no longer fits it
+    assert offers("bob", "q1") == [(0.25, True, True), (0.5, False, False), (1.0, False, False)]
+    assert offers("alice", "q2") == [(0.25, True, True), (0.5, True, False), (1.0, False, False)]
+    out = core.handle(
+        T.purchases, purchase("home", "alice", "a1", target_level=0.25, reservation_id="r2")
+    )
+    assert [type(e) for e in inbox(out, "alice")] == [PurchaseFulfilled]

@@ -202,6 +202,22 @@ def drive(market: Market) -> dict[str, Any]:
             await c.publish("home", [1.0, 2.0], value_id=f"home{i}", published_at_ms=base + i)
         refused = await helpers.buy(c, "bob", "load", max_price_minor=1, target_level=4.0)
         assert isinstance(refused, Rejection) and refused.reason == "price_too_high"
+        # a stream where one buyer may hold half its cap: alice asks for all of it
+        entry = await c.register(
+            {
+                "stream_id": "shared",
+                "mechanism": "laplace",
+                "sensitivity": 1.0,
+                "dimension": 2,
+                "steps": [0.5, 1.0],
+                "cap": 1.0,
+                "buyer_share": 0.5,
+                "pricing": LinearLevelSpec(rate_per_level=100.0),
+            }
+        )
+        assert not isinstance(entry, Rejection), entry
+        over = await helpers.buy(c, "alice", "shared", max_price_minor=10_000, target_level=1.0)
+        assert isinstance(over, Rejection) and over.reason == "buyer_quota_exceeded"
         # a value of the wrong size, and a purchase bob signs as alice
         await c.send(
             c.topics.values,
@@ -235,7 +251,13 @@ def test_every_dashboard_and_alert_expression_returns_data_that_agrees(
         r["metric"]["reason"]: float(r["value"][1])
         for r in prom.query("sum by (reason) (emarket_rejections_total)")
     }
-    assert by_reason == {"price_too_high": 1, "wrong_dimension": 1, "bad_signature": 1}
+    assert by_reason == {
+        "price_too_high": 1,
+        "wrong_dimension": 1,
+        "bad_signature": 1,
+        "buyer_quota_exceeded": 1,
+    }
+    assert prom.value('emarket_buyer_quota_refusals_total{stream="shared",kind="purchase"}') == 1
     assert prom.value('sum(emarket_values_ingested_total{status="accepted"})') == 9
     units = {
         r["metric"]["stream"]: r["metric"]["unit"] for r in prom.query("emarket_privacy_spent")

@@ -80,9 +80,9 @@ def test_the_market_identity_refuses_another_format_or_check_with_what_to_do() -
     for field in ("noise_check", "noise_check_histogram"):
         with pytest.raises(MarketIdentityError, match="other noise"):
             _compare(ours, ours.model_copy(update={field: "0" * 64}), "t.market")
-    # pinned: the histogram chains draw through a keyed generator; a change fails here first
+    # pinned: docs/protocol.md §1.9 (histogram chains); a change fails here first
     assert noise_check_histogram() == (
-        "ec4f5529f9d24d822bc76d83b4c44de795206f15a3576517f965d7cb11337265"
+        "ccb2cee1410b1918cb02b9b496f64d586ae53ff5d0ae84f50ee7e1729efc9434"
     )
 
 

@@ -625,7 +625,7 @@ def histogram_markdown(repeat: int, runs: int) -> str:
         f"baseline within a run ({what}); ms per release are medians. Against the vector, "
         "much of a histogram release's time goes to placing the zero counts that first exceed "
         "a threshold (about one per value at m = 1: an exact binomial, then Robert's trials "
-        "inside a cell, market.histogram_draws), which a vector has no counterpart of. The last "
+        "inside a cell, market._histogram_draws), which a vector has no counterpart of. The last "
         "two rows time the exact samplers against numpy's (bench.noise.numpy_release: the same "
         "law drawn by numpy's normal, binomial and integers and scipy's ndtr/ndtri in floats, "
         "as the chain drew it before its noise became exact), at m = 1 and at m = 300 (about "

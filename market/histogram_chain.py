@@ -24,7 +24,7 @@ What makes it a chain the market can sell:
 * **Noise a pure function of the request.** Step ``s`` of a value reads the draws of the request
   keys ``(DOMAIN, fingerprint, *identity, s, part…)`` and every outcome (the walk's increments,
   how many zero counts first exceed, which keys, where their walks start, the counts on the
-  release grid) is the exact outcome of its ideal uniforms (:mod:`market.histogram_draws`,
+  release grid) is the exact outcome of its ideal uniforms (:mod:`market._histogram_draws`,
   ``docs/protocol.md`` §1.9); the release at step ``k`` is recomputed from step 0: the same bytes
   whenever, wherever, on whatever machine and in whatever order it is asked for; nothing cached,
   nothing to lose.
@@ -59,6 +59,7 @@ from numpy.typing import NDArray
 
 from . import _gauss as gauss
 from ._draws import Draws
+from ._histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
 from ._normal import SLOTS, Hidden, Term, add, grid_exponent, normals, snap
 from .errors import InvalidLevelError, InvalidValueError, MarketError
 from .histogram import (
@@ -67,7 +68,6 @@ from .histogram import (
     graded_cells,
     propagate,
 )
-from .histogram_draws import Cell, Part, Start, binomial, fresh_keys, new_start, pick_cell, settle
 from .levels import canonical_level, step_of
 from .rng import Identity, KeyedRngFactory, NoiseKeys, identity_bytes
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from scipy import special
 
-from market import _gauss, histogram_chain, histogram_draws
+from market import _gauss, histogram_chain
+from market import _histogram_draws as histogram_draws
 from market.histogram_chain import HistogramChain, z_score
 from market.rng import NoiseKeys
 
@@ -72,7 +73,7 @@ def _zero_heavy() -> tuple[HistogramChain, Any]:
 def test_the_exact_path_releases_what_the_float_passes_release(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every count through :func:`market.histogram_draws.settle` and every trial of a new
+    """Every count through :func:`market._histogram_draws.settle` and every trial of a new
     key's start in intervals: the same bytes (the float passes only ever decide what the ideal
     reals decide)."""
     chain, value = _zero_heavy()

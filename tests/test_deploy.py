@@ -43,6 +43,7 @@ def exported_metric_names() -> set[str]:
         g.labels("s", "laplace", "epsilon").set(1)
     m.withheld.labels("s").inc()
     m.quota_refusals.labels("s", "purchase").inc()
+    m.reservations_held.labels("s").set(1)
     m.revenue.labels("s", "EUR").inc()
     m.state_entries.labels("t").set(1)
     m.consumer_lag.labels("t").set(1)

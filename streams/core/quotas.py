@@ -36,9 +36,11 @@ frees.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 
 from market.privacy_units import cap_of, level_of, spend_of
@@ -94,8 +96,9 @@ class Excess:
 
 def _part(fraction: float, cap: float) -> int:
     """⌊fraction·⌊cap⌋⌋ nano-units, the fraction read from its canonical decimal."""
-    exact = Decimal(repr(float(fraction))) * cap_of(cap)
-    return int(exact.to_integral_value(rounding=ROUND_FLOOR))
+    # exact rationals: a Decimal product rounds to 28 digits, which a 17-digit share times a
+    # cap of 10¹² nano-units and more exceeds (rounding up before the floor)
+    return math.floor(Fraction(Decimal(repr(float(fraction)))) * cap_of(cap))
 
 
 @lru_cache(maxsize=1024)

@@ -206,11 +206,27 @@ class StreamRecord(BaseModel):
             return data
         data = dict(data)
         if "spent" in data:
-            data["spent_nano"] = spend_of(float(data.pop("spent")))
+            spent = _legacy_spend(float(data.pop("spent")))
+            data["spent_nano"] = max(spent, int(data.get("spent_nano", 0)))
         if "window_spent" in data:
-            sums = data.pop("window_spent")
-            data["window_spent_nano"] = {k: spend_of(float(v)) for k, v in sums.items()}
+            sums = {k: _legacy_spend(float(v)) for k, v in data.pop("window_spent").items()}
+            ints = data.get("window_spent_nano") or {}
+            data["window_spent_nano"] = {
+                k: max(v, int(ints.get(k, 0))) for k, v in {**ints, **sums}.items()
+            }
         return data
+
+
+LEGACY_MARGIN = 2.0**-30
+"""Relative margin on a float sum an earlier version wrote: a sum of n positive doubles is
+within n·2⁻⁵³ of the exact sum (each addition rounds by at most half an ulp of a partial sum,
+which is at most the total), so this covers 2²³ additions; it over-counts by 10⁻⁹ relative."""
+
+
+def _legacy_spend(total: float) -> int:
+    """An earlier version's float spend or window sum in nano-units, never below the exact sum
+    of the levels it added up."""
+    return spend_of(total * (1.0 + LEGACY_MARGIN))
 
 
 class StreamState(StreamRecord):

@@ -160,7 +160,9 @@ def test_nothing_is_recorded_when_a_release_fails_and_nothing_released_when_a_ch
 
 
 def test_a_record_with_float_sums_is_read_with_its_spends_rounded_up() -> None:
-    old = b'{"spent": 0.30000000000000004, "window_spent": {"0": 0.1, "1": 1e-10}}'
+    """A float sum is read with a margin of 2⁻³⁰ of itself (what 2²³ additions of doubles can
+    have lost), then rounded up: never below the exact sum of the levels it added up."""
+    old = b'{"spent": 0.30000000000000004, "window_spent": {"0": 0.1, "1": 1e-10, "2": 1e7}}'
     record = decode_stream(old)
-    assert record.spent_nano == 300_000_001  # the double's decimal is above 0.3: never below
-    assert record.window_spent_nano == {0: 10**8, 1: 1}
+    assert record.spent_nano == 300_000_001  # 0.3 + 2.8e-10: the margin is below a unit here
+    assert record.window_spent_nano == {0: 10**8 + 1, 1: 1, 2: 10**16 + 9_313_226}

@@ -55,6 +55,9 @@ from market.privacy_units import NANO_DIGITS, cap_of, level_of, whole_nanos
 from market.receipts import Receipt
 
 from .ids import ID_PATTERN
+from .products import check as check_product
+from .products import section_of
+from .products.totals import TotalsFields
 
 __all__ = [
     "ACCOUNTS_EVENT",
@@ -198,7 +201,6 @@ HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
 """A key of a published histogram: the decimal digits of a whole number (``integers``), or any
 text up to 256 characters (``strings``)."""
 MAX_TREE_HEIGHT = 40
-MAX_HISTOGRAM_LEVELS = 16
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
 
@@ -481,86 +483,28 @@ class StreamRegistration(_Signed):
             raise ValueError("a 'window' stream needs a window, and only it has one")
         if self.window is not None:
             self._check_window(self.window)
-        if (self.product == "running_totals") != (self.tree_height is not None):
-            raise ValueError("a 'running_totals' stream needs a tree_height, and only it has one")
-        if self.product == "running_totals":
-            self._check_totals()
-        if (self.product == "histogram") != (self.histogram is not None):
-            raise ValueError("a 'histogram' stream needs a histogram spec, and only it has one")
-        if self.histogram is not None:
-            self._check_histogram(self.histogram)
+        check_product(self)
         return self
-
-    def _check_histogram(self, spec: HistogramSpec) -> None:
-        if self.mechanism != "gaussian":
-            raise ValueError(
-                "histograms are released with thresholded Gaussian noise: register them with "
-                "mechanism 'gaussian' (levels in ρ)"
-            )
-        if self.sealed:
-            raise ValueError(
-                "a histogram stream cannot be sealed: its releases are refined from the exact "
-                "counts, never tightened from the top one"
-            )
-        levels = len(self.steps) + (self.cap > self.steps[-1])
-        if levels > MAX_HISTOGRAM_LEVELS:
-            raise ValueError(
-                f"a histogram stream sells at most {MAX_HISTOGRAM_LEVELS} levels (its steps and "
-                f"the cap), got {levels}: each is a step of the survival law every worker builds"
-            )
-        sold = [*self.steps, *([self.cap] if self.cap > self.steps[-1] else [])]
-        if any(b < 1.01 * a for a, b in itertools.pairwise(sold)):
-            raise ValueError(
-                "consecutive levels of a histogram stream (its steps and the cap) must be at "
-                "least 1 % apart: closer ones are finer than the survival law that decides when "
-                "a key with a zero count first shows"
-            )
-        if spec.domain < self.dimension:
-            raise ValueError(
-                f"dimension {self.dimension} (the most keys of one value) exceeds the domain's "
-                f"{spec.domain} keys"
-            )
 
     def release_width(self) -> int:
         """Numbers one release takes room for at most, counting a histogram key as one:
-        ``dimension``; on a histogram stream its keys and counts and as many for the keys with
-        a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
-        is padded to a power of two, see :func:`streams.wire.sealing.padded_length`)."""
-        if self.histogram is None:
-            return self.dimension
-        return 4 * (self.dimension + self.false_key_bound())
+        ``dimension``, or what the product's wire section says
+        (:meth:`~streams.wire.products.base.ProductFields.release_width`)."""
+        return section_of(self).release_width(self)
 
     def false_key_bound(self) -> int:
-        """Most keys with a zero count a histogram value ever shows (more happens with
-        probability below 1e-30 and is refused): ``ceil(2·false_keys) + 64``."""
-        return 0 if self.histogram is None else math.ceil(2 * self.histogram.false_keys) + 64
+        """Most keys with a zero count a value ever shows (none but on a keyed product)."""
+        return section_of(self).false_key_bound(self)
 
     def release_sensitivity(self) -> float:
-        """Sensitivity of what is noised: each value; on ``running_totals`` one tree node, whose
-        vector of all nodes changes by ``sensitivity × sqrt(tree_height + 1)`` in ℓ2 when one
-        increment does (it is in one node per tree level), times ``1 + 2⁻¹²`` for the rounding
-        of the nodes' float sums (bounded by :meth:`totals_limit`; docs/math.md §10)."""
-        if self.tree_height is None:
-            return self.sensitivity
-        return self.sensitivity * math.sqrt(self.tree_height + 1) * (1.0 + 2.0**-12)
+        """Sensitivity of what is noised: each value; on ``running_totals`` one tree node
+        (:mod:`streams.wire.products.totals`; docs/math.md §10)."""
+        return section_of(self).release_sensitivity(self)
 
     def totals_limit(self) -> float:
-        """On ``running_totals``: the largest magnitude a node (a sum of increments) may reach,
-        ``2⁴⁰·Δ/((h + 1)·√d)``: each float addition of a node rounds by at most 2⁻⁵³ of it, so
-        two neighbours' computed nodes differ by at most ``Δ(1 + 2⁻¹²)`` in ℓ2 below it."""
-        assert self.tree_height is not None
-        return math.ldexp(self.sensitivity, 40) / (
-            (self.tree_height + 1) * math.sqrt(self.dimension)
-        )
-
-    def _check_totals(self) -> None:
-        if self.mechanism != "gaussian":
-            raise ValueError(
-                "running totals are released through a tree of Gaussian releases: register "
-                "them with mechanism 'gaussian' (levels in ρ)"
-            )
-        if self.sealed or self.window is not None:
-            raise ValueError("running totals are neither sealed nor 'window' streams")
+        """On ``running_totals``: the largest magnitude a tree node may reach
+        (:meth:`~streams.wire.products.totals.TotalsFields.totals_limit`)."""
+        return TotalsFields.totals_limit(self)
 
     def _check_window(self, window: PrivacyWindow) -> None:
         if self.mechanism == "poisson":

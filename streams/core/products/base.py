@@ -18,9 +18,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from market import ChainState
+from market.accuracy import AccuracyNotForSaleError
 from market.histogram_chain import HistogramValue
 from market.mechanisms import check_range
-from market.receipts import RECEIPT_VERSION
+from market.receipts import RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.counts import count_problem, sells_counts
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
@@ -100,6 +101,12 @@ class Product(ABC):
         """What one chain's error is multiplied by in the least accurate release sold."""
         return 1.0
 
+    @classmethod
+    def accuracy_refusal(cls, reg: StreamRegistration, exc: AccuracyNotForSaleError) -> str:
+        """What a buyer whose accuracy target no level meets is told: the best level for sale,
+        and how to buy it."""
+        return f"{exc}; buy that level with target_level {exc.best:g}"
+
     # -- values ---------------------------------------------------------------------------------
     @abstractmethod
     def exact(self, item: ValueItem) -> Exact:
@@ -135,6 +142,12 @@ class Product(ABC):
         the holders it is still retained for; return (releases queued, new steps computed)."""
 
     # -- purchases ------------------------------------------------------------------------------
+    @staticmethod
+    def committed(release: ReleasedValue) -> ReleaseTriple:
+        """What a purchase receipt's commitment covers of one release: its value id, level and
+        numbers (a keyed product's adds its keys, in its :attr:`receipt_version`)."""
+        return (release.value_id, release.level, release.values)
+
     @abstractmethod
     def release_window(
         self, ctx: Context, stream: Stream[Any], level: float
@@ -154,26 +167,26 @@ def numbers(
             f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
             "stream: send its numbers in `values` only",
         )
-    check_counts(reg, item)
+    check_counts(reg, item, "coordinate", "")
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     if bounded:
         check_range(exact, terms.chain.value_limit)
     return Exact(exact, digest_values(exact))
 
 
-def check_counts(reg: StreamRegistration, item: ValueItem) -> None:
+def check_counts(reg: StreamRegistration, item: ValueItem, what: str, kind: str) -> None:
     """Refuse (``invalid_count``) a value of a counts stream holding a negative or fractional
-    number (:mod:`streams.wire.counts`); any other stream takes any finite number."""
+    number (:mod:`streams.wire.counts`); any other stream takes any finite number. ``what``
+    names one of the value's numbers in the refusal (``coordinate``), ``kind`` what the stream
+    sells after its mechanism (``" histograms"``; empty for numbers)."""
     if not sells_counts(reg):
         return
     bad = count_problem(item.values)
     if bad is not None:
-        what = "count" if reg.product == "histogram" else "coordinate"
         raise Reject(
             "invalid_count",
             f"value {item.value_id!r}: {what} {bad[0]} (counting from 0) {bad[1]}; stream "
-            f"{reg.stream_id!r} takes counts ({reg.mechanism}"
-            f"{' histograms' if reg.product == 'histogram' else ''}): whole numbers, 0 or more",
+            f"{reg.stream_id!r} takes counts ({reg.mechanism}{kind}): whole numbers, 0 or more",
         )
 
 

@@ -29,7 +29,7 @@ from market.histogram_chain import (
     HistogramValue,
     string_key,
 )
-from market.receipts import KEYED_RECEIPT_VERSION
+from market.receipts import KEYED_RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ...wire.trusted import trusted
@@ -74,6 +74,11 @@ class Histograms(Retained):
     def work_width(cls, reg: StreamRegistration) -> int:
         """The numbers a release carries and the survival grid each step reads."""
         return reg.release_width() + GRID
+
+    @staticmethod
+    def committed(release: ReleasedValue) -> ReleaseTriple:
+        """Its value id, level and noisy counts, and the keys they are of."""
+        return (release.value_id, release.level, release.values, release.keys)
 
     def exact(self, item: ValueItem) -> Exact:
         value = self._counts(item)
@@ -140,7 +145,7 @@ class Histograms(Retained):
                 f"value {vid!r} has more keys than stream {reg.stream_id!r} takes per value "
                 f"({reg.dimension}, its dimension)",
             )
-        check_counts(reg, item)
+        check_counts(reg, item, "count", " histograms")
         keys = _integer_keys(item, spec.domain) if spec.key_space == "integers" else _hashed(item)
         try:
             return self.chain.value(keys, item.values)

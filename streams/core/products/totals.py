@@ -33,8 +33,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from market import ChainState
+from market.accuracy import AccuracyNotForSaleError
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products.totals import TotalsFields
 from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release
@@ -100,6 +102,19 @@ class Totals(Product):
         error."""
         assert reg.tree_height is not None
         return math.sqrt(reg.tree_height)
+
+    @classmethod
+    def accuracy_refusal(cls, reg: StreamRegistration, exc: AccuracyNotForSaleError) -> str:
+        """The error of the least accurate total, which sums ``tree_height`` nodes (a tree of
+        height 1 has one node per total: the error of a value's)."""
+        per = cls.error_factor(reg)
+        if per == 1.0:
+            return super().accuracy_refusal(reg, exc)
+        return (
+            f"no level for sale makes every running total that accurate: the best, "
+            f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
+            f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}"
+        )
 
     # -- values ---------------------------------------------------------------------------------
     def exact(self, item: ValueItem) -> Exact:
@@ -222,7 +237,7 @@ class Totals(Product):
             total += made[n] if n in made else _exact(self._state(ctx, sid, n))
         # every node is released on the chain's grids, and its float sum must round by a
         # fraction of the sensitivity (the bound the release sensitivity allows for)
-        limit = min(self.terms.chain.value_limit, reg.totals_limit())
+        limit = min(self.terms.chain.value_limit, TotalsFields.totals_limit(reg))
         if not all(np.all(np.abs(v) <= limit) for v in (total, *made.values())):  # inf, NaN
             raise Reject(
                 "invalid_value",

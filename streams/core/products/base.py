@@ -25,6 +25,7 @@ from market.receipts import RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.counts import count_problem, sells_counts
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products import ProductFields, section_of
 from ..context import Context
 from ..delivery import Release
 from ..ledger import Level
@@ -78,6 +79,8 @@ class Product(ABC):
     """
 
     name: ClassVar[str]
+    #: its wire section: the registration fields only it has, their checks and math
+    fields: ClassVar[type[ProductFields]]
     #: the receipt format of a purchase (a keyed product's digest covers its keys)
     receipt_version: ClassVar[int] = RECEIPT_VERSION
 
@@ -167,22 +170,24 @@ def numbers(
             f"value {item.value_id!r} has keys, but stream {reg.stream_id!r} is not a histogram "
             "stream: send its numbers in `values` only",
         )
-    check_counts(reg, item, "coordinate", "")
+    check_counts(reg, item)
     exact = terms.mechanism.validate_value(item.values, dimension=reg.dimension)
     if bounded:
         check_range(exact, terms.chain.value_limit)
     return Exact(exact, digest_values(exact))
 
 
-def check_counts(reg: StreamRegistration, item: ValueItem, what: str, kind: str) -> None:
+def check_counts(reg: StreamRegistration, item: ValueItem) -> None:
     """Refuse (``invalid_count``) a value of a counts stream holding a negative or fractional
-    number (:mod:`streams.wire.counts`); any other stream takes any finite number. ``what``
-    names one of the value's numbers in the refusal (``coordinate``), ``kind`` what the stream
-    sells after its mechanism (``" histograms"``; empty for numbers)."""
+    number (:mod:`streams.wire.counts`); any other stream takes any finite number. The refusal
+    names a number of a product whose values are counts (a histogram's) a ``count``, and the
+    product after the mechanism."""
     if not sells_counts(reg):
         return
     bad = count_problem(item.values)
     if bad is not None:
+        section = section_of(reg)
+        what, kind = ("count", f" {section.noun}") if section.takes_counts else ("coordinate", "")
         raise Reject(
             "invalid_count",
             f"value {item.value_id!r}: {what} {bad[0]} (counting from 0) {bad[1]}; stream "

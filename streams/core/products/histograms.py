@@ -32,6 +32,7 @@ from market.histogram_chain import (
 from market.receipts import KEYED_RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products.histogram import HistogramFields
 from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release, listed
@@ -59,7 +60,8 @@ def shared_chain(
 class Histograms(Retained):
     """Values that are sparse count maps, released as the keys above a threshold."""
 
-    name = "histogram"
+    fields = HistogramFields
+    name = HistogramFields.name
     receipt_version = KEYED_RECEIPT_VERSION
 
     def __init__(self, reg: StreamRegistration, terms: Terms) -> None:
@@ -145,7 +147,7 @@ class Histograms(Retained):
                 f"value {vid!r} has more keys than stream {reg.stream_id!r} takes per value "
                 f"({reg.dimension}, its dimension)",
             )
-        check_counts(reg, item, "count", " histograms")
+        check_counts(reg, item)
         keys = _integer_keys(item, spec.domain) if spec.key_space == "integers" else _hashed(item)
         try:
             return self.chain.value(keys, item.values)

@@ -87,7 +87,8 @@ def _needed(node: Node, lo: int, hi: int) -> bool:
 class Totals(Product):
     """Increments sold as their running sums, through a tree of lossless Gaussian releases."""
 
-    name = "running_totals"
+    fields = TotalsFields
+    name = TotalsFields.name
 
     @classmethod
     def chains_walked(cls, reg: StreamRegistration, values: int) -> int:
@@ -237,7 +238,7 @@ class Totals(Product):
             total += made[n] if n in made else _exact(self._state(ctx, sid, n))
         # every node is released on the chain's grids, and its float sum must round by a
         # fraction of the sensitivity (the bound the release sensitivity allows for)
-        limit = min(self.terms.chain.value_limit, TotalsFields.totals_limit(reg))
+        limit = min(self.terms.chain.value_limit, self.fields.totals_limit(reg))
         if not all(np.all(np.abs(v) <= limit) for v in (total, *made.values())):  # inf, NaN
             raise Reject(
                 "invalid_value",

@@ -49,7 +49,6 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from market.errors import DuplicateLevelError, ScheduleError
-from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
 from market.privacy_units import NANO_DIGITS, cap_of, level_of, whole_nanos
 from market.receipts import Receipt
@@ -57,7 +56,9 @@ from market.receipts import Receipt
 from .ids import ID_PATTERN
 from .products import check as check_product
 from .products import section_of
+from .products.histogram import HistogramSpec, KeySpace
 from .products.totals import TotalsFields
+from .safe_integers import MAX_SAFE_INTEGER, safe_integer
 
 __all__ = [
     "ACCOUNTS_EVENT",
@@ -151,24 +152,9 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$", strict=True)]
 """A SHA-256 digest in lower-case hex."""
 
-MAX_SAFE_INTEGER = MAX_EXACT_INTEGER
-"""The largest integer a party may sign. Beyond it two integers share one double, so a JSON
-reader that keeps integers exactly and one that reads every number as a double (JavaScript's)
-would read different numbers from one signed text (docs/protocol.md §2.2)."""
 REFUSAL_CODES = frozenset({"duplicate_price_level", "unsafe_integer"})
 """The codes the wire models refuse with besides ``invalid_event``: the rejection of a payload
 that breaks one of these rules carries the code as its ``reason``."""
-
-
-def _safe_integer(n: int) -> int:
-    """``n``, if every JSON reader reads the number that names it as ``n``."""
-    if abs(n) > MAX_SAFE_INTEGER:
-        raise PydanticCustomError(
-            "unsafe_integer",
-            "an integer a party signs must be at most 2**53 - 1 in magnitude however it is "
-            "written (beyond, distinct integers read as one double)",
-        )
-    return n
 
 
 def _no_negative_zero(x: float) -> float:
@@ -181,10 +167,7 @@ def _no_negative_zero(x: float) -> float:
 Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_no_negative_zero)]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[
-    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
-]
-_DomainSize = Annotated[
-    int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
+    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(safe_integer)
 ]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
@@ -194,9 +177,6 @@ Product = Literal["values", "running_totals", "histogram"]
 (``running_totals``: continual counting through a binary tree of lossless Gaussian releases), or
 sparse count maps over a huge domain (``histogram``: the keys whose noisy count exceeds a
 threshold, with their noisy counts)."""
-KeySpace = Literal["integers", "strings"]
-"""The keys of a histogram stream: whole numbers below ``domain_size``, or strings (released as
-their public 62-bit hash, :func:`market.histogram_chain.string_key`)."""
 HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
 """A key of a published histogram: the decimal digits of a whole number (``integers``), or any
 text up to 256 characters (``strings``)."""
@@ -315,37 +295,6 @@ class RotateKeys(_Signed):
 
 
 AccountEvent = Annotated[OpenAccount | RotateKeys, Field(discriminator="type")]
-
-
-class HistogramSpec(BaseModel):
-    """What a ``histogram`` stream's values are: sparse maps from keys to counts."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    key_space: KeySpace = Field(
-        description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
-        "its public 62-bit hash (the domain is 2**62)"
-    )
-    domain_size: _DomainSize | None = Field(
-        None,
-        description="integers only: how many keys there are (up to 2**53 - 1; larger "
-        "key spaces are 'strings')",
-    )
-    false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
-        1.0,
-        description="the expected number of keys with a zero count that all of one value's "
-        "releases together show (the thresholds are set from it; a smaller number raises them)",
-    )
-
-    @model_validator(mode="after")
-    def _domain(self) -> HistogramSpec:
-        if (self.key_space == "integers") != (self.domain_size is not None):
-            raise ValueError("an 'integers' key space needs a domain_size, and only it has one")
-        return self
-
-    @property
-    def domain(self) -> int:
-        """How many keys there are (2**62 for strings)."""
-        return 2**62 if self.domain_size is None else self.domain_size
 
 
 # ------------------------------------------------------------------------ pricing specs

@@ -1,25 +1,65 @@
-"""The wire section of ``histogram``: its ``histogram`` spec (key space, domain, false keys),
-the checks of a histogram registration, and the public threshold of each level
-(:mod:`market.histogram_chain`)."""
+"""The wire section of ``histogram``: its ``histogram`` spec (:class:`HistogramSpec`: key space,
+domain, false keys), the checks of a histogram registration, and the public threshold of each
+level (:mod:`market.histogram_chain`)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from market.histogram_chain import threshold as histogram_threshold
 from market.levels import canonical_level
 from market.pricing import sellable_levels
 
+from ..safe_integers import MAX_SAFE_INTEGER, safe_integer
 from .base import Canon, ProductFields
 
 if TYPE_CHECKING:
-    from ..events import HistogramSpec, StreamRegistration
+    from ..events import StreamRegistration
 
-__all__ = ["MAX_HISTOGRAM_LEVELS", "HistogramFields"]
+__all__ = ["MAX_HISTOGRAM_LEVELS", "HistogramFields", "HistogramSpec", "KeySpace"]
 
 MAX_HISTOGRAM_LEVELS = 16
+KeySpace = Literal["integers", "strings"]
+"""The keys of a histogram stream: whole numbers below ``domain_size``, or strings (released as
+their public 62-bit hash, :func:`market.histogram_chain.string_key`)."""
+_DomainSize = Annotated[
+    int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(safe_integer)
+]
+
+
+class HistogramSpec(BaseModel):
+    """What a ``histogram`` stream's values are: sparse maps from keys to counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key_space: KeySpace = Field(
+        description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
+        "its public 62-bit hash (the domain is 2**62)"
+    )
+    domain_size: _DomainSize | None = Field(
+        None,
+        description="integers only: how many keys there are (up to 2**53 - 1; larger "
+        "key spaces are 'strings')",
+    )
+    false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
+        1.0,
+        description="the expected number of keys with a zero count that all of one value's "
+        "releases together show (the thresholds are set from it; a smaller number raises them)",
+    )
+
+    @model_validator(mode="after")
+    def _domain(self) -> HistogramSpec:
+        if (self.key_space == "integers") != (self.domain_size is not None):
+            raise ValueError("an 'integers' key space needs a domain_size, and only it has one")
+        return self
+
+    @property
+    def domain(self) -> int:
+        """How many keys there are (2**62 for strings)."""
+        return 2**62 if self.domain_size is None else self.domain_size
 
 
 class HistogramFields(ProductFields):

@@ -24,10 +24,12 @@ import inspect
 import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import streams.core.products as core_products
 import streams.wire.products as wire_products
 from streams.core.products import PRODUCTS, Product
+from streams.wire.events import Product as WireProduct
 from streams.wire.products import SECTIONS, ProductFields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,6 +164,6 @@ def test_no_product_branch_outside_the_products() -> None:
 
 
 def test_every_product_has_its_wire_section() -> None:
-    assert set(PRODUCTS) == set(SECTIONS)
+    assert set(PRODUCTS) == set(SECTIONS) == set(get_args(WireProduct))
     for name, cls in PRODUCTS.items():
         assert cls.fields is SECTIONS[name], name

@@ -57,7 +57,7 @@ from .ids import ID_PATTERN
 from .products import check as check_product
 from .products import section_of
 from .products.histogram import HistogramSpec, KeySpace
-from .products.totals import TotalsFields
+from .products.totals import MAX_TREE_HEIGHT, TotalsFields
 from .safe_integers import MAX_SAFE_INTEGER, safe_integer
 
 __all__ = [
@@ -180,7 +180,6 @@ threshold, with their noisy counts)."""
 HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
 """A key of a published histogram: the decimal digits of a whole number (``integers``), or any
 text up to 256 characters (``strings``)."""
-MAX_TREE_HEIGHT = 40
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
 

@@ -11,7 +11,10 @@ from .base import Canon, ProductFields
 if TYPE_CHECKING:
     from ..events import StreamRegistration
 
-__all__ = ["TotalsFields"]
+__all__ = ["MAX_TREE_HEIGHT", "TotalsFields"]
+
+MAX_TREE_HEIGHT = 40
+"""The highest tree a stream may register: 2⁴⁰ increments."""
 
 
 class TotalsFields(ProductFields):

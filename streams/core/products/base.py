@@ -27,7 +27,7 @@ from ...wire.counts import count_problem, sells_counts
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ...wire.products import ProductFields, section_of
 from ..context import Context
-from ..delivery import Release
+from ..delivery import Listed, Release
 from ..ledger import Level
 from ..outputs import Reject
 from ..replay.watermarks import cap_values
@@ -144,6 +144,12 @@ class Product(ABC):
         """A value sent again with the same numbers: its releases again (the same bytes), to
         the holders it is still retained for; return (releases queued, new steps computed)."""
 
+    @staticmethod
+    def listed(release: Release) -> Listed:
+        """A release as JSON-ready lists: its numbers (a keyed product lists its keys too)."""
+        assert not isinstance(release, tuple)  # a keyed product's: listed by its own method
+        return release.tolist(), None
+
     # -- purchases ------------------------------------------------------------------------------
     @staticmethod
     def committed(release: ReleasedValue) -> ReleaseTriple:
@@ -232,7 +238,9 @@ def deliver(
     """Queue the value's releases for the holders whose level is in ``by_level``; tell the
     others (only a privacy window, or a buyer's share of it, withholds) it is withheld, and
     why. Return the releases queued."""
-    released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, by_level)
+    product = stream.product
+    listed = {lv: product.listed(r) for lv, r in by_level.items()}
+    released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, listed)
     missing = {lv for lv in held if lv.value not in by_level}
     if missing:
         ledger = stream.ledger

@@ -39,7 +39,7 @@ from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
 from ...wire.products.totals import TotalsFields
 from ...wire.trusted import trusted
 from ..context import Context
-from ..delivery import Release
+from ..delivery import Listed, Release
 from ..ledger import Level, Made
 from ..outputs import Reject
 from ..replay.watermarks import saw_value
@@ -154,7 +154,7 @@ class Totals(Product):
         retire(ctx, stream)
         self._retain_nodes(ctx, stream, oldest)
         released = ctx.deliveries.queue(
-            st, item.value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+            st, item.value_id, entry.seq, _listed(by_level), terms=terms_of(entry.seq + 1)
         )
         return released, new_noise
 
@@ -175,7 +175,7 @@ class Totals(Product):
             entry.published_at_ms, ledger.level(entry.level), stream.held_levels(), release
         )
         released = ctx.deliveries.queue(
-            stream.state, value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+            stream.state, value_id, entry.seq, _listed(by_level), terms=terms_of(entry.seq + 1)
         )
         return released, new_noise
 
@@ -304,6 +304,11 @@ class Totals(Product):
         for n in candidates:
             if not _needed(n, lo, hi):
                 drop_state(ctx, _node_key(sid, n))
+
+
+def _listed(by_level: Releases) -> dict[float, Listed]:
+    """A running total at each level, as JSON-ready numbers."""
+    return {lv: Totals.listed(r) for lv, r in by_level.items()}
 
 
 def _node_key(stream_id: str, node: Node) -> str:

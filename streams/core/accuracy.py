@@ -9,12 +9,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from market.accuracy import error_model
-from market.histogram_chain import threshold as histogram_threshold
-from market.levels import canonical_level
 from market.mechanisms import mechanism
-from market.pricing import sellable_levels
 
 from ..wire.events import UNIT_OF, ErrorModelInfo, MechanismName, StreamRegistration
+from ..wire.products import section_of
 
 __all__ = ["error_info", "offer_accuracy", "threshold"]
 
@@ -30,15 +28,10 @@ def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
 
 
 def threshold(reg: StreamRegistration, level: float) -> float | None:
-    """On a histogram stream, the threshold of ``level`` (a public function of the
-    registration: ``z·Δ/√(2ρ)``, see :mod:`market.histogram_chain`); ``None`` elsewhere."""
-    spec = reg.histogram
-    if spec is None:
-        return None
-    steps = len(sellable_levels(reg.steps, reg.cap))
-    return histogram_threshold(
-        canonical_level(level, name="rho"), reg.sensitivity, spec.domain, spec.false_keys, steps
-    )
+    """The threshold a release at ``level`` states: on a histogram stream a public function of
+    the registration (its product's wire section, :mod:`streams.wire.products`); ``None``
+    elsewhere."""
+    return section_of(reg).threshold(reg, level)
 
 
 @lru_cache(maxsize=4096)

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from ..wire.events import StreamRegistration
+from ..wire.products import section_of
 from ..wire.topics import Topics
 from .outputs import Reject
 from .state import InconsistentStream, Stores, registered_of
@@ -89,7 +90,7 @@ class StreamCensus:
         """Raise ``too_many_streams`` unless ``reg``'s partition has room for one more stream of
         its kind, in all and for its seller."""
         partition = self._topics.partition_of(reg.stream_id)
-        histogram = reg.product == "histogram"
+        apart = section_of(reg).counted_apart
         for who, held, limits in (
             ("market", self._count(partition, None), (quota.streams, quota.histograms)),
             (
@@ -100,7 +101,7 @@ class StreamCensus:
         ):
             for kind, count, limit in ((False, held[0], limits[0]), (True, held[1], limits[1])):
                 share = math.ceil(limit / self._topics.partitions)
-                if (kind and not histogram) or count < share:
+                if (kind and not apart) or count < share:
                     continue
                 noun, setting = _WHAT[(who, kind)]
                 elsewhere = "another stream id may belong to a partition with room; " * (
@@ -121,7 +122,7 @@ class StreamCensus:
         for who in (None, reg.seller_id):
             counts = self._count(partition, who)
             counts[0] += 1
-            counts[1] += int(reg.product == "histogram")
+            counts[1] += int(section_of(reg).counted_apart)
 
     def invalidate(self) -> None:
         """Forget the counts; the next registration recounts the table in one scan (needed
@@ -142,6 +143,6 @@ class StreamCensus:
                 for who in (None, reg.seller_id):
                     c = counts.setdefault((p, who), [0, 0])
                     c[0] += 1
-                    c[1] += int(reg.product == "histogram")
+                    c[1] += int(section_of(reg).counted_apart)
             self._counts = counts
         return self._counts.setdefault((partition, seller), [0, 0])

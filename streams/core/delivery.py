@@ -32,10 +32,13 @@ from .outputs import Output, dump
 from .quotas import share_of, withheld_text
 from .state import StreamState
 
-__all__ = ["BYTES_PER_NUMBER", "Deliveries", "Release", "release_bytes"]
+__all__ = ["BYTES_PER_NUMBER", "Deliveries", "Listed", "Release", "release_bytes"]
 
 Release = NDArray[Any] | tuple[NDArray[Any], NDArray[Any]]
 """One value released at one level: its numbers, or a histogram's (keys, noisy counts)."""
+Listed = tuple[list[float], list[str] | None]
+"""A release as JSON-ready lists, as its product lists it
+(:meth:`~streams.core.products.base.Product.listed`): its numbers, and its keys if it has any."""
 
 
 def _runs_of_one_level(releases: list[ReleasedValue]) -> list[list[ReleasedValue]]:
@@ -70,15 +73,6 @@ def release_bytes(dimension: int, sealed: bool) -> int:
     return raw * 4 // 3 + 8 if sealed else raw
 
 
-def listed(release: Release) -> tuple[list[float], list[str] | None]:
-    """A release's numbers (and keys, for a histogram: decimal text, exact in every language)
-    as JSON-ready lists."""
-    if isinstance(release, tuple):
-        keys, counts = release
-        return counts.tolist(), [str(k) for k in keys.tolist()]
-    return release.tolist(), None
-
-
 class Deliveries:
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
@@ -107,17 +101,16 @@ class Deliveries:
         st: StreamState,
         value_id: str,
         seq: int,
-        by_level: Mapping[float, Release],
+        by_level: Mapping[float, Listed],
         terms: int | None = None,
     ) -> int:
-        """Queue ``value_id``'s release for each holder whose level is in ``by_level``;
-        return how many."""
+        """Queue ``value_id``'s release for each holder whose level is in ``by_level`` (listed
+        by its product); return how many."""
         sid = st.registration.stream_id
         self._streams[sid] = st
         # one release per level, shared by the holders of that level (never changed after)
         made = {}
-        for lvl, v in by_level.items():
-            values, keys = listed(v)
+        for lvl, (values, keys) in by_level.items():
             made[lvl] = trusted(
                 ReleasedValue,
                 value_id=value_id,

@@ -70,13 +70,7 @@ def _for_accuracy(
             confidence=acc.confidence,
         )
     except AccuracyNotForSaleError as exc:
-        msg = f"{exc}; buy that level with target_level {exc.best:g}"
-        if per != 1.0:
-            msg = (
-                f"no level for sale makes every running total that accurate: the best, "
-                f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
-                f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}"
-            )
+        msg = type(stream.product).accuracy_refusal(reg, exc)
         raise Reject(
             "accuracy_not_for_sale", msg, best_level=exc.best, best_error=exc.error * per
         ) from None

@@ -37,7 +37,7 @@ from market import MarketError
 from market.envelope import ciphertext_digest
 from market.errors import ReceiptError
 from market.pricing import StepPlan
-from market.receipts import Receipt, ReleaseTriple, commitment, derive_opening, sign_receipt
+from market.receipts import Receipt, commitment, derive_opening, sign_receipt
 
 from ..wire.events import (
     UNIT_OF,
@@ -470,16 +470,6 @@ def _decision(
     )
 
 
-def _digested(releases: list[ReleasedValue]) -> list[ReleaseTriple]:
-    """What the receipt's commitment covers: each release's numbers, and a histogram's keys."""
-    return [
-        (r.value_id, r.level, r.values)
-        if r.keys is None
-        else (r.value_id, r.level, r.values, r.keys)
-        for r in releases
-    ]
-
-
 def _fulfilled(
     ctx: Context,
     req: PurchaseRequest,
@@ -515,7 +505,7 @@ def _fulfilled(
         level_after=step.after,
         price_minor=step.price_minor,
         currency=reg.currency,
-        commitment=commitment(opening, _digested(releases)),
+        commitment=commitment(opening, [stream.product.committed(r) for r in releases]),
         receipt_version=stream.product.receipt_version,
         requested_at_ms=req.requested_at_ms,
         market_key_id=ctx.keys.key_id,

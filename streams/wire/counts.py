@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+from .products import section_of
+
+if TYPE_CHECKING:
+    from .events import StreamRegistration
 
 __all__ = ["COUNT_MECHANISMS", "count_problem", "sells_counts"]
 
@@ -23,10 +28,11 @@ COUNT_MECHANISMS = frozenset({"discrete_laplace", "poisson"})
 """The mechanisms whose values are counts (they release whole numbers)."""
 
 
-def sells_counts(registration: Any) -> bool:
+def sells_counts(registration: StreamRegistration) -> bool:
     """Whether the stream ``registration`` registers takes counts: a counts mechanism's values,
-    or a histogram's counts."""
-    return bool(registration.mechanism in COUNT_MECHANISMS or registration.product == "histogram")
+    or a product's whose values are counts (a histogram's,
+    :attr:`~streams.wire.products.base.ProductFields.takes_counts`)."""
+    return registration.mechanism in COUNT_MECHANISMS or section_of(registration).takes_counts
 
 
 def count_problem(values: Iterable[float]) -> tuple[int, str] | None:

@@ -50,13 +50,17 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from market.errors import DuplicateLevelError, ScheduleError
-from market.levels import MAX_EXACT_INTEGER
 from market.pricing import table_levels
 from market.privacy_units import NANO_DIGITS, cap_of, level_of, whole_nanos
 from market.receipts import Receipt
 
 from .holding import MAX_HOLD_MS, MIN_HOLD_MS
 from .ids import ID_PATTERN
+from .products import check as check_product
+from .products import section_of
+from .products.histogram import HistogramSpec, KeySpace
+from .products.totals import MAX_TREE_HEIGHT, TotalsFields
+from .safe_integers import MAX_SAFE_INTEGER, safe_integer
 
 __all__ = [
     "ACCOUNTS_EVENT",
@@ -154,24 +158,9 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$", strict=True)]
 """A SHA-256 digest in lower-case hex."""
 
-MAX_SAFE_INTEGER = MAX_EXACT_INTEGER
-"""The largest integer a party may sign. Beyond it two integers share one double, so a JSON
-reader that keeps integers exactly and one that reads every number as a double (JavaScript's)
-would read different numbers from one signed text (docs/protocol.md §2.2)."""
 REFUSAL_CODES = frozenset({"duplicate_price_level", "unsafe_integer"})
 """The codes the wire models refuse with besides ``invalid_event``: the rejection of a payload
 that breaks one of these rules carries the code as its ``reason``."""
-
-
-def _safe_integer(n: int) -> int:
-    """``n``, if every JSON reader reads the number that names it as ``n``."""
-    if abs(n) > MAX_SAFE_INTEGER:
-        raise PydanticCustomError(
-            "unsafe_integer",
-            "an integer a party signs must be at most 2**53 - 1 in magnitude however it is "
-            "written (beyond, distinct integers read as one double)",
-        )
-    return n
 
 
 def _no_negative_zero(x: float) -> float:
@@ -184,10 +173,7 @@ def _no_negative_zero(x: float) -> float:
 Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_no_negative_zero)]
 MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[
-    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
-]
-_DomainSize = Annotated[
-    int, Field(ge=1, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(_safe_integer)
+    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(safe_integer)
 ]
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
@@ -197,14 +183,9 @@ Product = Literal["values", "running_totals", "histogram"]
 (``running_totals``: continual counting through a binary tree of lossless Gaussian releases), or
 sparse count maps over a huge domain (``histogram``: the keys whose noisy count exceeds a
 threshold, with their noisy counts)."""
-KeySpace = Literal["integers", "strings"]
-"""The keys of a histogram stream: whole numbers below ``domain_size``, or strings (released as
-their public 62-bit hash, :func:`market.histogram_chain.string_key`)."""
 HistogramKey = Annotated[str, StringConstraints(max_length=256, strict=True)]
 """A key of a published histogram: the decimal digits of a whole number (``integers``), or any
 text up to 256 characters (``strings``)."""
-MAX_TREE_HEIGHT = 40
-MAX_HISTOGRAM_LEVELS = 16
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 366 * 86_400_000
 
@@ -319,37 +300,6 @@ class RotateKeys(_Signed):
 
 
 AccountEvent = Annotated[OpenAccount | RotateKeys, Field(discriminator="type")]
-
-
-class HistogramSpec(BaseModel):
-    """What a ``histogram`` stream's values are: sparse maps from keys to counts."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    key_space: KeySpace = Field(
-        description="'integers': keys 0 … domain_size − 1; 'strings': any text, released as "
-        "its public 62-bit hash (the domain is 2**62)"
-    )
-    domain_size: _DomainSize | None = Field(
-        None,
-        description="integers only: how many keys there are (up to 2**53 - 1; larger "
-        "key spaces are 'strings')",
-    )
-    false_keys: Annotated[float, Field(ge=1e-6, le=1000, allow_inf_nan=False)] = Field(
-        1.0,
-        description="the expected number of keys with a zero count that all of one value's "
-        "releases together show (the thresholds are set from it; a smaller number raises them)",
-    )
-
-    @model_validator(mode="after")
-    def _domain(self) -> HistogramSpec:
-        if (self.key_space == "integers") != (self.domain_size is not None):
-            raise ValueError("an 'integers' key space needs a domain_size, and only it has one")
-        return self
-
-    @property
-    def domain(self) -> int:
-        """How many keys there are (2**62 for strings)."""
-        return 2**62 if self.domain_size is None else self.domain_size
 
 
 # ------------------------------------------------------------------------ pricing specs
@@ -487,86 +437,28 @@ class StreamRegistration(_Signed):
             raise ValueError("a 'window' stream needs a window, and only it has one")
         if self.window is not None:
             self._check_window(self.window)
-        if (self.product == "running_totals") != (self.tree_height is not None):
-            raise ValueError("a 'running_totals' stream needs a tree_height, and only it has one")
-        if self.product == "running_totals":
-            self._check_totals()
-        if (self.product == "histogram") != (self.histogram is not None):
-            raise ValueError("a 'histogram' stream needs a histogram spec, and only it has one")
-        if self.histogram is not None:
-            self._check_histogram(self.histogram)
+        check_product(self)
         return self
-
-    def _check_histogram(self, spec: HistogramSpec) -> None:
-        if self.mechanism != "gaussian":
-            raise ValueError(
-                "histograms are released with thresholded Gaussian noise: register them with "
-                "mechanism 'gaussian' (levels in ρ)"
-            )
-        if self.sealed:
-            raise ValueError(
-                "a histogram stream cannot be sealed: its releases are refined from the exact "
-                "counts, never tightened from the top one"
-            )
-        levels = len(self.steps) + (self.cap > self.steps[-1])
-        if levels > MAX_HISTOGRAM_LEVELS:
-            raise ValueError(
-                f"a histogram stream sells at most {MAX_HISTOGRAM_LEVELS} levels (its steps and "
-                f"the cap), got {levels}: each is a step of the survival law every worker builds"
-            )
-        sold = [*self.steps, *([self.cap] if self.cap > self.steps[-1] else [])]
-        if any(b < 1.01 * a for a, b in itertools.pairwise(sold)):
-            raise ValueError(
-                "consecutive levels of a histogram stream (its steps and the cap) must be at "
-                "least 1 % apart: closer ones are finer than the survival law that decides when "
-                "a key with a zero count first shows"
-            )
-        if spec.domain < self.dimension:
-            raise ValueError(
-                f"dimension {self.dimension} (the most keys of one value) exceeds the domain's "
-                f"{spec.domain} keys"
-            )
 
     def release_width(self) -> int:
         """Numbers one release takes room for at most, counting a histogram key as one:
-        ``dimension``; on a histogram stream its keys and counts and as many for the keys with
-        a zero count it may show (:meth:`false_key_bound`), twice (a sealed histogram release
-        is padded to a power of two, see :func:`streams.wire.sealing.padded_length`)."""
-        if self.histogram is None:
-            return self.dimension
-        return 4 * (self.dimension + self.false_key_bound())
+        ``dimension``, or what the product's wire section says
+        (:meth:`~streams.wire.products.base.ProductFields.release_width`)."""
+        return section_of(self).release_width(self)
 
     def false_key_bound(self) -> int:
-        """Most keys with a zero count a histogram value ever shows (more happens with
-        probability below 1e-30 and is refused): ``ceil(2·false_keys) + 64``."""
-        return 0 if self.histogram is None else math.ceil(2 * self.histogram.false_keys) + 64
+        """Most keys with a zero count a value ever shows (none but on a keyed product)."""
+        return section_of(self).false_key_bound(self)
 
     def release_sensitivity(self) -> float:
-        """Sensitivity of what is noised: each value; on ``running_totals`` one tree node, whose
-        vector of all nodes changes by ``sensitivity × sqrt(tree_height + 1)`` in ℓ2 when one
-        increment does (it is in one node per tree level), times ``1 + 2⁻¹²`` for the rounding
-        of the nodes' float sums (bounded by :meth:`totals_limit`; docs/math.md §10)."""
-        if self.tree_height is None:
-            return self.sensitivity
-        return self.sensitivity * math.sqrt(self.tree_height + 1) * (1.0 + 2.0**-12)
+        """Sensitivity of what is noised: each value; on ``running_totals`` one tree node
+        (:mod:`streams.wire.products.totals`; docs/math.md §10)."""
+        return section_of(self).release_sensitivity(self)
 
     def totals_limit(self) -> float:
-        """On ``running_totals``: the largest magnitude a node (a sum of increments) may reach,
-        ``2⁴⁰·Δ/((h + 1)·√d)``: each float addition of a node rounds by at most 2⁻⁵³ of it, so
-        two neighbours' computed nodes differ by at most ``Δ(1 + 2⁻¹²)`` in ℓ2 below it."""
-        assert self.tree_height is not None
-        return math.ldexp(self.sensitivity, 40) / (
-            (self.tree_height + 1) * math.sqrt(self.dimension)
-        )
-
-    def _check_totals(self) -> None:
-        if self.mechanism != "gaussian":
-            raise ValueError(
-                "running totals are released through a tree of Gaussian releases: register "
-                "them with mechanism 'gaussian' (levels in ρ)"
-            )
-        if self.sealed or self.window is not None:
-            raise ValueError("running totals are neither sealed nor 'window' streams")
+        """On ``running_totals``: the largest magnitude a tree node may reach
+        (:meth:`~streams.wire.products.totals.TotalsFields.totals_limit`)."""
+        return TotalsFields.totals_limit(self)
 
     def _check_window(self, window: PrivacyWindow) -> None:
         if self.mechanism == "poisson":

@@ -75,6 +75,7 @@ from .events import (
     ValueBatch,
 )
 from .ids import public_b64
+from .products import section_of
 
 __all__ = [
     "MarketRef",
@@ -187,13 +188,7 @@ def _registration(c: _Canon, e: StreamRegistration) -> None:
     c.s(e.currency).s(e.description)
     if e.window is not None:  # nothing for 'event' streams: their bytes predate the field
         c.s(e.privacy_unit).i(e.window.duration_ms).f(e.window.cap)
-    if e.tree_height is not None:  # likewise nothing for streams of values
-        c.s(e.product).i(e.tree_height)
-    if e.histogram is not None:
-        h = e.histogram
-        c.s(e.product).s(h.key_space)
-        c.n() if h.domain_size is None else c.i(h.domain_size)
-        c.f(h.false_keys)
+    section_of(e).sign(c, e)  # likewise nothing for streams of values
     if e.buyer_share is not None:  # nothing without a per-buyer share: earlier bytes stand
         c.s("buyer_share").f(e.buyer_share)
 

@@ -131,10 +131,10 @@ def share(reg: Any) -> str:
 # -- what the market answered -------------------------------------------------------------
 def registered(entry: Any) -> str:
     """The lines saying a registration was accepted: what is sold, at which prices."""
+    from ...wire.products import section_of  # noqa: PLC0415
+
     reg = entry.registration
-    product = {"running_totals": "running totals", "histogram": "histograms"}.get(
-        reg.product, "values"
-    )
+    product = section_of(reg).noun
     privacy = (
         f", at most {reg.window.cap:g} {entry.level_unit} per "
         f"{reg.window.duration_ms / 1000:g} s window"

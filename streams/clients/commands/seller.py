@@ -346,9 +346,12 @@ def _check_counts(reg: Any, rows: list[Row]) -> None:
     sending it (the market's rule: :mod:`streams.wire.counts`); unknown streams are the
     market's to answer."""
     from ...wire.counts import count_problem, sells_counts  # noqa: PLC0415
+    from ...wire.products import section_of  # noqa: PLC0415
 
     if reg is None or not sells_counts(reg):
         return
+    section = section_of(reg)
+    product = f", {section.name}" if section.takes_counts else ""
     for n, (vid, values, _) in enumerate(rows, 1):
         numbers = list(values.values()) if isinstance(values, dict) else values
         bad = count_problem(numbers)
@@ -356,7 +359,7 @@ def _check_counts(reg: Any, rows: list[Row]) -> None:
             where = f"value {n}" + (f" ({vid})" if vid else "") if len(rows) > 1 else "the value"
             raise CommandError(
                 f"{where}: number {bad[0] + 1} ({numbers[bad[0]]:g}) {bad[1]}: stream "
-                f"{reg.stream_id!r} ({reg.mechanism}{', histogram' if reg.histogram else ''}) "
+                f"{reg.stream_id!r} ({reg.mechanism}{product}) "
                 "takes counts, whole numbers 0 or more; nothing was sent"
             )
 

@@ -8,8 +8,11 @@
 ``totals``        ``running_totals``: increments sold as running sums through a tree of chains
 ================  ===============================================================================
 
-A new product is a new module here and a line in :data:`PRODUCTS`; the handlers, the ledger and
-the replay records are the same for every product.
+A new product is a new module here, its wire section in :mod:`streams.wire.products` (the
+registration fields only it has, their checks and math) and a line in :data:`PRODUCTS` and in
+:data:`~streams.wire.products.SECTIONS`; the handlers, the ledger and the replay records are the
+same for every product, and nothing outside the two packages branches on the product kind
+(``tests/test_product_in_one_place.py``).
 """
 
 from ...wire.events import StreamRegistration

@@ -18,14 +18,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from market import ChainState
+from market.accuracy import AccuracyNotForSaleError
 from market.histogram_chain import HistogramValue
 from market.mechanisms import check_range
-from market.receipts import RECEIPT_VERSION
+from market.receipts import RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.counts import count_problem, sells_counts
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products import ProductFields, section_of
 from ..context import Context
-from ..delivery import Release
+from ..delivery import Listed, Release
 from ..ledger import Level
 from ..outputs import Reject
 from ..replay.watermarks import cap_values
@@ -77,6 +79,8 @@ class Product(ABC):
     """
 
     name: ClassVar[str]
+    #: its wire section: the registration fields only it has, their checks and math
+    fields: ClassVar[type[ProductFields]]
     #: the receipt format of a purchase (a keyed product's digest covers its keys)
     receipt_version: ClassVar[int] = RECEIPT_VERSION
 
@@ -99,6 +103,12 @@ class Product(ABC):
     def error_factor(cls, reg: StreamRegistration) -> float:
         """What one chain's error is multiplied by in the least accurate release sold."""
         return 1.0
+
+    @classmethod
+    def accuracy_refusal(cls, reg: StreamRegistration, exc: AccuracyNotForSaleError) -> str:
+        """What a buyer whose accuracy target no level meets is told: the best level for sale,
+        and how to buy it."""
+        return f"{exc}; buy that level with target_level {exc.best:g}"
 
     # -- values ---------------------------------------------------------------------------------
     @abstractmethod
@@ -134,7 +144,19 @@ class Product(ABC):
         """A value sent again with the same numbers: its releases again (the same bytes), to
         the holders it is still retained for; return (releases queued, new steps computed)."""
 
+    @staticmethod
+    def listed(release: Release) -> Listed:
+        """A release as JSON-ready lists: its numbers (a keyed product lists its keys too)."""
+        assert not isinstance(release, tuple)  # a keyed product's: listed by its own method
+        return release.tolist(), None
+
     # -- purchases ------------------------------------------------------------------------------
+    @staticmethod
+    def committed(release: ReleasedValue) -> ReleaseTriple:
+        """What a purchase receipt's commitment covers of one release: its value id, level and
+        numbers (a keyed product's adds its keys, in its :attr:`receipt_version`)."""
+        return (release.value_id, release.level, release.values)
+
     @abstractmethod
     def release_window(
         self, ctx: Context, stream: Stream[Any], level: float
@@ -163,17 +185,19 @@ def numbers(
 
 def check_counts(reg: StreamRegistration, item: ValueItem) -> None:
     """Refuse (``invalid_count``) a value of a counts stream holding a negative or fractional
-    number (:mod:`streams.wire.counts`); any other stream takes any finite number."""
+    number (:mod:`streams.wire.counts`); any other stream takes any finite number. The refusal
+    names a number of a product whose values are counts (a histogram's) a ``count``, and the
+    product after the mechanism."""
     if not sells_counts(reg):
         return
     bad = count_problem(item.values)
     if bad is not None:
-        what = "count" if reg.product == "histogram" else "coordinate"
+        section = section_of(reg)
+        what, kind = ("count", f" {section.noun}") if section.takes_counts else ("coordinate", "")
         raise Reject(
             "invalid_count",
             f"value {item.value_id!r}: {what} {bad[0]} (counting from 0) {bad[1]}; stream "
-            f"{reg.stream_id!r} takes counts ({reg.mechanism}"
-            f"{' histograms' if reg.product == 'histogram' else ''}): whole numbers, 0 or more",
+            f"{reg.stream_id!r} takes counts ({reg.mechanism}{kind}): whole numbers, 0 or more",
         )
 
 
@@ -214,7 +238,9 @@ def deliver(
     """Queue the value's releases for the holders whose level is in ``by_level``; tell the
     others (only a privacy window, or a buyer's share of it, withholds) it is withheld, and
     why. Return the releases queued."""
-    released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, by_level)
+    product = stream.product
+    listed = {lv: product.listed(r) for lv, r in by_level.items()}
+    released = ctx.deliveries.queue(stream.state, entry.value_id, entry.seq, listed)
     missing = {lv for lv in held if lv.value not in by_level}
     if missing:
         ledger = stream.ledger

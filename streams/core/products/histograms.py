@@ -29,12 +29,13 @@ from market.histogram_chain import (
     HistogramValue,
     string_key,
 )
-from market.receipts import KEYED_RECEIPT_VERSION
+from market.receipts import KEYED_RECEIPT_VERSION, ReleaseTriple
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products.histogram import HistogramFields
 from ...wire.trusted import trusted
 from ..context import Context
-from ..delivery import Release, listed
+from ..delivery import Listed, Release
 from ..outputs import Reject
 from ..stream import Stream
 from ..terms import Terms
@@ -59,7 +60,8 @@ def shared_chain(
 class Histograms(Retained):
     """Values that are sparse count maps, released as the keys above a threshold."""
 
-    name = "histogram"
+    fields = HistogramFields
+    name = HistogramFields.name
     receipt_version = KEYED_RECEIPT_VERSION
 
     def __init__(self, reg: StreamRegistration, terms: Terms) -> None:
@@ -74,6 +76,18 @@ class Histograms(Retained):
     def work_width(cls, reg: StreamRegistration) -> int:
         """The numbers a release carries and the survival grid each step reads."""
         return reg.release_width() + GRID
+
+    @staticmethod
+    def committed(release: ReleasedValue) -> ReleaseTriple:
+        """Its value id, level and noisy counts, and the keys they are of."""
+        return (release.value_id, release.level, release.values, release.keys)
+
+    @staticmethod
+    def listed(release: Release) -> Listed:
+        """Its noisy counts, and their keys as decimal text (exact in every language)."""
+        assert isinstance(release, tuple)  # (keys, noisy counts)
+        keys, counts = release
+        return counts.tolist(), [str(k) for k in keys.tolist()]
 
     def exact(self, item: ValueItem) -> Exact:
         value = self._counts(item)
@@ -182,6 +196,6 @@ def _hashed(item: ValueItem) -> list[int]:
 
 def as_released(value_id: str, seq: int, level: float, release: HistogramRelease) -> ReleasedValue:
     """One histogram release on the wire, listed as deliveries list it
-    (:func:`~streams.core.delivery.listed`: keys as decimal text, exact in every language)."""
-    values, keys = listed(release)
+    (:meth:`Histograms.listed`: keys as decimal text, exact in every language)."""
+    values, keys = Histograms.listed(release)
     return trusted(ReleasedValue, value_id=value_id, seq=seq, level=level, values=values, keys=keys)

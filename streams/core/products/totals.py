@@ -33,11 +33,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from market import ChainState
+from market.accuracy import AccuracyNotForSaleError
 
 from ...wire.events import ReleasedValue, StreamRegistration, ValueItem
+from ...wire.products.totals import TotalsFields
 from ...wire.trusted import trusted
 from ..context import Context
-from ..delivery import Release
+from ..delivery import Listed, Release
 from ..ledger import Level, Made
 from ..outputs import Reject
 from ..replay.watermarks import saw_value
@@ -85,7 +87,8 @@ def _needed(node: Node, lo: int, hi: int) -> bool:
 class Totals(Product):
     """Increments sold as their running sums, through a tree of lossless Gaussian releases."""
 
-    name = "running_totals"
+    fields = TotalsFields
+    name = TotalsFields.name
 
     @classmethod
     def chains_walked(cls, reg: StreamRegistration, values: int) -> int:
@@ -100,6 +103,19 @@ class Totals(Product):
         error."""
         assert reg.tree_height is not None
         return math.sqrt(reg.tree_height)
+
+    @classmethod
+    def accuracy_refusal(cls, reg: StreamRegistration, exc: AccuracyNotForSaleError) -> str:
+        """The error of the least accurate total, which sums ``tree_height`` nodes (a tree of
+        height 1 has one node per total: the error of a value's)."""
+        per = cls.error_factor(reg)
+        if per == 1.0:
+            return super().accuracy_refusal(reg, exc)
+        return (
+            f"no level for sale makes every running total that accurate: the best, "
+            f"{exc.best:g}, gives {exc.error * per:.4g} on the least accurate total "
+            f"({reg.tree_height} tree nodes); buy it with target_level {exc.best:g}"
+        )
 
     # -- values ---------------------------------------------------------------------------------
     def exact(self, item: ValueItem) -> Exact:
@@ -138,7 +154,7 @@ class Totals(Product):
         retire(ctx, stream)
         self._retain_nodes(ctx, stream, oldest)
         released = ctx.deliveries.queue(
-            st, item.value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+            st, item.value_id, entry.seq, _listed(by_level), terms=terms_of(entry.seq + 1)
         )
         return released, new_noise
 
@@ -159,7 +175,7 @@ class Totals(Product):
             entry.published_at_ms, ledger.level(entry.level), stream.held_levels(), release
         )
         released = ctx.deliveries.queue(
-            stream.state, value_id, entry.seq, by_level, terms=terms_of(entry.seq + 1)
+            stream.state, value_id, entry.seq, _listed(by_level), terms=terms_of(entry.seq + 1)
         )
         return released, new_noise
 
@@ -222,7 +238,7 @@ class Totals(Product):
             total += made[n] if n in made else _exact(self._state(ctx, sid, n))
         # every node is released on the chain's grids, and its float sum must round by a
         # fraction of the sensitivity (the bound the release sensitivity allows for)
-        limit = min(self.terms.chain.value_limit, reg.totals_limit())
+        limit = min(self.terms.chain.value_limit, self.fields.totals_limit(reg))
         if not all(np.all(np.abs(v) <= limit) for v in (total, *made.values())):  # inf, NaN
             raise Reject(
                 "invalid_value",
@@ -288,6 +304,11 @@ class Totals(Product):
         for n in candidates:
             if not _needed(n, lo, hi):
                 drop_state(ctx, _node_key(sid, n))
+
+
+def _listed(by_level: Releases) -> dict[float, Listed]:
+    """A running total at each level, as JSON-ready numbers."""
+    return {lv: Totals.listed(r) for lv, r in by_level.items()}
 
 
 def _node_key(stream_id: str, node: Node) -> str:

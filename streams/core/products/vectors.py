@@ -22,6 +22,7 @@ from market import ChainState
 from market.histogram_chain import HistogramValue
 
 from ...wire.events import ReleasedValue, ValueItem
+from ...wire.products.values import ValuesFields
 from ...wire.trusted import trusted
 from ..context import Context
 from ..delivery import Release
@@ -36,7 +37,8 @@ __all__ = ["Vectors"]
 class Vectors(Retained):
     """Values released as vectors, on one lossless chain per value."""
 
-    name = "values"
+    fields = ValuesFields
+    name = ValuesFields.name
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

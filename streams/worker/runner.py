@@ -163,6 +163,19 @@ class ChildWorker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def log_tail(self, lines: int = 5) -> str:
+        """The last ``lines`` of the worker's log (what it said before it exited), or why
+        there is none."""
+        if self.log_path is None:
+            return "(no log kept)"
+        if self._log is not None:
+            self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(log {self.log_path}: {exc.strerror})"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
     def get(self, path: str, timeout: float = 30.0, token: str | None = None) -> Any:
         """GET a worker endpoint (JSON, or text for /metrics), with the operators' ``token`` if
         given; raises HTTPError on 4xx and 5xx.
@@ -184,7 +197,8 @@ class ChildWorker:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(
-                    f"worker exited with status {self.proc and self.proc.returncode}"
+                    f"worker exited with status {self.proc and self.proc.returncode}: "
+                    f"{self.log_tail()}"
                 )
             try:
                 self.get("/health", timeout=max(1.0, min(10.0, deadline - time.monotonic())))

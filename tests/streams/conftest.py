@@ -69,9 +69,18 @@ class Market:
     def start_worker_env(
         self, env: dict[str, str], *, healthy: bool = True, **overrides: Any
     ) -> ChildWorker:
-        w = self.spawn_worker(env, **overrides)
-        w.wait_healthy(timeout=60, ok_only=healthy)
-        return w
+        for _ in range(3):
+            w = self.spawn_worker(env, **overrides)
+            try:
+                w.wait_healthy(timeout=60, ok_only=healthy)
+                return w
+            except RuntimeError:
+                # a random free port another test's process bound first: the worker says so
+                # in one line and exits; any other exit is the test's to see
+                if "web port" not in w.log_tail() or "web_port" in overrides:
+                    raise
+                self.workers.remove(w)
+        raise RuntimeError("three web ports in a row were taken before the worker bound them")
 
     def spawn_worker(self, env: dict[str, str] | None = None, **overrides: Any) -> ChildWorker:
         """A worker of this market, started and not waited for (several started at once)."""

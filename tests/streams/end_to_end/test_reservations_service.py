@@ -25,6 +25,7 @@ from ..worker.test_forged_state import append, opened, read_changelog, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 W = 600_000  # ten-minute windows: the next one starts less than the allowed clock skew ahead
+CAROL_HOLD_MS = 6_000
 
 
 def reg() -> dict[str, Any]:
@@ -111,8 +112,9 @@ async def before_the_restart(c: MarketClient, market: Market, base: int) -> dict
         await c.publish("home", [20.0, 21.0, float(i)], value_id=f"v{i}", published_at_ms=base)
     market.wait_ingested("home", 2)
     out: dict[str, Any] = {}
-    # carol holds 2.0 of the window's 3.0 for a second: alice's reservation does not fit
-    out["carol"] = await reserve(c, "carol", "c1", target_level=1.0, hold_ms=1_000)
+    # carol holds 2.0 of the window's 3.0 for a few seconds: alice's reservation, asked next,
+    # does not fit (the hold must outlast a busy machine's delay between the two answers)
+    out["carol"] = await reserve(c, "carol", "c1", target_level=1.0, hold_ms=CAROL_HOLD_MS)
     out["alice_early"] = await reserve(c, "alice", "a0", target_level=1.0, hold_ms=120_000)
     while now_ms() <= out["carol"].expires_at_ms:  # the market's clock passes its expiry
         await asyncio.sleep(0.05)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from market.rappor import market_response, released_bits
+from streams.clients.rappor import frequencies
 from streams.core import MarketCore
 from streams.core.terms import terms_of
 from streams.wire.events import (
@@ -147,6 +148,7 @@ def test_subscribers_get_bits_and_purchases_relax_them_step_by_step() -> None:
         assert r.level == STEPS[0] and set(r.values) <= {0.0, 1.0}
         delivered[r.value_id] = r.values
     laplace: dict[tuple[str, float], Any] = {}
+    events: list[Any] = []
     for pid, lvl in (("b0", 2.0), ("b1", 4.0), ("b2", 8.0)):
         out = c.handle(T.purchases, purchase("rr", "bob", pid, target_level=lvl))
         (ev,) = inbox(out, "bob")
@@ -157,6 +159,12 @@ def test_subscribers_get_bits_and_purchases_relax_them_step_by_step() -> None:
             if lvl == 2.0:
                 assert r.values == delivered[r.value_id]  # the same bits alice was sent
             laplace[r.value_id, lvl] = r.values
+        est = frequencies(ev)  # the buyer's estimate, at the level it bought
+        assert est.reports == 4 and est.fraction.shape == (K,)
+        assert np.all((est.low <= est.high) & (est.low >= 0) & (est.high <= 1))
+        events.append(ev)
+    with pytest.raises(ValueError, match="pass the releases of one level"):
+        frequencies(events)
     # the bits are those of the values product's chain at the same identities: the stored noise
     ident = ("rr", "v5", state_digest(one_hot(5)))
     for k, lvl in enumerate(STEPS):
@@ -168,3 +176,12 @@ def state_digest(bits: list[float]) -> str:
     from streams.core.products.base import digest_values
 
     return digest_values(np.asarray(bits, dtype=np.float64))
+
+
+def test_an_estimate_needs_a_rappor_release() -> None:
+    c = new_core()
+    c.handle(T.registrations, registration("plain"))
+    c.handle(T.values, value("plain", "v", [1.0, 2.0, 3.0]))
+    (ev,) = inbox(c.handle(T.purchases, purchase("plain", "bob", "b")), "bob")
+    with pytest.raises(ValueError, match="not a release of a 'rappor' stream"):
+        frequencies(ev)

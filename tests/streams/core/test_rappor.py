@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from market.rappor import market_response, released_bits
+from streams.clients.commands import output
 from streams.clients.rappor import frequencies
 from streams.core import MarketCore
 from streams.core.terms import terms_of
@@ -165,6 +166,10 @@ def test_subscribers_get_bits_and_purchases_relax_them_step_by_step() -> None:
         events.append(ev)
     with pytest.raises(ValueError, match="pass the releases of one level"):
         frequencies(events)
+    # what `epsilon-market buy` / `tail` print: the law of the bits and the estimate
+    printed = "\n".join(output.event(events[-1]))
+    assert "bits: randomized response, P(1 | 0) = " in printed
+    assert "frequency per bit, 95 % (4 reports): 0: " in printed
     # the bits are those of the values product's chain at the same identities: the stored noise
     ident = ("rr", "v5", state_digest(one_hot(5)))
     for k, lvl in enumerate(STEPS):

@@ -52,6 +52,7 @@ from market.chain import ReleaseChain
 from market.codec import encode_state
 from market.histogram import SparseHistogramRelease, sample_starts
 from market.histogram_chain import GRID, HistogramChain
+from market.rappor import released_bits
 from market.rng import KeyedRngFactory, NoiseKeys
 
 
@@ -648,6 +649,67 @@ def histogram_markdown(repeat: int, runs: int) -> str:
     return "\n".join(lines)
 
 
+RAPPOR_LEVELS = (2.0, 4.0, 8.0)
+"""A RAPPOR stream's levels in the rows below (ε; Δ = 2, one bit set per report)."""
+
+
+def rappor_table(n: int, repeat: int) -> list[tuple[str, float, float, float]]:
+    """One run of the RAPPOR rows: ms per release of ``n`` report bits, ours and numpy's in
+    turn (``repeat`` turns, :func:`_round_robin`: means per call).
+
+    * *top level*: a new value's bits at the top level (the chain's fresh exact lattice
+      Laplace, then ``[y + V > 1/2]``) against numpy's ``y + laplace(Δ/ε) > 1/2``;
+    * *lowest level*: its bits at the lowest level, every step computed from the top down (the
+      relaxation steps' exact mixtures, what a stream's chain draws for its levels) against the
+      same numpy draw at that level.
+    """
+    chain = ReleaseChain(Laplace(2.0, dimension=n), RAPPOR_LEVELS)
+    noise = NoiseKeys(b"bench rappor secret 0000000000000")
+    y = (np.arange(n) % 8 == 0).astype(np.float64)
+    rng = np.random.default_rng(4)
+    counter = iter(range(10**9))
+
+    def ours(step: int) -> Callable[[], Any]:
+        def call() -> Any:
+            ident = ("s", f"v{next(counter)}", "d")
+            return released_bits(chain.release([chain.open(y)], step, [ident], noise)[0])
+
+        return call
+
+    def numpy(level: float) -> Callable[[], Any]:
+        return lambda: (y + rng.laplace(0.0, 2.0 / level, n) > 0.5).astype(np.float64)
+
+    rows = []
+    for name, step in (("top level", 2), ("lowest level (3 steps)", 0)):
+        t_ours, t_np = _round_robin([(ours(step), 1), (numpy(RAPPOR_LEVELS[step]), 1)], repeat)
+        rows.append((name, t_np * 1e3, t_ours * 1e3, t_ours / t_np))
+    return rows
+
+
+def rappor_markdown(n: int, repeat: int, runs: int) -> str:
+    """The RAPPOR rows as ``python -m bench.noise`` prints them (ratio min / median / max over
+    ``runs``; no goal is set: issue #44 asks for the figure)."""
+    tables = [rappor_table(n, repeat) for _ in range(runs)]
+    what = f"min / median / max over {runs} runs" if runs > 1 else "one run"
+    lines = [
+        f"{n:,} report bits (Δ = 2, levels ε = {', '.join(f'{x:g}' for x in RAPPOR_LEVELS)}), "
+        "released as `[y + V > 1/2]` by the stream's ReleaseChain (exact lattice Laplace, "
+        "docs/protocol.md §1.10) against numpy's inexact `y + laplace(Δ/ε) > 1/2`, called in "
+        f"turn ({repeat} calls each, mean per call). Ratio = ours / numpy within a run ({what}).",
+        "",
+        "| release | numpy ms | ours ms | ratio |",
+        "|---|---|---|---|",
+    ]
+    for i, (name, *_rest) in enumerate(tables[0]):
+        ratio = [t[i][3] for t in tables]
+        mid = statistics.median(ratio)
+        spread = f"{min(ratio):.2f} / {mid:.2f} / {max(ratio):.2f}x" if runs > 1 else f"{mid:.2f}x"
+        base = statistics.median(t[i][1] for t in tables)
+        ours = statistics.median(t[i][2] for t in tables)
+        lines.append(f"| {name} | {base:.3f} | {ours:.3f} | {spread} |")
+    return "\n".join(lines)
+
+
 def accuracy_table(n: int, steps: int) -> list[tuple[str, int, float, float, float, float]]:
     """MSE / ideal variance after k equal steps of size level_1 (ideal = one release at k·l1)."""
     rows = []
@@ -725,6 +787,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = Machine.now()
     print("## Histogram releases\n")
     print(histogram_markdown(repeat, runs) + "\n")
+    print(machine.line() + "\n")
+    machine = Machine.now()
+    print("## RAPPOR releases\n")
+    print(rappor_markdown(n, repeat, runs) + "\n")
     print(machine.line() + "\n")
     steps = 5 if args.quick else 20
     print(f"## Accuracy: MSE / ideal after k steps ({n // 10:,} samples)\n")

@@ -24,17 +24,28 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize
+from scipy import optimize, stats
 
 from .errors import InvalidValueError
 from .mechanisms import Laplace
 from .release_state import ReleaseState
 from .rng import RngLike, default_rng
 
-__all__ = ["RapporClient", "RapporParams", "bloom_bits", "decode"]
+__all__ = [
+    "BitEstimate",
+    "MarketResponse",
+    "RapporClient",
+    "RapporParams",
+    "bloom_bits",
+    "decode",
+    "estimate_bits",
+    "market_response",
+    "released_bits",
+]
 
 
 @dataclass(frozen=True)
@@ -194,3 +205,136 @@ def decode(
         design[bloom_bits(c, params, cohort), j] = 1.0
     freq, _ = optimize.nnls(design, bits)
     return np.asarray(freq, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class MarketResponse:
+    """The randomized response of a bit the market releases at one level.
+
+    Attributes
+    ----------
+    p_if_0, p_if_1 : float
+        Probability that a released bit is 1 where the member's bit is 0, resp. 1.
+    f : float
+        RAPPOR's f, ``1 − (p_if_1 − p_if_0)``: a bit is replaced by a fair coin with this
+        probability (the two flips differ by ``P(J = t)``, below 2⁻¹⁰ of either).
+    """
+
+    p_if_0: float
+    p_if_1: float
+    f: float
+
+
+def market_response(sensitivity: float, dimension: int, level: float) -> MarketResponse:
+    """The law of a bit released as ``[y + g·J > 1/2]`` at ``level`` (docs/protocol.md §1.10).
+
+    Parameters
+    ----------
+    sensitivity : float
+        The stream's ℓ1 sensitivity Δ (twice the most bits a report sets).
+    dimension : int
+        Bits per report.
+    level : float
+        ε of the release.
+
+    Returns
+    -------
+    MarketResponse
+        With ``J ~ DLap(a)``, ``a = ε/D``, ``q = e^{−a}`` and the threshold ``t = 2^{−k−1}`` grid
+        units (``g = 2^k`` the Laplace grid): ``P(J > t) = q^{t+1}/(1 + q)`` and
+        ``P(J > −t) = 1 − q^t/(1 + q)``. Why ½ in value units: it is a power of two on the grid,
+        so the released bit is an exact comparison of the portable lattice release, with no
+        logarithm in the decision.
+    """
+    m = Laplace(sensitivity, dimension)
+    a = float(Fraction(level) / m.units())
+    t = math.ldexp(1.0, -m.grid_exponent - 1)
+    q = math.exp(-a)
+    p0 = math.exp(-a * (t + 1.0)) / (1.0 + q)
+    p1 = 1.0 - math.exp(-a * t) / (1.0 + q)
+    return MarketResponse(p0, p1, 1.0 - (p1 - p0))
+
+
+def released_bits(release: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The bits of a Laplace release of a report: ``[y + V > 1/2]``, 0.0 or 1.0.
+
+    The release is the double nearest ``n·2^k`` and rounding is monotone with ½ a double, so the
+    comparison is that of the exact lattice point: the same on every platform.
+    """
+    return (np.asarray(release, dtype=np.float64) > 0.5).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class BitEstimate:
+    """The estimated fraction of members whose bit is set, per bit, with a confidence interval.
+
+    Attributes
+    ----------
+    fraction, low, high : ndarray
+        The unbiased estimate ``(w̄ − p_if_0)/(p_if_1 − p_if_0)`` (it may leave [0, 1]) and the
+        interval's ends (clipped to [0, 1]).
+    reports : int
+        Reports counted.
+    confidence : float
+        The interval's coverage.
+    """
+
+    fraction: NDArray[np.float64]
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
+    reports: int
+    confidence: float
+
+
+def estimate_bits(
+    bits: NDArray[np.float64] | Sequence[Sequence[float]],
+    response: MarketResponse,
+    *,
+    confidence: float = 0.95,
+) -> BitEstimate:
+    """What a buyer learns of the population from released bits at one level.
+
+    Parameters
+    ----------
+    bits : array of shape (reports, bits)
+        The released bits, one report per row, all at one level.
+    response : MarketResponse
+        That level's randomized response (the quote's or release's ``randomized_response``).
+    confidence : float, default 0.95
+        Coverage of the interval.
+
+    Returns
+    -------
+    BitEstimate
+        Per bit: on a category stream (one bit set per report) each bit's fraction is its
+        category's frequency.
+
+    Notes
+    -----
+    A released bit is 1 with probability ``π = p_if_0 + x(p_if_1 − p_if_0)``, ``x`` the
+    fraction of members with the bit set, independently across members; the Wilson score
+    interval of ``π`` (sound at small counts and near 0 or 1) is mapped through the inverse
+    line. It covers sampling and noise both, since the released bits are i.i.d. Bernoulli(π).
+    """
+    w = np.asarray(bits, dtype=np.float64)
+    if w.ndim != 2 or w.shape[0] == 0:
+        raise InvalidValueError("bits: one row per report, at least one report")
+    if not 0.0 < confidence < 1.0:
+        raise InvalidValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    n = w.shape[0]
+    mean = w.mean(axis=0)
+    z = float(stats.norm.ppf(0.5 + confidence / 2.0))
+    centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    span = response.p_if_1 - response.p_if_0
+
+    def inv(p: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.asarray((p - response.p_if_0) / span, dtype=np.float64)
+
+    return BitEstimate(
+        fraction=inv(mean),
+        low=np.clip(inv(centre - half), 0.0, 1.0),
+        high=np.clip(inv(centre + half), 0.0, 1.0),
+        reports=n,
+        confidence=confidence,
+    )

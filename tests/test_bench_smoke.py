@@ -39,7 +39,7 @@ def test_noise_benchmark_runs() -> None:
     assert "## Per coordinate: numpy's inexact samplers and OpenDP's exact ones" in out
     assert "## Per call at 8 numbers (the service's size)" in out
     assert "| mechanism | ours µs per value-step | numpy µs per call | ours ÷ numpy |" in out
-    assert out.count("\nmachine: ") == 4
+    assert out.count("\nmachine: ") == 5
     assert (noise.OPENDP_MISSING in out) is not OPENDP
     for row in (
         "top of 4 steps vs SparseHistogramRelease, 4 rounds",
@@ -51,6 +51,10 @@ def test_noise_benchmark_runs() -> None:
     ):
         assert f"| histogram | {row} |" in out
     assert "## Memory per stored value" in out
+    # RAPPOR releases against numpy's thresholded Laplace, in the same run (issue #44)
+    assert "## RAPPOR releases" in out
+    for row in ("top level", "lowest level (3 steps)"):
+        assert f"| {row} |" in out
 
 
 def test_core_benchmark_runs() -> None:

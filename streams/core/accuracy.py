@@ -13,8 +13,9 @@ from market.mechanisms import mechanism
 
 from ..wire.events import UNIT_OF, ErrorModelInfo, MechanismName, StreamRegistration
 from ..wire.products import section_of
+from ..wire.products.rappor import RandomizedResponse
 
-__all__ = ["error_info", "offer_accuracy", "threshold"]
+__all__ = ["error_info", "offer_accuracy", "randomized_response", "threshold"]
 
 
 def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
@@ -23,8 +24,12 @@ def error_info(reg: StreamRegistration, level: float) -> ErrorModelInfo | None:
     if level <= 0:
         return None
     info = _info(reg.mechanism, reg.release_sensitivity(), reg.dimension, float(level))
-    tau = threshold(reg, level)
-    return info if tau is None else info.model_copy(update={"threshold": tau})
+    said = {
+        "threshold": threshold(reg, level),
+        "randomized_response": randomized_response(reg, level),
+    }
+    update = {k: v for k, v in said.items() if v is not None}
+    return info.model_copy(update=update) if update else info
 
 
 def threshold(reg: StreamRegistration, level: float) -> float | None:
@@ -32,6 +37,12 @@ def threshold(reg: StreamRegistration, level: float) -> float | None:
     the registration (its product's wire section, :mod:`streams.wire.products`); ``None``
     elsewhere."""
     return section_of(reg).threshold(reg, level)
+
+
+def randomized_response(reg: StreamRegistration, level: float) -> RandomizedResponse | None:
+    """The law of each bit a release at ``level`` shows: on a stream of bit reports a public
+    function of the registration (its product's wire section); ``None`` elsewhere."""
+    return section_of(reg).randomized_response(reg, level)
 
 
 @lru_cache(maxsize=4096)

@@ -13,7 +13,7 @@ from market.accuracy import AccuracyNotForSaleError, cheapest_level
 from market.pricing import StepPlan, plan_step
 
 from ..wire.events import Offer, PurchaseRequest, QuoteRequest, ReserveRequest
-from .accuracy import offer_accuracy, threshold
+from .accuracy import offer_accuracy, randomized_response, threshold
 from .ledger import buyer_share, reserved_room, window_room
 from .outputs import Reject
 from .products import Product
@@ -123,6 +123,7 @@ def offers(stream: Stream[Product], buyer_id: str, held: float) -> list[Offer]:
                 fits_window=ok if window else None,
                 fits_share=mine if shared else None,
                 threshold=threshold(reg, lv),
+                randomized_response=randomized_response(reg, lv),
             )
         )
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 from market.pricing import price_list, sellable_levels
 
 from ..wire.events import UNIT_OF, CatalogEntry, PriceLevel, StreamRegistration
+from .accuracy import randomized_response
 from .answering import sign_published
 from .context import Context
 from .delivery import release_bytes
@@ -23,12 +24,34 @@ from .products import product_class
 from .quotas import check_registration
 from .state import Registered, StreamState, registered_bound, stream_record_bound
 from .stream_store import Streams
-from .terms import terms_of
+from .terms import Terms, terms_of
 
 __all__ = ["EPSILON_DELTA", "entry_again", "register"]
 
 EPSILON_DELTA = 1e-6
 """δ at which catalog entries state ε for Gaussian and Poisson streams."""
+
+
+def _price_levels(reg: StreamRegistration, terms: Terms) -> list[PriceLevel]:
+    """Each level for sale as the catalog lists it: its price, its ε, and on a stream of bit
+    reports each bit's randomized response."""
+    prices = price_list(
+        terms.schedule,
+        terms.mechanism,
+        list(reg.steps),
+        reg.cap,
+        dimension=reg.dimension,
+        delta=EPSILON_DELTA,
+    )
+    return [
+        PriceLevel(
+            level=p.level,
+            price_minor=p.price_minor,
+            epsilon=p.epsilon,
+            randomized_response=randomized_response(reg, p.level),
+        )
+        for p in prices
+    ]
 
 
 def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) -> Outcome:
@@ -45,14 +68,6 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
     for level in terms.levels:  # every level for sale can be released
         terms.mechanism.check_level(level)
     terms.schedule.validate(terms.mechanism, list(reg.steps), reg.cap)
-    prices = price_list(
-        terms.schedule,
-        terms.mechanism,
-        list(reg.steps),
-        reg.cap,
-        dimension=reg.dimension,
-        delta=EPSILON_DELTA,
-    )
     now = ctx.clock()
     payload = dump(
         CatalogEntry(
@@ -62,10 +77,7 @@ def register(ctx: Context, streams: Streams, inc: Incoming[StreamRegistration]) 
             market_key_id=ctx.keys.key_id,
             market_public_key=ctx.keys.public_key_b64,
             market_sealing_key=ctx.keys.sealing_public_b64,
-            prices=[
-                PriceLevel(level=p.level, price_minor=p.price_minor, epsilon=p.epsilon)
-                for p in prices
-            ],
+            prices=_price_levels(reg, terms),
         )
     )
     _check_record_size(ctx, reg, len(payload))

@@ -59,6 +59,7 @@ from .ids import ID_PATTERN
 from .products import check as check_product
 from .products import section_of
 from .products.histogram import HistogramSpec, KeySpace
+from .products.rappor import MAX_RAPPOR_ONES, RandomizedResponse
 from .products.totals import MAX_TREE_HEIGHT, TotalsFields
 from .safe_integers import MAX_SAFE_INTEGER, safe_integer
 
@@ -178,7 +179,7 @@ Millis = Annotated[
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
-Product = Literal["values", "running_totals", "histogram"]
+Product = Literal["values", "running_totals", "histogram", "rappor"]
 """What a stream sells: each value (``values``), the running sums of its values
 (``running_totals``: continual counting through a binary tree of lossless Gaussian releases), or
 sparse count maps over a huge domain (``histogram``: the keys whose noisy count exceeds a
@@ -418,6 +419,14 @@ class StreamRegistration(_Signed):
         description="histogram only: the keys of its values; `dimension` is then the most keys "
         "one value may have (each release also shows up to 2·false_keys + 64 keys with a zero "
         "count), and `sensitivity` the ℓ2 sensitivity of the counts",
+    )
+    rappor_ones: Annotated[int, Field(ge=1, le=MAX_RAPPOR_ONES)] | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="rappor only: the most bits one member's report sets (a Bloom filter's "
+        "hash functions; 1 for a category); each value is `dimension` bits (0 or 1), "
+        "`sensitivity` must be 2 × rappor_ones, and each release is the bits [y + Laplace "
+        "noise > 1/2] (docs/protocol.md §1.10)",
     )
     buyer_share: BuyerShare | None = Field(
         None,
@@ -660,6 +669,11 @@ class PriceLevel(BaseModel):
         description="ε of a release at this level (Gaussian/Poisson at δ = 1e-6, for the "
         "stream's dimension); null where the mechanism gives no guarantee",
     )
+    randomized_response: RandomizedResponse | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="on a rappor stream: each released bit's law at this level",
+    )
 
 
 class CatalogEntry(_Event):
@@ -809,6 +823,12 @@ class ErrorModelInfo(BaseModel):
         "(the noise of a released count is the model's; selection by the threshold biases "
         "small counts upwards)",
     )
+    randomized_response: RandomizedResponse | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="on a rappor stream: the released numbers are the bits "
+        "[y + noise > 1/2] of this model's noise, each following this law",
+    )
 
 
 class Offer(BaseModel):
@@ -837,6 +857,11 @@ class Offer(BaseModel):
         exclude_if=_is_none,
         description="on a histogram stream: the keys released at this level are those whose "
         "noisy count exceeds it",
+    )
+    randomized_response: RandomizedResponse | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="on a rappor stream: each released bit's law at this level",
     )
 
 

@@ -31,6 +31,7 @@ version, even after a rotation back to their key. The fields are every one that 
                      window duration_ms, window cap; on a ``running_totals`` stream
                      only: product, tree_height; on a ``histogram`` stream only:
                      product, key_space, domain_size (``n`` for strings), false_keys;
+                     on a ``rappor`` stream only: product, rappor_ones;
                      with a per-buyer share only: the text ``buyer_share``, buyer_share
 ``values``           stream_id, seller_id, number of items, then per item: value_id,
                      published_at_ms, values, and on a histogram item only: number of

@@ -190,6 +190,12 @@ _CASES: list[tuple[str, str, dict[str, Any], int]] = [
         1,
     ),
     (
+        "register_stream, rappor",
+        "register_stream",
+        _registration(product="rappor", rappor_ones=2, sensitivity=4.0, dimension=16),
+        1,
+    ),
+    (
         "register_stream, histogram over integers",
         "register_stream",
         _registration(

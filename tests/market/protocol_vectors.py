@@ -21,11 +21,13 @@ from market import DiscreteLaplace, Gaussian, Laplace, Mechanism, Poisson, _dlap
 from market._draws import Draws, LazyUniform, request_key
 from market.chain import ReleaseChain, noise_check
 from market.histogram_chain import HistogramChain, noise_check_histogram
+from market.rappor import released_bits
 from market.rng import NoiseKeys, identity_bytes
 
 SECRET = bytes(range(32))
 MASK = 2**64 - 1
 FLOATS = [20.1, 19.8, 21.0, 20.4]
+RAPPOR = "rappor: a category report (laplace, Δ = 2, d = 8), and its released bits (§1.10)"
 
 CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
     ("laplace", Laplace(1.0, dimension=4), (0.5, 1.0, 2.0), False, FLOATS),
@@ -42,6 +44,7 @@ CHAINS: list[tuple[str, Mechanism, tuple[float, ...], bool, list[Any]]] = [
     ("gaussian", Gaussian(1.0), (0.5, 1.0, 2.0), False, FLOATS),
     ("gaussian, sealed", Gaussian(3.0), (0.5, 1.0, 2.0), True, FLOATS),
     ("poisson", Poisson(1.0), (0.01, 0.1, 1.0), False, [3, 0, 17, 250]),
+    (RAPPOR, Laplace(2.0, dimension=8), (2.0, 4.0, 8.0), False, [0, 0, 0, 1, 0, 0, 0, 0]),
 ]
 
 
@@ -92,6 +95,8 @@ def _chain(
     if isinstance(mech, Laplace):
         entry["grid_exponent"] = mech.grid_exponent
         entry["D"] = mech.units()
+    if name == RAPPOR:
+        entry["bits"] = [released_bits(y).astype(int).tolist() for y in releases]
     if isinstance(mech, Gaussian):
         entry["grid_exponents"] = [mech.grid_exponent(x) for x in chain.levels]
     return entry

@@ -165,6 +165,17 @@ def test_chain_integers_and_releases(chain: dict[str, Any]) -> None:
             assert F(x) == n * F(2) ** k
 
 
+@pytest.mark.parametrize("chain", [c for c in CHAINS if "bits" in c], ids=lambda c: c["name"])
+def test_rappor_bits_are_the_lattice_points_above_half(chain: dict[str, Any]) -> None:
+    """§1.10: a released bit is ``[n > 2^(−k−1)]``, ``n`` the reference's own lattice integer:
+    an integer comparison, with no logarithm and no rounding in the decision."""
+    result = _result(chain)
+    assert chain["bits"] and all(set(row) <= {0, 1} for row in chain["bits"])
+    half = [F(1, 2) / F(2) ** k for k in result.grid_exponents]
+    bits = [[int(n > h) for n in row] for row, h in zip(result.integers, half, strict=True)]
+    assert bits == chain["bits"]
+
+
 def test_the_vectors_cover_every_family_and_both_geometric_plans() -> None:
     families = {c["family"] for c in CHAINS}
     assert families == set(ref.FAMILY_CODES)

@@ -73,6 +73,7 @@ function registerStream(it, e) {
     const h = e.histogram;
     it.s(e.product ?? 'values').s(h.key_space).iOrN(h.domain_size, 'domain_size').f(h.false_keys ?? 1.0, 'false_keys');
   }
+  if (e.rappor_ones != null) it.s(e.product ?? 'values').i(e.rappor_ones, 'rappor_ones');
   if (e.buyer_share != null) it.s('buyer_share').f(e.buyer_share, 'buyer_share');
 }
 

@@ -44,6 +44,7 @@ FIELD_FLAGS = {
     "window.duration_ms": "--privacy-window",
     "buyer_share": "--buyer-share",
     "tree_height": "--running-totals",
+    "rappor_ones": "--rappor",
     "histogram.domain_size": "--histogram",
     "histogram.false_keys": "--false-keys",
     "value_id": "--value-id",

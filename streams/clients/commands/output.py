@@ -169,7 +169,37 @@ def accuracy(model: Any) -> str:
         text += f"; subtract the offset {number(model.offset)} for an unbiased estimate"
     if model.threshold is not None:
         text += f"; keys shown above the threshold {model.threshold:.4g}"
+    rr = getattr(model, "randomized_response", None)
+    if rr is not None:
+        text = (
+            f"  bits: randomized response, P(1 | 0) = {rr.p_if_0:.4g}, P(1 | 1) = "
+            f"{rr.p_if_1:.4g} (RAPPOR's f = {rr.f:.4g})"
+        )
     return text
+
+
+def estimate(items: list[Any], model: Any) -> list[str]:
+    """On RAPPOR bits: each bit's population frequency with its 95 % interval, from these
+    releases alone (:func:`market.rappor.estimate_bits`; more values, a tighter interval)."""
+    rr = getattr(model, "randomized_response", None)
+    if rr is None or not items:
+        return []
+    from market.rappor import MarketResponse, estimate_bits  # noqa: PLC0415 - scipy, on demand
+
+    est = estimate_bits(
+        [r.values for r in items], MarketResponse(rr.p_if_0, rr.p_if_1, rr.f), confidence=0.95
+    )
+    cells = [
+        f"{i}: {f:.2f} [{lo:.2f}, {hi:.2f}]"
+        for i, (f, lo, hi) in enumerate(zip(est.fraction, est.low, est.high, strict=True))
+    ]
+    more = len(cells) - SHOWN_NUMBERS
+    tail = f" … (+{more} more; streams.clients.rappor.frequencies)" if more > 0 else ""
+    return [
+        f"  frequency per bit, 95 % ({est.reports} reports): "
+        + ", ".join(cells[:SHOWN_NUMBERS])
+        + tail
+    ]
 
 
 def releases(items: list[Any], model: Any) -> list[str]:
@@ -189,7 +219,7 @@ def releases(items: list[Any], model: Any) -> list[str]:
         out.append(f"  {r.value_id:<16} {body}{tail}{terms}")
     if items:
         out.append(accuracy(model))
-    return out
+    return out + estimate(items, model)
 
 
 def _count(ev: Any) -> str:

@@ -110,10 +110,18 @@ def _privacy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _product(args: argparse.Namespace) -> dict[str, Any]:
-    """What the stream sells: its values, (``--running-totals H``) their running sums, or
-    (``--histogram strings|integers:N``) sparse histograms."""
-    if args.running_totals is not None and args.histogram is not None:
-        raise CommandError("a stream sells running totals or histograms, not both")
+    """What the stream sells: its values, (``--running-totals H``) their running sums,
+    (``--histogram strings|integers:N``) sparse histograms, or (``--rappor ONES``) members' bit
+    reports as randomized responses (its sensitivity, unless given: ``2 × ONES``)."""
+    chosen = [args.running_totals, args.histogram, args.rappor]
+    if sum(x is not None for x in chosen) > 1:
+        raise CommandError(
+            "a stream sells one product: pass at most one of --running-totals, --histogram "
+            "and --rappor"
+        )
+    if args.rappor is not None:
+        own = {} if args.sensitivity is not None else {"sensitivity": 2.0 * args.rappor}
+        return {"product": "rappor", "rappor_ones": args.rappor, **own}
     if args.running_totals is not None:
         return {"product": "running_totals", "tree_height": args.running_totals}
     if args.histogram is None:
@@ -135,11 +143,13 @@ def cmd_register(args: argparse.Namespace) -> int:
     from ...wire.events import Rejection, StreamRegistration  # noqa: PLC0415
 
     party = load_party(args)
+    product = _product(args)
+    sensitivity = product.pop("sensitivity", 1.0 if args.sensitivity is None else args.sensitivity)
     fields = dict(
         stream_id=args.stream,
         seller_id=party.account_id,
         mechanism=args.mechanism,
-        sensitivity=args.sensitivity,
+        sensitivity=sensitivity,
         dimension=args.dimension,
         steps=args.steps,
         cap=args.cap if args.cap is not None else max(args.steps),
@@ -149,7 +159,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         currency=args.currency,
         description=args.description,
         **_privacy(args),
-        **_product(args),
+        **product,
         **({} if args.buyer_share is None else {"buyer_share": args.buyer_share}),
     )
     try:
@@ -391,8 +401,9 @@ def add_commands(sub: Any) -> None:
     sp.add_argument(
         "--sensitivity",
         type=float,
-        default=1.0,
-        help="most one person changes one value, in the value's units",
+        default=None,
+        help="most one person changes one value, in the value's units (default 1; with "
+        "--rappor ONES: 2 × ONES)",
     )
     sp.add_argument("--dimension", type=int, default=1, help="numbers in one value")
     sp.add_argument(
@@ -453,6 +464,15 @@ def _product_flags(sp: Any) -> None:
         metavar="strings|integers:N",
         help="sell sparse histograms (gaussian only): keys are text, released as their public "
         "62-bit hash, or whole numbers below N; --dimension is the most keys of one value",
+    )
+    sp.add_argument(
+        "--rappor",
+        type=int,
+        default=None,
+        metavar="ONES",
+        help="sell members' bit reports (laplace only; --dimension bits each, at most ONES set: "
+        "a Bloom filter's hashes, 1 for a category) as randomized responses [y + noise > 1/2] "
+        "that buyers relax level by level",
     )
     sp.add_argument(
         "--false-keys",

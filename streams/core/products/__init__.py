@@ -6,6 +6,7 @@
 ``vectors``       ``values``: each value released as a vector, on a lossless chain of its own
 ``histograms``    ``histogram``: sparse count maps, released as the keys above a threshold
 ``totals``        ``running_totals``: increments sold as running sums through a tree of chains
+``rappor``        ``rappor``: members' bit reports, released as relaxable randomized responses
 ================  ===============================================================================
 
 A new product is a new module here, its wire section in :mod:`streams.wire.products` (the
@@ -19,6 +20,7 @@ from ...wire.events import StreamRegistration
 from ..terms import Terms
 from .base import Exact, Product
 from .histograms import Histograms
+from .rappor import Rappor
 from .totals import Totals
 from .vectors import Vectors
 
@@ -28,6 +30,7 @@ PRODUCTS: dict[str, type[Product]] = {
     Vectors.name: Vectors,
     Histograms.name: Histograms,
     Totals.name: Totals,
+    Rappor.name: Rappor,
 }
 """Product name on the wire (``StreamRegistration.product``) → its class."""
 

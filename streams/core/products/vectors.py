@@ -14,7 +14,7 @@ the count of new steps are those of the values one by one (``tests/streams/core/
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from market import ChainState
 from market.histogram_chain import HistogramValue
 
 from ...wire.events import ReleasedValue, ValueItem
+from ...wire.products import ProductFields
 from ...wire.products.values import ValuesFields
 from ...wire.trusted import trusted
 from ..context import Context
@@ -37,7 +38,7 @@ __all__ = ["Vectors"]
 class Vectors(Retained):
     """Values released as vectors, on one lossless chain per value."""
 
-    fields = ValuesFields
+    fields: ClassVar[type[ProductFields]] = ValuesFields
     name = ValuesFields.name
 
     def __init__(self, *args: Any) -> None:

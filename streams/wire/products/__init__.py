@@ -5,6 +5,7 @@
 ``values``      ``values``: no field of its own
 ``totals``      ``running_totals``: ``tree_height``, a tree node's sensitivity and range
 ``histogram``   ``histogram``: the ``histogram`` spec, its checks and the levels' thresholds
+``rappor``      ``rappor``: ``rappor_ones``, its checks and each level's randomized response
 ==============  ============================================================================
 
 A product kind is its module under :mod:`streams.core.products` plus its section here (a line
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .base import Canon, ProductFields
 from .histogram import HistogramFields
+from .rappor import RapporFields
 from .totals import TotalsFields
 from .values import ValuesFields
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["SECTIONS", "Canon", "ProductFields", "check", "section_of"]
 
 SECTIONS: dict[str, type[ProductFields]] = {
-    s.name: s for s in (ValuesFields, TotalsFields, HistogramFields)
+    s.name: s for s in (ValuesFields, TotalsFields, HistogramFields, RapporFields)
 }
 """Product name on the wire → its wire section, in the order registrations are checked."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from ..events import StreamRegistration
+    from .rappor import RandomizedResponse
 
 __all__ = ["Canon", "ProductFields"]
 
@@ -77,6 +78,14 @@ class ProductFields:
     @classmethod
     def threshold(cls, reg: StreamRegistration, level: float) -> float | None:
         """The threshold a release at ``level`` states (``None``: the product has none)."""
+        return None
+
+    @classmethod
+    def randomized_response(
+        cls, reg: StreamRegistration, level: float
+    ) -> RandomizedResponse | None:
+        """The randomized response each released bit at ``level`` follows (``None``: the
+        product releases numbers, not bits)."""
         return None
 
     @classmethod

@@ -117,6 +117,7 @@ def register_other_products(market: Market, key_file: Path) -> None:
             "zips",
             ["--mechanism", "gaussian", "--histogram", "integers:100000", "--false-keys", "0.5"],
         ),
+        ("survey", ["--rappor", "1", "--dimension", "8"]),
     ):
         reg = json.loads(
             cli(
@@ -134,7 +135,13 @@ def register_other_products(market: Market, key_file: Path) -> None:
         "false_keys": 1.0,
     }
     assert catalog["zips"]["registration"]["histogram"]["domain_size"] == 100_000
+    survey = catalog["survey"]
+    assert survey["registration"]["rappor_ones"] == 1
+    assert survey["registration"]["sensitivity"] == 2.0  # 2 × ONES, not the default 1
+    assert all("randomized_response" in p for p in survey["prices"])
     for bad, says in (
+        (["--rappor", "1", "--histogram", "strings"], "at most one of --running-totals"),
+        (["--rappor", "1", "--sensitivity", "1"], "sensitivity 2"),
         (["--histogram", "integers"], "integers:N"),
         (["--histogram", "words"], "strings or integers:N"),
     ):

@@ -455,6 +455,8 @@ def _registration(e: dict[str, Any]) -> bytes:
             + (b"n" if size is None else _i(size))
             + _f(h.get("false_keys", 1.0))
         )
+    if e.get("rappor_ones") is not None:
+        out += _s(e["product"]) + _i(e["rappor_ones"])
     if e.get("buyer_share") is not None:
         out += _s("buyer_share") + _f(e["buyer_share"])
     return out

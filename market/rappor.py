@@ -28,8 +28,8 @@ from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize, stats
 
+from . import _special as special
 from .errors import InvalidValueError
 from .mechanisms import Laplace
 from .release_state import ReleaseState
@@ -203,6 +203,8 @@ def decode(
     design = np.zeros((params.k, len(candidates)))
     for j, c in enumerate(candidates):
         design[bloom_bits(c, params, cohort), j] = 1.0
+    from scipy import optimize  # noqa: PLC0415 - deferred: the noise needs no scipy
+
     freq, _ = optimize.nnls(design, bits)
     return np.asarray(freq, dtype=np.float64)
 
@@ -323,7 +325,7 @@ def estimate_bits(
         raise InvalidValueError(f"confidence must lie in (0, 1), got {confidence!r}")
     n = w.shape[0]
     mean = w.mean(axis=0)
-    z = float(stats.norm.ppf(0.5 + confidence / 2.0))
+    z = float(special.ndtri(0.5 + confidence / 2.0))
     centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     span = response.p_if_1 - response.p_if_0

@@ -3,7 +3,8 @@
 Starts the embedded broker (unless a broker URL is given) and one worker in a child process, then
 plays a seller who registers a temperature stream and publishes readings, and a buyer who buys
 three privacy steps and watches the error of what they hold shrink; then the same for a
-histogram stream of visits per city (:mod:`streams.clients.demo_histogram`). Everything it
+histogram stream of visits per city (:mod:`streams.clients.demo_histogram`) and a RAPPOR survey
+(:mod:`streams.clients.demo_rappor`). Everything it
 started is stopped on exit or Ctrl-C.
 """
 
@@ -28,6 +29,7 @@ from ..worker.runner import ChildWorker
 from ..worker.secrets import load_or_create_keys
 from .client import MarketClient
 from .demo_histogram import play_histograms
+from .demo_rappor import play_rappor
 from .keys import Party
 
 __all__ = ["run_demo"]
@@ -127,6 +129,8 @@ async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWork
                 break
         print()
         await play_histograms(client, buyer)
+        print()
+        await play_rappor(client, buyer)
 
 
 async def _seller(

@@ -41,6 +41,14 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     errors = [float(r[3]) for r in rows]
     assert errors[2] < errors[0], "accuracy must improve with the level"
     assert "exactly the direct price" in out and "subscription:" in out
+    histograms, _, rappor = histograms.partition("'browser-survey'")
+    # RAPPOR: each step flips fewer bits, and the interval of each share narrows
+    found = re.findall(
+        r"^\s+(\d)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+firefox \S+ \[([\d.]+), ([\d.]+)\]", rappor, re.M
+    )
+    assert [r[0] for r in found] == ["1", "2", "3"], rappor
+    widths = [float(hi) - float(lo) for _, lo, hi in found]
+    assert widths[2] < widths[0], rappor
     # histograms: thresholds come down and more of the ten cities show, step by step
     rows = re.findall(r"^\s+(\d)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)", histograms, re.M)
     assert [r[0] for r in rows] == ["1", "2", "3"], histograms

@@ -42,6 +42,8 @@ class PageCache:
         waits for a build that begins after it arrived, shared with its concurrent requests).
     clock
         Monotonic seconds (``time.monotonic``; a fake one in tests).
+    setting
+        What sets ``every`` (``EMARKET_LEDGER_EVERY``), for the error a bad one gets.
     """
 
     def __init__(
@@ -49,9 +51,10 @@ class PageCache:
         build: Callable[[], Awaitable[bytes]],
         every: float,
         clock: Callable[[], float] = time.monotonic,
+        setting: str = "the page's interval",
     ) -> None:
-        if every < 0:
-            raise ValueError(f"a page's rebuild interval must be 0 or more seconds, not {every}")
+        if not every >= 0:
+            raise ValueError(f"{setting} must be 0 or more seconds, not {every}")
         self._build = build
         self.every = every
         self._clock = clock

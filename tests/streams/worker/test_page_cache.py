@@ -131,5 +131,5 @@ def test_a_request_that_goes_away_ends_no_build() -> None:
 
 
 def test_a_negative_interval_is_refused() -> None:
-    with pytest.raises(ValueError, match="0 or more seconds"):
-        PageCache(Builds(Clock()), every=-1.0)
+    with pytest.raises(ValueError, match="EMARKET_LEDGER_EVERY must be 0 or more seconds"):
+        PageCache(Builds(Clock()), every=-1.0, setting="EMARKET_LEDGER_EVERY")

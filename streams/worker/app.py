@@ -336,8 +336,9 @@ class MarketWorker:
 
     def _page_caches(self) -> tuple[PageCache, PageCache]:
         """``/ledger`` and ``/metrics`` as served: each from its newest build, rebuilt at most
-        once per ``EMARKET_LEDGER_EVERY`` / ``EMARKET_METRICS_EVERY`` seconds
-        (:mod:`streams.worker.page_cache`), each build counted."""
+        once per ``EMARKET_LEDGER_EVERY`` / ``EMARKET_METRICS_EVERY`` seconds and answered at
+        most ``EMARKET_PAGES_PER_SECOND`` times a second (:mod:`streams.worker.page_cache`),
+        each build counted."""
         worker, builds = self, self.metrics.page_builds
 
         async def ledger() -> bytes:
@@ -351,8 +352,18 @@ class MarketWorker:
 
         s = self.settings
         return (
-            PageCache(ledger, s.ledger_every, setting="EMARKET_LEDGER_EVERY"),
-            PageCache(metrics, s.metrics_every, setting="EMARKET_METRICS_EVERY"),
+            PageCache(
+                ledger,
+                s.ledger_every,
+                setting="EMARKET_LEDGER_EVERY",
+                per_second=s.pages_per_second,
+            ),
+            PageCache(
+                metrics,
+                s.metrics_every,
+                setting="EMARKET_METRICS_EVERY",
+                per_second=s.pages_per_second,
+            ),
         )
 
     def _timers(self) -> None:

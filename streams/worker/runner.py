@@ -151,6 +151,7 @@ class ChildWorker:
             "EMARKET_OPENING_WORK": str(s.limits.opening_work),
             "EMARKET_LEDGER_EVERY": str(s.ledger_every),
             "EMARKET_METRICS_EVERY": str(s.metrics_every),
+            "EMARKET_PAGES_PER_SECOND": str(s.pages_per_second),
             **self.env,
         }
         self.proc = subprocess.Popen(

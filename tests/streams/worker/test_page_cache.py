@@ -130,6 +130,28 @@ def test_a_request_that_goes_away_ends_no_build() -> None:
     run(go())
 
 
+def test_answers_are_paced_and_a_request_waits_its_turn() -> None:
+    """At ``per_second``, 30 requests at once are answered over 3 s, none refused; a request
+    that comes after a quiet second does not wait."""
+
+    async def go() -> None:
+        clock = Clock()
+        waited: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            waited.append(seconds)
+
+        cache = PageCache(Builds(clock), every=5.0, clock=clock, per_second=10, sleep=sleep)
+        await asyncio.gather(*(cache.get() for _ in range(30)))
+        assert len(waited) == 29 and max(waited) == pytest.approx(2.9)
+        clock.now += 10.0
+        waited.clear()
+        await cache.get()
+        assert waited == []
+
+    run(go())
+
+
 def test_a_negative_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="EMARKET_LEDGER_EVERY must be 0 or more seconds"):
         PageCache(Builds(Clock()), every=-1.0, setting="EMARKET_LEDGER_EVERY")

@@ -73,7 +73,7 @@ def _say_serving(settings: Any, key_id: str, market_key: str, *, embedded: bool)
         f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)", flush=True
     )
     print(
-        f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
+        f"  /ledger needs the operators' token in {settings.data_dir}/operator_token "
         "(`epsilon-market ledger` reads it)",
         flush=True,
     )

@@ -1,13 +1,18 @@
 """The operator pages' cache (streams/worker/page_cache.py): how often a page is built, what a
-request is served, and what concurrent requests share, on a fake clock."""
+request is served, and what concurrent requests share, on a fake clock; and the ledger built in
+slices (streams/worker/web.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from streams.worker import web
 from streams.worker.page_cache import PageCache
+
+from ..helpers import TEST_KEYS, market_core, purchase, registration, value
 
 
 class Clock:
@@ -155,3 +160,33 @@ def test_answers_are_paced_and_a_request_waits_its_turn() -> None:
 def test_a_negative_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="EMARKET_LEDGER_EVERY must be 0 or more seconds"):
         PageCache(Builds(Clock()), every=-1.0, setting="EMARKET_LEDGER_EVERY")
+
+
+def test_the_ledger_built_in_slices_is_the_ledger_and_lets_the_loop_run() -> None:
+    """``ledger_page`` (the bytes served) says what ``ledger`` says, and with no time budget
+    it lets the event loop run between two streams."""
+    core = market_core("seller1", "alice")
+    t = core.ctx.topics
+    for sid in ("s1", "s2", "s3"):
+        assert core.handle(t.registrations, registration(sid)).status == "accepted"
+        assert core.handle(t.values, value(sid, "v1", [1.0, 2.0, 3.0])).status == "accepted"
+    assert core.handle(t.purchases, purchase("s2", "alice", "p1")).status == "fulfilled"
+    ran: list[int] = []
+    ran_during: list[int] = []
+
+    async def go() -> bytes:
+        async def beside() -> None:
+            for i in range(3):
+                ran.append(i)
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(beside())
+        page = await web.ledger_page(core.stores, TEST_KEYS, budget=0.0)
+        ran_during.append(len(ran))
+        await other
+        return page
+
+    page = asyncio.run(go())
+    assert json.loads(page) == json.loads(json.dumps(web.ledger(core.stores, TEST_KEYS)))
+    assert json.loads(page)["streams"]["s2"]["holders"]["alice"]["purchases"] == 1
+    assert ran_during[0] >= 2  # the other task ran while the page was being built

@@ -64,8 +64,8 @@ class Round:
 async def _setup(c: MarketClient, streams: list[str], buyer: Party) -> None:
     await c.open_account(SELLER, timeout=60)
     await c.open_account(buyer, timeout=60)
-    for i in range(0, len(streams), 128):
-        chunk = streams[i : i + 128]
+    for i in range(0, len(streams), 32):
+        chunk = streams[i : i + 32]
         await asyncio.gather(
             *(c.register(_registration(s, [0.5, 1.0], 1e6), timeout=120) for s in chunk)
         )

@@ -47,6 +47,7 @@ from .intake import POLL_RECORDS, Intake
 from .local_checkpoints import LocalCheckpoints
 from .membership import SKEW_MS, Membership
 from .metrics import Metrics, build_metrics
+from .page_cache import PageCache
 from .producer import Producer
 from .progress import Progress, progress_topic
 from .progress_watch import ProgressWatch
@@ -298,13 +299,12 @@ class MarketWorker:
 
     def _pages(self) -> None:
         app, settings, worker = self.app, self.settings, self
+        ledger, metrics = self._page_caches()
 
         @app.page("/metrics")
         async def metrics_page(view: Any, request: Any) -> Any:
-            worker.refresh_gauges()
-            return view.bytes(
-                web.metrics_text(worker.metrics), content_type=web.METRICS_CONTENT_TYPE
-            )
+            body = await metrics.get()
+            return view.bytes(body, content_type=web.METRICS_CONTENT_TYPE)
 
         @app.page("/health")
         async def health_page(view: Any, request: Any) -> Any:
@@ -323,10 +323,48 @@ class MarketWorker:
 
         @app.page("/ledger")
         async def ledger_page(view: Any, request: Any) -> Any:
-            access = web.ledger_access(request.headers.get("Authorization"), worker.keys)
-            if access is None:
-                return view.json({"error": "not the operators' token"}, status=401)
-            return view.json(web.ledger(worker.stores, worker.keys, per_buyer=access))
+            if not web.ledger_access(request.headers.get("Authorization"), worker.keys):
+                return view.json(
+                    {
+                        "error": "the ledger needs the operators' token: send "
+                        "'Authorization: Bearer <token>' with the operator_token of the "
+                        "worker's data directory"
+                    },
+                    status=401,
+                )
+            return view.bytes(await ledger.get(), content_type="application/json")
+
+    def _page_caches(self) -> tuple[PageCache, PageCache]:
+        """``/ledger`` and ``/metrics`` as served: each from its newest build, rebuilt at most
+        once per ``EMARKET_LEDGER_EVERY`` / ``EMARKET_METRICS_EVERY`` seconds and answered at
+        most ``EMARKET_PAGES_PER_SECOND`` times a second (:mod:`streams.worker.page_cache`),
+        each build counted."""
+        worker, builds = self, self.metrics.page_builds
+
+        async def ledger() -> bytes:
+            builds.labels("ledger").inc()
+            return await web.ledger_page(worker.stores, worker.keys)
+
+        async def metrics() -> bytes:
+            builds.labels("metrics").inc()
+            worker.refresh_gauges()
+            return await web.metrics_page(worker.metrics)
+
+        s = self.settings
+        return (
+            PageCache(
+                ledger,
+                s.ledger_every,
+                setting="EMARKET_LEDGER_EVERY",
+                per_second=s.pages_per_second,
+            ),
+            PageCache(
+                metrics,
+                s.metrics_every,
+                setting="EMARKET_METRICS_EVERY",
+                per_second=s.pages_per_second,
+            ),
+        )
 
     def _timers(self) -> None:
         app, settings, worker = self.app, self.settings, self

@@ -119,6 +119,15 @@ class Settings:
     inbox_batch: int = 100
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
     stall_seconds: float = 30.0
+    #: Seconds a build of ``/ledger`` (of ``/metrics``) serves the requests that arrive after
+    #: it began: at most one build per interval, however many requests (0: a build per request,
+    #: shared by concurrent ones). Below Prometheus' scrape interval (15 s), so that each scrape
+    #: gets a new build.
+    ledger_every: float = 5.0
+    metrics_every: float = 5.0
+    #: Most answers a second of each of ``/ledger`` and ``/metrics``; more requests wait their
+    #: turn, so that clients looping on a page mostly wait (0: no pacing).
+    pages_per_second: float = 10.0
     #: Sends refused for a permanent reason (too large, not authorised, no such topic) are
     #: retried this many times, then dead-lettered; a broker outage is waited out.
     permanent_retries: int = 3
@@ -151,6 +160,9 @@ class Settings:
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
+            ledger_every=_env("LEDGER_EVERY", cls.ledger_every, float),
+            metrics_every=_env("METRICS_EVERY", cls.metrics_every, float),
+            pages_per_second=_env("PAGES_PER_SECOND", cls.pages_per_second, float),
             permanent_retries=_env("PERMANENT_RETRIES", cls.permanent_retries, int),
             limits=_limits_from_env(),
         )

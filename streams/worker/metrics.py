@@ -85,6 +85,7 @@ class Metrics:
     group_unproven_members: Gauge
     topics_recreated: Counter
     catalog_republished: Counter
+    page_builds: Counter
     broker_is_up: bool = field(default=False, init=False)
     last_batch_at: float | None = field(default=None, init=False)
     batch_started_at: float | None = field(default=None, init=False)
@@ -533,6 +534,14 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
         [],
         {},
     ),
+    "page_builds": (
+        Counter,
+        "page_builds",
+        "Builds of an operator page (ledger, metrics): at most one per "
+        "EMARKET_LEDGER_EVERY or EMARKET_METRICS_EVERY seconds, whatever the requests",
+        ["page"],
+        {},
+    ),
 }
 
 
@@ -566,6 +575,8 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         m.group_refused.labels(reason)
     for kind in TOPIC_KINDS:  # and for the first topic someone deleted
         m.topics_recreated.labels(kind)
+    for page in PAGES:
+        m.page_builds.labels(page)
     return m
 
 
@@ -573,6 +584,9 @@ def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
 #: from its own state, and makes again when they go missing
 TOPIC_KINDS = ("inbox", "catalog", "progress")
 
+
+#: ``page`` label of ``emarket_page_builds_total``: the pages served from a cache
+PAGES = ("ledger", "metrics")
 
 #: ``input`` label of ``emarket_offsets_ahead_total``: the input topics, named without prefix
 INPUT_KINDS = ("accounts", "registrations", "values", "purchases")

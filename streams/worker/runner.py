@@ -144,11 +144,14 @@ class ChildWorker:
         out: Any = subprocess.DEVNULL
         if self.log_path is not None:
             out = self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _signal()
-        s = self.settings  # the opening rules as settings say (no flags: operators set them)
+        s = self.settings  # the opening rules and page intervals as settings say (no flags)
         env = {
             **os.environ,
             "EMARKET_OPENINGS": s.limits.openings,
             "EMARKET_OPENING_WORK": str(s.limits.opening_work),
+            "EMARKET_LEDGER_EVERY": str(s.ledger_every),
+            "EMARKET_METRICS_EVERY": str(s.metrics_every),
+            "EMARKET_PAGES_PER_SECOND": str(s.pages_per_second),
             **self.env,
         }
         self.proc = subprocess.Popen(

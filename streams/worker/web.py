@@ -1,16 +1,19 @@
 """What the worker's web endpoints answer: ``/metrics``, ``/health`` and ``/ledger``.
 
 The bodies are computed here from the core's stores and the metrics; :mod:`streams.worker.app`
-only routes the pages to these functions. Anyone who reaches the port may read them, so none
-names a buyer: ``/metrics`` and ``/health`` carry no per-buyer label or field, and ``/ledger``
-shows each stream's aggregates unless the request carries the operators' credential
-(``Authorization: Bearer <token>``, :attr:`~streams.core.keys.MarketKeys.operator_token`), when it
-also lists each buyer's level, payments and purchases.
+routes the pages to these functions and serves ``/ledger`` and ``/metrics`` from a
+:class:`~streams.worker.page_cache.PageCache`. Anyone who reaches the port may read ``/health``
+and ``/metrics``, so neither names a buyer (no per-buyer label or field); ``/ledger`` (each
+stream's figures and each buyer's level, payments and purchases) answers only a request with
+the operators' credential (``Authorization: Bearer <token>``,
+:attr:`~streams.core.keys.MarketKeys.operator_token`), 401 otherwise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +43,8 @@ __all__ = [
     "is_stalled",
     "ledger",
     "ledger_access",
+    "ledger_page",
+    "metrics_page",
     "metrics_text",
     "refresh_gauges",
 ]
@@ -209,59 +214,116 @@ def openings_health(
     }
 
 
-def ledger_access(authorization: str | None, keys: MarketKeys) -> bool | None:
-    """Whether a ``/ledger`` request may see per-buyer detail: True with the operators' bearer
-    token, False without an ``Authorization`` header, None (refuse: 401) with another one."""
+def ledger_access(authorization: str | None, keys: MarketKeys) -> bool:
+    """Whether a ``/ledger`` request carries the operators' bearer token (else: 401)."""
     if not authorization:
         return False
     scheme, _, token = authorization.partition(" ")
     expected = keys.operator_token.encode("ascii")
     given = token.strip().encode("utf-8", "replace")
-    ok = scheme.lower() == "bearer" and hmac.compare_digest(given, expected)
-    return True if ok else None
+    return scheme.lower() == "bearer" and hmac.compare_digest(given, expected)
 
 
-def ledger(stores: Stores, keys: MarketKeys, *, per_buyer: bool = False) -> dict[str, Any]:
-    """Per-stream revenue and privacy spent, for this worker's streams; each buyer's holdings
-    only with ``per_buyer`` (the operators' credential), else just how many buyers hold."""
+def ledger(stores: Stores, keys: MarketKeys) -> dict[str, Any]:
+    """Per-stream revenue and privacy spent, for this worker's streams, with each buyer's
+    holding (the operators' page; :func:`ledger_page` builds its bytes in slices)."""
     streams, unserved = {}, []
     for sid, stored in stores.streams.items():
-        try:
-            st = with_registration(stores, sid, stored)
-        except InconsistentStream:  # not served: listed, not summed
+        entry = stream_entry(stores, sid, stored)
+        if entry is None:
             unserved.append(sid)
-            continue
-        reg = st.registration
-        holders = holders_of(stores, sid, stored)
-        streams[sid] = {
-            "seller_id": reg.seller_id,
-            "mechanism": reg.mechanism,
-            "level_unit": UNIT_OF[reg.mechanism],
-            "currency": reg.currency,
-            "cap": reg.cap,
-            "privacy_spent": level_of(st.spent_nano),
-            "privacy_unit": reg.privacy_unit,
-            "privacy_window": None
-            if reg.window is None
-            else {
-                "duration_ms": reg.window.duration_ms,
-                "cap": reg.window.cap,
-                "latest": None if (ws := latest_status(st)) is None else ws.model_dump(),
-                "spent_by_window_start_ms": {
-                    str(k * reg.window.duration_ms): level_of(v)
-                    for k, v in sorted(st.window_spent_nano.items())
-                },
-            },
-            "revenue_minor": st.revenue_minor,
-            "values_ingested": st.values_ingested,
-            "holder_count": len(holders),
-            "reservations_held": held_count(st.reservations),
-        }
-        if per_buyer:
-            streams[sid]["holders"] = {b: h.model_dump() for b, h in holders.items()}
+        else:
+            streams[sid] = entry
     return {
         "market_key_id": keys.key_id,
-        "per_buyer": per_buyer,
+        "per_buyer": True,
         "streams": streams,
         "unserved": sorted(unserved),
+    }
+
+
+SLICE_S = 0.002
+"""Seconds of work a page build does before it lets the event loop run what waits (a batch's
+next step, a request): the longest a build holds the loop."""
+
+
+class Slices:
+    """Where a long build on the event loop lets the loop run: every :data:`SLICE_S` seconds."""
+
+    def __init__(self, budget: float = SLICE_S) -> None:
+        self.budget = budget
+        self._since = time.perf_counter()
+
+    async def pause(self) -> None:
+        if time.perf_counter() - self._since >= self.budget:
+            await asyncio.sleep(0)
+            self._since = time.perf_counter()
+
+
+async def ledger_page(stores: Stores, keys: MarketKeys, budget: float = SLICE_S) -> bytes:
+    """``/ledger``'s body (:func:`ledger`'s, as JSON) built in slices on the event loop.
+
+    On the loop, not in a thread: the batches change stream records in place (the stores hold
+    the objects the core mutates), so a thread would have to copy every record first, which
+    costs what the build does. Between slices a batch may run: each stream's entry is its
+    state between two steps of a batch, as the page was when built at once; a stream
+    registered meanwhile is on the next build, one gone meanwhile is left out."""
+    slices = Slices(budget)
+    parts: list[str] = []
+    unserved: list[str] = []
+    for sid in list(stores.streams.keys()):
+        await slices.pause()
+        stored = stores.streams.get(sid)
+        if stored is None:
+            continue
+        entry = stream_entry(stores, sid, stored)
+        if entry is None:
+            unserved.append(sid)
+        else:
+            parts.append(f"{json.dumps(sid)}: {json.dumps(entry)}")
+    head = json.dumps({"market_key_id": keys.key_id, "per_buyer": True})[:-1]
+    streams = "{" + ", ".join(parts) + "}"
+    return f'{head}, "streams": {streams}, "unserved": {json.dumps(sorted(unserved))}}}'.encode()
+
+
+async def metrics_page(metrics: Metrics) -> bytes:
+    """``/metrics``' body, built in a thread: prometheus-client reads every value under its own
+    locks (the batches write them under the same locks), so a thread reads them safely, and the
+    loop is held only for the moments the thread gives back the interpreter."""
+    return await asyncio.to_thread(metrics_text, metrics)
+
+
+def stream_entry(stores: Stores, sid: str, stored: Any) -> dict[str, Any] | None:
+    """One stream's line of the ledger, None when its record has no registration (a bug: the
+    stream is not served, and listed as ``unserved``)."""
+    try:
+        st = with_registration(stores, sid, stored)
+    except InconsistentStream:
+        return None
+    reg = st.registration
+    holders = holders_of(stores, sid, stored)
+    return {
+        "seller_id": reg.seller_id,
+        "mechanism": reg.mechanism,
+        "level_unit": UNIT_OF[reg.mechanism],
+        "currency": reg.currency,
+        "cap": reg.cap,
+        "privacy_spent": level_of(st.spent_nano),
+        "privacy_unit": reg.privacy_unit,
+        "privacy_window": None
+        if reg.window is None
+        else {
+            "duration_ms": reg.window.duration_ms,
+            "cap": reg.window.cap,
+            "latest": None if (ws := latest_status(st)) is None else ws.model_dump(),
+            "spent_by_window_start_ms": {
+                str(k * reg.window.duration_ms): level_of(v)
+                for k, v in sorted(st.window_spent_nano.items())
+            },
+        },
+        "revenue_minor": st.revenue_minor,
+        "values_ingested": st.values_ingested,
+        "holder_count": len(holders),
+        "reservations_held": held_count(st.reservations),
+        "holders": {b: h.model_dump() for b, h in holders.items()},
     }

@@ -56,6 +56,10 @@ class Market:
             require_encryption=False,  # the test parties' names say whether they seal
             # no proof of work an opening (test_openings.py asks for it)
             limits=Limits(opening_work=0),
+            # pages built for each request (shared by concurrent ones): a test reads what it
+            # just did (test_pages.py tests the intervals)
+            ledger_every=0.0,
+            metrics_every=0.0,
         ).for_tansu()
         helpers.write_test_keys(self.settings.data_dir)  # helpers seal values to its key
         self.topics = Topics(self.settings.prefix, self.settings.partitions)

@@ -73,7 +73,7 @@ def _say_serving(settings: Any, key_id: str, market_key: str, *, embedded: bool)
         f"  worker pages: {pages}/health, /metrics, /ledger   (Ctrl-C stops everything)", flush=True
     )
     print(
-        f"  buyers' holdings on /ledger need the token in {settings.data_dir}/operator_token "
+        f"  /ledger needs the operators' token in {settings.data_dir}/operator_token "
         "(`epsilon-market ledger` reads it)",
         flush=True,
     )
@@ -289,7 +289,7 @@ def _capacity(partitions: int) -> dict[str, int]:
 def _operator_token(args: argparse.Namespace) -> str | None:
     """The operators' credential: ``--token-file``, else ``$EMARKET_OPERATOR_TOKEN``, else the
     ``operator_token`` the worker wrote to ``--data-dir`` (default ``$EMARKET_DATA_DIR`` or
-    ``data``); None if there is none (the ledger then shows aggregates only)."""
+    ``data``); None if there is none."""
     if args.token_file is None and os.environ.get("EMARKET_OPERATOR_TOKEN"):
         return os.environ["EMARKET_OPERATOR_TOKEN"].strip()
     data_dir = Path(args.data_dir or os.environ.get("EMARKET_DATA_DIR") or "data")
@@ -354,14 +354,13 @@ def _base(url: str) -> str:
     return base
 
 
-def _fetch_ledger(url: str, token: str | None) -> dict[str, Any]:
+def _fetch_ledger(url: str, token: str) -> dict[str, Any]:
     import urllib.error  # noqa: PLC0415
     import urllib.request  # noqa: PLC0415
 
     base = _base(url)
     request = urllib.request.Request(base + "/ledger")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             data: dict[str, Any] = json.loads(resp.read())["streams"]
@@ -400,6 +399,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     token = _operator_token(args)
     urls = args.worker or env or ["http://127.0.0.1:6066"]
     said = [_whose_ledger(url, defaulted=not (args.worker or env)) for url in urls]
+    if token is None:
+        raise CommandError(
+            "the ledger is the operators' page and needs their token: pass --token-file, "
+            "set EMARKET_OPERATOR_TOKEN, or --data-dir of the worker (its operator_token)",
+            EXIT_REFUSED,
+        )
     for url in urls:
         streams.update(_fetch_ledger(url, token))
     if json_mode(args):
@@ -428,9 +433,6 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     for (seller, cur), revenue in sorted(sellers.items()):
         owned = sorted(k for k, v in streams.items() if v["seller_id"] == seller)
         print(f"{seller:<20} {format_money(revenue, cur):>14}  {', '.join(owned)}")
-    if token is None:
-        print("\nbuyers: not shown without the operators' token (--token-file, --data-dir)")
-        return 0
     print(f"\n{'buyer':<20} {'stream':<20} {'level':>8} {'paid':>14} purchases")
     for b, held in sorted(buyers.items()):
         for sid, h in sorted(held.items()):

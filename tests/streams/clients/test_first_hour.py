@@ -205,7 +205,8 @@ def test_refused_values_and_purchases_exit_non_zero_with_the_reason(
     assert_clean(r, 0)
     assert len(re.findall(r"^wrong_dimension", r.stdout, re.M)) == 2, r.stdout
     assert re.search(r"^price_too_high .* bob", r.stdout, re.M), r.stdout
-    assert_clean(cli("ledger", "--worker", w.url), 0, "temp", "acme")
+    token = ("--data-dir", str(market.settings.data_dir))
+    assert_clean(cli("ledger", "--worker", w.url, *token), 0, "temp", "acme")
 
 
 @pytest.mark.broker
@@ -281,13 +282,14 @@ def test_ledger_names_the_market_it_read_and_refuses_another(market: Market) -> 
     """`ledger` without EMARKET_WORKER read whatever answered on the default port, naming no
     market: another user's market could pass for one's own."""
     w = market.start_worker()
-    r = cli("ledger", "--worker", w.url)
+    token = ("--data-dir", str(market.settings.data_dir))
+    r = cli("ledger", "--worker", w.url, *token)
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
     assert f"from the worker at {w.url}" in first and "ledger of market " in first, first
     other = "Kay64UG8yvCyLhqU000LxzYeUm0L/hLIl5S8kyKWbdc="  # Ed25519 key of bytes 32..63
     assert_clean(
-        cli("ledger", "--worker", w.url, env={"EMARKET_MARKET_KEY": other}),
+        cli("ledger", "--worker", w.url, *token, env={"EMARKET_MARKET_KEY": other}),
         1,
         "serves another market",
         "24f6ed6acbfe1009",

@@ -9,6 +9,7 @@ import hmac
 import json
 import stat
 import struct
+import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +56,19 @@ def _core_with_a_buyer() -> Stores:
     return core.stores
 
 
-def test_the_ledger_names_no_buyer_without_the_operators_token() -> None:
+def test_the_ledger_is_the_operators_and_lists_each_buyer() -> None:
     stores = _core_with_a_buyer()
-    public = web.ledger(stores, TEST_KEYS)
-    assert "alice" not in json.dumps(public)
-    assert public["streams"]["temp"]["holder_count"] == 1 and not public["per_buyer"]
-    detail = web.ledger(stores, TEST_KEYS, per_buyer=True)
+    detail = web.ledger(stores, TEST_KEYS)
+    assert detail["streams"]["temp"]["holder_count"] == 1
     assert detail["streams"]["temp"]["holders"]["alice"]["purchases"] == 1
 
 
-def test_only_the_operators_bearer_token_opens_the_detail() -> None:
+def test_only_the_operators_bearer_token_opens_the_ledger() -> None:
     token = TEST_KEYS.operator_token
-    assert web.ledger_access(None, TEST_KEYS) is False
-    assert web.ledger_access("", TEST_KEYS) is False
     assert web.ledger_access(f"Bearer {token}", TEST_KEYS) is True
     assert web.ledger_access(f"bearer {token}", TEST_KEYS) is True
-    for wrong in (f"Bearer {token[:-1]}", f"Basic {token}", "Bearer", "Bearer é"):
-        assert web.ledger_access(wrong, TEST_KEYS) is None, wrong
+    for wrong in (None, "", f"Bearer {token[:-1]}", f"Basic {token}", "Bearer", "Bearer é"):
+        assert web.ledger_access(wrong, TEST_KEYS) is False, wrong
 
 
 def test_the_token_is_written_beside_the_keys_for_the_operators_only(tmp_path: Path) -> None:
@@ -298,7 +295,7 @@ def _raw(key: X25519PrivateKey) -> bytes:
 @pytest.mark.slow
 def test_nobody_reading_the_broker_or_the_pages_sees_numbers_or_buyers(market: Market) -> None:
     """The values topic read raw holds no clear number; a refused value's rejection quotes
-    none; /metrics, /health and /ledger without the operators' token name no buyer."""
+    none; /metrics and /health name no buyer, /ledger answers only the operators' token."""
     w = market.start_worker()
     market.open_accounts("seller1", "sealed-buyer")
     secret = [1234.5678, 8765.4321, 2468.1357]
@@ -334,8 +331,11 @@ def test_nobody_reading_the_broker_or_the_pages_sees_numbers_or_buyers(market: M
     assert values.count(b'"sealed"') == 1 and b"9876.5" in values  # the one clear batch sent
     assert not any(repr(x).encode() in values for x in secret)
     assert b"values_not_sealed" in rejections and b"9876.5" not in rejections
-    pages = json.dumps([w.get("/health"), w.get("/ledger")]) + w.get("/metrics")
+    pages = json.dumps(w.get("/health")) + w.get("/metrics")
     assert "sealed-buyer" not in pages and "temp" in pages
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        w.get("/ledger")  # the operators' page: not without their token
+    assert refused.value.code == 401 and b"operators' token" in refused.value.read()
     assert "sealed-buyer" in json.dumps(market.ledger())  # the operators see it
 
 

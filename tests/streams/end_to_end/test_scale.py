@@ -50,7 +50,7 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
     market.run(setup)
     for s in STREAMS:
         market.wait_ingested(s, 5)
-    owned = [set(w.get("/ledger")["streams"]) for w in (w1, w2)]
+    owned = [set(w.get("/ledger", token=market.operator_token())["streams"]) for w in (w1, w2)]
     assert owned[0] and owned[1] and not owned[0] & owned[1], owned  # scaled out by stream
 
     targets = [0.5, 1.0, 1.5, CAP, CAP + 0.5, 3.0, 1e6]
@@ -95,7 +95,7 @@ def test_two_workers_racing_buyers_never_exceed_the_cap(market: Market) -> None:
     assert top == {(b, s) for b, s, _ in asked}  # every buyer reached the cap on every stream
     assert max(r.level_after for r in fulfilled) == CAP
     assert all(rel.level <= CAP for r in fulfilled for rel in r.releases)
-    ledger = w2.get("/ledger")["streams"]
+    ledger = w2.get("/ledger", token=market.operator_token())["streams"]
     assert set(ledger) == set(STREAMS)  # the survivor recovered every stream
     assert all(s["privacy_spent"] <= CAP for s in ledger.values())
     # one lossless process per value: every (stream, value, level) has one vector

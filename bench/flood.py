@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 web_port=find_free_port(),
                 log_level="info",
                 require_encryption=False,
+                metrics_every=0.0,  # a sample is the worker's figures now, not a cached page
             ).for_tansu(),
             fetch_max_wait_ms=10,
         )

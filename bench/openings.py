@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             web_port=find_free_port(),
             log_level="info",
             limits=Limits(openings="open", opening_work=args.work),
+            metrics_every=0.0,  # a sample is the worker's figures now, not a cached page
         ).for_tansu()
         topics = Topics(settings.prefix, settings.partitions)
         worker = ChildWorker(settings, log_path=workdir / "market.log").start()

@@ -479,6 +479,7 @@ def run_soak(
             web_port=find_free_port(),
             log_level="warn",
             require_encryption=False,
+            metrics_every=0.0,  # a sample is the worker's figures now, not a cached page
         ).for_tansu()
         # the worker's default horizon, unless a short one is asked for (the CI soak's), so
         # that memory levels off within the run: eviction markers of values older than the

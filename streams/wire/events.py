@@ -1201,6 +1201,21 @@ class MarketIdentity(_Event):
         description="the Ed25519 key that signs receipts and every answer, base64 of the raw 32 "
         "bytes (docs/protocol.md §12); absent in markets made before",
     )
+    inboxes: Literal[2] | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="2: one partitioned inbox topic, records sealed to their account "
+        "(docs/protocol.md §8.5); absent: a topic per account (v1)",
+    )
+    inbox_partitions: Annotated[int, Field(ge=1, le=1024, strict=True)] | None = Field(
+        None, exclude_if=_is_none, description="v2 inboxes: the partitions of <p>.inbox"
+    )
+    market_sealing_key: PublicKey | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="v2 inboxes: the market's X25519 key, base64 of the raw 32 bytes, with "
+        "which each account's inbox route is computed (docs/protocol.md §8.5.3)",
+    )
     created_at_ms: Millis
 
 

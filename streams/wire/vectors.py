@@ -28,7 +28,7 @@ from market.envelope import CONTEXT, Sealer, public_key_b64, seal
 from market.histogram_chain import string_key
 from market.receipts import derive_opening, key_id, opening_key
 
-from . import receipt_vectors
+from . import inbox_v2_vectors, receipt_vectors
 from .answers import answer_header
 from .events import (
     OpenAccount,
@@ -625,6 +625,7 @@ def build() -> dict[str, Any]:
         "keys.json": _keys(),
         "sales.json": _sales(),
         "negative.json": negative(release_to_buyer()),
+        "inbox_v2.json": inbox_v2_vectors.vectors(),
     }
 
 

@@ -39,6 +39,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -81,6 +82,7 @@ from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
+from .inbox_reader import InboxReader
 from .keys import Party
 from .opening import InboxOpener, Unopened
 
@@ -143,9 +145,12 @@ class TopicReader:
         topic: str | Sequence[str],
         *,
         fetch_max_wait_ms: int = 20,
+        partitions: set[int] | None = None,
         **auth: Any,
     ) -> None:
+        """``partitions``: read only these (of every topic); None: all."""
         self.topics = [topic] if isinstance(topic, str) else list(topic)
+        self.only = partitions
         self._consumer = AIOKafkaConsumer(
             **auth,
             bootstrap_servers=bootstrap,
@@ -177,7 +182,11 @@ class TopicReader:
             if not parts:
                 await self._consumer.stop()
                 raise LookupError(f"topic {topic} does not exist")
-            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+            tps += [
+                TopicPartition(topic, p)
+                for p in sorted(parts)
+                if self.only is None or p in self.only
+            ]
         self._consumer.assign(tps)
         if not from_end:
             await self._consumer.seek_to_beginning(*tps)
@@ -264,6 +273,8 @@ class MarketClient:
         self.batch_values, self.batch_delay = batch_values, batch_delay
         self._batchers: dict[tuple[str, bool, float], ValueBatcher] = {}
         self._sent_values: dict[str, SentValues] = {}
+        self._parties: dict[str, Party] = {}  # the keys each account's inbox is read with
+        self._inbox_sealing_key: str | None = None  # the identity's, in a v2 market
         self._producer = AIOKafkaProducer(
             **self.auth,
             bootstrap_servers=bootstrap,
@@ -327,6 +338,7 @@ class MarketClient:
         me = party or self.party
         if me is None:
             raise ValueError("this request is signed: give the client a Party (keys)")
+        self._parties[me.account_id] = me
         return me
 
     async def send(self, topic: str, key: str, payload: bytes) -> tuple[int, int]:
@@ -357,7 +369,7 @@ class MarketClient:
             pinned = self.market_public_key
             if pinned is not None:
                 _parse_market_key(pinned)
-            text = await self._published_key(wait)
+            text = await self._published_key(wait)  # and the inbox layout it records
             self._market_key = _parse_market_key(text)
             if pinned is None:
                 self.on_warning(
@@ -384,11 +396,34 @@ class MarketClient:
             ) from None
         assert first is not None  # waited for one
         try:
-            return trusted_key(topic, read_root(topic, *first), self.market_public_key)
+            root = read_root(topic, *first)
+            text = trusted_key(topic, root, self.market_public_key)
         except RootError as exc:
             if exc.reason == "no_key":
                 raise MarketKeyError(exc.message) from None
             raise MarketRootError(exc.reason, exc.message) from None
+        if root.inboxes == 2 and root.inbox_partitions is not None:  # docs/protocol.md §8.5.1
+            self.topics = replace(self.topics, inboxes=2, inbox_partitions=root.inbox_partitions)
+            self._inbox_sealing_key = root.market_sealing_key
+        return text
+
+    def inbox_reader(self, topic: str) -> InboxReader:
+        """A reader of the inbox named ``topic`` (v1's name of the account's inbox), once the
+        market's key and layout are read (:meth:`market_key`): in a v2 market, the
+        partitions of the account's routes, computed with the keys it last acted with."""
+        if self._market_key is None:
+            raise RuntimeError("read the market's key first (market_key)")
+        account = self.topics.inbox_account(topic) or ""
+        return InboxReader(
+            lambda t, parts: TopicReader(self.bootstrap, t, partitions=parts, **self.auth),
+            self.believe,
+            self.topics,
+            topic,
+            self._market_key,
+            self._parties.get(account) or (self.party if self.party is not None else None),
+            self._inbox_sealing_key,
+            self.on_warning,
+        )
 
     @staticmethod
     def _key_id(text: str) -> str:
@@ -476,6 +511,7 @@ class MarketClient:
         me = self._me(party)
         market = await self.signing_market()
         payload = me.rotate_to(new, market, version).model_dump_json().encode()
+        self._parties[me.account_id] = new.holding([me])  # the answer is sealed to the new key
         got = await self._request(
             self.topics.accounts,
             me.account_id,
@@ -932,13 +968,12 @@ class MarketClient:
         (:class:`~streams.clients.opening.Unopened`).
         """
         me = self._me(party)
-        key = await self.market_key()
-        topic = self.topics.inbox(me.account_id)
+        await self.market_key()
         reader = await self._inbox(me.account_id)
         opener = InboxOpener(me.sealing_keys)
         told = on_unopened or (lambda u: self.on_warning(f"{u.event.type}: {u.reason}"))
         try:
-            async for ev in self._believed(reader, topic, key, idle_timeout):
+            async for ev in self._believed(reader, idle_timeout):
                 if isinstance(ev, Refusal):
                     continue
                 got = opener.open(ev)
@@ -974,13 +1009,12 @@ class MarketClient:
             The party has no inbox (its account was never opened).
         """
         me = self._me(party)
-        key = await self.market_key()
-        topic = self.topics.inbox(me.account_id)
-        reader = TopicReader(self.bootstrap, topic, **self.auth)
+        await self.market_key()
+        reader = self.inbox_reader(self.topics.inbox(me.account_id))
         await reader.start()
         seen: set[str] = set()
         try:
-            async for sale in self._believed(reader, topic, key, idle_timeout):
+            async for sale in self._believed(reader, idle_timeout):
                 if (
                     not isinstance(sale, Sale)
                     or sale.seller_id != me.account_id
@@ -996,25 +1030,23 @@ class MarketClient:
 
     # -- plumbing ---------------------------------------------------------------------------------
     async def _believed(
-        self, reader: TopicReader, topic: str, key: Ed25519PublicKey, idle_timeout: float | None
+        self, reader: InboxReader, idle_timeout: float | None
     ) -> AsyncIterator[InboxEvent | Refusal]:
-        """Every event of ``topic`` that :meth:`believe` accepts, as ``reader`` polls it, until
-        ``idle_timeout`` seconds pass without a record (None: for ever); the caller stops the
+        """Every message of the inbox the market signed, as ``reader`` polls it, until
+        ``idle_timeout`` seconds pass without one (None: for ever); the caller stops the
         reader."""
         idle_since = time.monotonic()
         while idle_timeout is None or time.monotonic() - idle_since < idle_timeout:
-            batch = await reader.poll_records(0.3)
+            batch = await reader.poll(0.3)
             if batch:
                 idle_since = time.monotonic()
-            for _, raw, headers in batch:
-                got = self.believe(topic, raw, headers, key)
-                if got is not None:
-                    yield got[1]
+            for _, got in batch:
+                yield got[1]
 
-    async def _inbox(self, account_id: str) -> TopicReader:
-        with contextlib.suppress(Exception):  # parties may lack the right to create topics
-            await ensure_topics(self.bootstrap, [self.topics.inbox_spec(account_id)], **self.auth)
-        reader = TopicReader(self.bootstrap, self.topics.inbox(account_id), **self.auth)
+    async def _inbox(self, account_id: str) -> InboxReader:
+        await self.market_key()
+        await self._ensure_inbox(self.topics.inbox(account_id))
+        reader = self.inbox_reader(self.topics.inbox(account_id))
         await reader.start()
         return reader
 
@@ -1062,6 +1094,8 @@ class MarketClient:
         return refusals
 
     async def _ensure_inbox(self, inbox: str) -> None:
+        if self.topics.inboxes == 2:  # <p>.inbox is made with the market
+            return
         with contextlib.suppress(Exception):  # parties may lack the right to create topics
             await ensure_topics(self.bootstrap, [self.topics.inbox_topic_spec(inbox)], **self.auth)
 
@@ -1151,7 +1185,7 @@ class _Watch:
         self.sent_to, self.payload = sent
         self.digest = hashlib.sha256(self.payload).hexdigest()
         self.request_id, self.refusals, self.stream_id = request_id, refusals, stream_id
-        self.reader: TopicReader | None = None
+        self.reader: InboxReader | None = None
         self.earlier: list[tuple[str, InboxEvent]] = []
         """The market's answers to earlier sends of this id: (SHA-256 of the value, answer)."""
         self.refused: tuple[float, Rejection] | None = None
@@ -1168,16 +1202,14 @@ class _Watch:
     async def _inbox(self, timeout: float) -> list[InboxEvent]:
         out: list[InboxEvent] = []
         if self.reader is None:  # the inbox of an account being opened appears with it
-            reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
+            reader = self.client.inbox_reader(self.inbox)
             with contextlib.suppress(LookupError):
                 await reader.start(wait=timeout)
                 self.reader = reader
         if self.reader is None:
             return out
-        for _, raw, headers in await self.reader.poll_records(timeout):
-            got = self.client.believe(self.inbox, raw, headers, self.key)
-            if got is not None:
-                out += self.take(got, raw)
+        for raw, got in await self.reader.poll(timeout):
+            out += self.take(got, raw)
         return out
 
     def take(self, got: tuple[str | None, InboxEvent | Refusal], raw: bytes) -> list[InboxEvent]:
@@ -1267,7 +1299,7 @@ class SentValues:
     ) -> None:
         self.client, self.key, self.inbox, self.refusals = client, key, inbox, refusals
         self.resend_every = resend_every
-        self.reader: TopicReader | None = None
+        self.reader: InboxReader | None = None
         self.flight: dict[str, _InFlight] = {}
         """The batches sent and not answered yet, by the SHA-256 of their bytes."""
         self._task: asyncio.Task[None] | None = None
@@ -1315,17 +1347,14 @@ class SentValues:
         sends again those whose answer is late. (The batches stay in :attr:`flight`: the
         caller hands the answers over.)"""
         if self.reader is None:  # the inbox of a party that never had an answer appears later
-            reader = TopicReader(self.client.bootstrap, self.inbox, **self.client.auth)
+            reader = self.client.inbox_reader(self.inbox)
             with contextlib.suppress(LookupError):
                 await reader.start(wait=timeout)
                 self.reader = reader
         heard: dict[str, list[InboxEvent]] = {}
-        for _, raw, headers in (
-            [] if self.reader is None else await self.reader.poll_records(timeout)
-        ):
-            got = self.client.believe(self.inbox, raw, headers, self.key)
-            fly = None if got is None or got[0] is None else self.flight.get(got[0])
-            if fly is not None and got is not None:
+        for raw, got in [] if self.reader is None else await self.reader.poll(timeout):
+            fly = None if got[0] is None else self.flight.get(got[0])
+            if fly is not None:
                 heard.setdefault(fly.watch.digest, []).extend(fly.watch.take(got, raw))
         if self.refusals is not None:
             for key, raw, headers in await self.refusals.poll_records(0.05):

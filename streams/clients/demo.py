@@ -23,7 +23,6 @@ import numpy as np
 from ..broker.embedded import EmbeddedBroker, find_free_port
 from ..wire.events import PurchaseFulfilled, Rejection, ValueReleased
 from ..wire.money import format_money
-from ..wire.topics import Topics
 from ..worker.config import Settings
 from ..worker.runner import ChildWorker
 from ..worker.secrets import load_or_create_keys
@@ -100,7 +99,7 @@ DIM = 4
 
 
 async def _play(settings: Settings, steps: int, n_values: int, worker: ChildWorker) -> None:
-    topics = Topics(settings.prefix, settings.partitions)
+    topics = settings.topics()
     rng = np.random.default_rng()  # the demo's made-up readings, not privacy noise
     seller = Party.generate("acme-sensors", sealing=False)
     buyer = Party.generate("buyer-1")

@@ -113,7 +113,7 @@ def _open(ctx: Context, ev: OpenAccount) -> Outcome:
             raise Reject(exc.reason, str(exc), claimed=ev.account_id) from None
     elif ctx.limits.opening_work:
         _check_work(ctx, ev)
-    _check_sealing_key(ev.sealing_key, claimed=ev.account_id)
+    _check_sealing_key(ctx, ev.sealing_key, claimed=ev.account_id)
     if len(ctx.directory) >= ctx.limits.max_accounts:
         raise Reject(
             "too_many_accounts",
@@ -186,7 +186,7 @@ def _rotate(ctx: Context, ev: RotateKeys) -> Outcome:
             f"version {acct.version + 1}",
             sender=ev.account_id,
         )
-    _check_sealing_key(ev.sealing_key, sender=ev.account_id)
+    _check_sealing_key(ctx, ev.sealing_key, sender=ev.account_id)
     retired = [*acct.retired, RetiredKey(version=acct.version, signing_key=acct.signing_key)]
     state = acct.model_copy(
         update={
@@ -215,10 +215,18 @@ def _check_signing_key(key: str, **who: str) -> None:
         )
 
 
-def _check_sealing_key(key: str | None, **who: str) -> None:
+def _check_sealing_key(ctx: Context, key: str | None, **who: str) -> None:
     """Refuse a sealing key nothing can be sealed for (a low-order X25519 point): accepted, it
-    would make every delivery to the account fail."""
+    would make every delivery to the account fail; and none in a market with v2 inboxes, whose
+    records are routed and sealed with it (docs/protocol.md §8.5.2)."""
     if key is None:
+        if ctx.topics.inboxes == 2:
+            raise Reject(
+                "encryption_required",
+                "this market's inboxes (v2) are routed and sealed with the account's sealing "
+                "key: give one (epsilon-market keygen makes key files with one)",
+                **who,
+            )
         return
     try:
         validate_public_key(key)
@@ -245,5 +253,5 @@ def _confirm(ctx: Context, state: AccountState, status: str) -> Outcome:
         "account",
         "accepted" if status == "accepted" else "duplicate",
         [Output(inbox, state.account_id.encode(), dump(state))],
-        create_topics=[ctx.topics.inbox_spec(state.account_id)],
+        create_topics=[] if ctx.topics.inboxes == 2 else [ctx.topics.inbox_spec(state.account_id)],
     )

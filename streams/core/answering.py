@@ -62,17 +62,25 @@ def sign_outcome(
 
     The refusal names the record refused: anyone can copy a sender's bytes to another topic or
     write them again, where they are refused under the same key, and the sender must not take
-    that refusal for the one of the record it wrote (docs/protocol.md §12.5)."""
+    that refusal for the one of the record it wrote (docs/protocol.md §12.5).
+
+    With v2 inboxes (§8.5) the inbox messages are not signed one by one: each account's are
+    sealed into one record signed once (:mod:`streams.core.inbox_records`)."""
     if not outcome.outputs:
         return outcome
     request = hashlib.sha256(raw).hexdigest()
     outputs: list[Output] = []
+    sealed: list[tuple[Output, str | None]] = []
     refused: Output | None = None
     for out in outcome.outputs:
         if out.topic == ctx.topics.rejections and refused is None:
             refused = out
+        if ctx.topics.inboxes == 2 and ctx.topics.is_inbox(out.topic):
+            sealed.append((out, request if out.answer else None))
+            continue
         signed = ctx.topics.is_inbox(out.topic) or out.topic == ctx.topics.catalog
         outputs.append(_signed(ctx, out, request if out.answer else None) if signed else out)
+    outputs[:0] = ctx.inbox_records.records(sealed) if sealed else []
     if refused is not None:
         code = outcome.reason or _reason_of(refused.value)
         if code not in _NOT_REFUSALS:
@@ -85,7 +93,13 @@ def sign_outcome(
 
 def sign_deliveries(ctx: Context, outputs: list[Output]) -> None:
     """Sign a batch's subscription deliveries in place: each answers no single event (it
-    gathers the releases of the batch's values), so it is bound to its inbox alone."""
+    gathers the releases of the batch's values), so it is bound to its inbox alone. With v2
+    inboxes, one record per buyer carries all of the batch's deliveries to it (§8.5.4)."""
+    if ctx.topics.inboxes == 2:
+        inbox = [(o, None) for o in outputs if ctx.topics.is_inbox(o.topic)]
+        rest = [o for o in outputs if not ctx.topics.is_inbox(o.topic)]
+        outputs[:] = [*ctx.inbox_records.records(inbox), *rest]
+        return
     outputs[:] = [_signed(ctx, o, None) if ctx.topics.is_inbox(o.topic) else o for o in outputs]
 
 

@@ -19,6 +19,7 @@ from .allowance import Allowance
 from .census import Quota, StreamCensus
 from .delivery import Deliveries, release_bytes
 from .directory import Directory
+from .inbox_records import InboxRecords
 from .keys import MarketKeys
 from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
@@ -122,6 +123,8 @@ class Context:
     quotes: AnsweredQuotes = field(init=False)
     market: MarketRef = field(init=False)
     """What every signature the market accepts names: its prefix and its key id (§2)."""
+    inbox_records: InboxRecords = field(init=False)
+    """Seals inbox messages into v2 records (a market with v2 inboxes, §8.5)."""
 
     def __post_init__(self) -> None:
         self.market = MarketRef(self.topics.prefix, self.keys.key_id)
@@ -135,3 +138,10 @@ class Context:
             self.clock,
         )
         self.quotes = AnsweredQuotes(self.clock)
+        self.inbox_records = InboxRecords(
+            self.topics, self.keys, self._sealing_key_of, self.limits.max_message_bytes
+        )
+
+    def _sealing_key_of(self, account_id: str) -> str | None:
+        state = self.directory.get(account_id)
+        return state.sealing_key if state is not None else None

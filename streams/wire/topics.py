@@ -21,7 +21,9 @@ topic                      key          partitions   retention / cleanup (bytes 
 <p>.inbox.<account_id>     request id   1            delete, 365 days, 1 GiB (one party's
                                                      outcomes, releases, receipts, quotes,
                                                      rejections); created when the account is
-                                                     opened
+                                                     opened (v1 inboxes)
+<p>.inbox                  route        N            delete, 365 days, 8 GiB (v2 inboxes: every
+                                                     account's records, sealed, §8.5)
 <p>.rejections             stream_id    1            delete, 30 days, 256 MiB (every refusal,
                                                      operators)
 <p>.deadletters            topic        1            delete, 30 days, 64 MiB (outputs refused
@@ -133,6 +135,10 @@ class Topics:
 
     prefix: str = "emarket"
     partitions: int = 4
+    inboxes: int = 1
+    """1: a topic per account (``<p>.inbox.<id>``); 2: one partitioned topic (§8.5)."""
+    inbox_partitions: int = 16
+    """The partitions of ``<p>.inbox`` in a market with v2 inboxes."""
 
     @property
     def accounts(self) -> str:
@@ -172,6 +178,17 @@ class Topics:
         """Who made this market's state: the first record names the noise secret (kept forever)."""
         return f"{self.prefix}.market"
 
+    @property
+    def shared_inbox(self) -> str:
+        """The one inbox topic of a market with v2 inboxes (docs/protocol.md §8.5)."""
+        return f"{self.prefix}.inbox"
+
+    def inbox_account(self, topic: str) -> str | None:
+        """The account of the v1 inbox name ``topic`` (ids have no dots: the name is
+        injective), or None if it is none."""
+        head = f"{self.prefix}.inbox."
+        return topic[len(head) :] if topic.startswith(head) else None
+
     def inbox(self, account_id: str) -> str:
         """The topic where the market writes to one party (its only readable topic of its own)."""
         return f"{self.prefix}.inbox.{account_id}"
@@ -198,7 +215,13 @@ class Topics:
             TopicSpec(self.deadletters, 1, _delete(30, 64 * MIB)),
             TopicSpec(self.refusals, 1, REFUSALS_CONFIG),
             TopicSpec(self.identity, 1, {"cleanup.policy": "delete", "retention.ms": "-1"}),
+            *([self.shared_inbox_spec()] if self.inboxes == 2 else []),
         ]
+
+    def shared_inbox_spec(self) -> TopicSpec:
+        """``<p>.inbox`` (v2): every account's partition shares its bytes, so its bound is
+        larger than a v1 inbox's."""
+        return TopicSpec(self.shared_inbox, self.inbox_partitions, _delete(365, 8192 * MIB))
 
     def catalog_spec(self) -> TopicSpec:
         """How the catalog is created (at start-up, and again if it goes missing)."""

@@ -21,7 +21,6 @@ import faust
 from market.chain import noise_step
 
 from ..core import MarketCore, MarketKeys, Stores
-from ..wire.topics import Topics
 from . import web
 from .batch import BatchProcessor
 from .catalog import CatalogRebuild
@@ -79,7 +78,7 @@ class MarketWorker:
         install_batched_intake()
         install_takeover()
         register_codecs()
-        self.topics = Topics(settings.prefix, settings.partitions)
+        self.topics = settings.topics()
         self.keys = keys or load_or_create_keys(settings.data_dir)
         self.metrics: Metrics = build_metrics()
         self.group = self._group_watch()

@@ -218,7 +218,8 @@ class BatchProcessor:
                     part.rest = events[i + 1 :]
                     break
         part.outputs.extend(
-            Record(o.topic, o.key, o.value, headers=list(o.headers) or None) for o in deliveries
+            Record(o.topic, o.key, o.value, o.partition, headers=list(o.headers) or None)
+            for o in deliveries
         )
         return part
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from ..broker.auth import kafka_auth
 from ..core.context import Limits
-from ..wire.topics import DEDUP_HORIZON_MS
+from ..wire.topics import DEDUP_HORIZON_MS, Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 
 __all__ = ["Settings"]
@@ -37,6 +37,13 @@ def _openings(text: str) -> Literal["invite", "open"]:
     if text not in ("invite", "open"):
         raise ValueError(f"EMARKET_OPENINGS must be 'invite' or 'open', not {text!r}")
     return "invite" if text == "invite" else "open"
+
+
+def _inboxes(text: str) -> int:
+    """``EMARKET_INBOXES``: ``v1`` (a topic per account) or ``v2`` (one partitioned topic)."""
+    if text not in ("v1", "v2"):
+        raise ValueError(f"EMARKET_INBOXES must be 'v1' or 'v2', not {text!r}")
+    return 2 if text == "v2" else 1
 
 
 def _limits_from_env() -> Limits:
@@ -117,6 +124,11 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     #: Inbox topics created by one CreateTopics request, off the event path (worker.inboxes).
     inbox_batch: int = 100
+    #: 1: an inbox topic per account; 2: one partitioned topic ``<p>.inbox`` of
+    #: ``inbox_partitions`` (docs/protocol.md §8.5). Fixed when the market is made: its
+    #: identity records them and a worker with other settings refuses to start.
+    inboxes: int = 1
+    inbox_partitions: int = 16
     #: /health answers 503 when input is waiting and no batch completed for this many seconds.
     stall_seconds: float = 30.0
     #: Seconds a build of ``/ledger`` (of ``/metrics``) serves the requests that arrive after
@@ -159,6 +171,8 @@ class Settings:
             dedup_horizon=_env("DEDUP_HORIZON", cls.dedup_horizon, float),
             profile_batches=_env("PROFILE_BATCHES", False, _truthy),
             inbox_batch=_env("INBOX_BATCH", cls.inbox_batch, int),
+            inboxes=_env("INBOXES", cls.inboxes, _inboxes),
+            inbox_partitions=_env("INBOX_PARTITIONS", cls.inbox_partitions, int),
             stall_seconds=_env("STALL_SECONDS", cls.stall_seconds, float),
             ledger_every=_env("LEDGER_EVERY", cls.ledger_every, float),
             metrics_every=_env("METRICS_EVERY", cls.metrics_every, float),
@@ -167,6 +181,10 @@ class Settings:
             limits=_limits_from_env(),
         )
         return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+
+    def topics(self) -> Topics:
+        """The market's topic layout as these settings make it."""
+        return Topics(self.prefix, self.partitions, self.inboxes, self.inbox_partitions)
 
     def for_tansu(self) -> Settings:
         """Short group timeouts and fetch waits that make the embedded broker responsive.

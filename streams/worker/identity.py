@@ -57,8 +57,10 @@ class MarketIdentityError(RuntimeError):
     """This worker's noise secret or platform does not match the market's state."""
 
 
-def identity_of(keys: MarketKeys) -> MarketIdentity:
-    """What this worker would write as the market's identity."""
+def identity_of(keys: MarketKeys, topics: Topics | None = None) -> MarketIdentity:
+    """What this worker would write as the market's identity (with ``topics``' inbox layout:
+    a v2 market records it, docs/protocol.md §8.5.1)."""
+    v2 = topics is not None and topics.inboxes == 2
     return MarketIdentity(
         noise_secret_fingerprint=keys.noise_fingerprint,
         noise_derivation=DOMAIN.decode(),
@@ -68,6 +70,9 @@ def identity_of(keys: MarketKeys) -> MarketIdentity:
         state_format=STATE_FORMAT,
         market_key_id=keys.key_id,
         market_public_key=keys.public_key_b64,
+        inboxes=2 if v2 else None,
+        inbox_partitions=topics.inbox_partitions if v2 and topics is not None else None,
+        market_sealing_key=keys.sealing_public_b64 if v2 else None,
         created_at_ms=time.time_ns() // 1_000_000,
     )
 
@@ -80,7 +85,7 @@ async def check_identity(
     The market's identity is its trust root, the first record of partition 0 of ``<p>.market``
     whatever it is (:mod:`streams.wire.root`): one that is not a valid identity spoils the
     market, and the worker refuses to start, naming the record."""
-    ours = identity_of(keys)
+    ours = identity_of(keys, topics)
     topic = topics.identity
     first = await _first_record(bootstrap, topic, timeout, auth)
     if first is None:
@@ -138,6 +143,7 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "refused as forged. Start it with the market's EMARKET_SIGNING_KEY (or its data "
             f"directory). {_written_by_someone_else(topic)}"
         )
+    _compare_inboxes(ours, theirs, topic)
     checks = [
         ("derivation", ours.noise_derivation, theirs.noise_derivation),
         ("check", ours.noise_check, theirs.noise_check),
@@ -155,6 +161,25 @@ def _compare(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
             "format: one of the two implementations is wrong (docs/protocol.md §1.7 states the "
             "format's check). Report it; do not serve this market with this worker"
         )
+
+
+def _inbox_settings(identity: MarketIdentity) -> str:
+    if identity.inboxes == 2:
+        return f"EMARKET_INBOXES=v2 EMARKET_INBOX_PARTITIONS={identity.inbox_partitions}"
+    return "EMARKET_INBOXES=v1"
+
+
+def _compare_inboxes(ours: MarketIdentity, theirs: MarketIdentity, topic: str) -> None:
+    """Refuse a worker whose inbox layout is not the one the market was made with: its
+    answers would go where the market's readers do not look (docs/protocol.md §8.5.1)."""
+    if (ours.inboxes, ours.inbox_partitions) == (theirs.inboxes, theirs.inbox_partitions):
+        return
+    raise MarketIdentityError(
+        f"this market was made with {_inbox_settings(theirs)} (recorded in {topic}); this "
+        f"worker was started with {_inbox_settings(ours)}, and its answers would go where the "
+        f"market's clients do not read. Start it with {_inbox_settings(theirs)}; a market's "
+        "inbox layout cannot change (docs/operations.md)"
+    )
 
 
 def _written_by_someone_else(topic: str) -> str:

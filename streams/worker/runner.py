@@ -25,7 +25,6 @@ from typing import Any
 
 from ..broker.admin import check_input_partitions, ensure_topics, wait_for_broker
 from ..core.keys import MarketKeys
-from ..wire.topics import Topics
 from .config import Settings
 from .deadline import STOP_DEADLINE_S, exit_after
 
@@ -71,7 +70,7 @@ async def _prepare(settings: Settings, keys: MarketKeys) -> None:
     from .progress import progress_spec  # noqa: PLC0415
 
     auth = settings.aiokafka_auth()
-    topics = Topics(settings.prefix, settings.partitions)
+    topics = settings.topics()
     await wait_for_broker(settings.bootstrap, **auth)
     await ensure_topics(settings.bootstrap, topics, settings.replication, **auth)
     await ensure_topics(
@@ -152,6 +151,8 @@ class ChildWorker:
             "EMARKET_LEDGER_EVERY": str(s.ledger_every),
             "EMARKET_METRICS_EVERY": str(s.metrics_every),
             "EMARKET_PAGES_PER_SECOND": str(s.pages_per_second),
+            "EMARKET_INBOXES": f"v{s.inboxes}",
+            "EMARKET_INBOX_PARTITIONS": str(s.inbox_partitions),
             **self.env,
         }
         self.proc = subprocess.Popen(

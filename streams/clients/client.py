@@ -1202,8 +1202,8 @@ class _Watch:
     async def _inbox(self, timeout: float) -> list[InboxEvent]:
         out: list[InboxEvent] = []
         if self.reader is None:  # the inbox of an account being opened appears with it
-            reader = self.client.inbox_reader(self.inbox)
-            with contextlib.suppress(LookupError):
+            with contextlib.suppress(LookupError):  # (v2: a party without a sealing key)
+                reader = self.client.inbox_reader(self.inbox)
                 await reader.start(wait=timeout)
                 self.reader = reader
         if self.reader is None:
@@ -1347,8 +1347,8 @@ class SentValues:
         sends again those whose answer is late. (The batches stay in :attr:`flight`: the
         caller hands the answers over.)"""
         if self.reader is None:  # the inbox of a party that never had an answer appears later
-            reader = self.client.inbox_reader(self.inbox)
-            with contextlib.suppress(LookupError):
+            with contextlib.suppress(LookupError):  # (v2: a party without a sealing key)
+                reader = self.client.inbox_reader(self.inbox)
                 await reader.start(wait=timeout)
                 self.reader = reader
         heard: dict[str, list[InboxEvent]] = {}

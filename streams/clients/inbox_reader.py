@@ -60,6 +60,12 @@ class InboxReader:
         The market's X25519 key from its identity (v2).
     warn : callable
         Told of every record under the account's route that is not the market's.
+
+    Raises
+    ------
+    LookupError
+        A v2 market and a party without a sealing key: it has no inbox (the market refuses to
+        open such an account, §8.5.2).
     """
 
     def __init__(
@@ -79,8 +85,8 @@ class InboxReader:
         self.routes: dict[str, RouteKeys] = {}
         if topics.inboxes == 2:
             if party is None or market_sealing_key is None or not party.sealing_keys:
-                raise ValueError(
-                    f"this market's inboxes (v2) are read with the account's sealing key: "
+                raise LookupError(
+                    f"no inbox: this market's inboxes (v2) are read with the account's sealing key: "
                     f"{self.account!r} has none in its key file (epsilon-market keygen makes one)"
                 )
             self.routes = routes_of(party, topics, market_sealing_key)

@@ -86,8 +86,9 @@ class InboxReader:
         if topics.inboxes == 2:
             if party is None or market_sealing_key is None or not party.sealing_keys:
                 raise LookupError(
-                    f"no inbox: this market's inboxes (v2) are read with the account's sealing key: "
-                    f"{self.account!r} has none in its key file (epsilon-market keygen makes one)"
+                    f"no inbox: this market's inboxes (v2) are read with the account's sealing "
+                    f"key, and {self.account!r} has none in its key file (epsilon-market keygen "
+                    "makes one)"
                 )
             self.routes = routes_of(party, topics, market_sealing_key)
             parts = {partition_of(r, topics.inbox_partitions) for r in self.routes}

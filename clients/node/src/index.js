@@ -13,4 +13,6 @@ export { workBytes, solveWork, leadingZeroBits, DEFAULT_WORK_BITS } from './work
 export { MarketClient, Refused, TimedOut } from './kafka.js';
 export { ValueBatcher, DEFAULT_MAX_VALUES, DEFAULT_MAX_DELAY_MS, MAX_IN_FLIGHT, MAX_BATCH } from './batching.js';
 export { InboxOpener } from './opening.js';
-export { MarketRootError, readRoot, trustedKey, rootVerdict } from './root.js';
+export { MarketRootError, readRoot, trustedKey, rootVerdict, inboxMode } from './root.js';
+export { inboxRoute, routeFrom, inboxSignedBytes, parseSignedBytes, paddedLength, sealInboxRecord, openInboxRecord, InboxRecordError, INBOX_V2_HEAD } from './inbox_v2.js';
+export { TopicInbox, SharedInbox } from './inbox.js';

@@ -1,17 +1,18 @@
 // The Kafka layer: send signed events to their partitions, read answers, verify before believing
 // (docs/protocol.md §8, §12).
 import { randomBytes } from 'node:crypto';
-import { Kafka, logLevel } from 'kafkajs';
+import { Kafka, logLevel, AssignerProtocol } from 'kafkajs';
 import { utf8, sha256Of, toHex } from './bytes.js';
 import { signEvent, marketRef } from './signing.js';
 import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
-import { verifyAnswer, requestDigest, namedAnswer } from './answers.js';
+import { verifyAnswer, namedAnswer } from './answers.js';
 import { sealBatch } from './sealing.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
-import { readRoot, trustedKey } from './root.js';
+import { readRoot, trustedKey, inboxMode } from './root.js';
 import { InboxOpener } from './opening.js';
+import { TopicInbox, SharedInbox } from './inbox.js';
 
 /** The market said no: `reason` is the code of §9. */
 export class Refused extends Error {
@@ -26,13 +27,33 @@ export class Refused extends Error {
 /** No answer in time (the event may not have been read yet: resending the same bytes is safe). */
 export class TimedOut extends Error {}
 
-/** A topic read from its beginning into memory by a consumer of a fresh group. */
+/**
+ * A partition assigner giving the group's members `partitions` of `topic` alone: a v2 inbox's
+ * reader reads its routes' partitions, not everyone's (§8.5.5).
+ */
+const onlyPartitions = (topic, partitions) => () => ({
+  name: 'EmarketPartitions',
+  version: 0,
+  async assign({ members }) {
+    const assignment = AssignerProtocol.MemberAssignment.encode({ version: 0, assignment: { [topic]: partitions } });
+    return members.map(({ memberId }) => ({ memberId, memberAssignment: assignment }));
+  },
+  protocol({ topics }) {
+    return { name: 'EmarketPartitions', metadata: AssignerProtocol.MemberMetadata.encode({ version: 0, topics }) };
+  },
+});
+
+/**
+ * A topic (or some of its `partitions`) read from its beginning into memory by a consumer of a
+ * fresh group.
+ */
 class TopicReader {
-  constructor(kafka, topic) {
+  constructor(kafka, topic, partitions = null) {
     this.topic = topic;
     this.records = [];
     this.waiters = new Set();
     this.consumer = kafka.consumer({
+      ...(partitions ? { partitionAssigners: [onlyPartitions(topic, partitions)] } : {}),
       groupId: `emarket-node-${toHex(randomBytes(8))}`,
       sessionTimeout: 2000,
       heartbeatInterval: 500,
@@ -132,14 +153,36 @@ export class MarketClient {
     this.readers = new Map();
     this.partitions = new Map();
     this.warned = new Set();
+    this.views = new Map();
+    this.inboxes = { version: 1 };
   }
 
   topic(name) {
     return `${this.prefix}.${name}`;
   }
 
+  /** The v1 inbox topic of an account (§8.1); a v2 market has none (`inboxView`). */
   inbox(accountId = this.party.accountId) {
     return this.topic(`inbox.${accountId}`);
+  }
+
+  /**
+   * This party's inbox as the market's identity says it is kept (§8.5.1): its own topic (v1),
+   * or the routes of every sealing key in `keys` (default: the party's current and retired
+   * ones) on `<p>.inbox` (v2). One view per set of keys, so its records are opened once.
+   */
+  inboxView(keys = this.party.sealingKeys()) {
+    if (this.inboxes.version !== 2) return new TopicInbox(this, this.party.accountId);
+    const id = `${this.party.accountId}/${keys.map((k) => k.sealingKey).join(',')}`;
+    if (!this.views.has(id)) this.views.set(id, new SharedInbox(this, this.party.accountId, keys, this.inboxes));
+    return this.views.get(id);
+  }
+
+  /** Report `message` to `warn` once per `where`. */
+  warnOnce(where, message) {
+    if (this.warned.has(where)) return;
+    this.warned.add(where);
+    this.warn(message);
   }
 
   async connect() {
@@ -160,14 +203,18 @@ export class MarketClient {
     return (await this.admin.listTopics()).includes(topic);
   }
 
-  /** A reader of `topic` from its beginning, shared by every wait on that topic. */
-  async reader(topic) {
+  /**
+   * A reader of `topic` (or of its `partitions` alone) from its beginning, shared by every wait
+   * on that topic.
+   */
+  async reader(topic, partitions = null) {
     if (this.closed) throw new Error('the client is closed');
-    if (!this.readers.has(topic)) {
-      const r = new TopicReader(this.kafka, topic);
-      this.readers.set(topic, r.start().then(() => r));
+    const id = partitions ? `${topic}#${partitions.join(',')}` : topic;
+    if (!this.readers.has(id)) {
+      const r = new TopicReader(this.kafka, topic, partitions);
+      this.readers.set(id, r.start().then(() => r));
     }
-    return this.readers.get(topic);
+    return this.readers.get(id);
   }
 
   /**
@@ -184,7 +231,9 @@ export class MarketClient {
     const r = await this.reader(topic);
     const first = await r.find((rec) => (rec.partition === 0 ? rec : undefined), this.timeoutMs);
     if (!first) throw new TimedOut(`no identity record on ${topic}: has a worker of this market started?`);
-    const key = trustedKey(topic, readRoot(topic, Number(first.offset), first.value), pinned);
+    const identity = readRoot(topic, Number(first.offset), first.value);
+    const key = trustedKey(topic, identity, pinned);
+    this.inboxes = inboxMode(identity);
     if (!pinned) this.warn(`trusting the market key ${keyId(key)} (${key}) that ${topic} names, on first use: nothing proves it is the market's. Pin it: --market-key ${key} (EMARKET_MARKET_KEY, marketPublicKey)`);
     return key;
   }
@@ -216,10 +265,7 @@ export class MarketClient {
   believe(topic, rec) {
     const v = verifyAnswer({ prefix: this.prefix, topic, value: rec.value, headers: rec.headers, marketPublicKey: this.marketPublicKey });
     if (!v.ok) {
-      const where = `${topic}@${rec.offset}`;
-      if (this.warned.has(where)) return undefined;
-      this.warned.add(where);
-      this.warn(`ignored a message on ${topic} at offset ${rec.offset} not signed by the market (${v.why})`);
+      this.warnOnce(`${topic}@${rec.offset}`, `ignored a message on ${topic} at offset ${rec.offset} not signed by the market (${v.why})`);
       return undefined;
     }
     try {
@@ -255,15 +301,13 @@ export class MarketClient {
    * returns true; a rejection bound to it throws Refused. Meanwhile a refusal record on
    * `<p>.refusals` (an event no account was proven to sign) throws too.
    */
-  async answer(sent, accept = () => true, { inbox = this.inbox(), ms = this.timeoutMs, cancel = { done: false } } = {}) {
+  async answer(sent, accept = () => true, { inbox = this.inboxView(), ms = this.timeoutMs, cancel = { done: false } } = {}) {
     const deadline = Date.now() + ms;
     let refusedAt = null;
     while (Date.now() < deadline && !cancel.done) {
-      if (await this.topicExists(inbox)) {
-        const r = await this.reader(inbox);
-        const got = await r.find((rec) => {
-          const b = this.believe(inbox, rec);
-          if (!b || b.request !== sent.request) return undefined;
+      if (await inbox.ready()) {
+        const got = await inbox.find((b) => {
+          if (b.request !== sent.request) return undefined;
           // a rejection of a copy of these bytes someone wrote to another topic is not ours
           if (b.doc.type === 'rejection') return b.doc.source_topic === sent.topic ? b : undefined;
           return accept(b.doc) ? b : undefined;
@@ -291,6 +335,7 @@ export class MarketClient {
    */
   async openAccount({ openedAtMs = Date.now(), invitation } = {}) {
     const p = this.party;
+    this.needSealingKey(p, 'open an account without a sealing key', 'a key file made by keygen without --no-sealing');
     let acc;
     for (;;) {
       // an open market asks proof of work (§6.1.2): none at first, then its default, then more
@@ -314,18 +359,31 @@ export class MarketClient {
   }
 
   /**
+   * A v2 market refuses accounts without a sealing key (`encryption_required`, §8.5.2): said
+   * here before anything is sent, with what to do instead.
+   */
+  needSealingKey(party, what, instead) {
+    if (this.inboxes.version === 2 && !party.sealingKey) {
+      throw new Refused('encryption_required', `this market keeps v2 inboxes (docs/protocol.md §8.5), sealed to each account's sealing key: it refuses to ${what}; use ${instead}`);
+    }
+  }
+
+  /**
    * Rotate this party's keys (§6.2) to `next` (a Party of the same account, fresh keys): signed
    * by the current key and by the new one, at version current + 1. On the market's `account`
    * answer this client signs with the new keys; returns `{account, party}`.
    */
   async rotateKeys(next, { rotatedAtMs = Date.now() } = {}) {
     const p = this.party;
+    this.needSealingKey(next, 'rotate to keys without a sealing key', 'account rotate without --no-sealing');
     const version = p.keyVersion + 1;
     const sent = await this.send(
       { type: 'rotate_keys', account_id: p.accountId, version, signing_key: next.signingKey, sealing_key: next.sealingKey, rotated_at_ms: rotatedAtMs },
       { newParty: next },
     );
-    const acc = await this.answer(sent, (d) => d.type === 'account' && d.version === version);
+    // a v2 market answers under the new key's route, a refusal under the old one's (§8.5.3)
+    const inbox = this.inboxView([...next.sealingKeys(), ...p.sealingKeys()]);
+    const acc = await this.answer(sent, (d) => d.type === 'account' && d.version === version, { inbox });
     if (acc.signing_key !== next.signingKey || (acc.sealing_key ?? null) !== next.sealingKey) {
       throw new Refused('stale_key_version', `account ${p.accountId} is at other keys than the rotation's`, acc);
     }
@@ -405,6 +463,10 @@ export class MarketClient {
     }
     if (!sealingKey || seen.size !== 1 || !seen.has(sealingKey)) {
       throw new Error(`the catalog names ${seen.size} market sealing keys for the trusted market key: refusing to seal values to any of them`);
+    }
+    // a v2 market's identity names its sealing key, and the catalog's is the same (§8.5.1)
+    if (this.inboxes.version === 2 && sealingKey !== this.inboxes.sealingKey) {
+      throw new Error(`the catalog names the market sealing key ${sealingKey}, the market's identity ${this.inboxes.sealingKey}: refusing to seal values to either`);
     }
   }
 
@@ -497,15 +559,12 @@ export class MarketClient {
    * inbox holds none.
    */
   async earlierAnswer(purchaseId, streamId, notice) {
-    const inbox = this.inbox();
-    const r = await this.reader(inbox);
     const earlier = [];
-    await r.find((rec) => {
-      const d = this.believe(inbox, rec)?.doc;
-      if (!d || (d.purchase_id !== purchaseId && d.request_id !== purchaseId) || d.stream_id !== streamId) return undefined;
+    await this.inboxView().find(({ doc: d, valueSha256 }) => {
+      if ((d.purchase_id !== purchaseId && d.request_id !== purchaseId) || d.stream_id !== streamId) return undefined;
       if (d.type === 'purchase_fulfilled' && d.buyer_id !== this.party.accountId) return undefined;
       if (d.type === 'rejection' && d.reason === 'already_answered') return undefined;
-      earlier.push({ doc: d, valueSha256: requestDigest(rec.value) });
+      earlier.push({ doc: d, valueSha256 });
       return undefined;
     }, 0);
     return namedAnswer(notice, earlier);
@@ -535,22 +594,19 @@ export class MarketClient {
    * version it was sealed under, whose key file opens it). Forged messages are warned about.
    */
   async inboxMessages({ ms = 1000, until = () => false } = {}) {
-    const inbox = this.inbox();
+    const inbox = this.inboxView();
     const out = [];
-    if (!(await this.topicExists(inbox))) return out;
-    const r = await this.reader(inbox);
+    if (!(await inbox.ready())) return out;
     const opener = new InboxOpener(this.party.sealingKeys());
-    await r.find((rec) => {
-      const b = this.believe(inbox, rec);
-      if (!b) return undefined;
+    await inbox.find((b) => {
       let { doc, unopened } = opener.open(b.doc);
       try {
         if (doc.type === 'purchase_fulfilled' && b.doc.sealed && !unopened) doc = this.checkOutcome(b.doc, doc);
       } catch (err) {
-        this.warn(`${doc.type} at offset ${rec.offset}: ${err.message}`);
+        this.warn(`${doc.type} at ${b.where}: ${err.message}`);
         return undefined;
       }
-      out.push({ ...doc, _offset: Number(rec.offset), _delivery: b.request === null, ...(unopened ? { _unopened: unopened } : {}) });
+      out.push({ ...doc, _offset: Number(b.offset), _delivery: b.request === null, ...(unopened ? { _unopened: unopened } : {}) });
       return until(doc, out) ? true : undefined;
     }, ms);
     return out;

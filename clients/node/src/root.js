@@ -30,6 +30,9 @@ const FIELDS = {
   state_format: orNull(isInt),
   market_key_id: str(HEX(16)),
   market_public_key: orNull(str(KEY_RE)),
+  inboxes: orNull((x) => x === 2),
+  inbox_partitions: orNull((x) => isInt(x) && x >= 1 && x <= 1024),
+  market_sealing_key: orNull(str(KEY_RE)),
   created_at_ms: (x) => isInt(x) && x >= 0 && x <= Number.MAX_SAFE_INTEGER,
 };
 const REQUIRED = ['noise_secret_fingerprint', 'noise_derivation', 'noise_check', 'market_key_id', 'created_at_ms'];
@@ -69,7 +72,20 @@ export function readRoot(topic, offset, value) {
   if (doc.market_public_key != null && keyId(doc.market_public_key) !== doc.market_key_id) {
     throw new MarketRootError('malformed', `${where} names key id ${doc.market_key_id} for a key whose id is ${keyId(doc.market_public_key)}: this market's trust root is spoiled. ${remedy(topic)}`);
   }
+  if (doc.inboxes === 2 && (doc.inbox_partitions == null || doc.market_sealing_key == null)) {
+    throw new MarketRootError('malformed', `${where} says the market has v2 inboxes but names no ${doc.inbox_partitions == null ? 'inbox_partitions' : 'market_sealing_key'}: its readers could not find their inboxes, so this market's trust root is spoiled. ${remedy(topic)}`);
+  }
   return doc;
+}
+
+/**
+ * The market's inboxes, as its identity says (§8.5.1): `{version: 1}` (a topic per account) or
+ * `{version: 2, partitions, sealingKey}` (one topic of `partitions`, routes computed with the
+ * market's X25519 `sealingKey`).
+ */
+export function inboxMode(ident) {
+  if (ident?.inboxes !== 2) return { version: 1 };
+  return { version: 2, partitions: ident.inbox_partitions, sealingKey: ident.market_sealing_key };
 }
 
 const sameKey = (a, b) => Buffer.from(fromB64(a)).equals(Buffer.from(fromB64(b)));

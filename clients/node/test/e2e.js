@@ -12,6 +12,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { steps } from './steps.js';
 import { MarketClient, Party, Refused, ValueBatcher, nameKeys, receiptBytes, sha256Of, stringKey, verifyOutcome, toHex } from '../src/index.js';
 
 const broker = process.env.EMARKET_BROKER;
@@ -23,28 +24,7 @@ if (!broker || !scratch) {
 }
 mkdirSync(scratch, { recursive: true });
 const tag = toHex(randomBytes(3));
-const log = (m) => console.log(`e2e: ${m}`);
-const warnings = [];
-const warn = (m) => {
-  warnings.push(m);
-  console.error(`warning: ${m}`);
-};
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
-}
-
-async function step(name, fn) {
-  const t = Date.now();
-  try {
-    const out = await fn();
-    log(`ok   ${name} (${Date.now() - t} ms)`);
-    return out;
-  } catch (err) {
-    log(`FAIL ${name}: ${err.stack ?? err}`);
-    throw err;
-  }
-}
+const { log, warn, warnings, check, step } = steps();
 
 const seller = Party.generate(`nseller-${tag}`, { sealing: false });
 const buyer = Party.generate(`nbuyer-${tag}`);

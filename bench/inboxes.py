@@ -13,9 +13,12 @@ runs alternate between them, so the machine's load moves both alike. Per event i
   of ``python -m bench.core`` is the same for both layouts but for the signatures and seals
   counted here.
 
-What a worker adds on top (the producer's CPU per record, the broker's) is not here: fewer
-records per purchase is what lowers it (issue 45: ~20 µs of aiokafka CPU per record to one
-partitioned topic, ~45 µs spread over single-partition topics).
+``--service`` measures the same on the embedded broker: one worker per layout, both running,
+the same sealed parties and streams in each, rounds of concurrent purchases alternating between
+the two markets. Per purchase: records and bytes the market produced (:mod:`bench.produced`,
+by topic kind), and the worker's and the broker's CPU (``/proc``), less what each spent idle
+at the same rate over the round's time (measured before the rounds); v2/v1 is the figure to
+read, with the load average.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import nacl.bindings
 
@@ -118,9 +120,9 @@ def _counted(run: Callable[[], list[Output]], events: int, t: Topics) -> Figures
     signed = [0]
     real = nacl.bindings.crypto_sign
 
-    def counting(*args: Any) -> Any:
+    def counting(message: bytes, sk: bytes) -> bytes:
         signed[0] += 1
-        return real(*args)
+        return real(message, sk)
 
     nacl.bindings.crypto_sign = counting
     try:
@@ -207,8 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.inboxes", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few events")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--service", action="store_true", help="on the embedded broker")
     args = parser.parse_args(argv)
     streams, runs = (4, 2) if args.quick else (64, args.runs)
+    if args.service:
+        from bench.inboxes_service import service
+
+        print(service(4 if args.quick else 16, runs))
+        return 0
     print(render(measure(streams, runs)))
     return 0
 

@@ -77,3 +77,13 @@ def test_a_purchase_makes_one_record_for_the_buyer_and_one_for_the_seller() -> N
     (sale,) = _opened(out, SELLER)
     assert sale.request is None and isinstance(INBOX_EVENT.validate_json(sale.value), Sale)
     assert _opened(out, BOB) == []
+
+
+def test_a_rotation_away_from_every_sealing_key_is_refused() -> None:
+    core = _core()
+    core.handle(T.accounts, account(ALICE))
+    new = party("no-sealing")
+    me = party(ALICE)
+    rotation = me.rotate_to(new, core.ctx.market, 2).model_dump_json().encode()
+    out = core.handle(T.accounts, rotation)
+    assert (out.status, out.reason) == ("rejected", "encryption_required")

@@ -52,6 +52,10 @@ def test_accounts_are_answered_on_the_one_inbox_topic_under_their_routes() -> No
         state = INBOX_EVENT.validate_json(m.value)
         assert isinstance(state, AccountState) and state.account_id == name
     assert T.specs()[-1].name == "t.inbox" and T.specs()[-1].partitions == 2
+    assert T.published_spec("t.inbox") == T.specs()[-1]  # made again if it is lost
+    assert (
+        T.published_spec("t.inbox.x") is not None and Topics("t").published_spec("t.inbox") is None
+    )
 
 
 def test_an_account_without_a_sealing_key_is_refused_with_what_to_do() -> None:

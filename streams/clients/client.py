@@ -75,6 +75,7 @@ from ..wire.events import (
     ValueOutcome,
     ValuesAccepted,
 )
+from ..wire.inbox_v2 import partition_of
 from ..wire.root import RootError, read_root, trusted_key
 from ..wire.sealing import seal_values
 from ..wire.signing import MarketRef
@@ -82,7 +83,7 @@ from ..wire.topics import Topics
 from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
-from .inbox_reader import InboxReader
+from .inbox_reader import InboxReader, routes_of
 from .keys import Party
 from .opening import InboxOpener, Unopened
 
@@ -424,6 +425,16 @@ class MarketClient:
             self._inbox_sealing_key,
             self.on_warning,
         )
+
+    def inbox_of(self, party: Party) -> str:
+        """Where ``party``'s inbox is, for a person: its topic (v1), or the partition of
+        ``<p>.inbox`` and the route its records are keyed by (v2, once the market's identity
+        is read)."""
+        if self.topics.inboxes != 2 or self._inbox_sealing_key is None:
+            return self.topics.inbox(party.account_id)
+        (route, *_) = routes_of(party, self.topics, self._inbox_sealing_key)
+        p = partition_of(route, self.topics.inbox_partitions)
+        return f"{self.topics.shared_inbox} partition {p}, records keyed {route}"
 
     @staticmethod
     def _key_id(text: str) -> str:

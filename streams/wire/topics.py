@@ -231,13 +231,18 @@ class Topics:
 
     def is_published(self, topic: str) -> bool:
         """Whether the market publishes ``topic`` from its own state (an inbox, the catalog)."""
-        return topic == self.catalog or self.is_inbox(topic)
+        return topic == self.catalog or self.is_inbox(topic) or self._is_shared_inbox(topic)
+
+    def _is_shared_inbox(self, topic: str) -> bool:
+        return self.inboxes == 2 and topic == self.shared_inbox
 
     def published_spec(self, topic: str) -> TopicSpec | None:
         """The spec of ``topic`` if it is one the market publishes from its own state (an
         inbox or the catalog), which it makes again when it goes missing; else None."""
         if topic == self.catalog:
             return self.catalog_spec()
+        if self._is_shared_inbox(topic):
+            return self.shared_inbox_spec()
         return self.inbox_topic_spec(topic) if self.is_inbox(topic) else None
 
     def inbox_spec(self, account_id: str) -> TopicSpec:

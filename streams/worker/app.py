@@ -159,9 +159,18 @@ class MarketWorker:
         self.producer.on_missing = watch.missing
         self.inboxes.confirm = watch.before_send
         self.inboxes.remade.append(catalog.remade)
-        self.inboxes.remade.append(self.core.ctx.records.inboxes_remade)
+        self.inboxes.remade.append(self._inboxes_remade)
         watch.on_emptied = catalog.start
         return watch, catalog
+
+    def _inboxes_remade(self, topics: list[str]) -> None:
+        """Tell the replay records which inboxes lost what they held: with v2 inboxes, a lost
+        ``<p>.inbox`` is every account's (each named by its v1 inbox, as the records know
+        them), so a resend is answered in full again (docs/protocol.md §8.1)."""
+        names = list(topics)
+        if self.topics.inboxes == 2 and self.topics.shared_inbox in names:
+            names += [self.topics.inbox(a) for a in list(self.stores.accounts)]
+        self.core.ctx.records.inboxes_remade(names)
 
     def _state(self) -> tuple[Progress, dict[str, WriteBackTable], AccountReplica]:
         """The tables, their checkpoints and the account replica: every changelog record is

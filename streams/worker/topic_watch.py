@@ -272,7 +272,9 @@ class TopicWatch:
 
     def _next_inboxes(self) -> list[str]:
         """The inboxes of the next :data:`SWEEP` accounts this worker holds (a snapshot of the
-        store's ids is taken when the last one is used up)."""
+        store's ids is taken when the last one is used up); with v2 inboxes, ``<p>.inbox``."""
+        if self.topics.inboxes == 2:  # one inbox topic for every account
+            return [self.topics.shared_inbox]
         if not self._sweep:
             self._sweep = [a for a in list(self.accounts) if _ID.fullmatch(a)]
         take, self._sweep = self._sweep[-SWEEP:], self._sweep[:-SWEEP]

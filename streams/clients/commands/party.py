@@ -50,12 +50,15 @@ def cmd_account_open(args: argparse.Namespace) -> int:
 
     party = load_party(args)
     invitation = _invitation(args.invitation)
+    where: list[str] = []  # the inbox, as the market's identity lays it out
 
     async def body(c: Any) -> Any:
         try:
-            return await c.open_account(timeout=args.timeout, invitation=invitation)
+            got = await c.open_account(timeout=args.timeout, invitation=invitation)
         except ValueError as exc:  # a confirmation that pins someone else's keys
             raise CommandError(f"account not opened: {exc}", EXIT_REFUSED) from None
+        where.append(c.inbox_of(party))
+        return got
 
     out = run_client(args, body, party)
     if isinstance(out, Rejection):
@@ -64,7 +67,7 @@ def cmd_account_open(args: argparse.Namespace) -> int:
         args,
         out,
         f"account {out.account_id!r} is open (key {out.key_id}, version "
-        f"{out.version}); its inbox is {args.prefix}.inbox.{out.account_id}",
+        f"{out.version}); its inbox is {where[0]}",
     )
     return 0
 

@@ -52,6 +52,10 @@ def test_accounts_are_answered_on_the_one_inbox_topic_under_their_routes() -> No
         state = INBOX_EVENT.validate_json(m.value)
         assert isinstance(state, AccountState) and state.account_id == name
     assert T.specs()[-1].name == "t.inbox" and T.specs()[-1].partitions == 2
+    assert T.published_spec("t.inbox") == T.specs()[-1]  # made again if it is lost
+    assert (
+        T.published_spec("t.inbox.x") is not None and Topics("t").published_spec("t.inbox") is None
+    )
 
 
 def test_an_account_without_a_sealing_key_is_refused_with_what_to_do() -> None:
@@ -77,3 +81,13 @@ def test_a_purchase_makes_one_record_for_the_buyer_and_one_for_the_seller() -> N
     (sale,) = _opened(out, SELLER)
     assert sale.request is None and isinstance(INBOX_EVENT.validate_json(sale.value), Sale)
     assert _opened(out, BOB) == []
+
+
+def test_a_rotation_away_from_every_sealing_key_is_refused() -> None:
+    core = _core()
+    core.handle(T.accounts, account(ALICE))
+    new = party("no-sealing")
+    me = party(ALICE)
+    rotation = me.rotate_to(new, core.ctx.market, 2).model_dump_json().encode()
+    out = core.handle(T.accounts, rotation)
+    assert (out.status, out.reason) == ("rejected", "encryption_required")

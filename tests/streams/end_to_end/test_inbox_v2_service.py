@@ -13,7 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.clients.client import MarketClient, TopicReader
 from streams.clients.inbox_reader import routes_of
-from streams.wire.events import PurchaseFulfilled, Rejection, ValueReleased
+from streams.clients.keys import Party
+from streams.wire.events import AccountState, PurchaseFulfilled, Rejection, ValueReleased
 
 from .. import helpers
 from ..conftest import Market
@@ -101,13 +102,23 @@ def test_a_v2_market_keeps_its_topics_and_each_account_reads_its_own(market: Mar
             sales = [s async for s in c.sales(party=seller, idle_timeout=1.0)]
         assert len(sales) == 2 and {s.stream_id for s in sales} == {"temp"}
 
+        # a rotation moves alice to a new route: its answer and what follows are read there,
+        # and what came before under the old one (the key file keeps the old sealing key)
+        new = replace(Party.generate(ALICE), key_version=2).holding([alice])
+        rotated = await c.rotate_keys(new, 2, party=alice)
+        assert isinstance(rotated, AccountState) and rotated.version == 2, rotated
+        again = await c.buy("temp", party=new, target_level=2.0, max_price_minor=10**6)
+        assert isinstance(again, PurchaseFulfilled), again
+        both = [e async for e in c.tail(party=new, idle_timeout=1.0)]
+        assert sum(isinstance(e, PurchaseFulfilled) for e in both) == 2
+
         routes = {
             r.encode()
-            for p in (seller, alice, bob)
+            for p in (seller, alice, bob, new)
             for r in routes_of(p, c.topics, c._inbox_sealing_key or "")
         }
-        seen = await _raw_partition(c, 8)
-        assert {k for k, _, _ in seen} == routes  # one partition, three pseudonyms
+        seen = await _raw_partition(c, 10)
+        assert {k for k, _, _ in seen} == routes  # one partition, four pseudonyms
         for _, value, headers in seen:  # nothing else in the clear
             assert value[0] == 2 and not headers
             for word in (b"sealed", b"temp", b"purchase", b"account", b"sale"):

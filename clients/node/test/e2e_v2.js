@@ -2,12 +2,13 @@
 // End to end against a live market made with v2 inboxes (docs/protocol.md §8.5): EMARKET_BROKER,
 // EMARKET_PREFIX, EMARKET_MARKET_KEY (else read from <prefix>.market) and a scratch directory
 // (argv[2] or EMARKET_SCRATCH). The client learns the inboxes from the market's identity; a
-// seller and a buyer open accounts, answered on their routes' partitions; an account without a sealing
-// key is refused (on <p>.refusals: it has no inbox); records forged under the buyer's route are
-// skipped with a warning, another route's record silently; the buyer buys (sealed releases
-// opened, receipt verified) and gets a delivery, the seller a sale; the buyer rotates its keys
-// (a new route, on another partition), buys again, still reads what was sealed under the old route, and a purchase
-// sent again by a new process is answered by its first outcome.
+// seller and a buyer open accounts, answered on their routes' partitions (no topic is made for
+// them); an account without a sealing key is refused (on <p>.refusals: it has no inbox); records
+// forged under the buyer's route are skipped with a warning, another route's record silently;
+// the buyer buys (sealed releases opened, receipt verified) and gets a delivery, the seller a
+// sale; the buyer rotates its keys (a new route, on another partition), buys again, still reads
+// what was sealed under the old route, and a purchase sent again by a new process is answered
+// by its first outcome.
 // Writes e2e.json (ids, key files, market key) to the scratch directory. Exits 1 on a failure.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -44,13 +45,15 @@ try {
     check(B.inboxes.version === 2 && B.inboxes.partitions >= 1 && B.inboxes.sealingKey, `inboxes ${JSON.stringify(B.inboxes)}`);
     check((await B.partitionCount(inbox)) === B.inboxes.partitions, `${inbox} has the identity's partitions`);
   });
-  await step('open the seller\'s and the buyer\'s accounts, answered on <p>.inbox', async () => {
+  await step('open the seller\'s and the buyer\'s accounts, answered on <p>.inbox: no topic per account', async () => {
     for (const [c, p] of [[S, seller], [B, buyer]]) {
       const acc = await c.openAccount();
       check(acc.key_id === p.keyId && acc.sealing_key === p.sealingKey, 'account pins our keys');
       const read = [...c.readers.keys()].filter((t) => t.startsWith(`${prefix}.inbox`));
       check(read.join() === `${inbox}#${c.inboxView().partitions.join(',')}`, `read its route's partition of ${inbox} alone: ${read}`);
     }
+    const topics = await B.admin.listTopics();
+    check(!topics.some((t) => t.startsWith(`${prefix}.inbox.`)), `no topic per account: ${topics.filter((t) => t.startsWith(`${prefix}.inbox.`))}`);
   });
   await step('an account without a sealing key: the client says so, and the market refuses it on <p>.refusals', async () => {
     const plain = Party.generate(`vplain-${tag}`, { sealing: false });

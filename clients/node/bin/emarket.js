@@ -190,8 +190,13 @@ const COMMANDS = {
     if (args[0] !== 'open') throw new BadInput('usage: emarket account open | account rotate --out NEW_KEY_FILE');
     const p = party(o);
     const invitation = o.invitation ? JSON.parse(readFileSync(o.invitation, 'utf8')) : undefined;
-    const acc = await withClient(o, p, (c) => c.openAccount({ invitation }));
-    emit(o, acc, `account ${acc.account_id} is open (key ${acc.key_id}, version ${acc.version})`);
+    let where;
+    const acc = await withClient(o, p, async (c) => {
+      const got = await c.openAccount({ invitation });
+      where = c.inboxWhere(); // the inbox, as the market's identity lays it out (§8.5)
+      return got;
+    });
+    emit(o, acc, `account ${acc.account_id} is open (key ${acc.key_id}, version ${acc.version}); its inbox is ${where}`);
   },
   async register(o) {
     const p = party(o);

@@ -178,6 +178,17 @@ export class MarketClient {
     return this.views.get(id);
   }
 
+  /**
+   * Where this party's inbox is, for a person: its topic (v1), or the partition of `<p>.inbox`
+   * and the route its records are keyed by (v2: the current sealing key's).
+   */
+  inboxWhere() {
+    const view = this.inboxView();
+    if (!(view instanceof SharedInbox)) return view.topic;
+    const [r] = view.routes.values();
+    return r ? `${view.topic} partition ${r.partition}, records keyed ${r.route}` : `${view.topic} (none: no sealing key)`;
+  }
+
   /** Report `message` to `warn` once per `where`. */
   warnOnce(where, message) {
     if (this.warned.has(where)) return;

@@ -51,6 +51,8 @@ try {
       check(acc.key_id === p.keyId && acc.sealing_key === p.sealingKey, 'account pins our keys');
       const read = [...c.readers.keys()].filter((t) => t.startsWith(`${prefix}.inbox`));
       check(read.join() === `${inbox}#${c.inboxView().partitions.join(',')}`, `read its route's partition of ${inbox} alone: ${read}`);
+      const [route] = c.inboxView().routes.values();
+      check(c.inboxWhere() === `${inbox} partition ${route.partition}, records keyed ${route.route}`, `where: ${c.inboxWhere()}`);
     }
     const topics = await B.admin.listTopics();
     check(!topics.some((t) => t.startsWith(`${prefix}.inbox.`)), `no topic per account: ${topics.filter((t) => t.startsWith(`${prefix}.inbox.`))}`);

@@ -403,7 +403,7 @@ class MarketClient:
             if exc.reason == "no_key":
                 raise MarketKeyError(exc.message) from None
             raise MarketRootError(exc.reason, exc.message) from None
-        if root.inboxes == 2 and root.inbox_partitions is not None:  # docs/protocol.md §8.5.1
+        if root.inbox_partitions is not None:  # v2: the identity has all three (§8.5.1)
             self.topics = replace(self.topics, inboxes=2, inbox_partitions=root.inbox_partitions)
             self._inbox_sealing_key = root.market_sealing_key
         return text

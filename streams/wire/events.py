@@ -1218,6 +1218,21 @@ class MarketIdentity(_Event):
     )
     created_at_ms: Millis
 
+    @model_validator(mode="after")
+    def _one_inbox_layout(self) -> MarketIdentity:
+        """The three v2 fields come together or not at all (docs/protocol.md §8.5.1).
+
+        A reader that took ``inboxes: 2`` without its partitions for a v1 market would wait
+        forever for inbox topics nobody makes; one without the sealing key could compute no
+        route. Such an identity is malformed, not read as v1.
+        """
+        v2 = (self.inbox_partitions, self.market_sealing_key)
+        if self.inboxes == 2 and None in v2:
+            raise ValueError("inboxes 2 needs inbox_partitions and market_sealing_key")
+        if self.inboxes is None and v2 != (None, None):
+            raise ValueError("inbox_partitions and market_sealing_key need inboxes 2")
+        return self
+
 
 class Refusal(_Event):
     """Why the market refused an event, for whoever sent its bytes (``<p>.refusals``).

@@ -23,6 +23,7 @@ from .outputs import Outcome, Output, Reject, dump
 from .products import Product
 from .products.base import Exact
 from .rejections import Source, rejection
+from .replay import numbers
 from .state import EvictedValue, ValueState
 from .stream import Stream
 from .stream_store import Streams
@@ -41,6 +42,10 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
             f"stream {batch.stream_id!r} belongs to seller {reg.seller_id!r}; "
             f"{batch.seller_id!r} cannot publish into it",
         )
+    if batch.batch_seq is not None:
+        if numbers.applied(stream, batch.batch_seq):
+            return _answered_again(ctx, stream, batch)
+        numbers.check(stream, batch.batch_seq)
     _check_batch_cost(ctx, stream, len(batch.items))
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id, mechanism=reg.mechanism)
     withheld = ctx.deliveries.withheld_total
@@ -58,11 +63,11 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
         product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
     outcome.quota_withheld = ctx.deliveries.quota_withheld_total - quota_withheld
-    answer = trusted(
-        ValuesAccepted, stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines
-    )
-    inbox = ctx.topics.inbox(batch.seller_id)
-    outcome.outputs.append(Output(inbox, batch.items[-1].value_id.encode(), dump(answer)))
+    if batch.batch_seq is not None and all(line.status != "rejected" for line in lines):
+        numbers.take(stream, batch.batch_seq)
+        outcome.outputs.append(_answer(ctx, batch, _all_in(batch)))
+    else:
+        outcome.outputs.append(_answer(ctx, batch, lines))
     outcome.outputs.extend(ctx.deliveries.drain_unless_batching())
     outcome.figures = stream.figures()
     statuses = {line.status for line in lines}
@@ -70,6 +75,38 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
         outcome.status, outcome.reason = "rejected", lines[0].reason
     elif "accepted" not in statuses:
         outcome.status = "duplicate"
+    return outcome
+
+
+def _all_in(batch: ValueBatch) -> list[ValueOutcome]:
+    """The lines of a numbered batch applied whole: each value is in the stream with the
+    numbers sent (new, or known already), so each line is ``accepted`` and the answer is a
+    pure function of the batch's bytes."""
+    return [trusted(ValueOutcome, value_id=i.value_id, status="accepted") for i in batch.items]
+
+
+def _answer(ctx: Context, batch: ValueBatch, lines: list[ValueOutcome]) -> Output:
+    """The ``values_accepted`` answer to ``batch`` in its seller's inbox."""
+    answer = trusted(
+        ValuesAccepted,
+        stream_id=batch.stream_id,
+        seller_id=batch.seller_id,
+        outcomes=lines,
+        batch_seq=batch.batch_seq,
+    )
+    inbox = ctx.topics.inbox(batch.seller_id)
+    return Output(inbox, batch.items[-1].value_id.encode(), dump(answer))
+
+
+def _answered_again(ctx: Context, stream: Stream[Product], batch: ValueBatch) -> Outcome:
+    """A numbered batch the stream applied, sent again: answered with the bytes of its first
+    answer, and nothing else happens (its values are not looked at again: a number is
+    recognised after their marks are forgotten, §6.4.1)."""
+    reg = stream.registration
+    outcome = Outcome("value", "duplicate", stream_id=batch.stream_id, mechanism=reg.mechanism)
+    outcome.items = [("duplicate", None)] * len(batch.items)
+    outcome.outputs.append(_answer(ctx, batch, _all_in(batch)))
+    outcome.figures = stream.figures()
     return outcome
 
 

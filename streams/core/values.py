@@ -42,7 +42,7 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
             f"stream {batch.stream_id!r} belongs to seller {reg.seller_id!r}; "
             f"{batch.seller_id!r} cannot publish into it",
         )
-    if batch.batch_seq is not None:
+    if batch.batch_seq:  # numbered (0 asks where the numbering stands)
         if numbers.applied(stream, batch.batch_seq):
             return _answered_again(ctx, stream, batch)
         numbers.check(stream, batch.batch_seq)
@@ -63,9 +63,11 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
         product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
     outcome.quota_withheld = ctx.deliveries.quota_withheld_total - quota_withheld
-    if batch.batch_seq is not None and all(line.status != "rejected" for line in lines):
+    if batch.batch_seq and all(line.status != "rejected" for line in lines):
         numbers.take(stream, batch.batch_seq)
         outcome.outputs.append(_answer(ctx, batch, _all_in(batch)))
+    elif batch.batch_seq == 0:
+        outcome.outputs.append(_answer(ctx, batch, lines, numbers.standing(stream)))
     else:
         outcome.outputs.append(_answer(ctx, batch, lines))
     outcome.outputs.extend(ctx.deliveries.drain_unless_batching())
@@ -85,14 +87,22 @@ def _all_in(batch: ValueBatch) -> list[ValueOutcome]:
     return [trusted(ValueOutcome, value_id=i.value_id, status="accepted") for i in batch.items]
 
 
-def _answer(ctx: Context, batch: ValueBatch, lines: list[ValueOutcome]) -> Output:
-    """The ``values_accepted`` answer to ``batch`` in its seller's inbox."""
+def _answer(
+    ctx: Context,
+    batch: ValueBatch,
+    lines: list[ValueOutcome],
+    standing: tuple[int, list[int]] | None = None,
+) -> Output:
+    """The ``values_accepted`` answer to ``batch`` in its seller's inbox (``standing``: to a
+    batch numbered 0, where the stream's numbering stands)."""
     answer = trusted(
         ValuesAccepted,
         stream_id=batch.stream_id,
         seller_id=batch.seller_id,
         outcomes=lines,
         batch_seq=batch.batch_seq,
+        next_batch_seq=None if standing is None else standing[0],
+        missing_batch_seqs=None if standing is None else standing[1],
     )
     inbox = ctx.topics.inbox(batch.seller_id)
     return Output(inbox, batch.items[-1].value_id.encode(), dump(answer))

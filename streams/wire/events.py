@@ -548,8 +548,9 @@ class ValueBatch(_Signed):
         None,
         exclude_if=_is_none,
         description="the batch's number in its seller's numbering of the stream: 1, 2, 3, … "
-        "(0 asks where the numbering stands); a batch sent again keeps its number, and the "
-        "market answers it as it answered the first (docs/protocol.md §6.4.1)",
+        "(0: not numbered, and the answer says where the numbering stands); a batch sent "
+        "again keeps its number, and the market answers it as it answered the first "
+        "(docs/protocol.md §6.4.1)",
     )
 
     @model_validator(mode="after")
@@ -1148,6 +1149,16 @@ class ValuesAccepted(_Event):
     outcomes: list[ValueOutcome]
     batch_seq: int | None = Field(
         None, exclude_if=_is_none, description="the number of the batch answered, if it had one"
+    )
+    next_batch_seq: int | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="to a batch numbered 0: the number after the highest the stream applied",
+    )
+    missing_batch_seqs: list[int] | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="to a batch numbered 0: the numbers below next_batch_seq no batch took",
     )
 
 

@@ -7,6 +7,8 @@ number up to it was applied) and the numbers applied above it, at most
 batch a day or a thousand a second, and a resend is recognised by its number however many
 values came since: unlike a value's mark (:mod:`.records`), a number is never forgotten.
 
+A batch numbered 0 takes no number: it is applied as an unnumbered one, and its answer says
+where the numbering stands (:func:`standing`), which is how a seller's new process learns it.
 A number is taken only by a batch whose every value is in the stream (:func:`take`), so the
 answer to a numbered batch applied is a pure function of its bytes (every line ``accepted``)
 and is recomputed, byte for byte, for any resend. A batch refused, whole or in part, takes no
@@ -21,7 +23,7 @@ from ..outputs import Reject
 from ..state import BATCH_WINDOW, BatchNumbers
 from ..stream import Stream
 
-__all__ = ["applied", "check", "missing", "take"]
+__all__ = ["applied", "check", "missing", "standing", "take"]
 
 
 def _numbers(stream: Stream[Any]) -> BatchNumbers:
@@ -43,31 +45,31 @@ def missing(nums: BatchNumbers) -> list[int]:
     return [n for n in range(nums.through + 1, nums.above[-1]) if n not in taken]
 
 
+def standing(stream: Stream[Any]) -> tuple[int, list[int]]:
+    """Where the stream's numbering stands: the number after the highest applied, and the
+    numbers below it no batch took (what a seller that lost its numbering goes on with)."""
+    nums = _numbers(stream)
+    return (nums.above[-1] if nums.above else nums.through) + 1, missing(nums)
+
+
 def check(stream: Stream[Any], n: int) -> None:
-    """Refuse (``batch_seq_out_of_window``) a number the stream cannot take: 0 (a seller that
-    lost its numbering asks where it stands) or one more than the window above the watermark
+    """Refuse (``batch_seq_out_of_window``) a number more than the window above the watermark
     (taking it would need more room than the record has). The refusal's details say where the
     numbering stands, so the seller can number its batch again."""
     nums = _numbers(stream)
-    if 0 < n <= nums.through + BATCH_WINDOW:
+    if n <= nums.through + BATCH_WINDOW:
         return
-    gaps = missing(nums)
-    after = nums.above[-1] if nums.above else nums.through
-    why = (
-        "0 asks where the numbering stands"
-        if n == 0
-        else f"{n} is more than {BATCH_WINDOW} above it"
-    )
+    after, gaps = standing(stream)
     raise Reject(
         "batch_seq_out_of_window",
         f"stream {stream.id!r} has applied every batch numbered up to {nums.through}"
         + (f" and {len(nums.above)} above it, missing {_few(gaps)}" if gaps else "")
-        + f"; {why}. Number this batch {gaps[0] if gaps else after + 1} and the next ones "
-        "from there (the refusal's details: through, missing, next); the client library "
-        "does it for you",
+        + f"; {n} is more than {BATCH_WINDOW} above it. Number this batch "
+        f"{gaps[0] if gaps else after} and the next ones from there (the refusal's details: "
+        "through, missing, next); the client library does it for you",
         through=nums.through,
         missing=gaps,
-        next=after + 1,
+        next=after,
     )
 
 

@@ -105,13 +105,14 @@ def test_numbers_above_the_watermark_are_bounded_and_too_far_is_refused_with_the
     assert _send(c, 1, ["late"], at=1_500).status == "accepted"
     assert _numbers(c) == BatchNumbers(through=BATCH_WINDOW)
     assert _send(c, BATCH_WINDOW + 1, ["far"], at=2_000).status == "accepted"
-    probe = _send(c, 0, ["lost"], at=2_000)  # a seller that lost its counter asks
-    assert probe.reason == "batch_seq_out_of_window"
-    assert _refusal(probe).details == {
-        "through": BATCH_WINDOW + 1,
-        "missing": [],
-        "next": BATCH_WINDOW + 2,
-    }
+    assert _send(c, BATCH_WINDOW + 5, ["gap"], at=2_001).status == "accepted"
+    ask = _send(c, 0, ["new0"], at=2_000)  # a seller's new process learns where it stands
+    standing = ValuesAccepted.model_validate_json(_answer(ask)[0])
+    assert (standing.next_batch_seq, standing.missing_batch_seqs) == (
+        BATCH_WINDOW + 6,
+        [BATCH_WINDOW + 2, BATCH_WINDOW + 3, BATCH_WINDOW + 4],
+    )
+    assert ask.status == "accepted" and _numbers(c).through == BATCH_WINDOW + 1
 
 
 def test_a_batch_with_a_value_refused_takes_no_number() -> None:

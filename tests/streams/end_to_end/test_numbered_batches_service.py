@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 
 import pytest
 
 from streams.clients.client import MarketClient, TopicReader
 from streams.core.replay.records import Caps
-from streams.wire.events import Rejection, ValuesAccepted
+from streams.wire.events import Rejection, ValueBatch, ValuesAccepted
 
 from ..conftest import Market
 from ..helpers import party
@@ -29,6 +30,8 @@ FIELDS = {
     "currency": "EUR",
 }
 BIG = 1_000
+LAST = Caps().marks // BIG + 2
+"""The number of the last batch: more values than the stream keeps marks for."""
 
 
 def test_a_numbered_batch_resent_past_the_marks_gets_its_first_answers_bytes(
@@ -37,7 +40,7 @@ def test_a_numbered_batch_resent_past_the_marks_gets_its_first_answers_bytes(
     market.start_worker()
     market.open_accounts("seller1")
 
-    async def go(c: MarketClient) -> tuple[ValuesAccepted, bytes]:
+    async def go(c: MarketClient) -> ValueBatch:
         assert not isinstance(await c.register(FIELDS), Rejection)
         learn = await c.publish_batch(c.value_batch("s", [("v0", [0.0, 1.0], None)]))
         assert isinstance(learn, ValuesAccepted) and learn.next_batch_seq == 1, learn
@@ -45,43 +48,51 @@ def test_a_numbered_batch_resent_past_the_marks_gets_its_first_answers_bytes(
         assert first.batch_seq == 1
         got = await c.publish_batch(first)
         assert isinstance(got, ValuesAccepted), got
-        marks = Caps().marks
-        for k in range(marks // BIG + 1):  # more values than the stream keeps marks for
+        for k in range(LAST - 1):  # more values than the stream keeps marks for
             rows = [(f"b{k}-{i}", [1.0, float(i)], None) for i in range(BIG)]
             out = await c.publish_batch(c.value_batch("s", rows))
             assert isinstance(out, ValuesAccepted) and out.batch_seq == k + 2, out
             assert {o.status for o in out.outcomes} == {"accepted"}
-        again = await c.publish_batch(first)  # the same bytes, sealed once
-        assert isinstance(again, ValuesAccepted), again
-        return again, first.model_dump_json().encode()
+        return first
 
-    async def run() -> tuple[ValuesAccepted, bytes]:
-        async with MarketClient(
-            market.broker.bootstrap, market.topics, party=party("seller1")
-        ) as c:
-            return await go(c)
+    async def restarted(c: MarketClient, first: ValueBatch) -> None:
+        """A new process of the seller: learns where the numbering stands, resends the first."""
+        await c.signing_market()
+        learn = await c.publish_batch(c.value_batch("s", [("new0", [0.0, 1.0], None)]))
+        assert isinstance(learn, ValuesAccepted), learn
+        assert (learn.next_batch_seq, learn.missing_batch_seqs) == (LAST + 1, [])
+        out = await c.publish_batch(c.value_batch("s", [("new1", [0.0, 1.0], None)]))
+        assert isinstance(out, ValuesAccepted) and out.batch_seq == LAST + 1, out
+        await c.send(c.topics.values, "s", first.model_dump_json().encode())  # the same bytes
 
-    again, sent = asyncio.run(run())
-    assert again.batch_seq == 1 and [o.status for o in again.outcomes] == ["accepted"]
-    r = hashlib.sha256(sent).digest()
-    answers = asyncio.run(_answers_bound_to(market, r))
-    assert len(answers) == 2 and answers[0] == answers[1]  # value and signature header
+    async def run() -> bytes:
+        seller = party("seller1")
+        async with MarketClient(market.broker.bootstrap, market.topics, party=seller) as c:
+            first = await go(c)
+        async with MarketClient(market.broker.bootstrap, market.topics, party=seller) as c:
+            await restarted(c, first)
+        return first.model_dump_json().encode()
+
+    sent = asyncio.run(run())
+    answers = asyncio.run(_answers_bound_to(market, hashlib.sha256(sent).digest()))
+    assert answers[0] == answers[1]  # value and signature header
+    answer = ValuesAccepted.model_validate_json(answers[1][0])
+    assert answer.batch_seq == 1 and [o.status for o in answer.outcomes] == ["accepted"]
 
 
 async def _answers_bound_to(market: Market, r: bytes) -> list[tuple[bytes, bytes]]:
-    """The seller's inbox records bound to the request hash ``r``: (value, answer header)."""
+    """The first two of the seller's inbox records bound to the request hash ``r``: (value,
+    answer header)."""
     reader = TopicReader(market.broker.bootstrap, market.topics.inbox("seller1"))
     await reader.start(wait=30)
     found: list[tuple[bytes, bytes]] = []
+    deadline = time.monotonic() + 60
     try:
-        for _ in range(50):
-            batch = await reader.poll_records(0.5)
-            for _, raw, headers in batch:
+        while len(found) < 2 and time.monotonic() < deadline:
+            for _, raw, headers in await reader.poll_records(0.5):
                 sig = dict(headers).get("emarket-answer") or b""
                 if sig.endswith(r):
                     found.append((raw, sig))
-            if not batch and found:
-                break
     finally:
         await reader.stop()
     return found

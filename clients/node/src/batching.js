@@ -5,6 +5,7 @@
 // batches are sent in the order of their values and several wait for their answers at once.
 // Each value's promise resolves to its own line of the market's answer.
 import { Refused } from './kafka.js';
+import { OUT_OF_WINDOW } from './numbering.js';
 
 /** Values per batch by default: where the market's CPU per value stops falling. */
 export const DEFAULT_MAX_VALUES = 32;
@@ -79,7 +80,10 @@ export class ValueBatcher {
     const sent = this.sending.then(() => this.room()).then(() => this.client.sendValues(this.streamId, items, { clear: this.clear }));
     this.sending = sent.catch(() => {});
     const answered = sent.then((s) => {
-      const got = this.client.answer(s, (d) => d.type === 'values_accepted');
+      const got = this.client.answer(s, (d) => d.type === 'values_accepted').then(
+        (a) => this.client.settleValues(s, a),
+        (err) => { throw this.client.settleValues(s, err); },
+      );
       const flying = got.catch(() => {}).finally(() => this.flight.delete(flying));
       this.flight.add(flying);
       return got;
@@ -112,6 +116,7 @@ export class ValueBatcher {
    */
   async refusal(err, items) {
     if (!(err instanceof Refused)) throw err;
+    if (err.reason === OUT_OF_WINDOW) return this.client.publish(this.streamId, items, { clear: this.clear }); // numbered again
     const size = err.answer?.details?.max_values;
     if (err.reason === 'batch_too_large' && Number.isInteger(size) && size > 0 && size < items.length) {
       this.maxValues = Math.min(this.maxValues, size);

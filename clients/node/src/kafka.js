@@ -8,6 +8,7 @@ import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer, requestDigest, namedAnswer } from './answers.js';
 import { sealBatch } from './sealing.js';
+import { Numbering, OUT_OF_WINDOW } from './numbering.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
 import { readRoot, trustedKey } from './root.js';
@@ -132,6 +133,7 @@ export class MarketClient {
     this.readers = new Map();
     this.partitions = new Map();
     this.warned = new Set();
+    this.numbering = new Numbering(); // the numbers of this process's value batches (§6.4.1)
   }
 
   topic(name) {
@@ -418,9 +420,26 @@ export class MarketClient {
    * Publish value items `[{value_id, values, keys?, published_at_ms?}]` to a stream, sealed to
    * the market's key from its catalog entry (§4.5). Returns the `values_accepted` answer.
    */
-  async publish(streamId, items, { clear = false } = {}) {
+  async publish(streamId, items, { clear = false, renumber = true } = {}) {
     const sent = await this.sendValues(streamId, items, { clear });
-    return this.answer(sent, (d) => d.type === 'values_accepted');
+    try {
+      return this.settleValues(sent, await this.answer(sent, (d) => d.type === 'values_accepted'));
+    } catch (err) {
+      this.settleValues(sent, err);
+      // a number too far ahead (batches of an earlier process lost): numbered again, sent once more
+      if (renumber && err instanceof Refused && err.reason === OUT_OF_WINDOW) return this.publish(streamId, items, { clear, renumber: false });
+      throw err;
+    }
+  }
+
+  /**
+   * Tell the numbering (§6.4.1) the answer to a batch `sendValues` sent: the `values_accepted`,
+   * or the error (a Refused carries the refusal; any other error: no answer). Returns `answer`.
+   */
+  settleValues(sent, answer) {
+    const got = answer instanceof Refused ? answer.answer ?? { reason: answer.reason } : answer instanceof Error ? null : answer;
+    this.numbering.settle(sent.event.stream_id, sent.event.batch_seq, got);
+    return answer;
   }
 
   /**
@@ -441,7 +460,7 @@ export class MarketClient {
       await this.checkSealingKey(entry.market_sealing_key);
       event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
     }
-    return this.send(event);
+    return this.send({ ...event, batch_seq: this.numbering.take(streamId) });
   }
 
   /** Ask what a purchase would cost (§6.7). */

@@ -228,18 +228,19 @@ class ValueBatcher:
                 self.max_values = min(self.max_values, int(answer.details["max_values"]))
                 self._spawn(self._again(batch))
             elif isinstance(answer, Rejection) and answer.reason == OUT_OF_WINDOW:
-                self._spawn(self._again(batch, renumber=True))
+                self._spawn(self._again(batch))
             else:
                 self._done(batch, answer)
 
         await sent.send(sealed, answered, timeout=self.timeout)
 
-    async def _again(self, batch: _Batch, *, renumber: bool = False) -> None:
-        """``batch`` sent again, out of the batcher's order (the batches after it may be in
-        already): in the parts it takes if the stream found it too large, or ``renumber``-ed
-        as the market said if its number was too far ahead."""
+    async def _again(self, batch: _Batch) -> None:
+        """``batch``, which the market did not take, sent again out of the batcher's order (the
+        batches after it may be in already): in the parts it takes if the stream found it too
+        large, numbered as the market said if its number was too far ahead. Numbered anew in
+        either case: its old number may be another batch's by now."""
         try:
-            signed = await self.client.renumbered(batch.signed) if renumber else batch.signed
+            signed = await self.client.renumbered(batch.signed)
             answer = await self.client.publish_batch(signed, timeout=self.timeout)
         except Exception as exc:
             self._done(batch, exc)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from ..wire.events import MAX_BATCH, Rejection, ValueBatch, ValueOutcome, ValuesAccepted
 from .batch_defaults import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES
-from .numbering import OUT_OF_WINDOW
 
 if TYPE_CHECKING:
     from .client import MarketClient, ValueData
@@ -222,12 +221,12 @@ class ValueBatcher:
         sent = await self.client.sent_values(wait=self.timeout)
 
         def answered(answer: ValuesAccepted | Rejection | Exception) -> None:
-            numbering.settle(self.stream_id, seq, None if isinstance(answer, Exception) else answer)
-            if not isinstance(answer, Exception) and _too_large(answer, batch.signed):
+            got = None if isinstance(answer, Exception) else answer
+            if numbering.settle(self.stream_id, seq, got):  # numbered anew
+                self._spawn(self._again(batch))
+            elif not isinstance(answer, Exception) and _too_large(answer, batch.signed):
                 assert isinstance(answer, Rejection)
                 self.max_values = min(self.max_values, int(answer.details["max_values"]))
-                self._spawn(self._again(batch))
-            elif isinstance(answer, Rejection) and answer.reason == OUT_OF_WINDOW:
                 self._spawn(self._again(batch))
             else:
                 self._done(batch, answer)
@@ -237,8 +236,9 @@ class ValueBatcher:
     async def _again(self, batch: _Batch) -> None:
         """``batch``, which the market did not take, sent again out of the batcher's order (the
         batches after it may be in already): in the parts it takes if the stream found it too
-        large, numbered as the market said if its number was too far ahead. Numbered anew in
-        either case: its old number may be another batch's by now."""
+        large, numbered as the market said if its number was too far ahead (or unnumbered, for a
+        market that numbers none). Numbered anew in any case: its old number may be another
+        batch's by now."""
         try:
             signed = await self.client.renumbered(batch.signed)
             answer = await self.client.publish_batch(signed, timeout=self.timeout)

@@ -82,7 +82,7 @@ from ..wire.work import DEFAULT_BITS as DEFAULT_WORK_BITS
 from ..wire.work import solve
 from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
 from .keys import Party
-from .numbering import OUT_OF_WINDOW, Numbering
+from .numbering import Numbering
 from .opening import InboxOpener, Unopened
 
 __all__ = [
@@ -586,7 +586,8 @@ class MarketClient:
         market answers ``batch_too_large``, the batch is split as it says, re-signed and sent
         again, and the answers are merged into one. A batch numbered too far ahead
         (``batch_seq_out_of_window``: batches of an earlier process were lost) is numbered
-        again as the market says (``renumber``) and sent again, once.
+        again as the market says (``renumber``) and sent again, once; so is one a market of an
+        earlier version refused for its number, unnumbered.
         """
         sent = await self.sealed(batch, party=party)
         payload = sent.model_dump_json().encode()
@@ -599,8 +600,7 @@ class MarketClient:
         except BaseException:
             self.numbering.settle(batch.stream_id, batch.batch_seq, None)
             raise
-        self.numbering.settle(batch.stream_id, batch.batch_seq, got)
-        if isinstance(got, Rejection) and got.reason == OUT_OF_WINDOW and renumber:
+        if self.numbering.settle(batch.stream_id, batch.batch_seq, got) and renumber:
             again = await self.renumbered(batch, party=party)
             return await self.publish_batch(again, timeout=timeout, party=party, renumber=False)
         if isinstance(got, Rejection) and got.reason == "batch_too_large":

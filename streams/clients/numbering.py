@@ -14,6 +14,9 @@ refusal. Every batch of an earlier process was written to the stream's partition
 new process's first batch, so the market has read it by the time it answers that one: a number
 it says is free is free. Two processes publishing one stream at once would number alike; one
 seller publishes each stream from one process at a time.
+
+A market of an earlier version refuses the field (``invalid_event`` naming ``batch_seq``): the
+stream's batches then go unnumbered, as they did before.
 """
 
 from __future__ import annotations
@@ -47,10 +50,14 @@ class Numbering:
 
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
+        self._unnumbered: set[str] = set()
+        """Streams of a market that does not number batches."""
 
-    def take(self, stream_id: str) -> int:
+    def take(self, stream_id: str) -> int | None:
         """The number of the next batch of ``stream_id``: 0 until the market said where the
-        numbering stands, then the lowest number free."""
+        numbering stands, then the lowest number free (None: the market numbers none)."""
+        if stream_id in self._unnumbered:
+            return None
         s = self._streams.get(stream_id)
         if s is None:
             return 0
@@ -64,24 +71,30 @@ class Numbering:
 
     def settle(
         self, stream_id: str, n: int | None, answer: ValuesAccepted | Rejection | None
-    ) -> None:
+    ) -> bool:
         """The batch numbered ``n`` of ``stream_id`` (None: unnumbered) was answered
         (``answer`` None: it was sent without waiting, or no answer came; its number is then
-        never used again, since the market may have taken it)."""
+        never used again, since the market may have taken it). Whether to send the batch
+        again numbered anew: its number was out of the window, or the market numbers none."""
+        if n == 0 and _unknown_field(answer):
+            self._unnumbered.add(stream_id)
+            return True
         s = self._streams.get(stream_id)
-        if n is None or (n == 0 and isinstance(answer, ValuesAccepted)):
+        if n is None or n == 0:
             if s is None and isinstance(answer, ValuesAccepted) and answer.next_batch_seq:
                 self._streams[stream_id] = _Stream(
                     answer.next_batch_seq, answer.missing_batch_seqs or []
                 )
-            return
+            return False
         if s is None or n not in s.held:
-            return
+            return False
         s.held.discard(n)
         if isinstance(answer, Rejection) and answer.reason == OUT_OF_WINDOW:
             self._learn(s, answer.details)
-        elif answer is not None and not _taken(answer):
+            return True
+        if answer is not None and not _taken(answer):
             s.free.add(n)
+        return False
 
     @staticmethod
     def _learn(s: _Stream, details: dict[str, Any]) -> None:
@@ -91,6 +104,15 @@ class Numbering:
         following = details.get("next")
         if isinstance(following, int):
             s.following = max(s.following, following)
+
+
+def _unknown_field(answer: ValuesAccepted | Rejection | None) -> bool:
+    """Whether ``answer`` is a market of an earlier version refusing the field."""
+    return (
+        isinstance(answer, Rejection)
+        and answer.reason == "invalid_event"
+        and "batch_seq" in answer.message
+    )
 
 
 def _taken(answer: ValuesAccepted | Rejection) -> bool:

@@ -5,7 +5,6 @@
 // batches are sent in the order of their values and several wait for their answers at once.
 // Each value's promise resolves to its own line of the market's answer.
 import { Refused } from './kafka.js';
-import { OUT_OF_WINDOW } from './numbering.js';
 
 /** Values per batch by default: where the market's CPU per value stops falling. */
 export const DEFAULT_MAX_VALUES = 32;
@@ -81,8 +80,8 @@ export class ValueBatcher {
     this.sending = sent.catch(() => {});
     const answered = sent.then((s) => {
       const got = this.client.answer(s, (d) => d.type === 'values_accepted').then(
-        (a) => this.client.settleValues(s, a),
-        (err) => { throw this.client.settleValues(s, err); },
+        (a) => { this.client.settleValues(s, a); return a; },
+        (err) => { err.renumber = this.client.settleValues(s, err); throw err; },
       );
       const flying = got.catch(() => {}).finally(() => this.flight.delete(flying));
       this.flight.add(flying);
@@ -116,7 +115,7 @@ export class ValueBatcher {
    */
   async refusal(err, items) {
     if (!(err instanceof Refused)) throw err;
-    if (err.reason === OUT_OF_WINDOW) return this.client.publish(this.streamId, items, { clear: this.clear }); // numbered again
+    if (err.renumber) return this.client.publish(this.streamId, items, { clear: this.clear }); // numbered anew (§6.4.1)
     const size = err.answer?.details?.max_values;
     if (err.reason === 'batch_too_large' && Number.isInteger(size) && size > 0 && size < items.length) {
       this.maxValues = Math.min(this.maxValues, size);

@@ -8,7 +8,7 @@ import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer, requestDigest, namedAnswer } from './answers.js';
 import { sealBatch } from './sealing.js';
-import { Numbering, OUT_OF_WINDOW } from './numbering.js';
+import { Numbering } from './numbering.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
 import { readRoot, trustedKey } from './root.js';
@@ -422,24 +422,27 @@ export class MarketClient {
    */
   async publish(streamId, items, { clear = false, renumber = true } = {}) {
     const sent = await this.sendValues(streamId, items, { clear });
+    let answer;
     try {
-      return this.settleValues(sent, await this.answer(sent, (d) => d.type === 'values_accepted'));
+      answer = await this.answer(sent, (d) => d.type === 'values_accepted');
     } catch (err) {
-      this.settleValues(sent, err);
-      // a number too far ahead (batches of an earlier process lost): numbered again, sent once more
-      if (renumber && err instanceof Refused && err.reason === OUT_OF_WINDOW) return this.publish(streamId, items, { clear, renumber: false });
+      // a number too far ahead (batches of an earlier process lost), or a market that numbers
+      // no batch: numbered anew, sent once more
+      if (this.settleValues(sent, err) && renumber) return this.publish(streamId, items, { clear, renumber: false });
       throw err;
     }
+    this.settleValues(sent, answer);
+    return answer;
   }
 
   /**
    * Tell the numbering (§6.4.1) the answer to a batch `sendValues` sent: the `values_accepted`,
-   * or the error (a Refused carries the refusal; any other error: no answer). Returns `answer`.
+   * or the error (a Refused carries the refusal; any other error: no answer). Returns whether
+   * to send the batch again numbered anew.
    */
   settleValues(sent, answer) {
-    const got = answer instanceof Refused ? answer.answer ?? { reason: answer.reason } : answer instanceof Error ? null : answer;
-    this.numbering.settle(sent.event.stream_id, sent.event.batch_seq, got);
-    return answer;
+    const got = answer instanceof Refused ? answer.answer ?? { reason: answer.reason, message: answer.detail } : answer instanceof Error ? null : answer;
+    return this.numbering.settle(sent.event.stream_id, sent.event.batch_seq ?? null, got);
   }
 
   /**
@@ -460,7 +463,8 @@ export class MarketClient {
       await this.checkSealingKey(entry.market_sealing_key);
       event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
     }
-    return this.send({ ...event, batch_seq: this.numbering.take(streamId) });
+    const n = this.numbering.take(streamId);
+    return this.send(n == null ? event : { ...event, batch_seq: n });
   }
 
   /** Ask what a purchase would cost (§6.7). */

@@ -10,15 +10,18 @@ from streams.wire.events import Rejection, ValueOutcome, ValuesAccepted
 
 
 def _answer(*statuses: str, **kw: Any) -> ValuesAccepted:
-    lines = [ValueOutcome(value_id=f"v{i}", status=s) for i, s in enumerate(statuses)]  # type: ignore[arg-type]
+    lines = [
+        ValueOutcome.model_validate({"value_id": f"v{i}", "status": s})
+        for i, s in enumerate(statuses)
+    ]
     return ValuesAccepted(stream_id="s", seller_id="me", outcomes=lines, **kw)
 
 
-def _refusal(reason: str, **details: Any) -> Rejection:
+def _refusal(reason: str, message: str = "m", **details: Any) -> Rejection:
     return Rejection.model_validate(
         {
             "reason": reason,
-            "message": "m",
+            "message": message,
             "source_topic": "t.values",
             "payload": "",
             "payload_bytes": 0,
@@ -51,5 +54,14 @@ def test_a_number_too_far_ahead_goes_on_from_where_the_market_says() -> None:
     n = Numbering()
     n.settle("s", 0, _answer("accepted", batch_seq=0, next_batch_seq=300, missing_batch_seqs=[]))
     held, far = n.take("s"), n.take("s")
-    n.settle("s", far, _refusal(OUT_OF_WINDOW, through=7, missing=[8, 300], next=400))
-    assert held == 300 and [n.take("s"), n.take("s"), n.take("s")] == [8, 400, 401]
+    again = n.settle("s", far, _refusal(OUT_OF_WINDOW, through=7, missing=[8, 300], next=400))
+    assert again and held == 300 and [n.take("s"), n.take("s"), n.take("s")] == [8, 400, 401]
+
+
+def test_a_market_that_numbers_no_batch_gets_them_unnumbered() -> None:
+    n = Numbering()
+    old = _refusal(
+        "invalid_event", "not a valid value event: batch_seq: Extra inputs are not permitted"
+    )
+    assert n.take("s") == 0 and n.settle("s", 0, old) is True
+    assert n.take("s") is None and n.take("other") == 0

@@ -7,6 +7,11 @@ again with the same numbers it gets the very same releases (``duplicate``), with
 is refused (``conflicting_value``). Every release is a pure function of the market's noise
 secret, the stream's chain, the value's identity and the step, so a resend the market has
 forgotten gets the same releases again, never fresh noise.
+
+A batch its seller numbered (docs/protocol.md §6.4.1, :mod:`.replay.numbers`) is recognised by
+its number before any of its values is looked at, and answered with the bytes of its first
+answer: a number is taken only by a batch whose every value is in the stream, whose answer is
+then every line ``accepted``, a pure function of the batch's bytes.
 """
 
 from __future__ import annotations

@@ -104,6 +104,8 @@ class Prepared:
     floor: list[Op]
     steps: float
     """Value-steps of keyed randomness per event (each a request key and a keystream)."""
+    core: MarketCore | None = None
+    """The core the events go to (what it keeps afterwards: ``bench.numbered``)."""
 
 
 @dataclass
@@ -226,9 +228,10 @@ def prepare_purchases(n_streams: int) -> Prepared:
     return Prepared(PURCHASE, run, len(reqs), floor, RETAINED)
 
 
-def prepare_values(n: int, per_batch: int = 1) -> Prepared:
+def prepare_values(n: int, per_batch: int = 1, *, numbered: bool = False) -> Prepared:
     """``n`` values, ``per_batch`` per signed batch, on a stream with 2 holders; core batches
-    of :data:`VALUES_PER_CORE_BATCH` values (rounded down to whole batches).
+    of :data:`VALUES_PER_CORE_BATCH` values (rounded down to whole batches); ``numbered``: the
+    batches numbered 1, 2, 3, … by their seller (docs/protocol.md §6.4.1).
 
     Floor (§4, §8): per batch the Ed25519 verification, the opening of its envelope (one
     X25519 exchange, HKDF, ChaCha20-Poly1305) and the signature of the answer to the seller;
@@ -256,7 +259,10 @@ def prepare_values(n: int, per_batch: int = 1) -> Prepared:
         _check(core.handle(t.purchases, _purchase(MARKET, sub, "v", 0)), "fulfilled")
     records = max(1, n // per_batch)
     raws = [
-        _value_payload(RETAINED + i * per_batch, MARKET, "v", per_batch) for i in range(records)
+        _value_payload(
+            RETAINED + i * per_batch, MARKET, "v", per_batch, i + 1 if numbered else None
+        )
+        for i in range(records)
     ]
     per_core = max(1, VALUES_PER_CORE_BATCH // per_batch)  # records per core batch
 
@@ -284,7 +290,8 @@ def prepare_values(n: int, per_batch: int = 1) -> Prepared:
         Op("sign", share, lambda: sign(answer)),
         Op("sign", len(subs) / (per_core * per_batch), lambda: sign(answer)),
     ]
-    return Prepared(value_path(per_batch), run, records * per_batch, floor, 2)
+    name = value_path(per_batch) + (", numbered" if numbered else "")
+    return Prepared(name, run, records * per_batch, floor, 2, core)
 
 
 def measure(path: Prepared) -> Measure:

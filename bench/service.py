@@ -207,14 +207,21 @@ def sealed_batch(seller: Party, market: str, **fields: Any) -> ValueBatch:
     )
 
 
-def _value_payload(i: int, market: str = "bench", stream: str = "bench", count: int = 1) -> bytes:
+def _value_payload(
+    i: int,
+    market: str = "bench",
+    stream: str = "bench",
+    count: int = 1,
+    batch_seq: int | None = None,
+) -> bytes:
     """A signed batch of ``count`` values, ids from ``v{i:07d}`` on (signed before any clock
-    starts)."""
+    starts), numbered ``batch_seq`` (docs/protocol.md §6.4.1) if given."""
     batch = sealed_batch(
         SELLER,
         market,
         stream_id=stream,
         seller_id=SELLER.account_id,
+        batch_seq=batch_seq,
         items=[
             {
                 "value_id": f"v{j:07d}",

@@ -210,29 +210,38 @@ class ValueBatcher:
                 self._done(batch, exc)
 
     async def _send(self, batch: _Batch) -> None:
+        numbering, seq = self.client.numbering, batch.signed.batch_seq
         sealed = await self.client.sealed(batch.signed)
         if not self.wait:
             payload = sealed.model_dump_json().encode()
             await self.client.send(self.client.topics.values, self.stream_id, payload)
+            numbering.settle(self.stream_id, seq, None)
             self._done(batch, None)
             return
         sent = await self.client.sent_values(wait=self.timeout)
 
         def answered(answer: ValuesAccepted | Rejection | Exception) -> None:
-            if not isinstance(answer, Exception) and _too_large(answer, batch.signed):
+            got = None if isinstance(answer, Exception) else answer
+            if numbering.settle(self.stream_id, seq, got):  # numbered anew
+                self._spawn(self._again(batch))
+            elif not isinstance(answer, Exception) and _too_large(answer, batch.signed):
                 assert isinstance(answer, Rejection)
                 self.max_values = min(self.max_values, int(answer.details["max_values"]))
-                self._spawn(self._split(batch))
+                self._spawn(self._again(batch))
             else:
                 self._done(batch, answer)
 
         await sent.send(sealed, answered, timeout=self.timeout)
 
-    async def _split(self, batch: _Batch) -> None:
-        """``batch``, which the stream found too large, sent again in the parts it takes (out
-        of the batcher's order: the batches after it may be in already)."""
+    async def _again(self, batch: _Batch) -> None:
+        """``batch``, which the market did not take, sent again out of the batcher's order (the
+        batches after it may be in already): in the parts it takes if the stream found it too
+        large, numbered as the market said if its number was too far ahead (or unnumbered, for a
+        market that numbers none). Numbered anew in any case: its old number may be another
+        batch's by now."""
         try:
-            answer = await self.client.publish_batch(batch.signed, timeout=self.timeout)
+            signed = await self.client.renumbered(batch.signed)
+            answer = await self.client.publish_batch(signed, timeout=self.timeout)
         except Exception as exc:
             self._done(batch, exc)
         else:

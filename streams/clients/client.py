@@ -85,6 +85,7 @@ from ..wire.work import solve
 from .batching import DEFAULT_MAX_DELAY, DEFAULT_MAX_VALUES, Answered, ValueBatcher
 from .inbox_reader import InboxReader, routes_of
 from .keys import Party
+from .numbering import Numbering
 from .opening import InboxOpener, Unopened
 
 __all__ = [
@@ -273,6 +274,8 @@ class MarketClient:
         self._work_bits = 0  # the proof of work this client's openings carry (more_work: more)
         self.batch_values, self.batch_delay = batch_values, batch_delay
         self._batchers: dict[tuple[str, bool, float], ValueBatcher] = {}
+        self.numbering = Numbering()
+        """The numbers of this process's value batches, per stream (docs/protocol.md §6.4.1)."""
         self._sent_values: dict[str, SentValues] = {}
         self._parties: dict[str, Party] = {}  # the keys each account's inbox is read with
         self._inbox_sealing_key: str | None = None  # the identity's, in a v2 market
@@ -599,7 +602,21 @@ class MarketClient:
             else:
                 row["values"] = list(values)
             rows.append(row)
-        return me.sign(ValueBatch, market, stream_id=stream_id, seller_id=me.account_id, items=rows)
+        return me.sign(
+            ValueBatch,
+            market,
+            stream_id=stream_id,
+            seller_id=me.account_id,
+            items=rows,
+            batch_seq=self.numbering.take(stream_id),
+        )
+
+    async def renumbered(self, batch: ValueBatch, *, party: Party | None = None) -> ValueBatch:
+        """``batch`` (as signed, before sealing) with the next free number of its stream,
+        signed again: for a batch whose number the market did not take."""
+        fields = batch.model_dump(exclude={"key_id", "signature", "batch_seq"})
+        n = self.numbering.take(batch.stream_id)
+        return self._me(party).sign(ValueBatch, await self.signing_market(), **fields, batch_seq=n)
 
     async def publish_batch(
         self,
@@ -608,19 +625,31 @@ class MarketClient:
         wait: bool = True,
         timeout: float = 60.0,
         party: Party | None = None,
+        renumber: bool = True,
     ) -> ValuesAccepted | Rejection | None:
         """Send a batch; with ``wait``, return the market's answer (one line per value).
 
         A stream takes at most so many values per batch (more holders, fewer values): if the
         market answers ``batch_too_large``, the batch is split as it says, re-signed and sent
-        again, and the answers are merged into one.
+        again, and the answers are merged into one. A batch numbered too far ahead
+        (``batch_seq_out_of_window``: batches of an earlier process were lost) is numbered
+        again as the market says (``renumber``) and sent again, once; so is one a market of an
+        earlier version refused for its number, unnumbered.
         """
         sent = await self.sealed(batch, party=party)
         payload = sent.model_dump_json().encode()
         if not wait:
             await self.send(self.topics.values, batch.stream_id, payload)
+            self.numbering.settle(batch.stream_id, batch.batch_seq, None)
             return None
-        got = await self._publish_once(sent, payload, timeout)
+        try:
+            got = await self._publish_once(sent, payload, timeout)
+        except BaseException:
+            self.numbering.settle(batch.stream_id, batch.batch_seq, None)
+            raise
+        if self.numbering.settle(batch.stream_id, batch.batch_seq, got) and renumber:
+            again = await self.renumbered(batch, party=party)
+            return await self.publish_batch(again, timeout=timeout, party=party, renumber=False)
         if isinstance(got, Rejection) and got.reason == "batch_too_large":
             size = int(got.details.get("max_values", 1))
             if 0 < size < len(batch.items) and batch.sealed is None:
@@ -701,6 +730,7 @@ class MarketClient:
                 stream_id=batch.stream_id,
                 seller_id=batch.seller_id,
                 items=rows,
+                batch_seq=self.numbering.take(batch.stream_id),
             )
             got = await self.publish_batch(part, timeout=timeout, party=party)
             assert got is not None  # waited for

@@ -55,9 +55,12 @@ from ..wire.events import AccountState, StreamRegistration
 from .holds import HOLD_BYTES, MAX_KEPT, Hold
 
 __all__ = [
+    "BATCH_NUMBERS_BYTES",
+    "BATCH_WINDOW",
     "PURCHASE_RECORD_BYTES",
     "VALUE_MARK_BYTES",
     "BaseRef",
+    "BatchNumbers",
     "EvictedValue",
     "Holder",
     "HoldersBase",
@@ -160,6 +163,25 @@ class Registered(BaseModel):
     catalog_payload: str
 
 
+BATCH_WINDOW = 256
+"""How far above the numbers a stream has applied without a gap a seller's batch may be
+numbered: the most numbers :attr:`BatchNumbers.above` holds."""
+BATCH_NUMBERS_BYTES = 17 * BATCH_WINDOW + 64
+"""Upper bound on the JSON of a :class:`BatchNumbers` (numbers below 2⁵³: 16 digits and a
+comma each)."""
+
+
+class BatchNumbers(BaseModel):
+    """Which of its seller's numbered value batches a stream has applied
+    (:mod:`streams.core.replay.numbers`): every number up to ``through``, and the numbers in
+    ``above``, all greater than ``through`` and at most a window beyond it (so the record is
+    the same size at any rate)."""
+
+    model_config = ConfigDict(extra="forbid")
+    through: int = 0
+    above: list[int] = Field(default_factory=list, exclude_if=lambda v: not v)
+
+
 class StreamRecord(BaseModel):
     """What changes about a stream: the record its store holds, written after every event that
     changes it (how it was registered is in :class:`Registered`, apart)."""
@@ -195,6 +217,9 @@ class StreamRecord(BaseModel):
     window_values: dict[int, int] = Field(default_factory=dict, exclude_if=_empty)
     #: buyers' reservations: terms and privacy room held for a while (:mod:`.holds`)
     reservations: list[Hold] = []
+    #: the seller's numbered value batches applied (absent until the first one: records of
+    #: streams that never had one keep their bytes)
+    batch_numbers: BatchNumbers | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="before")
     @classmethod
@@ -272,6 +297,7 @@ def stream_record_bound(
         + (WINDOW_SUM_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if windowed else 0)
         + (WINDOW_COUNT_BYTES * (retain_last + MAX_RECENT_WINDOWS + 1) if shared else 0)
         + HOLD_BYTES * MAX_KEPT
+        + BATCH_NUMBERS_BYTES
         + 1024
     )
 

@@ -7,6 +7,11 @@ again with the same numbers it gets the very same releases (``duplicate``), with
 is refused (``conflicting_value``). Every release is a pure function of the market's noise
 secret, the stream's chain, the value's identity and the step, so a resend the market has
 forgotten gets the same releases again, never fresh noise.
+
+A batch its seller numbered (docs/protocol.md §6.4.1, :mod:`.replay.numbers`) is recognised by
+its number before any of its values is looked at, and answered with the bytes of its first
+answer: a number is taken only by a batch whose every value is in the stream, whose answer is
+then every line ``accepted``, a pure function of the batch's bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .outputs import Outcome, Output, Reject, dump
 from .products import Product
 from .products.base import Exact
 from .rejections import Source, rejection
+from .replay import numbers
 from .state import EvictedValue, ValueState
 from .stream import Stream
 from .stream_store import Streams
@@ -41,6 +47,10 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
             f"stream {batch.stream_id!r} belongs to seller {reg.seller_id!r}; "
             f"{batch.seller_id!r} cannot publish into it",
         )
+    if batch.batch_seq:  # numbered (0 asks where the numbering stands)
+        if numbers.applied(stream, batch.batch_seq):
+            return _answered_again(ctx, stream, batch)
+        numbers.check(stream, batch.batch_seq)
     _check_batch_cost(ctx, stream, len(batch.items))
     outcome = Outcome("value", "accepted", stream_id=batch.stream_id, mechanism=reg.mechanism)
     withheld = ctx.deliveries.withheld_total
@@ -58,11 +68,13 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
         product.prepared_done()
     outcome.withheld = ctx.deliveries.withheld_total - withheld
     outcome.quota_withheld = ctx.deliveries.quota_withheld_total - quota_withheld
-    answer = trusted(
-        ValuesAccepted, stream_id=batch.stream_id, seller_id=batch.seller_id, outcomes=lines
-    )
-    inbox = ctx.topics.inbox(batch.seller_id)
-    outcome.outputs.append(Output(inbox, batch.items[-1].value_id.encode(), dump(answer)))
+    if batch.batch_seq and all(line.status != "rejected" for line in lines):
+        numbers.take(stream, batch.batch_seq)
+        outcome.outputs.append(_answer(ctx, batch, _all_in(batch)))
+    elif batch.batch_seq == 0:
+        outcome.outputs.append(_answer(ctx, batch, lines, numbers.standing(stream)))
+    else:
+        outcome.outputs.append(_answer(ctx, batch, lines))
     outcome.outputs.extend(ctx.deliveries.drain_unless_batching())
     outcome.figures = stream.figures()
     statuses = {line.status for line in lines}
@@ -70,6 +82,46 @@ def ingest(ctx: Context, streams: Streams, inc: Incoming[ValueBatch]) -> Outcome
         outcome.status, outcome.reason = "rejected", lines[0].reason
     elif "accepted" not in statuses:
         outcome.status = "duplicate"
+    return outcome
+
+
+def _all_in(batch: ValueBatch) -> list[ValueOutcome]:
+    """The lines of a numbered batch applied whole: each value is in the stream with the
+    numbers sent (new, or known already), so each line is ``accepted`` and the answer is a
+    pure function of the batch's bytes."""
+    return [trusted(ValueOutcome, value_id=i.value_id, status="accepted") for i in batch.items]
+
+
+def _answer(
+    ctx: Context,
+    batch: ValueBatch,
+    lines: list[ValueOutcome],
+    standing: tuple[int, list[int]] | None = None,
+) -> Output:
+    """The ``values_accepted`` answer to ``batch`` in its seller's inbox (``standing``: to a
+    batch numbered 0, where the stream's numbering stands)."""
+    answer = trusted(
+        ValuesAccepted,
+        stream_id=batch.stream_id,
+        seller_id=batch.seller_id,
+        outcomes=lines,
+        batch_seq=batch.batch_seq,
+        next_batch_seq=None if standing is None else standing[0],
+        missing_batch_seqs=None if standing is None else standing[1],
+    )
+    inbox = ctx.topics.inbox(batch.seller_id)
+    return Output(inbox, batch.items[-1].value_id.encode(), dump(answer))
+
+
+def _answered_again(ctx: Context, stream: Stream[Product], batch: ValueBatch) -> Outcome:
+    """A numbered batch the stream applied, sent again: answered with the bytes of its first
+    answer, and nothing else happens (its values are not looked at again: a number is
+    recognised after their marks are forgotten, §6.4.1)."""
+    reg = stream.registration
+    outcome = Outcome("value", "duplicate", stream_id=batch.stream_id, mechanism=reg.mechanism)
+    outcome.items = [("duplicate", None)] * len(batch.items)
+    outcome.outputs.append(_answer(ctx, batch, _all_in(batch)))
+    outcome.figures = stream.figures()
     return outcome
 
 

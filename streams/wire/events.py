@@ -176,6 +176,10 @@ MinorUnits = Annotated[int, Field(ge=0, le=10**15)]
 Millis = Annotated[
     int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(safe_integer)
 ]
+BatchSeq = Annotated[
+    int, Field(ge=0, json_schema_extra={"maximum": MAX_SAFE_INTEGER}), AfterValidator(safe_integer)
+]
+"""A value batch's number in its seller's numbering of one stream (docs/protocol.md §6.4.1)."""
 PrivacyUnit = Literal["event", "window"]
 """Whose privacy a stream's levels protect: each value's own (``event``), or the people present
 in every value of a time window (``window``: the levels of a window's values add up)."""
@@ -539,6 +543,14 @@ class ValueBatch(_Signed):
         exclude_if=_is_none,
         description="the items' numbers (and keys) sealed to the market's key "
         "(market_sealing_key in the catalog; docs/protocol.md §4); the items then carry none",
+    )
+    batch_seq: BatchSeq | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="the batch's number in its seller's numbering of the stream: 1, 2, 3, … "
+        "(0: not numbered, and the answer says where the numbering stands); a batch sent "
+        "again keeps its number, and the market answers it as it answered the first "
+        "(docs/protocol.md §6.4.1)",
     )
 
     @model_validator(mode="after")
@@ -1135,6 +1147,19 @@ class ValuesAccepted(_Event):
     stream_id: Identifier
     seller_id: Identifier
     outcomes: list[ValueOutcome]
+    batch_seq: int | None = Field(
+        None, exclude_if=_is_none, description="the number of the batch answered, if it had one"
+    )
+    next_batch_seq: int | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="to a batch numbered 0: the number after the highest the stream applied",
+    )
+    missing_batch_seqs: list[int] | None = Field(
+        None,
+        exclude_if=_is_none,
+        description="to a batch numbered 0: the numbers below next_batch_seq no batch took",
+    )
 
 
 class DeadLetter(_Event):

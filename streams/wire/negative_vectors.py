@@ -139,13 +139,17 @@ def _values(
     to = kw.pop("to", _SEALING)
     full = [{"published_at_ms": _NOW, **i} for i in items]
     placeholder = {"key_id": "0" * 16, "signature": "A" * 86 + "=="}
+    seq = kw.pop("batch_seq", None)
+    numbered = {} if seq is None else {"batch_seq": max(0, seq)}
     clear = ValueBatch.model_validate(
-        {"stream_id": stream, "seller_id": seller, "items": full, **placeholder}
+        {"stream_id": stream, "seller_id": seller, "items": full, **placeholder, **numbered}
     )
     sealed = seal_values(clear, _MARKET, public_key_b64(to), seed=_SEAL_SEED)
     body = sealed.model_dump(exclude={"key_id", "signature"})
-    event = signed(ValueBatch, _FOR, _key(signer), **body)
-    return {"topic": "t.values", "value": _dump(event)}
+    text = _dump(signed(ValueBatch, _FOR, _key(signer), **body))
+    if seq is not None and seq < 0:  # no model holds it: the number is written over 0
+        text = text.replace('"batch_seq":0', f'"batch_seq":{seq}')
+    return {"topic": "t.values", "value": text}
 
 
 def _buy(signer: str = "alice", **kw: Any) -> dict[str, Any]:
@@ -506,6 +510,18 @@ def _value_cases() -> list[dict[str, Any]]:
             WITH_VALUE,
             _values([{"value_id": "v0", "values": [9.0, 9.0, 9.0]}]),
             answered_by="values_line",
+        ),
+        _case(
+            "batch_seq_out_of_window",
+            "a first batch numbered 257: more than 256 above the numbers the stream applied",
+            BASE,
+            _values(v, batch_seq=257),
+        ),
+        _case(
+            "invalid_event",
+            "a batch numbered -1",
+            BASE,
+            _values(v, batch_seq=-1),
         ),
         _case(
             "bad_seal",

@@ -204,6 +204,8 @@ def _values(c: _Canon, e: ValueBatch) -> None:
                 c.s(key)
     if e.sealed is not None:  # seal, then sign: the signature covers the ciphertext
         c.s(e.sealed.alg).s(e.sealed.epk).s(e.sealed.nonce).s(e.sealed.ciphertext)
+    if e.batch_seq is not None:  # numbered batches only: unnumbered ones keep their bytes
+        c.i(e.batch_seq)
 
 
 def _accuracy(c: _Canon, a: Any) -> None:

@@ -235,6 +235,28 @@ _CASES: list[tuple[str, str, dict[str, Any], int]] = [
         1,
     ),
     ("values, sealed (the batch of sealing.json)", "values", {"<sealed>": True}, 1),
+    (
+        "values, numbered",
+        "values",
+        {
+            "stream_id": "temp",
+            "seller_id": "alice",
+            "items": [{"value_id": "v3", "values": [1.5, -2.0, 0.1], "published_at_ms": 1002}],
+            "batch_seq": 7,
+        },
+        1,
+    ),
+    (
+        "values, numbered 0 (asks where the numbering stands)",
+        "values",
+        {
+            "stream_id": "temp",
+            "seller_id": "alice",
+            "items": [{"value_id": "v4", "values": [1.5, -2.0, 0.1], "published_at_ms": 1003}],
+            "batch_seq": 0,
+        },
+        1,
+    ),
     ("purchase, defaults", "purchase", _purchase(), 1),
     ("purchase at key version 3", "purchase", _purchase(), 3),
     ("purchase of a level", "purchase", _purchase(target_level=1.0, currency="USD"), 1),

@@ -145,14 +145,17 @@ def values(
     published_at_ms: int = 1_000,
     seller: str = "seller1",
     clear: bool = False,
+    batch_seq: int | None = None,
 ) -> bytes:
-    body = {
+    body: dict[str, Any] = {
         "stream_id": stream_id,
         "seller_id": seller,
         "items": [
             {"value_id": v, "values": x, "published_at_ms": published_at_ms} for v, x in items
         ],
     }
+    if batch_seq is not None:
+        body["batch_seq"] = batch_seq
     return signed_batch(market, party(seller), body, clear=clear)
 
 

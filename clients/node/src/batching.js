@@ -79,7 +79,10 @@ export class ValueBatcher {
     const sent = this.sending.then(() => this.room()).then(() => this.client.sendValues(this.streamId, items, { clear: this.clear }));
     this.sending = sent.catch(() => {});
     const answered = sent.then((s) => {
-      const got = this.client.answer(s, (d) => d.type === 'values_accepted');
+      const got = this.client.answer(s, (d) => d.type === 'values_accepted').then(
+        (a) => { this.client.settleValues(s, a); return a; },
+        (err) => { err.renumber = this.client.settleValues(s, err); throw err; },
+      );
       const flying = got.catch(() => {}).finally(() => this.flight.delete(flying));
       this.flight.add(flying);
       return got;
@@ -112,6 +115,7 @@ export class ValueBatcher {
    */
   async refusal(err, items) {
     if (!(err instanceof Refused)) throw err;
+    if (err.renumber) return this.client.publish(this.streamId, items, { clear: this.clear }); // numbered anew (§6.4.1)
     const size = err.answer?.details?.max_values;
     if (err.reason === 'batch_too_large' && Number.isInteger(size) && size > 0 && size < items.length) {
       this.maxValues = Math.min(this.maxValues, size);

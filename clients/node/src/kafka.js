@@ -8,6 +8,7 @@ import { solveWork, DEFAULT_WORK_BITS, MAX_WORK_BITS } from './work.js';
 import { partitionOf } from './partition.js';
 import { verifyAnswer, namedAnswer } from './answers.js';
 import { sealBatch } from './sealing.js';
+import { Numbering } from './numbering.js';
 import { verifyOutcome, ReceiptInvalid } from './receipts.js';
 import { keyId, decodePublicKey } from './keys.js';
 import { readRoot, trustedKey, inboxMode } from './root.js';
@@ -155,6 +156,8 @@ export class MarketClient {
     this.warned = new Set();
     this.views = new Map();
     this.inboxes = { version: 1 };
+
+    this.numbering = new Numbering(); // the numbers of this process's value batches (§6.4.1)
   }
 
   topic(name) {
@@ -491,9 +494,29 @@ export class MarketClient {
    * Publish value items `[{value_id, values, keys?, published_at_ms?}]` to a stream, sealed to
    * the market's key from its catalog entry (§4.5). Returns the `values_accepted` answer.
    */
-  async publish(streamId, items, { clear = false } = {}) {
+  async publish(streamId, items, { clear = false, renumber = true } = {}) {
     const sent = await this.sendValues(streamId, items, { clear });
-    return this.answer(sent, (d) => d.type === 'values_accepted');
+    let answer;
+    try {
+      answer = await this.answer(sent, (d) => d.type === 'values_accepted');
+    } catch (err) {
+      // a number too far ahead (batches of an earlier process lost), or a market that numbers
+      // no batch: numbered anew, sent once more
+      if (this.settleValues(sent, err) && renumber) return this.publish(streamId, items, { clear, renumber: false });
+      throw err;
+    }
+    this.settleValues(sent, answer);
+    return answer;
+  }
+
+  /**
+   * Tell the numbering (§6.4.1) the answer to a batch `sendValues` sent: the `values_accepted`,
+   * or the error (a Refused carries the refusal; any other error: no answer). Returns whether
+   * to send the batch again numbered anew.
+   */
+  settleValues(sent, answer) {
+    const got = answer instanceof Refused ? answer.answer ?? { reason: answer.reason, message: answer.detail } : answer instanceof Error ? null : answer;
+    return this.numbering.settle(sent.event.stream_id, sent.event.batch_seq ?? null, got);
   }
 
   /**
@@ -514,7 +537,8 @@ export class MarketClient {
       await this.checkSealingKey(entry.market_sealing_key);
       event = sealBatch({ prefix: this.prefix, marketSealingKey: entry.market_sealing_key, streamId, sellerId: this.party.accountId, items: full });
     }
-    return this.send(event);
+    const n = this.numbering.take(streamId);
+    return this.send(n == null ? event : { ...event, batch_seq: n });
   }
 
   /** Ask what a purchase would cost (§6.7). */

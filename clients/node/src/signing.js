@@ -87,6 +87,7 @@ function values(it, e) {
     }
   }
   if (e.sealed != null) it.s(e.sealed.alg).s(e.sealed.epk).s(e.sealed.nonce).s(e.sealed.ciphertext);
+  if (e.batch_seq != null) it.i(e.batch_seq, 'batch_seq'); // numbered batches only (§6.4.1)
 }
 
 /** The accuracy target item `A` (§6.6). */

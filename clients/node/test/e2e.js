@@ -62,6 +62,7 @@ try {
   await step('publish two sealed values', async () => {
     const ans = await S.publish(stream, [{ value_id: 'v1', values: [20.25, -0.0] }, { value_id: 'v2', values: [19.75, 3.5] }]);
     check(ans.outcomes.length === 2 && ans.outcomes.every((o) => o.status === 'accepted'), `accepted: ${JSON.stringify(ans.outcomes)}`);
+    check(ans.batch_seq === 0 && ans.next_batch_seq === 1, `the first batch learns where the numbering stands (§6.4.1): ${JSON.stringify(ans)}`);
   });
   await step('values added one by one go out in batches, each answered on its own', async () => {
     const batched = `batched-${tag}`;
@@ -139,7 +140,8 @@ try {
     check(bought[0].receipt.commitment !== bought[1].receipt.commitment, 'new commitment');
   });
   await step('receive a subscription delivery of a new value', async () => {
-    await S.publish(stream, [{ value_id: 'v3', values: [21.0, 2.0] }]);
+    const numbered = await S.publish(stream, [{ value_id: 'v3', values: [21.0, 2.0] }]);
+    check(numbered.batch_seq === 1, `the next batch is numbered 1: ${JSON.stringify(numbered)}`);
     const msgs = await B.inboxMessages({ ms: 30000, until: (d) => d.type === 'value_released' && d.releases?.some((r) => r.value_id === 'v3') });
     const d = msgs.find((m) => m.type === 'value_released' && m.releases.some((r) => r.value_id === 'v3'));
     check(d, 'a value_released with v3');

@@ -471,6 +471,8 @@ def _values(e: dict[str, Any]) -> bytes:
     sealed = e.get("sealed")
     if sealed is not None:
         out += b"".join(_s(sealed[k]) for k in ("alg", "epk", "nonce", "ciphertext"))
+    if e.get("batch_seq") is not None:
+        out += _i(e["batch_seq"])
     return out
 
 

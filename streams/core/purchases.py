@@ -104,9 +104,10 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
         _same_request(req, earlier, fp)
         return _again(ctx, stream, inc, earlier)
     heap = heap_of(ctx.records, stream, req.stream_id)
+    sent: bytes | None = None
     try:
         _admit(ctx, req)
-        outcome, record = _fulfil(ctx, streams, req, fp, inc.account)
+        outcome, record, sent = _fulfil(ctx, streams, req, fp, inc.account)
     except _Unkept as unkept:
         return rejection(ctx, "purchase", inc.src, unkept.refusal)
     except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is kept
@@ -116,7 +117,7 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
         if not kept:
             return outcome
     ctx.records.keep_purchase(
-        purchase_key(req.buyer_id, req.stream_id, req.purchase_id), record, heap
+        purchase_key(req.buyer_id, req.stream_id, req.purchase_id), record, heap, sent
     )
     advance_purchases(ctx.records, stream, req.stream_id, req.requested_at_ms)
     return outcome
@@ -178,12 +179,13 @@ def _again(
     key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
     inbox = ctx.topics.inbox(req.buyer_id)
     copy = req.requested_at_ms == record.requested_at_ms  # the first request's, re-sent
-    if (copy and ctx.records.in_inbox(inbox, record)) or (
+    if (copy and ctx.records.in_inbox(inbox, key, record)) or (
         not ctx.records.resend_due(key, req.requested_at_ms, inbox)
     ):
         return Outcome(
             "purchase", "duplicate", reason="already_answered", stream_id=record.stream_id
         )
+    unsent = ctx.records.unsent(key, record)
     last = ctx.records.answer_due(key)
     ctx.records.resend_answered(key, req.requested_at_ms, final=last is None)
     if last is not None:
@@ -197,7 +199,10 @@ def _again(
     redone = None if stream is None else _recompute(ctx, stream, inc, record)
     if redone is None:
         return _notice(ctx, inc, record, record.decided_at_ms, again=False)
-    outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
+    if unsent:  # its batch may have been committed without its outputs
+        outputs = _sent_again(ctx, req, record, redone.decode())
+    else:
+        outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
 
 
@@ -403,8 +408,9 @@ def _check_step(
 
 def _fulfil(
     ctx: Context, streams: Streams, req: PurchaseRequest, fp: str, account: AccountState
-) -> tuple[Outcome, PurchaseRecord]:
-    """Release the level bought on the stream's window, charge, sign; or raise a refusal."""
+) -> tuple[Outcome, PurchaseRecord, bytes]:
+    """Release the level bought on the stream's window, charge, sign; or raise a refusal.
+    Returns the outcome, the decision's record and the outcome's bytes (the buyer's answer)."""
     stream = streams.load(req.stream_id)
     reg = stream.registration
     _check_terms(ctx, req, stream, account)
@@ -440,7 +446,7 @@ def _fulfil(
         price_minor=step.price_minor,
         figures=stream.figures(),
     )
-    return outcome, record
+    return outcome, record, payload
 
 
 def _decision(
@@ -452,7 +458,8 @@ def _decision(
     payload: bytes,
 ) -> PurchaseRecord:
     """What a fulfilment's record keeps: the decision, the values covered (the window
-    released, by arrival number) and the outcome's digest; its bytes until they are sent."""
+    released, by arrival number) and the outcome's digest, not its bytes (a replay recomputes
+    them; :meth:`~.replay.records.Records.evicted` adds them where it could not)."""
     window = stream.state.window
     return PurchaseRecord(
         fingerprint=fp,
@@ -466,7 +473,6 @@ def _decision(
         count=len(window),
         decided_at_ms=ctx.clock(),
         digest=hashlib.sha256(payload).hexdigest(),
-        payload=payload.decode(),
     )
 
 

@@ -24,6 +24,7 @@ from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
 from .replay.quotes import AnsweredQuotes
 from .replay.records import Caps
+from .sales import SaleNotices
 from .state import Stores
 
 __all__ = ["Context", "Limits"]
@@ -120,6 +121,7 @@ class Context:
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
     quotes: AnsweredQuotes = field(init=False)
+    sold: SaleNotices = field(init=False)  # the batch's sales, told per seller
     market: MarketRef = field(init=False)
     """What every signature the market accepts names: its prefix and its key id (§2)."""
 
@@ -135,3 +137,4 @@ class Context:
             self.clock,
         )
         self.quotes = AnsweredQuotes(self.clock)
+        self.sold = SaleNotices(self.topics)

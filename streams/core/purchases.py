@@ -218,7 +218,7 @@ def _sent_again(
     receipt = _receipt_in(payload)
     if receipt is None:  # never: a kept fulfilment carries its receipt
         return [out]
-    return [out, sale(ctx, receipt, record.decided_at_ms)]
+    return [out, *sale(ctx, receipt, record.decided_at_ms)]
 
 
 def _receipt_in(payload: str) -> Receipt | None:
@@ -437,7 +437,7 @@ def _fulfil(
         "fulfilled",
         [
             Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
-            sale(ctx, receipt, record.decided_at_ms),
+            *sale(ctx, receipt, record.decided_at_ms),
         ],
         stream_id=reg.stream_id,
         mechanism=reg.mechanism,

@@ -24,10 +24,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from market.receipts import Receipt
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.core.outputs import Outcome
+from streams.core.outputs import Outcome, Output
 from streams.core.replay.records import ANSWER_INTERVAL_MS
 from streams.wire.answers import verify_answer
-from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, Sale
+from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, Sale, Sales
 from streams.wire.sales import SALE_BYTES, buyer_ref, sale_of
 from streams.wire.topics import Topics
 
@@ -45,17 +45,26 @@ def new_core(now: list[int], stores: Stores | None = None) -> MarketCore:
     return core
 
 
-def sales_in(out: Outcome, seller: str = "seller1") -> list[Sale]:
-    """The sale notices ``out`` sends to ``seller``'s inbox, each checked as the market signs
-    them: for that inbox alone (it answers no request of the seller's), keyed by its id."""
+def notices(outputs: list[Output], seller: str = "seller1") -> list[Sales]:
+    """The sale notices among ``outputs`` to ``seller``'s inbox, each checked as the market
+    signs them: for that inbox alone (it answers no request of the seller's), keyed by the
+    digest of the first receipt it lists."""
     found = []
-    for o in out.outputs:
+    for o in outputs:
         if o.topic != T.inbox(seller):
             continue
         assert verify_answer(PUB, T.prefix, o.topic, o.value, list(o.headers)) is None
         ev = INBOX_EVENT.validate_json(o.value)
-        assert isinstance(ev, Sale) and o.key == ev.receipt_sha256.encode()
+        assert isinstance(ev, Sales) and o.key == ev.sales[0].receipt_sha256.encode()
+        assert ev.seller_id == seller
         found.append(ev)
+    return found
+
+
+def sales_in(out: Outcome, seller: str = "seller1") -> list[Sale]:
+    """The sales ``out`` tells ``seller`` (outside a batch: one notice per sale)."""
+    found = [s for n in notices(out.outputs, seller) for s in n.each()]
+    assert len(found) == len(notices(out.outputs, seller))
     return found
 
 
@@ -132,17 +141,19 @@ def test_a_lost_batch_replayed_sends_the_same_sale_and_a_later_resend_none() -> 
     core = new_core(now, stores)
     core.handle(T.registrations, registration("temp", retain_last=1))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
-    with core.batch():
+    with core.batch() as told:
         first = core.handle(T.purchases, purchase("temp", "alice", "p"))
         core.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0]))  # evicts v0
     now[0] += 2 * ANSWER_INTERVAL_MS
     restarted = new_core(now, stores)  # the outputs were never sent
-    with restarted.batch():
+    with restarted.batch() as told_again:
         again = restarted.handle(T.purchases, purchase("temp", "alice", "p"))
         restarted.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0]))
     assert again.status == "duplicate"
     assert [(o.key, o.value) for o in again.outputs] == [(o.key, o.value) for o in first.outputs]
-    assert len(sales_in(again)) == 1 and sales_in(again)[0].sold_at_ms == 5_000
+    (notice,) = notices(told_again)
+    assert [(o.key, o.value) for o in told_again] == [(o.key, o.value) for o in told]
+    assert len(notice.sales) == 1 and notice.sales[0].sold_at_ms == 5_000
     with restarted.batch():  # the replay's outputs were sent
         restarted.handle(T.values, value("temp", "v2", [1.0, 2.0, 3.0]))
     now[0] += 2 * ANSWER_INTERVAL_MS
@@ -197,6 +208,27 @@ def _s(text: str) -> bytes:
     return b"s" + struct.pack(">I", len(text.encode())) + text.encode()
 
 
+def _ref(key: bytes, seller: str, buyer: str) -> str:
+    return hmac.digest(key, _s(seller) + _s(buyer), "sha256")[:16].hex()
+
+
+def _one_sale_follows(
+    sale: dict[str, object], receipt: dict[str, object], ref: str, digest: str
+) -> None:
+    """A sale's members, as §8.4 derives them from its receipt."""
+    assert (sale["buyer_ref"], sale["receipt_sha256"]) == (ref, digest)
+    for name in (
+        "stream_id",
+        "level_before",
+        "level_after",
+        "price_minor",
+        "currency",
+        "requested_at_ms",
+    ):
+        assert sale[name] == receipt[name], name
+    assert sale["value_count"] == len(receipt["value_ids"])  # type: ignore[arg-type]
+
+
 def test_the_sale_vector_follows_from_the_text_alone() -> None:
     doc = json.loads((ROOT / "docs" / "vectors" / "sales.json").read_text())
     secret = bytes.fromhex(doc["noise_secret"])
@@ -206,11 +238,15 @@ def test_the_sale_vector_follows_from_the_text_alone() -> None:
     )
     ids = _s(doc["seller_id"]) + _s(doc["buyer_id"])
     assert ids.hex() == doc["pseudonym_message"]
-    assert hmac.digest(key, ids, "sha256")[:16].hex() == doc["buyer_ref"]
-    signed_receipt = bytes.fromhex(doc["receipt_canonical_bytes"])
-    assert hashlib.sha256(signed_receipt).hexdigest() == doc["receipt_sha256"] == doc["key"]
+    assert _ref(key, doc["seller_id"], doc["buyer_id"]) == doc["buyer_ref"]
     market = Ed25519PublicKey.from_public_bytes(base64.b64decode(doc["market_public_key"]))
-    market.verify(base64.b64decode(doc["receipt"]["signature"]), signed_receipt)
+    sold = [doc, doc["second"]]
+    for one in sold:
+        signed_receipt = bytes.fromhex(one["receipt_canonical_bytes"])
+        assert hashlib.sha256(signed_receipt).hexdigest() == one["receipt_sha256"]
+        market.verify(base64.b64decode(one["receipt"]["signature"]), signed_receipt)
+        assert _ref(key, doc["seller_id"], one["receipt"]["buyer_id"]) == one["buyer_ref"]
+    assert doc["key"] == doc["receipt_sha256"]  # the first sale listed names the record
     value = doc["value"].encode()
     signed = (
         b"emarket-sig-v1\x00"
@@ -224,23 +260,18 @@ def test_the_sale_vector_follows_from_the_text_alone() -> None:
     head = bytes.fromhex(doc["header"])
     assert len(head) == 65 and head[0] == 1
     market.verify(head[1:], signed)
-    sale = json.loads(value)
-    assert (sale["buyer_ref"], sale["receipt_sha256"]) == (doc["buyer_ref"], doc["key"])
-    receipt = doc["receipt"]
-    for name in (
-        "seller_id",
-        "stream_id",
-        "level_before",
-        "level_after",
-        "price_minor",
-        "currency",
-        "requested_at_ms",
-    ):
-        assert sale[name] == receipt[name], name
-    assert sale["value_count"] == len(receipt["value_ids"])
+    notice = json.loads(value)
+    assert (notice["type"], notice["seller_id"], len(notice["sales"])) == ("sales", "seller1", 2)
+    for sale, one in zip(notice["sales"], sold, strict=True):
+        _one_sale_follows(sale, one["receipt"], one["buyer_ref"], one["receipt_sha256"])
     schema = json.loads((ROOT / "docs" / "schemas" / "inbox.schema.json").read_text())
-    jsonschema.Draft202012Validator(schema).validate(sale)
-    assert Sale.model_validate_json(value).model_dump_json().encode() == value
+    jsonschema.Draft202012Validator(schema).validate(notice)
+    assert Sales.model_validate_json(value).model_dump_json().encode() == value
+    old = json.loads(doc["one_sale_value"])  # a one-sale message of an earlier market
+    assert (old["type"], old["seller_id"]) == ("sale", "seller1")
+    _one_sale_follows(old, doc["receipt"], doc["buyer_ref"], doc["receipt_sha256"])
+    jsonschema.Draft202012Validator(schema).validate(old)
+    assert Sale.model_validate_json(doc["one_sale_value"]) == Sales.model_validate(notice).each()[0]
 
 
 # -- on the broker, through the CLI ------------------------------------------------------------

@@ -24,8 +24,14 @@ covered left the window, the buyer's sealing key changed), the resend gets a sho
 A fulfilment releases the level bought on every value in the stream's window, charges
 ``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers with
 a commitment (opened by an opening only the buyer is given, beside the numbers) and their
-envelope, when sealed. The seller is told of it in its own inbox (:mod:`.sales`), once: a
-resend answered from the record sold nothing new.
+envelope, when sealed. The seller is told of it in its own inbox (:mod:`.sales`, one notice
+per seller and batch), once: a resend answered from the record sold nothing new.
+
+The decision's record is written once, without the outcome's bytes. A batch committed whose
+outputs were then lost is replayed by the worker that takes its partition over: it finds the
+record (:meth:`~.replay.records.Records.unsent`) and recomputes the outcome, and sends it with
+its sale; where the batch itself evicted a value the outcome covered, the record took the bytes
+(:meth:`~.replay.records.Records.evicted`) and they are sent as they are.
 """
 
 from __future__ import annotations

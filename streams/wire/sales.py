@@ -93,10 +93,9 @@ def receipt_sha256(receipt: Mapping[str, Any] | Receipt) -> str:
 
 
 def sale_of(receipt: Mapping[str, Any] | Receipt, key: bytes, sold_at_ms: int) -> Sale:
-    """The sale notice of the purchase ``receipt`` was issued for, decided at ``sold_at_ms``
-    (the market's clock), its buyer named under the pseudonym ``key``: every field but the
-    time follows from the receipt, so a purchase's notice is the same bytes whenever it is
-    made again.
+    """The sale of the purchase ``receipt`` was issued for, decided at ``sold_at_ms`` (the
+    market's clock), its buyer named under the pseudonym ``key``: every field but the time
+    follows from the receipt, so a purchase's sale is the same whenever it is made again.
 
     Raises
     ------

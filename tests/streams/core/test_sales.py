@@ -28,7 +28,14 @@ from streams.core.outputs import Outcome, Output
 from streams.core.replay.records import ANSWER_INTERVAL_MS
 from streams.wire.answers import verify_answer
 from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, Sale, Sales
-from streams.wire.sales import SALE_BYTES, buyer_ref, sale_of
+from streams.wire.sales import (
+    SALE_BYTES,
+    SALE_ITEM_BYTES,
+    SALES_BYTES,
+    buyer_ref,
+    sale_of,
+    sales_of,
+)
 from streams.wire.topics import Topics
 
 from ..conftest import Market
@@ -178,11 +185,10 @@ def test_a_buyer_has_one_pseudonym_per_seller() -> None:
     assert refs["s3", "alice"] not in (refs["s1", "alice"], refs["s1", "bob"])
 
 
-def test_a_sale_notice_is_bounded() -> None:
-    """The longest ids, the largest price, levels with every digit and times: within the
-    bound, header and key included."""
+def _longest(i: int) -> Sale:
+    """A sale with the longest ids, the largest price, levels with every digit and times."""
     receipt = Receipt(
-        purchase_id="p" * 64,
+        purchase_id=f"{i:p>64}",
         buyer_id="b" * 64,
         stream_id="s" * 64,
         seller_id="x" * 64,
@@ -197,10 +203,60 @@ def test_a_sale_notice_is_bounded() -> None:
         commitment="ab" * 32,
         ciphertext_digest="cd" * 32,
     )
-    sale = sale_of(receipt, b"k" * 32, 2**53 - 1)
-    raw = sale.model_dump_json().encode()
-    header = 65  # u8 ‖ signature: a sale answers no request
-    assert len(sale.receipt_sha256) + len(raw) + len("emarket-answer") + header <= SALE_BYTES
+    return sale_of(receipt, b"k" * 32, 2**53 - 1)
+
+
+def test_a_sales_notice_lists_at_most_64_within_its_bound() -> None:
+    """A batch's 130 sales of one seller (one of them told twice) and one of another: three
+    notices to the first (64, 64, 1), one to the other, each sale listed once; the longest
+    notice within the bound, header and key included."""
+    sold = [_longest(i) for i in range(129)]
+    other = sold[0].model_copy(update={"seller_id": "y"})
+    notices = sales_of([*sold[:3], other, sold[1], *sold[3:]])
+    assert [(n.seller_id, len(n.sales)) for n in notices] == [
+        ("x" * 64, 64),
+        ("x" * 64, 64),
+        ("x" * 64, 1),
+        ("y", 1),
+    ]
+    listed = [s.receipt_sha256 for n in notices[:3] for s in n.sales]
+    assert listed == [s.receipt_sha256 for s in sold]
+    assert notices[0].each()[5] == sold[5]
+    raw = notices[0].model_dump_json().encode()
+    header = 65  # u8 ‖ signature: a notice answers no request
+    assert 64 + len(raw) + len("emarket-answer") + header <= SALES_BYTES
+    one = sold[0].model_dump_json().encode()
+    assert 64 + len(one) + len("emarket-answer") + header <= SALE_BYTES  # an earlier market's
+    assert len(raw) - len(notices[2].model_dump_json()) <= 63 * SALE_ITEM_BYTES
+
+
+def test_a_batch_tells_each_seller_its_sales_in_one_notice() -> None:
+    """Purchases on two sellers' streams in one batch: one notice each, listing its sales in
+    the order they were decided; none in the purchases' own outputs."""
+    now = [5_000]
+    core = new_core(now)
+    for sid, seller in (("s1", "seller1"), ("s2", "seller1"), ("s3", "seller2")):
+        core.handle(T.registrations, registration(sid, seller_id=seller))
+        core.handle(T.values, value(sid, "v0", [1.0, 2.0, 3.0], seller_id=seller))
+    with core.batch() as told:
+        outs = [
+            core.handle(T.purchases, purchase(sid, buyer, "p"))
+            for sid in ("s1", "s3", "s2")
+            for buyer in ("alice", "bob")
+        ]
+    assert all(len(o.outputs) == 1 for o in outs)  # each buyer's answer alone
+    digests = [_digest(_fulfilled(o)) for o in outs]
+    (first,) = notices(told, "seller1")
+    (second,) = notices(told, "seller2")
+    assert [s.receipt_sha256 for s in first.sales] == digests[:2] + digests[4:]
+    assert [s.receipt_sha256 for s in second.sales] == digests[2:4]
+    assert [s.stream_id for s in first.sales] == ["s1", "s1", "s2", "s2"]
+
+
+def _digest(bought: PurchaseFulfilled) -> str:
+    return hashlib.sha256(
+        Receipt.from_dict(bought.receipt.model_dump()).canonical_bytes()
+    ).hexdigest()
 
 
 # -- the wire: docs/protocol.md §8.4 and docs/vectors/sales.json ---------------------------------

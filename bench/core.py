@@ -9,8 +9,9 @@ same run, the cryptography the path cannot skip — its **floor**:
   sealed to the buyer's key, with a signed receipt. Floor: the Ed25519 verification of the
   request, the ChaCha20-Poly1305 seal of the releases under the buyer's cached key
   (:class:`market.envelope.Sealer`: the X25519 exchange is done once per buyer, not per
-  purchase), and three Ed25519 signatures: the receipt's, the answer's to the buyer and the
-  sale notice's to the seller (docs/protocol.md §11, §12, §8.4).
+  purchase), and Ed25519 signatures: the receipt's, the answer's to the buyer, and a share of
+  the seller's sales notice's (one per seller and batch, listing at most 64 sales:
+  docs/protocol.md §11, §12, §8.4).
 * **value** — one value of 8 numbers in a signed batch sealed to the market, released to 2
   subscribed holders. Floor: the Ed25519 verification of the batch, the opening of its
   envelope (one X25519 exchange, HKDF, ChaCha20-Poly1305: §4), the signature of the answer to
@@ -72,7 +73,7 @@ from streams.clients.client import now_ms
 from streams.clients.keys import Party
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
+from streams.wire.events import SALES_PER_MESSAGE, PurchaseRequest, StreamRegistration, ValueBatch
 from streams.wire.sealing import values_aad
 from streams.wire.signing import canonical_bytes, ed25519_verify
 from streams.wire.topics import Topics
@@ -181,8 +182,9 @@ def prepare_purchases(n_streams: int) -> Prepared:
 
     Floor (docs/protocol.md §11, §12, §8.4): the Ed25519 verification of the request, the
     ChaCha20-Poly1305 seal of the releases under the buyer's cached key (the X25519 exchange
-    is done once per buyer, not per purchase), and three Ed25519 signatures: the receipt's,
-    the answer's to the buyer and the sale notice's to the seller.
+    is done once per buyer, not per purchase), and Ed25519 signatures: the receipt's, the
+    answer's to the buyer, and a share of the seller's sales notice (one seller: one per
+    :data:`~streams.wire.events.SALES_PER_MESSAGE` purchases of the batch).
     """
     buyer = Party.generate("buyer")
     core, t = _core(buyer)
@@ -221,7 +223,7 @@ def prepare_purchases(n_streams: int) -> Prepared:
         Op("seal", 1, lambda: sealer.seal(to, releases, b"aad")),
         Op("sign", 1, lambda: sign(receipt)),
         Op("sign", 1, lambda: sign(answer)),
-        Op("sign", 1, lambda: sign(receipt)),  # the sale notice
+        Op("sign", -(-len(reqs) // SALES_PER_MESSAGE) / len(reqs), lambda: sign(receipt)),
     ]
     return Prepared(PURCHASE, run, len(reqs), floor, RETAINED)
 

@@ -158,6 +158,10 @@ machine and its load, which the machine line under the table gives."""
 VALUES_PER_CORE_BATCH = 100
 """Values handled in one core batch (one delivery per holder for all of them), as a worker's
 batch of records: 100 batches of one value, or 6 batches of 16."""
+PURCHASES_PER_CORE_BATCH = 32
+"""Purchases a worker applies together in the purchase path (at most
+:data:`~streams.wire.events.SALES_PER_MESSAGE`: one seller, one sales notice per core batch)."""
+assert PURCHASES_PER_CORE_BATCH <= SALES_PER_MESSAGE
 
 
 def _timed(fn: Callable[[], None], n: int) -> float:
@@ -178,13 +182,14 @@ def _per_call(fn: Callable[[], object], reps: int = FLOOR_REPS) -> float:
 
 
 def prepare_purchases(n_streams: int) -> Prepared:
-    """Every stream's 16 steps bought in turn, each by a sealed buyer, in one core batch.
+    """Every stream's 16 steps bought in turn, each by a sealed buyer, in core batches of
+    :data:`PURCHASES_PER_CORE_BATCH` (``n_streams`` even: whole batches).
 
     Floor (docs/protocol.md §11, §12, §8.4): the Ed25519 verification of the request, the
     ChaCha20-Poly1305 seal of the releases under the buyer's cached key (the X25519 exchange
     is done once per buyer, not per purchase), and Ed25519 signatures: the receipt's, the
-    answer's to the buyer, and a share of the seller's sales notice (one seller: one per
-    :data:`~streams.wire.events.SALES_PER_MESSAGE` purchases of the batch).
+    answer's to the buyer, and a share of the seller's sales notice (one seller: one notice
+    per core batch).
     """
     buyer = Party.generate("buyer")
     core, t = _core(buyer)
@@ -201,10 +206,14 @@ def prepare_purchases(n_streams: int) -> Prepared:
             _check(core.handle(t.values, _value_payload(i, MARKET, f"p{s}")), "accepted")
     reqs = [_purchase(MARKET, buyer, f"p{s}", k) for k in range(STEPS) for s in range(n_streams)]
 
+    per_core = PURCHASES_PER_CORE_BATCH
+    assert len(reqs) % per_core == 0, "an even number of streams: whole core batches"
+
     def run() -> None:
-        with core.batch():
-            for raw in reqs:
-                _check(core.handle(t.purchases, raw), "fulfilled")
+        for start in range(0, len(reqs), per_core):
+            with core.batch():
+                for raw in reqs[start : start + per_core]:
+                    _check(core.handle(t.purchases, raw), "fulfilled")
 
     req = PurchaseRequest.model_validate_json(reqs[0])
     signed = canonical_bytes(bench_market(MARKET), req)
@@ -223,7 +232,7 @@ def prepare_purchases(n_streams: int) -> Prepared:
         Op("seal", 1, lambda: sealer.seal(to, releases, b"aad")),
         Op("sign", 1, lambda: sign(receipt)),
         Op("sign", 1, lambda: sign(answer)),
-        Op("sign", -(-len(reqs) // SALES_PER_MESSAGE) / len(reqs), lambda: sign(receipt)),
+        Op("sign", 1 / per_core, lambda: sign(receipt)),  # the batch's sales notice
     ]
     return Prepared(PURCHASE, run, len(reqs), floor, RETAINED)
 
@@ -483,8 +492,9 @@ def render(
         f"CPU time of this thread (`time.thread_time`): the core over all its events, each "
         f"floor primitive over {FLOOR_REPS} calls. The **crypto floor** is every cryptographic "
         "operation the protocol requires of the market for the event, made with the core's "
-        "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
-        "sale notice); a value batch's verification, envelope opening and answer signature, "
+        "own calls: a purchase's verification, seal and two signatures (receipt, answer), and "
+        f"its share of the seller's sales notice ({PURCHASES_PER_CORE_BATCH} purchases a core "
+        "batch); a value batch's verification, envelope opening and answer signature, "
         "shared by its values, and each holder's delivery signature, shared by the values of "
         f"a core batch ({VALUES_PER_CORE_BATCH} values in whole batches). 'Counted in the "
         "core': the "

@@ -169,6 +169,33 @@ def test_a_lost_batch_replayed_sends_the_same_sale_and_a_later_resend_none() -> 
     assert stores.streams["temp"].revenue_minor == 50
 
 
+def test_a_batch_committed_without_its_outputs_recomputes_them_and_tells_the_sale_again() -> None:
+    """The record was written without the outcome's bytes (nothing in its batch evicted what it
+    covered): the worker that takes over recomputes the very outcome, tells the same sale again,
+    and a copy after that adds nothing."""
+    now = [5_000]
+    stores = Stores()
+    core = new_core(now, stores)
+    core.handle(T.registrations, registration("temp"))
+    core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    raw = purchase("temp", "alice", "p")
+    with core.batch() as told:
+        first = core.handle(T.purchases, raw)
+    assert stores.purchases["alice/temp/p"].payload is None  # written once, without the bytes
+    now[0] += 1_000
+    restarted = new_core(now, stores)  # took the partition over: the outputs were never sent
+    with restarted.batch() as told_again:
+        again = restarted.handle(T.purchases, raw)
+    assert again.status == "duplicate"
+    assert [o.value for o in again.outputs] == [o.value for o in first.outputs]
+    assert [o.value for o in told_again] == [o.value for o in told]
+    assert len(notices(told_again)) == 1
+    with restarted.batch() as told_later:
+        later = restarted.handle(T.purchases, raw)
+    assert later.reason == "already_answered" and not later.outputs and not told_later
+    assert stores.streams["temp"].revenue_minor == 50
+
+
 def test_a_buyer_has_one_pseudonym_per_seller() -> None:
     now = [5_000]
     core = new_core(now)

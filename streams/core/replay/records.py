@@ -57,6 +57,7 @@ __all__ = [
     "CLOCK_RECORD_MS",
     "MAX_FAR_FUTURE_RECORDS",
     "STRANDED_MS",
+    "TAKEOVER_SKEW_MS",
     "UNKNOWN_STREAM",
     "WATERMARK_STEP_MS",
     "Caps",
@@ -90,6 +91,10 @@ STRANDED_MS = 15 * 60_000
 """How long a record found with its outcome's bytes after a restart or a rebalance keeps them:
 the events after the last commit are replayed within this, and each replay of the purchase
 finds its bytes."""
+TAKEOVER_SKEW_MS = 10_000
+"""How far ahead of this worker's clock the worker that decided a purchase before it took the
+partition on may have been: such a record may still be one whose outputs were lost (this
+worker's own decisions are told apart by its memory of what it answered)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,8 @@ class Records:
         full, with what else the decision sent (a fulfilment's sale notice)."""
         if record.payload is not None:
             return True
-        stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
+        at = record.decided_at_ms
+        stranded = self._taken_ms - STRANDED_MS <= at <= self._taken_ms + TAKEOVER_SKEW_MS
         return stranded and key not in self._answered
 
     def resent(self, key: str, record: PurchaseRecord) -> None:

@@ -9,8 +9,9 @@ same run, the cryptography the path cannot skip — its **floor**:
   sealed to the buyer's key, with a signed receipt. Floor: the Ed25519 verification of the
   request, the ChaCha20-Poly1305 seal of the releases under the buyer's cached key
   (:class:`market.envelope.Sealer`: the X25519 exchange is done once per buyer, not per
-  purchase), and three Ed25519 signatures: the receipt's, the answer's to the buyer and the
-  sale notice's to the seller (docs/protocol.md §11, §12, §8.4).
+  purchase), and Ed25519 signatures: the receipt's, the answer's to the buyer, and a share of
+  the seller's sales notice's (one per seller and batch, listing at most 64 sales:
+  docs/protocol.md §11, §12, §8.4).
 * **value** — one value of 8 numbers in a signed batch sealed to the market, released to 2
   subscribed holders. Floor: the Ed25519 verification of the batch, the opening of its
   envelope (one X25519 exchange, HKDF, ChaCha20-Poly1305: §4), the signature of the answer to
@@ -72,7 +73,7 @@ from streams.clients.client import now_ms
 from streams.clients.keys import Party
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.wire.events import PurchaseRequest, StreamRegistration, ValueBatch
+from streams.wire.events import SALES_PER_MESSAGE, PurchaseRequest, StreamRegistration, ValueBatch
 from streams.wire.sealing import values_aad
 from streams.wire.signing import canonical_bytes, ed25519_verify
 from streams.wire.topics import Topics
@@ -159,6 +160,10 @@ machine and its load, which the machine line under the table gives."""
 VALUES_PER_CORE_BATCH = 100
 """Values handled in one core batch (one delivery per holder for all of them), as a worker's
 batch of records: 100 batches of one value, or 6 batches of 16."""
+PURCHASES_PER_CORE_BATCH = 32
+"""Purchases a worker applies together in the purchase path (at most
+:data:`~streams.wire.events.SALES_PER_MESSAGE`: one seller, one sales notice per core batch)."""
+assert PURCHASES_PER_CORE_BATCH <= SALES_PER_MESSAGE
 
 
 def _timed(fn: Callable[[], None], n: int) -> float:
@@ -179,12 +184,14 @@ def _per_call(fn: Callable[[], object], reps: int = FLOOR_REPS) -> float:
 
 
 def prepare_purchases(n_streams: int) -> Prepared:
-    """Every stream's 16 steps bought in turn, each by a sealed buyer, in one core batch.
+    """Every stream's 16 steps bought in turn, each by a sealed buyer, in core batches of
+    :data:`PURCHASES_PER_CORE_BATCH` (``n_streams`` even: whole batches).
 
     Floor (docs/protocol.md §11, §12, §8.4): the Ed25519 verification of the request, the
     ChaCha20-Poly1305 seal of the releases under the buyer's cached key (the X25519 exchange
-    is done once per buyer, not per purchase), and three Ed25519 signatures: the receipt's,
-    the answer's to the buyer and the sale notice's to the seller.
+    is done once per buyer, not per purchase), and Ed25519 signatures: the receipt's, the
+    answer's to the buyer, and a share of the seller's sales notice (one seller: one notice
+    per core batch).
     """
     buyer = Party.generate("buyer")
     core, t = _core(buyer)
@@ -201,10 +208,14 @@ def prepare_purchases(n_streams: int) -> Prepared:
             _check(core.handle(t.values, _value_payload(i, MARKET, f"p{s}")), "accepted")
     reqs = [_purchase(MARKET, buyer, f"p{s}", k) for k in range(STEPS) for s in range(n_streams)]
 
+    per_core = PURCHASES_PER_CORE_BATCH
+    assert len(reqs) % per_core == 0, "an even number of streams: whole core batches"
+
     def run() -> None:
-        with core.batch():
-            for raw in reqs:
-                _check(core.handle(t.purchases, raw), "fulfilled")
+        for start in range(0, len(reqs), per_core):
+            with core.batch():
+                for raw in reqs[start : start + per_core]:
+                    _check(core.handle(t.purchases, raw), "fulfilled")
 
     req = PurchaseRequest.model_validate_json(reqs[0])
     signed = canonical_bytes(bench_market(MARKET), req)
@@ -223,7 +234,7 @@ def prepare_purchases(n_streams: int) -> Prepared:
         Op("seal", 1, lambda: sealer.seal(to, releases, b"aad")),
         Op("sign", 1, lambda: sign(receipt)),
         Op("sign", 1, lambda: sign(answer)),
-        Op("sign", 1, lambda: sign(receipt)),  # the sale notice
+        Op("sign", 1 / per_core, lambda: sign(receipt)),  # the batch's sales notice
     ]
     return Prepared(PURCHASE, run, len(reqs), floor, RETAINED)
 
@@ -488,8 +499,9 @@ def render(
         f"CPU time of this thread (`time.thread_time`): the core over all its events, each "
         f"floor primitive over {FLOOR_REPS} calls. The **crypto floor** is every cryptographic "
         "operation the protocol requires of the market for the event, made with the core's "
-        "own calls: a purchase's verification, seal and three signatures (receipt, answer, "
-        "sale notice); a value batch's verification, envelope opening and answer signature, "
+        "own calls: a purchase's verification, seal and two signatures (receipt, answer), and "
+        f"its share of the seller's sales notice ({PURCHASES_PER_CORE_BATCH} purchases a core "
+        "batch); a value batch's verification, envelope opening and answer signature, "
         "shared by its values, and each holder's delivery signature, shared by the values of "
         f"a core batch ({VALUES_PER_CORE_BATCH} values in whole batches). 'Counted in the "
         "core': the "

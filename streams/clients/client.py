@@ -70,6 +70,7 @@ from ..wire.events import (
     Reservation,
     ReserveRequest,
     Sale,
+    Sales,
     StreamRegistration,
     ValueBatch,
     ValueOutcome,
@@ -1039,10 +1040,11 @@ class MarketClient:
         in the party's inbox, oldest first, each once; stops after ``idle_timeout`` seconds
         without a record (None: follows the inbox).
 
-        A sale answers no request of the seller's, so only its signature for this inbox is
-        checked (docs/protocol.md §8.4); it is counted once per ``receipt_sha256``, its id: a
-        batch replayed after a worker died sends the same notice again, and anyone may copy a
-        genuine one into the inbox again.
+        A notice answers no request of the seller's, so only its signature for this inbox is
+        checked (docs/protocol.md §8.4). A ``sales`` notice lists a batch's sales, an older
+        ``sale`` one; each sale is counted once per ``receipt_sha256``, its id: a batch
+        replayed after a worker died tells its sales again, and anyone may copy a genuine
+        notice into the inbox again.
 
         Raises
         ------
@@ -1055,16 +1057,13 @@ class MarketClient:
         await reader.start()
         seen: set[str] = set()
         try:
-            async for sale in self._believed(reader, idle_timeout):
-                if (
-                    not isinstance(sale, Sale)
-                    or sale.seller_id != me.account_id
-                    or sale.receipt_sha256 in seen
-                ):
-                    continue
-                seen.add(sale.receipt_sha256)
-                if stream_id is None or sale.stream_id == stream_id:
-                    yield sale
+            async for ev in self._believed(reader, idle_timeout):
+                for sale in _sales_in(ev, me.account_id):
+                    if sale.receipt_sha256 in seen:
+                        continue
+                    seen.add(sale.receipt_sha256)
+                    if stream_id is None or sale.stream_id == stream_id:
+                        yield sale
         finally:
             with contextlib.suppress(Exception):
                 await reader.stop()
@@ -1447,6 +1446,14 @@ class _InFlight:
     ) -> None:
         self.watch, self.batch, self.done = watch, batch, done
         self.resend_at, self.deadline = resend_at, deadline
+
+
+def _sales_in(ev: InboxEvent | Refusal, seller_id: str) -> list[Sale]:
+    """The sales of ``seller_id`` an inbox message tells: those a ``sales`` notice lists, or
+    an older one-sale ``sale`` message's; none from any other message."""
+    if isinstance(ev, Sales):
+        return ev.each() if ev.seller_id == seller_id else []
+    return [ev] if isinstance(ev, Sale) and ev.seller_id == seller_id else []
 
 
 def _answers_batch(ev: InboxEvent, batch: ValueBatch, digest: str) -> bool:

@@ -25,6 +25,7 @@ from .refusal_budget import RefusalBounds
 from .replay import Admission, Records
 from .replay.quotes import AnsweredQuotes
 from .replay.records import Caps
+from .sales import SaleNotices
 from .state import Stores
 
 __all__ = ["Context", "Limits"]
@@ -121,6 +122,7 @@ class Context:
     census: StreamCensus = field(init=False)
     allowance: Allowance = field(init=False)
     quotes: AnsweredQuotes = field(init=False)
+    sold: SaleNotices = field(init=False)  # the batch's sales, told per seller
     market: MarketRef = field(init=False)
     """What every signature the market accepts names: its prefix and its key id (§2)."""
     inbox_records: InboxRecords = field(init=False)
@@ -145,3 +147,4 @@ class Context:
     def _sealing_key_of(self, account_id: str) -> str | None:
         state = self.directory.get(account_id)
         return state.sealing_key if state is not None else None
+        self.sold = SaleNotices(self.topics)

@@ -24,8 +24,14 @@ covered left the window, the buyer's sealing key changed), the resend gets a sho
 A fulfilment releases the level bought on every value in the stream's window, charges
 ``P(new) − P(held)``, and carries an Ed25519-signed receipt that binds the released numbers with
 a commitment (opened by an opening only the buyer is given, beside the numbers) and their
-envelope, when sealed. The seller is told of it in its own inbox (:mod:`.sales`), once: a
-resend answered from the record sold nothing new.
+envelope, when sealed. The seller is told of it in its own inbox (:mod:`.sales`, one notice
+per seller and batch), once: a resend answered from the record sold nothing new.
+
+The decision's record is written once, without the outcome's bytes. A batch committed whose
+outputs were then lost is replayed by the worker that takes its partition over: it finds the
+record (:meth:`~.replay.records.Records.unsent`) and recomputes the outcome, and sends it with
+its sale; where the batch itself evicted a value the outcome covered, the record took the bytes
+(:meth:`~.replay.records.Records.evicted`) and they are sent as they are.
 """
 
 from __future__ import annotations
@@ -104,9 +110,10 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
         _same_request(req, earlier, fp)
         return _again(ctx, stream, inc, earlier)
     heap = heap_of(ctx.records, stream, req.stream_id)
+    sent: bytes | None = None
     try:
         _admit(ctx, req)
-        outcome, record = _fulfil(ctx, streams, req, fp, inc.account)
+        outcome, record, sent = _fulfil(ctx, streams, req, fp, inc.account)
     except _Unkept as unkept:
         return rejection(ctx, "purchase", inc.src, unkept.refusal)
     except (Reject, MarketError) as exc:  # every refusal of an admitted purchase is kept
@@ -116,7 +123,7 @@ def purchase(ctx: Context, streams: Streams, inc: Incoming[PurchaseRequest]) -> 
         if not kept:
             return outcome
     ctx.records.keep_purchase(
-        purchase_key(req.buyer_id, req.stream_id, req.purchase_id), record, heap
+        purchase_key(req.buyer_id, req.stream_id, req.purchase_id), record, heap, sent
     )
     advance_purchases(ctx.records, stream, req.stream_id, req.requested_at_ms)
     return outcome
@@ -178,12 +185,13 @@ def _again(
     key = purchase_key(req.buyer_id, req.stream_id, req.purchase_id)
     inbox = ctx.topics.inbox(req.buyer_id)
     copy = req.requested_at_ms == record.requested_at_ms  # the first request's, re-sent
-    if (copy and ctx.records.in_inbox(inbox, record)) or (
+    if (copy and ctx.records.in_inbox(inbox, key, record)) or (
         not ctx.records.resend_due(key, req.requested_at_ms, inbox)
     ):
         return Outcome(
             "purchase", "duplicate", reason="already_answered", stream_id=record.stream_id
         )
+    unsent = ctx.records.unsent(key, record)
     last = ctx.records.answer_due(key)
     ctx.records.resend_answered(key, req.requested_at_ms, final=last is None)
     if last is not None:
@@ -197,7 +205,10 @@ def _again(
     redone = None if stream is None else _recompute(ctx, stream, inc, record)
     if redone is None:
         return _notice(ctx, inc, record, record.decided_at_ms, again=False)
-    outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
+    if unsent:  # its batch may have been committed without its outputs
+        outputs = _sent_again(ctx, req, record, redone.decode())
+    else:
+        outputs = [Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), redone)]
     return Outcome("purchase", "duplicate", outputs, stream_id=record.stream_id)
 
 
@@ -213,7 +224,7 @@ def _sent_again(
     receipt = _receipt_in(payload)
     if receipt is None:  # never: a kept fulfilment carries its receipt
         return [out]
-    return [out, sale(ctx, receipt, record.decided_at_ms)]
+    return [out, *sale(ctx, receipt, record.decided_at_ms)]
 
 
 def _receipt_in(payload: str) -> Receipt | None:
@@ -403,8 +414,9 @@ def _check_step(
 
 def _fulfil(
     ctx: Context, streams: Streams, req: PurchaseRequest, fp: str, account: AccountState
-) -> tuple[Outcome, PurchaseRecord]:
-    """Release the level bought on the stream's window, charge, sign; or raise a refusal."""
+) -> tuple[Outcome, PurchaseRecord, bytes]:
+    """Release the level bought on the stream's window, charge, sign; or raise a refusal.
+    Returns the outcome, the decision's record and the outcome's bytes (the buyer's answer)."""
     stream = streams.load(req.stream_id)
     reg = stream.registration
     _check_terms(ctx, req, stream, account)
@@ -431,7 +443,7 @@ def _fulfil(
         "fulfilled",
         [
             Output(ctx.topics.inbox(req.buyer_id), req.purchase_id.encode(), payload),
-            sale(ctx, receipt, record.decided_at_ms),
+            *sale(ctx, receipt, record.decided_at_ms),
         ],
         stream_id=reg.stream_id,
         mechanism=reg.mechanism,
@@ -440,7 +452,7 @@ def _fulfil(
         price_minor=step.price_minor,
         figures=stream.figures(),
     )
-    return outcome, record
+    return outcome, record, payload
 
 
 def _decision(
@@ -452,7 +464,8 @@ def _decision(
     payload: bytes,
 ) -> PurchaseRecord:
     """What a fulfilment's record keeps: the decision, the values covered (the window
-    released, by arrival number) and the outcome's digest; its bytes until they are sent."""
+    released, by arrival number) and the outcome's digest, not its bytes (a replay recomputes
+    them; :meth:`~.replay.records.Records.evicted` adds them where it could not)."""
     window = stream.state.window
     return PurchaseRecord(
         fingerprint=fp,
@@ -466,7 +479,6 @@ def _decision(
         count=len(window),
         decided_at_ms=ctx.clock(),
         digest=hashlib.sha256(payload).hexdigest(),
-        payload=payload.decode(),
     )
 
 

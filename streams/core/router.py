@@ -144,8 +144,9 @@ class MarketCore:
 
     @property
     def pending_output_bytes(self) -> int:
-        """An upper bound on the deliveries queued in the current batch (not yet drained)."""
-        return self.ctx.deliveries.pending_bytes
+        """An upper bound on the deliveries and sale notices held in the current batch (not
+        yet drained)."""
+        return self.ctx.deliveries.pending_bytes + self.ctx.sold.pending_bytes
 
     def handle(
         self,
@@ -332,19 +333,22 @@ class MarketCore:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[list[Output]]:
-        """Collect the subscription deliveries of several events into one message per buyer.
+        """Collect the subscription deliveries of several events into one message per buyer,
+        and their sales into one notice per seller.
 
-        Inside the block, value events return no outputs for subscribers; on exit the list
-        yielded to the caller receives one ``value_released`` event per (buyer, stream) holding
-        every release of the batch, in arrival order. The caller sends the outputs of one block
-        before it opens the next (what lets :meth:`Records.settle` drop the bytes of outcomes
-        sent).
+        Inside the block, value events return no outputs for subscribers and purchases none
+        for sellers; on exit the list yielded to the caller receives one ``value_released``
+        event per (buyer, stream) holding every release of the batch, in arrival order, and
+        one ``sales`` notice per seller (:mod:`.sales`). The caller sends the outputs of one
+        block before it opens the next (what lets :meth:`Records.settle` drop the bytes of
+        outcomes sent).
         """
         self.ctx.records.begin_batch()
         self._batched = True
         try:
-            with self.ctx.deliveries.batch() as outputs:
+            with self.ctx.deliveries.batch() as outputs, self.ctx.sold.batch() as sold:
                 yield outputs
+            outputs.extend(sold)
             sign_deliveries(self.ctx, outputs)
             outputs.extend(self.dropped_summaries())
         finally:

@@ -1,36 +1,87 @@
-"""A seller's sale notice: one message to the seller's inbox for each purchase fulfilled.
+"""A seller's sale notices: one signed ``sales`` message per seller and batch, listing the
+purchases fulfilled on its streams.
 
 :mod:`.purchases` calls :func:`sale` where a fulfilment's outputs are made: when a purchase is
-decided (a new step sold), and when a batch lost before its outputs were sent is replayed and
-the outcome's bytes are sent again (:class:`~.state.PurchaseRecord` still holds them). Never for
-a refusal, a notice or a resend answered from the record alone: those sold nothing, and that
-sale was already reported. The notice is a pure function of the receipt, the decision's time
-and the market's keys (:func:`streams.wire.sales.sale_of`), so the two sends of a replay are
-the same bytes under the same key, the receipt's digest, which readers count once.
+decided (a new step sold), and when a batch that may have been committed without its outputs
+is replayed and the outcome is sent again. Never for a refusal, a notice or a resend of an
+outcome surely sent: those sold nothing, and that sale was already reported. A sale is a pure
+function of the receipt, the decision's time and the market's keys
+(:func:`streams.wire.sales.sale_of`), so a replay lists the same sale again, under the same id
+(the receipt's digest), which readers count once, however the replay's notices group it.
 
-It keeps nothing: no store, no stream record changes, so it adds no bound of its own beyond
-its size (:data:`~streams.wire.sales.SALE_BYTES`).
+Inside :meth:`SaleNotices.batch` the sales of the whole batch are held back and told in one
+notice per seller (:func:`streams.wire.sales.sales_of` splits a longer list), signed once for
+them all, instead of one signed record per purchase; outside it each sale is told at once. It
+keeps nothing across batches: no store, no stream record changes, so it adds no bound of its
+own beyond the notices' size (:data:`~streams.wire.sales.SALES_BYTES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from market.receipts import Receipt
 
-from ..wire.sales import sale_of
-from .context import Context
+from ..wire.events import Sale
+from ..wire.sales import SALE_ITEM_BYTES, sale_of, sales_of
+from ..wire.topics import Topics
 from .outputs import Output, dump
 
-__all__ = ["sale"]
+if TYPE_CHECKING:
+    from .context import Context
+
+__all__ = ["SaleNotices", "sale"]
 
 
-def sale(ctx: Context, receipt: Mapping[str, Any] | Receipt, sold_at_ms: int) -> Output:
-    """The sale notice of the purchase whose receipt (or its fields) is ``receipt``, decided at
-    ``sold_at_ms``: to the seller's inbox, keyed by the receipt's digest, signed for that inbox
-    alone (it answers no request of the seller's)."""
-    event = sale_of(receipt, ctx.keys.pseudonym_key, sold_at_ms)
-    return Output(
-        ctx.topics.inbox(event.seller_id), event.receipt_sha256.encode(), dump(event), answer=False
-    )
+def sale(ctx: Context, receipt: Mapping[str, Any] | Receipt, sold_at_ms: int) -> list[Output]:
+    """Tell the seller of the purchase whose receipt (or its fields) is ``receipt``, decided at
+    ``sold_at_ms``, of its sale: the notice to send now, or none inside a batch (the batch's
+    notices are sent with its deliveries)."""
+    return ctx.sold.add(sale_of(receipt, ctx.keys.pseudonym_key, sold_at_ms))
+
+
+class SaleNotices:
+    """The sales told in the current batch, grouped per seller when the batch ends."""
+
+    def __init__(self, topics: Topics) -> None:
+        self._topics = topics
+        self._pending: list[Sale] = []
+        self._batching = False
+
+    @property
+    def pending_bytes(self) -> int:
+        """An upper bound on the notices the sales held back would take."""
+        return len(self._pending) * SALE_ITEM_BYTES
+
+    def add(self, one: Sale) -> list[Output]:
+        """Hold ``one`` back for the batch's notices, or (outside a batch) its notice now."""
+        self._pending.append(one)
+        return [] if self._batching else self.drain()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[Output]]:
+        """Hold the sales back while the block runs; on exit put their notices in the list."""
+        outputs: list[Output] = []
+        self._batching = True
+        try:
+            yield outputs
+        finally:
+            self._batching = False
+            outputs.extend(self.drain())
+
+    def drain(self) -> list[Output]:
+        """The notices of the sales held back, to their sellers' inboxes, each keyed by the
+        digest of the first receipt it lists and signed for that inbox alone (it answers no
+        request of the seller's); the list is emptied."""
+        pending, self._pending = self._pending, []
+        return [
+            Output(
+                self._topics.inbox(notice.seller_id),
+                notice.sales[0].receipt_sha256.encode(),
+                dump(notice),
+                answer=False,
+            )
+            for notice in sales_of(pending)
+        ]

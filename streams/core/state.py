@@ -318,9 +318,11 @@ class PurchaseRecord:
     recomputed bytes are the ones first sent. Kept for the dedup horizon, so it is small: at
     most :data:`PURCHASE_RECORD_BYTES` in the store's codec (:mod:`.codecs`).
 
-    ``payload`` holds the outcome's bytes only while they may not have been sent yet (a
-    record written in the current batch, :meth:`~.replay.records.Records.settle`), and in a
-    record an earlier version stored (its outcome is answered verbatim until the horizon).
+    ``payload`` holds the outcome's bytes only while they may not have been sent yet and a
+    replay could not recompute them (the batch that decided it evicted a value it covered:
+    :meth:`~.replay.records.Records.evicted`, until :meth:`~.replay.records.Records.settle`),
+    and in a record an earlier version stored (its outcome is answered verbatim until the
+    horizon).
     """
 
     fingerprint: str

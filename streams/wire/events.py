@@ -62,6 +62,7 @@ from .products.histogram import HistogramSpec, KeySpace
 from .products.rappor import MAX_RAPPOR_ONES, RandomizedResponse
 from .products.totals import MAX_TREE_HEIGHT, TotalsFields
 from .safe_integers import MAX_SAFE_INTEGER, safe_integer
+from .trusted import trusted
 
 __all__ = [
     "ACCOUNTS_EVENT",
@@ -72,6 +73,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "PURCHASES_EVENT",
     "REFUSAL_CODES",
+    "SALES_PER_MESSAGE",
     "SCHEMAS",
     "UNIT_OF",
     "AccountEvent",
@@ -116,6 +118,8 @@ __all__ = [
     "RetiredKey",
     "RotateKeys",
     "Sale",
+    "SaleItem",
+    "Sales",
     "StreamRegistration",
     "TableSpec",
     "ValueBatch",
@@ -925,18 +929,13 @@ class PurchaseFulfilled(_Event):
     error_model: ErrorModelInfo | None = None
 
 
-class Sale(_Event):
-    """A purchase fulfilled on one of the seller's streams (``<p>.inbox.<seller_id>``).
+class SaleItem(BaseModel):
+    """One purchase fulfilled on a seller's stream, as its sale notice lists it: a ``sale``'s
+    members but the seller's (docs/protocol.md §8.4). The buyer is named by a pseudonym:
+    sellers learn how many buyers they have and who comes back, not which accounts they are; a
+    buyer who shows its receipt proves which sale is its own."""
 
-    Sent once, when the market decides the purchase (a resend or a replay of it is never a new
-    sale; a batch lost before its outputs were sent sends the same bytes again, so a reader
-    counts a sale once per ``receipt_sha256``). The buyer is named by a pseudonym: sellers learn
-    how many buyers they have and who comes back, not which accounts they are; a buyer who
-    shows its receipt proves which sale is its own (docs/protocol.md §8.4).
-    """
-
-    type: Literal["sale"] = "sale"
-    seller_id: Identifier
+    model_config = ConfigDict(extra="forbid", frozen=True)
     stream_id: Identifier
     buyer_ref: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$", strict=True)] = Field(
         description="the buyer as a pseudonym (32 lower-case hex digits): the same in every "
@@ -956,6 +955,44 @@ class Sale(_Event):
     )
     requested_at_ms: Millis = Field(description="the purchase's request time (its receipt's)")
     sold_at_ms: Millis = Field(description="the market's clock when it decided the purchase")
+
+
+class Sale(_Event, SaleItem):
+    """One purchase fulfilled on one of the seller's streams (``<p>.inbox.<seller_id>``), as a
+    reader sees it: from a ``sales`` notice (:meth:`Sales.each`), or as the one-sale message
+    markets sent before notices were grouped (still read, never sent any more).
+
+    A reader counts a sale once per ``receipt_sha256``: a batch lost before its outputs were
+    sent sends its sales again, perhaps grouped otherwise (docs/protocol.md §8.4).
+    """
+
+    type: Literal["sale"] = "sale"
+    seller_id: Identifier
+
+
+SALES_PER_MESSAGE = 64
+"""Most sales one ``sales`` notice lists: a batch's sales of one seller beyond it take more
+notices (bounded: :data:`streams.wire.sales.SALES_BYTES`)."""
+
+
+class Sales(_Event):
+    """The purchases a batch of the market fulfilled on one seller's streams
+    (``<p>.inbox.<seller_id>``), signed once for them all: one notice per seller and batch, in
+    as many as it takes to list at most :data:`SALES_PER_MESSAGE` each (docs/protocol.md §8.4).
+    """
+
+    type: Literal["sales"] = "sales"
+    seller_id: Identifier
+    sales: list[SaleItem] = Field(
+        min_length=1,
+        max_length=SALES_PER_MESSAGE,
+        description="the sales, in the order the market decided them; each counted once per "
+        "`receipt_sha256` however many notices list it",
+    )
+
+    def each(self) -> list[Sale]:
+        """The sales listed, each as a :class:`Sale` of this seller."""
+        return [trusted(Sale, seller_id=self.seller_id, **dict(item)) for item in self.sales]
 
 
 class ValueReleased(_Event):
@@ -1299,6 +1336,7 @@ InboxPayload = (
     | Reservation
     | Rejection
     | Sale
+    | Sales
 )
 """Every event the market sends to one party's inbox (the one list of them)."""
 InboxEvent = Annotated[InboxPayload, Field(discriminator="type")]

@@ -1,9 +1,12 @@
-"""A seller's sale notice: how its buyer is named, how it names the receipt, its bound
-(docs/protocol.md §8.4).
+"""A seller's sale notices: how a buyer is named, how a sale names the receipt, how a batch's
+sales are grouped, their bounds (docs/protocol.md §8.4).
 
-When the market fulfils a purchase it tells the stream's seller in the seller's inbox
-(:class:`~streams.wire.events.Sale`). Two of its fields are derived here, once for the worker,
-the vectors and any reader:
+When the market fulfils purchases it tells each stream's seller in the seller's inbox, with one
+``sales`` notice per seller and batch listing them (:class:`~streams.wire.events.Sales`, split
+by :func:`sales_of` to list at most :data:`~streams.wire.events.SALES_PER_MESSAGE`); markets
+before it sent one ``sale`` per purchase (:class:`~streams.wire.events.Sale`), which readers
+still read. Two of a sale's fields are derived here, once for the worker, the vectors and any
+reader:
 
 * ``buyer_ref``, the buyer as a pseudonym: ``HMAC-SHA256(K, s(seller_id) ‖ s(buyer_id))``, its
   first 16 bytes in hex, under a key ``K`` derived from the market's noise secret. A seller sees
@@ -26,24 +29,34 @@ from typing import Any
 
 from market.receipts import Receipt
 
-from .events import UNIT_OF, Sale
+from .events import SALES_PER_MESSAGE, UNIT_OF, Sale, SaleItem, Sales
 from .trusted import trusted
 
 __all__ = [
     "PSEUDONYM_LABEL",
+    "SALES_BYTES",
     "SALE_BYTES",
+    "SALE_ITEM_BYTES",
     "buyer_ref",
     "pseudonym_key",
     "pseudonym_message",
     "receipt_sha256",
     "sale_of",
+    "sales_of",
 ]
 
 PSEUDONYM_LABEL = b"emarket buyer pseudonym key v1"
 """What the pseudonym key is derived under: ``K = HMAC-SHA256(noise secret, label)``."""
 SALE_BYTES = 1024
-"""The most a sale notice takes as a record: its key (64 bytes), its value with 64-character
-ids, the longest numbers and times, and its ``emarket-answer`` header (14 + 65 bytes)."""
+"""The most a one-sale ``sale`` message took as a record: its key (64 bytes), its value with
+64-character ids, the longest numbers and times, and its ``emarket-answer`` header."""
+SALE_ITEM_BYTES = 512
+"""The most one sale adds to a ``sales`` notice: its members with a 64-character stream id,
+the longest numbers and times, and the comma between two sales."""
+SALES_BYTES = 512 + SALES_PER_MESSAGE * SALE_ITEM_BYTES
+"""The most a ``sales`` notice takes as a record (33,280 bytes): its key (64 bytes), the
+envelope with a 64-character seller id, its ``emarket-answer`` header (14 + 65 bytes) and
+:data:`~streams.wire.events.SALES_PER_MESSAGE` sales."""
 
 
 def pseudonym_key(noise_secret: bytes) -> bytes:
@@ -80,10 +93,9 @@ def receipt_sha256(receipt: Mapping[str, Any] | Receipt) -> str:
 
 
 def sale_of(receipt: Mapping[str, Any] | Receipt, key: bytes, sold_at_ms: int) -> Sale:
-    """The sale notice of the purchase ``receipt`` was issued for, decided at ``sold_at_ms``
-    (the market's clock), its buyer named under the pseudonym ``key``: every field but the
-    time follows from the receipt, so a purchase's notice is the same bytes whenever it is
-    made again.
+    """The sale of the purchase ``receipt`` was issued for, decided at ``sold_at_ms`` (the
+    market's clock), its buyer named under the pseudonym ``key``: every field but the time
+    follows from the receipt, so a purchase's sale is the same whenever it is made again.
 
     Raises
     ------
@@ -106,3 +118,27 @@ def sale_of(receipt: Mapping[str, Any] | Receipt, key: bytes, sold_at_ms: int) -
         requested_at_ms=rec.requested_at_ms,
         sold_at_ms=sold_at_ms,
     )
+
+
+def sales_of(sales: list[Sale]) -> list[Sales]:
+    """The notices that tell ``sales`` to their sellers: one per seller, in the order each
+    seller first appears, listing its sales in their order, split so that none lists more than
+    :data:`~streams.wire.events.SALES_PER_MESSAGE`; a sale listed twice (its receipt's digest)
+    is listed once."""
+    by_seller: dict[str, dict[str, SaleItem]] = {}
+    for sale in sales:
+        items = by_seller.setdefault(sale.seller_id, {})
+        if sale.receipt_sha256 not in items:
+            fields = {k: v for k, v in dict(sale).items() if k not in _ENVELOPE}
+            items[sale.receipt_sha256] = trusted(SaleItem, **fields)
+    out = []
+    for seller, items in by_seller.items():
+        listed = list(items.values())
+        for i in range(0, len(listed), SALES_PER_MESSAGE):
+            chunk = listed[i : i + SALES_PER_MESSAGE]
+            out.append(trusted(Sales, seller_id=seller, sales=chunk))
+    return out
+
+
+_ENVELOPE = frozenset(("schema_version", "type", "seller_id"))
+"""A ``sale``'s members that a ``sales`` notice states once for all its sales."""

@@ -37,11 +37,13 @@ from .events import (
     ReleasedValue,
     ReserveRequest,
     RotateKeys,
+    Sale,
+    SaleItem,
     StreamRegistration,
     ValueBatch,
 )
 from .negative_vectors import negative
-from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of
+from .sales import PSEUDONYM_LABEL, pseudonym_key, pseudonym_message, sale_of, sales_of
 from .sealing import (
     padded_length,
     purchase_aad,
@@ -604,16 +606,19 @@ def _keys() -> dict[str, Any]:
 
 
 def _sales() -> dict[str, Any]:
-    """A seller's sale notice (docs/protocol.md §8.4) of the first receipt of §11.7: the
-    buyer's pseudonym step by step, the receipt's digest, the message and its signature."""
+    """A seller's sale notice (docs/protocol.md §8.4) of the two receipts of §11.7, both
+    seller1's: the first buyer's pseudonym step by step, each receipt's digest, the ``sales``
+    notice listing both and its signature; and the one-sale ``sale`` message of the first, as
+    markets sent it before notices were grouped (readers still read it)."""
     doc = receipt_vectors.vectors()
-    receipt = doc["receipts"][0]["receipt"]
+    first, second = (r["receipt"] for r in doc["receipts"][:2])
     noise = bytes.fromhex(doc["noise_secret"])
     market_key = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(doc["signing_private_key"]))
     key = pseudonym_key(noise)
-    seller, buyer = receipt["seller_id"], receipt["buyer_id"]
-    message = sale_of(receipt, key, receipt["requested_at_ms"] + 250)
-    value = message.model_dump_json().encode()
+    seller, buyer = first["seller_id"], first["buyer_id"]
+    sold = [sale_of(r, key, r["requested_at_ms"] + 250) for r in (first, second)]
+    (notice,) = sales_of(sold)
+    value = notice.model_dump_json().encode()
     topic = Topics(MARKET).inbox(seller)
     _, header = answer_header(market_key, MARKET, topic, None, value)
     return {
@@ -626,16 +631,31 @@ def _sales() -> dict[str, Any]:
         "seller_id": seller,
         "buyer_id": buyer,
         "pseudonym_message": pseudonym_message(seller, buyer).hex(),
-        "buyer_ref": message.buyer_ref,
-        "receipt": receipt,
+        "buyer_ref": sold[0].buyer_ref,
+        "receipt": first,
         "receipt_canonical_bytes": doc["receipts"][0]["canonical_bytes"],
-        "receipt_sha256": message.receipt_sha256,
+        "receipt_sha256": sold[0].receipt_sha256,
+        "second": {
+            "buyer_id": second["buyer_id"],
+            "buyer_ref": sold[1].buyer_ref,
+            "receipt": second,
+            "receipt_canonical_bytes": doc["receipts"][1]["canonical_bytes"],
+            "receipt_sha256": sold[1].receipt_sha256,
+        },
         "topic": topic,
-        "key": message.receipt_sha256,
+        "key": sold[0].receipt_sha256,
         "value": value.decode(),
         "signed_bytes": answer_bytes(MARKET, topic, None, value).hex(),
         "header": header.hex(),
+        "one_sale_value": _one_sale(sold[0]).decode(),
     }
+
+
+def _one_sale(sale: Sale) -> bytes:
+    """The one-sale ``sale`` message of earlier markets: its members in the order they sent
+    them (a reader takes them by name)."""
+    order = ("schema_version", "type", "seller_id", *SaleItem.model_fields)
+    return json.dumps({k: getattr(sale, k) for k in order}, separators=(",", ":")).encode()
 
 
 def build() -> dict[str, Any]:

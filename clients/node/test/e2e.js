@@ -4,7 +4,7 @@
 // A seller and a buyer open accounts; the seller registers a stream and a histogram stream and
 // publishes sealed values; the buyer quotes, buys two steps, opens the sealed releases, verifies
 // the receipts, receives a subscription delivery and names histogram keys; the seller finds a
-// signed sale per purchase in its inbox (its reader needs no change for it); forged inbox messages
+// signed sale per purchase in its inbox (in `sales` notices); forged inbox messages
 // are skipped, refusals reported (also from <p>.refusals), keys rotated, a resent purchase
 // answered by its first outcome, and a forged catalog entry is not believed.
 // Writes e2e.json (ids, market key) and the opened outcomes to the scratch directory.
@@ -148,10 +148,19 @@ try {
     check(d._delivery && d.releases[0].level === 1.0, 'at the level held');
   });
   await step('the seller\'s inbox holds a signed sale of each purchase (§8.4)', async () => {
-    const mine = (m) => m.type === 'sale' && m.stream_id === stream;
-    const msgs = await S.inboxMessages({ ms: 30000, until: (d, out) => out.filter(mine).length >= 2 });
-    const sales = msgs.filter(mine);
-    check(sales.length === 2 && sales.every((m) => m._delivery), 'two sales, signed for the seller\'s inbox alone');
+    // a `sales` notice lists a batch's sales, an earlier market's `sale` is one; each counted
+    // once per receipt_sha256, and only from a message signed for this inbox
+    const salesIn = (msgs) => {
+      const seen = new Map();
+      for (const m of msgs.filter((x) => x._delivery && x.seller_id === seller.accountId)) {
+        const listed = m.type === 'sales' ? m.sales : m.type === 'sale' ? [m] : [];
+        for (const sale of listed) if (sale.stream_id === stream && !seen.has(sale.receipt_sha256)) seen.set(sale.receipt_sha256, sale);
+      }
+      return [...seen.values()];
+    };
+    const msgs = await S.inboxMessages({ ms: 30000, until: (d, out) => salesIn(out).length >= 2 });
+    const sales = salesIn(msgs);
+    check(sales.length === 2, 'two sales, signed for the seller\'s inbox alone');
     const digests = bought.map((o) => toHex(sha256Of(receiptBytes(o.receipt))));
     check(sales.map((m) => m.receipt_sha256).join() === digests.join(), 'each named by its receipt\'s digest');
     check(sales[0].buyer_ref === sales[1].buyer_ref && !JSON.stringify(sales).includes(buyer.accountId), 'one buyer, by a pseudonym');

@@ -286,9 +286,17 @@ test('sales.json: a seller\'s sale notice (§8.4), from the text', () => {
   assert.equal(toHex(hmac(sha256, key, msg).subarray(0, 16)), v.buyer_ref);
   assert.equal(toHex(receiptBytes(v.receipt)), v.receipt_canonical_bytes);
   assert.equal(toHex(sha256(receiptBytes(v.receipt))), v.receipt_sha256);
-  const sale = JSON.parse(v.value);
-  assert.equal(sale.type, 'sale');
-  assert.deepEqual([sale.buyer_ref, sale.receipt_sha256, sale.price_minor], [v.buyer_ref, v.key, v.receipt.price_minor]);
+  assert.equal(toHex(sha256(receiptBytes(v.second.receipt))), v.second.receipt_sha256);
+  const msg2 = new Uint8Array([...s(v.seller_id), ...s(v.second.receipt.buyer_id)]);
+  assert.equal(toHex(hmac(sha256, key, msg2).subarray(0, 16)), v.second.buyer_ref);
+  const notice = JSON.parse(v.value); // one notice per seller and batch, listing its sales
+  assert.deepEqual([notice.type, notice.seller_id, notice.sales.length], ['sales', v.seller_id, 2]);
+  assert.equal(v.key, notice.sales[0].receipt_sha256); // keyed by the first sale listed
+  for (const [sale, one] of [[notice.sales[0], v], [notice.sales[1], v.second]]) {
+    assert.deepEqual([sale.buyer_ref, sale.receipt_sha256, sale.price_minor, sale.value_count], [one.buyer_ref, one.receipt_sha256, one.receipt.price_minor, one.receipt.value_ids.length]);
+  }
+  const old = JSON.parse(v.one_sale_value); // an earlier market's one-sale message: still read
+  assert.deepEqual([old.type, old.seller_id, old.receipt_sha256, old.buyer_ref], ['sale', v.seller_id, v.receipt_sha256, v.buyer_ref]);
   assert.equal(toHex(answerBytes({ prefix: v.market, topic: v.topic, requestSha256: null, value: v.value })), v.signed_bytes);
   const headers = { 'emarket-answer': Buffer.from(v.header, 'hex') };
   const ok = verifyAnswer({ prefix: v.market, topic: v.topic, value: Buffer.from(v.value), headers, marketPublicKey: v.market_public_key });

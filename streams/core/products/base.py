@@ -205,10 +205,13 @@ def retire(ctx: Context, stream: Stream[Any]) -> None:
     """Keep the newest ``retain_last`` values: an older one leaves a mark until the horizon
     (or the stream's cap on marks); forget the marks and window sums no longer needed."""
     sid = stream.id
-    for old in stream.evict():
+    gone = stream.evict()
+    for old in gone:
         ctx.records.mark_value(
             sid, record_key(sid, old.value_id), EvictedValue.of(old), expires=True
         )
+    if gone:
+        ctx.records.evicted(sid, gone[-1].seq)
     ctx.records.forget_values(sid, stream.state.watermark_ms)
     cap_values(ctx.records, stream)
     stream.ledger.prune(ctx.records.horizon_ms)

@@ -2,10 +2,14 @@
 
 A purchase's decision is kept under its buyer, stream and id (:class:`~.state.PurchaseRecord`:
 levels, price, the values covered, a digest of the outcome), so a resend is never charged twice
-and its outcome can be recomputed. The outcome's bytes stay in the record only until they have
-surely been sent: a record is written with them, and :meth:`Records.settle` drops them in a
-later batch, once the batch that wrote it has sent its outputs (state is durable before
-outputs are sent, so a worker that dies in between replays the batch and finds them). A value
+and its outcome can be recomputed. It is written once, without the outcome's bytes: state is
+durable before outputs are sent, so a worker that dies in between leaves a record whose
+outcome may never have gone, and its replay recomputes that outcome from the decision
+(:meth:`Records.unsent` tells it to). A replay sees the state the whole batch left, so when a
+later event of the same batch evicts a value the decision covered (:meth:`Records.evicted`),
+the outcome could no longer be recomputed: only then is the record written with its bytes
+(the batch writes each key once, so still one record), and :meth:`Records.settle` drops them in
+a later batch, once the batch that wrote them has sent its outputs. A value
 that left its stream's window keeps a mark (:class:`~streams.core.state.EvictedValue`: its
 arrival number and digest) so a resend is recognised.
 
@@ -53,6 +57,7 @@ __all__ = [
     "CLOCK_RECORD_MS",
     "MAX_FAR_FUTURE_RECORDS",
     "STRANDED_MS",
+    "TAKEOVER_SKEW_MS",
     "UNKNOWN_STREAM",
     "WATERMARK_STEP_MS",
     "Caps",
@@ -86,6 +91,10 @@ STRANDED_MS = 15 * 60_000
 """How long a record found with its outcome's bytes after a restart or a rebalance keeps them:
 the events after the last commit are replayed within this, and each replay of the purchase
 finds its bytes."""
+TAKEOVER_SKEW_MS = 10_000
+"""How far ahead of this worker's clock the worker that decided a purchase before it took the
+partition on may have been: such a record may still be one whose outputs were lost (this
+worker's own decisions are told apart by its memory of what it answered)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,8 @@ class Records:
         # stream → (epoch, clock ms, key) of records that still carry their outcome's bytes,
         # which may be dropped once the epoch is later and the clock is past the time
         self._young: dict[str, list[tuple[int, int, str]]] = {}
+        # stream → (key, outcome bytes) of the records this batch decided, written without them
+        self._unsent: dict[str, list[tuple[str, bytes]]] = {}
         self._answered: OrderedDict[str, int] = OrderedDict()
         self._remade: OrderedDict[str, int] = OrderedDict()  # inbox topic -> when made again
         # resend (key, request time) -> when answered, and whether with its outcome
@@ -165,14 +176,49 @@ class Records:
         """The outcome kept under ``key``, if any."""
         return self._stores.purchases.get(key)
 
-    def keep_purchase(self, key: str, record: PurchaseRecord, heap: str) -> None:
+    def keep_purchase(
+        self, key: str, record: PurchaseRecord, heap: str, outcome: bytes | None = None
+    ) -> None:
         """Keep a purchase's record until the horizon passes its request time (``heap``: its
-        stream, or :meth:`unknown` of it); the outcome's bytes it carries until they are sent."""
+        stream, or :meth:`unknown` of it). ``outcome``, a fulfilment's bytes, is held in memory
+        until the batch is over, in case the batch evicts a value it covered (:meth:`evicted`)."""
         self._stores.purchases[key] = record
         self._remember("purchase", heap, record.requested_at_ms, key)
         self._answered_now(key)
         if record.payload is not None:
             self.resent(key, record)
+        elif outcome is not None:
+            self._unsent.setdefault(record.stream_id, []).append((key, outcome))
+
+    def evicted(self, stream_id: str, last_seq: int) -> None:
+        """Values of ``stream_id`` up to arrival number ``last_seq`` left its window (called in
+        an event of the stream). A decision of this batch that covered one could not be
+        recomputed by a replay of the batch: its record takes its outcome's bytes, until a
+        later batch has sent them (:meth:`settle`)."""
+        kept = []
+        for key, outcome in self._unsent.get(stream_id, ()):
+            rec = self._stores.purchases.get(key)
+            if rec is None or rec.payload is not None:
+                continue
+            if rec.count == 0 or rec.first_seq > last_seq:
+                kept.append((key, outcome))
+                continue
+            rec = dataclasses.replace(rec, payload=outcome.decode())
+            self._stores.purchases[key] = rec
+            self.resent(key, rec)
+        self._unsent[stream_id] = kept
+
+    def unsent(self, key: str, record: PurchaseRecord) -> bool:
+        """Whether the outcome of ``record`` (kept under ``key``) may never have been sent: it
+        still carries the bytes, or it was decided shortly before this worker took its
+        partition on and this worker has not answered it since (its batch may have been
+        committed without its outputs: see :data:`STRANDED_MS`). A replay then answers it in
+        full, with what else the decision sent (a fulfilment's sale notice)."""
+        if record.payload is not None:
+            return True
+        at = record.decided_at_ms
+        stranded = self._taken_ms - STRANDED_MS <= at <= self._taken_ms + TAKEOVER_SKEW_MS
+        return stranded and key not in self._answered
 
     def resent(self, key: str, record: PurchaseRecord) -> None:
         """``record``'s outcome bytes are sent in this batch: keep them until it is over."""
@@ -196,6 +242,7 @@ class Records:
     def begin_batch(self) -> None:
         """A new batch begins: the outputs of every earlier one have been sent."""
         self.epoch += 1
+        self._unsent.clear()
 
     def inboxes_remade(self, topics: list[str]) -> None:
         """Told (by the worker) that ``topics`` were lost and made again now: what was answered
@@ -207,19 +254,16 @@ class Records:
             if len(self._remade) > MAX_ANSWERED:
                 self._remade.popitem(last=False)
 
-    def in_inbox(self, inbox: str, record: PurchaseRecord) -> bool:
-        """Whether ``record``'s outcome was surely sent to ``inbox`` and is still there: its
-        bytes were dropped once sent (:meth:`settle`), and this worker has not seen the inbox
-        made again since the purchase was decided. A resend of such a purchase adds nothing to
+    def in_inbox(self, inbox: str, key: str, record: PurchaseRecord) -> bool:
+        """Whether ``record``'s outcome was surely sent to ``inbox`` and is still there: it is
+        not :meth:`unsent`, and this worker has not seen the inbox made again since the
+        purchase was decided. A resend of such a purchase adds nothing to
         the inbox: the buyer's client reads its inbox from the beginning and finds the answer
         there, and a copy written by anyone else must not add to a mailbox kept for a year."""
         remade = self._remade.get(inbox)
-        if record.payload is not None or (remade is not None and remade >= record.decided_at_ms):
+        if remade is not None and remade >= record.decided_at_ms:
             return False
-        # a refusal keeps no bytes: one decided shortly before this worker took the partition
-        # on may be of a batch whose outputs were lost (see STRANDED_MS)
-        stranded = self._taken_ms - STRANDED_MS <= record.decided_at_ms <= self._taken_ms
-        return not (record.status == "rejected" and stranded)
+        return not self.unsent(key, record)
 
     def resend_due(self, key: str, requested_at_ms: int, inbox: str) -> bool:
         """Whether the resend of the purchase under ``key`` stamped ``requested_at_ms`` is to
@@ -333,6 +377,7 @@ class Records:
         self._heaps.clear()
         self._far.clear()
         self._young.clear()
+        self._unsent.clear()
         self._taken_ms = self.clock()
 
     def _cap(

@@ -24,11 +24,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from market.receipts import Receipt
 from streams.core import MarketCore, Stores
 from streams.core.context import Limits
-from streams.core.outputs import Outcome
+from streams.core.outputs import Outcome, Output
 from streams.core.replay.records import ANSWER_INTERVAL_MS
 from streams.wire.answers import verify_answer
-from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, Sale
-from streams.wire.sales import SALE_BYTES, buyer_ref, sale_of
+from streams.wire.events import INBOX_EVENT, PurchaseFulfilled, Sale, Sales
+from streams.wire.sales import (
+    SALE_BYTES,
+    SALE_ITEM_BYTES,
+    SALES_BYTES,
+    buyer_ref,
+    sale_of,
+    sales_of,
+)
 from streams.wire.topics import Topics
 
 from ..conftest import Market
@@ -45,17 +52,26 @@ def new_core(now: list[int], stores: Stores | None = None) -> MarketCore:
     return core
 
 
-def sales_in(out: Outcome, seller: str = "seller1") -> list[Sale]:
-    """The sale notices ``out`` sends to ``seller``'s inbox, each checked as the market signs
-    them: for that inbox alone (it answers no request of the seller's), keyed by its id."""
+def notices(outputs: list[Output], seller: str = "seller1") -> list[Sales]:
+    """The sale notices among ``outputs`` to ``seller``'s inbox, each checked as the market
+    signs them: for that inbox alone (it answers no request of the seller's), keyed by the
+    digest of the first receipt it lists."""
     found = []
-    for o in out.outputs:
+    for o in outputs:
         if o.topic != T.inbox(seller):
             continue
         assert verify_answer(PUB, T.prefix, o.topic, o.value, list(o.headers)) is None
         ev = INBOX_EVENT.validate_json(o.value)
-        assert isinstance(ev, Sale) and o.key == ev.receipt_sha256.encode()
+        assert isinstance(ev, Sales) and o.key == ev.sales[0].receipt_sha256.encode()
+        assert ev.seller_id == seller
         found.append(ev)
+    return found
+
+
+def sales_in(out: Outcome, seller: str = "seller1") -> list[Sale]:
+    """The sales ``out`` tells ``seller`` (outside a batch: one notice per sale)."""
+    found = [s for n in notices(out.outputs, seller) for s in n.each()]
+    assert len(found) == len(notices(out.outputs, seller))
     return found
 
 
@@ -132,22 +148,51 @@ def test_a_lost_batch_replayed_sends_the_same_sale_and_a_later_resend_none() -> 
     core = new_core(now, stores)
     core.handle(T.registrations, registration("temp", retain_last=1))
     core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
-    with core.batch():
+    with core.batch() as told:
         first = core.handle(T.purchases, purchase("temp", "alice", "p"))
         core.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0]))  # evicts v0
     now[0] += 2 * ANSWER_INTERVAL_MS
     restarted = new_core(now, stores)  # the outputs were never sent
-    with restarted.batch():
+    with restarted.batch() as told_again:
         again = restarted.handle(T.purchases, purchase("temp", "alice", "p"))
         restarted.handle(T.values, value("temp", "v1", [1.0, 2.0, 3.0]))
     assert again.status == "duplicate"
     assert [(o.key, o.value) for o in again.outputs] == [(o.key, o.value) for o in first.outputs]
-    assert len(sales_in(again)) == 1 and sales_in(again)[0].sold_at_ms == 5_000
+    (notice,) = notices(told_again)
+    assert [(o.key, o.value) for o in told_again] == [(o.key, o.value) for o in told]
+    assert len(notice.sales) == 1 and notice.sales[0].sold_at_ms == 5_000
     with restarted.batch():  # the replay's outputs were sent
         restarted.handle(T.values, value("temp", "v2", [1.0, 2.0, 3.0]))
     now[0] += 2 * ANSWER_INTERVAL_MS
     later = restarted.handle(T.purchases, purchase("temp", "alice", "p"))
     assert later.status == "duplicate" and not sales_in(later)
+    assert stores.streams["temp"].revenue_minor == 50
+
+
+def test_a_batch_committed_without_its_outputs_recomputes_them_and_tells_the_sale_again() -> None:
+    """The record was written without the outcome's bytes (nothing in its batch evicted what it
+    covered): the worker that takes over recomputes the very outcome, tells the same sale again,
+    and a copy after that adds nothing."""
+    now = [5_000]
+    stores = Stores()
+    core = new_core(now, stores)
+    core.handle(T.registrations, registration("temp"))
+    core.handle(T.values, value("temp", "v0", [1.0, 2.0, 3.0]))
+    raw = purchase("temp", "alice", "p")
+    with core.batch() as told:
+        first = core.handle(T.purchases, raw)
+    assert stores.purchases["alice/temp/p"].payload is None  # written once, without the bytes
+    now[0] -= 5_000  # the worker that takes the partition over: its clock 5 s behind
+    restarted = new_core(now, stores)  # the outputs were never sent
+    with restarted.batch() as told_again:
+        again = restarted.handle(T.purchases, raw)
+    assert again.status == "duplicate"
+    assert [o.value for o in again.outputs] == [o.value for o in first.outputs]
+    assert [o.value for o in told_again] == [o.value for o in told]
+    assert len(notices(told_again)) == 1
+    with restarted.batch() as told_later:
+        later = restarted.handle(T.purchases, raw)
+    assert later.reason == "already_answered" and not later.outputs and not told_later
     assert stores.streams["temp"].revenue_minor == 50
 
 
@@ -167,11 +212,10 @@ def test_a_buyer_has_one_pseudonym_per_seller() -> None:
     assert refs["s3", "alice"] not in (refs["s1", "alice"], refs["s1", "bob"])
 
 
-def test_a_sale_notice_is_bounded() -> None:
-    """The longest ids, the largest price, levels with every digit and times: within the
-    bound, header and key included."""
+def _longest(i: int) -> Sale:
+    """A sale with the longest ids, the largest price, levels with every digit and times."""
     receipt = Receipt(
-        purchase_id="p" * 64,
+        purchase_id=f"{i:p>64}",
         buyer_id="b" * 64,
         stream_id="s" * 64,
         seller_id="x" * 64,
@@ -186,15 +230,86 @@ def test_a_sale_notice_is_bounded() -> None:
         commitment="ab" * 32,
         ciphertext_digest="cd" * 32,
     )
-    sale = sale_of(receipt, b"k" * 32, 2**53 - 1)
-    raw = sale.model_dump_json().encode()
-    header = 65  # u8 ‖ signature: a sale answers no request
-    assert len(sale.receipt_sha256) + len(raw) + len("emarket-answer") + header <= SALE_BYTES
+    return sale_of(receipt, b"k" * 32, 2**53 - 1)
+
+
+def test_a_sales_notice_lists_at_most_64_within_its_bound() -> None:
+    """A batch's 130 sales of one seller (one of them told twice) and one of another: three
+    notices to the first (64, 64, 1), one to the other, each sale listed once; the longest
+    notice within the bound, header and key included."""
+    sold = [_longest(i) for i in range(129)]
+    other = sold[0].model_copy(update={"seller_id": "y"})
+    notices = sales_of([*sold[:3], other, sold[1], *sold[3:]])
+    assert [(n.seller_id, len(n.sales)) for n in notices] == [
+        ("x" * 64, 64),
+        ("x" * 64, 64),
+        ("x" * 64, 1),
+        ("y", 1),
+    ]
+    listed = [s.receipt_sha256 for n in notices[:3] for s in n.sales]
+    assert listed == [s.receipt_sha256 for s in sold]
+    assert notices[0].each()[5] == sold[5]
+    raw = notices[0].model_dump_json().encode()
+    header = 65  # u8 ‖ signature: a notice answers no request
+    assert 64 + len(raw) + len("emarket-answer") + header <= SALES_BYTES
+    one = sold[0].model_dump_json().encode()
+    assert 64 + len(one) + len("emarket-answer") + header <= SALE_BYTES  # an earlier market's
+    assert len(raw) - len(notices[2].model_dump_json()) <= 63 * SALE_ITEM_BYTES
+
+
+def test_a_batch_tells_each_seller_its_sales_in_one_notice() -> None:
+    """Purchases on two sellers' streams in one batch: one notice each, listing its sales in
+    the order they were decided; none in the purchases' own outputs."""
+    now = [5_000]
+    core = new_core(now)
+    for sid, seller in (("s1", "seller1"), ("s2", "seller1"), ("s3", "seller2")):
+        core.handle(T.registrations, registration(sid, seller_id=seller))
+        core.handle(T.values, value(sid, "v0", [1.0, 2.0, 3.0], seller_id=seller))
+    with core.batch() as told:
+        outs = [
+            core.handle(T.purchases, purchase(sid, buyer, "p"))
+            for sid in ("s1", "s3", "s2")
+            for buyer in ("alice", "bob")
+        ]
+    assert all(len(o.outputs) == 1 for o in outs)  # each buyer's answer alone
+    digests = [_digest(_fulfilled(o)) for o in outs]
+    (first,) = notices(told, "seller1")
+    (second,) = notices(told, "seller2")
+    assert [s.receipt_sha256 for s in first.sales] == digests[:2] + digests[4:]
+    assert [s.receipt_sha256 for s in second.sales] == digests[2:4]
+    assert [s.stream_id for s in first.sales] == ["s1", "s1", "s2", "s2"]
+
+
+def _digest(bought: PurchaseFulfilled) -> str:
+    return hashlib.sha256(
+        Receipt.from_dict(bought.receipt.model_dump()).canonical_bytes()
+    ).hexdigest()
 
 
 # -- the wire: docs/protocol.md §8.4 and docs/vectors/sales.json ---------------------------------
 def _s(text: str) -> bytes:
     return b"s" + struct.pack(">I", len(text.encode())) + text.encode()
+
+
+def _ref(key: bytes, seller: str, buyer: str) -> str:
+    return hmac.digest(key, _s(seller) + _s(buyer), "sha256")[:16].hex()
+
+
+def _one_sale_follows(
+    sale: dict[str, object], receipt: dict[str, object], ref: str, digest: str
+) -> None:
+    """A sale's members, as §8.4 derives them from its receipt."""
+    assert (sale["buyer_ref"], sale["receipt_sha256"]) == (ref, digest)
+    for name in (
+        "stream_id",
+        "level_before",
+        "level_after",
+        "price_minor",
+        "currency",
+        "requested_at_ms",
+    ):
+        assert sale[name] == receipt[name], name
+    assert sale["value_count"] == len(receipt["value_ids"])  # type: ignore[arg-type]
 
 
 def test_the_sale_vector_follows_from_the_text_alone() -> None:
@@ -206,11 +321,15 @@ def test_the_sale_vector_follows_from_the_text_alone() -> None:
     )
     ids = _s(doc["seller_id"]) + _s(doc["buyer_id"])
     assert ids.hex() == doc["pseudonym_message"]
-    assert hmac.digest(key, ids, "sha256")[:16].hex() == doc["buyer_ref"]
-    signed_receipt = bytes.fromhex(doc["receipt_canonical_bytes"])
-    assert hashlib.sha256(signed_receipt).hexdigest() == doc["receipt_sha256"] == doc["key"]
+    assert _ref(key, doc["seller_id"], doc["buyer_id"]) == doc["buyer_ref"]
     market = Ed25519PublicKey.from_public_bytes(base64.b64decode(doc["market_public_key"]))
-    market.verify(base64.b64decode(doc["receipt"]["signature"]), signed_receipt)
+    sold = [doc, doc["second"]]
+    for one in sold:
+        signed_receipt = bytes.fromhex(one["receipt_canonical_bytes"])
+        assert hashlib.sha256(signed_receipt).hexdigest() == one["receipt_sha256"]
+        market.verify(base64.b64decode(one["receipt"]["signature"]), signed_receipt)
+        assert _ref(key, doc["seller_id"], one["receipt"]["buyer_id"]) == one["buyer_ref"]
+    assert doc["key"] == doc["receipt_sha256"]  # the first sale listed names the record
     value = doc["value"].encode()
     signed = (
         b"emarket-sig-v1\x00"
@@ -224,23 +343,18 @@ def test_the_sale_vector_follows_from_the_text_alone() -> None:
     head = bytes.fromhex(doc["header"])
     assert len(head) == 65 and head[0] == 1
     market.verify(head[1:], signed)
-    sale = json.loads(value)
-    assert (sale["buyer_ref"], sale["receipt_sha256"]) == (doc["buyer_ref"], doc["key"])
-    receipt = doc["receipt"]
-    for name in (
-        "seller_id",
-        "stream_id",
-        "level_before",
-        "level_after",
-        "price_minor",
-        "currency",
-        "requested_at_ms",
-    ):
-        assert sale[name] == receipt[name], name
-    assert sale["value_count"] == len(receipt["value_ids"])
+    notice = json.loads(value)
+    assert (notice["type"], notice["seller_id"], len(notice["sales"])) == ("sales", "seller1", 2)
+    for sale, one in zip(notice["sales"], sold, strict=True):
+        _one_sale_follows(sale, one["receipt"], one["buyer_ref"], one["receipt_sha256"])
     schema = json.loads((ROOT / "docs" / "schemas" / "inbox.schema.json").read_text())
-    jsonschema.Draft202012Validator(schema).validate(sale)
-    assert Sale.model_validate_json(value).model_dump_json().encode() == value
+    jsonschema.Draft202012Validator(schema).validate(notice)
+    assert Sales.model_validate_json(value).model_dump_json().encode() == value
+    old = json.loads(doc["one_sale_value"])  # a one-sale message of an earlier market
+    assert (old["type"], old["seller_id"]) == ("sale", "seller1")
+    _one_sale_follows(old, doc["receipt"], doc["buyer_ref"], doc["receipt_sha256"])
+    jsonschema.Draft202012Validator(schema).validate(old)
+    assert Sale.model_validate_json(doc["one_sale_value"]) == Sales.model_validate(notice).each()[0]
 
 
 # -- on the broker, through the CLI ------------------------------------------------------------

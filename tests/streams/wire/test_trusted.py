@@ -14,6 +14,8 @@ from streams.wire.events import (
     ReceiptModel,
     ReleasedValue,
     Sale,
+    SaleItem,
+    Sales,
     ValueBatch,
     ValueOutcome,
     ValueReleased,
@@ -32,6 +34,8 @@ BUILT = {
     ReceiptModel,
     ReleasedValue,
     Sale,
+    SaleItem,
+    Sales,
     ValueBatch,
     ValueOutcome,
     ValueReleased,
@@ -75,7 +79,10 @@ def test_the_market_s_own_events_rebuild_alike() -> None:
     for out in outs:
         for o in out.outputs:
             if o.topic.startswith(T.inbox("")):
-                _rebuilt(INBOX_EVENT.validate_json(o.value), seen)
+                ev = INBOX_EVENT.validate_json(o.value)
+                _rebuilt(ev, seen)
+                for sale in ev.each() if isinstance(ev, Sales) else []:
+                    _rebuilt(sale, seen)  # what a reader makes of a notice's sales
     sealed = ValueBatch.model_validate_json(values("s", [("v3", [1.0, 2.0, 3.0])]))
     opened = open_values(sealed, MARKET, TEST_KEYS.opener)  # the router's, one per batch
     _same(opened, sealed.model_copy(update={"items": opened.items, "sealed": None}))

@@ -140,6 +140,7 @@ class Context:
             self.clock,
         )
         self.quotes = AnsweredQuotes(self.clock)
+        self.sold = SaleNotices(self.topics)
         self.inbox_records = InboxRecords(
             self.topics, self.keys, self._sealing_key_of, self.limits.max_message_bytes
         )
@@ -147,4 +148,3 @@ class Context:
     def _sealing_key_of(self, account_id: str) -> str | None:
         state = self.directory.get(account_id)
         return state.sealing_key if state is not None else None
-        self.sold = SaleNotices(self.topics)

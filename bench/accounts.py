@@ -41,7 +41,7 @@ from streams.wire.topics import Topics
 from streams.worker.checkpoints import Checkpoint, StoreSum
 from streams.worker.directory import AccountReplica
 from streams.worker.history import StateReader
-from streams.worker.state_records import StateSeal, Stamp, Version
+from streams.worker.state_records import Stamp, StateSeal, Version
 
 PARTITIONS = 4
 EPOCH = 1 << 32

@@ -101,15 +101,13 @@ def make_openings(n: int, prefix: str, data_dir: Path, partitions: int) -> list[
 async def _produce(bootstrap: str, topic: str, openings: list[Any]) -> float:
     """Write every opening; seconds it took."""
     t0 = time.perf_counter()
-    prod = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks="all"
-    )
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
     await prod.start()
     try:
-        for at in range(0, len(openings), 5_000):
+        for at in range(0, len(openings), 1_000):
             sent = [
                 await prod.send(topic, raw, key=key, partition=p)
-                for p, key, raw in openings[at : at + 5_000]
+                for p, key, raw in openings[at : at + 1_000]
             ]
             await asyncio.gather(*sent)
     finally:
@@ -131,9 +129,10 @@ def _watch(worker: ChildWorker, n: int, t0: float) -> dict[str, float]:
             got["accepted_s"] = now
         if now - shown >= 30:
             shown = now
+            rss = _rss(_pid(worker)) / 2**20
             print(
                 f"  {now:6.0f} s: accepted {accepted:,.0f}, replica {held:,.0f}, "
-                f"inboxes waiting {waiting:,.0f}",
+                f"inboxes waiting {waiting:,.0f}, worker RSS {rss:,.0f} MB",
                 flush=True,
             )
         if held >= n:

@@ -4,9 +4,12 @@
 One worker (``EMARKET_OPENINGS=invite``, the allowance and ``EMARKET_MAX_ACCOUNTS`` raised to
 N): N parties, keys from deterministic seeds, each with an invitation the market's key signs
 for its id and key (what ``epsilon-market invite --signing-key`` makes), their ``open_account``
-events made before the worker starts, then written to ``<p>.accounts`` as fast as the producer
-goes. Measured: how long the worker takes to accept them all and its replica to hold them all
-(``emarket_replica_accounts``), the worker's RSS before and after; then a new reader, the
+events made before the market runs. The worker is started once (it makes the market's topics;
+its RSS idle), stopped; the openings are written to ``<p>.accounts``; the worker is started
+again and reads them as a backlog. (Written while the worker ran, its inbox topics being made
+meanwhile, the embedded broker stopped answering both after a few thousand openings.)
+Measured: how long the worker takes to accept them all and its replica to hold them all
+(``emarket_replica_accounts``), the worker's RSS idle and then; then a new reader, the
 replica alone (:class:`~streams.worker.directory.AccountReplica`, in a process of its own, as a
 worker that starts later builds it), catching up from the start of the changelog: how long, and
 its RSS per account.
@@ -187,6 +190,17 @@ def _report(n: int, inboxes: str, made_s: float, sent_s: float, m: dict[str, flo
     print(f"| replica alone: RSS per account | {m['replica_rss_per_account']:,.0f} B |")
 
 
+def _idle(settings: Settings, env: dict[str, str], workdir: Path) -> dict[str, float]:
+    """Start the worker once: it makes the market's topics; its RSS once settled, idle."""
+    worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
+    try:
+        worker.wait_healthy(120)
+        time.sleep(5)  # settled: its first tables and replica read
+        return {"rss0": float(_rss(_pid(worker)))}
+    finally:
+        worker.stop()
+
+
 def run_open(n: int, inboxes: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="emarket-accounts-"))
     machine = Machine.now()
@@ -200,19 +214,16 @@ def run_open(n: int, inboxes: str) -> None:
         env["EMARKET_INBOXES"] = "v2"
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = dataclasses.replace(base, broker=broker.url).for_tansu()
+        m = _idle(settings, env, workdir)
+        sent_s = asyncio.run(
+            _produce(
+                settings.bootstrap, Topics(settings.prefix, settings.partitions).accounts, openings
+            )
+        )
         worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
         try:
-            worker.wait_healthy(120)
-            time.sleep(5)  # settled: its first tables and replica read
-            m: dict[str, float] = {"rss0": _rss(_pid(worker))}
             t0 = time.perf_counter()
-            sent_s = asyncio.run(
-                _produce(
-                    settings.bootstrap,
-                    Topics(settings.prefix, settings.partitions).accounts,
-                    openings,
-                )
-            )
+            worker.wait_healthy(120, ok_only=False)
             m.update(_watch(worker, n, t0))
             m.update(_catch_up(settings, n))
         finally:

@@ -12,7 +12,8 @@ cached), and the checkpoints that commit them; the packed replica is the real
 time one lookup takes in each layout (the packed one decodes the account).
 
 ``--open N`` instead opens N accounts on the embedded broker through the operators' invitation
-path (:mod:`bench.accounts_open`).
+path (:mod:`bench.accounts_open`); ``--changelog N`` starts a worker on a market of N accounts
+(:mod:`bench.accounts_changelog`).
 """
 
 from __future__ import annotations
@@ -67,34 +68,44 @@ def account_state(i: int) -> AccountState:
     )
 
 
-def _record(topic: str, p: int, offset: int, key: bytes, plain: bytes, version: Version) -> Any:
-    store = "progress" if topic == PROGRESS else "accounts"
-    head, sealed = SEAL.seal(store, key, plain, Stamp(p, version))
-    return ConsumerRecord(
-        topic, p, offset, 0, 0, key, sealed, None, len(key), len(sealed or b""), tuple(head)
-    )
+@dataclass(frozen=True)
+class Changelogs:
+    """Where and how a market's account records are written: its seal, the accounts changelog
+    and the progress changelog, and the epoch its versions are stamped with."""
+
+    seal: StateSeal = SEAL
+    accounts: str = CHANGELOG
+    progress: str = PROGRESS
+    epoch: int = EPOCH
+
+    def record(self, topic: str, p: int, offset: int, key: bytes, plain: bytes, n: int) -> Any:
+        store = "progress" if topic == self.progress else "accounts"
+        head, sealed = self.seal.seal(store, key, plain, Stamp(p, Version(self.epoch, n)))
+        return ConsumerRecord(
+            topic, p, offset, 0, 0, key, sealed, None, len(key), len(sealed or b""), tuple(head)
+        )
 
 
-def changelog(n: int, batch: int = 100) -> list[Any]:
+def changelog(n: int, batch: int = 100, where: Changelogs = Changelogs()) -> list[Any]:
     """The sealed records of ``n`` opened accounts as a worker writes them: batches of
     ``batch`` openings, each followed by every partition's checkpoint."""
     topics = Topics("b", PARTITIONS)
     sums = [StoreSum() for _ in range(PARTITIONS)]
     out: list[Any] = []
     for first in range(0, n, batch):
-        version = Version(EPOCH, first // batch + 1)
+        b = first // batch + 1
         for i in range(first, min(n, first + batch)):
             state = account_state(i)
             p = topics.partition_of(state.account_id)
             key, plain = state.account_id.encode(), state.model_dump_json().encode()
-            out.append(_record(CHANGELOG, p, sums[p].end, key, plain, version))
-            digest = SEAL.digest("accounts", state.account_id, version)
+            out.append(where.record(where.accounts, p, sums[p].end, key, plain, b))
+            digest = where.seal.digest("accounts", state.account_id, Version(where.epoch, b))
             sums[p] = StoreSum(
                 sums[p].count + 1, (sums[p].digest + digest) % 2**256, sums[p].end + 1
             )
         for p in range(PARTITIONS):
-            cp = Checkpoint(p, version, stores={"accounts": sums[p]})
-            out.append(_record(PROGRESS, p, version.n - 1, str(p).encode(), cp.to_bytes(), version))
+            cp = Checkpoint(p, Version(where.epoch, b), stores={"accounts": sums[p]})
+            out.append(where.record(where.progress, p, b - 1, str(p).encode(), cp.to_bytes(), b))
     return out
 
 
@@ -195,12 +206,22 @@ def main() -> None:
     ap.add_argument("--child", nargs=3, metavar=("LAYOUT", "N", "WHAT"), help=argparse.SUPPRESS)
     ap.add_argument("--open", type=int, metavar="N", help="open N accounts on the embedded broker")
     ap.add_argument(
+        "--changelog",
+        type=int,
+        metavar="N",
+        help="a worker starting on a market of N accounts (embedded broker)",
+    )
+    ap.add_argument(
         "--inboxes", choices=("v1", "v2"), default="v1", help="the market's inboxes (with --open)"
     )
     args = ap.parse_args()
     if args.child:
         layout, n, what = args.child
         print(json.dumps(measure_one(layout, int(n), what == "heap")))
+    elif args.changelog:
+        from bench.accounts_changelog import run_changelog
+
+        run_changelog(args.changelog)
     elif args.open:
         from bench.accounts_open import run_open
 

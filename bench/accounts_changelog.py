@@ -60,13 +60,14 @@ async def _write(bootstrap: str, records: list[Any]) -> float:
 
 
 def _held(worker: ChildWorker, n: int, t0: float) -> dict[str, float]:
-    """Wait until the worker's replica holds ``n`` accounts."""
+    """Wait until the worker's replica holds ``n`` accounts, every partition verified."""
     while time.perf_counter() - t0 < TIMEOUT_S:
         try:
             held = worker.metric("emarket_replica_accounts")
+            distrusted = worker.metric("emarket_partitions_unverified", {"reader": "replica"})
         except OSError:  # not serving yet
-            held = 0.0
-        if held >= n:
+            held, distrusted = 0.0, 0.0
+        if held >= n and not distrusted:
             took = time.perf_counter() - t0
             time.sleep(5)  # settled
             return {"replica_s": took, "rss": float(_rss(_pid(worker)))}

@@ -6,7 +6,7 @@ value batch may land on any other worker, which needs the account's current key 
 signature. Each worker therefore tails the accounts changelog and the progress changelog (all
 partitions, from the start, no consumer group) into memory. The replica is bounded by
 ``EMARKET_MAX_ACCOUNTS``; it keeps each account packed in one bytes object
-(:mod:`streams.worker.account_pack`: ~300 B with its indexes, where an object took ~1,500 B)
+(:mod:`streams.worker.account_pack`: ~350 B with its indexes, where an object took ~1,800 B)
 and decodes it when an event asks for it.
 
 A record counts only as the market's history says (:mod:`streams.worker.history`): sealed by the
@@ -279,6 +279,9 @@ class AccountReplica:
         self._checked.pop(p, None)
         if tp.topic == self.progress_topic:
             self.book.latest.pop(p, None)
+            if self._first:  # the checkpoints to read first are gone: read everything as it comes
+                self._first = {}
+                self._consumer.resume(*[t for t in self._tps if t.topic == self.topic])
             return
         for account_id, held in list(self._accounts.items()):
             version, partition = _where(held)

@@ -2,11 +2,12 @@
 
 Every worker keeps every account (:mod:`streams.worker.directory`). Held as a pydantic
 :class:`~streams.wire.events.AccountState` (base64 and hex text, a dict, a list, a set of fields)
-an account took ~1,460 B of heap, 146 MB per worker at the 100,000-account bound. Packed, it is
-its raw fields in one ``bytes``: the version of the market's history that wrote it and its
-partition, then the state's integers, its raw 32-byte keys and 8-byte key id. An event that
-names the account pays for one :func:`unpack` (a few µs, against a purchase's ~1 ms); the
-replica's rules (versions, checkpoints, digests) read only the header, without decoding.
+an account took ~1,460–1,820 B of heap, 146 MB per worker at the 100,000-account bound. Packed,
+it is its raw fields in one ``bytes`` (~150 B with a sealing key): the version of the market's
+history that wrote it and its partition, then the state's integers, its raw 32-byte keys and
+8-byte key id. An event that names the account pays for one :func:`unpack` (~6–8 µs here,
+more on a busy machine, against a purchase's ~1 ms; the replica keeps the last accounts asked
+for decoded); the replica's rules (versions, checkpoints, digests) read only the header.
 
 Packing keeps everything :meth:`AccountState.model_validate_json` would give back: the same
 field values *and* the same set of fields given (so the same JSON with ``exclude_unset``). A

@@ -6,8 +6,7 @@ N): N parties, keys from deterministic seeds, each with an invitation the market
 for its id and key (what ``epsilon-market invite --signing-key`` makes), their ``open_account``
 events made before the market runs. The worker is started once (it makes the market's topics;
 its RSS idle), stopped; the openings are written to ``<p>.accounts``; the worker is started
-again and reads them as a backlog. (Written while the worker ran, its inbox topics being made
-meanwhile, the embedded broker stopped answering both after a few thousand openings.)
+again and reads them as a backlog.
 Measured: how long the worker takes to accept them all and its replica to hold them all
 (``emarket_replica_accounts``), the worker's RSS idle and then; then a new reader, the
 replica alone (:class:`~streams.worker.directory.AccountReplica`, in a process of its own, as a
@@ -17,7 +16,9 @@ its RSS per account.
 With v1 inboxes (a topic per account) every opening also queues an inbox topic, which the
 embedded broker makes at a few a second past 10,000 topics: the confirmations wait for them
 (held in the worker, ``emarket_inboxes_waiting``) and the run stops once the replica holds
-every account, with most inboxes not made. ``--inboxes v2`` runs the market with one
+every account, with most inboxes not made. 10,000 openings went through so; at 100,000 the
+embedded broker stopped answering the worker after 400–600 (three runs, with the openings
+written before or while it ran): the run gives up after :data:`STALL_S` without progress. ``--inboxes v2`` runs the market with one
 partitioned inbox topic (``EMARKET_INBOXES=v2``), on a checkout that has them.
 """
 

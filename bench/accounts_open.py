@@ -18,8 +18,9 @@ embedded broker makes at a few a second past 10,000 topics: the confirmations wa
 (held in the worker, ``emarket_inboxes_waiting``) and the run stops once the replica holds
 every account, with most inboxes not made. 10,000 openings went through so; at 100,000 the
 embedded broker stopped answering the worker after 400–600 (three runs, with the openings
-written before or while it ran): the run gives up after :data:`STALL_S` without progress. ``--inboxes v2`` runs the market with one
-partitioned inbox topic (``EMARKET_INBOXES=v2``), on a checkout that has them.
+written before or while it ran): the run gives up after :data:`STALL_S` without progress.
+``--inboxes v2`` runs the market with one partitioned inbox topic (``EMARKET_INBOXES=v2``), on
+a checkout that has them.
 """
 
 from __future__ import annotations

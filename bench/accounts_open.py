@@ -4,9 +4,7 @@
 One worker (``EMARKET_OPENINGS=invite``, the allowance and ``EMARKET_MAX_ACCOUNTS`` raised to
 N): N parties, keys from deterministic seeds, each with an invitation the market's key signs
 for its id and key (what ``epsilon-market invite --signing-key`` makes), their ``open_account``
-events made before the market runs. The worker is started once (it makes the market's topics;
-its RSS idle), stopped; the openings are written to ``<p>.accounts``; the worker is started
-again and reads them as a backlog.
+events made before the market runs, then written to ``<p>.accounts`` while the worker runs.
 Measured: how long the worker takes to accept them all and its replica to hold them all
 (``emarket_replica_accounts``), the worker's RSS idle and then; then a new reader, the
 replica alone (:class:`~streams.worker.directory.AccountReplica`, in a process of its own, as a
@@ -17,8 +15,9 @@ With v1 inboxes (a topic per account) every opening also queues an inbox topic, 
 embedded broker makes at a few a second past 10,000 topics: the confirmations wait for them
 (held in the worker, ``emarket_inboxes_waiting``) and the run stops once the replica holds
 every account, with most inboxes not made. 10,000 openings went through so; at 100,000 the
-embedded broker stopped answering the worker after 400–600 (three runs, with the openings
-written before or while it ran): the run gives up after :data:`STALL_S` without progress.
+embedded broker stopped answering the worker after 400–600 (three runs; also when the
+openings were all written before the worker started, then at 10,000 too): the run gives up
+after :data:`STALL_S` without progress.
 ``--inboxes v2`` runs the market with one partitioned inbox topic (``EMARKET_INBOXES=v2``), on
 a checkout that has them.
 """
@@ -226,16 +225,14 @@ def run_open(n: int, inboxes: str) -> None:
         env["EMARKET_INBOXES"] = "v2"
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         settings = dataclasses.replace(base, broker=broker.url).for_tansu()
-        m = _idle(settings, env, workdir)
-        sent_s = asyncio.run(
-            _produce(
-                settings.bootstrap, Topics(settings.prefix, settings.partitions).accounts, openings
-            )
-        )
+        topic = Topics(settings.prefix, settings.partitions).accounts
         worker = ChildWorker(settings, log_path=workdir / "market.log", env=env).start()
         try:
+            worker.wait_healthy(120)
+            time.sleep(5)  # settled: its first tables and replica read
+            m: dict[str, float] = {"rss0": float(_rss(_pid(worker)))}
             t0 = time.perf_counter()
-            worker.wait_healthy(120, ok_only=False)
+            sent_s = asyncio.run(_produce(settings.bootstrap, topic, openings))
             m.update(_watch(worker, n, t0))
             m.update(_catch_up(settings, n))
         finally:

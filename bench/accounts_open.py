@@ -14,10 +14,11 @@ its RSS per account.
 With v1 inboxes (a topic per account) every opening also queues an inbox topic, which the
 embedded broker makes at a few a second past 10,000 topics: the confirmations wait for them
 (held in the worker, ``emarket_inboxes_waiting``) and the run stops once the replica holds
-every account, with most inboxes not made. 10,000 openings went through so; at 100,000 the
-embedded broker stopped answering the worker after 400–600 (three runs; also when the
-openings were all written before the worker started, then at 10,000 too): the run gives up
-after :data:`STALL_S` without progress.
+every account, with most inboxes not made. 10,000 openings went through so; 100,000 did not
+(one run slowed to ~25 accepted a second by 34,000; in three others the embedded broker
+stopped answering the worker after 400–600, and with the openings all written before the
+worker started it did so at 10,000 too): the run gives up after :data:`STALL_S` without
+progress.
 ``--inboxes v2`` runs the market with one partitioned inbox topic (``EMARKET_INBOXES=v2``), on
 a checkout that has them.
 """

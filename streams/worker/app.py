@@ -456,12 +456,13 @@ class MarketWorker:
             self._vectors,
         )
         self.metrics.openings_behind.set(1 if self.openings()["behind"] else 0)
+        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
+        self.metrics.partitions_unverified.labels("replica").set(len(self.replica.unverified))
+        self.metrics.replica_accounts.set(len(self.replica))
 
     def openings(self) -> dict[str, Any]:
         """How account openings fare on this worker (``/health``)."""
         return web.openings_health(self.settings, self.core.ctx.allowance, self.inboxes.pending())
-        self.metrics.partitions_unverified.labels("tables").set(len(self.progress.unverified))
-        self.metrics.partitions_unverified.labels("replica").set(len(self.replica.unverified))
 
     def unverified(self) -> dict[str, str]:
         """What state this worker holds that is not what its checkpoint commits, and why:

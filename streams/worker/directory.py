@@ -5,7 +5,9 @@ Account events are processed by the worker owning the account's partition; a pur
 value batch may land on any other worker, which needs the account's current key to check the
 signature. Each worker therefore tails the accounts changelog and the progress changelog (all
 partitions, from the start, no consumer group) into memory. The replica is bounded by
-``EMARKET_MAX_ACCOUNTS``.
+``EMARKET_MAX_ACCOUNTS``; it keeps each account packed in one bytes object
+(:mod:`streams.worker.account_pack`: ~350 B with its indexes, where an object took ~1,800 B)
+and decodes it when an event asks for it.
 
 A record counts only as the market's history says (:mod:`streams.worker.history`): sealed by the
 market for its partition, committed by a checkpoint of that partition (a record read before its
@@ -42,11 +44,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ..wire.events import AccountState
+from .account_pack import head, key_index, key_of, pack, raw_head, unpack
 from .checkpoints import Checkpoint, StoreSum
 from .history import CheckpointBook, StateReader, judge
 from .state_records import DIGEST_MODULUS, Version
 
-__all__ = ["MAX_PENDING", "REREAD_CHECK_S", "AccountReplica"]
+__all__ = ["DECODED", "MAX_PENDING", "REREAD_CHECK_S", "AccountReplica"]
 
 log = logging.getLogger("emarket.directory")
 
@@ -56,13 +59,32 @@ REREAD_CHECK_S = 1.0
 MAX_PENDING = 10_000
 """Records a partition may hold waiting for their checkpoint; beyond, the oldest are dropped
 (a worker writes a batch's checkpoint right after its records, so more means a flood)."""
+DECODED = 1024
+"""Accounts kept decoded, the last asked for: the accounts active now skip the few µs of
+decoding (:mod:`.account_pack`), at a constant ~1.5 MB."""
 
 
 @dataclass(slots=True)
 class _Held:
+    """An account kept as its object: one :func:`~.account_pack.pack` cannot give back
+    exactly (rare: a key in non-canonical base64)."""
+
     version: Version
     partition: int
     state: AccountState
+
+
+def _where(held: bytes | _Held) -> tuple[Version, int]:
+    """The version that wrote a held account, and its partition."""
+    return head(held) if isinstance(held, bytes) else (held.version, held.partition)
+
+
+def _index(key_id: str) -> int:
+    """The index of a validated state's key id (always one: the wire model's pattern)."""
+    index = key_index(key_id)
+    if index is None:
+        raise ValueError(f"not a key id: {key_id!r}")
+    return index
 
 
 class AccountReplica:
@@ -77,8 +99,9 @@ class AccountReplica:
         self.reader = reader
         self.book = CheckpointBook(reader)
         self.unverified: dict[int, str] = {}
-        self._accounts: dict[str, _Held] = {}
-        self._by_key: dict[str, str] = {}
+        self._accounts: dict[str, bytes | _Held] = {}  # packed (streams.worker.account_pack)
+        self._by_key: dict[int, str] = {}  # key id as an integer (account_pack.key_index)
+        self._decoded: dict[str, AccountState] = {}  # the last DECODED accounts get() decoded
         self._pending: dict[int, list[tuple[Any, Version, AccountState | None]]] = {}
         self._newest: dict[str, Version] = {}  # per account, the newest version read, pending
         self._sums: dict[int, StoreSum] = {}
@@ -89,6 +112,7 @@ class AccountReplica:
         self._task: asyncio.Task[None] | None = None
         self._tps: list[TopicPartition] = []
         self._progress = asyncio.Event()
+        self._first: dict[TopicPartition, int] = {}  # checkpoints to read before the accounts
         self.on_checkpoint: Callable[[Checkpoint], None] | None = None
         """Called with every checkpoint newer than the last read of its partition (the worker
         fences itself when another worker takes a partition it serves over)."""
@@ -98,17 +122,36 @@ class AccountReplica:
         """The account as committed; None while a newer record of it waits for its checkpoint
         (a key rotation in flight: its old key must not pass meanwhile), and for a partition
         whose accounts do not verify."""
-        held = self._accounts.get(account_id)
-        if held is None or held.partition in self.unverified:
-            return None
-        newer = self._newest.get(account_id)
-        if newer is not None and newer > held.version:
-            return None
-        return held.state
+        held = self._usable(account_id)
+        if held is None or isinstance(held, _Held):
+            return held if held is None else held.state
+        state = self._decoded.get(account_id)
+        if state is None:
+            state = unpack(account_id, held)
+            if len(self._decoded) >= DECODED:
+                del self._decoded[next(iter(self._decoded))]
+            self._decoded[account_id] = state
+        return state
 
     def owner_of_key(self, key_id: str) -> str | None:
-        owner = self._by_key.get(key_id)
-        return owner if owner is not None and self.get(owner) is not None else None
+        index = key_index(key_id)
+        owner = None if index is None else self._by_key.get(index)
+        return owner if owner is not None and self._usable(owner) is not None else None
+
+    def _usable(self, account_id: str) -> bytes | _Held | None:
+        """The account as held, if :meth:`get` may answer with it (its docstring)."""
+        held = self._accounts.get(account_id)
+        if held is None:
+            return None
+        if isinstance(held, bytes):
+            epoch, n, partition = raw_head(held)
+            version: tuple[int, int] = (epoch, n)
+        else:
+            version, partition = held.version, held.partition
+        if partition in self.unverified:
+            return None
+        newer = self._newest.get(account_id)
+        return None if newer is not None and newer > version else held
 
     def __len__(self) -> int:
         return len(self._accounts)
@@ -124,7 +167,24 @@ class AccountReplica:
         ]
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
+        await self._checkpoints_first()
         self._task = asyncio.create_task(self._run(self._tps), name="account-replica")
+
+    async def _checkpoints_first(self) -> None:
+        """Read the checkpoints written so far before any account record: a record read
+        before its checkpoint waits for it, and at most :data:`MAX_PENDING` may wait, so a
+        replica that read a market's accounts ahead of its checkpoints from the start (a fetch
+        returns the topics in any order) would drop all but the last 10,000 of a partition and
+        distrust it (100,000 accounts, ``bench.accounts --changelog``)."""
+        progress = [tp for tp in self._tps if tp.topic == self.progress_topic]
+        try:
+            ends: dict[TopicPartition, int] = await self._consumer.end_offsets(progress)
+        except Exception as exc:  # broker outage: read both as they come
+            log.warning("account replica: no end offsets of the checkpoints (%r)", exc)
+            return
+        if any(ends.values()):
+            self._first = ends
+            self._consumer.pause(*[tp for tp in self._tps if tp.topic == self.topic])
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -181,7 +241,19 @@ class AccountReplica:
             for records in batch.values():
                 for rec in records:
                     self.receive(rec)
+            await self._resume_after_checkpoints(tps)
             self._progress.set()
+
+    async def _resume_after_checkpoints(self, tps: list[TopicPartition]) -> None:
+        """Read the accounts once the checkpoints written before the start are read."""
+        try:
+            if not self._first or not await self._has_read(self._first):
+                return
+        except Exception as exc:  # broker outage: ask again after the next fetch
+            log.debug("account replica: checkpoints read? %r", exc)
+            return
+        self._first = {}
+        self._consumer.resume(*[tp for tp in tps if tp.topic == self.topic])
 
     async def _made_again(self, tps: list[TopicPartition]) -> None:
         """Read again from the start each partition whose end is now below this replica's
@@ -207,10 +279,14 @@ class AccountReplica:
         self._checked.pop(p, None)
         if tp.topic == self.progress_topic:
             self.book.latest.pop(p, None)
+            if self._first:  # the checkpoints to read first are gone: read everything as it comes
+                self._first = {}
+                self._consumer.resume(*[t for t in self._tps if t.topic == self.topic])
             return
         for account_id, held in list(self._accounts.items()):
-            if held.partition == p:
-                self._set(account_id, p, held.version, None)
+            version, partition = _where(held)
+            if partition == p:
+                self._set(account_id, p, version, None)
         for rec, _, _ in self._pending.pop(p, []):
             self._newest.pop(rec.key.decode("utf-8"), None)
         for known in (self._sums, self._read_to):
@@ -255,7 +331,7 @@ class AccountReplica:
     ) -> None:
         p, account_id = rec.partition, rec.key.decode("utf-8")
         held = self._accounts.get(account_id)
-        before = None if held is None else held.version
+        before = None if held is None else _where(held)[0]
         newest = self._newest.get(account_id)  # one waiting for its checkpoint, if newer
         if newest is not None and (before is None or newest > before) and version < newest:
             before = newest  # an older record than one read already: judged against that one
@@ -281,14 +357,17 @@ class AccountReplica:
 
     def _set(self, account_id: str, p: int, version: Version, state: AccountState | None) -> None:
         sums = self._sums.setdefault(p, StoreSum())
+        self._decoded.pop(account_id, None)
         old = self._accounts.pop(account_id, None)
         if old is not None:
-            self._by_key.pop(old.state.key_id, None)
+            old_version, _ = _where(old)
+            old_key = key_of(old) if isinstance(old, bytes) else _index(old.state.key_id)
+            self._by_key.pop(old_key, None)
             sums.count -= 1
-            sums.digest -= self.reader.seal.digest(STORE, account_id, old.version)
+            sums.digest -= self.reader.seal.digest(STORE, account_id, old_version)
         if state is not None:
-            self._accounts[account_id] = _Held(version, p, state)
-            self._by_key[state.key_id] = account_id
+            self._accounts[account_id] = pack(version, p, state) or _Held(version, p, state)
+            self._by_key[_index(state.key_id)] = account_id
             sums.count += 1
             sums.digest += self.reader.seal.digest(STORE, account_id, version)
         sums.digest %= DIGEST_MODULUS

@@ -60,6 +60,7 @@ class Metrics:
     state_copies: Counter
     state_uncommitted: Counter
     partitions_unverified: Gauge
+    replica_accounts: Gauge
     offsets_ahead: Counter
     purchase_latency: Histogram
     batch_size: Histogram
@@ -333,6 +334,14 @@ _SPECS: dict[str, tuple[Any, str, str, list[str], dict[str, Any]]] = {
         "commits, by reader: tables (assigned here: not served), replica "
         "(their accounts not used)",
         ["reader"],
+        {},
+    ),
+    "replica_accounts": (
+        Gauge,
+        "replica_accounts",
+        "Accounts the account replica holds: every account of the market, each partition's "
+        "as its checkpoints commit them",
+        [],
         {},
     ),
     "offsets_ahead": (

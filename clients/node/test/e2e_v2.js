@@ -103,8 +103,10 @@ try {
     check(d && d._delivery && d.releases[0].level === 0.5, 'a value_released with v3, at the level held');
   });
   await step('the seller reads a signed sale in its v2 inbox', async () => {
-    const msgs = await S.inboxMessages({ ms: 30000, until: (d) => d.type === 'sale' });
-    const sales = msgs.filter((m) => m.type === 'sale' && m.stream_id === stream);
+    // a `sales` notice lists a batch's sales (§8.4); an earlier market's `sale` is one
+    const listed = (m) => (m.type === 'sales' ? m.sales.map((s) => ({ ...s, _delivery: m._delivery })) : m.type === 'sale' ? [m] : []);
+    const msgs = await S.inboxMessages({ ms: 30000, until: (d) => listed(d).length > 0 });
+    const sales = msgs.flatMap(listed).filter((s) => s.stream_id === stream);
     check(sales.length === 1 && sales[0]._delivery && sales[0].level_after === 0.5, `one sale: ${JSON.stringify(sales)}`);
   });
   await step('rotate the buyer\'s keys (a new route), buy again, and still read what the old route holds', async () => {

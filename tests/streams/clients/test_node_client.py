@@ -163,7 +163,8 @@ def test_node_client_on_a_v2_market(market: Market, tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
-        sales = [m for m in lines if m["type"] == "sale" and m["stream_id"] == made["stream"]]
+        listed = [s for m in lines if m["type"] == "sales" for s in m["sales"]]  # §8.4
+        sales = [s for s in listed if s["stream_id"] == made["stream"]]
         if len({s["buyer_ref"] for s in sales}) == 2:
             break
     assert len({s["buyer_ref"] for s in sales}) == 2, sales  # the Node buyer's and the Python one's

@@ -10,7 +10,7 @@ import hashlib
 from streams.clients.inbox_reader import routes_of
 from streams.core import MarketCore, Stores
 from streams.core.outputs import Outcome
-from streams.wire.events import INBOX_EVENT, AccountState, PurchaseFulfilled, Sale
+from streams.wire.events import INBOX_EVENT, AccountState, PurchaseFulfilled, Sales
 from streams.wire.inbox_v2 import InboxMessage, open_record, partition_of
 from streams.wire.topics import Topics
 
@@ -79,7 +79,7 @@ def test_a_purchase_makes_one_record_for_the_buyer_and_one_for_the_seller() -> N
     assert answer.request == hashlib.sha256(raw).hexdigest() and answer.key == b"p1"
     assert isinstance(INBOX_EVENT.validate_json(answer.value), PurchaseFulfilled)
     (sale,) = _opened(out, SELLER)
-    assert sale.request is None and isinstance(INBOX_EVENT.validate_json(sale.value), Sale)
+    assert sale.request is None and isinstance(INBOX_EVENT.validate_json(sale.value), Sales)
     assert _opened(out, BOB) == []
 
 

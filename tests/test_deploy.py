@@ -150,7 +150,15 @@ def test_security_setup_script_is_valid_and_least_privilege() -> None:
     text = script.read_text()
     # a party may read only its own inbox: no prefixed grant on inboxes for parties
     party_block = text.split("party() {", 1)[1].split("\n}\n", 1)[0]
-    assert '--topic "$PREFIX.inbox.$name"' in party_block
+    assert 'inbox="$PREFIX.inbox.$name"' in party_block  # v1: its own topic
+    assert '--operation Read --operation Describe --topic "$inbox"' in party_block
+    # v2: the one shared, sealed inbox topic, made with the workers' partition count
+    v2 = text.split('if [ "$INBOXES" = v2 ]; then', 1)[1].split("\nfi\n", 1)[0]
+    assert 'topic "$PREFIX.inbox" "${INBOX_PARTITIONS:-16}"' in v2
+    init = SERVICES["kafka-init"]["environment"]
+    for w in WORKERS.values():
+        assert w["environment"]["EMARKET_INBOXES"] == init["INBOXES"]
+        assert w["environment"]["EMARKET_INBOX_PARTITIONS"] == init["INBOX_PARTITIONS"]
     assert "prefixed" not in party_block
     assert "--operation Read" in party_block
     assert "rejections" not in party_block and "deadletters" not in party_block
@@ -709,3 +717,29 @@ def test_every_env_recipe_keeps_the_secrets_private() -> None:
     assert len(recipes) >= 3, recipes  # compose, operations.md, the script's own usage
     for name, line in recipes:
         assert re.search(r"\(umask 077;[^)]*make-env\.sh[^)]*> ?\.env\)", line), (name, line)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+def test_security_setup_refuses_an_inbox_layout_it_does_not_know() -> None:
+    """``INBOXES`` is the workers' ``EMARKET_INBOXES``: a typo would make no inbox at all."""
+    env = {
+        "BOOTSTRAP": "127.0.0.1:1",
+        "PREFIX": "p",
+        "PARTITIONS": "1",
+        "APP_ID": "a",
+        "ADMIN_PASSWORD": "x",
+        "WORKER_PASSWORD": "x",
+        "OPERATOR_PASSWORD": "x",
+        "SELLERS": "acme:pw",
+        "INBOXES": "2",
+        "PATH": "/usr/bin:/bin",
+    }
+    r = subprocess.run(
+        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert r.returncode == 2 and "neither v1 nor v2" in r.stderr, r.stderr

@@ -10,14 +10,19 @@
 #                  with any ACL on its consumer group "$APP_ID" and on the workers' own topics
 #                  "$APP_ID-*" (Faust's changelogs and assignor topic, the progress changelog),
 #                  writes the catalog, rejections, refusals, dead letters, its identity record
-#                  and every inbox (it creates them when accounts are opened)
+#                  and every inbox (v1: it creates them when accounts are opened; v2: the one
+#                  partitioned <prefix>.inbox, made here)
 #   operator       reads the rejections and dead letters (`epsilon-market rejections`)
 #   <seller>       one principal per seller: writes accounts, registrations and values, reads the
 #                  catalog, the market's identity and refusals (public, signed: the clients
 #                  read the market's key and why an event was refused there) and ONLY its own
-#                  inbox <prefix>.inbox.<seller>
+#                  inbox <prefix>.inbox.<seller> (v2: the shared <prefix>.inbox, whose records
+#                  are keyed by pseudonyms and sealed to their accounts, docs/protocol.md §8.5.6)
 #   <buyer>        one principal per buyer: writes accounts and purchases, reads the catalog and
-#                  the identity and refusals, and ONLY its own inbox <prefix>.inbox.<buyer>
+#                  the identity and refusals, and ONLY its own inbox <prefix>.inbox.<buyer> (v2:
+#                  the shared <prefix>.inbox)
+# INBOXES (v1 | v2, default v1) must be the workers' EMARKET_INBOXES, INBOX_PARTITIONS their
+# EMARKET_INBOX_PARTITIONS: the market's identity records the layout its first worker made.
 # The SASL user name of a party is its account id.
 set -euo pipefail
 : "${BOOTSTRAP:?}" "${PREFIX:?}" "${PARTITIONS:?}" "${APP_ID:?}" "${ADMIN_PASSWORD:?}"
@@ -50,6 +55,9 @@ check_parties() {  # "id:password,..."
     SEEN[$name]=$pw
   done
 }
+case "${INBOXES:=v1}" in v1|v2) ;; *)
+  echo "refused: INBOXES '$INBOXES' is neither v1 nor v2 (EMARKET_INBOXES)" >&2; exit 2 ;;
+esac
 check_parties "${SELLERS:-}"
 check_parties "${BUYERS:-}"
 # The workers' own topics ("$APP_ID-...") and the market's ("$PREFIX....", a party's inbox among
@@ -102,6 +110,10 @@ for t in catalog rejections refusals deadletters; do
 done
 acl "${W[@]}" --operation Read --operation Write --operation Describe --topic "$PREFIX.market"
 acl "${W[@]}" --operation All --resource-pattern-type prefixed --topic "$PREFIX.inbox."
+if [ "$INBOXES" = v2 ]; then
+  topic "$PREFIX.inbox" "${INBOX_PARTITIONS:-16}" --config retention.ms=$((365 * DAY))
+  acl "${W[@]}" --operation All --topic "$PREFIX.inbox"
+fi
 # The workers' state and membership, theirs alone (docs/operations.md, "Group membership"): no
 # other principal has an ACL on these, and with allow.everyone.if.no.acl.found=false nobody
 # else may read, write, join or describe them. Not Delete, Alter or AlterConfigs: the worker's
@@ -131,7 +143,11 @@ party() {  # name password topic-it-writes...
   local name=$1 password=$2; shift 2
   scram "$name" "$password"
   quota "$name"
-  topic "$PREFIX.inbox.$name" 1 --config retention.ms=$((365 * DAY))
+  local inbox="$PREFIX.inbox"  # v2: one topic, each record sealed to its account
+  if [ "$INBOXES" = v1 ]; then
+    inbox="$PREFIX.inbox.$name"
+    topic "$inbox" 1 --config retention.ms=$((365 * DAY))
+  fi
   local P=(--allow-principal "User:$name")
   for t in accounts "$@"; do
     acl "${P[@]}" --operation Write --operation Describe --topic "$PREFIX.$t"
@@ -139,7 +155,7 @@ party() {  # name password topic-it-writes...
   for t in catalog market refusals; do
     acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.$t"
   done
-  acl "${P[@]}" --operation Read --operation Describe --topic "$PREFIX.inbox.$name"
+  acl "${P[@]}" --operation Read --operation Describe --topic "$inbox"
 }
 
 IFS=',' read -ra SELLER_PAIRS <<< "${SELLERS:-}"

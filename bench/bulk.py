@@ -81,6 +81,18 @@ async def _until(done: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(1.0)
 
 
+async def _none_refused(worker: ChildWorker, refused0: float) -> None:
+    """Stop the run if the worker refused a registration since it counted ``refused0``."""
+    refused = await asyncio.to_thread(
+        metric, worker, "emarket_registrations_total", outcome="rejected"
+    )
+    if refused > refused0:
+        raise RuntimeError(
+            f"{refused - refused0:.0f} registrations refused (emarket_rejections_total says "
+            "why; too_many_streams: raise EMARKET_MAX_STREAMS and _PER_SELLER for the worker)"
+        )
+
+
 async def register_streams(
     worker: ChildWorker,
     bootstrap: str,
@@ -103,6 +115,7 @@ async def register_streams(
         )
         for name in names
     ]
+    refused0 = metric(worker, "emarket_registrations_total", outcome="rejected")
     catalog = TopicReader(bootstrap, topics.catalog)
     await catalog.start(from_end=True)
     try:
@@ -115,12 +128,11 @@ async def register_streams(
         )
         missing, deadline = {n.encode() for n in names}, time.monotonic() + timeout
         while missing and time.monotonic() < deadline:
-            missing -= {k for k, _ in await catalog.poll(0.5)}
+            for _ in range(10):
+                missing -= {k for k, _ in await catalog.poll(0.5)}
+            await _none_refused(worker, refused0)
         if missing:
-            raise TimeoutError(
-                f"{len(missing)} of {len(names)} registrations not in the catalog "
-                "(refused? the seller's inbox says why, e.g. too_many_streams)"
-            )
+            raise TimeoutError(f"{len(missing)} of {len(names)} registrations not in the catalog")
     finally:
         await catalog.stop()
     ingested0 = metric(worker, "emarket_values_ingested_total")

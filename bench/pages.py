@@ -109,8 +109,9 @@ def run(
             ).for_tansu(),
             fetch_max_wait_ms=FETCH_WAIT_MS,
         )
-        # a partition's share of EMARKET_MAX_STREAMS (4,096 over 4) is below what ids hash to it
-        env = {**MARKET_ENV, "EMARKET_MAX_STREAMS": str(max(4096, 2 * n_streams))}
+        # a partition's share of the stream bounds (4,096 over 4) is below what ids hash to it
+        bound = str(max(4096, 2 * n_streams))
+        env = {**MARKET_ENV, "EMARKET_MAX_STREAMS": bound, "EMARKET_MAX_STREAMS_PER_SELLER": bound}
         worker = ChildWorker(s, log_path=workdir / "w0.log", env=env).start()
         try:
             worker.wait_healthy(90)

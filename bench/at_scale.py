@@ -219,7 +219,6 @@ def run(args: argparse.Namespace, workdir: Path) -> Run:
                 log_level="warn",
                 require_encryption=False,
                 web_port=find_free_port(),
-                metrics_every=0.0,  # the waits read the worker's counters now
             ).for_tansu(),
             fetch_max_wait_ms=FETCH_WAIT_MS,
         )

@@ -43,6 +43,10 @@ INVITE_ENV = {
 }
 """A benchmarked worker that opens accounts by invitation, as many a minute as are sent."""
 
+POLL_S = 2.0
+"""Seconds between two reads of the worker's counters: ``/metrics`` is rebuilt at most every
+``EMARKET_METRICS_EVERY`` (5 s) and costs the worker more the more streams it holds."""
+
 SEND_CHUNK = 2000
 """Records sent before their acknowledgements are awaited (bounds the producer's buffer)."""
 
@@ -73,12 +77,12 @@ async def _send_all(bootstrap: str, records: Sequence[tuple[str, bytes, bytes]])
 
 
 async def _until(done: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait (checking every second, off the event loop) until ``done()``."""
+    """Wait (checking every :data:`POLL_S` seconds, off the event loop) until ``done()``."""
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(done):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not done in {timeout:.0f} s")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(POLL_S)
 
 
 async def _none_refused(worker: ChildWorker, refused0: float) -> None:
@@ -128,7 +132,7 @@ async def register_streams(
         )
         missing, deadline = {n.encode() for n in names}, time.monotonic() + timeout
         while missing and time.monotonic() < deadline:
-            for _ in range(10):
+            for _ in range(int(POLL_S / 0.5)):
                 missing -= {k for k, _ in await catalog.poll(0.5)}
             await _none_refused(worker, refused0)
         if missing:

@@ -36,7 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.bulk import INVITE_ENV, open_accounts, register_streams
 from bench.flood_garbage import rss_mb
-from bench.machine import Machine, load_1min
+from bench.machine import Machine, cpu_seconds, load_1min
 from bench.service import FETCH_WAIT_MS, MARKET_ENV, SELLER, _value_payload
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.broker.kafka_internals import fresh_metadata
@@ -75,6 +75,9 @@ class Phase:
     values: int
     seconds: float
     load: float
+    cpu_ms: tuple[float, float, float]
+    """CPU per purchase (values included) of the worker, the broker and this process (the
+    client), in ms: where the time goes."""
 
     def q(self, p: int) -> float:
         """The ``p``-th percentile, in ms."""
@@ -151,6 +154,7 @@ async def _phase(
     flowing = asyncio.create_task(_values(run, stop))
     out = []
     load = load_1min()
+    cpu0 = _cpu(run)
     t0 = time.perf_counter()
     try:
         for i, s in enumerate(streams):
@@ -161,7 +165,15 @@ async def _phase(
         stop.set()
         await flowing
     took = time.perf_counter() - t0
-    run.phases.append(Phase(what, out, run.values_sent - before, took, max(load, load_1min())))
+    w, b, c = (1e3 * (x - y) / len(streams) for x, y in zip(_cpu(run), cpu0, strict=True))
+    load = max(load, load_1min())
+    run.phases.append(Phase(what, out, run.values_sent - before, took, load, (w, b, c)))
+
+
+def _cpu(run: Run) -> tuple[float, float, float]:
+    """CPU seconds so far of the worker, the broker and this process."""
+    assert run.worker.proc is not None and run.broker.pid is not None
+    return cpu_seconds(run.worker.proc.pid), cpu_seconds(run.broker.pid), time.process_time()
 
 
 async def _accounts(run: Run) -> None:
@@ -272,11 +284,13 @@ def render(r: Run) -> str:
         f"topics per account {(accounts.topics - streams.topics) / max(1, r.args.accounts):.3f}",
         "",
         "| purchases with values flowing | purchases | values/s | p50 ms | p95 ms | p99 ms "
-        "| p99 / baseline p99 | load (1 min, highest) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| p99 / baseline p99 | CPU ms per purchase: worker, broker, client "
+        "| load (1 min, highest) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {p.what} | {len(p.latencies)} | {p.values / p.seconds:.0f} | {p.q(50):.1f} | "
-            f"{p.q(95):.1f} | {p.q(99):.1f} | {p.q(99) / base.q(99):.2f}x | {p.load:.2f} |"
+            f"{p.q(95):.1f} | {p.q(99):.1f} | {p.q(99) / base.q(99):.2f}x | "
+            f"{p.cpu_ms[0]:.1f}, {p.cpu_ms[1]:.1f}, {p.cpu_ms[2]:.1f} | {p.load:.2f} |"
             for p in r.phases
         ),
     ]

@@ -165,9 +165,9 @@ async def _phase(
         stop.set()
         await flowing
     took = time.perf_counter() - t0
-    w, b, c = (1e3 * (x - y) / len(streams) for x, y in zip(_cpu(run), cpu0, strict=True))
+    cw, cb, cc = (1e3 * (x - y) / len(streams) for x, y in zip(_cpu(run), cpu0, strict=True))
     load = max(load, load_1min())
-    run.phases.append(Phase(what, out, run.values_sent - before, took, load, (w, b, c)))
+    run.phases.append(Phase(what, out, run.values_sent - before, took, load, (cw, cb, cc)))
 
 
 def _cpu(run: Run) -> tuple[float, float, float]:

@@ -76,8 +76,10 @@ class Phase:
     seconds: float
     load: float
     cpu_ms: tuple[float, float, float]
-    """CPU per purchase (values included) of the worker, the broker and this process (the
-    client), in ms: where the time goes."""
+    """CPU per purchase of the worker, the broker and this process (the client), in ms: where
+    the time goes. It includes the values sent meanwhile (``--values-per-s`` whatever the
+    purchases' pace: a slower phase has more values per purchase); ``cpu_ms × purchases /
+    seconds`` is the share of a core each used."""
 
     def q(self, p: int) -> float:
         """The ``p``-th percentile, in ms."""
@@ -263,6 +265,11 @@ def _per(later: Snapshot, earlier: Snapshot, n: int) -> str:
     return f"worker {w:,.0f} B, broker {b:,.0f} B"
 
 
+def _shares(p: Phase) -> str:
+    """The share of a core each process used during ``p``."""
+    return ", ".join(f"{ms * len(p.latencies) / p.seconds / 10:.0f} %" for ms in p.cpu_ms)
+
+
 def render(r: Run) -> str:
     empty, streams, accounts = r.snapshots
     base = r.phases[0]
@@ -284,13 +291,14 @@ def render(r: Run) -> str:
         f"topics per account {(accounts.topics - streams.topics) / max(1, r.args.accounts):.3f}",
         "",
         "| purchases with values flowing | purchases | values/s | p50 ms | p95 ms | p99 ms "
-        "| p99 / baseline p99 | CPU ms per purchase: worker, broker, client "
+        "| p99 / baseline p99 | CPU ms per purchase: worker, broker, client (% of a core) "
         "| load (1 min, highest) |",
         "|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {p.what} | {len(p.latencies)} | {p.values / p.seconds:.0f} | {p.q(50):.1f} | "
             f"{p.q(95):.1f} | {p.q(99):.1f} | {p.q(99) / base.q(99):.2f}x | "
-            f"{p.cpu_ms[0]:.1f}, {p.cpu_ms[1]:.1f}, {p.cpu_ms[2]:.1f} | {p.load:.2f} |"
+            f"{p.cpu_ms[0]:.1f}, {p.cpu_ms[1]:.1f}, {p.cpu_ms[2]:.1f} ({_shares(p)}) "
+            f"| {p.load:.2f} |"
             for p in r.phases
         ),
     ]

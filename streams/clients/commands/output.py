@@ -227,6 +227,15 @@ def _count(ev: Any) -> str:
     return "sealed" if ev.sealed is not None and not ev.releases else str(len(ev.releases))
 
 
+def _sold(ev: Any) -> str:
+    """One sale (a ``sale`` message, or an item of a ``sales`` notice), for its seller."""
+    return (
+        f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "
+        f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}"
+        f", {ev.value_count} values"
+    )
+
+
 def event(ev: Any) -> list[str]:
     """The lines a person reads for one event of an inbox (``tail``)."""
     kind = getattr(ev, "type", "")
@@ -260,11 +269,9 @@ def event(ev: Any) -> list[str]:
             f"until {utc_text(ev.expires_at_ms)}"
         ]
     if kind == "sale":
-        return [
-            f"sold {ev.stream_id} to buyer {ev.buyer_ref[:16]}: level {ev.level_before:g} -> "
-            f"{level(ev.level_after, ev.level_unit)} for {money(ev.price_minor, ev.currency)}"
-            f", {ev.value_count} values"
-        ]
+        return [_sold(ev)]
+    if kind == "sales":  # a batch's notice: a line per sale, as the one-sale message reads
+        return [_sold(one) for one in ev.sales]
     if kind == "deliveries_withheld":
         return [
             f"withheld from you on {ev.stream_id}: {len(ev.value_ids)} value(s) "

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from streams.clients.client import MarketClient, _Watch
+from streams.clients.inbox_reader import InboxReader
 from streams.wire.answers import HEADER, AnswerError, answer_header, verify_answer
 from streams.wire.events import CatalogEntry, Refusal
 from streams.wire.topics import Topics
@@ -172,8 +173,18 @@ def test_the_earlier_answer_to_an_id_is_of_the_same_stream() -> None:
     records = [(o.key, o.value, list(o.headers)) for o in inbox + notice]
 
     async def go() -> list[Any]:
-        w = _Watch(_client(), PUB, T.inbox("buyer1"), (T.purchases, again), "p1", None, "hum")
-        w.reader = _Reader(records)  # type: ignore[assignment]
+        client = _client()
+        w = _Watch(client, PUB, T.inbox("buyer1"), (T.purchases, again), "p1", None, "hum")
+        w.reader = InboxReader(
+            lambda _t, _p: _Reader(records),
+            client.believe,
+            T,
+            T.inbox("buyer1"),
+            PUB,
+            None,
+            None,
+            lambda _: None,
+        )
         return await w._inbox(0.0)
 
     got = asyncio.run(go())

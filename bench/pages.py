@@ -6,7 +6,10 @@ worker with the default page intervals (``EMARKET_LEDGER_EVERY`` and ``EMARKET_M
 loop purchases (one at a time, each on a stream not bought before) are timed in rounds that
 alternate *quiet* and *flooded*: in a flooded round four client processes loop on ``/ledger``
 (with the operators' token) and ``/metrics`` as fast as the worker answers. Each round's p95 is
-compared with the quiet rounds' of the same run: the ratio is the pages' cost to a buyer.
+compared with the quiet rounds' of the same run: the ratio is the pages' cost to a buyer. Each
+round has a buyer of its own (the client reads the buyer's inbox from its beginning at each
+purchase: one buyer's purchases would grow slower over the run), and the streams are
+registered all at once (:mod:`bench.bulk`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.bulk import register_streams
 from bench.machine import Machine
-from bench.service import BENCH_KEYS, DIM, FETCH_WAIT_MS, MARKET_ENV, SELLER, _registration
+from bench.service import BENCH_KEYS, FETCH_WAIT_MS, MARKET_ENV, SELLER
 from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
@@ -61,15 +65,15 @@ class Round:
         return statistics.quantiles(self.latencies, n=20)[-1]
 
 
-async def _setup(c: MarketClient, streams: list[str], buyer: Party) -> None:
+async def _setup(
+    c: MarketClient, worker: ChildWorker, s: Settings, streams: list[str], buyers: list[Party]
+) -> None:
+    """The seller's and the buyers' accounts, then every stream with one value, all at once
+    (:mod:`bench.bulk`: one round trip each would take minutes at 4,096 streams)."""
     await c.open_account(SELLER, timeout=60)
-    await c.open_account(buyer, timeout=60)
-    for i in range(0, len(streams), 32):
-        chunk = streams[i : i + 32]
-        await asyncio.gather(
-            *(c.register(_registration(s, [0.5, 1.0], 1e6), timeout=120) for s in chunk)
-        )
-        await asyncio.gather(*(c.publish(s, [1.0] * DIM, timeout=120) for s in chunk))
+    for buyer in buyers:
+        await c.open_account(buyer, timeout=60)
+    await register_streams(worker, s.bootstrap, Topics(s.prefix, s.partitions), streams)
 
 
 async def _round(c: MarketClient, buyer: Party, streams: list[str]) -> list[float]:
@@ -88,7 +92,9 @@ def run(
     workdir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:6]
     streams = [f"s{i:05d}" for i in range(n_streams)]
-    buyer = Party.generate("pages-buyer", sealing=False)
+    # a buyer per round: the client reads its buyer's inbox from the beginning at each
+    # purchase, so one buyer's purchases would slow down as the run goes on
+    buyers = [Party.generate(f"pages-buyer{r}", sealing=False) for r in range(2 * rounds + 1)]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
         s = replace(
             Settings(
@@ -103,10 +109,13 @@ def run(
             ).for_tansu(),
             fetch_max_wait_ms=FETCH_WAIT_MS,
         )
-        worker = ChildWorker(s, log_path=workdir / "w0.log", env=MARKET_ENV).start()
+        # a partition's share of the stream bounds (4,096 over 4) is below what ids hash to it
+        bound = str(max(4096, 2 * n_streams))
+        env = {**MARKET_ENV, "EMARKET_MAX_STREAMS": bound, "EMARKET_MAX_STREAMS_PER_SELLER": bound}
+        worker = ChildWorker(s, log_path=workdir / "w0.log", env=env).start()
         try:
             worker.wait_healthy(90)
-            return asyncio.run(_measure(s, worker, streams, buyer, rounds, per_round, sizes))
+            return asyncio.run(_measure(s, worker, streams, buyers, rounds, per_round, sizes))
         finally:
             worker.stop()
 
@@ -115,19 +124,22 @@ async def _measure(
     s: Settings,
     worker: ChildWorker,
     streams: list[str],
-    buyer: Party,
+    buyers: list[Party],
     rounds: int,
     k: int,
     sizes: list[int],
 ) -> list[Round]:
     out = []
     async with MarketClient(s.bootstrap, Topics(s.prefix, s.partitions), party=SELLER) as c:
-        await _setup(c, streams, buyer)
+        t0 = time.perf_counter()
+        await _setup(c, worker, s, streams, buyers)
+        took = time.perf_counter() - t0
+        print(f"set up {len(streams):,} streams in {took:.0f} s ({len(streams) / took:.0f}/s)")
         token = BENCH_KEYS.operator_token
         sizes += [
             len(str(worker.get(p, timeout=120, token=token))) for p in ("/ledger", "/metrics")
         ]
-        await _round(c, buyer, streams[-3:])  # the first purchases warm the paths up
+        await _round(c, buyers[-1], streams[-3:])  # the first purchases warm the paths up
         for r in range(2 * rounds):
             flooded = r % 2 == 1
             served = multiprocessing.Value("i", 0)
@@ -142,7 +154,7 @@ async def _measure(
                 p.start()
             try:
                 load = os.getloadavg()[0]
-                lat = await _round(c, buyer, streams[r * k : (r + 1) * k])
+                lat = await _round(c, buyers[r], streams[r * k : (r + 1) * k])
             finally:
                 stop.set()
                 for p in procs:

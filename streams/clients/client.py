@@ -550,8 +550,10 @@ class MarketClient:
         market = await self.signing_market()
         reg = me.sign(StreamRegistration, market, **{"seller_id": me.account_id, **fields})
         payload = reg.model_dump_json().encode()
+        # from its end, started before the send: the entry is newer, and reading every
+        # stream's entry again would make each registration cost more than the last
         catalog = TopicReader(self.bootstrap, self.topics.catalog, **self.auth)
-        await catalog.start()
+        await catalog.start(from_end=True)
         watch = await self._watch(
             self.topics.inbox(me.account_id), self.topics.registrations, payload, None, wait=timeout
         )

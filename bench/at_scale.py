@@ -184,6 +184,7 @@ def _cpu(run: Run) -> tuple[float, float, float]:
 async def _accounts(run: Run) -> None:
     """Open ``--accounts`` accounts, ``--chunk`` at a time, noting each chunk's rate."""
     n, chunk = run.args.accounts, run.args.chunk
+    began = time.perf_counter()
     for start in range(0, n, chunk):
         parties = [Party.generate(f"acct{i:06d}") for i in range(start, min(n, start + chunk))]
         t0 = time.perf_counter()
@@ -194,6 +195,11 @@ async def _accounts(run: Run) -> None:
         )
         print(line, flush=True)
         run.openings.append(line)
+    took = time.perf_counter() - began
+    run.openings.append(
+        f"{n:,} accounts opened in {took:,.0f} s ({n / took:,.0f}/s, keys and invitations "
+        f"made in this process included; load {load_1min():.2f})"
+    )
 
 
 async def _measure(run: Run) -> None:

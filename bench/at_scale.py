@@ -96,6 +96,9 @@ class Run:
     snapshots: list[Snapshot]
     phases: list[Phase]
     openings: list[str]
+    seller: Party
+    """Registers every stream and sends the values: on v2 inboxes every account needs a
+    sealing key (``encryption_required``), which :data:`~bench.service.SELLER` lacks."""
     values_sent: int = 0
     """Value batches sent so far (each value's id is its number: unique in every stream)."""
 
@@ -138,7 +141,7 @@ async def _values(run: Run, stop: asyncio.Event) -> None:
         while not stop.is_set():
             run.values_sent += 1
             stream = run.streams[run.values_sent % len(run.streams)]
-            payload = _value_payload(run.values_sent, market, stream)
+            payload = _value_payload(run.values_sent, market, stream, seller=run.seller)
             await prod.send(run.topics.values, payload, key=stream.encode())
             n += 1
             await asyncio.sleep(max(0.0, t0 + n * period - time.perf_counter()))
@@ -181,6 +184,7 @@ def _cpu(run: Run) -> tuple[float, float, float]:
 async def _accounts(run: Run) -> None:
     """Open ``--accounts`` accounts, ``--chunk`` at a time, noting each chunk's rate."""
     n, chunk = run.args.accounts, run.args.chunk
+    began = time.perf_counter()
     for start in range(0, n, chunk):
         parties = [Party.generate(f"acct{i:06d}") for i in range(start, min(n, start + chunk))]
         t0 = time.perf_counter()
@@ -191,16 +195,23 @@ async def _accounts(run: Run) -> None:
         )
         print(line, flush=True)
         run.openings.append(line)
+    took = time.perf_counter() - began
+    run.openings.append(
+        f"{n:,} accounts opened in {took:,.0f} s ({n / took:,.0f}/s, keys and invitations "
+        f"made in this process included; load {load_1min():.2f})"
+    )
 
 
 async def _measure(run: Run) -> None:
     a = run.args
     buyers = [Party.generate(f"buyer{i}") for i in range(2 * BUYERS)]
     few = 1 + len(buyers)
-    await open_accounts(run.worker, run.settings.bootstrap, run.topics, [SELLER, *buyers])
+    await open_accounts(run.worker, run.settings.bootstrap, run.topics, [run.seller, *buyers])
     await _snapshot(run, "few accounts, no streams", few, 0)
     t0 = time.perf_counter()
-    await register_streams(run.worker, run.settings.bootstrap, run.topics, run.streams)
+    await register_streams(
+        run.worker, run.settings.bootstrap, run.topics, run.streams, seller=run.seller
+    )
     took = time.perf_counter() - t0
     run.openings.append(
         f"{len(run.streams):,} streams registered with a value each in {took:.0f} s"
@@ -208,7 +219,7 @@ async def _measure(run: Run) -> None:
     print(run.openings[-1], flush=True)
     await _snapshot(run, "few accounts, all streams", few, len(run.streams))
     k = a.purchases
-    async with MarketClient(run.settings.bootstrap, run.topics, party=SELLER) as c:
+    async with MarketClient(run.settings.bootstrap, run.topics, party=run.seller) as c:
         await _phase(run, c, "warm-up", buyers[:1], run.streams[-3:])
         run.phases.clear()
         await _phase(run, c, f"{few} accounts (baseline)", buyers[:BUYERS], run.streams[:k])
@@ -247,7 +258,8 @@ def run(args: argparse.Namespace, workdir: Path) -> Run:
         }
         worker = ChildWorker(s, log_path=workdir / "w0.log", env=env).start()
         streams = [f"s{i:05d}" for i in range(args.streams)]
-        out = Run(s, worker, broker, args, streams, [], [], [])
+        seller = SELLER if args.inboxes == "v1" else Party.generate("bench")
+        out = Run(s, worker, broker, args, streams, [], [], [], seller)
         try:
             worker.wait_healthy(90)
             asyncio.run(_measure(out))

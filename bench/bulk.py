@@ -106,15 +106,16 @@ async def register_streams(
     steps: Sequence[float] = (0.5, 1.0),
     cap: float = 1e6,
     timeout: float = 1800.0,
+    seller: Party = SELLER,
 ) -> None:
-    """Register ``names`` for :data:`~bench.service.SELLER` (whose account must be open), each
-    with one value; return once the catalog lists them all and every value is ingested."""
+    """Register ``names`` for ``seller`` (whose account must be open), each with one value;
+    return once the catalog lists them all and every value is ingested."""
     market = topics.prefix
     regs = [
-        SELLER.sign(
+        seller.sign(
             StreamRegistration,
             bench_market(market),
-            seller_id=SELLER.account_id,
+            seller_id=seller.account_id,
             **_registration(name, list(steps), cap),
         )
         for name in names
@@ -142,7 +143,7 @@ async def register_streams(
     ingested0 = metric(worker, "emarket_values_ingested_total")
     await _send_all(
         bootstrap,
-        [(topics.values, n.encode(), _value_payload(0, market, n)) for n in names],
+        [(topics.values, n.encode(), _value_payload(0, market, n, seller=seller)) for n in names],
     )
     await _until(
         lambda: metric(worker, "emarket_values_ingested_total") >= ingested0 + len(names),
@@ -169,13 +170,27 @@ async def open_accounts(
         opening = p.open_account(market, invitation=ticket)
         records.append((topics.accounts, p.account_id.encode(), opening.model_dump_json().encode()))
     opened0 = metric(worker, "emarket_account_events_total", outcome="accepted")
+    refused0 = metric(worker, "emarket_account_events_total", outcome="rejected")
     await _send_all(bootstrap, records)
     await _until(
         lambda: (
-            metric(worker, "emarket_account_events_total", outcome="accepted")
+            _no_opening_refused(worker, refused0)
+            and metric(worker, "emarket_account_events_total", outcome="accepted")
             >= opened0 + len(parties)
             and metric(worker, "emarket_inboxes_waiting") == 0
         ),
         timeout,
         f"{len(parties)} openings",
     )
+
+
+def _no_opening_refused(worker: ChildWorker, refused0: float) -> bool:
+    """True, or stop the run if the worker refused an account event since it counted
+    ``refused0`` (a refused opening is never accepted: waiting for it would wait an hour)."""
+    refused = metric(worker, "emarket_account_events_total", outcome="rejected")
+    if refused > refused0:
+        raise RuntimeError(
+            f"{refused - refused0:.0f} openings refused (emarket_rejections_total says why; "
+            "encryption_required: on v2 inboxes every party needs a sealing key)"
+        )
+    return True

@@ -213,14 +213,15 @@ def _value_payload(
     stream: str = "bench",
     count: int = 1,
     batch_seq: int | None = None,
+    seller: Party = SELLER,
 ) -> bytes:
     """A signed batch of ``count`` values, ids from ``v{i:07d}`` on (signed before any clock
-    starts), numbered ``batch_seq`` (docs/protocol.md §6.4.1) if given."""
+    starts), numbered ``batch_seq`` (docs/protocol.md §6.4.1) if given, by ``seller``."""
     batch = sealed_batch(
-        SELLER,
+        seller,
         market,
         stream_id=stream,
-        seller_id=SELLER.account_id,
+        seller_id=seller.account_id,
         batch_seq=batch_seq,
         items=[
             {

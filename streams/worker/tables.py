@@ -207,9 +207,17 @@ class WriteBackTable(MutableMapping[str, Any]):
         return iter(keys - deleted)
 
     def __len__(self) -> int:
-        if not self._pending and not self._sealed:  # between batches (the gauges' case)
-            return store_size(self.table)
-        return sum(1 for _ in self)
+        """The store's size corrected by the batch's changes alone, never a walk of the store:
+        every opening checks the accounts bound with it, so a count of every key made each
+        opening in a batch cost O(accounts) (100,000 openings slowed 370 → 47 a second)."""
+        size = store_size(self.table)
+        changed = {
+            **{k: s.value for k, s in self._sealed.items()},
+            **{k: v for k, (_, v) in self._pending.items()},
+        }
+        for key, value in changed.items():
+            size += (value is not _DELETED) - (store_get(self.table, key) is not None)
+        return size
 
     # -- writing a batch -------------------------------------------------------------------------
     def drain(self) -> list[Record]:

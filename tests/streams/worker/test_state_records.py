@@ -365,6 +365,36 @@ def memory_table(cp: Checkpoint) -> tuple[WriteBackTable, StateContext, Any]:
     return WriteBackTable.create(app, "accounts", 1, ctx), ctx, metrics
 
 
+class _Walked(dict[str, Any]):
+    """A memory store's dict that counts the walks over its keys."""
+
+    walks = 0
+
+    def keys(self) -> Any:
+        self.walks += 1
+        return super().keys()
+
+    def __iter__(self) -> Any:
+        self.walks += 1
+        return super().__iter__()
+
+
+def test_a_table_counts_its_keys_in_a_batch_without_walking_the_store() -> None:
+    """Every opening checks the accounts bound with ``len``: counted by walking the store, each
+    opening of a batch cost O(accounts) (a 100,000-opening run slowed 370 → 47 a second)."""
+    table, _, _ = memory_table(Checkpoint.empty(1))
+    store = table.table.data
+    store.data = _Walked({f"a{i}": (Version(E1, i), account(f"a{i}")) for i in range(1000)})
+    table["new"] = account("new")  # a key more
+    table["a1"] = account("a1", 2)  # a key rewritten
+    del table["a2"]  # a key fewer
+    table["brief"] = account("brief")
+    del table["brief"]  # made and deleted in the batch: no key
+    assert len(table) == 1000
+    assert store.data.walks == 0
+    assert len(table) == sum(1 for _ in table)  # what a walk counts
+
+
 def test_recovery_applies_only_committed_newest_records_through_faust_s_memory_store() -> None:
     """Faust's recovery hands the table its changelog events: the real memory store receives
     only the market's committed records, each newer than what it holds; a rotated-out key

@@ -11,9 +11,8 @@ reach each buyer in as few messages as the limit allows.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from numpy.typing import NDArray
@@ -28,7 +27,7 @@ from .accuracy import error_info
 from .directory import Directory
 from .holds import held_note
 from .ledger import describe, status
-from .outputs import Output, dump
+from .outputs import HeldForBatch, Output, dump
 from .quotas import share_of, withheld_text
 from .state import StreamState
 
@@ -73,7 +72,7 @@ def release_bytes(dimension: int, sealed: bool) -> int:
     return raw * 4 // 3 + 8 if sealed else raw
 
 
-class Deliveries:
+class Deliveries(HeldForBatch):
     """Releases waiting to be delivered, grouped by (buyer, stream)."""
 
     def __init__(
@@ -87,7 +86,7 @@ class Deliveries:
         self._streams: dict[str, StreamState] = {}
         #: (buyer, stream, window index, level held, reason) → value ids withheld
         self._withheld: dict[tuple[str, str, int, float, str], list[str]] = {}
-        self._batching = False
+        super().__init__()
         self.max_message_bytes = max_message_bytes
         #: an upper bound on the bytes of everything queued (the worker cuts batches by it)
         self.pending_bytes = 0
@@ -155,20 +154,6 @@ class Deliveries:
                 self._withheld[group].append(value_id)
                 self.pending_bytes += 67  # a quoted 64-character id and its comma
                 self.withheld_total += 1
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[list[Output]]:
-        """Hold deliveries back while the block runs; on exit append them to the yielded list."""
-        outputs: list[Output] = []
-        self._batching = True
-        try:
-            yield outputs
-        finally:
-            self._batching = False
-            outputs.extend(self.drain())
-
-    def drain_unless_batching(self) -> list[Output]:
-        return [] if self._batching else self.drain()
 
     def drain(self) -> list[Output]:
         """``value_released`` events for everything queued, each under the size limit.

@@ -7,6 +7,8 @@ other fields feed the metrics (:meth:`streams.worker.metrics.Metrics.record`).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -141,3 +143,31 @@ class Misplaced(Exception):
     def __init__(self, key: str, partition: int) -> None:
         super().__init__(key)
         self.key, self.partition = key, partition
+
+
+class HeldForBatch:
+    """Outputs held back while a batch runs and made once when it ends (a batch's deliveries,
+    its sales notices): one message per recipient for the whole batch, instead of one per
+    event. Outside a batch each is made at once. Subclasses say what :meth:`drain` makes."""
+
+    def __init__(self) -> None:
+        self._batching = False
+
+    def drain(self) -> list[Output]:
+        """Every output held back, made now; nothing is held after."""
+        raise NotImplementedError
+
+    def drain_unless_batching(self) -> list[Output]:
+        """What is held, made now, unless a batch runs (then at its end)."""
+        return [] if self._batching else self.drain()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[list[Output]]:
+        """Hold outputs back while the block runs; on exit append them to the yielded list."""
+        outputs: list[Output] = []
+        self._batching = True
+        try:
+            yield outputs
+        finally:
+            self._batching = False
+            outputs.extend(self.drain())

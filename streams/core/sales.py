@@ -18,8 +18,7 @@ own beyond the notices' size (:data:`~streams.wire.sales.SALES_BYTES`).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from market.receipts import Receipt
@@ -27,7 +26,7 @@ from market.receipts import Receipt
 from ..wire.events import Sale
 from ..wire.sales import SALE_ITEM_BYTES, sale_of, sales_of
 from ..wire.topics import Topics
-from .outputs import Output, dump
+from .outputs import HeldForBatch, Output, dump
 
 if TYPE_CHECKING:
     from .context import Context
@@ -42,13 +41,13 @@ def sale(ctx: Context, receipt: Mapping[str, Any] | Receipt, sold_at_ms: int) ->
     return ctx.sold.add(sale_of(receipt, ctx.keys.pseudonym_key, sold_at_ms))
 
 
-class SaleNotices:
+class SaleNotices(HeldForBatch):
     """The sales told in the current batch, grouped per seller when the batch ends."""
 
     def __init__(self, topics: Topics) -> None:
         self._topics = topics
         self._pending: list[Sale] = []
-        self._batching = False
+        super().__init__()
 
     @property
     def pending_bytes(self) -> int:
@@ -58,18 +57,7 @@ class SaleNotices:
     def add(self, one: Sale) -> list[Output]:
         """Hold ``one`` back for the batch's notices, or (outside a batch) its notice now."""
         self._pending.append(one)
-        return [] if self._batching else self.drain()
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[list[Output]]:
-        """Hold the sales back while the block runs; on exit put their notices in the list."""
-        outputs: list[Output] = []
-        self._batching = True
-        try:
-            yield outputs
-        finally:
-            self._batching = False
-            outputs.extend(self.drain())
+        return self.drain_unless_batching()
 
     def drain(self) -> list[Output]:
         """The notices of the sales held back, to their sellers' inboxes, each keyed by the

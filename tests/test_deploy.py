@@ -240,6 +240,29 @@ def test_make_env_sets_every_required_secret_in_a_form_the_worker_loads(tmp_path
     assert bad.returncode == 2 and bad.stdout == "" and "bad account id" in bad.stderr
 
 
+def _security_setup(**env: str) -> subprocess.CompletedProcess[str]:
+    """The setup script run with ``env`` over a minimal environment whose broker nobody
+    answers on: what it refuses, it refuses before it connects."""
+    base = {
+        "BOOTSTRAP": "127.0.0.1:1",
+        "PREFIX": "p",
+        "PARTITIONS": "1",
+        "APP_ID": "a",
+        "ADMIN_PASSWORD": "x",
+        "WORKER_PASSWORD": "x",
+        "OPERATOR_PASSWORD": "x",
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
 @pytest.mark.parametrize(
     ("sellers", "buyers", "why"),
@@ -256,26 +279,7 @@ def test_security_setup_refuses_parties_that_would_be_someone_else(
     sellers: str, buyers: str, why: str
 ) -> None:
     """Checked before anything is created: a buyer called `admin` would be a super user."""
-    env = {
-        "BOOTSTRAP": "127.0.0.1:1",
-        "PREFIX": "p",
-        "PARTITIONS": "1",
-        "APP_ID": "a",
-        "ADMIN_PASSWORD": "x",
-        "WORKER_PASSWORD": "x",
-        "OPERATOR_PASSWORD": "x",
-        "SELLERS": sellers,
-        "BUYERS": buyers,
-        "PATH": "/usr/bin:/bin",
-    }
-    r = subprocess.run(
-        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
+    r = _security_setup(SELLERS=sellers, BUYERS=buyers)
     assert r.returncode == 2 and "refused" in r.stderr and why in r.stderr, r.stderr
 
 
@@ -310,26 +314,7 @@ def test_security_setup_refuses_an_app_id_and_prefix_that_share_topics(
     prefix: str, app_id: str
 ) -> None:
     """A party's inbox (``$PREFIX.inbox.<id>``) must never be one of the workers' topics."""
-    env = {
-        "BOOTSTRAP": "127.0.0.1:1",
-        "PREFIX": prefix,
-        "PARTITIONS": "1",
-        "APP_ID": app_id,
-        "ADMIN_PASSWORD": "x",
-        "WORKER_PASSWORD": "x",
-        "OPERATOR_PASSWORD": "x",
-        "SELLERS": "acme:pw",
-        "BUYERS": "",
-        "PATH": "/usr/bin:/bin",
-    }
-    r = subprocess.run(
-        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
+    r = _security_setup(PREFIX=prefix, APP_ID=app_id, SELLERS="acme:pw", BUYERS="")
     assert r.returncode == 2 and "refused" in r.stderr and "names topics inside" in r.stderr
 
 
@@ -722,24 +707,5 @@ def test_every_env_recipe_keeps_the_secrets_private() -> None:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
 def test_security_setup_refuses_an_inbox_layout_it_does_not_know() -> None:
     """``INBOXES`` is the workers' ``EMARKET_INBOXES``: a typo would make no inbox at all."""
-    env = {
-        "BOOTSTRAP": "127.0.0.1:1",
-        "PREFIX": "p",
-        "PARTITIONS": "1",
-        "APP_ID": "a",
-        "ADMIN_PASSWORD": "x",
-        "WORKER_PASSWORD": "x",
-        "OPERATOR_PASSWORD": "x",
-        "SELLERS": "acme:pw",
-        "INBOXES": "2",
-        "PATH": "/usr/bin:/bin",
-    }
-    r = subprocess.run(
-        ["bash", str(ROOT / "deploy/kafka/setup-security.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
+    r = _security_setup(SELLERS="acme:pw", INBOXES="2")
     assert r.returncode == 2 and "neither v1 nor v2" in r.stderr, r.stderr

@@ -28,17 +28,17 @@ import statistics
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.bulk import INVITE_ENV, open_accounts, register_streams
+from bench.bulk import INVITE_ENV, PARTITIONS, one_worker, open_accounts, register_streams
 from bench.flood_garbage import rss_mb
 from bench.machine import Machine, cpu_seconds, load_1min
-from bench.service import FETCH_WAIT_MS, MARKET_ENV, SELLER, _value_payload
-from streams.broker.embedded import EmbeddedBroker, find_free_port
+from bench.service import MARKET_ENV, SELLER, _value_payload
+from streams.broker.embedded import EmbeddedBroker
 from streams.broker.kafka_internals import fresh_metadata
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
@@ -46,7 +46,6 @@ from streams.wire.topics import Topics
 from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
 
-PARTITIONS = 4
 BUYERS = 8
 """Buyers per latency phase (the client reads a buyer's inbox from its beginning at each
 purchase: few purchases per buyer keep that read small, the same in both phases)."""
@@ -234,19 +233,7 @@ def run(args: argparse.Namespace, workdir: Path) -> Run:
     """The whole measurement on one fresh embedded broker and worker."""
     tag = uuid.uuid4().hex[:6]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        s = replace(
-            Settings(
-                broker=broker.url,
-                app_id=f"scale-{tag}",
-                prefix=f"scale{tag}",
-                partitions=PARTITIONS,
-                data_dir=workdir / "w0",
-                log_level="warn",
-                require_encryption=False,
-                web_port=find_free_port(),
-            ).for_tansu(),
-            fetch_max_wait_ms=FETCH_WAIT_MS,
-        )
+        s = one_worker(broker, "scale", tag, workdir)
         env = {
             **MARKET_ENV,
             **INVITE_ENV,

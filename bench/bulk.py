@@ -23,16 +23,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.service import BENCH_KEYS, SELLER, _registration, _value_payload, bench_market
+from bench.service import (
+    BENCH_KEYS,
+    FETCH_WAIT_MS,
+    SELLER,
+    _registration,
+    _value_payload,
+    bench_market,
+)
+from streams.broker.embedded import EmbeddedBroker, find_free_port
 from streams.clients.client import TopicReader
 from streams.clients.keys import Party
 from streams.wire.events import StreamRegistration
 from streams.wire.invitations import invite
 from streams.wire.topics import Topics
+from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
 
 __all__ = ["INVITE_ENV", "metric", "open_accounts", "register_streams"]
@@ -49,6 +60,29 @@ POLL_S = 2.0
 
 SEND_CHUNK = 2000
 """Records sent before their acknowledgements are awaited (bounds the producer's buffer)."""
+
+
+PARTITIONS = 4
+"""The input partitions of the one worker's market (:func:`one_worker`)."""
+
+
+def one_worker(broker: EmbeddedBroker, name: str, tag: str, workdir: Path) -> Settings:
+    """The settings of the one worker a bench at scale measures: its own app id and prefix
+    on ``broker``, :data:`PARTITIONS` partitions, a free web port, and the service bench's
+    fetch wait (so that its latencies compare with ``bench.service``'s)."""
+    return replace(
+        Settings(
+            broker=broker.url,
+            app_id=f"{name}-{tag}",
+            prefix=f"{name}{tag}",
+            partitions=PARTITIONS,
+            data_dir=workdir / "w0",
+            log_level="warn",
+            require_encryption=False,
+            web_port=find_free_port(),
+        ).for_tansu(),
+        fetch_max_wait_ms=FETCH_WAIT_MS,
+    )
 
 
 def metric(worker: ChildWorker, name: str, **labels: str) -> float:

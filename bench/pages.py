@@ -23,14 +23,14 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.bulk import register_streams
+from bench.bulk import one_worker, register_streams
 from bench.machine import Machine
-from bench.service import BENCH_KEYS, FETCH_WAIT_MS, MARKET_ENV, SELLER
-from streams.broker.embedded import EmbeddedBroker, find_free_port
+from bench.service import BENCH_KEYS, MARKET_ENV, SELLER
+from streams.broker.embedded import EmbeddedBroker
 from streams.clients.client import MarketClient
 from streams.clients.keys import Party
 from streams.wire.topics import Topics
@@ -38,7 +38,6 @@ from streams.worker.config import Settings
 from streams.worker.runner import ChildWorker
 
 FLOODERS = 4
-PARTITIONS = 4
 
 
 def flood(url: str, token: str, served: Any, stop: Any) -> None:
@@ -96,19 +95,7 @@ def run(
     # purchase, so one buyer's purchases would slow down as the run goes on
     buyers = [Party.generate(f"pages-buyer{r}", sealing=False) for r in range(2 * rounds + 1)]
     with EmbeddedBroker(log_path=workdir / "broker.log") as broker:
-        s = replace(
-            Settings(
-                broker=broker.url,
-                app_id=f"pages-{tag}",
-                prefix=f"pages{tag}",
-                partitions=PARTITIONS,
-                data_dir=workdir / "w0",
-                log_level="warn",
-                require_encryption=False,
-                web_port=find_free_port(),
-            ).for_tansu(),
-            fetch_max_wait_ms=FETCH_WAIT_MS,
-        )
+        s = one_worker(broker, "pages", tag, workdir)
         # a partition's share of the stream bounds (4,096 over 4) is below what ids hash to it
         bound = str(max(4096, 2 * n_streams))
         env = {**MARKET_ENV, "EMARKET_MAX_STREAMS": bound, "EMARKET_MAX_STREAMS_PER_SELLER": bound}

@@ -139,26 +139,16 @@ def _timed(run: Callable[[], list[Output]], events: int) -> float:
     return (time.thread_time() - t0) / events * 1e6
 
 
-def _buy(p: Path, reqs: list[bytes]) -> Callable[[], list[Output]]:
-    def run() -> list[Output]:
-        outs: list[Output] = []
-        with p.core.batch() as deliveries:
-            for raw in reqs:
-                out = p.core.handle(p.topics.purchases, raw)
-                _check(out, "fulfilled")
-                outs += out.outputs
-        return outs + list(deliveries)
+def _batch(p: Path, topic: str, raws: list[bytes], status: str) -> Callable[[], list[Output]]:
+    """One core batch handling ``raws`` from ``topic``, each checked to end ``status``: the
+    outputs, the batch's deliveries included."""
 
-    return run
-
-
-def _deliver(p: Path, raws: list[bytes]) -> Callable[[], list[Output]]:
     def run() -> list[Output]:
         outs: list[Output] = []
         with p.core.batch() as deliveries:
             for raw in raws:
-                out = p.core.handle(p.topics.values, raw)
-                _check(out, "accepted")
+                out = p.core.handle(topic, raw)
+                _check(out, status)
                 outs += out.outputs
         return outs + list(deliveries)
 
@@ -176,8 +166,8 @@ def measure(n_streams: int, runs: int) -> dict[tuple[str, str], list[Figures]]:
             buys = p.purchases[i * chunk : (i + 1) * chunk]
             vals = p.values[i * 10 : (i + 1) * 10]
             for kind, run, n in (
-                ("purchase", _buy(p, buys), len(buys)),
-                ("value to 8 holders", _deliver(p, vals), len(vals)),
+                ("purchase", _batch(p, p.topics.purchases, buys, "fulfilled"), len(buys)),
+                ("value to 8 holders", _batch(p, p.topics.values, vals, "accepted"), len(vals)),
             ):
                 got = out.setdefault((kind, p.layout), [])
                 if i == 0:
